@@ -1,0 +1,5 @@
+"""calibrun: what did my calibration data do to my INT8 model?"""
+
+from calibrun.errors import CalibrunError
+
+__all__ = ["CalibrunError"]

@@ -1,0 +1,286 @@
+"""The calibration stage: a chunked calibration pass -> ranges, and a content-addressed cache of them.
+
+What is reused from onnxruntime (quantization/calibrate.py): `create_calibrator` (graph augmentation and the
+calibrators themselves), `collect_data`/`compute_data`, `TensorsData`, `load_tensors_data` and the
+`CalibrationCacheEncoder` that `save_tensors_data` uses, so the cache file is exactly the format that
+`quantize_static(calibration_cache_path=...)` loads. What is written here: the chunk loop (bounded
+memory, progress), the key (onnxruntime's own cache only checks method and SmoothQuant), validation of a
+cache file before it is trusted, and the atomic write with the key record beside the ranges.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnxruntime
+from onnxruntime.quantization.calibrate import (
+    CalibrationCacheEncoder,
+    CalibrationMethod,
+    TensorsData,
+    create_calibrator,
+)
+from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+from calibrun.errors import CalibrunError
+from calibrun.files import atomic_path, write_json
+from calibrun.progress import Progress
+from calibrun.reader import make_reader
+
+log = logging.getLogger(__name__)
+
+METHODS = {
+    "minmax": CalibrationMethod.MinMax,
+    "entropy": CalibrationMethod.Entropy,
+    "percentile": CalibrationMethod.Percentile,
+    "distribution": CalibrationMethod.Distribution,
+}
+CACHE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class CalibrationSpec:
+    """Everything about the calibration pass that decides the ranges (besides model and data).
+
+    Options that do not apply to `method` are left out of the key, so e.g. `percentile` under minmax
+    cannot cause a miss. `chunk` (batches per collect_data call) is in the key: histogram methods merge
+    per chunk, so their ranges depend on it.
+    """
+
+    method: str = "minmax"
+    symmetric: bool | None = None  # None: onnxruntime's default for the method
+    moving_average: bool = False
+    averaging_constant: float = 0.01
+    percentile: float = 99.999
+    num_bins: int | None = None  # None: onnxruntime's default for the method
+    num_quantized_bins: int = 128
+    scenario: str = "same"
+    per_channel: bool = False
+    op_types: tuple[str, ...] | None = None  # None: every op type onnxruntime can quantise
+    chunk: int = 16
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise CalibrunError(f"method must be one of {sorted(METHODS)}, got {self.method!r}")
+        if self.chunk < 1:
+            raise CalibrunError(f"calibration chunk must be >= 1, got {self.chunk}")
+        if self.method == "percentile" and not 0 < self.percentile <= 100:
+            raise CalibrunError(f"percentile must be in (0, 100], got {self.percentile}")
+        if self.num_bins is not None and self.num_bins < 1:
+            raise CalibrunError(f"num_bins must be >= 1, got {self.num_bins}")
+        if self.moving_average and not 0 <= self.averaging_constant <= 1:
+            raise CalibrunError(f"averaging_constant must be in [0, 1], got {self.averaging_constant}")
+
+    @property
+    def calibrate_method(self) -> CalibrationMethod:
+        return METHODS[self.method]
+
+    def calibrator_options(self) -> dict:
+        """The `extra_options` of onnxruntime's `create_calibrator` that apply to this method."""
+        options: dict = {}
+        if self.symmetric is not None and self.method != "distribution":
+            options["symmetric"] = self.symmetric
+        if self.method == "minmax":
+            options["moving_average"] = self.moving_average
+            if self.moving_average:
+                options["averaging_constant"] = self.averaging_constant
+            options["per_channel"] = self.per_channel
+        else:
+            if self.num_bins is not None:
+                options["num_bins"] = self.num_bins
+            if self.method == "entropy":
+                options["num_quantized_bins"] = self.num_quantized_bins
+            if self.method == "percentile":
+                options["percentile"] = self.percentile
+            if self.method == "distribution":
+                options["scenario"] = self.scenario
+        return options
+
+    def op_types_calibrated(self) -> list[str]:
+        if self.op_types:
+            return sorted(self.op_types)
+        return sorted(set(QLinearOpsRegistry) | set(QDQRegistry))
+
+    def key_fields(self) -> dict:
+        return {
+            "method": self.method,
+            "options": self.calibrator_options(),
+            "op_types": self.op_types_calibrated(),
+            "chunk": self.chunk,
+        }
+
+
+@dataclass
+class Calibration:
+    """The result of the calibration stage: a ranges file onnxruntime can load, and how it was obtained."""
+
+    ranges_path: Path
+    method: str
+    key: str
+    hit: bool
+    seconds: float
+    span: float
+    batches: int
+    record: dict = field(repr=False, default_factory=dict)
+
+
+def cache_record(model_sha256: str, data_identity: dict, input_name: str, spec: CalibrationSpec) -> dict:
+    """Everything that decides the ranges, and nothing else."""
+    return {
+        "cache_format": CACHE_FORMAT,
+        "model_sha256": model_sha256,
+        "data": {**data_identity, "input": input_name},
+        "calibration": spec.key_fields(),
+        "onnxruntime": onnxruntime.__version__,
+    }
+
+
+def cache_key(record: dict) -> str:
+    canonical = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+class CalibrationCache:
+    """A folder of `<key>.json` (onnxruntime's cache format plus a `calibrun` record) and `<key>.key.json`."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+
+    def path(self, key: str) -> Path:
+        return self.folder / f"{key}.json"
+
+    def load(self, key: str, record: dict, method: str) -> float | None:
+        """The cached span if `<key>.json` is present and valid; None on a miss. Bad files warn and miss."""
+        path = self.path(key)
+        if not path.is_file():
+            return None
+        try:
+            return _validate(path, record, method)
+        except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+            log.warning("calibration cache %s is unusable (%s); recomputing", path, exc)
+            return None
+
+    def store(self, key: str, record: dict, tensors: TensorsData, span: float) -> Path:
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CalibrunError(f"cannot create cache folder {self.folder}: {exc.strerror or exc}") from exc
+        return write_ranges(self.path(key), tensors, record, span, key_file=self.folder / f"{key}.key.json")
+
+
+def write_ranges(path: Path, tensors: TensorsData, record: dict, span: float, key_file: Path | None = None) -> Path:
+    payload = tensors.to_dict()
+    payload["smooth_quant"] = False  # what quantize_static compares on a hit
+    payload["calibrun"] = {"record": record, "span": span}
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(payload, cls=CalibrationCacheEncoder))
+    if key_file is not None:
+        write_json(key_file, {"key": path.stem, **record, "span": span})
+    return path
+
+
+def _validate(path: Path, record: dict, method: str) -> float:
+    raw = json.loads(path.read_text())
+    mine = raw["calibrun"]
+    if mine["record"] != record:
+        raise ValueError("its key record does not match")
+    tensors = TensorsData.from_dict(raw)
+    if tensors.calibration_method != METHODS[method]:
+        raise ValueError(f"it holds {tensors.calibration_method.name} ranges, not {method}")
+    if not tensors.data:
+        raise ValueError("it holds no ranges")
+    for name, data in tensors.items():
+        lo, hi = data.range_value
+        if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)) and np.all(lo <= hi)):
+            raise ValueError(f"range of {name!r} is not finite and ordered")
+    span = float(mine["span"])
+    if not math.isfinite(span) or span < 0:
+        raise ValueError("its data span is invalid")
+    return span
+
+
+class _SpanTracker:
+    """Wraps a sized iterable of arrays; records min and max of what it serves."""
+
+    def __init__(self, source):
+        self.source, self.lo, self.hi = source, math.inf, -math.inf
+
+    def __len__(self):
+        return len(self.source)
+
+    def __iter__(self):
+        for array in self.source:
+            if not np.all(np.isfinite(array)):
+                raise CalibrunError("calibration data contains NaN or Inf")
+            self.lo = min(self.lo, float(np.min(array)))
+            self.hi = max(self.hi, float(np.max(array)))
+            yield array
+
+
+def run_calibration(model_path: str | Path, data, input_name: str, spec: CalibrationSpec) -> tuple[TensorsData, float]:
+    """One calibration pass, fed `spec.chunk` batches at a time so peak memory does not grow with the count."""
+    tracked = _SpanTracker(data)
+    reader = make_reader(tracked, input_name)
+    total = len(reader)
+    if total == 0:
+        raise CalibrunError("calibration data is empty")
+    progress = Progress("calibrating", total)
+    with tempfile.TemporaryDirectory(prefix="calibrun.calib.") as tmp:
+        calibrator = create_calibrator(
+            Path(model_path),
+            spec.op_types_calibrated(),
+            augmented_model_path=str(Path(tmp) / "augmented.onnx"),
+            calibrate_method=spec.calibrate_method,
+            extra_options=spec.calibrator_options(),
+        )
+        for start in range(0, total, spec.chunk):
+            end = min(start + spec.chunk, total)
+            reader.set_range(start, end)
+            calibrator.collect_data(reader)
+            progress.update(end)
+        tensors = calibrator.compute_data()
+        del calibrator
+    return tensors, tracked.hi - tracked.lo
+
+
+@contextlib.contextmanager
+def calibrated(
+    model_path: str | Path,
+    model_sha256: str,
+    data,
+    input_name: str,
+    spec: CalibrationSpec,
+    cache: CalibrationCache | None,
+) -> Iterator[Calibration]:
+    """Ranges for (model, data, spec): from the cache on a hit, else a calibration pass (stored in the cache).
+
+    With `cache=None` the ranges live in a temp folder for the duration of the block.
+    """
+    record = cache_record(model_sha256, data.identity(), input_name, spec)
+    key = cache_key(record)
+    start = time.perf_counter()
+    if cache is not None:
+        span = cache.load(key, record, spec.method)
+        if span is not None:
+            yield Calibration(cache.path(key), spec.method, key, True, time.perf_counter() - start, span,
+                              len(data), record)
+            return
+    tensors, span = run_calibration(model_path, data, input_name, spec)
+    if cache is not None:
+        path = cache.store(key, record, tensors, span)
+        yield Calibration(path, spec.method, key, False, time.perf_counter() - start, span, len(data), record)
+        return
+    with tempfile.TemporaryDirectory(prefix="calibrun.ranges.") as tmp:
+        path = write_ranges(Path(tmp) / f"{key}.json", tensors, record, span)
+        yield Calibration(path, spec.method, key, False, time.perf_counter() - start, span, len(data), record)
+
+

@@ -1,0 +1,122 @@
+"""Calibration and evaluation data: the lab rules of DESIGN.md section 1.
+
+Calibration: rng = default_rng(seed); per batch (rng.normal(0, 1, batch_shape) * factor).astype(float32).
+Evaluation:  default_rng(seed).normal(0, 1, (rows, *shape[1:])).astype(float32), never scaled.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping
+
+import numpy as np
+
+from calibrun.errors import CalibrunError
+from calibrun.model import InputInfo
+
+ROWS_PER_BATCH = 16
+
+
+def sample_shape(info: InputInfo, axis_sizes: Mapping[int, int] | None = None) -> tuple[int, ...]:
+    """The shape of one row: the input shape without its first axis, symbolic axes from `axis_sizes`."""
+    axis_sizes = axis_sizes or {}
+    shape = []
+    for axis, dim in enumerate(info.shape[1:], start=1):
+        if isinstance(dim, int) and dim > 0:
+            shape.append(dim)
+        elif axis in axis_sizes:
+            shape.append(int(axis_sizes[axis]))
+        else:
+            raise CalibrunError(
+                f"input {info.name!r} axis {axis} is symbolic ({dim or '?'}); configure its size"
+            )
+    return tuple(shape)
+
+
+def fixed_rows(info: InputInfo) -> int | None:
+    """The number the model pins its first axis to, or None when that axis is symbolic."""
+    first = info.shape[0]
+    return first if isinstance(first, int) and first > 0 else None
+
+
+def batch_shape(info: InputInfo, axis_sizes: Mapping[int, int] | None = None) -> tuple[int, ...]:
+    """One calibration batch: 16 rows, or `b` rows when the model pins its first axis to `b`."""
+    return (fixed_rows(info) or ROWS_PER_BATCH, *sample_shape(info, axis_sizes))
+
+
+def check_seed(seed: int, name: str = "seed") -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise CalibrunError(f"{name} must be an integer >= 0, got {seed!r}")
+    return int(seed)
+
+
+def check_positive_int(value: int, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise CalibrunError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def check_factor(factor: float, name: str = "factor") -> float:
+    try:
+        value = float(factor)
+    except (TypeError, ValueError):
+        raise CalibrunError(f"{name} must be a number > 0, got {factor!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise CalibrunError(f"{name} must be a finite number > 0, got {factor!r}")
+    return value
+
+
+class LabBatches:
+    """The calibration batches of the lab rule: sized, lazy and re-iterable (each pass restarts the rng).
+
+    Nothing is held in memory beyond the batch being served, so a pass over 512 image batches costs one batch.
+    """
+
+    def __init__(self, seed: int, factor: float, batches: int, shape: tuple[int, ...]):
+        self.seed = check_seed(seed)
+        self.factor = check_factor(factor)
+        self.batches = check_positive_int(batches, "batches")
+        self.shape = tuple(int(d) for d in shape)
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        rng = np.random.default_rng(self.seed)
+        for _ in range(self.batches):
+            # Cast after multiplying: the rule outside tools rebuild.
+            yield (rng.normal(0, 1, self.shape) * self.factor).astype(np.float32)
+
+    def identity(self) -> dict:
+        """Everything that decides these arrays (enters the calibration cache key)."""
+        return {
+            "source": "lab",
+            "seed": self.seed,
+            "factor": self.factor,
+            "batches": self.batches,
+            "rows_per_batch": self.shape[0],
+            "batch_shape": list(self.shape),
+        }
+
+
+def lab_batches(info: InputInfo, seed: int, factor: float, batches: int, axis_sizes=None) -> LabBatches:
+    return LabBatches(seed, factor, batches, batch_shape(info, axis_sizes))
+
+
+def evaluation_rows(info: InputInfo, seed: int, rows: int, axis_sizes=None) -> np.ndarray:
+    """The real distribution: N(0, 1), never multiplied by a calibration factor."""
+    seed = check_seed(seed)
+    rows = check_positive_int(rows, "rows")
+    shape = (rows, *sample_shape(info, axis_sizes))
+    return np.random.default_rng(seed).normal(0, 1, shape).astype(np.float32)
+
+
+def data_span(arrays: Iterable[np.ndarray]) -> float:
+    """max(all batches) - min(all batches), streaming."""
+    lo, hi = math.inf, -math.inf
+    for array in arrays:
+        lo = min(lo, float(np.min(array)))
+        hi = max(hi, float(np.max(array)))
+    if lo > hi:
+        raise CalibrunError("calibration data is empty")
+    return hi - lo
