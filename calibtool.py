@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run from any working directory
+
+from calibrun.errors import one_line  # noqa: E402  (light: no onnx or onnxruntime import)
 
 USAGE = (
     "usage: calibtool.py quantize IN OUT SEED FACTOR BATCHES [qdq|qoperator]\n"
@@ -66,6 +69,22 @@ def run(argv: list[str]) -> dict:
     return engine.error(fp32, int8, _int(seed, "SEED"), _int(rows, "ROWS"))
 
 
+class _HeldLogs(logging.Handler):
+    """Holds library log records (onnxruntime's pre-processing advice...) until the command's outcome is
+    known: shown on success, dropped on failure so that the error stays the one line on stderr."""
+
+    def __init__(self):
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def show(self) -> None:
+        for record in self.records:
+            print(f"{record.levelname}:{record.name}:{record.getMessage()}", file=sys.stderr)
+
+
 @contextlib.contextmanager
 def _stdout_to_stderr():
     """Anything a library prints (Python or C++) goes to stderr; stdout carries only the JSON."""
@@ -85,15 +104,18 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in ARG_COUNTS or len(argv) - 1 not in ARG_COUNTS[argv[0]]:
         print(USAGE, file=sys.stderr)
         return 2
+    held = _HeldLogs()
+    logging.basicConfig(handlers=[held], level=logging.WARNING, force=True)
     try:
         with _stdout_to_stderr():
             result = run(argv)
     except Exception as exc:  # one line, no traceback: CalibrunError, ValueError from parsing, library errors
         if os.environ.get("CALIBRUN_DEBUG"):
+            held.show()
             raise
-        message = (str(exc).strip() or type(exc).__name__).splitlines()[0]
-        print(f"calibtool: error: {message}", file=sys.stderr)
+        print(f"calibtool: error: {one_line(exc)}", file=sys.stderr)
         return 1
+    held.show()
     print(json.dumps(result))
     return 0
 

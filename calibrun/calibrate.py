@@ -5,7 +5,8 @@ calibrators themselves), `collect_data`/`compute_data`, `TensorsData`, `load_ten
 `CalibrationCacheEncoder` that `save_tensors_data` uses, so the cache file is exactly the format that
 `quantize_static(calibration_cache_path=...)` loads. What is written here: the chunk loop (bounded
 memory, progress), the key (onnxruntime's own cache only checks method and SmoothQuant), validation of a
-cache file before it is trusted, and the atomic write with the key record beside the ranges.
+cache file before it is trusted (key record, a sha256 over the ranges, finite ordered ranges), and the
+atomic write with the key record beside the ranges.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime
 from onnxruntime.quantization.calibrate import (
     CalibrationCacheEncoder,
@@ -44,7 +46,10 @@ METHODS = {
     "percentile": CalibrationMethod.Percentile,
     "distribution": CalibrationMethod.Distribution,
 }
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: the file carries `ranges_sha256`, a checksum of everything onnxruntime reads from it
+# onnxruntime's create_calibrator defaults per method: (symmetric, num_bins)
+_ORT_DEFAULTS = {"minmax": (False, None), "entropy": (False, 128), "percentile": (True, 2048),
+                 "distribution": (False, 2048)}
 
 
 @dataclass(frozen=True)
@@ -85,18 +90,20 @@ class CalibrationSpec:
         return METHODS[self.method]
 
     def calibrator_options(self) -> dict:
-        """The `extra_options` of onnxruntime's `create_calibrator` that apply to this method."""
+        """The `extra_options` of onnxruntime's `create_calibrator` that apply to this method, with
+        onnxruntime's defaults written out, so that leaving an option unset and setting it to its default
+        give the same cache key."""
+        default_symmetric, default_bins = _ORT_DEFAULTS[self.method]
         options: dict = {}
-        if self.symmetric is not None and self.method != "distribution":
-            options["symmetric"] = self.symmetric
+        if self.method != "distribution":
+            options["symmetric"] = default_symmetric if self.symmetric is None else self.symmetric
         if self.method == "minmax":
             options["moving_average"] = self.moving_average
             if self.moving_average:
                 options["averaging_constant"] = self.averaging_constant
             options["per_channel"] = self.per_channel
         else:
-            if self.num_bins is not None:
-                options["num_bins"] = self.num_bins
+            options["num_bins"] = default_bins if self.num_bins is None else self.num_bins
             if self.method == "entropy":
                 options["num_quantized_bins"] = self.num_quantized_bins
             if self.method == "percentile":
@@ -131,6 +138,7 @@ class Calibration:
     span: float
     batches: int
     record: dict = field(repr=False, default_factory=dict)
+    op_types: tuple[str, ...] | None = None  # the op types calibration was restricted to (None: all)
 
 
 def cache_record(model_sha256: str, data_identity: dict, input_name: str, spec: CalibrationSpec) -> dict:
@@ -177,12 +185,19 @@ class CalibrationCache:
         return write_ranges(self.path(key), tensors, record, span, key_file=self.folder / f"{key}.key.json")
 
 
+def _ranges_sha256(payload: dict) -> str:
+    """sha256 of everything in a cache file except calibrun's own block (what quantize_static reads)."""
+    body = {k: v for k, v in payload.items() if k != "calibrun"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def write_ranges(path: Path, tensors: TensorsData, record: dict, span: float, key_file: Path | None = None) -> Path:
     payload = tensors.to_dict()
     payload["smooth_quant"] = False  # what quantize_static compares on a hit
-    payload["calibrun"] = {"record": record, "span": span}
+    payload = json.loads(json.dumps(payload, cls=CalibrationCacheEncoder))  # plain JSON, as a reader sees it
+    payload["calibrun"] = {"record": record, "span": span, "ranges_sha256": _ranges_sha256(payload)}
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(payload, cls=CalibrationCacheEncoder))
+        tmp.write_text(json.dumps(payload))
     if key_file is not None:
         write_json(key_file, {"key": path.stem, **record, "span": span})
     return path
@@ -193,6 +208,10 @@ def _validate(path: Path, record: dict, method: str) -> float:
     mine = raw["calibrun"]
     if mine["record"] != record:
         raise ValueError("its key record does not match")
+    # A file that parses and looks plausible can still be damaged or edited (a missing tensor, a changed
+    # number, smooth_quant flipped): quantize_static would crash on it or pin wrong ranges.
+    if mine.get("ranges_sha256") != _ranges_sha256(raw):
+        raise ValueError("its ranges do not match their checksum")
     tensors = TensorsData.from_dict(raw)
     if tensors.calibration_method != METHODS[method]:
         raise ValueError(f"it holds {tensors.calibration_method.name} ranges, not {method}")
@@ -221,9 +240,28 @@ class _SpanTracker:
         for array in self.source:
             if not np.all(np.isfinite(array)):
                 raise CalibrunError("calibration data contains NaN or Inf")
-            self.lo = min(self.lo, float(np.min(array)))
-            self.hi = max(self.hi, float(np.max(array)))
+            self.lo = min(self.lo, np.min(array))
+            self.hi = max(self.hi, np.max(array))
             yield array
+
+    @property
+    def span(self) -> float:
+        """max - min in the data's own dtype (float32), as `float(data.max() - data.min())` computes it."""
+        return float(self.hi - self.lo)
+
+
+def private_model_copy(model_path: str | Path, folder: str | Path) -> Path:
+    """The model (external data included) saved into `folder`, a private temp dir; returns its path.
+
+    onnxruntime's shape inference (`load_model_with_shape_infer`, used by the calibrators and by
+    quantize_static given a path) writes `<model>-inferred.onnx` beside the file it is given and deletes it
+    afterwards: on the user's file, two jobs on one model (a parallel sweep) delete each other's file and
+    crash, and a read-only model folder fails. On a private copy, neither can happen.
+    """
+    target = Path(folder) / "model.onnx"
+    onnx.save_model(onnx.load(str(model_path)), str(target), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="model.onnx.data")
+    return target
 
 
 def run_calibration(model_path: str | Path, data, input_name: str, spec: CalibrationSpec) -> tuple[TensorsData, float]:
@@ -236,7 +274,7 @@ def run_calibration(model_path: str | Path, data, input_name: str, spec: Calibra
     progress = Progress("calibrating", total)
     with tempfile.TemporaryDirectory(prefix="calibrun.calib.") as tmp:
         calibrator = create_calibrator(
-            Path(model_path),
+            private_model_copy(model_path, tmp),
             spec.op_types_calibrated(),
             augmented_model_path=str(Path(tmp) / "augmented.onnx"),
             calibrate_method=spec.calibrate_method,
@@ -249,7 +287,7 @@ def run_calibration(model_path: str | Path, data, input_name: str, spec: Calibra
             progress.update(end)
         tensors = calibrator.compute_data()
         del calibrator
-    return tensors, tracked.hi - tracked.lo
+    return tensors, tracked.span
 
 
 @contextlib.contextmanager
@@ -272,15 +310,17 @@ def calibrated(
         span = cache.load(key, record, spec.method)
         if span is not None:
             yield Calibration(cache.path(key), spec.method, key, True, time.perf_counter() - start, span,
-                              len(data), record)
+                              len(data), record, spec.op_types or None)
             return
     tensors, span = run_calibration(model_path, data, input_name, spec)
     if cache is not None:
         path = cache.store(key, record, tensors, span)
-        yield Calibration(path, spec.method, key, False, time.perf_counter() - start, span, len(data), record)
+        yield Calibration(path, spec.method, key, False, time.perf_counter() - start, span, len(data), record,
+                          spec.op_types or None)
         return
     with tempfile.TemporaryDirectory(prefix="calibrun.ranges.") as tmp:
         path = write_ranges(Path(tmp) / f"{key}.json", tensors, record, span)
-        yield Calibration(path, spec.method, key, False, time.perf_counter() - start, span, len(data), record)
+        yield Calibration(path, spec.method, key, False, time.perf_counter() - start, span, len(data), record,
+                          spec.op_types or None)
 
 

@@ -7,7 +7,7 @@ Evaluation:  default_rng(seed).normal(0, 1, (rows, *shape[1:])).astype(float32),
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 
@@ -109,14 +109,3 @@ def evaluation_rows(info: InputInfo, seed: int, rows: int, axis_sizes=None) -> n
     rows = check_positive_int(rows, "rows")
     shape = (rows, *sample_shape(info, axis_sizes))
     return np.random.default_rng(seed).normal(0, 1, shape).astype(np.float32)
-
-
-def data_span(arrays: Iterable[np.ndarray]) -> float:
-    """max(all batches) - min(all batches), streaming."""
-    lo, hi = math.inf, -math.inf
-    for array in arrays:
-        lo = min(lo, float(np.min(array)))
-        hi = max(hi, float(np.max(array)))
-    if lo > hi:
-        raise CalibrunError("calibration data is empty")
-    return hi - lo

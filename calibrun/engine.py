@@ -14,6 +14,7 @@ import onnx
 from calibrun.calibrate import CalibrationCache, CalibrationSpec, calibrated
 from calibrun.data import check_positive_int, evaluation_rows, fixed_rows, lab_batches
 from calibrun.errors import CalibrunError
+from calibrun.files import check_writable
 from calibrun.graph import input_quant, op_counts, scales_summary
 from calibrun.measure import compare, run_rows, session
 from calibrun.model import InputInfo, file_sha256, float_input, load_model
@@ -57,7 +58,7 @@ def quantize_lab(
     """Calibrate (cached) on the lab rule, quantise, and describe the written model."""
     spec = spec or CalibrationSpec()
     options = options or QuantOptions()
-    out = Path(out)
+    out = check_writable(out)  # before calibrating, not after
     data = lab_batches(fp32.info, seed, factor, batches, axis_sizes)
 
     def check(tmp: Path) -> None:

@@ -1,5 +1,11 @@
-"""The one exception type calibrun raises for bad input; front ends print it as one line."""
+"""The one exception type calibrun raises for bad input, and how any error becomes one line."""
 
 
 class CalibrunError(Exception):
     """A problem with the user's input (file, value, config) that the user can fix."""
+
+
+def one_line(exc: BaseException) -> str:
+    """The error's message on one line (library messages often continue on the next lines)."""
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__

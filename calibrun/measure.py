@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calibrun.errors import CalibrunError
+from calibrun.errors import CalibrunError, one_line
 from calibrun.model import InputInfo
 
 
@@ -20,7 +20,7 @@ def session(path: str | Path, intra_op_threads: int = 0):
     try:
         return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
     except Exception as exc:
-        first = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+        first = one_line(exc)
         raise CalibrunError(f"onnxruntime cannot load {path}: {first}") from exc
 
 

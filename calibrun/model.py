@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from calibrun.errors import CalibrunError
+from calibrun.errors import CalibrunError, one_line
 from calibrun.files import atomic_path
 
 # The lab's sizes live here and nowhere else.
@@ -98,7 +98,7 @@ def load_model(path: str | Path) -> onnx.ModelProto:
     try:
         model = onnx.load(str(path))
     except Exception as exc:  # onnx raises DecodeError, ValueError, ... on non-ONNX bytes
-        raise CalibrunError(f"not an ONNX model: {path} ({_first_line(exc)})") from exc
+        raise CalibrunError(f"not an ONNX model: {path} ({one_line(exc)})") from exc
     if not model.graph.node:
         raise CalibrunError(f"not an ONNX model: {path} (no graph nodes)")
     return model
@@ -144,11 +144,6 @@ def file_sha256(path: str | Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]
 
 
 def main(argv: list[str] | None = None) -> int:

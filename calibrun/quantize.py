@@ -5,6 +5,7 @@ Everything here is post-calibration: changing any of these options reuses the ca
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
-from calibrun.calibrate import METHODS, Calibration
+from calibrun.calibrate import METHODS, Calibration, private_model_copy
 from calibrun.errors import CalibrunError
 from calibrun.files import atomic_path
 
@@ -58,13 +59,13 @@ def quantize(
     """
     out_path = Path(out_path)
     start = time.perf_counter()
-    with atomic_path(out_path, suffix=".onnx") as tmp:
+    with atomic_path(out_path, suffix=".onnx") as tmp, tempfile.TemporaryDirectory(prefix="calibrun.q.") as private:
         quantize_static(
-            str(model_path),
+            str(private_model_copy(model_path, private)),  # a copy: see private_model_copy
             str(tmp),
             calibration_data_reader=None,  # the ranges come from the cache file: no calibration here
             quant_format=FORMATS[options.format],
-            op_types_to_quantize=list(options.op_types_to_quantize or []),
+            op_types_to_quantize=_op_types_to_quantize(options, calibration),
             per_channel=options.per_channel,
             reduce_range=options.reduce_range,
             activation_type=QUANT_TYPES[options.activation_type],
@@ -78,3 +79,20 @@ def quantize(
         if check is not None:
             check(tmp)
     return seconds
+
+
+def _op_types_to_quantize(options: QuantOptions, calibration: Calibration) -> list[str]:
+    """quantize_static needs ranges for every op it quantises: never ask for op types that were not calibrated.
+
+    (quantize_static's own calibration calibrates exactly `op_types_to_quantize`; this keeps that invariant.)
+    """
+    wanted = list(options.op_types_to_quantize or [])
+    if calibration.op_types is None:  # every op type was calibrated
+        return wanted
+    if not wanted:
+        return sorted(calibration.op_types)
+    missing = sorted(set(wanted) - set(calibration.op_types))
+    if missing:
+        raise CalibrunError(f"op types {missing} are to be quantised but were not calibrated "
+                            f"(calibration op_types: {sorted(calibration.op_types)})")
+    return wanted

@@ -1,0 +1,66 @@
+"""The Hydra callback around a multirun: MLflow parent run before the jobs, report after them.
+
+on_multirun_start creates the experiment (and a fresh SQLite schema) once, before parallel jobs could race
+on it, opens the parent run and writes its id into SWEEP_DIR/mlflow_parent.json for the jobs.
+on_multirun_end aggregates the sweep into the report folder, logs it on the parent run, and exits non-zero
+when a job failed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from calibrun.config import tracking_enabled
+from calibrun.errors import CalibrunError
+from calibrun.files import write_json
+from calibrun.tracking import PARENT_FILE, Tracker, resolve_uri
+
+log = logging.getLogger("calibrun")
+
+
+def _tracker(config: DictConfig) -> Tracker | None:
+    if not tracking_enabled(config):
+        return None
+    return Tracker(resolve_uri(config.tracking.uri), config.tracking.experiment)
+
+
+class SweepCallback(Callback):
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            tracker = _tracker(config)
+        except CalibrunError as exc:
+            log.error("%s", exc)
+            return
+        if tracker is None:
+            return
+        name = "sweep " + "/".join(sweep_dir.resolve().parts[-2:])
+        run_id = tracker.start_run(name, {"calibrun.sweep_dir": str(sweep_dir.resolve())})
+        write_json(sweep_dir / PARENT_FILE, {"run_id": run_id, "tracking_uri": tracker.uri,
+                                             "experiment_id": tracker.experiment_id})
+        log.info("MLflow parent run %s in %s", run_id, tracker.uri)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        from calibrun.aggregate import build
+
+        sweep_dir = Path(config.hydra.sweep.dir)
+        report_dir = Path(config.report.dir) if config.report.dir else None
+        summary = build(sweep_dir, report_dir)
+        parent_file = sweep_dir / PARENT_FILE
+        if tracking_enabled(config) and parent_file.is_file():
+            parent = json.loads(parent_file.read_text())
+            tracker = Tracker(parent["tracking_uri"], config.tracking.experiment)
+            tracker.log(parent["run_id"], metrics={"jobs_ok": summary.ok, "jobs_failed": len(summary.failed)})
+            for path in summary.files:  # the report files and plots; the model bundle stays on disk
+                tracker.log_artifact(parent["run_id"], path, "report")
+            tracker.finish(parent["run_id"], failed=bool(summary.failed))
+        if summary.failed:
+            print(f"calibrun: {len(summary.failed)} job(s) failed: " + "; ".join(summary.failed), file=sys.stderr)
+            sys.exit(1)

@@ -1,0 +1,158 @@
+"""Small ONNX models for tests, built with onnx.helper and checked with onnx.checker.
+
+    from tests.modelzoo import mlp, int_input_model, save
+    save(mlp(features=5, input_name="input.1", activation="Sigmoid", gemm=True), tmp_path / "m.onnx")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+IR_VERSION = 8
+ACTIVATIONS = ("Relu", "Sigmoid", "Tanh", "LeakyRelu")
+
+
+def _weights(rng: np.random.Generator, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    w = (rng.normal(0, 1, (rows, cols)) / np.sqrt(rows)).astype(np.float32)
+    b = rng.normal(0, 0.1, cols).astype(np.float32)
+    return w, b
+
+
+def _finish(nodes, name, inputs, outputs, initializers, opset: int) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, name, inputs, outputs, initializer=initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="tests")
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def mlp(
+    features: int = 16,
+    hidden: int = 32,
+    outputs: int = 8,
+    input_name: str = "x",
+    output_name: str = "y",
+    activation: str = "Relu",
+    gemm: bool = False,
+    seed: int = 0,
+    batch: int | str = "N",
+    opset: int = OPSET,
+) -> onnx.ModelProto:
+    """Linear -> activation -> Linear; each Linear is MatMul+Add, or one Gemm when `gemm`."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    rng = np.random.default_rng(seed)
+    w1, b1 = _weights(rng, features, hidden)
+    w2, b2 = _weights(rng, hidden, outputs)
+    if gemm:
+        nodes = [
+            helper.make_node("Gemm", [input_name, "w1", "b1"], ["h_pre"], name="fc1"),
+            helper.make_node(activation, ["h_pre"], ["h"], name="act"),
+            helper.make_node("Gemm", ["h", "w2", "b2"], [output_name], name="fc2"),
+        ]
+    else:
+        nodes = [
+            helper.make_node("MatMul", [input_name, "w1"], ["h_mm"], name="fc1_matmul"),
+            helper.make_node("Add", ["h_mm", "b1"], ["h_pre"], name="fc1_add"),
+            helper.make_node(activation, ["h_pre"], ["h"], name="act"),
+            helper.make_node("MatMul", ["h", "w2"], ["y_mm"], name="fc2_matmul"),
+            helper.make_node("Add", ["y_mm", "b2"], [output_name], name="fc2_add"),
+        ]
+    arrays = {"w1": w1, "b1": b1, "w2": w2, "b2": b2}
+    initializers = [numpy_helper.from_array(a, n) for n, a in arrays.items()]
+    return _finish(
+        nodes,
+        "tests_mlp",
+        [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, [batch, features])],
+        [helper.make_tensor_value_info(output_name, TensorProto.FLOAT, [batch, outputs])],
+        initializers,
+        opset,
+    )
+
+
+def int_input_model(features: int = 4, outputs: int = 3, input_name: str = "ids") -> onnx.ModelProto:
+    """A model whose only input is int64 (Cast -> MatMul): no float input to calibrate."""
+    w = np.random.default_rng(1).normal(0, 1, (features, outputs)).astype(np.float32)
+    nodes = [
+        helper.make_node("Cast", [input_name], ["xf"], to=TensorProto.FLOAT, name="cast"),
+        helper.make_node("MatMul", ["xf", "w"], ["y"], name="matmul"),
+    ]
+    return _finish(
+        nodes,
+        "tests_int_input",
+        [helper.make_tensor_value_info(input_name, TensorProto.INT64, ["N", features])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", outputs])],
+        [numpy_helper.from_array(w, "w")],
+        OPSET,
+    )
+
+
+def unquantised_input_model(features: int = 4, outputs: int = 3, op: str = "Cos") -> onnx.ModelProto:
+    """Float input read first by an op onnxruntime does not quantise (Cos -> MatMul): the graph input
+    gets no QuantizeLinear, whatever the format."""
+    w = np.random.default_rng(2).normal(0, 1, (features, outputs)).astype(np.float32)
+    nodes = [
+        helper.make_node(op, ["x"], ["xc"], name="first"),
+        helper.make_node("MatMul", ["xc", "w"], ["y"], name="matmul"),
+    ]
+    return _finish(
+        nodes,
+        "tests_unquantised_input",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", features])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", outputs])],
+        [numpy_helper.from_array(w, "w")],
+        OPSET,
+    )
+
+def save(model: onnx.ModelProto, path: str | Path) -> Path:
+    """Save `model` to `path` (parent folders created) and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(model, str(path))
+    return path
+
+
+def save_mlp(path: str | Path, **kwargs) -> Path:
+    return save(mlp(**kwargs), path)
+
+
+# --- The DESIGN.md data rules and graph reading, rebuilt without calibrun (for independent expectations) ---
+
+ROWS_PER_BATCH = 16
+
+
+def calibration_batches(seed: int, factor: float, batches: int, features: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [
+        (rng.normal(0, 1, (ROWS_PER_BATCH, features)) * factor).astype(np.float32) for _ in range(batches)
+    ]
+
+
+def evaluation_rows(seed: int, rows: int, features: int) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0, 1, (rows, features)).astype(np.float32)
+
+
+def pinned_input_quant(path: str | Path) -> tuple[float, int]:
+    """(scale, zero_point) of the QuantizeLinear that reads the graph input, from its initializers."""
+    model = onnx.load(str(path))
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    names = [i.name for i in model.graph.input if i.name not in inits]
+    readers = [n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == names[0]]
+    assert len(readers) == 1, f"expected one QuantizeLinear on the graph input, found {len(readers)}"
+    scale = inits[readers[0].input[1]]
+    zero_point = inits[readers[0].input[2]]
+    assert scale.size == 1
+    assert zero_point.size == 1
+    return float(scale.reshape(-1)[0]), int(zero_point.reshape(-1)[0])
+
+
+def run_model(path: str | Path, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return sess.run(None, feed)

@@ -1,0 +1,741 @@
+"""The calibration stage: the content-addressed range cache, hits and misses, corrupt files, chunking, races.
+
+Everything runs real onnxruntime on the tiny lab model. The only thing patched is a spy around
+`create_calibrator` / `InferenceSession` that counts calls, and on a cache hit asserts they are never made.
+Expected values (spans, ranges) are rebuilt here from the lab data rule, not copied from a run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from onnx import TensorProto
+
+from calibrun import calibrate, engine
+from calibrun.calibrate import (
+    CalibrationCache,
+    CalibrationSpec,
+    cache_key,
+    cache_record,
+    run_calibration,
+)
+from calibrun.data import lab_batches
+from calibrun.errors import CalibrunError
+from calibrun.model import InputInfo, write_lab_model
+from calibrun.quantize import QuantOptions
+
+REPO = Path(__file__).resolve().parents[1]
+CALIBTOOL = REPO / "calibtool.py"
+SEED, FACTOR, BATCHES = 4242, 1.0, 4
+LAB_ROWS = 16  # DESIGN.md: one calibration batch is 16 rows
+# max - min may be taken in float32 or float64 (both read "max(all batches) - min(all batches)"); anything
+# wrong with the data itself (a batch missed, a value scaled) is far outside this.
+SPAN_REL = 1e-6
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def model_input(path: Path) -> tuple[str, list]:
+    """The graph input's name and dims, read with onnx (not through calibrun)."""
+    model = onnx.load(str(path))
+    value = model.graph.input[0]
+    dims = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in value.type.tensor_type.shape.dim]
+    return value.name, dims
+
+
+def lab_arrays(model_path: Path, seed: int, factor: float, batches: int) -> list[np.ndarray]:
+    """The lab calibration rule of DESIGN.md, rebuilt independently."""
+    _, dims = model_input(model_path)
+    features = dims[-1]
+    rng = np.random.default_rng(seed)
+    return [(rng.normal(0, 1, (LAB_ROWS, features)) * factor).astype(np.float32) for _ in range(batches)]
+
+
+def lab_span(model_path: Path, seed: int, factor: float, batches: int) -> float:
+    arrays = lab_arrays(model_path, seed, factor, batches)
+    return float(max(a.max() for a in arrays)) - float(min(a.min() for a in arrays))
+
+
+def ranges_of(tensors) -> dict[str, tuple[list, list]]:
+    """TensorsData -> {tensor: (lowest, highest)} as plain lists, for exact comparison."""
+    out = {}
+    for name, data in tensors.items():
+        lo, hi = data.range_value
+        out[name] = (np.asarray(lo, dtype=np.float64).tolist(), np.asarray(hi, dtype=np.float64).tolist())
+    return out
+
+
+def cache_entries(folder: Path) -> list[str]:
+    """Every entry of the cache folder, hidden temp files included."""
+    return sorted(os.listdir(folder))
+
+
+def calibrun_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "calibrun.calibrate" and r.levelname == "WARNING"]
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.pop("CALIBRUN_DEBUG", None)
+    env.update(extra)
+    return env
+
+
+class CalibrationSpy:
+    """Counts calibration passes (calibrun's create_calibrator) and inference sessions; can forbid them.
+
+    quantize_static is always handed a cache file by calibrun, so its own calibration path must never run.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch):
+        self.calibrators = 0
+        self.sessions = 0
+        self.forbidden = False
+        spy = self
+        real_create = calibrate.create_calibrator
+
+        def create_calibrator(*args, **kwargs):
+            if spy.forbidden:
+                raise AssertionError("create_calibrator was called on a cache hit")
+            spy.calibrators += 1
+            return real_create(*args, **kwargs)
+
+        def ort_own_calibration(*args, **kwargs):
+            raise AssertionError("quantize_static ran its own calibration pass")
+
+        real_session = onnxruntime.InferenceSession
+
+        class Session(real_session):
+            def __init__(self, *args, **kwargs):
+                if spy.forbidden:
+                    raise AssertionError("an inference session was created on a cache hit")
+                spy.sessions += 1
+                super().__init__(*args, **kwargs)
+
+        monkeypatch.setattr(calibrate, "create_calibrator", create_calibrator)
+        ort_quantize = importlib.import_module("onnxruntime.quantization.quantize")
+        monkeypatch.setattr(ort_quantize, "create_calibrator", ort_own_calibration)
+        monkeypatch.setattr(onnxruntime, "InferenceSession", Session)
+
+    def forbid(self) -> None:
+        self.forbidden = True
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    return CalibrationSpy(monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def lab_model(tmp_path_factory) -> Path:
+    return write_lab_model(tmp_path_factory.mktemp("lab") / "fp32.onnx")
+
+
+@pytest.fixture(scope="module")
+def fp32(lab_model):
+    return engine.open_float_model(lab_model)
+
+
+@pytest.fixture(scope="module")
+def clean(fp32, tmp_path_factory) -> dict:
+    """A clean miss run into a fresh cache: the reference every other run is compared with."""
+    folder = tmp_path_factory.mktemp("clean")
+    cache = CalibrationCache(folder / "cache")
+    result = engine.quantize_lab(fp32, folder / "int8.onnx", SEED, FACTOR, BATCHES, cache=cache)
+    assert result["cache_hit"] is False
+    return {
+        "result": result,
+        "model": (folder / "int8.onnx").read_bytes(),
+        "key": result["cache_key"],
+        "text": cache.path(result["cache_key"]).read_text(),
+    }
+
+
+def key_of(
+    sha: str = "0" * 64,
+    info: InputInfo | None = None,
+    seed: int = SEED,
+    factor: float = FACTOR,
+    batches: int = BATCHES,
+    spec: CalibrationSpec | None = None,
+) -> str:
+    info = info or InputInfo("x", TensorProto.FLOAT, ("N", 16))
+    data = lab_batches(info, seed, factor, batches)
+    return cache_key(cache_record(sha, data.identity(), info.name, spec or CalibrationSpec()))
+
+
+# ------------------------------------------------------------------------------------- key sensitivity
+
+DATA_CHANGES = {
+    "model_bytes": {"sha": "1" * 64},
+    "seed": {"seed": SEED + 1},
+    "factor": {"factor": 0.2},
+    "batches": {"batches": BATCHES + 1},
+    "rows_per_batch": {"info": InputInfo("x", TensorProto.FLOAT, (4, 16))},
+    "features": {"info": InputInfo("x", TensorProto.FLOAT, ("N", 8))},
+    "input_name": {"info": InputInfo("input", TensorProto.FLOAT, ("N", 16))},
+}
+
+
+@pytest.mark.parametrize("change", DATA_CHANGES.values(), ids=DATA_CHANGES.keys())
+def test_key_changes_with_model_and_data(change):
+    assert key_of(**change) != key_of()
+
+
+# (spec the base run used, spec of the second run): every pair must give a different key.
+SPEC_CHANGES = {
+    "method_entropy": ({}, {"method": "entropy"}),
+    "method_percentile": ({}, {"method": "percentile"}),
+    "method_distribution": ({}, {"method": "distribution"}),
+    "symmetric_minmax": ({}, {"symmetric": True}),
+    "symmetric_percentile": ({"method": "percentile"}, {"method": "percentile", "symmetric": False}),
+    "symmetric_entropy": ({"method": "entropy"}, {"method": "entropy", "symmetric": True}),
+    "moving_average": ({}, {"moving_average": True}),
+    "averaging_constant": ({"moving_average": True}, {"moving_average": True, "averaging_constant": 0.5}),
+    "percentile": ({"method": "percentile"}, {"method": "percentile", "percentile": 99.9}),
+    "num_bins_entropy": ({"method": "entropy"}, {"method": "entropy", "num_bins": 256}),
+    "num_bins_percentile": ({"method": "percentile"}, {"method": "percentile", "num_bins": 512}),
+    "num_quantized_bins": ({"method": "entropy"}, {"method": "entropy", "num_quantized_bins": 64}),
+    "scenario": ({"method": "distribution"}, {"method": "distribution", "scenario": "p3"}),
+    "per_channel": ({}, {"per_channel": True}),
+    "op_types": ({}, {"op_types": ("MatMul",)}),
+    "op_types_subset": ({"op_types": ("MatMul", "Add")}, {"op_types": ("MatMul",)}),
+    "chunk": ({}, {"chunk": 3}),
+}
+
+
+@pytest.mark.parametrize(("base", "changed"), SPEC_CHANGES.values(), ids=SPEC_CHANGES.keys())
+def test_key_changes_with_calibration_options(base, changed):
+    assert key_of(spec=CalibrationSpec(**changed)) != key_of(spec=CalibrationSpec(**base))
+
+
+# Options that do not apply to the method (or do not change the data): the key must not move.
+SPEC_SAME = {
+    "percentile_under_minmax": ({}, {"percentile": 50.0}),
+    "num_bins_under_minmax": ({}, {"num_bins": 7}),
+    "num_quantized_bins_under_minmax": ({}, {"num_quantized_bins": 9}),
+    "scenario_under_minmax": ({}, {"scenario": "p3"}),
+    "averaging_constant_without_moving_average": ({}, {"averaging_constant": 0.5}),
+    "moving_average_under_entropy": ({"method": "entropy"}, {"method": "entropy", "moving_average": True}),
+    "per_channel_under_entropy": ({"method": "entropy"}, {"method": "entropy", "per_channel": True}),
+    "percentile_under_entropy": ({"method": "entropy"}, {"method": "entropy", "percentile": 50.0}),
+    "num_quantized_bins_under_percentile": (
+        {"method": "percentile"},
+        {"method": "percentile", "num_quantized_bins": 9},
+    ),
+    "symmetric_under_distribution": (
+        {"method": "distribution"},
+        {"method": "distribution", "symmetric": True},
+    ),
+    "op_types_order": ({"op_types": ("MatMul", "Add")}, {"op_types": ("Add", "MatMul")}),
+    # unset options and onnxruntime's defaults give the same ranges, so the same key
+    "symmetric_default_minmax": ({"method": "minmax"}, {"method": "minmax", "symmetric": False}),
+    "symmetric_default_percentile": ({"method": "percentile"}, {"method": "percentile", "symmetric": True}),
+    "bins_default_entropy": ({"method": "entropy"}, {"method": "entropy", "num_bins": 128}),
+    "bins_default_percentile": ({"method": "percentile"}, {"method": "percentile", "num_bins": 2048}),
+    "bins_default_distribution": ({"method": "distribution"}, {"method": "distribution", "num_bins": 2048}),
+}
+
+
+@pytest.mark.parametrize(("base", "same"), SPEC_SAME.values(), ids=SPEC_SAME.keys())
+def test_key_ignores_options_that_do_not_apply(base, same):
+    assert key_of(spec=CalibrationSpec(**same)) == key_of(spec=CalibrationSpec(**base))
+
+
+def test_key_ignores_how_the_factor_is_spelled():
+    assert key_of(factor=1) == key_of(factor=1.0)
+
+
+def test_key_changes_with_onnxruntime_version(monkeypatch):
+    before = key_of()
+    assert key_of() == before  # deterministic
+    monkeypatch.setattr(calibrate.onnxruntime, "__version__", f"{onnxruntime.__version__}+other")
+    assert key_of() != before
+
+
+def test_key_file_records_what_went_into_the_key(tmp_path, fp32, lab_model):
+    cache = CalibrationCache(tmp_path / "cache")
+    result = engine.quantize_lab(fp32, tmp_path / "int8.onnx", SEED, 0.2, BATCHES, cache=cache)
+    key = result["cache_key"]
+    key_file = tmp_path / "cache" / f"{key}.key.json"
+    text = key_file.read_text()
+    assert "\n  " in text  # indented: readable by a person
+    recorded = json.loads(text)
+    assert recorded["key"] == key
+    assert recorded["model_sha256"] == hashlib.sha256(lab_model.read_bytes()).hexdigest()
+    name, dims = model_input(lab_model)
+    assert recorded["data"]["seed"] == SEED
+    assert recorded["data"]["factor"] == 0.2
+    assert recorded["data"]["batches"] == BATCHES
+    assert recorded["data"]["rows_per_batch"] == LAB_ROWS
+    assert recorded["data"]["batch_shape"] == [LAB_ROWS, *dims[1:]]
+    assert recorded["data"]["input"] == name
+    assert recorded["calibration"]["method"] == "minmax"
+    assert recorded["onnxruntime"] == onnxruntime.__version__
+    # The key is the hash of exactly that record (minus the two fields added beside it).
+    record = {k: v for k, v in recorded.items() if k not in {"key", "span"}}
+    assert cache_key(record) == key
+    assert record == json.loads(cache.path(key).read_text())["calibrun"]["record"]
+
+
+# --------------------------------------------------------------------------- hits and misses via the engine
+
+
+def test_second_call_is_a_hit_with_identical_results(tmp_path, fp32, spy):
+    nocache = engine.quantize_lab(fp32, tmp_path / "nocache.onnx", SEED, FACTOR, BATCHES, cache=None)
+    assert nocache["cache_hit"] is False
+    cache = CalibrationCache(tmp_path / "cache")
+    miss = engine.quantize_lab(fp32, tmp_path / "miss.onnx", SEED, FACTOR, BATCHES, cache=cache)
+    assert miss["cache_hit"] is False
+    assert spy.calibrators == 2  # the spy is wired: both runs above calibrated
+    assert spy.sessions >= 2
+    assert cache_entries(tmp_path / "cache") == sorted([f"{miss['cache_key']}.json", f"{miss['cache_key']}.key.json"])
+
+    spy.forbid()
+    hit = engine.quantize_lab(fp32, tmp_path / "hit.onnx", SEED, FACTOR, BATCHES, cache=cache)
+    assert hit["cache_hit"] is True
+    assert hit["cache_key"] == miss["cache_key"] == nocache["cache_key"]
+    for field in ("input_scale", "input_zero_point", "span", "batches", "ops", "bytes"):
+        assert hit[field] == miss[field] == nocache[field], field
+    miss_bytes = (tmp_path / "miss.onnx").read_bytes()
+    assert (tmp_path / "hit.onnx").read_bytes() == miss_bytes
+    assert (tmp_path / "nocache.onnx").read_bytes() == miss_bytes
+
+
+def test_cached_input_range_is_what_the_graph_pins(tmp_path, fp32, lab_model):
+    cache = CalibrationCache(tmp_path / "cache")
+    result = engine.quantize_lab(fp32, tmp_path / "int8.onnx", SEED, FACTOR, BATCHES, cache=cache)
+    raw = json.loads(cache.path(result["cache_key"]).read_text())
+    name, _ = model_input(lab_model)
+    lo = raw["data"][name]["lowest"]["data"][0]
+    hi = raw["data"][name]["highest"]["data"][0]
+    arrays = lab_arrays(lab_model, SEED, FACTOR, BATCHES)
+    assert lo == float(min(a.min() for a in arrays))
+    assert hi == float(max(a.max() for a in arrays))
+    # QInt8 asymmetric over a range straddling zero: scale = (hi - lo) / 255.
+    assert result["input_scale"] == pytest.approx((hi - lo) / 255, rel=1e-6)
+
+
+QUANT_VARIANTS = {
+    "format": QuantOptions(format="qoperator"),
+    "weight_type": QuantOptions(weight_type="QInt16"),
+    "per_channel": QuantOptions(per_channel=True),
+    "nodes_to_exclude": QuantOptions(nodes_to_exclude=("fc2_matmul",)),
+    "reduce_range": QuantOptions(reduce_range=True),
+}
+
+
+@pytest.mark.parametrize("options", QUANT_VARIANTS.values(), ids=QUANT_VARIANTS.keys())
+def test_quant_options_reuse_the_calibration(tmp_path, fp32, spy, options):
+    reference = engine.quantize_lab(fp32, tmp_path / "ref.onnx", SEED, FACTOR, BATCHES, options=options,
+                                    cache=None)
+    cache = CalibrationCache(tmp_path / "cache")
+    first = engine.quantize_lab(fp32, tmp_path / "default.onnx", SEED, FACTOR, BATCHES, cache=cache)
+    assert first["cache_hit"] is False
+
+    spy.forbid()
+    second = engine.quantize_lab(fp32, tmp_path / "variant.onnx", SEED, FACTOR, BATCHES, options=options,
+                                 cache=cache)
+    assert second["cache_hit"] is True
+    assert second["cache_key"] == first["cache_key"] == reference["cache_key"]
+    variant = (tmp_path / "variant.onnx").read_bytes()
+    assert variant != (tmp_path / "default.onnx").read_bytes()  # the option really changed the model
+    assert variant == (tmp_path / "ref.onnx").read_bytes()  # ... exactly as an uncached run would
+    assert second["input_scale"] == reference["input_scale"]
+
+
+MISSES = {
+    "seed": {"seed": SEED + 1},
+    "factor": {"factor": 0.2},
+    "batches": {"batches": BATCHES + 1},
+    "method": {"spec": CalibrationSpec(method="entropy")},
+    "symmetric": {"spec": CalibrationSpec(symmetric=True)},
+    "op_types": {"spec": CalibrationSpec(op_types=("MatMul",))},
+    "chunk": {"spec": CalibrationSpec(chunk=1)},
+}
+
+
+@pytest.mark.parametrize("change", MISSES.values(), ids=MISSES.keys())
+def test_changing_a_key_input_is_a_miss(tmp_path, fp32, spy, change):
+    cache = CalibrationCache(tmp_path / "cache")
+    args = {"seed": SEED, "factor": FACTOR, "batches": BATCHES}
+    base = engine.quantize_lab(fp32, tmp_path / "base.onnx", **args, cache=cache)
+    other = engine.quantize_lab(fp32, tmp_path / "other.onnx", **{**args, **change}, cache=cache)
+    assert other["cache_hit"] is False
+    assert other["cache_key"] != base["cache_key"]
+    assert spy.calibrators == 2
+    assert cache.path(other["cache_key"]).is_file()
+    assert cache.path(base["cache_key"]).is_file()  # a miss for one key leaves the other alone
+    spy.forbid()
+    again = engine.quantize_lab(fp32, tmp_path / "again.onnx", **args, cache=cache)
+    assert again["cache_hit"] is True
+
+
+@pytest.mark.parametrize("fmt", ["qdq", "qoperator"])
+def test_calibrating_a_subset_of_op_types_quantises_only_those(tmp_path, fp32, fmt):
+    spec = CalibrationSpec(op_types=("MatMul",))
+    cache = CalibrationCache(tmp_path / "cache")
+    result = engine.quantize_lab(fp32, tmp_path / "a.onnx", SEED, FACTOR, BATCHES, spec=spec,
+                                 options=QuantOptions(format=fmt), cache=cache)
+    explicit = engine.quantize_lab(fp32, tmp_path / "b.onnx", SEED, FACTOR, BATCHES, spec=spec,
+                                   options=QuantOptions(format=fmt, op_types_to_quantize=("MatMul",)), cache=cache)
+    assert explicit["cache_hit"] is True
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+    ranges = json.loads(cache.path(result["cache_key"]).read_text())["data"]
+    assert "y" not in ranges  # the final Add's output was not calibrated ...
+    full = engine.quantize_lab(fp32, tmp_path / "full.onnx", SEED, FACTOR, BATCHES,
+                               options=QuantOptions(format=fmt), cache=None)
+    assert result["ops"] != full["ops"]  # ... and only MatMul was quantised:
+    assert result["ops"]["Add"] == full["ops"].get("Add", 0) + full["ops"].get("QLinearAdd", 0)  # Adds stay float
+    assert {op for op in result["ops"] if op.startswith("QLinear")} <= {"QLinearMatMul"}
+    assert result["input_scale"] == full["input_scale"]
+
+
+def test_quantising_op_types_that_were_not_calibrated_is_a_clear_error(tmp_path, fp32):
+    spec = CalibrationSpec(op_types=("MatMul",))
+    options = QuantOptions(op_types_to_quantize=("MatMul", "Add"))
+    with pytest.raises(CalibrunError, match="not calibrated"):
+        engine.quantize_lab(fp32, tmp_path / "a.onnx", SEED, FACTOR, BATCHES, spec=spec, options=options)
+    assert not (tmp_path / "a.onnx").exists()
+
+
+def test_model_bytes_decide_the_key_not_the_path(tmp_path, lab_model, spy):
+    cache = CalibrationCache(tmp_path / "cache")
+    copy = tmp_path / "copy.onnx"
+    copy.write_bytes(lab_model.read_bytes())
+    variant = tmp_path / "variant.onnx"
+    model = onnx.load(str(lab_model))
+    model.doc_string = "same graph, other bytes"
+    onnx.save(model, str(variant))
+
+    first = engine.quantize_lab(engine.open_float_model(lab_model), tmp_path / "a.onnx", SEED, FACTOR, BATCHES,
+                                cache=cache)
+    other = engine.quantize_lab(engine.open_float_model(variant), tmp_path / "b.onnx", SEED, FACTOR, BATCHES,
+                                cache=cache)
+    assert other["cache_hit"] is False
+    assert other["cache_key"] != first["cache_key"]
+    spy.forbid()
+    same = engine.quantize_lab(engine.open_float_model(copy), tmp_path / "c.onnx", SEED, FACTOR, BATCHES,
+                               cache=cache)
+    assert same["cache_hit"] is True
+    assert same["cache_key"] == first["cache_key"]
+
+
+def test_onnxruntime_version_change_is_a_miss(tmp_path, fp32, monkeypatch):
+    cache = CalibrationCache(tmp_path / "cache")
+    first = engine.quantize_lab(fp32, tmp_path / "a.onnx", SEED, FACTOR, BATCHES, cache=cache)
+    other_version = f"{onnxruntime.__version__}+other"
+    monkeypatch.setattr(calibrate.onnxruntime, "__version__", other_version)
+    second = engine.quantize_lab(fp32, tmp_path / "b.onnx", SEED, FACTOR, BATCHES, cache=cache)
+    assert second["cache_hit"] is False
+    assert second["cache_key"] != first["cache_key"]
+    recorded = json.loads((tmp_path / "cache" / f"{second['cache_key']}.key.json").read_text())
+    assert recorded["onnxruntime"] == other_version
+
+
+# ------------------------------------------------------------------------------------------- the span
+
+
+@pytest.mark.parametrize(("seed", "factor", "batches"), [(SEED, 0.2, 3), (SEED, 10.0, 8), (7, 1.0, 1)])
+def test_cached_span_is_the_lab_data_span(tmp_path, fp32, lab_model, spy, seed, factor, batches):
+    expected = lab_span(lab_model, seed, factor, batches)
+    cache = CalibrationCache(tmp_path / "cache")
+    miss = engine.quantize_lab(fp32, tmp_path / "a.onnx", seed, factor, batches, cache=cache)
+    key = miss["cache_key"]
+    assert miss["span"] == pytest.approx(expected, rel=SPAN_REL)
+    assert json.loads(cache.path(key).read_text())["calibrun"]["span"] == pytest.approx(expected, rel=SPAN_REL)
+    assert json.loads((tmp_path / "cache" / f"{key}.key.json").read_text())["span"] == pytest.approx(
+        expected, rel=SPAN_REL
+    )
+    record = json.loads(cache.path(key).read_text())["calibrun"]["record"]
+    assert cache.load(key, record, "minmax") == pytest.approx(expected, rel=SPAN_REL)
+    spy.forbid()
+    hit = engine.quantize_lab(fp32, tmp_path / "b.onnx", seed, factor, batches, cache=cache)
+    assert hit["cache_hit"] is True
+    assert hit["span"] == miss["span"]  # the cache returns exactly what it stored
+
+
+# ---------------------------------------------------------------------------------------- corrupt files
+
+
+def _edit(mutate):
+    def corrupt(text: str) -> str:
+        raw = json.loads(text)
+        mutate(raw)
+        return json.dumps(raw)  # NaN / Infinity are written as such, like a hand-edited file would be
+
+    return corrupt
+
+
+def _set(path: tuple, value):
+    def mutate(raw):
+        target = raw
+        for step in path[:-1]:
+            target = target[step]
+        target[path[-1]] = value
+
+    return _edit(mutate)
+
+
+def _scale_x_lowest(raw):
+    raw["data"]["x"]["lowest"]["data"] = [v * 0.5 for v in raw["data"]["x"]["lowest"]["data"]]
+
+
+def _swap_x(raw):
+    x = raw["data"]["x"]
+    x["lowest"], x["highest"] = x["highest"], x["lowest"]
+
+
+def _bump_seed(raw):
+    raw["calibrun"]["record"]["data"]["seed"] += 1
+
+
+CORRUPTIONS = {
+    "truncated": lambda text: text[: len(text) // 2],
+    "truncated_at_end": lambda text: text[:-1],
+    "empty": lambda text: "",
+    "binary": lambda text: "\x00\x01garbage\x7f",
+    "json_list": lambda text: "[1, 2, 3]",
+    "json_string": lambda text: '"ranges"',
+    "json_null": lambda text: "null",
+    "plain_onnxruntime_cache": _edit(lambda raw: raw.pop("calibrun")),
+    "calibrun_block_not_a_dict": _set(("calibrun",), []),
+    "wrong_method": _set(("calibration_method", "value"), "CalibrationMethod.Entropy"),
+    "unknown_method": _set(("calibration_method", "value"), "CalibrationMethod.Bogus"),
+    "nan_in_range": _set(("data", "x", "lowest", "data"), [math.nan]),
+    "inf_in_range": _set(("data", "x", "highest", "data"), [math.inf]),
+    "inverted_range": _edit(_swap_x),
+    "no_ranges": _set(("data",), {}),
+    "record_mismatch": _edit(_bump_seed),
+    "record_other_onnxruntime": _set(("calibrun", "record", "onnxruntime"), "0.0.0"),
+    "negative_span": _set(("calibrun", "span"), -1.0),
+    "span_not_a_number": _set(("calibrun", "span"), "wide"),
+    # Files that look fine to a shallow check but would crash quantize_static or pin wrong ranges:
+    "smooth_quant_flag": _set(("smooth_quant",), True),
+    "missing_tensor": _edit(lambda raw: raw["data"].pop("h")),
+    "edited_range_value": _edit(_scale_x_lowest),
+    "range_wrong_shape": _set(("data", "x", "lowest", "data"), [[-1.0, -2.0]]),
+    "range_empty": _set(("data", "x", "lowest", "data"), []),
+}
+
+
+@pytest.mark.parametrize("corrupt", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
+def test_corrupt_cache_file_warns_recomputes_and_is_replaced(tmp_path, fp32, clean, spy, caplog, corrupt):
+    cache = CalibrationCache(tmp_path / "cache")
+    cache.folder.mkdir()
+    path = cache.path(clean["key"])
+    bad = corrupt(clean["text"])
+    assert bad != clean["text"]
+    path.write_text(bad)
+
+    caplog.set_level("WARNING", logger="calibrun.calibrate")
+    result = engine.quantize_lab(fp32, tmp_path / "int8.onnx", SEED, FACTOR, BATCHES, cache=cache)
+
+    warnings = calibrun_warnings(caplog)
+    assert len(warnings) == 1, warnings
+    assert path.name in warnings[0]
+    assert result["cache_hit"] is False
+    assert spy.calibrators == 1  # recomputed
+    assert result["cache_key"] == clean["key"]
+    assert result["input_scale"] == clean["result"]["input_scale"]
+    assert result["span"] == clean["result"]["span"]
+    assert (tmp_path / "int8.onnx").read_bytes() == clean["model"]
+    # Replaced by a valid file: the same one a clean run writes, and the next run is a quiet hit.
+    assert path.read_text() == clean["text"]
+    assert cache_entries(cache.folder) == sorted([path.name, f"{clean['key']}.key.json"])
+    caplog.clear()
+    spy.forbid()
+    again = engine.quantize_lab(fp32, tmp_path / "again.onnx", SEED, FACTOR, BATCHES, cache=cache)
+    assert again["cache_hit"] is True
+    assert calibrun_warnings(caplog) == []
+
+
+def test_clean_cache_file_loads_without_warning(tmp_path, clean, caplog):
+    cache = CalibrationCache(tmp_path)
+    cache.path(clean["key"]).write_text(clean["text"])
+    record = json.loads(clean["text"])["calibrun"]["record"]
+    caplog.set_level("WARNING", logger="calibrun.calibrate")
+    assert cache.load(clean["key"], record, "minmax") == clean["result"]["span"]
+    assert cache.load(clean["key"], record, "entropy") is None  # asked for another method: unusable
+    assert cache.load("0" * 32, record, "minmax") is None  # absent: a plain miss
+    assert len(calibrun_warnings(caplog)) == 1
+
+
+# ------------------------------------------------------------------------------------------- chunking
+
+
+def test_chunked_minmax_equals_one_pass(lab_model):
+    batches = 10
+    name, _ = model_input(lab_model)
+    info = engine.open_float_model(lab_model).info
+    data = lab_batches(info, SEED, FACTOR, batches)
+    one_pass, span = run_calibration(lab_model, data, name, CalibrationSpec(chunk=batches))
+    reference = ranges_of(one_pass)
+    arrays = lab_arrays(lab_model, SEED, FACTOR, batches)
+    assert reference[name] == ([float(min(a.min() for a in arrays))], [float(max(a.max() for a in arrays))])
+    assert span == pytest.approx(lab_span(lab_model, SEED, FACTOR, batches), rel=SPAN_REL)
+    for chunk in (1, 3, 64):
+        tensors, chunk_span = run_calibration(lab_model, data, name, CalibrationSpec(chunk=chunk))
+        assert ranges_of(tensors) == reference, chunk
+        assert chunk_span == span
+
+
+@pytest.mark.parametrize("method", ["entropy", "percentile", "distribution"])
+@pytest.mark.parametrize("chunk", [3, 64])
+def test_histogram_methods_are_deterministic_per_chunk(lab_model, method, chunk):
+    info = engine.open_float_model(lab_model).info
+    data = lab_batches(info, SEED, FACTOR, 7)
+    spec = CalibrationSpec(method=method, chunk=chunk)
+    first, _ = run_calibration(lab_model, data, info.name, spec)
+    second, _ = run_calibration(lab_model, data, info.name, spec)
+    assert first.calibration_method == calibrate.METHODS[method]
+    assert ranges_of(first) == ranges_of(second)
+    assert info.name in ranges_of(first)
+    for lo, hi in ranges_of(first).values():
+        assert np.all(np.isfinite(lo))
+        assert np.all(np.isfinite(hi))
+        assert np.all(np.asarray(lo) <= np.asarray(hi))
+
+
+@pytest.mark.parametrize("method", ["entropy", "percentile", "distribution"])
+def test_histogram_methods_through_the_cache(tmp_path, fp32, spy, method):
+    cache = CalibrationCache(tmp_path / "cache")
+    spec = CalibrationSpec(method=method, chunk=2)
+    miss = engine.quantize_lab(fp32, tmp_path / "a.onnx", SEED, FACTOR, BATCHES, spec=spec, cache=cache)
+    spy.forbid()
+    hit = engine.quantize_lab(fp32, tmp_path / "b.onnx", SEED, FACTOR, BATCHES, spec=spec, cache=cache)
+    assert (miss["cache_hit"], hit["cache_hit"]) == (False, True)
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+
+
+# ------------------------------------------------------------------------------------------- calibtool
+
+
+def test_calibtool_second_run_reuses_the_cache(tmp_path, lab_model):
+    cache_dir = tmp_path / "cache"
+    env = subprocess_env(CALIBRUN_CACHE=str(cache_dir))
+    out = tmp_path / "int8.onnx"
+    argv = [sys.executable, str(CALIBTOOL), "quantize", str(lab_model), str(out), str(SEED), "0.2", "3"]
+
+    def run() -> dict:
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    first = run()
+    entries = cache_entries(cache_dir)
+    ranges = [cache_dir / e for e in entries if e.endswith(".json") and not e.endswith(".key.json")]
+    assert len(entries) == 2, entries
+    assert len(ranges) == 1, entries
+    before = ranges[0].stat()
+    text = ranges[0].read_text()
+    model = out.read_bytes()
+
+    second = run()
+    assert second == first
+    assert cache_entries(cache_dir) == entries
+    after = ranges[0].stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)  # not rewritten: a hit
+    assert ranges[0].read_text() == text
+    assert out.read_bytes() == model
+    assert first["span"] == pytest.approx(lab_span(lab_model, SEED, 0.2, 3), rel=SPAN_REL)
+
+
+# ---------------------------------------------------------------------------------------------- races
+
+RACE_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, time
+    from pathlib import Path
+    from calibrun import engine
+    from calibrun.calibrate import CalibrationCache
+
+    model, out, folder, barrier, me = sys.argv[1:6]
+    barrier = Path(barrier)
+    real_load = CalibrationCache.load
+
+    def load_then_wait(self, *args, **kwargs):
+        # The real lookup runs; then both processes wait for each other, so both calibrate and
+        # both store the same key at the same moment (the worst interleaving, every time).
+        found = real_load(self, *args, **kwargs)
+        (barrier / me).touch()
+        deadline = time.monotonic() + 60
+        while len(list(barrier.iterdir())) < 2:
+            if time.monotonic() > deadline:
+                raise SystemExit("the other process never arrived")
+            time.sleep(0.005)
+        return found
+
+    CalibrationCache.load = load_then_wait
+    fp32 = engine.open_float_model(model)
+    result = engine.quantize_lab(fp32, out, 4242, 1.0, 16, cache=CalibrationCache(folder))
+    print(json.dumps({"key": result["cache_key"], "hit": result["cache_hit"], "span": result["span"]}))
+    """
+)
+
+
+def test_nothing_is_written_beside_the_users_model(tmp_path, lab_model):
+    """onnxruntime's shape inference writes and deletes `<model>-inferred.onnx` beside the path it is given;
+    calibrun must hand it a private copy (else parallel jobs on one model delete each other's file)."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    model = folder / "fp32.onnx"
+    model.write_bytes(lab_model.read_bytes())
+    sentinel = folder / "fp32-inferred.onnx"
+    sentinel.write_text("a file of the user's")
+    before = cache_entries(folder)
+    for method in ("minmax", "entropy"):
+        engine.quantize_lab(engine.open_float_model(model), tmp_path / f"{method}.onnx", SEED, FACTOR, BATCHES,
+                            spec=CalibrationSpec(method=method), cache=CalibrationCache(tmp_path / "cache"))
+    assert cache_entries(folder) == before
+    assert sentinel.read_text() == "a file of the user's"
+
+
+def test_two_processes_filling_one_key_leave_one_valid_file(tmp_path, fp32, lab_model, spy):
+    cache_dir = tmp_path / "cache"
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    env = subprocess_env()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACE_SCRIPT, str(lab_model), str(tmp_path / f"int8_{i}.onnx"),
+             str(cache_dir), str(barrier), f"p{i}"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+        )
+        for i in range(2)
+    ]
+    outputs = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, stderr
+        outputs.append(json.loads(stdout.strip().splitlines()[-1]))
+
+    assert [o["hit"] for o in outputs] == [False, False]  # both really calibrated and stored
+    key = outputs[0]["key"]
+    assert outputs[1]["key"] == key
+    assert cache_entries(cache_dir) == sorted([f"{key}.json", f"{key}.key.json"])  # no temp files left
+    cache = CalibrationCache(cache_dir)
+    record = json.loads(cache.path(key).read_text())["calibrun"]["record"]
+    expected = lab_span(lab_model, SEED, FACTOR, 16)
+    assert cache.load(key, record, "minmax") == pytest.approx(expected, rel=SPAN_REL)
+    assert json.loads((cache_dir / f"{key}.key.json").read_text())["key"] == key
+    assert (tmp_path / "int8_0.onnx").read_bytes() == (tmp_path / "int8_1.onnx").read_bytes()
+
+    spy.forbid()
+    after = engine.quantize_lab(fp32, tmp_path / "after.onnx", SEED, FACTOR, 16, cache=cache)
+    assert after["cache_hit"] is True
+    assert (tmp_path / "after.onnx").read_bytes() == (tmp_path / "int8_0.onnx").read_bytes()

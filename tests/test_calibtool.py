@@ -1,0 +1,410 @@
+"""The contract CLI (`python calibtool.py ...`) as a subprocess from another working directory.
+
+Every expectation is rebuilt here without calibrun: the data from the DESIGN.md rules, the pinned scale and
+the op counts with onnx + numpy_helper, the errors with onnxruntime + numpy float64.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.conftest import run_calibtool
+from tests.modelzoo import (
+    calibration_batches,
+    evaluation_rows,
+    int_input_model,
+    mlp,
+    pinned_input_quant,
+    run_model,
+    save,
+    unquantised_input_model,
+)
+
+QUANTIZE_KEYS = {"out", "bytes", "batches", "span", "format", "ops", "input_scale", "input_zero_point"}
+SCALES_KEYS = {"input_scale", "input_zero_point", "observed_span", "quantize_nodes", "dequantize_nodes"}
+ERROR_KEYS = {"rows", "max_abs_error", "mean_abs_error", "max_abs_output"}
+LINEAR_OPS = {"MatMul", "Gemm"}
+
+
+def one_json(stdout: str) -> dict:
+    """stdout holds exactly one JSON object (one line) and nothing else."""
+    assert stdout.endswith("\n")
+    assert stdout.count("\n") == 1, stdout
+    result = json.loads(stdout)
+    assert isinstance(result, dict)
+    return result
+
+
+def graph_input(path: Path) -> tuple[str, int]:
+    """(name, features) of the model's real input, read with onnx."""
+    model = onnx.load(str(path))
+    inits = {t.name for t in model.graph.initializer}
+    value = next(v for v in model.graph.input if v.name not in inits)
+    return value.name, value.type.tensor_type.shape.dim[-1].dim_value
+
+
+def op_types(path: Path) -> Counter:
+    return Counter(node.op_type for node in onnx.load(str(path)).graph.node)
+
+
+def listing(folder: Path) -> set[str]:
+    return set(os.listdir(folder))
+
+
+# --- successful runs: quantize, scales, error on several models and both formats ---
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    model: dict | None  # kwargs of modelzoo.mlp; None: the lab model (calibrun.model.write_lab_model)
+    seed: int
+    factor: float
+    batches: int
+    fmt: str | None  # None: the default (qdq)
+    eval_seed: int = 777
+    rows: int = 256
+    extra: dict = field(default_factory=dict)
+
+
+CASES = [
+    Case("lab-default-format", None, 4242, 1.0, 64, None),
+    Case("lab-qoperator-narrow", None, 4242, 0.2, 8, "qoperator"),
+    Case("f5-input.1-matmul-relu-qdq", {"features": 5, "input_name": "input.1"}, 7, 3.0, 3, "qdq", 5, 33),
+    Case("f16-gemm-tanh-qop", {"features": 16, "gemm": True, "activation": "Tanh"}, 0, 2.5, 5, "qoperator", 1, 17),
+    Case("f40-gemm-sigmoid-input.1-qdq", {"features": 40, "gemm": True, "activation": "Sigmoid",
+                                          "input_name": "input.1"}, 123, 0.5, 2, "qdq", 9, 100),
+    Case("f40-matmul-sigmoid-qop", {"features": 40, "activation": "Sigmoid"}, 99, 1.0, 1, "qoperator", 3, 64),
+]
+
+
+@dataclass
+class Quantized:
+    case: Case
+    fp32: Path
+    out: Path
+    cwd: Path
+    cache: Path
+    result: dict
+    stderr: str
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[c.id for c in CASES])
+def quantized(request, tmp_path_factory) -> Quantized:
+    """One `calibtool quantize` per case, from a working directory that is not the repository."""
+    case: Case = request.param
+    root = tmp_path_factory.mktemp(case.id.replace(".", "_"))
+    models = root / "models"
+    models.mkdir()
+    if case.model is None:
+        from calibrun.model import write_lab_model
+
+        fp32 = write_lab_model(models / "lab.onnx")
+    else:
+        fp32 = save(mlp(**case.model), models / "fp32.onnx")
+    cwd = root / "cwd"
+    (cwd / "out").mkdir(parents=True)
+    args = ["quantize", fp32, "out/int8.onnx", case.seed, case.factor, case.batches]
+    if case.fmt is not None:
+        args.append(case.fmt)
+    code, stdout, stderr = run_calibtool(args, cwd, root / "cache")
+    assert code == 0, stderr
+    return Quantized(case, fp32, cwd / "out" / "int8.onnx", cwd, root / "cache", one_json(stdout), stderr)
+
+
+def rebuilt_calibration(q: Quantized) -> list[np.ndarray]:
+    _, features = graph_input(q.fp32)
+    return calibration_batches(q.case.seed, q.case.factor, q.case.batches, features)
+
+
+def test_quantize_json(quantized: Quantized):
+    q, result = quantized, quantized.result
+    assert set(result) == QUANTIZE_KEYS
+    assert (q.cwd / result["out"]).resolve() == q.out.resolve()
+    assert result["bytes"] == q.out.stat().st_size
+    assert result["batches"] == q.case.batches
+    assert result["format"] == (q.case.fmt or "qdq")
+    assert result["ops"] == dict(op_types(q.out))
+
+    arrays = rebuilt_calibration(q)
+    every = np.concatenate([a.ravel() for a in arrays])
+    assert result["span"] == float(every.max() - every.min())  # max - min of the float32 data, in float32
+    hi, lo = float(every.max()), float(every.min())
+
+    scale, zero_point = pinned_input_quant(q.out)
+    assert result["input_scale"] == scale
+    assert result["input_zero_point"] == zero_point
+    assert scale == pytest.approx((max(hi, 0.0) - min(lo, 0.0)) / 255, rel=1e-6)
+    # asymmetric int8: rmin maps to -128
+    assert abs(zero_point - round(-128 - min(lo, 0.0) / scale)) <= 1
+
+
+def test_quantize_writes_only_out_and_uses_the_cache_folder(quantized: Quantized):
+    assert listing(quantized.cwd) == {"out"}  # no default cache, no temp file in the working directory
+    assert listing(quantized.cwd / "out") == {"int8.onnx"}
+    assert any(quantized.cache.iterdir())  # CALIBRUN_CACHE was honoured
+    onnx.checker.check_model(onnx.load(str(quantized.out)))
+
+
+def test_quantize_format_shapes_the_graph(quantized: Quantized):
+    """The written graph is really QDQ or really QOperator (would fail if the format were ignored)."""
+    fp32_ops, ops = op_types(quantized.fp32), op_types(quantized.out)
+    linear = sum(fp32_ops[op] for op in LINEAR_OPS)
+    assert linear > 0
+    model = onnx.load(str(quantized.out))
+    producers = {out: node.op_type for node in model.graph.node for out in node.output}
+    if (quantized.case.fmt or "qdq") == "qdq":
+        assert not [op for op in ops if op.startswith("QLinear") or op == "QGemm"]
+        assert sum(ops[op] for op in LINEAR_OPS) == linear
+        for node in model.graph.node:
+            if node.op_type in LINEAR_OPS:  # float op fed by DequantizeLinear on both operands
+                assert producers.get(node.input[0]) == "DequantizeLinear"
+                assert producers.get(node.input[1]) == "DequantizeLinear"
+        assert ops["DequantizeLinear"] > ops["QuantizeLinear"]
+    else:
+        assert not [op for op in ops if op in LINEAR_OPS]
+        assert ops["QLinearMatMul"] + ops["QGemm"] == linear
+        # QOperator dequantises only where a float op or the graph output needs it
+        assert ops["DequantizeLinear"] <= 2
+
+
+def test_scales_json(quantized: Quantized):
+    code, stdout, stderr = run_calibtool(["scales", quantized.out], quantized.cwd, quantized.cache)
+    assert code == 0, stderr
+    result = one_json(stdout)
+    assert set(result) == SCALES_KEYS
+    scale, zero_point = pinned_input_quant(quantized.out)
+    assert result["input_scale"] == scale
+    assert result["input_zero_point"] == zero_point
+    assert result["observed_span"] == pytest.approx(scale * 255, rel=1e-12)
+    ops = op_types(quantized.out)
+    assert result["quantize_nodes"] == ops["QuantizeLinear"]
+    assert result["dequantize_nodes"] == ops["DequantizeLinear"]
+    assert result["quantize_nodes"] >= 1
+    # The data straddles zero, so what the graph pinned is the span the data had.
+    assert result["observed_span"] == pytest.approx(quantized.result["span"], rel=1e-6)
+
+
+def test_error_json(quantized: Quantized):
+    q = quantized
+    args = ["error", q.fp32, q.out, q.case.eval_seed, q.case.rows]
+    code, stdout, stderr = run_calibtool(args, q.cwd, q.cache)
+    assert code == 0, stderr
+    result = one_json(stdout)
+    assert set(result) == ERROR_KEYS
+    assert result["rows"] == q.case.rows
+
+    name, features = graph_input(q.fp32)
+    rows = evaluation_rows(q.case.eval_seed, q.case.rows, features)
+    ref = run_model(q.fp32, {name: rows})
+    got = run_model(q.out, {name: rows})
+    assert len(ref) == len(got) == 1
+    ref64, got64 = ref[0].astype(np.float64), got[0].astype(np.float64)
+    diff = np.abs(ref64 - got64)
+    assert result["max_abs_error"] == pytest.approx(diff.max(), rel=1e-6, abs=1e-9)
+    assert result["mean_abs_error"] == pytest.approx(diff.mean(), rel=1e-6, abs=1e-9)
+    assert result["max_abs_output"] == pytest.approx(np.abs(ref64).max(), rel=1e-6)
+    assert 0 < result["mean_abs_error"] < result["max_abs_error"]
+    assert listing(q.cwd) == {"out"}
+
+
+def test_error_of_a_model_against_itself_is_zero(lab_model, calibtool):
+    code, stdout, stderr = calibtool("error", lab_model, lab_model, 777, 256)
+    assert code == 0, stderr
+    result = one_json(stdout)
+    name, features = graph_input(lab_model)
+    expected = np.abs(run_model(lab_model, {name: evaluation_rows(777, 256, features)})[0]).max()
+    assert result == {"rows": 256, "max_abs_error": 0.0, "mean_abs_error": 0.0,
+                      "max_abs_output": pytest.approx(float(expected), rel=1e-6)}
+
+
+def test_quantize_same_arguments_twice_is_identical(lab_model, calibtool):
+    """The second run is served from the cache and writes the same bytes."""
+    first = calibtool("quantize", lab_model, "a.onnx", 4242, 0.2, 16)
+    second = calibtool("quantize", lab_model, "b.onnx", 4242, 0.2, 16)
+    assert first[0] == second[0] == 0, first[2] + second[2]
+    a, b = one_json(first[1]), one_json(second[1])
+    assert {k: v for k, v in a.items() if k != "out"} == {k: v for k, v in b.items() if k != "out"}
+    assert (calibtool.cwd / "a.onnx").read_bytes() == (calibtool.cwd / "b.onnx").read_bytes()
+
+
+# --- exit 2: wrong argument counts ---
+
+USAGE_CASES = {
+    "no-arguments": [],
+    "unknown-command": ["frobnicate"],
+    "unknown-command-with-args": ["frobnicate", "m.onnx", "1"],
+    "quantize-0": ["quantize"],
+    "quantize-1": ["quantize", "m.onnx"],
+    "quantize-2": ["quantize", "m.onnx", "o.onnx"],
+    "quantize-3": ["quantize", "m.onnx", "o.onnx", "1"],
+    "quantize-4": ["quantize", "m.onnx", "o.onnx", "1", "1.0"],
+    "quantize-7": ["quantize", "m.onnx", "o.onnx", "1", "1.0", "8", "qdq", "extra"],
+    "scales-0": ["scales"],
+    "scales-2": ["scales", "m.onnx", "extra"],
+    "error-0": ["error"],
+    "error-1": ["error", "m.onnx"],
+    "error-2": ["error", "m.onnx", "q.onnx"],
+    "error-3": ["error", "m.onnx", "q.onnx", "1"],
+    "error-5": ["error", "m.onnx", "q.onnx", "1", "8", "extra"],
+}
+
+
+@pytest.mark.parametrize("args", list(USAGE_CASES.values()), ids=list(USAGE_CASES))
+def test_wrong_argument_count_exits_2_with_usage(args, lab_model, calibtool):
+    args = [lab_model if a == "m.onnx" else a for a in args]  # a real model: only the count is wrong
+    code, stdout, stderr = calibtool(*args)
+    assert code == 2
+    assert stdout == ""
+    assert stderr.splitlines()[0].startswith("usage:")
+    assert "calibtool.py quantize" in stderr
+    assert "Traceback" not in stderr
+    assert listing(calibtool.cwd) == set()
+
+
+# --- exit 1: bad input, one line, nothing written ---
+
+
+class Assets:
+    """Files shared by the failure cases (outside every output folder)."""
+
+    def __init__(self, root: Path):
+        from calibrun import engine
+        from calibrun.model import write_lab_model
+
+        self.root = root
+        self.lab = write_lab_model(root / "lab.onnx")
+        self.int8 = root / "int8.onnx"
+        engine.quantize_lab(engine.open_float_model(self.lab), self.int8, 1, 1.0, 2)
+        other = save(mlp(features=5), root / "f5.onnx")  # same input name "x", 5 features
+        self.int8_f5 = root / "int8_f5.onnx"
+        engine.quantize_lab(engine.open_float_model(other), self.int8_f5, 1, 1.0, 2)
+        self.missing = root / "missing.onnx"
+        self.empty = root / "empty.onnx"
+        self.empty.write_bytes(b"")
+        self.random = root / "random.onnx"
+        self.random.write_bytes(np.random.default_rng(0).bytes(4096))
+        self.text = root / "text.onnx"
+        self.text.write_text("this is not an ONNX model\n" * 20)
+        self.int64 = save(int_input_model(), root / "int64.onnx")
+        self.cos = save(unquantised_input_model(), root / "cos.onnx")
+        self.folder = root / "a_folder.onnx"
+        self.folder.mkdir()
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory) -> Assets:
+    return Assets(tmp_path_factory.mktemp("assets"))
+
+
+def quantize(a: Assets, out: Path, seed="1", factor="1.0", batches="2", *fmt, src=None):
+    return ["quantize", src or a.lab, out / "q.onnx", seed, factor, batches, *fmt]
+
+
+BAD_FILES = {"missing": "not found", "empty": "empty", "random": "not an ONNX model",
+             "text": "not an ONNX model", "folder": "not a file"}
+
+# id -> (argv builder (assets, output folder), a word the message must contain)
+BAD_CASES = {}
+for _kind, _word in BAD_FILES.items():
+    BAD_CASES[f"quantize-in-{_kind}"] = (lambda a, o, k=_kind: quantize(a, o, src=getattr(a, k)), _word)
+    BAD_CASES[f"scales-{_kind}"] = (lambda a, o, k=_kind: ["scales", getattr(a, k)], _word)
+    if _kind != "folder":
+        BAD_CASES[f"error-fp32-{_kind}"] = (lambda a, o, k=_kind: ["error", getattr(a, k), a.int8, 1, 8], _word)
+        BAD_CASES[f"error-int8-{_kind}"] = (lambda a, o, k=_kind: ["error", a.lab, getattr(a, k), 1, 8], _word)
+BAD_CASES.update({
+    "quantize-int64-input": (lambda a, o: quantize(a, o, src=a.int64), "INT64"),
+    "scales-int64-input": (lambda a, o: ["scales", a.int64], "not quantised"),
+    "error-fp32-int64-input": (lambda a, o: ["error", a.int64, a.int8, 1, 8], "INT64"),
+    "error-int8-int64-input": (lambda a, o: ["error", a.lab, a.int64, 1, 8], "no input"),
+    "error-int8-of-other-features": (lambda a, o: ["error", a.lab, a.int8_f5, 1, 8], ""),
+    "scales-of-fp32-model": (lambda a, o: ["scales", a.lab], "not quantised"),
+    "quantize-input-not-quantised-qdq": (lambda a, o: quantize(a, o, "1", "1", "2", "qdq", src=a.cos), "'x'"),
+    "quantize-input-not-quantised-qop": (lambda a, o: quantize(a, o, "1", "1", "2", "qoperator", src=a.cos),
+                                         "'x'"),
+    "seed-word": (lambda a, o: quantize(a, o, seed="abc"), "SEED"),
+    "seed-float": (lambda a, o: quantize(a, o, seed="1.5"), "SEED"),
+    "seed-negative": (lambda a, o: quantize(a, o, seed="-1"), "seed"),
+    "factor-word": (lambda a, o: quantize(a, o, factor="wide"), "FACTOR"),
+    "factor-zero": (lambda a, o: quantize(a, o, factor="0"), "factor"),
+    "factor-negative": (lambda a, o: quantize(a, o, factor="-1.0"), "factor"),
+    "factor-nan": (lambda a, o: quantize(a, o, factor="nan"), "factor"),
+    "factor-inf": (lambda a, o: quantize(a, o, factor="inf"), "factor"),
+    "factor-minus-inf": (lambda a, o: quantize(a, o, factor="-inf"), "factor"),
+    "batches-word": (lambda a, o: quantize(a, o, batches="many"), "BATCHES"),
+    "batches-zero": (lambda a, o: quantize(a, o, batches="0"), "batches"),
+    "batches-negative": (lambda a, o: quantize(a, o, batches="-4"), "batches"),
+    "format-unknown": (lambda a, o: quantize(a, o, "1", "1.0", "2", "int4"), "format"),
+    "error-seed-word": (lambda a, o: ["error", a.lab, a.int8, "abc", 8], "SEED"),
+    "error-seed-negative": (lambda a, o: ["error", a.lab, a.int8, "-1", 8], "seed"),
+    "error-rows-word": (lambda a, o: ["error", a.lab, a.int8, 1, "some"], "ROWS"),
+    "error-rows-float": (lambda a, o: ["error", a.lab, a.int8, 1, "8.0"], "ROWS"),
+    "error-rows-zero": (lambda a, o: ["error", a.lab, a.int8, 1, "0"], "rows"),
+    "error-rows-negative": (lambda a, o: ["error", a.lab, a.int8, 1, "-5"], "rows"),
+    "out-folder-missing": (lambda a, o: ["quantize", a.lab, o / "nowhere" / "q.onnx", 1, 1.0, 2], "nowhere"),
+    "out-parent-is-a-file": (lambda a, o: ["quantize", a.lab, o / "plain.txt" / "q.onnx", 1, 1, 2], "plain.txt"),
+    "out-is-a-folder": (lambda a, o: ["quantize", a.lab, o / "sub", 1, 1.0, 2], "sub"),
+})
+
+
+@dataclass
+class BadRun:
+    out: Path
+    cwd: Path
+    code: int
+    stdout: str
+    stderr: str
+
+
+def _snapshot(folder: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+
+
+@pytest.fixture(scope="module")
+def bad_runs(assets, tmp_path_factory) -> dict[str, BadRun]:
+    """Every failure case, each in its own folders, run a few at a time (each is a ~0.3 s process)."""
+    root = tmp_path_factory.mktemp("bad")
+    before = _snapshot(assets.root)
+    folders = {}
+    for case in BAD_CASES:
+        out, cwd = root / case / "out", root / case / "cwd"
+        out.mkdir(parents=True)
+        cwd.mkdir()
+        (out / "plain.txt").write_text("keep me\n")
+        (out / "sub").mkdir()
+        folders[case] = (out, cwd)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        futures = {
+            case: pool.submit(run_calibtool, BAD_CASES[case][0](assets, out), cwd, root / case / "cache")
+            for case, (out, cwd) in folders.items()
+        }
+        runs = {case: BadRun(*folders[case], *future.result()) for case, future in futures.items()}
+    assert _snapshot(assets.root) == before  # inputs untouched, nothing written beside them
+    return runs
+
+
+@pytest.mark.parametrize("case", list(BAD_CASES), ids=list(BAD_CASES))
+def test_bad_input_exits_1_with_one_line_and_writes_nothing(case, bad_runs):
+    run, word = bad_runs[case], BAD_CASES[case][1]
+    assert run.code == 1, run.stderr
+    assert run.stdout == ""
+    assert "Traceback" not in run.stderr
+    lines = run.stderr.splitlines()
+    assert lines, "no error message"
+    assert lines[-1].startswith("calibtool: error: ")
+    assert len(lines) == 1, f"noise before the error line:\n{run.stderr}"
+    assert word in lines[-1]
+    # nothing written: no output and no temp file in the output folder or the working directory
+    assert listing(run.out) == {"plain.txt", "sub"}
+    assert (run.out / "plain.txt").read_text() == "keep me\n"
+    assert listing(run.out / "sub") == set()
+    assert listing(run.cwd) == set()
