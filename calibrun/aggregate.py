@@ -16,8 +16,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from calibrun import engine
-from calibrun.data import evaluation_rows
+from calibrun import datasets, engine
+from calibrun.diagnosis import run_diagnosis, sample_trend
 from calibrun.errors import CalibrunError
 from calibrun.files import atomic_path, write_json
 from calibrun.measure import max_abs_difference
@@ -129,7 +129,8 @@ def build(sweep_dir: str | Path, report_dir: str | Path | None = None) -> Summar
     report_dir.mkdir(parents=True, exist_ok=True)
     r = _Report(sweep_dir, report_dir)
     if not r.runs:
-        raise CalibrunError(f"no completed runs in {sweep_dir} (no */{RESULT_FILE} with status ok)")
+        log.error("report: no completed runs in %s (no */%s with status ok)", sweep_dir, RESULT_FILE)
+        return r.summary
     facts: dict = {}
 
     lab = r.need("calib_report.json", [(c, MAIN_BATCHES, "qdq") for c in CALIBRATIONS])
@@ -196,23 +197,54 @@ def build(sweep_dir: str | Path, report_dir: str | Path | None = None) -> Summar
         r.write("format.json", fmt)
         facts["format"] = fmt
 
+    facts["diagnosis"] = _diagnosis(r)
+    r.write("diagnosis.json", facts["diagnosis"])
     r.summary.files.extend(report.write(report_dir, r.runs, facts, r.summary))
     return r.summary
 
 
+def _diagnosis(r: _Report) -> dict:
+    """diagnosis.json: a verdict per run, and per calibration with several batch counts whether more samples
+    would help (calibrun.diagnosis)."""
+    runs = {}
+    for (calibration, batches, fmt), run in r.runs.items():
+        table_file = run.result["files"].get("diagnostics")
+        table = json.loads((run.job_dir / table_file).read_text()) if table_file else None
+        runs[_label(calibration, batches, fmt)] = {"calibration": calibration, "batches": batches, "format": fmt,
+                                                   **run_diagnosis(run.result, table)}
+    samples = {}
+    by_calibration: dict[str, list[Run]] = {}
+    for (calibration, _, fmt), run in r.runs.items():
+        if fmt == "qdq":
+            by_calibration.setdefault(calibration, []).append(run)
+    for calibration, group in sorted(by_calibration.items()):
+        if len(group) < 2:
+            continue
+        points = [(int(run.params["batches"]) * int(run.params.get("rows_per_batch", 16)), run.metrics["span"])
+                  for run in group]
+        samples[calibration] = sample_trend(points, _eval_span(group[0]))
+    return {"runs": runs, "samples": samples}
+
+
+def _evaluation(run: Run):
+    """The job's evaluation rows, rebuilt from what its result.json recorded, and its fp32 model."""
+    fp32 = engine.open_float_model(run.file("fp32"))
+    source = run.result["eval_source"]
+    return fp32, datasets.evaluation_data(source, fp32, int(source["seed"]), int(source["rows"]))
+
+
 def _eval_span(run: Run) -> float:
-    """max - min of the evaluation rows the errors were measured on."""
-    info = engine.open_float_model(run.file("fp32")).info
-    rows = evaluation_rows(info, int(run.params["eval_seed"]), int(run.params["eval_rows"]))
+    """max - min of the primary input's evaluation rows, on which the errors were measured."""
+    fp32, evaluation = _evaluation(run)
+    rows = evaluation.feeds[fp32.info.name]
     return float(rows.max() - rows.min())
 
 
 def _format_difference(qdq: Run, qop: Run) -> float:
     """max |qdq output - qoperator output| on the evaluation rows."""
-    fp32 = engine.open_float_model(qdq.file("fp32"))
-    seed, rows = int(qdq.params["eval_seed"]), int(qdq.params["eval_rows"])
-    a = engine.evaluation_outputs(qdq.file("int8"), fp32.info, seed, rows)
-    b = engine.evaluation_outputs(qop.file("int8"), fp32.info, seed, rows)
+    fp32, evaluation = _evaluation(qdq)
+    a = engine.outputs(qdq.file("int8"), fp32, evaluation.feeds)
+    b = engine.outputs(qop.file("int8"), fp32, evaluation.feeds)
     return max_abs_difference(a, b)
 
 
@@ -233,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         summary = build(positional[0], report_dir)
     except CalibrunError as exc:
         print(f"calibrun.aggregate: error: {exc}", file=sys.stderr)
+        return 1
+    if not summary.ok:
+        print(f"calibrun.aggregate: error: no completed runs in {positional[0]}", file=sys.stderr)
         return 1
     for path in summary.files:
         print(path)

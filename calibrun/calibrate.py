@@ -18,7 +18,7 @@ import logging
 import math
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -228,21 +228,24 @@ def _validate(path: Path, record: dict, method: str) -> float:
 
 
 class _SpanTracker:
-    """Wraps a sized iterable of arrays; records min and max of what it serves."""
+    """Wraps a sized iterable of arrays (or feeds); records min and max of `input_name` as it is served."""
 
-    def __init__(self, source):
-        self.source, self.lo, self.hi = source, math.inf, -math.inf
+    def __init__(self, source, input_name: str):
+        self.source, self.input_name, self.lo, self.hi = source, input_name, math.inf, -math.inf
 
     def __len__(self):
         return len(self.source)
 
     def __iter__(self):
-        for array in self.source:
-            if not np.all(np.isfinite(array)):
-                raise CalibrunError("calibration data contains NaN or Inf")
+        for item in self.source:
+            arrays = item if isinstance(item, Mapping) else {self.input_name: item}
+            for name, array in arrays.items():
+                if not np.all(np.isfinite(array)):
+                    raise CalibrunError(f"calibration data for input {name!r} contains NaN or Inf")
+            array = arrays[self.input_name]
             self.lo = min(self.lo, np.min(array))
             self.hi = max(self.hi, np.max(array))
-            yield array
+            yield item
 
     @property
     def span(self) -> float:
@@ -266,7 +269,7 @@ def private_model_copy(model_path: str | Path, folder: str | Path) -> Path:
 
 def run_calibration(model_path: str | Path, data, input_name: str, spec: CalibrationSpec) -> tuple[TensorsData, float]:
     """One calibration pass, fed `spec.chunk` batches at a time so peak memory does not grow with the count."""
-    tracked = _SpanTracker(data)
+    tracked = _SpanTracker(data, input_name)
     reader = make_reader(tracked, input_name)
     total = len(reader)
     if total == 0:

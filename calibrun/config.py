@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from calibrun.calibrate import METHODS, CalibrationSpec
 from calibrun.errors import CalibrunError
@@ -48,11 +48,37 @@ class MethodConf:
 class ModelConf:
     name: str = "lab"
     path: str | None = None
+    classifier: bool | None = None  # None: a classifier when the first output comes from Softmax or labels exist
+
+
+DATA_SOURCES = ("lab", "npy", "images")
+MODELS = ("lab", "file", "digits")
 
 
 @dataclass
 class DataConf:
+    """A data source: `lab` (the rule of DESIGN.md), `npy` (.npy/.npz file or folder), `images` (folder)."""
+
     name: str = "lab"
+    path: str | None = None
+    resize: int = 256
+    crop: int = 224
+    mean: list[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])
+    std: list[float] = field(default_factory=lambda: [0.229, 0.224, 0.225])
+    grayscale: bool = False
+
+
+@dataclass
+class QuantConf:
+    """Post-calibration options: changing any of them reuses the calibration cache."""
+
+    activation_type: str = "QInt8"
+    weight_type: str = "QInt8"
+    per_channel: bool = False
+    reduce_range: bool = False
+    activation_symmetric: bool = False
+    nodes_to_exclude: list[str] = field(default_factory=list)
+    op_types_to_quantize: list[str] | None = None
 
 
 @dataclass
@@ -95,6 +121,8 @@ class Config:
     method: MethodConf = field(default_factory=MethodConf)
     model: ModelConf = field(default_factory=ModelConf)
     data: DataConf = field(default_factory=DataConf)
+    eval_data: DataConf = field(default_factory=DataConf)
+    quant: QuantConf = field(default_factory=QuantConf)
     eval: EvalConf = field(default_factory=EvalConf)
     cache: CacheConf = field(default_factory=CacheConf)
     tracking: TrackingConf = field(default_factory=TrackingConf)
@@ -112,8 +140,26 @@ def _need(ok: bool, key: str, rule: str, value) -> None:
         raise CalibrunError(f"config {key}: {rule}, got {value!r}")
 
 
+def _unknown_keys(node: DictConfig, schema: dict, prefix: str = "") -> list[str]:
+    unknown = []
+    for key in node:
+        if key == "hydra" and not prefix:  # compose(return_hydra_config=True) keeps Hydra's own node
+            continue
+        if key not in schema:
+            unknown.append(prefix + str(key))
+        elif isinstance(schema[key], dict):
+            unknown += _unknown_keys(node[key], schema[key], f"{prefix}{key}.")
+    return unknown
+
+
+_SCHEMA_KEYS = OmegaConf.to_container(OmegaConf.structured(Config))
+
+
 def validate(cfg: DictConfig) -> None:
     """Value checks the schema's types cannot express. Raises CalibrunError naming the key."""
+    unknown = _unknown_keys(cfg, _SCHEMA_KEYS)  # `+key=...` slips past Hydra's struct mode
+    if unknown:
+        raise CalibrunError(f"config {unknown[0]}: is not a calibrun setting (a typo?)")
     _need(cfg.batches >= 1, "batches", "must be >= 1", cfg.batches)
     _need(math.isfinite(cfg.calibration.factor) and cfg.calibration.factor > 0, "calibration.factor",
           "must be a finite number > 0", cfg.calibration.factor)
@@ -123,11 +169,27 @@ def validate(cfg: DictConfig) -> None:
     _need(cfg.format.name in FORMATS, "format.name", f"must be one of {sorted(FORMATS)}", cfg.format.name)
     _need(cfg.method.name in METHODS, "method.name", f"must be one of {sorted(METHODS)}", cfg.method.name)
     _need(cfg.method.chunk >= 1, "method.chunk", "must be >= 1", cfg.method.chunk)
-    _need(cfg.model.name in {"lab", "file"}, "model.name", "must be lab or file", cfg.model.name)
+    if cfg.method.name == "percentile":
+        _need(0 < cfg.method.percentile <= 100, "method.percentile", "must be in (0, 100]", cfg.method.percentile)
+    if cfg.method.num_bins is not None:
+        _need(cfg.method.num_bins >= 1, "method.num_bins", "must be >= 1", cfg.method.num_bins)
+    if cfg.method.moving_average:
+        _need(0 <= cfg.method.averaging_constant <= 1, "method.averaging_constant", "must be in [0, 1]",
+              cfg.method.averaging_constant)
+    _need(cfg.model.name in MODELS, "model.name", f"must be one of {list(MODELS)}", cfg.model.name)
     if cfg.model.name == "file":
         _need(bool(cfg.model.path), "model.path", "is required with model=file (model.path=/path/to/model.onnx)",
               cfg.model.path)
-    _need(cfg.data.name == "lab", "data.name", "must be lab", cfg.data.name)
+    for key in ("data", "eval_data"):
+        source = cfg[key]
+        _need(source.name in DATA_SOURCES, f"{key}.name", f"must be one of {list(DATA_SOURCES)}", source.name)
+        if source.name != "lab":
+            _need(bool(source.path), f"{key}.path", f"is required with {key}={source.name}", source.path)
+        if source.name == "images":
+            _need(0 < source.crop <= source.resize, f"{key}.crop", f"must be in 1..{key}.resize", source.crop)
+            _need(len(source.mean) == len(source.std) == (1 if source.grayscale else 3), f"{key}.mean",
+                  "mean and std need one value per channel", list(source.mean))
+            _need(all(v > 0 for v in source.std), f"{key}.std", "must be > 0", list(source.std))
     _need(cfg.tracking.name in TRACKING, "tracking.name", f"must be one of {list(TRACKING)}", cfg.tracking.name)
     if cfg.tracking.name == "server":
         _need(bool(cfg.tracking.uri), "tracking.uri", "is required with tracking=server (tracking.uri=http://HOST:PORT)",
@@ -151,4 +213,10 @@ def calibration_spec(cfg: DictConfig) -> CalibrationSpec:
 
 
 def quant_options(cfg: DictConfig) -> QuantOptions:
-    return QuantOptions(format=cfg.format.name)
+    q = cfg.quant
+    return QuantOptions(
+        format=cfg.format.name, activation_type=q.activation_type, weight_type=q.weight_type,
+        per_channel=q.per_channel, reduce_range=q.reduce_range, activation_symmetric=q.activation_symmetric,
+        nodes_to_exclude=tuple(q.nodes_to_exclude),
+        op_types_to_quantize=tuple(q.op_types_to_quantize) if q.op_types_to_quantize else None,
+    )

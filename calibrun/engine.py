@@ -1,4 +1,4 @@
-"""The engine both faces call (calibtool.py and the Hydra runner): quantise with the lab data, measure.
+"""The engine both faces call (calibtool.py and the Hydra runner): calibrate, quantise, measure.
 
 Each function returns plain dicts whose keys are the contract's; front ends only parse and print.
 """
@@ -6,18 +6,21 @@ Each function returns plain dicts whose keys are the contract's; front ends only
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
+from onnx import TensorProto
 
 from calibrun.calibrate import CalibrationCache, CalibrationSpec, calibrated
 from calibrun.data import check_positive_int, evaluation_rows, fixed_rows, lab_batches
 from calibrun.errors import CalibrunError
-from calibrun.files import check_writable
+from calibrun.files import atomic_path, check_writable
 from calibrun.graph import input_quant, op_counts, scales_summary
-from calibrun.measure import compare, run_rows, session
-from calibrun.model import InputInfo, file_sha256, float_input, load_model
+from calibrun.measure import classification, compare, run_feeds, session
+from calibrun.model import InputInfo, file_sha256, graph_inputs, load_model
 from calibrun.quantize import QuantOptions, quantize
 
 DEFAULT_CACHE_DIR = ".calibrun-cache"
@@ -25,17 +28,38 @@ DEFAULT_CACHE_DIR = ".calibrun-cache"
 
 @dataclass(frozen=True)
 class FloatModel:
-    """A float model ready to calibrate: its file, its real input and the hash of its bytes."""
+    """A float model ready to calibrate: its file, its real graph inputs and the hash of its bytes."""
 
     path: Path
-    info: InputInfo
+    inputs: tuple[InputInfo, ...]
     sha256: str
+
+    @property
+    def info(self) -> InputInfo:
+        """The primary input: the one whose scale the contract reports."""
+        return self.inputs[0]
+
+    def lab_input(self) -> InputInfo:
+        """The input the synthetic lab rule feeds: it serves exactly one float input."""
+        if len(self.inputs) != 1:
+            names = [i.name for i in self.inputs]
+            raise CalibrunError(f"{self.path}: the lab data rule serves a single float input, the model has {names};"
+                                " give a data source for each (data=npy)")
+        if not self.info.is_float:
+            raise CalibrunError(f"{self.path}: input {self.info.name!r} is not float32; the lab data rule needs one")
+        return self.info
 
 
 def open_float_model(path: str | Path) -> FloatModel:
     path = Path(path)
     model = load_model(path)
-    return FloatModel(path, float_input(model, path), file_sha256(path))
+    inputs = tuple(graph_inputs(model))
+    if not inputs:
+        raise CalibrunError(f"{path} has no graph input")
+    if not any(i.is_float for i in inputs):
+        described = ", ".join(f"{i.name!r} is {TensorProto.DataType.Name(i.elem_type)}" for i in inputs)
+        raise CalibrunError(f"{path}: no float32 input ({described})")
+    return FloatModel(path, inputs, file_sha256(path))
 
 
 def cache_from_env() -> CalibrationCache | None:
@@ -44,28 +68,31 @@ def cache_from_env() -> CalibrationCache | None:
     return None if folder.strip().lower() in {"off", "0", "false", ""} else CalibrationCache(folder)
 
 
-def quantize_lab(
+def quantize_with(
     fp32: FloatModel,
     out: str | Path,
-    seed: int,
-    factor: float,
-    batches: int,
+    data,
     spec: CalibrationSpec | None = None,
     options: QuantOptions | None = None,
     cache: CalibrationCache | None = None,
-    axis_sizes=None,
+    ranges_copy: str | Path | None = None,
 ) -> dict:
-    """Calibrate (cached) on the lab rule, quantise, and describe the written model."""
+    """Calibrate (cached) on `data` (a sized, re-iterable source with identity()), quantise, describe the model.
+
+    `ranges_copy`: also keep the calibration ranges there (onnxruntime's cache format).
+    """
     spec = spec or CalibrationSpec()
     options = options or QuantOptions()
     out = check_writable(out)  # before calibrating, not after
-    data = lab_batches(fp32.info, seed, factor, batches, axis_sizes)
 
     def check(tmp: Path) -> None:
         input_quant(onnx.load(str(tmp)), where=f"quantised {fp32.path.name}")
 
     with calibrated(fp32.path, fp32.sha256, data, fp32.info.name, spec, cache) as cal:
         quant_seconds = quantize(fp32.path, out, cal, options, check=check)
+        if ranges_copy is not None:
+            with atomic_path(ranges_copy) as tmp:
+                shutil.copyfile(cal.ranges_path, tmp)
     written = onnx.load(str(out))
     summary = scales_summary(written, str(out))
     return {
@@ -83,24 +110,44 @@ def quantize_lab(
     }
 
 
+def quantize_lab(fp32: FloatModel, out: str | Path, seed: int, factor: float, batches: int, spec=None,
+                 options=None, cache=None, axis_sizes=None, ranges_copy=None) -> dict:
+    """Calibrate on the lab rule (DESIGN.md), quantise, and describe the written model."""
+    data = lab_batches(fp32.lab_input(), seed, factor, batches, axis_sizes)
+    return quantize_with(fp32, out, data, spec, options, cache, ranges_copy)
+
+
 def scales(path: str | Path) -> dict:
     return scales_summary(load_model(path), str(path))
 
 
-def evaluation_outputs(path: str | Path, info: InputInfo, seed: int, rows: int, threads: int = 0, axis_sizes=None):
-    data = evaluation_rows(info, seed, rows, axis_sizes)
-    return run_rows(session(path, threads), info, data, fixed_rows(info))
+def lab_feeds(fp32: FloatModel, seed: int, rows: int, axis_sizes=None) -> dict[str, np.ndarray]:
+    info = fp32.lab_input()
+    return {info.name: evaluation_rows(info, seed, rows, axis_sizes)}
 
 
-def error(fp32_path: str | Path, int8_path: str | Path, seed: int, rows: int, threads: int = 0,
-          axis_sizes=None) -> dict:
-    """The `error` contract: |fp32 - int8| over all output elements on the evaluation rows."""
+def outputs(path: str | Path, fp32: FloatModel, feeds: dict[str, np.ndarray], threads: int = 0) -> list[np.ndarray]:
+    return run_feeds(session(path, threads), feeds, fixed_rows(fp32.info))
+
+
+def evaluate(fp32: FloatModel, int8_path: str | Path, feeds: dict[str, np.ndarray], threads: int = 0,
+             classifier: bool = False, labels=None) -> dict:
+    """|fp32 - int8| over all output elements on `feeds`; for a classifier also top-1 agreement (and accuracy)."""
+    int8_inputs = [i.name for i in load_model(int8_path).graph.input]
+    missing = [name for name in feeds if name not in int8_inputs]
+    if missing:
+        raise CalibrunError(f"{int8_path} has no input {missing[0]!r} (inputs: {int8_inputs})")
+    ref = outputs(fp32.path, fp32, feeds, threads)
+    got = outputs(int8_path, fp32, feeds, threads)
+    rows = len(next(iter(feeds.values())))
+    metrics = {"rows": rows, **compare(ref, got)}
+    if classifier:
+        metrics.update(classification(ref, got, labels))
+    return metrics
+
+
+def error(fp32_path: str | Path, int8_path: str | Path, seed: int, rows: int, threads: int = 0) -> dict:
+    """The `error` contract: |fp32 - int8| over all output elements on the lab evaluation rows."""
     rows = check_positive_int(rows, "rows")
     fp32 = open_float_model(fp32_path)
-    int8_model = load_model(int8_path)
-    int8_inputs = [i.name for i in int8_model.graph.input]
-    if fp32.info.name not in int8_inputs:
-        raise CalibrunError(f"{int8_path} has no input {fp32.info.name!r} (inputs: {int8_inputs})")
-    ref = evaluation_outputs(fp32.path, fp32.info, seed, rows, threads, axis_sizes)
-    got = evaluation_outputs(int8_path, fp32.info, seed, rows, threads, axis_sizes)
-    return {"rows": rows, **compare(ref, got)}
+    return evaluate(fp32, int8_path, lab_feeds(fp32, seed, rows), threads)

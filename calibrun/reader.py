@@ -1,6 +1,7 @@
 """The provider contract: `make_reader(arrays, input_name)` -> an onnxruntime CalibrationDataReader.
 
-`get_next()` serves `{input_name: array}` in order and then `None` forever. `__len__` and
+`get_next()` serves `{input_name: array}` in order and then `None` forever. An item that is already a feed
+(a mapping of input name -> array, for models with several inputs) is served as it is. `__len__` and
 `set_range(start, end)` let a calibration pass feed the calibrator in chunks (bounded memory).
 Lists and tuples are indexed; any other iterable is consumed lazily, so a generated data set is never
 held in memory whole. A re-iterable source (one whose `iter()` returns a fresh iterator) may be
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 from onnxruntime.quantization import CalibrationDataReader
@@ -49,7 +50,7 @@ class ArrayReader(CalibrationDataReader):
                 self._exhausted = True
                 return None
         self._pos += 1
-        return {self.input_name: item}
+        return dict(item) if isinstance(item, Mapping) else {self.input_name: item}
 
     def set_range(self, start_index: int, end_index: int) -> None:
         """Serve items start_index..end_index-1 next (onnxruntime's strided calibration calls this)."""
@@ -70,5 +71,5 @@ class ArrayReader(CalibrationDataReader):
 
 
 def make_reader(arrays: Iterable[np.ndarray], input_name: str) -> ArrayReader:
-    """A fresh reader over `arrays` (a list, tuple or any iterable of arrays) for input `input_name`."""
+    """A fresh reader over `arrays` (a list, tuple or any iterable of arrays, or of feeds) for input `input_name`."""
     return ArrayReader(arrays, input_name)

@@ -87,6 +87,50 @@ def _format_section(f: dict) -> str:
     )
 
 
+def _pct(value) -> str:
+    return "n/a" if value is None else f"{100 * value:.2f}%"
+
+
+def _db(value) -> str:
+    return "n/a" if value is None else f"{value:.1f} dB"
+
+
+def _diagnosis_section(diagnosis: dict) -> str:
+    lines = ["| run | verdict | input clipped | input grid used | input SQNR | worst tensor | max abs error |",
+             "|---|---|---:|---:|---:|---|---:|"]
+    for label, run in diagnosis["runs"].items():
+        if run.get("verdict") is None:
+            continue
+        inp = run.get("input") or {}
+        worst = run.get("worst_tensors") or [{}]
+        worst_text = f"{worst[0].get('tensor', 'n/a')} ({_db(worst[0].get('sqnr_db'))})" if worst[0] else "n/a"
+        lines.append(f"| {label} | **{run['verdict']}** | {_pct(inp.get('clipped_fraction'))} | "
+                     f"{_pct(inp.get('grid_used'))} | {_db(inp.get('sqnr_db'))} | {worst_text} | "
+                     f"{run['max_abs_error']:.4g} |")
+    if len(lines) == 2:
+        lines = ["No QDQ run in this sweep: per-tensor diagnostics are measured on QDQ models."]
+    lines += ["", "*clipping*: more than 0.1% of the real values fall outside the int8 range; *coarse*: the real "
+              "values use under 25% of the integer grid; *sound*: neither."]
+    for calibration, trend in diagnosis["samples"].items():
+        lines += ["", f"**More samples for {calibration}?** {trend['verdict']}: {trend['reason']}."]
+    return "\n".join(lines)
+
+
+def _task_section(runs: dict) -> str | None:
+    rows = [(key, run.metrics) for key, run in sorted(runs.items()) if "top1_agreement" in run.metrics]
+    if not rows:
+        return None
+    with_labels = any("int8_accuracy" in m for _, m in rows)
+    head = "| run | top-1 agreement |" + (" fp32 accuracy | int8 accuracy |" if with_labels else "")
+    lines = [head, "|---|---:|" + ("---:|---:|" if with_labels else "")]
+    for (calibration, batches, fmt), m in rows:
+        cells = [f"calibration={calibration} batches={batches} format={fmt}", f"{m['top1_agreement']:.2%}"]
+        if with_labels:
+            cells += [f"{m.get('fp32_accuracy', float('nan')):.2%}", f"{m.get('int8_accuracy', float('nan')):.2%}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _plots(report_dir: Path, runs: dict, facts: dict) -> list[Path]:
     import matplotlib
 
@@ -147,6 +191,11 @@ def write(report_dir: Path, runs: dict, facts: dict, summary) -> list[Path]:
     parts += [SECTIONS["samples"], "", _samples_section(samples) if samples else _missing(summary, "samples.json"), ""]
     fmt = facts.get("format")
     parts += [SECTIONS["format"], "", _format_section(fmt) if fmt else _missing(summary, "format.json"), ""]
+    if "diagnosis" in facts:
+        parts += ["## Diagnosis", "", _diagnosis_section(facts["diagnosis"]), ""]
+    task = _task_section(runs)
+    if task:
+        parts += ["## Task accuracy", "", task, ""]
     if summary.failed:
         parts += ["## Failed jobs", ""] + [f"- {line}" for line in summary.failed] + [""]
     path = report_dir / "report.md"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import tempfile
 from pathlib import Path
 
 import onnx
@@ -17,16 +18,24 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from calibrun import config, engine
+from calibrun import config, datasets, engine
 from calibrun.calibrate import CalibrationCache
+from calibrun.data import fixed_rows
+from calibrun.diagnostics import as_table, classify_model, tensor_diagnostics
+from calibrun.digits import ensure_digits
 from calibrun.errors import CalibrunError, one_line
-from calibrun.files import write_json
-from calibrun.model import write_lab_model
+from calibrun.files import atomic_path, write_json
+from calibrun.measure import split_feeds
+from calibrun.model import file_sha256, write_lab_model
+from calibrun.prepare import prepare_model
 from calibrun.tracking import PARENT_FILE, Tracker, resolve_uri
 
 log = logging.getLogger("calibrun")
 
 RESULT_FILE = "result.json"
+RANGES_FILE = "ranges.json"
+DIAGNOSTICS_FILE = "diagnostics.json"
+TASK_KEYS = ("top1_agreement", "fp32_accuracy", "int8_accuracy")
 METRIC_KEYS = ("span", "input_scale", "input_zero_point", "observed_span", "max_abs_error", "mean_abs_error",
                "max_abs_output", "calibration_seconds", "quantization_seconds", "model_bytes", "cache_hit",
                "quantize_nodes", "dequantize_nodes")
@@ -41,37 +50,96 @@ def job_params(cfg: DictConfig) -> dict:
         "format": cfg.format.name,
         "method": cfg.method.name,
         "model": cfg.model.name,
+        "data": cfg.data.name,
+        "eval_data": cfg.eval_data.name,
         "eval_seed": cfg.eval.seed,
         "eval_rows": cfg.eval.rows,
         "onnxruntime_version": onnxruntime.__version__,
         "onnx_version": onnx.__version__,
     }
     params.update({f"method.{k}": v for k, v in config.calibration_spec(cfg).calibrator_options().items()})
+    params.update({f"quant.{k}": v for k, v in OmegaConf.to_container(cfg.quant).items()})
+    for key in ("data", "eval_data"):
+        if cfg[key].path:
+            params[f"{key}.path"] = cfg[key].path
     return params
+
+
+def eval_source(cfg: DictConfig) -> dict:
+    """Everything that rebuilds the evaluation rows (kept in result.json for the aggregator)."""
+    return {**OmegaConf.to_container(cfg.eval_data, resolve=True), "seed": cfg.eval.seed, "rows": cfg.eval.rows}
+
+
+def prepare(cfg: DictConfig, job_dir: Path) -> tuple[engine.FloatModel, list[str]]:
+    """The prepared float model: the lab model or the user's file made quantisable (calibrun.prepare).
+
+    A user's model is prepared once per source file into the cache folder (content-addressed), so a sweep
+    of many jobs shares one prepared copy; without a cache, into the job folder.
+    """
+    with tempfile.TemporaryDirectory(prefix="calibrun.src.") as tmp:
+        if cfg.model.name == "lab":
+            source = write_lab_model(Path(tmp) / "lab.onnx")
+            target = job_dir / "fp32.onnx"
+        else:
+            if cfg.model.name == "digits":
+                source = ensure_digits(Path(cfg.cache.dir) / "digits") / "digits.onnx"
+            else:
+                source = Path(cfg.model.path).expanduser().resolve()
+            if not source.is_file():
+                raise CalibrunError(f"model file not found: {source}")
+            target = job_dir / "fp32.onnx"
+            if cfg.cache.enabled:
+                folder = Path(cfg.cache.dir) / "models"
+                folder.mkdir(parents=True, exist_ok=True)
+                target = folder / f"{file_sha256(source)[:32]}-ort{onnxruntime.__version__}.onnx"
+        if target.is_file() and target.parent != job_dir:
+            log.info("prepared model %s (reused)", target)
+            return engine.open_float_model(target), ["reused the prepared model"]
+        prepared = prepare_model(source, target)
+    return engine.open_float_model(prepared.path), list(prepared.steps)
+
+
+def is_classifier(cfg: DictConfig, fp32: engine.FloatModel, labels) -> bool:
+    if cfg.model.classifier is not None:
+        return bool(cfg.model.classifier)
+    if labels is not None:
+        return True
+    model = onnx.load(str(fp32.path), load_external_data=False)
+    first_output = model.graph.output[0].name
+    return any(n.op_type in {"Softmax", "LogSoftmax"} and first_output in n.output for n in model.graph.node)
 
 
 def compute(cfg: DictConfig, job_dir: Path) -> dict:
     """The measurement itself; returns the result record (without status)."""
-    if cfg.model.name == "lab":
-        fp32_path = write_lab_model(job_dir / "fp32.onnx")
-    else:
-        fp32_path = Path(cfg.model.path).expanduser().resolve()
-    fp32 = engine.open_float_model(fp32_path)
+    fp32, steps = prepare(cfg, job_dir)
     cache = CalibrationCache(cfg.cache.dir) if cfg.cache.enabled else None
     int8_path = job_dir / "int8.onnx"
-    quant = engine.quantize_lab(
-        fp32, int8_path, cfg.calibration.seed, cfg.calibration.factor, cfg.batches,
-        spec=config.calibration_spec(cfg), options=config.quant_options(cfg), cache=cache,
-    )
-    errors = engine.error(fp32.path, int8_path, cfg.eval.seed, cfg.eval.rows, cfg.ort.intra_op_threads)
+    data = datasets.calibration_data(cfg.data, fp32, cfg.calibration.seed, cfg.calibration.factor, cfg.batches)
+    quant = engine.quantize_with(fp32, int8_path, data, spec=config.calibration_spec(cfg),
+                                 options=config.quant_options(cfg), cache=cache, ranges_copy=job_dir / RANGES_FILE)
+    source = eval_source(cfg)
+    evaluation = datasets.evaluation_data(source, fp32, source["seed"], source["rows"])
+    classifier = is_classifier(cfg, fp32, evaluation.labels)
+    errors = engine.evaluate(fp32, int8_path, evaluation.feeds, cfg.ort.intra_op_threads, classifier,
+                             evaluation.labels)
     metrics = {**quant, **errors, "model_bytes": quant["bytes"], "cache_hit": int(quant["cache_hit"])}
-    return {
-        "params": {**job_params(cfg), "model_file": str(fp32.path), "model_sha256": fp32.sha256},
-        "metrics": {key: metrics[key] for key in METRIC_KEYS},
+    result = {
+        "params": {**job_params(cfg), "model_file": str(fp32.path), "model_sha256": fp32.sha256,
+                   "rows_per_batch": data.identity()["rows_per_batch"]},
+        "metrics": {key: metrics[key] for key in (*METRIC_KEYS, *TASK_KEYS) if key in metrics},
         "ops": quant["ops"],
         "cache_key": quant["cache_key"],
-        "files": {"fp32": _relative(fp32.path, job_dir), "int8": int8_path.name},
+        "preparation": steps,
+        "eval_source": source,
+        "files": {"fp32": _relative(fp32.path, job_dir), "int8": int8_path.name, "ranges": RANGES_FILE},
     }
+    if cfg.format.name == "qdq":
+        feeds = split_feeds(evaluation.feeds, fixed_rows(fp32.info))
+        rows = tensor_diagnostics(fp32.path, int8_path, job_dir / RANGES_FILE, feeds)
+        write_json(job_dir / DIAGNOSTICS_FILE, as_table(rows))  # column-oriented, strict JSON
+        result["files"]["diagnostics"] = DIAGNOSTICS_FILE
+        result["diagnosis"] = classify_model(rows)
+    return result
 
 
 def _relative(path: Path, folder: Path) -> str:
@@ -95,13 +163,17 @@ def _open_tracker(cfg: DictConfig) -> Tracker | None:
 
 def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: int | None = None) -> dict:
     """Validate, compute, write result.json and track. A failure is recorded (result.json with status
-    failed, a FAILED MLflow run when tracking works) and then raised."""
+    failed, a FAILED MLflow run when tracking works) and then raised; an invalid config of a single run
+    fails before anything is written."""
+    invalid = _validation_error(cfg)
+    if invalid is not None and sweep_dir is None:
+        raise invalid  # a single run fails fast: nothing ran, nothing to track
     job_dir = job_dir.resolve()
     job_dir.mkdir(parents=True, exist_ok=True)
-    (job_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    with atomic_path(job_dir / "config_resolved.yaml") as tmp:
+        tmp.write_text(OmegaConf.to_yaml(cfg, resolve=True))
     tracker, run_id = None, None
     try:
-        invalid = _validation_error(cfg)
         tracker = _open_tracker(cfg)
         if tracker is not None:
             tags = {"calibrun.job_dir": str(job_dir)}
@@ -124,8 +196,10 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
     if run_id is not None:
         tracker.log(run_id, params=result["params"], metrics=result["metrics"],
                     tags={"calibrun.cache_key": result["cache_key"]})
-        for name in ("int8.onnx", RESULT_FILE, "config_resolved.yaml"):
+        for name in ("int8.onnx", RESULT_FILE, RANGES_FILE, "config_resolved.yaml"):
             tracker.log_artifact(run_id, job_dir / name)
+        if "diagnostics" in result["files"]:
+            tracker.log_table(run_id, json.loads((job_dir / DIAGNOSTICS_FILE).read_text()), DIAGNOSTICS_FILE)
         tracker.finish(run_id)
     m = result["metrics"]
     log.info("%s factor=%s batches=%s %s: input_scale=%.6g max_abs_error=%.6g cache_hit=%s -> %s",

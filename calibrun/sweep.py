@@ -17,7 +17,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from calibrun.config import tracking_enabled
-from calibrun.errors import CalibrunError
+from calibrun.errors import CalibrunError, one_line
 from calibrun.files import write_json
 from calibrun.tracking import PARENT_FILE, Tracker, resolve_uri
 
@@ -48,19 +48,37 @@ class SweepCallback(Callback):
         log.info("MLflow parent run %s in %s", run_id, tracker.uri)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        """Report, close the parent run, and exit 1 when a job failed or the report could not be built.
+
+        Hydra turns an exception raised here into a warning, so this method handles its own errors."""
         from calibrun.aggregate import build
 
         sweep_dir = Path(config.hydra.sweep.dir)
         report_dir = Path(config.report.dir) if config.report.dir else None
-        summary = build(sweep_dir, report_dir)
+        problems: list[str] = []
+        files: list[Path] = []
+        counts = {}
+        try:
+            summary = build(sweep_dir, report_dir)
+            files = summary.files
+            problems += summary.failed
+            counts = {"jobs_ok": summary.ok, "jobs_failed": len(summary.failed)}
+            if not summary.ok:
+                problems.append("no job completed")
+        except Exception as exc:
+            problems.append(f"report not built: {one_line(exc)}")
         parent_file = sweep_dir / PARENT_FILE
         if tracking_enabled(config) and parent_file.is_file():
-            parent = json.loads(parent_file.read_text())
-            tracker = Tracker(parent["tracking_uri"], config.tracking.experiment)
-            tracker.log(parent["run_id"], metrics={"jobs_ok": summary.ok, "jobs_failed": len(summary.failed)})
-            for path in summary.files:  # the report files and plots; the model bundle stays on disk
-                tracker.log_artifact(parent["run_id"], path, "report")
-            tracker.finish(parent["run_id"], failed=bool(summary.failed))
-        if summary.failed:
-            print(f"calibrun: {len(summary.failed)} job(s) failed: " + "; ".join(summary.failed), file=sys.stderr)
+            try:
+                parent = json.loads(parent_file.read_text())
+                tracker = Tracker(parent["tracking_uri"], config.tracking.experiment)
+                for path in files:  # the report files and plots; the model bundle stays on disk
+                    tracker.log_artifact(parent["run_id"], path, "report")
+                tracker.log(parent["run_id"], metrics=counts, tags={"calibrun.problems": str(len(problems))})
+                tracker.finish(parent["run_id"], failed=bool(problems))
+            except Exception as exc:
+                problems.append(f"MLflow parent run not closed: {one_line(exc)}")
+        if problems:
+            print(f"calibrun: sweep {sweep_dir} had {len(problems)} problem(s): " + "; ".join(problems),
+                  file=sys.stderr)
             sys.exit(1)

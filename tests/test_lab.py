@@ -82,8 +82,9 @@ def test_qdq_and_qoperator_same_scale_similar_error_different_outputs(lab):
     assert qdq["input_zero_point"] == qop["input_zero_point"]
     assert 0.5 <= err(lab, "match_qop") / err(lab, "match") <= 2
     assert qdq["ops"] != qop["ops"]
-    out_qdq = engine.evaluation_outputs(qdq["out"], fp32.info, EVAL_SEED, EVAL_ROWS)
-    out_qop = engine.evaluation_outputs(qop["out"], fp32.info, EVAL_SEED, EVAL_ROWS)
+    feeds = engine.lab_feeds(fp32, EVAL_SEED, EVAL_ROWS)
+    out_qdq = engine.outputs(qdq["out"], fp32, feeds)
+    out_qop = engine.outputs(qop["out"], fp32, feeds)
     assert len(out_qdq) == len(out_qop) == 1
     assert out_qdq[0].shape == out_qop[0].shape
     difference = float(np.max(np.abs(out_qdq[0].astype(np.float64) - out_qop[0].astype(np.float64))))

@@ -278,6 +278,28 @@ def test_config_errors_fail_fast_with_the_key_named(tmp_path, overrides, message
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (run_dir / "int8.onnx").exists()
-    if (run_dir / "result.json").exists():  # composed configs record their failure; nothing else is written
-        assert json.loads((run_dir / "result.json").read_text())["status"] == "failed"
+    assert not (run_dir / "result.json").exists()
+    assert not (tmp_path / "mlflow.db").exists()  # failed before any work, tracking included
     assert not (tmp_path / "cache").exists()  # no calibration happened
+
+
+def test_lab_diagnosis_names_the_cause(lab):
+    _, sweep, _ = lab
+    diagnosis = json.loads((sweep / "report" / "diagnosis.json").read_text())
+    verdicts = {name: diagnosis["runs"][f"calibration={name} batches=64 format=qdq"]["verdict"] for name in FACTORS}
+    assert verdicts == {"narrow": "clipping", "match": "sound", "wide": "coarse"}
+    narrow = diagnosis["runs"]["calibration=narrow batches=64 format=qdq"]["input"]
+    params = {p.parent: json.loads(p.read_text())["params"] for p in sweep.glob("*/result.json")}
+    job = next(d for d, p in params.items() if (p["calibration"], p["batches"], p["format"]) == ("narrow", 64, "qdq"))
+    scale, zero_point = graph_input_scale(job / "int8.onnx")
+    rows = eval_rows(16)
+    outside = (rows < scale * (-128 - zero_point)) | (rows > scale * (127 - zero_point))
+    assert narrow["clipped_fraction"] == pytest.approx(outside.mean(), abs=1e-12)
+    # the sample study: narrow's range will not grow to the real one; match's already covers it
+    assert diagnosis["samples"]["narrow"]["more_samples_help"] is False
+    assert diagnosis["samples"]["narrow"]["verdict"] == "distribution is off"
+    assert diagnosis["samples"]["match"]["more_samples_help"] is False
+    assert diagnosis["samples"]["match"]["verdict"] == "covered"
+    text = (sweep / "report" / "report.md").read_text()
+    assert "## Diagnosis" in text
+    assert "distribution is off" in text

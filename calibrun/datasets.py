@@ -1,0 +1,49 @@
+"""A job's data, chosen by config: the calibration batches and the evaluation rows (lab rule or user files).
+
+Sources are plain dicts (the `data` / `eval_data` config nodes) so the aggregator can rebuild the evaluation
+rows of a finished job from its result.json.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from calibrun import engine, sources
+from calibrun.data import lab_batches
+from calibrun.engine import FloatModel
+from calibrun.errors import CalibrunError
+from calibrun.sources import EvalData, ImageTransform
+
+
+def _transform(source: Mapping) -> ImageTransform:
+    return ImageTransform(resize=int(source["resize"]), crop=int(source["crop"]), mean=tuple(source["mean"]),
+                          std=tuple(source["std"]), grayscale=bool(source["grayscale"]))
+
+
+def _path(source: Mapping) -> Path:
+    return Path(str(source["path"])).expanduser()
+
+
+def calibration_data(source: Mapping, fp32: FloatModel, seed: int, factor: float, batches: int):
+    """A sized, lazy, re-iterable source of calibration batches with identity() (it enters the cache key)."""
+    name = source["name"]
+    if name == "lab":
+        return lab_batches(fp32.lab_input(), seed, factor, batches)
+    if name == "npy":
+        return sources.npy_calibration(_path(source), fp32.inputs, batches, factor)
+    if name == "images":
+        return sources.image_calibration(_path(source), fp32.inputs, batches, factor, _transform(source))
+    raise CalibrunError(f"unknown data source {name!r}")
+
+
+def evaluation_data(source: Mapping, fp32: FloatModel, seed: int, rows: int) -> EvalData:
+    """The evaluation rows (the real distribution) and labels when the source has them."""
+    name = source["name"]
+    if name == "lab":
+        return EvalData(engine.lab_feeds(fp32, seed, rows), None)
+    if name == "npy":
+        return sources.npy_evaluation(_path(source), fp32.inputs, rows)
+    if name == "images":
+        return sources.image_evaluation(_path(source), fp32.inputs, rows, _transform(source))
+    raise CalibrunError(f"unknown data source {name!r}")

@@ -1,0 +1,499 @@
+"""Make a user's float ONNX model quantisable before calibration.
+
+`prepare_model(src, dst)` runs these steps, each only when the model needs it:
+
+1. initializers listed as graph inputs (IR < 4 style) are removed from the inputs;
+2. an opset below 13 is converted to 13 with `onnx.version_converter`, and an IR version too old for the
+   model's opsets is raised to the smallest one that fits;
+3. constant subgraphs (`Constant`, `ConstantOfShape`, any node whose inputs are all constant) are folded into
+   initializers by onnxruntime's basic graph optimisation, with its fusions switched off so that only the
+   constants change (a clean MatMul+Add stays MatMul+Add);
+4. shapes are inferred with onnxruntime's `quant_pre_process(skip_optimization=True, skip_symbolic_shape=True)`
+   (which also tags the model as pre-processed, silencing quantize_static's warning), or with plain
+   `onnx.shape_inference.infer_shapes_path` when that fails.
+
+The result must pass `onnx.checker`, load in onnxruntime and have a float32 first input, otherwise a one-line
+`CalibrunError` says why and nothing is written at `dst`. Every step works on files in a temporary folder
+beside `dst` with path-based onnx APIs, so models over 2 GB (external data) keep working; the result appears at
+`dst` (and `dst.name + ".data"` for external data) only when it is complete. Preparing the same source twice
+gives byte-identical files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+from onnx import AttributeProto, GraphProto, TensorProto, helper, version_converter
+
+from calibrun.errors import CalibrunError, one_line
+from calibrun.files import atomic_path, check_writable
+from calibrun.model import InputInfo, float_input, graph_inputs, load_model
+
+log = logging.getLogger("calibrun")
+
+TARGET_OPSET = 13  # the lowest opset quantize_static handles fully (per-axis QDQ, opset-13 Squeeze/Split/...)
+EXTERNAL_THRESHOLD = 1024  # tensors of this many bytes or more go to the external data file (onnx's default)
+INLINE_LIMIT = 1 << 30  # weights above this size are saved as external data even when the source was inline
+
+# Level-1 (BASIC) transformers and rewrite rules of onnxruntime that fuse or move nodes. The fold step
+# switches them off so that only constant folding and no-op elimination change the graph. Names as in
+# onnxruntime's graph_transformer_utils.cc, checked against the 1.32 binary; onnxruntime silently ignores names
+# it does not know, so tests/test_prepare.py checks that a folded model keeps Conv+BatchNormalization, MatMul+Add.
+STRUCTURAL_OPTIMIZERS = (
+    "MatMulAddFusion",
+    "ConvAddFusion",
+    "ConvMulFusion",
+    "ConvBNFusion",
+    "MatMul_BatchNormalization_Fusion",
+    "GemmSumFusion",
+    "GemmTransposeFusion",
+    "DivMulFusion",
+    "FuseReluClip",
+    "NotWhereFusion",
+    "Pad_Fusion",
+    "LabelEncoderFusion",
+    "ReshapeFusion",
+    "GeluFusionL1",
+    "LayerNormFusion",
+    "QDQPropagationTransformer",
+    "WeightBiasQuantization",
+    "TransposeOptimizer",
+)
+
+# Nodes with constant inputs that onnxruntime does not (or must not) fold.
+_NOT_FOLDABLE = frozenset(
+    {
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Multinomial",
+        "Bernoulli",
+        "QuantizeLinear",
+        "DequantizeLinear",
+    }
+)
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A prepared float model: the file to hash, calibrate, quantise and bundle."""
+
+    path: Path  # the prepared float model
+    inputs: tuple[InputInfo, ...]  # the real graph inputs (initializers stripped), in graph order
+    steps: tuple[str, ...]  # one human line per step that changed something
+    external_data: bool  # the weights live in `data_path` beside `path`
+
+    @property
+    def data_path(self) -> Path | None:
+        """The external data file (`path.name + ".data"` in the same folder), or None when weights are inline."""
+        return external_data_path(self.path) if self.external_data else None
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """Every file that makes up the model (hash and copy all of them, in this order)."""
+        data = self.data_path
+        return (self.path,) if data is None else (self.path, data)
+
+
+def external_data_path(path: str | Path) -> Path:
+    """Where a prepared model at `path` keeps its external weights."""
+    path = Path(path)
+    return path.with_name(path.name + ".data")
+
+
+def prepare_model(src: str | Path, dst: str | Path) -> Prepared:
+    """Prepare the float ONNX model `src` for static quantisation and write it to `dst` (see module doc)."""
+    src, dst = Path(src), Path(dst)
+    check_writable(dst)
+    if src.exists() and dst.exists() and src.resolve() == dst.resolve():
+        raise CalibrunError(f"cannot prepare {src} onto itself: choose another output path")
+    model = load_model(src)
+    float_input(model, src)  # fail before any work when there is nothing float to calibrate
+    external = _uses_external_data(onnx.load(str(src), load_external_data=False)) or _tensor_bytes(model) > INLINE_LIMIT
+    log.info("preparing %s -> %s (%s)", src, dst, "external data" if external else "weights inline")
+
+    steps: list[str] = []
+    with _workspace(dst) as work:
+        current = _strip_initializer_inputs(model, work / "given.onnx", external, steps)
+        del model  # the file holds it now; big models should not stay in memory twice
+        _check(current, src)
+        current = _convert_opset(current, work / "converted.onnx", src, steps)
+        current = _fold_constants(current, work / "folded.onnx", external, src, steps)
+        _prune(work, keep=current)
+        current = _infer_shapes(current, work / "shaped.onnx", external, steps)
+        external, inputs = _write_result(current, work, dst, external, src)
+    return Prepared(path=dst, inputs=tuple(inputs), steps=tuple(steps), external_data=external)
+
+
+# --- steps -------------------------------------------------------------------------------------------------
+
+
+def _strip_initializer_inputs(model: onnx.ModelProto, out: Path, external: bool, steps: list[str]) -> Path:
+    """Drop initializers from the graph inputs; raise an IR version too old for the model; save to `out`."""
+    initializers = {t.name for t in model.graph.initializer}
+    listed = [v.name for v in model.graph.input if v.name in initializers]
+    old_ir = model.ir_version
+    if listed:
+        keep = [v for v in model.graph.input if v.name not in initializers]
+        del model.graph.input[:]
+        model.graph.input.extend(keep)
+    # IR 3 requires initializers to be graph inputs; without them the model needs IR 4 at least.
+    needed = max(_min_ir_version(model), 4 if listed else 0)
+    if model.ir_version < needed:
+        model.ir_version = needed
+    if listed:
+        raised = f", IR raised to {model.ir_version}" if model.ir_version != old_ir else ""
+        _step(steps, f"stripped {len(listed)} initializers from graph inputs (IR {old_ir}{raised})")
+    elif model.ir_version != old_ir:
+        _step(steps, f"raised IR version {old_ir} -> {model.ir_version} to match the model's opsets")
+    _save(model, out, external)
+    return out
+
+
+def _convert_opset(current: Path, out: Path, src: Path, steps: list[str]) -> Path:
+    """Convert the default-domain opset to TARGET_OPSET when it is lower.
+
+    Works on the model without its external weights (their references survive conversion), so the proto
+    handed to the C++ converter stays far below 2 GB.
+    """
+    model = onnx.load(str(current), load_external_data=False)
+    version = _default_opset(model)
+    if version is None or version >= TARGET_OPSET:
+        return current
+    old_ir = model.ir_version
+    try:
+        converted = version_converter.convert_version(model, TARGET_OPSET)
+    except Exception as exc:  # the converter raises RuntimeError/ValidationError with multi-line text
+        raise CalibrunError(f"{src}: cannot convert opset {version} to {TARGET_OPSET}: {one_line(exc)}") from exc
+    # convert_version keeps the old IR version (e.g. IR 3 with opset 13), which onnxruntime may reject.
+    converted.ir_version = max(converted.ir_version, _min_ir_version(converted))
+    ir_note = f", IR {old_ir} -> {converted.ir_version}" if converted.ir_version != old_ir else ""
+    onnx.save_model(converted, str(out))  # external references are relative: the data file stays beside it
+    _step(steps, f"converted opset {version} -> {TARGET_OPSET} with onnx.version_converter{ir_note}")
+    return out
+
+
+def _fold_constants(current: Path, out: Path, external: bool, src: Path, steps: list[str]) -> Path:
+    """Fold constant subgraphs into initializers with onnxruntime's basic optimisation, only if there are any."""
+    model = onnx.load(str(current), load_external_data=False)
+    foldable = constant_nodes(model.graph)
+    if not foldable:
+        return current
+    log.info("%d constant nodes (%s): folding them with onnxruntime", len(foldable), _counts(foldable))
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.optimized_model_filepath = str(out)
+    options.log_severity_level = 3
+    if external:
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", out.name + ".data")
+        options.add_session_config_entry(
+            "session.optimized_model_external_initializers_min_size_in_bytes", str(EXTERNAL_THRESHOLD)
+        )
+    try:
+        session = ort.InferenceSession(
+            str(current), options, providers=["CPUExecutionProvider"], disabled_optimizers=list(STRUCTURAL_OPTIMIZERS)
+        )
+        del session
+    except Exception as exc:
+        reason = _reason(exc, current, src)
+        raise CalibrunError(f"onnxruntime cannot load {src} to fold its constants: {reason}") from exc
+    folded = onnx.load(str(out), load_external_data=False)
+    before, after = _op_counts(model.graph.node), _op_counts(folded.graph.node)
+    if before == after:
+        log.info("onnxruntime folded nothing; keeping the model as it was")
+        return current
+    _drop_unused_opsets(folded)  # onnxruntime lists every domain it knows (com.microsoft, ai.onnx.ml, ...)
+    clean = out.with_name("folded_clean.onnx")
+    onnx.save_model(folded, str(clean))
+    removed, added = before - after, after - before
+    line = f"folded {_plural(sum(removed.values()), 'constant node')} into initializers ({_format_counts(removed)})"
+    line += " with onnxruntime basic optimisation"
+    if added:
+        line += f"; nodes added: {_format_counts(added)}"
+    _step(steps, line)
+    return clean
+
+
+def _infer_shapes(current: Path, out: Path, external: bool, steps: list[str]) -> Path:
+    """quant_pre_process (shape inference only) where it works, plain onnx shape inference otherwise."""
+    before = onnx.load(str(current), load_external_data=False)
+    how = _quant_pre_process(current, out, external)
+    if how is None:
+        _remove_model(out)
+        try:
+            onnx.shape_inference.infer_shapes_path(str(current), str(out))
+        except Exception as exc:
+            log.warning("onnx shape inference failed too (%s); the model keeps the shapes it had", one_line(exc))
+            _remove_model(out)
+            return current
+        how = "onnx.shape_inference.infer_shapes_path (quant_pre_process failed)"
+    after = onnx.load(str(out), load_external_data=False)
+    new = len(after.graph.value_info) - len(before.graph.value_info)
+    if new > 0:
+        _step(steps, f"inferred shapes of {_plural(new, 'more tensor')} with {how}")
+    elif _props(after) != _props(before):
+        _step(steps, f"tagged as pre-processed by {how} (every shape was already known)")
+    else:
+        log.info("shape inference with %s found nothing new", how)
+    return out
+
+
+def _quant_pre_process(current: Path, out: Path, external: bool) -> str | None:
+    """Run onnxruntime's quant_pre_process as shape inference only; return how, or None when it failed.
+
+    Neither its optimiser (onnxruntime BASIC: it would fuse MatMul+Add into Gemm, Conv+BatchNormalization, ...)
+    nor its symbolic pass: that one needs sympy, which is optional, so running it would make the prepared bytes
+    (a cache key) depend on what else is installed; and when it fails it writes `sym_shape_infer_temp.onnx`
+    into the current working directory.
+    """
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    _remove_model(out)
+    try:
+        quant_pre_process(
+            str(current),
+            str(out),
+            skip_optimization=True,
+            skip_symbolic_shape=True,
+            save_as_external_data=external,
+            all_tensors_to_one_file=True,
+            external_data_location=out.name + ".data",
+            external_data_size_threshold=EXTERNAL_THRESHOLD,
+        )
+    except Exception as exc:  # onnx shape inference raises on inconsistent shapes; loading on bad files
+        log.warning("quant_pre_process failed (%s); falling back to onnx.shape_inference", one_line(exc))
+        return None
+    return "onnxruntime quant_pre_process (onnx shape inference)"
+
+
+def _write_result(current: Path, work: Path, dst: Path, external: bool, src: Path) -> tuple[bool, list[InputInfo]]:
+    """Save the final model canonically, verify it, and move it (and its data file) into place."""
+    model = onnx.load(str(current))
+    _prune(work, keep=None)  # the model is in memory: free the disk before writing the last copy
+    if not external and _tensor_bytes(model) > INLINE_LIMIT:
+        log.info("prepared weights exceed %d bytes: saving them as external data", INLINE_LIMIT)
+        external = True
+    if not external:
+        with atomic_path(dst) as tmp:
+            onnx.save_model(model, str(tmp))
+            del model
+            inputs = _verify(tmp, src, dst)
+        return False, inputs
+    data_name = external_data_path(dst).name
+    final = work / dst.name
+    onnx.save_model(
+        model,
+        str(final),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=data_name,
+        size_threshold=EXTERNAL_THRESHOLD,
+        convert_attribute=False,
+    )
+    del model
+    inputs = _verify(final, src, dst)
+    data = work / data_name
+    has_data = data.exists()  # False when every tensor was below the threshold: the model is inline after all
+    if has_data:
+        os.replace(data, dst.parent / data_name)  # the data first: the model file is the commit point
+    os.replace(final, dst)
+    return has_data, inputs
+
+
+def _verify(path: Path, src: Path, dst: Path) -> list[InputInfo]:
+    """The prepared model must pass the checker, load in onnxruntime and have a float32 first input."""
+    import onnxruntime as ort
+
+    try:
+        onnx.checker.check_model(str(path))  # path-based: works for models over 2 GB
+    except Exception as exc:
+        reason = _reason(exc, path, dst)
+        raise CalibrunError(f"the model prepared from {src} fails the ONNX checker: {reason}") from exc
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    # Loading resolves the graph and finds a kernel for every node; optimising a big model would only cost time.
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        del session
+    except Exception as exc:
+        reason = _reason(exc, path, dst)
+        raise CalibrunError(f"onnxruntime cannot load the model prepared from {src}: {reason}") from exc
+    model = onnx.load(str(path), load_external_data=False)
+    float_input(model, src)
+    return graph_inputs(model)
+
+
+def _check(path: Path, src: Path) -> None:
+    try:
+        onnx.checker.check_model(str(path))
+    except Exception as exc:
+        raise CalibrunError(f"{src} is not a valid ONNX model: {_reason(exc, path, src)}") from exc
+
+
+def _reason(exc: BaseException, temp: Path, shown: Path) -> str:
+    """The error on one line, naming the user's file instead of our temporary one."""
+    return one_line(exc).replace(str(temp), str(shown))
+
+
+# --- graph helpers -----------------------------------------------------------------------------------------
+
+
+def constant_nodes(graph: GraphProto) -> list[onnx.NodeProto]:
+    """Nodes whose output is a constant: `Constant`, and nodes (e.g. `ConstantOfShape`, `Add`, `Identity`)
+    whose inputs are all initializers or outputs of such nodes. Random, Q/DQ and control-flow nodes and nodes
+    of other domains are left alone, as onnxruntime's constant folding leaves them."""
+    constant = {t.name for t in graph.initializer} - {v.name for v in graph.input}
+    constant.add("")  # an omitted optional input
+    found = []
+    for node in graph.node:
+        if node.domain not in _DEFAULT_DOMAINS or node.op_type in _NOT_FOLDABLE:
+            continue
+        if any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in node.attribute):
+            continue
+        if node.op_type == "Constant" or (node.input and all(name in constant for name in node.input)):
+            found.append(node)
+            constant.update(node.output)
+    return found
+
+
+def _default_opset(model: onnx.ModelProto) -> int | None:
+    versions = [o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS]
+    return max(versions) if versions else None
+
+
+def _min_ir_version(model: onnx.ModelProto) -> int:
+    return helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+
+
+def _graphs(graph: GraphProto) -> Iterator[GraphProto]:
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == AttributeProto.GRAPH:
+                yield from _graphs(attr.g)
+            elif attr.type == AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from _graphs(sub)
+
+
+def _tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:
+    for graph in _graphs(model.graph):
+        yield from graph.initializer
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.type == AttributeProto.TENSOR:
+                    yield attr.t
+                elif attr.type == AttributeProto.TENSORS:
+                    yield from attr.tensors
+
+
+def _uses_external_data(model: onnx.ModelProto) -> bool:
+    return any(t.data_location == TensorProto.EXTERNAL for t in _tensors(model))
+
+
+def _tensor_bytes(model: onnx.ModelProto) -> int:
+    return sum(t.ByteSize() for t in _tensors(model))
+
+
+def _drop_unused_opsets(model: onnx.ModelProto) -> None:
+    used = {node.domain for graph in _graphs(model.graph) for node in graph.node}
+    for function in model.functions:
+        used.add(function.domain)
+        used.update(node.domain for node in function.node)
+    keep = [o for o in model.opset_import if o.domain in _DEFAULT_DOMAINS or o.domain in used]
+    del model.opset_import[:]
+    model.opset_import.extend(keep)
+
+
+def _op_counts(nodes: Iterable[onnx.NodeProto]) -> Counter:
+    return Counter(node.op_type for node in nodes)
+
+
+def _counts(nodes: Iterable[onnx.NodeProto]) -> str:
+    return _format_counts(_op_counts(nodes))
+
+
+def _format_counts(counts: Counter) -> str:
+    return ", ".join(f"{op} x{n}" if n > 1 else op for op, n in sorted(counts.items()))
+
+
+def _props(model: onnx.ModelProto) -> dict[str, str]:
+    return {p.key: p.value for p in model.metadata_props}
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def _step(steps: list[str], line: str) -> None:
+    log.info("prepare: %s", line)
+    steps.append(line)
+
+
+# --- files -------------------------------------------------------------------------------------------------
+
+
+def _save(model: onnx.ModelProto, path: Path, external: bool) -> None:
+    """Save to a fresh path (onnx appends to an existing data file, so names are never reused)."""
+    if external:
+        onnx.save_model(
+            model,
+            str(path),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=path.name + ".data",
+            size_threshold=EXTERNAL_THRESHOLD,
+            convert_attribute=False,
+        )
+    else:
+        onnx.save_model(model, str(path))
+
+
+def _remove_model(path: Path) -> None:
+    for file in (path, external_data_path(path)):
+        with contextlib.suppress(FileNotFoundError):
+            file.unlink()
+
+
+def _referenced_files(path: Path) -> set[str]:
+    model = onnx.load(str(path), load_external_data=False)
+    names = set()
+    for tensor in _tensors(model):
+        if tensor.data_location == TensorProto.EXTERNAL:
+            names.update(entry.value for entry in tensor.external_data if entry.key == "location")
+    return names
+
+
+def _prune(work: Path, keep: Path | None) -> None:
+    """Delete the intermediate files in `work` except `keep` and the data files it refers to."""
+    kept = set() if keep is None else {keep.name, *_referenced_files(keep)}
+    for file in work.iterdir():
+        if file.name not in kept and file.is_file():
+            file.unlink()
+
+
+@contextlib.contextmanager
+def _workspace(dst: Path) -> Iterator[Path]:
+    """A temporary folder beside `dst` (same filesystem, so the final renames are atomic), always removed."""
+    try:
+        work = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".prepare"))
+    except OSError as exc:
+        raise CalibrunError(f"cannot write {dst}: {exc.strerror or exc}") from exc
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

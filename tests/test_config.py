@@ -1,0 +1,337 @@
+"""Compose tests for conf/ + calibrun.config: defaults, every group option, the lab preset's sweep, and the
+type errors (compose time) and value errors (validate) that must name the key at fault.
+
+Uses Hydra's compose API only (no app run, no onnxruntime work); each test initialises and clears Hydra.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf import DictConfig, OmegaConf
+
+from calibrun import config as calibrun_config
+from calibrun.calibrate import CalibrationSpec
+from calibrun.config import calibration_spec, quant_options, tracking_enabled, validate
+from calibrun.errors import CalibrunError
+
+CONF_DIR = str((Path(__file__).resolve().parents[1] / "conf").resolve())
+NOW_DIR = re.compile(r"^\$\{now:%Y-%m-%d\}/\$\{now:%H-%M-%S\}$")
+
+
+@pytest.fixture
+def hydra_ctx():
+    """A fresh Hydra context on conf/ for this test only; cleared afterwards (and before, in case)."""
+    calibrun_config.register()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        yield
+    assert not GlobalHydra.instance().is_initialized()
+
+
+def make(*overrides: str, hydra_config: bool = False) -> DictConfig:
+    return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra_config)
+
+
+def error_chain(exc: BaseException) -> str:
+    """The message of the exception and all its causes (Hydra wraps OmegaConf's ValidationError)."""
+    parts = []
+    while exc is not None:
+        parts.append(str(exc))
+        exc = exc.__cause__ or exc.__context__
+    return "\n".join(parts)
+
+
+# --------------------------------------------------------------------------------------------- defaults
+
+
+def test_default_config_values(hydra_ctx):
+    cfg = make(hydra_config=True)
+    assert cfg.calibration.name == "match"
+    assert cfg.calibration.factor == 1.0
+    assert cfg.calibration.seed == 4242
+    assert cfg.format.name == "qdq"
+    assert cfg.method.name == "minmax"
+    assert cfg.model.name == "lab"
+    assert cfg.model.path is None
+    assert cfg.data.name == "lab"
+    assert cfg.batches == 64
+    assert cfg.eval.seed == 777
+    assert cfg.eval.rows == 256
+    assert cfg.cache.enabled is True
+    assert cfg.cache.dir == ".calibrun-cache"
+    assert cfg.tracking.name == "local"
+    assert cfg.tracking.uri is None
+    assert cfg.tracking.experiment == "calibrun"
+    assert tracking_enabled(cfg)
+    assert cfg.report.dir is None
+    assert cfg.ort.intra_op_threads == 0
+    assert quant_options(cfg).format == "qdq"
+    validate(cfg)
+
+
+def test_default_hydra_settings(hydra_ctx):
+    cfg = make(hydra_config=True)
+    assert cfg.hydra.job.name == "calibrun"
+    assert cfg.hydra.job.chdir is False
+    sweep = OmegaConf.to_container(cfg.hydra.sweep, resolve=False)
+    assert sweep["dir"].startswith("multirun/")
+    assert NOW_DIR.match(sweep["dir"].removeprefix("multirun/")), sweep["dir"]
+    assert sweep["subdir"] == "${hydra.job.num}"
+    run = OmegaConf.to_container(cfg.hydra.run, resolve=False)
+    assert run["dir"].startswith("outputs/")
+    assert NOW_DIR.match(run["dir"].removeprefix("outputs/")), run["dir"]
+    assert cfg.hydra.callbacks.calibrun._target_ == "calibrun.sweep.SweepCallback"
+    # No sweep without the preset.
+    assert cfg.hydra.sweeper.params is None
+
+
+def test_default_config_is_typed_by_schema(hydra_ctx):
+    cfg = make()
+    assert OmegaConf.get_type(cfg) is calibrun_config.Config
+    assert OmegaConf.get_type(cfg.calibration) is calibrun_config.CalibrationConf
+    assert OmegaConf.get_type(cfg.method) is calibrun_config.MethodConf
+    assert OmegaConf.is_struct(cfg)
+
+
+# --------------------------------------------------------------------------------------------- groups
+
+
+@pytest.mark.parametrize(("option", "factor"), [("narrow", 0.2), ("match", 1.0), ("wide", 10.0)])
+def test_calibration_option(hydra_ctx, option, factor):
+    cfg = make(f"calibration={option}")
+    assert cfg.calibration.name == option
+    assert cfg.calibration.factor == factor
+    assert cfg.calibration.seed == 4242
+    validate(cfg)
+
+
+@pytest.mark.parametrize("option", ["qdq", "qoperator"])
+def test_format_option(hydra_ctx, option):
+    cfg = make(f"format={option}")
+    assert cfg.format.name == option
+    assert quant_options(cfg).format == option
+    validate(cfg)
+
+
+# The options each method's yaml sets, as onnxruntime's create_calibrator sees them.
+METHOD_OPTIONS = {
+    "minmax": {"symmetric": False, "moving_average": False, "per_channel": False},
+    "entropy": {"symmetric": False, "num_bins": 128, "num_quantized_bins": 128},
+    "percentile": {"symmetric": True, "num_bins": 2048, "percentile": 99.999},
+    "distribution": {"num_bins": 2048, "scenario": "same"},
+}
+
+
+@pytest.mark.parametrize("option", sorted(METHOD_OPTIONS))
+def test_method_option(hydra_ctx, option):
+    cfg = make(f"method={option}")
+    assert cfg.method.name == option
+    assert cfg.method.chunk == 16
+    validate(cfg)
+    spec = calibration_spec(cfg)
+    assert isinstance(spec, CalibrationSpec)
+    assert spec.method == option
+    assert spec.chunk == 16
+    options = spec.calibrator_options()
+    assert options.items() >= METHOD_OPTIONS[option].items(), options
+
+
+@pytest.mark.parametrize(("option", "enabled"), [("on", True), ("off", False)])
+def test_cache_option(hydra_ctx, option, enabled):
+    cfg = make(f"cache={option}")
+    assert cfg.cache.enabled is enabled
+    assert cfg.cache.dir == ".calibrun-cache"
+    validate(cfg)
+
+
+@pytest.mark.parametrize(("option", "enabled"), [("local", True), ("off", False)])
+def test_tracking_option(hydra_ctx, option, enabled):
+    cfg = make(f"tracking={option}")
+    assert cfg.tracking.name == option
+    assert cfg.tracking.uri is None
+    assert cfg.tracking.experiment == "calibrun"
+    assert tracking_enabled(cfg) is enabled
+    validate(cfg)
+
+
+def test_tracking_server_without_uri_fails_validate(hydra_ctx):
+    cfg = make("tracking=server")
+    assert cfg.tracking.name == "server"
+    with pytest.raises(CalibrunError, match=r"tracking\.uri"):
+        validate(cfg)
+
+
+def test_tracking_server_with_uri_passes(hydra_ctx):
+    cfg = make("tracking=server", "tracking.uri=http://127.0.0.1:5000")
+    assert cfg.tracking.uri == "http://127.0.0.1:5000"
+    assert tracking_enabled(cfg)
+    validate(cfg)
+
+
+@pytest.mark.parametrize("path", [None, ""], ids=["unset", "empty"])
+def test_model_file_without_path_fails_validate(hydra_ctx, path):
+    overrides = ["model=file"] if path is None else ["model=file", "model.path=''"]
+    cfg = make(*overrides)
+    assert cfg.model.name == "file"
+    with pytest.raises(CalibrunError, match=r"model\.path"):
+        validate(cfg)
+
+
+def test_model_file_with_path_passes(hydra_ctx, tmp_path):
+    path = str(tmp_path / "model.onnx")
+    cfg = make("model=file", f"model.path={path}")
+    assert cfg.model.name == "file"
+    assert cfg.model.path == path
+    validate(cfg)
+
+
+# --------------------------------------------------------------------------------------------- lab preset
+
+LAB_PARAMS = {"calibration": "narrow,match,wide", "batches": "1,8,64,512", "format": "qdq,qoperator"}
+
+
+def lab_jobs(params) -> list[list[str]]:
+    """The job override lists, exactly as Hydra's BasicSweeper builds them from hydra.sweeper.params."""
+    strings = [f"{key}={value}" for key, value in params.items()]
+    parsed = OverridesParser.create().parse_overrides(strings)
+    batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
+    return [job for batch in batches for job in batch]
+
+
+def test_lab_preset_sweeper_params(hydra_ctx):
+    cfg = make("+experiment=lab", hydra_config=True)
+    params = OmegaConf.to_container(cfg.hydra.sweeper.params, resolve=True)
+    assert {key: str(value) for key, value in params.items()} == LAB_PARAMS
+    # The preset only sets the sweep: the config itself is still the default one.
+    assert cfg.calibration.name == "match"
+    assert cfg.batches == 64
+    assert cfg.format.name == "qdq"
+    validate(cfg)
+
+
+def test_lab_preset_expands_to_24_distinct_jobs(hydra_ctx):
+    cfg = make("+experiment=lab", hydra_config=True)
+    jobs = lab_jobs(cfg.hydra.sweeper.params)
+    assert len(jobs) == 24
+    as_dicts = [dict(item.split("=", 1) for item in job) for job in jobs]
+    triples = {(d["calibration"], d["batches"], d["format"]) for d in as_dicts}
+    expected = set(itertools.product(["narrow", "match", "wide"], ["1", "8", "64", "512"], ["qdq", "qoperator"]))
+    assert triples == expected
+
+
+def test_lab_preset_every_job_composes_and_validates(hydra_ctx):
+    factors = {"narrow": 0.2, "match": 1.0, "wide": 10.0}
+    cfg = make("+experiment=lab", hydra_config=True)
+    seen = set()
+    for job in lab_jobs(cfg.hydra.sweeper.params):
+        job_cfg = make("+experiment=lab", *job)
+        wanted = dict(item.split("=", 1) for item in job)
+        assert job_cfg.calibration.name == wanted["calibration"]
+        assert job_cfg.calibration.factor == factors[wanted["calibration"]]
+        assert job_cfg.batches == int(wanted["batches"])
+        assert job_cfg.format.name == wanted["format"]
+        validate(job_cfg)
+        seen.add((job_cfg.calibration.name, job_cfg.batches, job_cfg.format.name))
+    assert len(seen) == 24
+
+
+# --------------------------------------------------------------------------------------------- type errors
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("batches=abc", "batches"),
+        ("calibration.factor=x", "calibration.factor"),
+        ("eval.rows=1.5", "eval.rows"),
+        ("method.chunk=no", "method.chunk"),
+        ("method.symmetric=maybe", "method.symmetric"),
+    ],
+)
+def test_type_error_fails_at_compose_naming_key(hydra_ctx, override, key):
+    with pytest.raises(ConfigCompositionException) as info:
+        make(override)
+    assert key in str(info.value)
+    # OmegaConf's own error (the cause) names the full key too, not only the echoed override.
+    assert f"full_key: {key}" in error_chain(info.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "group"),
+    [("calibration=foo", "calibration"), ("format=xyz", "format"), ("method=nope", "method")],
+)
+def test_unknown_group_option_fails_at_compose(hydra_ctx, override, group):
+    with pytest.raises((MissingConfigException, ConfigCompositionException)) as info:
+        make(override)
+    message = str(info.value)
+    assert f"'{group}/{override.split('=')[1]}'" in message
+    assert f"Available options in '{group}'" in message
+
+
+@pytest.mark.parametrize(("override", "key"), [("foo=1", "foo"), ("calibration.bar=1", "calibration.bar")])
+def test_unknown_key_is_rejected(hydra_ctx, override, key):
+    with pytest.raises(ConfigCompositionException) as info:
+        make(override)
+    assert f"'{key}'" in str(info.value)
+
+
+# --------------------------------------------------------------------------------------------- value errors
+
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        pytest.param(["batches=0"], "batches", id="batches=0"),
+        pytest.param(["batches=-5"], "batches", id="batches=-5"),
+        pytest.param(["calibration.factor=0"], "calibration.factor", id="calibration.factor=0"),
+        pytest.param(["calibration.factor=-1"], "calibration.factor", id="calibration.factor=-1"),
+        pytest.param(["calibration.factor=inf"], "calibration.factor", id="calibration.factor=inf"),
+        pytest.param(["calibration.factor=-inf"], "calibration.factor", id="calibration.factor=-inf"),
+        pytest.param(["calibration.factor=nan"], "calibration.factor", id="calibration.factor=nan"),
+        pytest.param(["calibration.seed=-1"], "calibration.seed", id="calibration.seed=-1"),
+        pytest.param(["eval.rows=0"], "eval.rows", id="eval.rows=0"),
+        pytest.param(["eval.seed=-1"], "eval.seed", id="eval.seed=-1"),
+        pytest.param(["method.chunk=0"], "method.chunk", id="method.chunk=0"),
+        pytest.param(["ort.intra_op_threads=-1"], "ort.intra_op_threads", id="ort.intra_op_threads=-1"),
+        pytest.param(["method=percentile", "method.percentile=0"], "method.percentile",
+                     id="percentile-method.percentile=0"),
+        pytest.param(["method=percentile", "method.percentile=101"], "method.percentile",
+                     id="percentile-method.percentile=101"),
+        pytest.param(["method=entropy", "method.num_bins=0"], "method.num_bins", id="entropy-method.num_bins=0"),
+        pytest.param(["method.moving_average=true", "method.averaging_constant=2"], "method.averaging_constant",
+                     id="method.averaging_constant=2"),
+        pytest.param(["+foo=1"], "foo", id="added-unknown-key"),
+        pytest.param(["+calibration.facter=2"], "calibration.facter", id="added-typo-key"),
+    ],
+)
+def test_value_error_fails_validate_naming_key(hydra_ctx, overrides, key):
+    cfg = make(*overrides)  # composes: the type is right, only the value is wrong
+    with pytest.raises(CalibrunError) as info:
+        validate(cfg)
+    assert key in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "101", "inf"])
+def test_percentile_out_of_range_is_rejected(hydra_ctx, value):
+    """Out-of-range percentiles are rejected, in-range ones pass."""
+    cfg = make("method=percentile", f"method.percentile={value}")
+    assert not 0 < cfg.method.percentile <= 100
+    with pytest.raises(CalibrunError, match="percentile"):
+        validate(cfg)
+
+
+@pytest.mark.parametrize("value", ["100", "99.9", "0.5"])
+def test_percentile_in_range_passes(hydra_ctx, value):
+    cfg = make("method=percentile", f"method.percentile={value}")
+    validate(cfg)
+    assert calibration_spec(cfg).calibrator_options()["percentile"] == float(value)

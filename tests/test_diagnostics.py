@@ -1,0 +1,279 @@
+"""Per-tensor diagnostics on the lab's narrow / match / wide models, checked against independent computations."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from calibrun import engine
+from calibrun.calibrate import CalibrationCache
+from calibrun.data import evaluation_rows
+from calibrun.diagnostics import (
+    CLIP_THRESHOLD,
+    COARSE_THRESHOLD,
+    as_table,
+    classify,
+    classify_model,
+    tensor_diagnostics,
+    worst,
+)
+from calibrun.errors import CalibrunError
+from calibrun.model import LAB_INPUT, write_lab_model
+from calibrun.quantize import QuantOptions
+from tests.modelzoo import pinned_input_quant
+
+FACTORS = {"narrow": 0.2, "match": 1.0, "wide": 10.0}
+LAB_TENSORS = ["x", "h_mm", "h", "y_mm", "y"]  # the QDQ pairs quantize_static puts on the lab MLP (Relu fused)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """The lab model, its narrow/match/wide QDQ models, their ranges files and the evaluation rows."""
+    root = tmp_path_factory.mktemp("diag")
+    fp32 = write_lab_model(root / "lab.onnx")
+    model = engine.open_float_model(fp32)
+    cache = CalibrationCache(root / "cache")
+    rows = evaluation_rows(model.info, 777, 256)
+    runs = {}
+    for name, factor in FACTORS.items():
+        result = engine.quantize_lab(model, root / f"int8_{name}.onnx", seed=4242, factor=factor, batches=64,
+                                     cache=cache)
+        ranges = cache.path(result["cache_key"])
+        diags = tensor_diagnostics(fp32, result["out"], ranges, [{LAB_INPUT: rows}])
+        runs[name] = {"path": Path(result["out"]), "ranges": ranges, "diags": diags}
+    return {"root": root, "fp32": fp32, "model": model, "cache": cache, "rows": rows, "runs": runs}
+
+
+def row(lab, name: str, tensor: str = LAB_INPUT) -> dict:
+    return next(r for r in lab["runs"][name]["diags"] if r["tensor"] == tensor)
+
+
+def test_every_quantised_activation_once_no_weights(lab):
+    for run in lab["runs"].values():
+        assert [r["tensor"] for r in run["diags"]] == LAB_TENSORS
+        assert [r["role"] for r in run["diags"]] == ["input", "activation", "activation", "activation", "output"]
+        assert all(r["qtype"] == "int8" and (r["qmin"], r["qmax"]) == (-128, 127) for r in run["diags"])
+
+
+def test_narrow_input_clips(lab):
+    narrow = row(lab, "narrow")
+    assert narrow["clipped_fraction"] > 0
+    assert classify(narrow) == "clipping"
+    assert classify_model(lab["runs"]["narrow"]["diags"])["input"] == "clipping"
+
+
+def test_wide_input_is_coarse(lab):
+    wide, match = row(lab, "wide"), row(lab, "match")
+    assert wide["clipped_fraction"] == 0
+    assert wide["grid_used"] < match["grid_used"] / 4
+    assert classify(wide) == "coarse"
+
+
+def test_match_input_is_sound(lab):
+    match = row(lab, "match")
+    assert classify(match) == "sound"
+    assert classify_model(lab["runs"]["match"]["diags"])["input"] == "sound"
+
+
+def test_sqnr_orders_the_lab(lab):
+    narrow, match, wide = (row(lab, name)["sqnr_db"] for name in ("narrow", "match", "wide"))
+    assert narrow < match
+    assert wide < match
+    # the graph input is the same tensor before and after its pair: both SQNRs agree there
+    assert row(lab, "match")["qdq_sqnr_db"] == pytest.approx(match)
+
+
+def test_sqnr_recomputed_for_the_input(lab):
+    """fp32 rows vs their quantise-dequantise with the graph's scale/zp (round half to even, saturate)."""
+    rows = lab["rows"].astype(np.float64)
+    for name in FACTORS:
+        scale, zero_point = pinned_input_quant(lab["runs"][name]["path"])
+        deq = (np.clip(np.rint(rows / scale) + zero_point, -128, 127) - zero_point) * scale
+        expected = 20 * math.log10(np.linalg.norm(rows) / np.linalg.norm(rows - deq))
+        assert row(lab, name)["sqnr_db"] == pytest.approx(expected, abs=1e-3)
+
+
+def test_calib_ranges_are_the_cache_files(lab):
+    for run in lab["runs"].values():
+        raw = json.loads(run["ranges"].read_text())["data"]
+        for r in run["diags"]:
+            assert r["calib_min"] == raw[r["tensor"]]["lowest"]["data"][0]
+            assert r["calib_max"] == raw[r["tensor"]]["highest"]["data"][0]
+
+
+def test_eval_ranges_independent(lab):
+    rows = lab["rows"]
+    weights = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(lab["fp32"])).graph.initializer}
+    hidden = np.maximum(rows.astype(np.float64) @ weights["w1"] + weights["b1"], 0)
+    for name in FACTORS:
+        assert row(lab, name)["eval_min"] == float(rows.min())
+        assert row(lab, name)["eval_max"] == float(rows.max())
+        assert row(lab, name)["elements"] == rows.size
+        h = row(lab, name, "h")  # the Relu output: the fp32 model's value, not the int8 model's pre-Relu Add
+        assert h["eval_min"] == 0
+        assert h["eval_max"] == pytest.approx(hidden.max(), rel=1e-5)
+
+
+def test_clipped_fraction_and_grid_from_the_graph(lab):
+    rows = lab["rows"].astype(np.float64)
+    for name in FACTORS:
+        scale, zero_point = pinned_input_quant(lab["runs"][name]["path"])
+        got = row(lab, name)
+        assert (got["scale"], got["zero_point"]) == (scale, zero_point)
+        lo, hi = scale * (-128 - zero_point), scale * (127 - zero_point)
+        assert (got["repr_min"], got["repr_max"]) == (lo, hi)
+        assert got["clipped_fraction"] == np.count_nonzero((rows < lo) | (rows > hi)) / rows.size
+        levels = np.unique(np.clip(np.rint(rows / scale) + zero_point, -128, 127)).size
+        assert got["levels"] == levels
+        assert got["grid_used"] == levels / 256
+        assert got["distinct_values"] == np.unique(rows).size
+
+
+def test_batched_feeds_give_the_same_numbers(lab):
+    rows, run = lab["rows"], lab["runs"]["narrow"]
+    feeds = [{LAB_INPUT: rows[i : i + 64]} for i in range(0, len(rows), 64)]
+    batched = tensor_diagnostics(lab["fp32"], run["path"], run["ranges"], feeds)
+    for one, many in zip(run["diags"], batched, strict=True):
+        for key, value in one.items():
+            assert many[key] == (pytest.approx(value, rel=1e-9) if isinstance(value, float) else value), key
+
+
+def test_nothing_written_beside_the_inputs(lab):
+    def listing():
+        return sorted(str(p.relative_to(lab["root"])) for p in lab["root"].rglob("*"))
+
+    before = listing()
+    run = lab["runs"]["match"]
+    tensor_diagnostics(lab["fp32"], run["path"], run["ranges"], [{LAB_INPUT: lab["rows"][:32]}])
+    assert listing() == before
+
+
+def test_missing_range_is_null(lab, tmp_path):
+    run = lab["runs"]["match"]
+    payload = json.loads(run["ranges"].read_text())
+    del payload["data"]["h"]
+    ranges = tmp_path / "ranges.json"
+    ranges.write_text(json.dumps(payload))
+    diags = tensor_diagnostics(lab["fp32"], run["path"], ranges, [{LAB_INPUT: lab["rows"]}])
+    h = next(r for r in diags if r["tensor"] == "h")
+    assert (h["calib_min"], h["calib_max"]) == (None, None)
+    assert h["grid_used"] == row(lab, "match", "h")["grid_used"]
+
+
+def test_qoperator_is_refused(lab):
+    out = lab["root"] / "int8_qop.onnx"
+    result = engine.quantize_lab(lab["model"], out, seed=4242, factor=1.0, batches=64, cache=lab["cache"],
+                                 options=QuantOptions(format="qoperator"))
+    with pytest.raises(CalibrunError, match="QOperator") as info:
+        tensor_diagnostics(lab["fp32"], out, lab["cache"].path(result["cache_key"]), [{LAB_INPUT: lab["rows"]}])
+    assert "\n" not in str(info.value)
+
+
+def test_bad_inputs(lab, tmp_path):
+    run = lab["runs"]["match"]
+    with pytest.raises(CalibrunError, match="calibration ranges"):
+        tensor_diagnostics(lab["fp32"], run["path"], tmp_path / "absent.json", [{LAB_INPUT: lab["rows"]}])
+    with pytest.raises(CalibrunError, match="feed"):
+        tensor_diagnostics(lab["fp32"], run["path"], run["ranges"], [])
+    with pytest.raises(CalibrunError, match="evaluation feeds failed"):
+        tensor_diagnostics(lab["fp32"], run["path"], run["ranges"], [{"nope": lab["rows"]}])
+
+
+@pytest.mark.parametrize(
+    ("activation", "weight", "qtype", "qmin", "qmax", "wide_verdict"),
+    [("QUInt8", "QUInt8", "uint8", 0, 255, "coarse"), ("QInt16", "QInt8", "int16", -32768, 32767, "sound")],
+)
+def test_other_integer_types(lab, activation, weight, qtype, qmin, qmax, wide_verdict):
+    """The grid follows the zero point's type. 10x too wide on int16 still reaches more than 25% of the levels
+    4096 values can reach (it has ~12 bits left): not coarse."""
+    rows = lab["rows"].astype(np.float64)
+    for factor, verdict in ((1.0, "sound"), (10.0, wide_verdict)):
+        out = lab["root"] / f"int8_{activation}_{factor}.onnx"
+        result = engine.quantize_lab(lab["model"], out, seed=4242, factor=factor, batches=64, cache=lab["cache"],
+                                     options=QuantOptions(activation_type=activation, weight_type=weight))
+        diags = tensor_diagnostics(lab["fp32"], out, lab["cache"].path(result["cache_key"]),
+                                   [{LAB_INPUT: lab["rows"]}])
+        got = diags[0]
+        assert (got["tensor"], got["qtype"], got["qmin"], got["qmax"]) == (LAB_INPUT, qtype, qmin, qmax)
+        scale, zero_point = pinned_input_quant(out)
+        levels = np.unique(np.clip(np.rint(rows / scale) + zero_point, qmin, qmax)).size
+        assert got["levels"] == levels
+        assert got["grid_used"] == levels / (qmax - qmin + 1)
+        assert got["clipped_fraction"] == 0
+        assert classify(got) == verdict
+
+
+def test_classify_thresholds():
+    assert classify({"clipped_fraction": CLIP_THRESHOLD, "grid_used": COARSE_THRESHOLD}) == "sound"
+    assert classify({"clipped_fraction": CLIP_THRESHOLD * 1.01, "grid_used": 1.0}) == "clipping"
+    assert classify({"clipped_fraction": 0.0, "grid_used": COARSE_THRESHOLD * 0.99}) == "coarse"
+    assert classify({"clipped_fraction": 0.5, "grid_used": 0.01}) == "clipping"  # clipping wins
+    assert classify({"clipped_fraction": None, "grid_used": 0.01}) == "coarse"
+    # the coarse rule counts levels against what the data could reach: min(grid size, distinct fp32 values)
+    int8 = {"clipped_fraction": 0.0, "qmin": -128, "qmax": 127}
+    assert classify({**int8, "levels": 63, "distinct_values": 4096, "grid_used": 63 / 256}) == "coarse"
+    assert classify({**int8, "levels": 64, "distinct_values": 4096, "grid_used": 64 / 256}) == "sound"
+    assert classify({**int8, "levels": 30, "distinct_values": 100, "grid_used": 30 / 256}) == "sound"
+    assert classify({**int8, "levels": 24, "distinct_values": 100, "grid_used": 24 / 256}) == "coarse"
+    int16 = {"clipped_fraction": 0.0, "qmin": -32768, "qmax": 32767}
+    assert classify({**int16, "levels": 2000, "distinct_values": 4096, "grid_used": 2000 / 65536}) == "sound"
+    assert classify({**int16, "levels": 2000, "distinct_values": None, "elements": 10000,
+                     "grid_used": 2000 / 65536}) == "coarse"
+
+
+def test_classify_model_counts(lab):
+    verdict = classify_model(lab["runs"]["wide"]["diags"])
+    assert verdict["input_tensor"] == LAB_INPUT
+    assert verdict["input"] == "coarse"
+    assert sum(verdict["counts"].values()) == verdict["tensors"] == len(LAB_TENSORS)
+    assert verdict["overall"] == "coarse"
+    narrow = classify_model(lab["runs"]["narrow"]["diags"])
+    assert narrow["overall"] == "clipping"
+    assert narrow["counts"]["clipping"] >= 1
+
+
+def test_worst_orders_and_handles_inf_nan_ties():
+    rows = [{"tensor": t, "sqnr_db": s} for t, s in
+            [("a", 10.0), ("b", math.inf), ("c", None), ("d", 3.0), ("e", 3.0), ("f", -math.inf), ("g", math.nan)]]
+    assert [r["tensor"] for r in worst(rows, n=10)] == ["f", "d", "e", "a", "b", "c", "g"]
+    assert [r["tensor"] for r in worst(rows, n=2)] == ["f", "d"]
+    assert worst(rows, n=0) == []
+    with pytest.raises(CalibrunError):
+        worst(rows, n=-1)
+
+
+def test_worst_on_the_lab(lab):
+    diags = lab["runs"]["narrow"]["diags"]
+    lowest = worst(diags, n=2)
+    assert len(lowest) == 2
+    assert lowest[0]["sqnr_db"] == min(r["sqnr_db"] for r in diags)
+    assert lowest[0]["sqnr_db"] <= lowest[1]["sqnr_db"]
+
+
+def test_as_table_is_strict_json_columns(lab):
+    diags = lab["runs"]["narrow"]["diags"] + [dict(lab["runs"]["match"]["diags"][0], sqnr_db=math.inf)]
+    table = as_table(diags)
+    json.dumps(table, allow_nan=False)
+    assert {len(column) for column in table.values()} == {len(diags)}
+    assert table["tensor"][: len(LAB_TENSORS)] == LAB_TENSORS
+    assert table["verdict"][0] == "clipping"
+    assert table["sqnr_db"][-1] is None
+    assert as_table([])["tensor"] == []
+
+
+def test_no_temp_files_left(lab):
+    """The augmented models live in a TemporaryDirectory that is gone afterwards."""
+    import tempfile
+
+    folder = Path(tempfile.gettempdir())
+    before = {p for p in os.listdir(folder) if p.startswith("calibrun.diag.")}
+    run = lab["runs"]["wide"]
+    tensor_diagnostics(lab["fp32"], run["path"], run["ranges"], [{LAB_INPUT: lab["rows"][:16]}])
+    assert {p for p in os.listdir(folder) if p.startswith("calibrun.diag.")} == before

@@ -1,0 +1,500 @@
+"""calibrun.prepare: any float ONNX model a user brings is made quantisable before calibration."""
+
+from __future__ import annotations
+
+import ast
+import logging
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+from calibrun.errors import CalibrunError
+from calibrun.model import build_lab_model
+from calibrun.prepare import Prepared, constant_nodes, prepare_model
+from tests.modelzoo import int_input_model
+
+PRE_PROCESS_KEY = "onnx.quant.pre_process"
+
+
+# --- models with one trait each ------------------------------------------------------------------------------
+
+
+def _init(rng: np.random.Generator, name: str, *shape: int, scale: float = 0.3) -> onnx.TensorProto:
+    return numpy_helper.from_array(rng.normal(0, scale, shape).astype(np.float32), name)
+
+
+def _model(nodes, inputs, outputs, initializers, opset: int = 17, ir: int = 8) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "prepare_test", inputs, outputs, initializer=initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="tests")
+    model.ir_version = ir
+    onnx.checker.check_model(model)
+    return model
+
+
+def _float(name: str, shape) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def ir3_mlp() -> onnx.ModelProto:
+    """IR 3, opset 9: every initializer is also listed as a graph input (the old exporters' way)."""
+    rng = np.random.default_rng(1)
+    inits = [_init(rng, "w1", 16, 32), _init(rng, "b1", 32), _init(rng, "w2", 32, 8), _init(rng, "b2", 8)]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h_mm"]),
+        helper.make_node("Add", ["h_mm", "b1"], ["h_pre"]),
+        helper.make_node("Relu", ["h_pre"], ["h"]),
+        helper.make_node("MatMul", ["h", "w2"], ["y_mm"]),
+        helper.make_node("Add", ["y_mm", "b2"], ["y"]),
+    ]
+    inputs = [_float("x", ["N", 16])] + [_float(t.name, list(t.dims)) for t in inits]
+    return _model(nodes, inputs, [_float("y", ["N", 8])], inits, opset=9, ir=3)
+
+
+def constant_weights() -> onnx.ModelProto:
+    """Weights made by Constant / ConstantOfShape subgraphs instead of initializers."""
+    rng = np.random.default_rng(2)
+    shape = numpy_helper.from_array(np.array([16, 32], np.int64))
+    fill = numpy_helper.from_array(np.array([0.02], np.float32))
+    b1 = numpy_helper.from_array(rng.normal(0, 0.1, 32).astype(np.float32))
+    w2 = numpy_helper.from_array(rng.normal(0, 0.3, (32, 8)).astype(np.float32))
+    nodes = [
+        helper.make_node("Constant", [], ["w1_shape"], value=shape),
+        helper.make_node("ConstantOfShape", ["w1_shape"], ["w1_base"], value=fill),
+        helper.make_node("Add", ["w1_base", "w1_noise"], ["w1"]),
+        helper.make_node("Constant", [], ["b1"], value=b1),
+        helper.make_node("Constant", [], ["w2"], value=w2),
+        helper.make_node("MatMul", ["x", "w1"], ["h_mm"]),
+        helper.make_node("Add", ["h_mm", "b1"], ["h_pre"]),
+        helper.make_node("Relu", ["h_pre"], ["h"]),
+        helper.make_node("MatMul", ["h", "w2"], ["y_mm"]),
+        helper.make_node("Add", ["y_mm", "b2"], ["y"]),
+    ]
+    inits = [_init(rng, "w1_noise", 16, 32), _init(rng, "b2", 8, scale=0.1)]
+    return _model(nodes, [_float("x", ["N", 16])], [_float("y", ["N", 8])], inits)
+
+
+def conv_net(batch: int | str = "N", constant_weight: bool = False) -> onnx.ModelProto:
+    """Conv, BatchNormalization, Relu, MaxPool, Conv, GlobalAveragePool, Flatten, Gemm on 3x8x8 images.
+
+    `constant_weight`: the first Conv's weight comes from a Constant node instead of an initializer.
+    """
+    rng = np.random.default_rng(3)
+    inits = [
+        _init(rng, "c1_w", 4, 3, 3, 3),
+        _init(rng, "c1_b", 4, scale=0.1),
+        _init(rng, "bn_scale", 4, scale=0.1),
+        _init(rng, "bn_bias", 4, scale=0.1),
+        _init(rng, "bn_mean", 4, scale=0.1),
+        numpy_helper.from_array(rng.uniform(0.5, 1.5, 4).astype(np.float32), "bn_var"),
+        _init(rng, "c2_w", 8, 4, 3, 3),
+        _init(rng, "c2_b", 8, scale=0.1),
+        _init(rng, "fc_w", 5, 8),
+        _init(rng, "fc_b", 5, scale=0.1),
+    ]
+    inits[2] = numpy_helper.from_array(rng.uniform(0.5, 1.5, 4).astype(np.float32), "bn_scale")
+    nodes = [
+        helper.make_node("Conv", ["x", "c1_w", "c1_b"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c1", "bn_scale", "bn_bias", "bn_mean", "bn_var"], ["bn"]),
+        helper.make_node("Relu", ["bn"], ["r1"]),
+        helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p1", "c2_w", "c2_b"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("GlobalAveragePool", ["r2"], ["gap"]),
+        helper.make_node("Flatten", ["gap"], ["flat"]),
+        helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["y"], transB=1),
+    ]
+    if constant_weight:
+        weight = inits.pop(0)
+        nodes.insert(0, helper.make_node("Constant", [], [weight.name], value=weight))
+    return _model(nodes, [_float("x", [batch, 3, 8, 8])], [_float("y", [batch, 5])], inits)
+
+
+def upsample_opset9() -> onnx.ModelProto:
+    """Opset 9 Upsample (gone since opset 10): the converter turns it into Resize fed by a Constant (then folded)."""
+    rng = np.random.default_rng(7)
+    inits = [
+        numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
+        _init(rng, "w", 16, 3, 3, 3),
+        _init(rng, "fc_w", 16, 2),
+    ]
+    nodes = [
+        helper.make_node("Upsample", ["x", "scales"], ["up"], mode="nearest"),
+        helper.make_node("Conv", ["up", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("GlobalAveragePool", ["r"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("MatMul", ["f", "fc_w"], ["y"]),
+    ]
+    return _model(nodes, [_float("x", ["N", 3, 4, 4])], [_float("y", ["N", 2])], inits, opset=9, ir=4)
+
+
+def two_inputs() -> onnx.ModelProto:
+    """Two float inputs meeting in an Add."""
+    rng = np.random.default_rng(4)
+    inits = [_init(rng, "wx", 16, 24), _init(rng, "wz", 6, 24), _init(rng, "b", 24), _init(rng, "w2", 24, 4)]
+    nodes = [
+        helper.make_node("MatMul", ["x", "wx"], ["a"]),
+        helper.make_node("MatMul", ["z", "wz"], ["c"]),
+        helper.make_node("Add", ["a", "c"], ["s"]),
+        helper.make_node("Add", ["s", "b"], ["t"]),
+        helper.make_node("Relu", ["t"], ["r"]),
+        helper.make_node("MatMul", ["r", "w2"], ["y"]),
+    ]
+    return _model(nodes, [_float("x", ["N", 16]), _float("z", ["N", 6])], [_float("y", ["N", 4])], inits)
+
+
+def missing_tensor() -> onnx.ModelProto:
+    """A node reads a tensor nothing produces (not checked: the checker would refuse to build it)."""
+    rng = np.random.default_rng(5)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Add", ["h", "ghost"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "broken", [_float("x", ["N", 4])], [_float("y", ["N", 3])], initializer=[_init(rng, "w", 4, 3)]
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def unknown_op() -> onnx.ModelProto:
+    """An op from a domain onnxruntime has no kernels for: onnx's checker lets it pass, onnxruntime cannot load."""
+    rng = np.random.default_rng(6)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Frobnicate", ["h"], ["y"], domain="com.example"),
+    ]
+    graph = helper.make_graph(
+        nodes, "unknown_op", [_float("x", ["N", 4])], [_float("y", ["N", 3])], initializer=[_init(rng, "w", 4, 3)]
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    model.ir_version = 8
+    return model
+
+
+BUILDERS = {
+    "lab": build_lab_model,
+    "ir3_opset9": ir3_mlp,
+    "constant_weights": constant_weights,
+    "conv_bn": conv_net,
+    "batch1": lambda: conv_net(batch=1),
+    "two_inputs": two_inputs,
+    "upsample_opset9": upsample_opset9,
+}
+
+
+# --- helpers -------------------------------------------------------------------------------------------------
+
+
+def save(model: onnx.ModelProto, path: Path, external: bool = False) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if external:
+        onnx.save_model(model, str(path), save_as_external_data=True, location=path.name + ".bin", size_threshold=0)
+    else:
+        onnx.save_model(model, str(path))
+    return path
+
+
+def feeds(path: Path, seed: int, rows: int = 4) -> dict[str, np.ndarray]:
+    """Random float32 input for every graph input; symbolic axes get `rows`."""
+    rng = np.random.default_rng(seed)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return {
+        i.name: rng.normal(0, 1, [d if isinstance(d, int) else rows for d in i.shape]).astype(np.float32)
+        for i in session.get_inputs()
+    }
+
+
+def run(path: Path, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feed)
+
+
+class RandomReader(CalibrationDataReader):
+    def __init__(self, batches: list[dict[str, np.ndarray]]):
+        self.batches = iter(batches)
+
+    def get_next(self):
+        return next(self.batches, None)
+
+
+def quantize(prepared: Prepared, out: Path) -> Path:
+    """quantize_static QDQ, QInt8/QInt8, MinMax on three random batches fed to every input."""
+    batches = [feeds(prepared.path, seed) for seed in (10, 11, 12)]
+    quantize_static(
+        str(prepared.path),
+        str(out),
+        RandomReader(batches),
+        quant_format=QuantFormat.QDQ,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+        calibrate_method=CalibrationMethod.MinMax,
+        use_external_data_format=prepared.external_data,
+    )
+    return out
+
+
+def ops(path: Path) -> list[str]:
+    return [node.op_type for node in onnx.load(str(path), load_external_data=False).graph.node]
+
+
+def folder_files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+# --- every trait: prepared, checked, same outputs, quantisable, deterministic ---------------------------------
+
+
+@pytest.mark.parametrize("external", [False, True], ids=["inline", "external"])
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_prepared_model_is_valid_equivalent_quantisable_and_deterministic(tmp_path, name, external, caplog):
+    model = BUILDERS[name]()
+    # Reference outputs come from an inline copy: onnxruntime cannot even load some external-data originals
+    # (opset 9 Upsample reads its scales during shape inference and refuses external tensors).
+    reference = save(model, tmp_path / "reference.onnx")
+    src = save(model, tmp_path / "src" / "model.onnx", external)  # saving as external data rewrites `model`
+    caplog.set_level(logging.INFO, logger="calibrun")
+
+    (tmp_path / "a").mkdir()
+    prepared = prepare_model(src, tmp_path / "a" / "prepared.onnx")
+
+    assert prepared.path == tmp_path / "a" / "prepared.onnx"
+    assert prepared.external_data is external
+    assert folder_files(tmp_path / "a") == ["prepared.onnx", "prepared.onnx.data"][: 1 + external]
+    onnx.checker.check_model(str(prepared.path))
+    for line in prepared.steps:
+        assert line in caplog.text
+    model = onnx.load(str(prepared.path))
+    assert {p.key: p.value for p in model.metadata_props}.get(PRE_PROCESS_KEY) == "onnxruntime.quant"
+    assert not constant_nodes(model.graph)
+
+    feed = feeds(reference, seed=0, rows=5)
+    assert [i.name for i in prepared.inputs] == list(feed)
+    for want, got in zip(run(reference, feed), run(prepared.path, feed), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+    caplog.clear()
+    (tmp_path / "q").mkdir()
+    quantised = quantize(prepared, tmp_path / "q" / "int8.onnx")
+    assert "pre-processing" not in caplog.text  # the prepared model is tagged as pre-processed
+    assert "QuantizeLinear" in ops(quantised)
+    outputs = run(quantised, feed)
+    assert all(np.isfinite(o).all() for o in outputs)
+
+    (tmp_path / "b").mkdir()
+    again = prepare_model(src, tmp_path / "b" / "prepared.onnx")
+    assert again.steps == prepared.steps
+    assert again.inputs == prepared.inputs
+    for first, second in zip(prepared.files, again.files, strict=True):
+        assert first.read_bytes() == second.read_bytes(), f"{first.name} differs between two preparations"
+
+
+# --- what each step does ---------------------------------------------------------------------------------------
+
+
+def _steps(prepared: Prepared, word: str) -> list[str]:
+    return [line for line in prepared.steps if word in line]
+
+
+def test_clean_model_keeps_its_nodes_exactly(tmp_path):
+    src = save(build_lab_model(), tmp_path / "lab.onnx")
+    prepared = prepare_model(src, tmp_path / "prepared.onnx")
+    assert ops(prepared.path) == ops(src) == ["MatMul", "Add", "Relu", "MatMul", "Add"]
+    assert len(prepared.steps) == 1, prepared.steps  # shape inference only
+    assert "quant_pre_process" in prepared.steps[0]
+    before, after = onnx.load(str(src)), onnx.load(str(prepared.path))
+    assert (after.ir_version, list(after.opset_import)) == (before.ir_version, list(before.opset_import))
+    assert [t.name for t in after.graph.initializer] == [t.name for t in before.graph.initializer]
+
+
+def test_ir3_initializer_inputs_are_stripped_and_opset_converted(tmp_path):
+    src = save(ir3_mlp(), tmp_path / "old.onnx")
+    prepared = prepare_model(src, tmp_path / "prepared.onnx")
+    model = onnx.load(str(prepared.path))
+    assert [i.name for i in model.graph.input] == ["x"]
+    assert prepared.inputs[0].name == "x"
+    assert prepared.inputs[0].shape == ("N", 16)
+    assert model.opset_import[0].version == 13
+    assert model.ir_version >= 7  # convert_version alone would leave IR 3 with opset 13
+    assert _steps(prepared, "stripped 4 initializers from graph inputs (IR 3")
+    assert _steps(prepared, "converted opset 9 -> 13")
+
+
+def test_constant_subgraphs_are_folded_without_fusing(tmp_path):
+    src = save(constant_weights(), tmp_path / "const.onnx")
+    prepared = prepare_model(src, tmp_path / "prepared.onnx")
+    model = onnx.load(str(prepared.path))
+    assert Counter(ops(prepared.path)) == {"MatMul": 2, "Add": 2, "Relu": 1}  # not Gemm: fusions are off
+    assert {"w1", "w2", "b1"} <= {t.name for t in model.graph.initializer}
+    assert [o.domain for o in model.opset_import] == [""]  # onnxruntime's extra domains are dropped
+    (line,) = _steps(prepared, "folded")
+    assert "ConstantOfShape" in line
+    assert "Constant x3" in line
+    assert "onnxruntime" in line
+
+
+def test_folding_leaves_fusable_patterns_alone(tmp_path):
+    """Folding runs onnxruntime BASIC, which would also fuse BatchNormalization into Conv; those passes are off."""
+    src = save(conv_net(constant_weight=True), tmp_path / "conv_const.onnx")
+    prepared = prepare_model(src, tmp_path / "prepared.onnx")
+    assert ops(prepared.path) == ops(save(conv_net(), tmp_path / "conv.onnx"))
+    assert _steps(prepared, "folded 1 constant node into initializers (Constant)")
+
+
+def test_upsample_is_converted_then_its_constant_folded(tmp_path):
+    prepared = prepare_model(save(upsample_opset9(), tmp_path / "up.onnx"), tmp_path / "prepared.onnx")
+    assert "Resize" in ops(prepared.path)
+    assert "Constant" not in ops(prepared.path)
+    # The converter already typed every tensor: quant_pre_process may only tag the model as pre-processed.
+    assert [line.split(" ")[0] for line in prepared.steps][:2] == ["converted", "folded"]
+    assert prepared.steps[2].startswith(("inferred shapes", "tagged as pre-processed"))
+
+
+def test_constant_nodes_detection():
+    assert not constant_nodes(build_lab_model().graph)
+    assert not constant_nodes(conv_net().graph)
+    found = [n.op_type for n in constant_nodes(constant_weights().graph)]
+    assert found == ["Constant", "ConstantOfShape", "Add", "Constant", "Constant"]
+
+
+def test_fixed_batch_and_conv_net_keep_shapes_and_nodes(tmp_path):
+    src = save(conv_net(batch=1), tmp_path / "conv.onnx")
+    prepared = prepare_model(src, tmp_path / "prepared.onnx")
+    assert prepared.inputs[0].shape == (1, 3, 8, 8)
+    assert ops(prepared.path) == ops(src)  # BatchNormalization is not fused into Conv
+    assert onnx.load(str(prepared.path)).graph.output[0].type.tensor_type.shape.dim[0].dim_value == 1
+
+
+def test_two_inputs_are_listed_in_graph_order(tmp_path):
+    prepared = prepare_model(save(two_inputs(), tmp_path / "two.onnx"), tmp_path / "prepared.onnx")
+    assert [(i.name, i.shape, i.is_float) for i in prepared.inputs] == [("x", ("N", 16), True), ("z", ("N", 6), True)]
+
+
+def test_external_data_round_trips_beside_dst(tmp_path):
+    src = save(ir3_mlp(), tmp_path / "src" / "big.onnx", external=True)
+    assert (tmp_path / "src" / "big.onnx.bin").exists()
+    out = tmp_path / "out"
+    out.mkdir()
+    prepared = prepare_model(src, out / "prepared.onnx")
+    assert prepared.external_data
+    assert prepared.data_path == out / "prepared.onnx.data"
+    assert prepared.files == (out / "prepared.onnx", out / "prepared.onnx.data")
+    skeleton = onnx.load(str(prepared.path), load_external_data=False)
+    locations = {
+        entry.value
+        for t in skeleton.graph.initializer
+        if t.data_location == TensorProto.EXTERNAL
+        for entry in t.external_data
+        if entry.key == "location"
+    }
+    assert locations == {"prepared.onnx.data"}
+    # The source can go: the prepared pair stands alone.
+    for file in (tmp_path / "src").iterdir():
+        file.unlink()
+    feed = {"x": np.ones((2, 16), np.float32)}
+    assert run(prepared.path, feed)[0].shape == (2, 8)
+
+
+def test_large_model_paths_are_path_based():
+    """Over 2 GB a model proto cannot be serialised: checker, shape inference and the onnxruntime sessions get
+    file paths, and nothing hands a whole in-memory model to a serialising API."""
+    import calibrun.prepare as prepare
+
+    source = Path(prepare.__file__).read_text()
+    tree = ast.parse(source)
+    calls = {
+        ast.unparse(node.func): [ast.unparse(a) for a in node.args]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+    }
+    assert "onnx.shape_inference.infer_shapes_path" in calls
+    assert "onnx.shape_inference.infer_shapes" not in calls
+    assert all(arg.startswith("str(") for arg in calls["onnx.checker.check_model"])
+    assert "save_as_external_data=True" in source
+
+
+# --- failures: one line, nothing left behind -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("builder", "words"),
+    [
+        (missing_tensor, "ghost"),
+        (int_input_model, "INT64"),
+        (unknown_op, "onnxruntime cannot load"),
+    ],
+    ids=["missing_tensor", "int_input", "unknown_op"],
+)
+def test_unquantisable_model_fails_in_one_line_and_writes_nothing(tmp_path, monkeypatch, builder, words):
+    src = save(builder(), tmp_path / "src" / "bad.onnx")
+    out, cwd = tmp_path / "out", tmp_path / "cwd"
+    out.mkdir()
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)  # onnxruntime's symbolic shape inference would drop a file here on failure
+    with pytest.raises(CalibrunError) as info:
+        prepare_model(src, out / "prepared.onnx")
+    message = str(info.value)
+    assert "\n" not in message
+    assert words in message
+    assert ".tmp" not in message  # names the user's files, not our temporary ones
+    assert folder_files(out) == []
+    assert folder_files(cwd) == []
+
+
+def test_missing_source_and_output_folder(tmp_path):
+    with pytest.raises(CalibrunError, match="not found"):
+        prepare_model(tmp_path / "nope.onnx", tmp_path / "out.onnx")
+    src = save(build_lab_model(), tmp_path / "lab.onnx")
+    with pytest.raises(CalibrunError, match="does not exist"):
+        prepare_model(src, tmp_path / "missing" / "out.onnx")
+    with pytest.raises(CalibrunError, match="onto itself"):
+        prepare_model(src, src)
+
+
+def test_conversion_failure_is_one_line(tmp_path, monkeypatch):
+    import calibrun.prepare as prepare
+
+    def refuse(model, version):
+        raise RuntimeError("No adapter for\nop Frob")
+
+    monkeypatch.setattr(prepare.version_converter, "convert_version", refuse)
+    src = save(ir3_mlp(), tmp_path / "src" / "old.onnx")
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(CalibrunError, match="cannot convert opset 9 to 13: No adapter for op Frob"):
+        prepare_model(src, out / "prepared.onnx")
+    assert folder_files(out) == []
+
+
+def test_failure_keeps_an_existing_result(tmp_path):
+    dst = tmp_path / "prepared.onnx"
+    prepare_model(save(build_lab_model(), tmp_path / "lab.onnx"), dst)
+    before = dst.read_bytes()
+    with pytest.raises(CalibrunError):
+        prepare_model(save(missing_tensor(), tmp_path / "bad.onnx"), dst)
+    assert dst.read_bytes() == before
+    assert folder_files(tmp_path) == ["bad.onnx", "lab.onnx", "prepared.onnx"]
+
+
+def test_plain_onnx_shape_inference_when_quant_pre_process_fails(tmp_path, monkeypatch, caplog):
+    import onnxruntime.quantization.shape_inference as ort_shape_inference
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("symbolic shape inference exploded")
+
+    monkeypatch.setattr(ort_shape_inference, "quant_pre_process", broken)
+    caplog.set_level(logging.INFO, logger="calibrun")
+    src = save(conv_net(), tmp_path / "conv.onnx")
+    prepared = prepare_model(src, tmp_path / "prepared.onnx")
+    assert "exploded" in caplog.text
+    (line,) = prepared.steps
+    assert "onnx.shape_inference" in line
+    model = onnx.load(str(prepared.path))
+    assert PRE_PROCESS_KEY not in {p.key for p in model.metadata_props}
+    assert len(model.graph.value_info) == len(ops(src)) - 1  # every intermediate tensor typed

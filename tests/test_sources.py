@@ -1,0 +1,606 @@
+"""User data sources (calibrun.sources): npy/npz files and folders, image folders."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+from PIL import Image
+
+from calibrun.errors import CalibrunError
+from calibrun.model import InputInfo
+from calibrun.reader import make_reader
+from calibrun.sources import (
+    EvalData,
+    FeedBatches,
+    ImageTransform,
+    image_calibration,
+    image_evaluation,
+    npy_calibration,
+    npy_evaluation,
+)
+from tests.modelzoo import IR_VERSION, OPSET, save
+
+FLOAT = TensorProto.FLOAT
+
+
+def vec(name: str = "x", features: int = 4, first: int | str = "N") -> InputInfo:
+    return InputInfo(name, FLOAT, (first, features))
+
+
+def nchw(channels: int = 3, size: int = 4, first: int | str = "N", name: str = "img") -> InputInfo:
+    return InputInfo(name, FLOAT, (first, channels, size, size))
+
+
+def rows(n: int, features: int = 4, start: int = 0) -> np.ndarray:
+    """n distinguishable rows: row i is filled with start + i."""
+    return np.repeat(np.arange(start, start + n, dtype=np.float32)[:, None], features, axis=1)
+
+
+def drain(feeds: FeedBatches) -> list[dict[str, np.ndarray]]:
+    return [dict(feed) for feed in feeds]
+
+
+def write_png(path, array: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(array).save(path)
+
+
+# ------------------------------------------------------------------------------------- batches and counts
+
+
+def test_batches_of_16_rows_first_batches_used(tmp_path, caplog):
+    np.save(tmp_path / "d.npy", rows(100))
+    with caplog.at_level(logging.WARNING, logger="calibrun"):
+        feeds = npy_calibration(tmp_path / "d.npy", [vec()], batches=3)
+    assert not caplog.records
+    served = drain(feeds)
+    assert len(feeds) == len(served) == 3
+    for i, feed in enumerate(served):
+        assert list(feed) == ["x"]
+        assert feed["x"].dtype == np.float32
+        np.testing.assert_array_equal(feed["x"], rows(16, start=16 * i))
+
+
+def test_fewer_rows_than_requested_keeps_partial_batch_and_warns(tmp_path, caplog):
+    np.save(tmp_path / "d.npy", rows(40))
+    with caplog.at_level(logging.WARNING, logger="calibrun"):
+        feeds = npy_calibration(tmp_path / "d.npy", [vec()], batches=10)
+    assert [f["x"].shape[0] for f in feeds] == [16, 16, 8]
+    assert len(feeds) == 3
+    assert any(r.name == "calibrun" and "10 batches requested" in r.getMessage() for r in caplog.records)
+    assert feeds.identity()["last_batch_rows"] == 8
+
+
+def test_fixed_first_axis_uses_b_rows_and_drops_partial(tmp_path, caplog):
+    np.save(tmp_path / "d.npy", rows(23))
+    with caplog.at_level(logging.WARNING, logger="calibrun"):
+        feeds = npy_calibration(tmp_path / "d.npy", [vec(first=5)], batches=10)
+    shapes = [f["x"].shape for f in feeds]
+    assert shapes == [(5, 4)] * 4
+    assert "last 3 rows are dropped" in caplog.text
+    assert feeds.identity()["rows_per_batch"] == 5
+    assert "last_batch_rows" not in feeds.identity()
+    with pytest.raises(CalibrunError, match="fewer than the 50 rows"):
+        npy_calibration(tmp_path / "d.npy", [vec(first=50)], batches=1)
+
+
+def test_iterating_twice_gives_identical_arrays(tmp_path):
+    rng = np.random.default_rng(1)
+    for i in range(3):
+        np.save(tmp_path / f"part{i}.npy", rng.normal(size=(20, 4)))
+    feeds = npy_calibration(tmp_path, [vec()], batches=3, factor=2.5)
+    first, second = drain(feeds), drain(feeds)
+    assert len(first) == len(second) == 3
+    for a, b in zip(first, second, strict=True):
+        np.testing.assert_array_equal(a["x"], b["x"])
+
+
+def test_batches_are_read_lazily(tmp_path):
+    """Building the source and serving the first batch does not read later files: a later file that turns
+    bad is only noticed when its batch comes."""
+    np.save(tmp_path / "a.npy", rows(16))
+    np.save(tmp_path / "b.npy", rows(16, start=16))
+    feeds = npy_calibration(tmp_path, [vec()], batches=2)
+    stream = iter(feeds)
+    np.testing.assert_array_equal(next(stream)["x"], rows(16))
+    np.save(tmp_path / "b.npy", np.full((16, 4), np.nan))
+    with pytest.raises(CalibrunError, match="b.npy"):
+        next(stream)
+
+
+def test_factor_is_applied_before_the_cast(tmp_path):
+    data = np.random.default_rng(3).normal(size=(32, 4)) * 1e3
+    np.save(tmp_path / "d.npy", data)
+    feeds = npy_calibration(tmp_path / "d.npy", [vec()], batches=2, factor=0.2)
+    got = np.concatenate([f["x"] for f in feeds])
+    expected = (data * 0.2).astype(np.float32)
+    np.testing.assert_array_equal(got, expected)
+    cast_first = data.astype(np.float32) * np.float32(0.2)
+    assert not np.array_equal(got, cast_first)  # the order is observable on this data
+
+
+def test_integer_and_float16_data_are_cast(tmp_path):
+    np.save(tmp_path / "i.npy", np.arange(64, dtype=np.int16).reshape(16, 4))
+    np.save(tmp_path / "h.npy", np.arange(64, dtype=np.float16).reshape(16, 4))
+    for name in ("i.npy", "h.npy"):
+        (feed,) = npy_calibration(tmp_path / name, [vec()], batches=1, factor=0.5)
+        assert feed["x"].dtype == np.float32
+        np.testing.assert_array_equal(feed["x"], (np.arange(64).reshape(16, 4) * 0.5).astype(np.float32))
+
+
+# ------------------------------------------------------------------------------------------------ identity
+
+
+def test_identity_is_stable_json_and_tracks_what_decides_the_arrays(tmp_path):
+    path = tmp_path / "d.npy"
+    np.save(path, rows(64))
+    base = npy_calibration(path, [vec()], batches=2).identity()
+    json.dumps(base)
+    assert base == npy_calibration(path, [vec()], batches=2).identity()
+    assert base["source"] == "npy"
+    assert base["files"][0]["path"] == "d.npy"
+    assert len(base["files"][0]["sha256"]) == 64
+    assert base["inputs"] == [{"name": "x", "batch_shape": [16, 4]}]
+    assert npy_calibration(path, [vec()], batches=3).identity() != base
+    assert npy_calibration(path, [vec()], batches=2, factor=2.0).identity() != base
+    changed = rows(64)
+    changed[0, 0] = 1234.0
+    np.save(path, changed)
+    assert npy_calibration(path, [vec()], batches=2).identity()["files"] != base["files"]
+
+
+def test_identity_lists_files_sorted_by_relative_path(tmp_path):
+    for name in ("b.npy", "a.npy", "c.npz"):
+        if name.endswith(".npz"):
+            np.savez(tmp_path / name, x=rows(16))
+        else:
+            np.save(tmp_path / name, rows(16))
+    identity = npy_calibration(tmp_path, [vec()], batches=3).identity()
+    assert [f["path"] for f in identity["files"]] == ["a.npy", "b.npy", "c.npz"]
+
+
+def test_image_identity_tracks_transform_and_bytes(tmp_path):
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        write_png(tmp_path / "imgs" / f"{i}.png", rng.integers(0, 256, (10, 12, 3), dtype=np.uint8))
+    info = nchw(size=4)
+    small = ImageTransform(resize=8, crop=4)
+    base = image_calibration(tmp_path / "imgs", [info], batches=1, transform=small).identity()
+    json.dumps(base)
+    assert base == image_calibration(tmp_path / "imgs", [info], batches=1, transform=small).identity()
+    assert base["transform"]["resize"] == 8
+    assert base["transform"]["mean"] == [0.485, 0.456, 0.406]
+    other = ImageTransform(resize=6, crop=4)
+    assert image_calibration(tmp_path / "imgs", [info], batches=1, transform=other).identity() != base
+    assert image_calibration(tmp_path / "imgs", [info], batches=1, factor=0.5, transform=small).identity() != base
+    write_png(tmp_path / "imgs" / "1.png", rng.integers(0, 256, (10, 12, 3), dtype=np.uint8))
+    assert image_calibration(tmp_path / "imgs", [info], batches=1, transform=small).identity() != base
+
+
+# ------------------------------------------------------------------------------------- npz, folders, inputs
+
+
+def test_npz_multi_input_feeds_every_input(tmp_path):
+    a, b = rows(32, 4), rows(32, 3, start=100)
+    np.savez(tmp_path / "d.npz", a=a, b=b, labels=np.arange(32))
+    feeds = npy_calibration(tmp_path / "d.npz", [vec("a", 4), vec("b", 3)], batches=2)
+    served = drain(feeds)
+    assert [list(f) for f in served] == [["a", "b"], ["a", "b"]]
+    np.testing.assert_array_equal(served[1]["a"], a[16:])
+    np.testing.assert_array_equal(served[1]["b"], b[16:])
+    assert feeds.identity()["inputs"] == [{"name": "a", "batch_shape": [16, 4]}, {"name": "b", "batch_shape": [16, 3]}]
+
+
+def test_missing_input_is_named(tmp_path):
+    np.savez(tmp_path / "d.npz", a=rows(16))
+    with pytest.raises(CalibrunError, match="'b'"):
+        npy_calibration(tmp_path / "d.npz", [vec("a"), vec("b")], batches=1)
+    folder = tmp_path / "f"
+    folder.mkdir()
+    np.save(folder / "a.npy", rows(16))
+    with pytest.raises(CalibrunError, match=r"'b'.*b\.npy"):
+        npy_calibration(folder, [vec("a"), vec("b")], batches=1)
+
+
+def test_folder_of_per_input_npy_files(tmp_path):
+    np.save(tmp_path / "a.npy", rows(16, 4))
+    np.save(tmp_path / "b.npy", rows(16, 2, start=50))
+    np.save(tmp_path / "labels.npy", np.arange(16))
+    (feed,) = npy_calibration(tmp_path, [vec("a", 4), vec("b", 2)], batches=1)
+    np.testing.assert_array_equal(feed["b"], rows(16, 2, start=50))
+    ev = npy_evaluation(tmp_path, [vec("a", 4), vec("b", 2)], rows=10)
+    assert ev.feeds["a"].shape == (10, 4)
+    assert ev.feeds["b"].shape == (10, 2)
+    np.testing.assert_array_equal(ev.labels, np.arange(10))
+
+
+def test_single_input_npz_with_another_key_name(tmp_path):
+    np.savez(tmp_path / "d.npz", rows(16))  # key arr_0
+    (feed,) = npy_calibration(tmp_path / "d.npz", [vec()], batches=1)
+    np.testing.assert_array_equal(feed["x"], rows(16))
+
+
+def test_folder_concatenates_in_name_order(tmp_path):
+    np.save(tmp_path / "b.npy", rows(10, start=100))
+    np.save(tmp_path / "a.npy", rows(10, start=0))
+    np.savez(tmp_path / "c.npz", x=rows(12, start=200))
+    (tmp_path / "notes.txt").write_text("ignored")
+    served = drain(npy_calibration(tmp_path, [vec()], batches=2))
+    got = np.concatenate([f["x"] for f in served])[:, 0]
+    expected = np.concatenate([np.arange(0, 10), np.arange(100, 110), np.arange(200, 212)])
+    np.testing.assert_array_equal(got, expected)
+    assert served[0]["x"].shape == (16, 4)  # a batch that spans two files
+
+
+def test_symbolic_axes_take_the_data_size(tmp_path):
+    np.save(tmp_path / "d.npy", np.zeros((16, 3, 7), np.float32))
+    (feed,) = npy_calibration(tmp_path / "d.npy", [InputInfo("x", FLOAT, ("N", 3, "T"))], batches=1)
+    assert feed["x"].shape == (16, 3, 7)
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+
+@pytest.mark.parametrize(
+    ("array", "info", "message"),
+    [
+        (np.zeros((16, 5)), vec(features=4), r"axis 1 is 5, the model wants 4"),
+        (np.zeros((16, 4, 1)), vec(features=4), r"rank 3.*rank 2"),
+        (np.zeros(16), vec(features=4), r"rank 1"),
+    ],
+)
+def test_shape_mismatch_is_refused(tmp_path, array, info, message):
+    np.save(tmp_path / "d.npy", array)
+    with pytest.raises(CalibrunError, match=message) as err:
+        npy_calibration(tmp_path / "d.npy", [info], batches=1)
+    assert "d.npy" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_files_with_different_row_shapes_are_refused(tmp_path):
+    np.save(tmp_path / "a.npy", np.zeros((16, 3, 4)))
+    np.save(tmp_path / "b.npy", np.zeros((16, 3, 5)))
+    with pytest.raises(CalibrunError, match=r"b\.npy.*differ.*a\.npy"):
+        npy_calibration(tmp_path, [InputInfo("x", FLOAT, ("N", 3, "T"))], batches=1)
+
+
+def test_inputs_with_different_row_counts_are_refused(tmp_path):
+    np.savez(tmp_path / "d.npz", a=rows(16), b=rows(15))
+    with pytest.raises(CalibrunError, match="different row counts"):
+        npy_calibration(tmp_path / "d.npz", [vec("a"), vec("b")], batches=1)
+
+
+@pytest.mark.parametrize(
+    ("array", "message"),
+    [
+        (np.array([[1, "a"], [None, 2.0]], dtype=object), "object array"),
+        (np.zeros((16, 4), dtype=bool), "not numeric"),
+        (np.full((16, 4), "s"), "not numeric"),
+        (np.zeros((16, 4), dtype=np.complex64), "not numeric"),
+    ],
+)
+def test_non_numeric_arrays_are_refused(tmp_path, array, message):
+    np.save(tmp_path / "d.npy", array, allow_pickle=True)
+    with pytest.raises(CalibrunError, match=message) as err:
+        npy_calibration(tmp_path / "d.npy", [vec(features=array.shape[1])], batches=1)
+    assert "d.npy" in str(err.value)
+    with pytest.raises(CalibrunError, match=message):
+        npy_evaluation(tmp_path / "d.npy", [vec(features=array.shape[1])])
+
+
+def test_object_array_in_npz_is_refused(tmp_path):
+    np.savez(tmp_path / "d.npz", x=np.array([[1.0, None]], dtype=object))
+    with pytest.raises(CalibrunError, match=r"d\.npz\['x'\]: object array"):
+        npy_calibration(tmp_path / "d.npz", [vec(features=2)], batches=1)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nan_and_inf_are_refused_naming_the_file(tmp_path, bad):
+    np.save(tmp_path / "a.npy", rows(16))
+    data = rows(16)
+    data[5, 2] = bad
+    np.save(tmp_path / "b.npy", data)
+    feeds = npy_calibration(tmp_path, [vec()], batches=2)
+    with pytest.raises(CalibrunError, match=r"b\.npy: NaN or Inf in row 5"):
+        drain(feeds)
+    with pytest.raises(CalibrunError, match=r"b\.npy: NaN or Inf in row 5"):
+        npy_evaluation(tmp_path, [vec()])
+
+
+def test_overflow_after_factor_is_refused(tmp_path):
+    np.save(tmp_path / "d.npy", np.full((16, 4), 1e38))
+    with pytest.raises(CalibrunError, match="overflows float32"):
+        drain(npy_calibration(tmp_path / "d.npy", [vec()], batches=1, factor=10.0))
+
+
+def test_missing_empty_and_unmatched_paths(tmp_path):
+    with pytest.raises(CalibrunError, match="not found"):
+        npy_calibration(tmp_path / "nope", [vec()], batches=1)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(CalibrunError, match="empty"):
+        npy_calibration(empty, [vec()], batches=1)
+    with pytest.raises(CalibrunError, match="empty"):
+        image_calibration(empty, [nchw(size=224)], batches=1)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "data.csv").write_text("1,2\n")
+    with pytest.raises(CalibrunError, match=r"no \.npy or \.npz files"):
+        npy_calibration(other, [vec()], batches=1)
+    with pytest.raises(CalibrunError, match="no images"):
+        image_calibration(other, [nchw(size=224)], batches=1)
+    with pytest.raises(CalibrunError, match="not a .npy or .npz"):
+        npy_calibration(other / "data.csv", [vec()], batches=1)
+    (other / "bad.npy").write_bytes(b"not numpy")
+    with pytest.raises(CalibrunError, match=r"bad\.npy: not a readable"):
+        npy_calibration(other / "bad.npy", [vec()], batches=1)
+    np.save(other / "zero.npy", np.zeros((0, 4)))
+    with pytest.raises(CalibrunError, match="no rows"):
+        npy_calibration(other / "zero.npy", [vec()], batches=1)
+
+
+def test_bad_arguments(tmp_path):
+    np.save(tmp_path / "d.npy", rows(16))
+    with pytest.raises(CalibrunError, match="batches"):
+        npy_calibration(tmp_path / "d.npy", [vec()], batches=0)
+    with pytest.raises(CalibrunError, match="factor"):
+        npy_calibration(tmp_path / "d.npy", [vec()], batches=1, factor=-1)
+    with pytest.raises(CalibrunError, match="INT64"):
+        npy_calibration(tmp_path / "d.npy", [InputInfo("x", TensorProto.INT64, ("N", 4))], batches=1)
+    with pytest.raises(CalibrunError, match="crop 300 is larger"):
+        ImageTransform(resize=256, crop=300)
+    with pytest.raises(CalibrunError, match="std"):
+        ImageTransform(std=(0.2, 0.0, 0.2))
+
+
+# -------------------------------------------------------------------------------------------------- images
+
+
+def pil_bilinear_weights(in_size: int, out_size: int) -> np.ndarray:
+    """PIL's bilinear resampling as a matrix: a triangle filter widened by the scale when downscaling."""
+    scale = in_size / out_size
+    width = max(scale, 1.0)
+    matrix = np.zeros((out_size, in_size))
+    for o in range(out_size):
+        center = (o + 0.5) * scale
+        lo = max(int(center - width + 0.5), 0)
+        hi = min(int(center + width + 0.5), in_size)
+        weights = np.array([max(0.0, 1 - abs((i - center + 0.5) / width)) for i in range(lo, hi)])
+        matrix[o, lo:hi] = weights / weights.sum()
+    return matrix
+
+
+def reference_transform(pixels: np.ndarray, resize: int, crop: int, mean, std) -> np.ndarray:
+    """Shorter side -> resize (torchvision's int() for the longer), PIL bilinear (horizontal pass, 8-bit
+    rounding, vertical pass), centre crop at round((size - crop) / 2), /255, normalise, CHW."""
+    if pixels.ndim == 2:
+        pixels = pixels[:, :, None]
+    height, width = pixels.shape[:2]
+    if width <= height:
+        new_w, new_h = resize, int(resize * height / width)
+    else:
+        new_w, new_h = int(resize * width / height), resize
+    x = np.einsum("ow,hwc->hoc", pil_bilinear_weights(width, new_w), pixels.astype(np.float64))
+    x = np.clip(np.floor(x + 0.5), 0, 255)
+    x = np.einsum("oh,hwc->owc", pil_bilinear_weights(height, new_h), x)
+    x = np.clip(np.floor(x + 0.5), 0, 255)
+    top, left = int(round((new_h - crop) / 2)), int(round((new_w - crop) / 2))
+    x = x[top : top + crop, left : left + crop] / 255.0
+    x = (x - np.asarray(mean)) / np.asarray(std)
+    return x.transpose(2, 0, 1)
+
+
+def test_image_transform_matches_an_independent_computation(tmp_path):
+    pixels = np.random.default_rng(7).integers(0, 256, (10, 12, 3), dtype=np.uint8)  # H=10, W=12
+    write_png(tmp_path / "imgs" / "one.png", pixels)
+    transform = ImageTransform(resize=8, crop=4)
+    assert transform.resized_size(12, 10) == (9, 8)  # int(8 * 12 / 10) = 9; crop starts at round(2.5) = 2
+    (feed,) = image_calibration(tmp_path / "imgs", [nchw(size=4)], batches=1, transform=transform)
+    got = feed["img"]
+    assert got.shape == (1, 3, 4, 4)
+    assert got.dtype == np.float32
+    expected = reference_transform(pixels, 8, 4, transform.mean, transform.std)
+    # PIL resamples in fixed point: allow one grey level of rounding difference, no more.
+    np.testing.assert_allclose(got[0], expected, rtol=0, atol=1.01 / 255 / min(transform.std))
+    assert np.abs(got[0] - expected).mean() < 0.2 / 255 / min(transform.std)
+
+
+def test_image_transform_tall_image_and_exact_values(tmp_path):
+    """A constant-colour image survives any resampling exactly: checks channel order, mean and std."""
+    pixels = np.zeros((9, 6, 3), np.uint8)
+    pixels[...] = (10, 128, 250)
+    write_png(tmp_path / "imgs" / "tall.png", pixels)
+    transform = ImageTransform(resize=4, crop=3, mean=(0.1, 0.2, 0.3), std=(0.5, 0.25, 0.125))
+    assert transform.resized_size(6, 9) == (4, 6)
+    (feed,) = image_calibration(tmp_path / "imgs", [nchw(size=3)], batches=1, transform=transform)
+    for channel, (value, m, s) in enumerate(zip((10, 128, 250), transform.mean, transform.std, strict=True)):
+        np.testing.assert_allclose(feed["img"][0, channel], (value / 255 - m) / s, rtol=1e-6)
+
+
+def test_grayscale_images(tmp_path):
+    pixels = np.random.default_rng(8).integers(0, 256, (12, 10), dtype=np.uint8)
+    write_png(tmp_path / "imgs" / "g.png", pixels)
+    transform = ImageTransform(resize=8, crop=4, mean=(0.5,), std=(0.25,), grayscale=True)
+    (feed,) = image_calibration(tmp_path / "imgs", [nchw(channels=1, size=4)], batches=1, transform=transform)
+    assert feed["img"].shape == (1, 1, 4, 4)
+    expected = reference_transform(pixels, 8, 4, (0.5,), (0.25,))
+    np.testing.assert_allclose(feed["img"][0], expected, rtol=0, atol=1.01 / 255 / 0.25)
+    # Three ImageNet values are averaged into one for a single channel.
+    default_gray = ImageTransform(resize=8, crop=4, grayscale=True)
+    (feed,) = image_calibration(tmp_path / "imgs", [nchw(channels=1, size=4)], batches=1, transform=default_gray)
+    expected = reference_transform(pixels, 8, 4, (np.mean([0.485, 0.456, 0.406]),), (np.mean([0.229, 0.224, 0.225]),))
+    np.testing.assert_allclose(feed["img"][0], expected, rtol=0, atol=1.01 / 255 / 0.224)
+
+
+def test_image_batches_are_nchw_and_sorted(tmp_path):
+    for i in range(5):  # each image a constant grey level i * 40, names out of creation order
+        write_png(tmp_path / "imgs" / f"img_{4 - i}.PNG", np.full((6, 6, 3), (4 - i) * 40, np.uint8))
+    write_png(tmp_path / "imgs" / "sub" / "z.jpg", np.full((6, 6, 3), 200, np.uint8))
+    (tmp_path / "imgs" / ".hidden.png").write_bytes(b"junk")
+    transform = ImageTransform(resize=4, crop=4, mean=(0, 0, 0), std=(1, 1, 1))
+    feeds = image_calibration(tmp_path / "imgs", [nchw(size=4, first=2)], batches=5, transform=transform)
+    assert len(feeds) == 3  # 6 images, batches of 2
+    served = drain(feeds)
+    levels = [round(float(b[0, 0, 0]) * 255) for f in served for b in f["img"]]
+    assert levels[:5] == [0, 40, 80, 120, 160]
+    assert abs(levels[5] - 200) <= 2  # jpeg
+    assert all(f["img"].shape == (2, 3, 4, 4) for f in served)
+
+
+def test_image_model_checks(tmp_path):
+    write_png(tmp_path / "imgs" / "a.png", np.zeros((8, 8, 3), np.uint8))
+    transform = ImageTransform(resize=4, crop=4)
+    with pytest.raises(CalibrunError, match="4-D"):
+        image_calibration(tmp_path / "imgs", [vec()], batches=1, transform=transform)
+    with pytest.raises(CalibrunError, match="1 channels.*grayscale=true"):
+        image_calibration(tmp_path / "imgs", [nchw(channels=1, size=4)], batches=1, transform=transform)
+    with pytest.raises(CalibrunError, match="height 5.*crops 4x4"):
+        image_calibration(tmp_path / "imgs", [nchw(size=5)], batches=1, transform=transform)
+    with pytest.raises(CalibrunError, match="single-input"):
+        image_calibration(tmp_path / "imgs", [nchw(size=4), nchw(size=4, name="b")], batches=1, transform=transform)
+    (feed,) = image_calibration(tmp_path / "imgs", [InputInfo("i", FLOAT, ("N", "C", "H", "W"))], 1,
+                                transform=transform)
+    assert feed["i"].shape == (1, 3, 4, 4)
+
+
+def test_unreadable_image_is_named(tmp_path):
+    write_png(tmp_path / "imgs" / "a.png", np.zeros((8, 8, 3), np.uint8))
+    (tmp_path / "imgs" / "b.png").write_bytes(b"definitely not a png")
+    feeds = image_calibration(tmp_path / "imgs", [nchw(size=4)], batches=1, transform=ImageTransform(4, 4))
+    with pytest.raises(CalibrunError, match=r"cannot read image .*b\.png"):
+        drain(feeds)
+
+
+def test_class_folder_labels_and_rows_cap(tmp_path, caplog):
+    root = tmp_path / "imgs"
+    for cls, count in (("dog", 2), ("cat", 3), ("emu", 1)):
+        for i in range(count):
+            write_png(root / cls / f"{i}.png", np.full((5, 5, 3), 10 * i, np.uint8))
+    transform = ImageTransform(resize=4, crop=4)
+    ev = image_evaluation(root, [nchw(size=4)], transform=transform)
+    assert isinstance(ev, EvalData)
+    assert ev.classes == ("cat", "dog", "emu")
+    assert ev.labels.dtype == np.int64
+    np.testing.assert_array_equal(ev.labels, [0, 0, 0, 1, 1, 2])
+    assert ev.feeds["img"].shape == (6, 3, 4, 4)
+    assert ev.feeds["img"].dtype == np.float32
+    capped = image_evaluation(root, [nchw(size=4)], rows=4, transform=transform)
+    assert capped.feeds["img"].shape[0] == 4
+    assert capped.rows == 4
+    np.testing.assert_array_equal(capped.labels, [0, 0, 0, 1])
+    np.testing.assert_array_equal(capped.feeds["img"], ev.feeds["img"][:4])
+    with caplog.at_level(logging.WARNING, logger="calibrun"):
+        assert image_evaluation(root, [nchw(size=4)], rows=100, transform=transform).rows == 6
+    assert "100 evaluation rows requested" in caplog.text
+    write_png(root / "loose.png", np.zeros((5, 5, 3), np.uint8))
+    assert image_evaluation(root, [nchw(size=4)], transform=transform).labels is None
+
+
+# -------------------------------------------------------------------------------------------- evaluation
+
+
+def test_npy_evaluation_rows_and_labels(tmp_path):
+    data = np.random.default_rng(5).normal(size=(40, 4))
+    np.savez(tmp_path / "d.npz", x=data, labels=np.arange(40, dtype=np.int32))
+    ev = npy_evaluation(tmp_path / "d.npz", [vec()], rows=25)
+    assert ev.feeds["x"].dtype == np.float32
+    np.testing.assert_array_equal(ev.feeds["x"], data[:25].astype(np.float32))
+    assert ev.labels.dtype == np.int64
+    np.testing.assert_array_equal(ev.labels, np.arange(25))
+    full = npy_evaluation(tmp_path / "d.npz", [vec()])
+    assert full.rows == 40
+    json.dumps(full.identity)
+    np.save(tmp_path / "plain.npy", data)
+    assert npy_evaluation(tmp_path / "plain.npy", [vec()]).labels is None
+
+
+def test_npy_evaluation_folder_labels(tmp_path):
+    np.save(tmp_path / "a.npy", rows(10))
+    np.save(tmp_path / "b.npy", rows(10, start=10))
+    np.save(tmp_path / "labels.npy", np.arange(20) % 3)
+    ev = npy_evaluation(tmp_path, [vec()], rows=15)
+    np.testing.assert_array_equal(ev.feeds["x"][:, 0], np.arange(15))
+    np.testing.assert_array_equal(ev.labels, np.arange(15) % 3)
+    np.save(tmp_path / "labels.npy", np.arange(19))
+    with pytest.raises(CalibrunError, match="19 labels for 20 rows"):
+        npy_evaluation(tmp_path, [vec()])
+    np.save(tmp_path / "labels.npy", np.zeros(20))
+    with pytest.raises(CalibrunError, match="labels must be integers"):
+        npy_evaluation(tmp_path, [vec()])
+
+
+# ------------------------------------------------------------------------------------- into onnxruntime
+
+
+def two_input_model() -> onnx.ModelProto:
+    """(a + b) @ w + c: two float inputs with a symbolic first axis."""
+    w = np.random.default_rng(0).normal(0, 0.5, (4, 3)).astype(np.float32)
+    c = np.linspace(-1, 1, 3).astype(np.float32)
+    nodes = [
+        helper.make_node("Add", ["a", "b"], ["s"], name="add"),
+        helper.make_node("MatMul", ["s", "w"], ["mm"], name="matmul"),
+        helper.make_node("Add", ["mm", "c"], ["y"], name="bias"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "two_inputs",
+        [helper.make_tensor_value_info(n, FLOAT, ["N", 4]) for n in ("a", "b")],
+        [helper.make_tensor_value_info("y", FLOAT, ["N", 3])],
+        initializer=[numpy_helper.from_array(w, "w"), numpy_helper.from_array(c, "c")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+class FeedReader(CalibrationDataReader):
+    def __init__(self, feeds):
+        self._feeds = iter(feeds)
+
+    def get_next(self):
+        return next(self._feeds, None)
+
+
+def test_feeds_drive_quantize_static_on_a_two_input_model(tmp_path):
+    from calibrun.model import graph_inputs
+
+    fp32 = save(two_input_model(), tmp_path / "m" / "fp32.onnx")
+    rng = np.random.default_rng(11)
+    np.savez(tmp_path / "calib.npz", a=rng.normal(size=(48, 4)), b=rng.normal(size=(48, 4)) * 3)
+    inputs = graph_inputs(onnx.load(str(fp32)))
+    feeds = npy_calibration(tmp_path / "calib.npz", inputs, batches=3)
+    int8 = tmp_path / "m" / "int8.onnx"
+    quantize_static(
+        str(fp32), str(int8), FeedReader(feeds),
+        quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+    )
+    graph = onnx.load(str(int8)).graph
+    quantized = {n.input[0] for n in graph.node if n.op_type == "QuantizeLinear"}
+    assert {"a", "b"} <= quantized
+    ev = npy_evaluation(tmp_path / "calib.npz", inputs, rows=8)
+    out = ort.InferenceSession(str(int8), providers=["CPUExecutionProvider"]).run(None, ev.feeds)[0]
+    ref = ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"]).run(None, ev.feeds)[0]
+    assert out.shape == (8, 3)
+    assert np.abs(out - ref).max() < 0.5
+
+
+def test_single_input_view_fits_make_reader(tmp_path):
+    np.save(tmp_path / "d.npy", rows(48))
+    feeds = npy_calibration(tmp_path / "d.npy", [vec()], batches=3)
+    view = feeds.arrays()
+    assert len(view) == 3
+    assert view.identity() == feeds.identity()
+    reader = make_reader(view, "x")
+    served = [reader.get_next() for _ in range(4)]
+    assert served[3] is None
+    np.testing.assert_array_equal(served[2]["x"], rows(16, start=32))
+    with pytest.raises(CalibrunError, match="no input 'y'"):
+        feeds.arrays("y")
