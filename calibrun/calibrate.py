@@ -267,8 +267,12 @@ def private_model_copy(model_path: str | Path, folder: str | Path) -> Path:
     return target
 
 
-def run_calibration(model_path: str | Path, data, input_name: str, spec: CalibrationSpec) -> tuple[TensorsData, float]:
-    """One calibration pass, fed `spec.chunk` batches at a time so peak memory does not grow with the count."""
+def run_calibration(model_path: str | Path, data, input_name: str, spec: CalibrationSpec,
+                    threads: int = 0) -> tuple[TensorsData, float]:
+    """One calibration pass, fed `spec.chunk` batches at a time so peak memory does not grow with the count.
+
+    `threads`: onnxruntime intra-op threads of the calibration session (0: onnxruntime's default, every core);
+    parallel jobs set 1 so that workers do not fight over the cores. It does not change the ranges."""
     tracked = _SpanTracker(data, input_name)
     reader = make_reader(tracked, input_name)
     total = len(reader)
@@ -283,6 +287,8 @@ def run_calibration(model_path: str | Path, data, input_name: str, spec: Calibra
             calibrate_method=spec.calibrate_method,
             extra_options=spec.calibrator_options(),
         )
+        if threads:
+            _limit_threads(calibrator, threads)
         for start in range(0, total, spec.chunk):
             end = min(start + spec.chunk, total)
             reader.set_range(start, end)
@@ -293,6 +299,15 @@ def run_calibration(model_path: str | Path, data, input_name: str, spec: Calibra
     return tensors, tracked.span
 
 
+def _limit_threads(calibrator, threads: int) -> None:
+    """Re-create the calibrator's session as onnxruntime's create_inference_session does, with `threads`."""
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = threads
+    calibrator.infer_session = onnxruntime.InferenceSession(
+        calibrator.augmented_model_path, sess_options=options, providers=calibrator.execution_providers)
+
+
 @contextlib.contextmanager
 def calibrated(
     model_path: str | Path,
@@ -301,6 +316,7 @@ def calibrated(
     input_name: str,
     spec: CalibrationSpec,
     cache: CalibrationCache | None,
+    threads: int = 0,
 ) -> Iterator[Calibration]:
     """Ranges for (model, data, spec): from the cache on a hit, else a calibration pass (stored in the cache).
 
@@ -315,7 +331,7 @@ def calibrated(
             yield Calibration(cache.path(key), spec.method, key, True, time.perf_counter() - start, span,
                               len(data), record, spec.op_types or None)
             return
-    tensors, span = run_calibration(model_path, data, input_name, spec)
+    tensors, span = run_calibration(model_path, data, input_name, spec, threads)
     if cache is not None:
         path = cache.store(key, record, tensors, span)
         yield Calibration(path, spec.method, key, False, time.perf_counter() - start, span, len(data), record,

@@ -129,6 +129,7 @@ class Config:
     report: ReportConf = field(default_factory=ReportConf)
     ort: OrtConf = field(default_factory=OrtConf)
     batches: int = 64
+    resume: bool = False  # skip jobs whose result.json is complete and valid (same sweep folder)
 
 
 def register() -> None:

@@ -76,6 +76,7 @@ def quantize_with(
     options: QuantOptions | None = None,
     cache: CalibrationCache | None = None,
     ranges_copy: str | Path | None = None,
+    threads: int = 0,
 ) -> dict:
     """Calibrate (cached) on `data` (a sized, re-iterable source with identity()), quantise, describe the model.
 
@@ -88,7 +89,7 @@ def quantize_with(
     def check(tmp: Path) -> None:
         input_quant(onnx.load(str(tmp)), where=f"quantised {fp32.path.name}")
 
-    with calibrated(fp32.path, fp32.sha256, data, fp32.info.name, spec, cache) as cal:
+    with calibrated(fp32.path, fp32.sha256, data, fp32.info.name, spec, cache, threads) as cal:
         quant_seconds = quantize(fp32.path, out, cal, options, check=check)
         if ranges_copy is not None:
             with atomic_path(ranges_copy) as tmp:

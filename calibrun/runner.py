@@ -116,7 +116,8 @@ def compute(cfg: DictConfig, job_dir: Path) -> dict:
     int8_path = job_dir / "int8.onnx"
     data = datasets.calibration_data(cfg.data, fp32, cfg.calibration.seed, cfg.calibration.factor, cfg.batches)
     quant = engine.quantize_with(fp32, int8_path, data, spec=config.calibration_spec(cfg),
-                                 options=config.quant_options(cfg), cache=cache, ranges_copy=job_dir / RANGES_FILE)
+                                 options=config.quant_options(cfg), cache=cache, ranges_copy=job_dir / RANGES_FILE,
+                                 threads=cfg.ort.intra_op_threads)
     source = eval_source(cfg)
     evaluation = datasets.evaluation_data(source, fp32, source["seed"], source["rows"])
     classifier = is_classifier(cfg, fp32, evaluation.labels)
@@ -131,7 +132,8 @@ def compute(cfg: DictConfig, job_dir: Path) -> dict:
         "cache_key": quant["cache_key"],
         "preparation": steps,
         "eval_source": source,
-        "files": {"fp32": _relative(fp32.path, job_dir), "int8": int8_path.name, "ranges": RANGES_FILE},
+        "files": {"fp32": _relative(fp32.path, job_dir), "int8": int8_path.name, "ranges": RANGES_FILE,
+                  "int8_sha256": file_sha256(int8_path), "ranges_sha256": file_sha256(job_dir / RANGES_FILE)},
     }
     if cfg.format.name == "qdq":
         feeds = split_feeds(evaluation.feeds, fixed_rows(fp32.info))
@@ -155,6 +157,15 @@ def _parent_run(sweep_dir: Path | None) -> str | None:
     return json.loads((sweep_dir / PARENT_FILE).read_text())["run_id"]
 
 
+def _start_run(tracker: Tracker, cfg: DictConfig, job_dir: Path, sweep_dir: Path | None, job_num: int | None) -> str:
+    """The job's MLflow run: a child of the sweep's parent run in a multirun."""
+    tags = {"calibrun.job_dir": str(job_dir)}
+    if sweep_dir is not None:
+        tags.update({"calibrun.sweep_dir": str(sweep_dir.resolve()), "calibrun.job_num": str(job_num)})
+    name = f"{cfg.calibration.name}-b{cfg.batches}-{cfg.format.name}-{cfg.method.name}"
+    return tracker.start_run(name, tags, parent_id=_parent_run(sweep_dir))
+
+
 def _open_tracker(cfg: DictConfig) -> Tracker | None:
     if not config.tracking_enabled(cfg) or (cfg.tracking.name == "server" and not cfg.tracking.uri):
         return None
@@ -169,6 +180,10 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
     if invalid is not None and sweep_dir is None:
         raise invalid  # a single run fails fast: nothing ran, nothing to track
     job_dir = job_dir.resolve()
+    if cfg.resume:
+        done = completed_result(cfg, job_dir)
+        if done is not None:
+            return _resumed(cfg, done, job_dir, sweep_dir, job_num)
     job_dir.mkdir(parents=True, exist_ok=True)
     with atomic_path(job_dir / "config_resolved.yaml") as tmp:
         tmp.write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -176,11 +191,7 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
     try:
         tracker = _open_tracker(cfg)
         if tracker is not None:
-            tags = {"calibrun.job_dir": str(job_dir)}
-            if sweep_dir is not None:
-                tags.update({"calibrun.sweep_dir": str(sweep_dir.resolve()), "calibrun.job_num": str(job_num)})
-            name = f"{cfg.calibration.name}-b{cfg.batches}-{cfg.format.name}-{cfg.method.name}"
-            run_id = tracker.start_run(name, tags, parent_id=_parent_run(sweep_dir))
+            run_id = _start_run(tracker, cfg, job_dir, sweep_dir, job_num)
         if invalid is not None:
             raise invalid
         result = {"status": "ok", **compute(cfg, job_dir)}
@@ -205,6 +216,34 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
     log.info("%s factor=%s batches=%s %s: input_scale=%.6g max_abs_error=%.6g cache_hit=%s -> %s",
              cfg.calibration.name, cfg.calibration.factor, cfg.batches, cfg.format.name, m["input_scale"],
              m["max_abs_error"], bool(m["cache_hit"]), job_dir / RESULT_FILE)
+    return result
+
+
+def completed_result(cfg: DictConfig, job_dir: Path) -> dict | None:
+    """The job's earlier result when it is complete and valid for this config, else None.
+
+    Complete: result.json says ok, was made with the same params (this config, these library versions), and the
+    int8 model and ranges it names are there with the bytes it recorded. Anything else is recomputed."""
+    try:
+        result = json.loads((job_dir / RESULT_FILE).read_text())
+        files = result["files"]
+        same = all(result["params"].get(k) == v for k, v in job_params(cfg).items())
+        intact = all(file_sha256(job_dir / files[name]) == files[f"{name}_sha256"] for name in ("int8", "ranges"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return result if result.get("status") == "ok" and same and intact else None
+
+
+def _resumed(cfg: DictConfig, result: dict, job_dir: Path, sweep_dir: Path | None, job_num: int | None) -> dict:
+    """Record a reused result as a run of this sweep (tagged resumed) so the parent still has every job."""
+    tracker = _open_tracker(cfg)
+    if tracker is not None:
+        run_id = _start_run(tracker, cfg, job_dir, sweep_dir, job_num)
+        tracker.log(run_id, params=result["params"], metrics=result["metrics"],
+                    tags={"calibrun.resumed": "true", "calibrun.cache_key": result["cache_key"]})
+        tracker.log_artifact(run_id, job_dir / RESULT_FILE)
+        tracker.finish(run_id)
+    log.info("job %s: complete and valid, skipped (resume=true) -> %s", job_num, job_dir / RESULT_FILE)
     return result
 
 

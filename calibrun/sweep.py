@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from calibrun.config import tracking_enabled
 from calibrun.errors import CalibrunError, one_line
@@ -30,8 +30,45 @@ def _tracker(config: DictConfig) -> Tracker | None:
     return Tracker(resolve_uri(config.tracking.uri), config.tracking.experiment)
 
 
+def _task_overrides(overrides) -> list[str]:
+    return sorted(o for o in overrides if not o.split("=", 1)[0].lstrip("+~").startswith("resume"))
+
+
+def previous_sweep(sweep_root: Path, overrides: list[str]) -> Path | None:
+    """The newest sweep folder under `sweep_root` (multirun/<date>/<time>) run with the same task overrides."""
+    wanted = _task_overrides(overrides)
+    candidates = sorted(sweep_root.glob("*/*/multirun.yaml"), key=lambda p: p.parent.as_posix(), reverse=True)
+    for path in candidates:
+        try:
+            previous = OmegaConf.load(path).hydra.overrides.task
+        except Exception:  # an unreadable multirun.yaml is not a match
+            continue
+        if _task_overrides(previous) == wanted:
+            return path.parent
+    return None
+
+
+def _resume_into_previous_sweep(config: DictConfig) -> None:
+    """`resume=true` with the default time-stamped sweep folder: continue the newest earlier sweep of the same
+    command instead of starting an empty one. An explicit hydra.sweep.dir is used as it is."""
+    explicit = any(o.startswith("hydra.sweep.dir=") for o in config.hydra.overrides.hydra)
+    if explicit:
+        return
+    found = previous_sweep(Path(config.hydra.sweep.dir).parent.parent, list(config.hydra.overrides.task))
+    if found is None:
+        log.warning("resume=true: no earlier sweep of this command, starting a new one")
+        return
+    with read_write(config.hydra), open_dict(config.hydra):
+        config.hydra.sweep.dir = str(found)
+        # jobs are composed from these overrides (ConfigLoader.load_sweep_config): they must see the folder too
+        config.hydra.overrides.hydra.append(f"hydra.sweep.dir={found}")
+    log.info("resume=true: continuing sweep %s", found)
+
+
 class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        if config.resume:
+            _resume_into_previous_sweep(config)
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         try:
