@@ -1,0 +1,42 @@
+"""Progress on stderr: silent for short passes, `done/total batches (rate)` for long ones."""
+
+from __future__ import annotations
+
+import io
+
+from calibrun import progress as progress_module
+from calibrun.progress import Progress
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def make(monkeypatch, total=10, after=2.0, every=1.0):
+    clock = Clock()
+    monkeypatch.setattr(progress_module.time, "perf_counter", clock)
+    stream = io.StringIO()
+    return Progress("calibrating", total, after=after, every=every, stream=stream), clock, stream
+
+
+def test_a_short_pass_prints_nothing(monkeypatch):
+    bar, clock, stream = make(monkeypatch)
+    for done in range(1, 11):
+        clock.now = done * 0.1
+        bar.update(done)
+    assert stream.getvalue() == ""
+
+
+def test_a_long_pass_reports_batches_and_rate_at_most_once_a_second(monkeypatch):
+    bar, clock, stream = make(monkeypatch)
+    for done in range(1, 11):
+        clock.now = done * 0.5  # 2 batches a second, 5 s in all
+        bar.update(done)
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "calibrating: 4/10 batches (2.0 batches/s)"  # first report once 2 s have passed
+    assert lines[-1] == "calibrating: 10/10 batches (2.0 batches/s)"  # the end is always reported
+    assert len(lines) == 4  # 4, 6, 8, 10: throttled to one line a second
