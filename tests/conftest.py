@@ -61,3 +61,4 @@ def calibtool(tmp_path: Path, workdir: Path):
     run.cwd = workdir
     run.cache = cache
     return run
+

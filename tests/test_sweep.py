@@ -20,6 +20,8 @@ import pytest
 from mlflow import MlflowClient
 from onnx import numpy_helper
 
+from tests.stores import fresh_mlflow_store
+
 REPO = Path(__file__).resolve().parents[1]
 CHILD_PARAMS = {"calibration", "factor", "seed", "batches", "format", "method", "model_file", "model_sha256",
                 "onnxruntime_version", "onnx_version"}
@@ -32,9 +34,12 @@ FACTORS = {"narrow": 0.2, "match": 1.0, "wide": 10.0}
 pytestmark = pytest.mark.slow
 
 
-def calibrun(tmp: Path, *overrides: str, module: str = "calibrun") -> subprocess.CompletedProcess:
+def calibrun(tmp: Path, *overrides: str, module: str = "calibrun", track: bool = True) -> subprocess.CompletedProcess:
     """Run `python -m calibrun ...` from tmp (not the repo), with the store and cache inside tmp."""
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}"}
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    if track and not (tmp / "mlflow.db").exists():
+        uri = fresh_mlflow_store(tmp)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
     extra = [] if module != "calibrun" else [f"cache.dir={tmp / 'cache'}"]
     return subprocess.run([sys.executable, "-m", module, *overrides, *extra], cwd=tmp, env=env,
                           capture_output=True, text=True, timeout=600)
@@ -273,7 +278,7 @@ def test_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
 )
 def test_config_errors_fail_fast_with_the_key_named(tmp_path, overrides, message):
     run_dir = tmp_path / "run"
-    proc = calibrun(tmp_path, *overrides, f"hydra.run.dir={run_dir}")
+    proc = calibrun(tmp_path, *overrides, f"hydra.run.dir={run_dir}", track=False)
     assert proc.returncode == 1
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr

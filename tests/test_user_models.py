@@ -19,11 +19,14 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.stores import fresh_mlflow_store
+
 pytestmark = pytest.mark.slow
 
 
 def calibrun(tmp: Path, *overrides: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}"}
+    uri = f"sqlite:///{tmp / 'mlflow.db'}" if (tmp / "mlflow.db").exists() else fresh_mlflow_store(tmp)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
     return subprocess.run([sys.executable, "-m", "calibrun", *overrides, f"cache.dir={tmp / 'cache'}"], cwd=tmp,
                           env=env, capture_output=True, text=True, timeout=600)
 

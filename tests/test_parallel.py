@@ -1,0 +1,96 @@
+"""End-to-end: a real parallel sweep with the Hydra joblib launcher (loky worker processes).
+
+12 jobs (narrow/match/wide x 8, 64 batches x QDQ/QOperator: enough for every report file except
+samples.json) on two workers with one onnxruntime thread each, in a tmp dir, a fresh MLflow SQLite store and
+a fresh calibration cache shared by the workers. Needs the `parallel` extra (it is in `test` too).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from mlflow import MlflowClient
+
+pytestmark = pytest.mark.slow
+
+SWEEP = ["calibration=narrow,match,wide", "batches=8,64", "format=qdq,qoperator"]
+JOBS = 12
+CALIBRATIONS = 6  # the format reuses the ranges: one calibration per (calibration, batches)
+REPORT_FILES = {"calib_report.json", "match.json", "narrow.json", "wide.json", "format.json", "report.md"}
+BUNDLE_FILES = {"fp32.onnx", "int8_narrow.onnx", "int8_match.onnx", "int8_wide.onnx", "int8_qop.onnx"}
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("parallel")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "calibrun", "-m", *SWEEP, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+         "ort.intra_op_threads=1", f"cache.dir={tmp / 'cache'}", f"hydra.sweep.dir={tmp / 'sweep'}"],
+        cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tmp, proc
+
+
+def test_joblib_launcher_ran_the_jobs(sweep):
+    _, proc = sweep
+    assert "Joblib.Parallel(n_jobs=2,backend=loky" in proc.stderr
+
+
+def test_every_job_ok(sweep):
+    tmp, _ = sweep
+    results = [json.loads((tmp / "sweep" / str(n) / "result.json").read_text()) for n in range(JOBS)]
+    assert [r["status"] for r in results] == ["ok"] * JOBS
+    assert {(r["params"]["calibration"], r["params"]["batches"], r["params"]["format"]) for r in results} == {
+        (c, b, f) for c in ("narrow", "match", "wide") for b in (8, 64) for f in ("qdq", "qoperator")}
+
+
+def test_mlflow_has_parent_and_every_child_finished(sweep):
+    tmp, _ = sweep
+    client = MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("calibrun")
+    runs = list(client.search_runs([experiment.experiment_id], max_results=1000))
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    parent_file = json.loads((tmp / "sweep" / "mlflow_parent.json").read_text())
+    assert parent_file["run_id"] == parent.info.run_id
+    assert len(children) == JOBS
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
+    assert [r.info.status for r in children] == ["FINISHED"] * JOBS
+    assert sorted(int(r.data.tags["calibrun.job_num"]) for r in children) == list(range(JOBS))
+    assert all("max_abs_error" in r.data.metrics for r in children)
+    # two workers: some child runs overlap in time
+    spans = sorted((r.info.start_time, r.info.end_time) for r in children)
+    assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:], strict=False))
+
+
+def test_cache_has_one_file_per_calibration(sweep):
+    tmp, _ = sweep
+    cache = tmp / "cache"
+    names = sorted(p.name for p in cache.iterdir())
+    ranges = [n for n in names if not n.endswith(".key.json")]
+    keys = [n for n in names if n.endswith(".key.json")]
+    assert len(ranges) == CALIBRATIONS, names
+    assert sorted(n.removesuffix(".key.json") for n in keys) == sorted(n.removesuffix(".json") for n in ranges)
+    assert all(n.endswith(".json") for n in ranges)
+    assert not [p for p in tmp.rglob("*.tmp")], "temp files left behind"
+    results = [json.loads((tmp / "sweep" / str(n) / "result.json").read_text()) for n in range(JOBS)]
+    assert {f"{r['cache_key']}.json" for r in results} == set(ranges)
+
+
+def test_report_built(sweep):
+    tmp, _ = sweep
+    report = tmp / "sweep" / "report"
+    files = {p.name for p in report.iterdir() if p.is_file()}
+    assert files >= REPORT_FILES
+    assert "samples.json" not in files  # needs narrow with 1, 8, 64 and 512 batches
+    assert {p.name for p in (report / "bundle").iterdir() if p.is_file()} >= BUNDLE_FILES
+    fmt = json.loads((report / "format.json").read_text())
+    assert fmt["same_input_scale"] is True

@@ -1,0 +1,251 @@
+"""End-to-end: the shared tracking server (scripts/tracking_server.sh: PostgreSQL backend store, local artifact
+root served by `mlflow server`, both on loopback), a real sweep sent to it with `tracking=server`, and the runs
+read back through the server. Both servers are stopped at the end, also when a test fails.
+
+Skipped only when the PostgreSQL server binaries are not installed (.ci/run installs them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "tracking_server.sh"
+CALIBRATIONS = ("narrow", "match", "wide")
+CHILD_PARAMS = {"calibration", "factor", "seed", "batches", "format", "method", "model_sha256", "onnxruntime_version"}
+CHILD_METRICS = {"span", "input_scale", "input_zero_point", "observed_span", "max_abs_error", "mean_abs_error"}
+
+pytestmark = pytest.mark.slow
+
+
+def pg_bin() -> Path | None:
+    """The folder with PostgreSQL's server binaries, found the way the script finds it."""
+    candidates = [os.environ.get("PG_BIN")]
+    initdb = shutil.which("initdb")
+    if initdb:
+        candidates.append(str(Path(initdb).resolve().parent))
+    candidates += [str(p) for p in sorted(Path("/usr/lib/postgresql").glob("*/bin"),
+                                          key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+                                          reverse=True)]
+    for folder in filter(None, candidates):
+        if all((Path(folder) / tool).is_file() for tool in ("initdb", "pg_ctl", "postgres", "psql")):
+            return Path(folder)
+    return None
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct ports that are free on 127.0.0.1 right now."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def listen_addresses(port: int) -> set[str]:
+    """Local addresses with a listening TCP socket on `port` (Linux /proc/net/tcp{,6})."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            address, hex_port = fields[1].split(":")
+            if fields[3] == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                if len(address) == 8:
+                    found.add(socket.inet_ntop(socket.AF_INET, bytes.fromhex(address)[::-1]))
+                else:
+                    words = bytes.fromhex(address)
+                    raw = b"".join(words[i:i + 4][::-1] for i in range(0, 16, 4))
+                    found.add(socket.inet_ntop(socket.AF_INET6, raw))
+    return found
+
+
+def script(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TRACKING_SERVER_WORKERS": "1", "TRACKING_SERVER_TIMEOUT": "90"}
+    mlflow = Path(sys.executable).with_name("mlflow")
+    if mlflow.is_file():
+        env["MLFLOW"] = str(mlflow)  # the server runs on the same installation as the tests
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env,
+                          stdin=subprocess.DEVNULL)
+
+
+def calibrun(cwd: Path, *overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    return subprocess.run([sys.executable, "-m", "calibrun", *overrides], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+class Server:
+    def __init__(self, folder: Path, pg_port: int, mlflow_port: int):
+        self.folder, self.pg_port, self.mlflow_port = folder, pg_port, mlflow_port
+        self.uri = f"http://127.0.0.1:{mlflow_port}"
+
+    def stop(self) -> subprocess.CompletedProcess:
+        return script("stop", str(self.folder), timeout=120)
+
+    def ports_closed(self, wait: float = 15) -> bool:
+        deadline = time.monotonic() + wait
+        while port_open(self.pg_port) or port_open(self.mlflow_port):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+        return True
+
+
+@pytest.fixture(scope="module")
+def server():
+    if pg_bin() is None:
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl, postgres) are not installed: "
+                    "apt-get install postgresql (.ci/run does it)")
+    # Not under pytest's basetemp: that is private to its owner (0700), and as root PostgreSQL runs as the
+    # postgres user, which must be able to enter the folder.
+    base = Path(tempfile.mkdtemp(prefix="calibrun-tracking-"))
+    base.chmod(0o711)
+    srv = Server(base / "server", *free_ports(2))
+
+    try:  # stopped whatever happens, a half-started server too
+        started = time.monotonic()
+        proc = script("start", str(srv.folder), str(srv.pg_port), str(srv.mlflow_port))
+        assert proc.returncode == 0, f"start failed:\n{proc.stderr[-3000:]}"
+        srv.start_output, srv.start_seconds = proc, time.monotonic() - started
+        yield srv
+    finally:
+        proc = srv.stop()
+        closed = srv.ports_closed()
+        shutil.rmtree(base, ignore_errors=True)
+        assert proc.returncode == 0, proc.stderr
+        assert closed, f"ports {srv.pg_port}/{srv.mlflow_port} still open after stop"
+
+
+@pytest.fixture(scope="module")
+def sweep(server, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("server_sweep")
+    folder = tmp / "sweep"
+    proc = calibrun(tmp, "-m", f"calibration={','.join(CALIBRATIONS)}", "tracking=server",
+                    f"tracking.uri={server.uri}", f"hydra.sweep.dir={folder}", f"cache.dir={tmp / 'cache'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tmp, folder
+
+
+@pytest.fixture(scope="module")
+def runs(server, sweep):
+    """(client, parent run, {calibration: child run}) read back through the tracking server."""
+    client = MlflowClient(tracking_uri=server.uri)
+    experiment = client.get_experiment_by_name("calibrun")
+    assert experiment is not None
+    found = list(client.search_runs([experiment.experiment_id], max_results=100))
+    parents = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1, [r.info.run_name for r in found]
+    children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert len(found) == 1 + len(CALIBRATIONS)
+    return client, parents[0], {r.data.params["calibration"]: r for r in children}
+
+
+def test_start_prints_the_uri_and_binds_loopback_only(server):
+    assert server.start_output.stdout.strip() == server.uri  # the only line on stdout
+    for port in (server.pg_port, server.mlflow_port):
+        assert port_open(port)
+        assert listen_addresses(port) == {"127.0.0.1"}, port
+    health = subprocess.run(["bash", str(SCRIPT), "status", str(server.folder)], capture_output=True, text=True,
+                            timeout=30)
+    assert health.returncode == 0
+    assert health.stdout.strip() == server.uri
+    assert oct((server.folder / "pgpass").stat().st_mode & 0o777) == "0o600"
+
+
+def test_sweep_runs_read_back_through_the_server(sweep, runs):
+    tmp, folder = sweep
+    _, parent, children = runs
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["calibrun.sweep_dir"] == str(folder.resolve())
+    assert parent.data.metrics["jobs_ok"] == len(CALIBRATIONS)
+    assert sorted(children) == sorted(CALIBRATIONS)
+    for name, run in children.items():
+        assert run.info.status == "FINISHED", name
+        assert set(run.data.params) >= CHILD_PARAMS, name
+        assert set(run.data.metrics) >= CHILD_METRICS, name
+        result = json.loads((Path(run.data.tags["calibrun.job_dir"]) / "result.json").read_text())
+        assert result["status"] == "ok"
+        for key in CHILD_METRICS:
+            assert run.data.metrics[key] == pytest.approx(result["metrics"][key], rel=1e-12), (name, key)
+    # nothing fell back to a local store in the working directory
+    assert not (tmp / "mlflow.db").exists()
+    assert not (tmp / "mlruns").exists()
+
+
+def test_artifacts_come_back_through_the_server(server, runs, tmp_path):
+    client, parent, children = runs
+    child = children["match"]
+    assert child.info.artifact_uri.startswith("mlflow-artifacts:"), child.info.artifact_uri  # proxied, not a path
+    names = {f.path for f in client.list_artifacts(child.info.run_id)}
+    assert {"int8.onnx", "result.json", "config_resolved.yaml"} <= names
+    local = client.download_artifacts(child.info.run_id, "result.json", str(tmp_path))
+    job_result = Path(child.data.tags["calibrun.job_dir"]) / "result.json"
+    assert Path(local).read_bytes() == job_result.read_bytes()
+    report = client.download_artifacts(parent.info.run_id, "report/calib_report.json", str(tmp_path))
+    assert json.loads(Path(report).read_text())["best"] in CALIBRATIONS
+    # stored under the server's artifact folder, not in the job's
+    assert any(server.folder.joinpath("artifacts").rglob(f"{child.info.run_id}/artifacts/result.json"))
+
+
+def test_runs_are_stored_in_postgresql(server, runs):
+    _, parent, children = runs
+    env = {**os.environ, "PGPASSFILE": str(server.folder / "pgpass"), "PGCONNECT_TIMEOUT": "5"}
+    proc = subprocess.run([str(pg_bin() / "psql"), "-X", "-tA", "-h", "127.0.0.1", "-p", str(server.pg_port),
+                           "-U", "calibrun", "-d", "mlflow", "-c", "SELECT run_uuid, status FROM runs"],
+                          capture_output=True, text=True, timeout=30, env=env)
+    assert proc.returncode == 0, proc.stderr
+    stored = dict(line.split("|") for line in proc.stdout.split())
+    expected = [parent.info.run_id, *(r.info.run_id for r in children.values())]
+    assert stored == dict.fromkeys(expected, "FINISHED")
+
+
+def test_stop_closes_both_ports(server):
+    proc = server.stop()
+    assert proc.returncode == 0, proc.stderr
+    assert server.ports_closed()
+    status = subprocess.run(["bash", str(SCRIPT), "status", str(server.folder)], capture_output=True, text=True,
+                            timeout=30)
+    assert status.returncode == 1
+    assert not (server.folder / "pgdata" / "postmaster.pid").exists()
+
+
+def test_unreachable_server_fails_fast_with_one_line(tmp_path):
+    """A closed port fails in seconds (MLflow's client alone retries for about four minutes)."""
+    (port,) = free_ports(1)
+    uri = f"http://127.0.0.1:{port}"
+    started = time.monotonic()
+    proc = calibrun(tmp_path, "tracking=server", f"tracking.uri={uri}", f"cache.dir={tmp_path / 'cache'}",
+                    f"hydra.run.dir={tmp_path / 'run'}", timeout=120)
+    seconds = time.monotonic() - started
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("calibrun: error:")
+    assert f"{uri} is not reachable" in lines[0]
+    assert seconds < 30
