@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from calibrun.diagnostics import worst
+
 REACHABLE = 100.0  # rows_needed within this factor of the largest run counts as "more samples would help"
 COVERED = 0.9  # a calibration span >= 90% of the evaluation span already covers it
 
@@ -44,9 +46,8 @@ def run_diagnosis(result: Mapping, table: Mapping[str, list] | None, n_worst: in
     entry["input"] = next(({k: row[k] for k in ("tensor", "calib_min", "calib_max", "eval_min", "eval_max",
                                                  "clipped_fraction", "grid_used", "sqnr_db")}
                            for row in rows if row["tensor"] == verdict["input_tensor"]), None)
-    ranked = sorted((row for row in rows if row.get("sqnr_db") is not None), key=lambda row: row["sqnr_db"])
     entry["worst_tensors"] = [{k: row[k] for k in ("tensor", "verdict", "sqnr_db", "clipped_fraction",
-                                                     "grid_used")} for row in ranked[:n_worst]]
+                                                     "grid_used")} for row in worst(rows, n_worst)]
     return entry
 
 
