@@ -41,7 +41,7 @@ class MethodConf:
     num_quantized_bins: int = 128
     scenario: str = "same"
     per_channel: bool = False
-    chunk: int = 16
+    chunk: int | None = None  # batches per histogram update; None: 16 for minmax, 1 for histogram methods
 
 
 @dataclass
@@ -169,7 +169,8 @@ def validate(cfg: DictConfig) -> None:
     _need(cfg.eval.rows >= 1, "eval.rows", "must be >= 1", cfg.eval.rows)
     _need(cfg.format.name in FORMATS, "format.name", f"must be one of {sorted(FORMATS)}", cfg.format.name)
     _need(cfg.method.name in METHODS, "method.name", f"must be one of {sorted(METHODS)}", cfg.method.name)
-    _need(cfg.method.chunk >= 1, "method.chunk", "must be >= 1", cfg.method.chunk)
+    if cfg.method.chunk is not None:
+        _need(cfg.method.chunk >= 1, "method.chunk", "must be >= 1", cfg.method.chunk)
     if cfg.method.name == "percentile":
         _need(0 < cfg.method.percentile <= 100, "method.percentile", "must be in (0, 100]", cfg.method.percentile)
     if cfg.method.num_bins is not None:
