@@ -19,7 +19,7 @@ from pathlib import Path
 from calibrun import datasets, engine
 from calibrun.diagnosis import run_diagnosis, sample_trend
 from calibrun.errors import CalibrunError
-from calibrun.files import atomic_path, write_json
+from calibrun.files import atomic_path, remove_orphans, write_json
 from calibrun.measure import max_abs_difference
 from calibrun.runner import RESULT_FILE
 
@@ -127,6 +127,8 @@ def build(sweep_dir: str | Path, report_dir: str | Path | None = None) -> Summar
         raise CalibrunError(f"sweep folder not found: {sweep_dir}")
     report_dir = Path(report_dir) if report_dir else sweep_dir / "report"
     report_dir.mkdir(parents=True, exist_ok=True)
+    for folder in (report_dir, report_dir / BUNDLE, report_dir / BUNDLE / "samples"):
+        remove_orphans(folder)  # left by a report build that was killed
     r = _Report(sweep_dir, report_dir)
     if not r.runs:
         log.error("report: no completed runs in %s (no */%s with status ok)", sweep_dir, RESULT_FILE)

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime
 from onnx import TensorProto, numpy_helper
 from onnxruntime.quantization.calibrate import load_tensors_data
 from onnxruntime.quantization.qdq_loss_debug import (
@@ -197,7 +198,8 @@ def _plain(value) -> float | list[float] | None:
     return float(array[0]) if array.size == 1 else [float(v) for v in array]
 
 
-def _activations(model_path: Path, folder: Path, keep: set[str], feeds: Sequence[dict]) -> dict[str, list]:
+def _activations(model_path: Path, folder: Path, keep: set[str], feeds: Sequence[dict],
+                 threads: int = 0) -> dict[str, list]:
     """qdq_loss_debug's augmentation + collection, on a private copy, returning only the tensors in `keep`."""
     folder.mkdir()
     # onnxruntime's shape inference writes `<model>-inferred.onnx` beside the file it is given: give it a copy.
@@ -220,7 +222,10 @@ def _activations(model_path: Path, folder: Path, keep: set[str], feeds: Sequence
                     location="trimmed.onnx.data")
     del model
     try:
-        return collect_activations(str(trimmed), feeds)
+        options = onnxruntime.SessionOptions()  # collect_activations' default, plus the thread count
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.intra_op_num_threads = threads
+        return collect_activations(str(trimmed), feeds, session_options=options)
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidArgument types on bad feeds
         raise CalibrunError(f"running {model_path} on the evaluation feeds failed: {one_line(exc)}") from exc
 
@@ -237,11 +242,13 @@ def tensor_diagnostics(
     int8_qdq_path: str | Path,
     ranges_path: str | Path,
     feeds: Iterable[dict[str, np.ndarray]],
+    threads: int = 0,
 ) -> list[dict]:
     """One row per quantised activation of the QDQ model (graph order); see the module docstring for the fields.
 
     `feeds`: input dicts for both models (one dict with every evaluation row, or several batches); each model
     is run once per dict. Temp files (model copies, augmented models) live in a TemporaryDirectory.
+    `threads`: onnxruntime intra-op threads of those sessions (0: onnxruntime's default, every core).
     """
     feeds = list(feeds)
     if not feeds:
@@ -257,9 +264,9 @@ def tensor_diagnostics(
     ranges = _ranges(ranges_path)
 
     with tempfile.TemporaryDirectory(prefix="calibrun.diag.") as tmp:
-        fp32_acts = _activations(Path(fp32_path), Path(tmp) / "fp32", {p.tensor for p in pairs}, feeds)
+        fp32_acts = _activations(Path(fp32_path), Path(tmp) / "fp32", {p.tensor for p in pairs}, feeds, threads)
         qdq_acts = _activations(Path(int8_qdq_path), Path(tmp) / "int8", {n for p in pairs for n in (p.pre, p.post)},
-                                feeds)
+                                feeds, threads)
 
     matching = create_activation_matching(qdq_acts, fp32_acts)
     for pair in pairs:  # pairs whose names do not follow onnxruntime's convention: match them by the graph

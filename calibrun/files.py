@@ -5,20 +5,52 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
+import re
+import secrets
+import shutil
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 from calibrun.errors import CalibrunError
 
-
-def _read_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+_HOST = socket.gethostname().replace(".", "_")
+_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<host>[^.]+)\.(?P<pid>\d+)\.[0-9a-f]{8}(\.[^.]+)*\.(tmp|prepare)$")
 
 
-_FILE_MODE = 0o666 & ~_read_umask()  # what open() would give; mkstemp alone gives 0600
+def temp_name(target: Path, suffix: str) -> Path:
+    """`.NAME.HOST.PID.RANDOM<suffix>` beside `target`: the host and process let `remove_orphans` tell a temp
+    file of a killed process from one still being written."""
+    return target.parent / f".{target.name}.{_HOST}.{os.getpid()}.{secrets.token_hex(4)}{suffix}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_orphans(folder: str | os.PathLike) -> list[Path]:
+    """Remove the temp files and folders that a killed calibrun process (SIGKILL, power loss) left in `folder`:
+    those of this host whose process is gone. Those of live processes and of other hosts are left alone."""
+    removed = []
+    folder = Path(folder)
+    if not folder.is_dir():
+        return removed
+    for entry in folder.iterdir():
+        match = _TEMP.match(entry.name)
+        if match is None or match["host"] != _HOST or _alive(int(match["pid"])):
+            continue
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry)
+    return removed
 
 
 def check_writable(target: str | os.PathLike) -> Path:
@@ -36,22 +68,25 @@ def check_writable(target: str | os.PathLike) -> Path:
 def atomic_path(target: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     """Yield a temp path beside `target`; rename it onto `target` only if the block succeeds.
 
-    The temp file lives in the target's folder so the final `os.replace` is atomic on one filesystem.
+    The temp file lives in the target's folder so the final `os.replace` is atomic on one filesystem. Its name
+    is chosen before it is created and it is created inside the try, so an interrupt (Ctrl-C) at any point
+    removes it (`tempfile.mkstemp` creates the file before returning its name: an interrupt there left it).
     """
     target = check_writable(target)
+    tmp_path = temp_name(target, suffix + ".tmp")
+    owned: Path | None = tmp_path
     try:
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=suffix + ".tmp")
-    except OSError as exc:
-        raise CalibrunError(f"cannot write {target}: {exc.strerror or exc}") from exc
-    os.close(fd)
-    tmp_path = Path(tmp)
-    os.chmod(tmp_path, _FILE_MODE)
-    try:
+        try:
+            os.close(os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # mode as open() gives it
+        except OSError as exc:
+            owned = None  # not created, or (FileExistsError) someone else's: never remove it
+            raise CalibrunError(f"cannot write {target}: {exc.strerror or exc}") from exc
         yield tmp_path
         os.replace(tmp_path, target)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp_path.unlink()
+        if owned is not None:
+            with contextlib.suppress(FileNotFoundError):
+                owned.unlink()
 
 
 def write_json(target: str | os.PathLike, obj, indent: int | None = 2) -> None:

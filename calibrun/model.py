@@ -86,13 +86,18 @@ class InputInfo:
         return self.elem_type == TensorProto.FLOAT
 
 
-def load_model(path: str | Path) -> onnx.ModelProto:
-    """Load an ONNX file (external data included) or raise a one-line CalibrunError."""
+def check_model_file(path: str | Path) -> Path:
     path = Path(path)
     if not path.exists():
         raise CalibrunError(f"model file not found: {path}")
     if not path.is_file():
         raise CalibrunError(f"model path is not a file: {path}")
+    return path
+
+
+def load_model(path: str | Path) -> onnx.ModelProto:
+    """Load an ONNX file (external data included) or raise a one-line CalibrunError."""
+    path = check_model_file(path)
     if path.stat().st_size == 0:
         raise CalibrunError(f"model file is empty: {path}")
     try:

@@ -25,7 +25,6 @@ import contextlib
 import logging
 import os
 import shutil
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -35,10 +34,12 @@ import onnx
 from onnx import AttributeProto, GraphProto, TensorProto, helper, version_converter
 
 from calibrun.errors import CalibrunError, one_line
-from calibrun.files import atomic_path, check_writable
+from calibrun.files import atomic_path, check_writable, temp_name
 from calibrun.model import InputInfo, float_input, graph_inputs, load_model
 
 log = logging.getLogger("calibrun")
+# Bump when a step changes what it writes: prepared models are cached by source hash and this version.
+PREPARE_VERSION = 1
 
 TARGET_OPSET = 13  # the lowest opset quantize_static handles fully (per-axis QDQ, opset-13 Squeeze/Split/...)
 EXTERNAL_THRESHOLD = 1024  # tensors of this many bytes or more go to the external data file (onnx's default)
@@ -488,12 +489,18 @@ def _prune(work: Path, keep: Path | None) -> None:
 
 @contextlib.contextmanager
 def _workspace(dst: Path) -> Iterator[Path]:
-    """A temporary folder beside `dst` (same filesystem, so the final renames are atomic), always removed."""
+    """A temporary folder beside `dst` (same filesystem, so the final renames are atomic), always removed.
+
+    Named before it is made and made inside the try, so an interrupt right after `mkdir` removes it too."""
+    work = temp_name(dst, ".prepare")  # named so that files.remove_orphans can clear it after a SIGKILL
+    owned: Path | None = work
     try:
-        work = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".prepare"))
-    except OSError as exc:
-        raise CalibrunError(f"cannot write {dst}: {exc.strerror or exc}") from exc
-    try:
+        try:
+            os.mkdir(work, 0o700)
+        except OSError as exc:
+            owned = None  # not made, or (FileExistsError) someone else's: never remove it
+            raise CalibrunError(f"cannot write {dst}: {exc.strerror or exc}") from exc
         yield work
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if owned is not None:
+            shutil.rmtree(owned, ignore_errors=True)

@@ -24,10 +24,10 @@ from calibrun.data import fixed_rows
 from calibrun.diagnostics import as_table, classify_model, tensor_diagnostics
 from calibrun.digits import ensure_digits
 from calibrun.errors import CalibrunError, one_line
-from calibrun.files import atomic_path, write_json
+from calibrun.files import atomic_path, remove_orphans, write_json
 from calibrun.measure import split_feeds
-from calibrun.model import file_sha256, write_lab_model
-from calibrun.prepare import prepare_model
+from calibrun.model import check_model_file, file_sha256, write_lab_model
+from calibrun.prepare import PREPARE_VERSION, prepare_model
 from calibrun.tracking import PARENT_FILE, Tracker, resolve_uri
 
 log = logging.getLogger("calibrun")
@@ -84,18 +84,19 @@ def prepare(cfg: DictConfig, job_dir: Path) -> tuple[engine.FloatModel, list[str
             if cfg.model.name == "digits":
                 source = ensure_digits(Path(cfg.cache.dir) / "digits") / "digits.onnx"
             else:
-                source = Path(cfg.model.path).expanduser().resolve()
-            if not source.is_file():
-                raise CalibrunError(f"model file not found: {source}")
+                source = check_model_file(Path(cfg.model.path).expanduser().resolve())
             target = job_dir / "fp32.onnx"
             if cfg.cache.enabled:
                 folder = Path(cfg.cache.dir) / "models"
                 folder.mkdir(parents=True, exist_ok=True)
-                target = folder / f"{file_sha256(source)[:32]}-ort{onnxruntime.__version__}.onnx"
-        if target.is_file() and target.parent != job_dir:
+                name = f"{file_sha256(source)[:32]}-prep{PREPARE_VERSION}-ort{onnxruntime.__version__}"
+                target = folder / f"{name}.onnx"
+        steps_file = target.with_suffix(".steps.json")
+        if target.parent != job_dir and target.is_file() and steps_file.is_file():
             log.info("prepared model %s (reused)", target)
-            return engine.open_float_model(target), ["reused the prepared model"]
+            return engine.open_float_model(target), json.loads(steps_file.read_text())
         prepared = prepare_model(source, target)
+        write_json(steps_file, list(prepared.steps))
     return engine.open_float_model(prepared.path), list(prepared.steps)
 
 
@@ -137,7 +138,7 @@ def compute(cfg: DictConfig, job_dir: Path) -> dict:
     }
     if cfg.format.name == "qdq":
         feeds = split_feeds(evaluation.feeds, fixed_rows(fp32.info))
-        rows = tensor_diagnostics(fp32.path, int8_path, job_dir / RANGES_FILE, feeds)
+        rows = tensor_diagnostics(fp32.path, int8_path, job_dir / RANGES_FILE, feeds, cfg.ort.intra_op_threads)
         write_json(job_dir / DIAGNOSTICS_FILE, as_table(rows))  # column-oriented, strict JSON
         result["files"]["diagnostics"] = DIAGNOSTICS_FILE
         result["diagnosis"] = classify_model(rows)
@@ -151,10 +152,11 @@ def _relative(path: Path, folder: Path) -> str:
         return str(path)
 
 
-def _parent_run(sweep_dir: Path | None) -> str | None:
+def _parent(sweep_dir: Path | None) -> dict:
+    """The sweep's parent run as the sweep callback recorded it ({} outside a tracked sweep)."""
     if sweep_dir is None or not (sweep_dir / PARENT_FILE).is_file():
-        return None
-    return json.loads((sweep_dir / PARENT_FILE).read_text())["run_id"]
+        return {}
+    return json.loads((sweep_dir / PARENT_FILE).read_text())
 
 
 def _start_run(tracker: Tracker, cfg: DictConfig, job_dir: Path, sweep_dir: Path | None, job_num: int | None) -> str:
@@ -163,13 +165,16 @@ def _start_run(tracker: Tracker, cfg: DictConfig, job_dir: Path, sweep_dir: Path
     if sweep_dir is not None:
         tags.update({"calibrun.sweep_dir": str(sweep_dir.resolve()), "calibrun.job_num": str(job_num)})
     name = f"{cfg.calibration.name}-b{cfg.batches}-{cfg.format.name}-{cfg.method.name}"
-    return tracker.start_run(name, tags, parent_id=_parent_run(sweep_dir))
+    return tracker.start_run(name, tags, parent_id=_parent(sweep_dir).get("run_id"))
 
 
-def _open_tracker(cfg: DictConfig) -> Tracker | None:
+def _open_tracker(cfg: DictConfig, sweep_dir: Path | None) -> Tracker | None:
+    """The job's tracking store: in a sweep, the one its parent run lives in (so workers on other machines or
+    in other folders reach the same store); else the configured one."""
     if not config.tracking_enabled(cfg) or (cfg.tracking.name == "server" and not cfg.tracking.uri):
         return None
-    return Tracker(resolve_uri(cfg.tracking.uri), cfg.tracking.experiment)
+    uri = _parent(sweep_dir).get("tracking_uri") or resolve_uri(cfg.tracking.uri)
+    return Tracker(uri, cfg.tracking.experiment)
 
 
 def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: int | None = None) -> dict:
@@ -185,11 +190,12 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
         if done is not None:
             return _resumed(cfg, done, job_dir, sweep_dir, job_num)
     job_dir.mkdir(parents=True, exist_ok=True)
+    _clear_orphans(cfg, job_dir)
     with atomic_path(job_dir / "config_resolved.yaml") as tmp:
         tmp.write_text(OmegaConf.to_yaml(cfg, resolve=True))
     tracker, run_id = None, None
     try:
-        tracker = _open_tracker(cfg)
+        tracker = _open_tracker(cfg, sweep_dir)
         if tracker is not None:
             run_id = _start_run(tracker, cfg, job_dir, sweep_dir, job_num)
         if invalid is not None:
@@ -219,6 +225,14 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
     return result
 
 
+def _clear_orphans(cfg: DictConfig, job_dir: Path) -> None:
+    """Temp files a killed run left in the folders this job writes (its own, the cache's)."""
+    cache = Path(cfg.cache.dir)
+    removed = [p for folder in (job_dir, cache, cache / "models") for p in remove_orphans(folder)]
+    if removed:
+        log.info("removed %d temp file(s) left by killed runs: %s", len(removed), ", ".join(map(str, removed)))
+
+
 def completed_result(cfg: DictConfig, job_dir: Path) -> dict | None:
     """The job's earlier result when it is complete and valid for this config, else None.
 
@@ -236,7 +250,7 @@ def completed_result(cfg: DictConfig, job_dir: Path) -> dict | None:
 
 def _resumed(cfg: DictConfig, result: dict, job_dir: Path, sweep_dir: Path | None, job_num: int | None) -> dict:
     """Record a reused result as a run of this sweep (tagged resumed) so the parent still has every job."""
-    tracker = _open_tracker(cfg)
+    tracker = _open_tracker(cfg, sweep_dir)
     if tracker is not None:
         run_id = _start_run(tracker, cfg, job_dir, sweep_dir, job_num)
         tracker.log(run_id, params=result["params"], metrics=result["metrics"],

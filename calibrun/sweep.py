@@ -16,7 +16,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from calibrun.config import tracking_enabled
+from calibrun.config import tracking_enabled, validate
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import write_json
 from calibrun.tracking import PARENT_FILE, Tracker, resolve_uri
@@ -65,17 +65,30 @@ def _resume_into_previous_sweep(config: DictConfig) -> None:
     log.info("resume=true: continuing sweep %s", found)
 
 
+def _make_folder(folder: Path, key: str) -> None:
+    """Create Hydra's output folder now, so that a bad one is one line, not Hydra's traceback later."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"calibrun: error: config {key}: cannot create {folder}: {exc.strerror or exc}", file=sys.stderr)
+        sys.exit(1)
+
+
 class SweepCallback(Callback):
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        _make_folder(Path(config.hydra.run.dir), "hydra.run.dir")
+
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         if config.resume:
             _resume_into_previous_sweep(config)
         sweep_dir = Path(config.hydra.sweep.dir)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
+        _make_folder(sweep_dir, "hydra.sweep.dir")
         try:
+            validate(config)  # the settings every job shares: a wrong one stops the sweep before any job
             tracker = _tracker(config)
-        except CalibrunError as exc:
-            log.error("%s", exc)
-            return
+        except CalibrunError as exc:  # e.g. the tracking server does not answer: stop before any job
+            print(f"calibrun: error: {exc}", file=sys.stderr)
+            sys.exit(1)
         if tracker is None:
             return
         name = "sweep " + "/".join(sweep_dir.resolve().parts[-2:])

@@ -26,6 +26,9 @@ CALIBRATIONS = ("narrow", "match", "wide")
 CHILD_PARAMS = {"calibration", "factor", "seed", "batches", "format", "method", "model_sha256", "onnxruntime_version"}
 CHILD_METRICS = {"span", "input_scale", "input_zero_point", "observed_span", "max_abs_error", "mean_abs_error"}
 
+# the servers and sweeps started here talk to loopback only: no MLflow usage telemetry
+QUIET = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
+
 pytestmark = pytest.mark.slow
 
 
@@ -86,7 +89,7 @@ def listen_addresses(port: int) -> set[str]:
 
 
 def script(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TRACKING_SERVER_WORKERS": "1", "TRACKING_SERVER_TIMEOUT": "90"}
+    env = {**os.environ, **QUIET, "TRACKING_SERVER_WORKERS": "1", "TRACKING_SERVER_TIMEOUT": "90"}
     mlflow = Path(sys.executable).with_name("mlflow")
     if mlflow.is_file():
         env["MLFLOW"] = str(mlflow)  # the server runs on the same installation as the tests
@@ -95,7 +98,7 @@ def script(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
 
 
 def calibrun(cwd: Path, *overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}, **QUIET}
     return subprocess.run([sys.executable, "-m", "calibrun", *overrides], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
