@@ -101,14 +101,14 @@ class SweepCallback(Callback):
         """Report, close the parent run, and exit 1 when a job failed or the report could not be built.
 
         Hydra turns an exception raised here into a warning, so this method handles its own errors."""
-        from calibrun.aggregate import build
-
         sweep_dir = Path(config.hydra.sweep.dir)
         report_dir = Path(config.report.dir) if config.report.dir else None
         problems: list[str] = []
         files: list[Path] = []
         counts = {}
         try:
+            from calibrun.aggregate import build  # inside the try: any failure here must still close the parent
+
             summary = build(sweep_dir, report_dir)
             files = summary.files
             problems += summary.failed

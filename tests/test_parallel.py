@@ -80,7 +80,8 @@ def test_cache_has_one_file_per_calibration(sweep):
     assert len(ranges) == CALIBRATIONS, names
     assert sorted(n.removesuffix(".key.json") for n in keys) == sorted(n.removesuffix(".json") for n in ranges)
     assert all(n.endswith(".json") for n in ranges)
-    assert not [p for p in tmp.rglob("*.tmp")], "temp files left behind"
+    leftovers = [p for p in tmp.rglob(".*") if p.name.endswith((".tmp", ".prepare"))]
+    assert not leftovers, f"temp files left behind: {leftovers}"
     results = [json.loads((tmp / "sweep" / str(n) / "result.json").read_text()) for n in range(JOBS)]
     assert {f"{r['cache_key']}.json" for r in results} == set(ranges)
 
