@@ -57,6 +57,7 @@ from onnxruntime.quantization.quant_utils import QUANT_INPUT_SUFFIX
 
 from calibrun.calibrate import private_model_copy
 from calibrun.errors import CalibrunError, one_line
+from calibrun.graph import constant_tensors
 from calibrun.model import load_model
 
 log = logging.getLogger(__name__)
@@ -107,16 +108,6 @@ class QDQPair:
     qmax: int
 
 
-def _constants(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
-    values = {init.name: init for init in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.output:
-            for attr in node.attribute:
-                if attr.name == "value":
-                    values[node.output[0]] = attr.t
-    return values
-
-
 def qdq_pairs(model: onnx.ModelProto) -> list[QDQPair]:
     """The activations with a QuantizeLinear -> DequantizeLinear pair, in graph order.
 
@@ -125,7 +116,7 @@ def qdq_pairs(model: onnx.ModelProto) -> list[QDQPair]:
     initializers (weights, biases) are not activations and are left out; per-channel activation pairs and
     pairs whose scale is not a constant are skipped with a warning.
     """
-    constants = _constants(model)
+    constants = constant_tensors(model)
     dequantizers: dict[str, list[onnx.NodeProto]] = {}
     for node in model.graph.node:
         if node.op_type == "DequantizeLinear" and node.input:

@@ -30,13 +30,14 @@ class InputQuant:
         return self.scale * 255
 
 
-def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    values = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
+def constant_tensors(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    """Every constant of the graph by name: initializers and the outputs of Constant nodes."""
+    values = {init.name: init for init in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type == "Constant" and node.output:
             for attr in node.attribute:
                 if attr.name == "value":
-                    values[node.output[0]] = numpy_helper.to_array(attr.t)
+                    values[node.output[0]] = attr.t
     return values
 
 
@@ -50,7 +51,7 @@ def input_quant(model: onnx.ModelProto, where: str = "model") -> InputQuant:
     if not inputs:
         raise CalibrunError(f"{where} has no graph input")
     name = inputs[0].name
-    constants = _constants(model)
+    constants = constant_tensors(model)
     for node in model.graph.node:
         if node.op_type == "QuantizeLinear" and node.input and node.input[0] == name:
             return _read(constants, node.input[1], node.input[2] if len(node.input) > 2 else "", where)
@@ -60,13 +61,13 @@ def input_quant(model: onnx.ModelProto, where: str = "model") -> InputQuant:
     raise CalibrunError(f"{where}: graph input {name!r} is not quantised (no QuantizeLinear or QLinear op reads it)")
 
 
-def _read(constants: dict[str, np.ndarray], scale_name: str, zp_name: str, where: str) -> InputQuant:
+def _read(constants: dict[str, onnx.TensorProto], scale_name: str, zp_name: str, where: str) -> InputQuant:
     if scale_name not in constants:
         raise CalibrunError(f"{where}: input scale {scale_name!r} is not a constant")
-    scale = constants[scale_name]
+    scale = numpy_helper.to_array(constants[scale_name])
     if scale.size != 1:
         raise CalibrunError(f"{where}: input scale {scale_name!r} is per-channel ({scale.size} values)")
-    zero_point = constants[zp_name] if zp_name in constants else np.zeros(1, np.int32)
+    zero_point = numpy_helper.to_array(constants[zp_name]) if zp_name in constants else np.zeros(1, np.int32)
     return InputQuant(float(scale.reshape(-1)[0]), int(zero_point.reshape(-1)[0]))
 
 
