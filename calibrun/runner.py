@@ -116,11 +116,11 @@ def compute(cfg: DictConfig, job_dir: Path) -> dict:
     cache = CalibrationCache(cfg.cache.dir) if cfg.cache.enabled else None
     int8_path = job_dir / "int8.onnx"
     data = datasets.calibration_data(cfg.data, fp32, cfg.calibration.seed, cfg.calibration.factor, cfg.batches)
+    source = eval_source(cfg)
+    evaluation = datasets.evaluation_data(source, fp32, source["seed"], source["rows"])  # bad data: before any work
     quant = engine.quantize_with(fp32, int8_path, data, spec=config.calibration_spec(cfg),
                                  options=config.quant_options(cfg), cache=cache, ranges_copy=job_dir / RANGES_FILE,
                                  threads=cfg.ort.intra_op_threads)
-    source = eval_source(cfg)
-    evaluation = datasets.evaluation_data(source, fp32, source["seed"], source["rows"])
     classifier = is_classifier(cfg, fp32, evaluation.labels)
     errors = engine.evaluate(fp32, int8_path, evaluation.feeds, cfg.ort.intra_op_threads, classifier,
                              evaluation.labels)
