@@ -9,7 +9,7 @@ import time
 class Progress:
     """`update(done)` prints `label: done/total batches (rate/s)` once the pass has run `after` seconds."""
 
-    def __init__(self, label: str, total: int, after: float = 2.0, every: float = 1.0, stream=None):
+    def __init__(self, label: str, total: int, after: float = 2.0, every: float = 5.0, stream=None):
         self.label, self.total, self.after, self.every = label, total, after, every
         self.stream = stream or sys.stderr
         self.start = time.perf_counter()
