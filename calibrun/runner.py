@@ -41,15 +41,15 @@ METRIC_KEYS = ("span", "input_scale", "input_zero_point", "observed_span", "max_
                "quantize_nodes", "dequantize_nodes")
 
 
+def _identity(cfg: DictConfig) -> dict:
+    """Which job this is, as configured (safe to build from an invalid config)."""
+    return {"calibration": cfg.calibration.name, "factor": cfg.calibration.factor, "seed": cfg.calibration.seed,
+            "batches": cfg.batches, "format": cfg.format.name, "method": cfg.method.name, "model": cfg.model.name}
+
+
 def job_params(cfg: DictConfig) -> dict:
     params = {
-        "calibration": cfg.calibration.name,
-        "factor": cfg.calibration.factor,
-        "seed": cfg.calibration.seed,
-        "batches": cfg.batches,
-        "format": cfg.format.name,
-        "method": cfg.method.name,
-        "model": cfg.model.name,
+        **_identity(cfg),
         "data": cfg.data.name,
         "eval_data": cfg.eval_data.name,
         "eval_seed": cfg.eval.seed,
@@ -270,10 +270,8 @@ def _validation_error(cfg: DictConfig) -> CalibrunError | None:
 
 
 def _plain_params(cfg: DictConfig) -> dict:
-    """The job's identity as configured (safe to build from an invalid config)."""
-    return {"calibration": cfg.calibration.name, "factor": cfg.calibration.factor, "seed": cfg.calibration.seed,
-            "batches": cfg.batches, "format": cfg.format.name, "method": cfg.method.name, "model": cfg.model.name,
-            "model_path": cfg.model.path}
+    """What a failed job records: its identity and the model it was given."""
+    return {**_identity(cfg), "model_path": cfg.model.path}
 
 
 def main(cfg: DictConfig) -> dict | None:
