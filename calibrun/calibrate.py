@@ -35,6 +35,8 @@ from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
 from calibrun.errors import CalibrunError
 from calibrun.files import atomic_path, write_json
+from calibrun.histogram import ALGORITHM as HISTOGRAM_ALGORITHM
+from calibrun.histogram import FastHistogramCollector
 from calibrun.progress import Progress
 from calibrun.reader import make_reader
 
@@ -47,9 +49,14 @@ METHODS = {
     "distribution": CalibrationMethod.Distribution,
 }
 CACHE_FORMAT = 2  # 2: the file carries `ranges_sha256`, a checksum of everything onnxruntime reads from it
-# onnxruntime's create_calibrator defaults per method: (symmetric, num_bins)
-_ORT_DEFAULTS = {"minmax": (False, None), "entropy": (False, 128), "percentile": (True, 2048),
-                 "distribution": (False, 2048)}
+# Defaults per method: (symmetric, num_bins). onnxruntime's create_calibrator gives entropy 128 bins, which with
+# its 128 quantized bins leaves the KL search one candidate (the whole range: byte-identical to minmax); calibrun
+# uses TensorRT's 2048 bins (and 128 quantized bins), so that entropy is a search.
+_DEFAULTS = {"minmax": (False, None), "entropy": (False, 2048), "percentile": (True, 2048),
+             "distribution": (False, 2048)}
+MAX_BINS = 65536  # 2**16 histogram bins: far finer than int8 or int16 steps need
+SCENARIOS = ("same", "p3")  # onnxruntime's DistributionCalibrater
+MIN_DISTRIBUTION_BINS = 512  # onnxruntime's compute_distribution refuses fewer, after the whole pass
 
 
 @dataclass(frozen=True)
@@ -68,7 +75,7 @@ class CalibrationSpec:
     moving_average: bool = False
     averaging_constant: float = 0.01
     percentile: float = 99.999
-    num_bins: int | None = None  # None: onnxruntime's default for the method
+    num_bins: int | None = None  # None: the method's default (_DEFAULTS: 2048 for every histogram method)
     num_quantized_bins: int = 128
     scenario: str = "same"
     per_channel: bool = False
@@ -76,16 +83,43 @@ class CalibrationSpec:
     chunk: int | None = None  # None: 16 for minmax, 1 for the histogram methods
 
     def __post_init__(self):
-        if self.method not in METHODS:
-            raise CalibrunError(f"method must be one of {sorted(METHODS)}, got {self.method!r}")
-        if self.chunk is not None and self.chunk < 1:
-            raise CalibrunError(f"calibration chunk must be >= 1, got {self.chunk}")
-        if self.method == "percentile" and not 0 < self.percentile <= 100:
-            raise CalibrunError(f"percentile must be in (0, 100], got {self.percentile}")
-        if self.num_bins is not None and self.num_bins < 1:
-            raise CalibrunError(f"num_bins must be >= 1, got {self.num_bins}")
-        if self.moving_average and not 0 <= self.averaging_constant <= 1:
-            raise CalibrunError(f"averaging_constant must be in [0, 1], got {self.averaging_constant}")
+        """Refuse settings onnxruntime would fail on after the whole calibration pass, or that would make a
+        method silently degenerate; each message names the config key (`method.<option>`)."""
+
+        def need(ok: bool, key: str, rule: str, value) -> None:
+            if not ok:
+                raise CalibrunError(f"config method.{key}: {rule}, got {value!r}")
+
+        need(self.method in METHODS, "name", f"must be one of {sorted(METHODS)}", self.method)
+        need(self.chunk is None or self.chunk >= 1, "chunk", "must be >= 1", self.chunk)
+        need(not self.per_channel, "per_channel",
+             "per-channel activation ranges make onnxruntime's quantize_static fail; per-channel weights are "
+             "quant.per_channel=true", self.per_channel)
+        need(self.scenario in SCENARIOS, "scenario", f"must be one of {list(SCENARIOS)}", self.scenario)
+        if self.moving_average:
+            need(0 <= self.averaging_constant <= 1, "averaging_constant", "must be in [0, 1]",
+                 self.averaging_constant)
+        if self.method == "minmax":
+            return
+        need(self.num_bins is None or 1 <= self.num_bins <= MAX_BINS, "num_bins", f"must be in 1..{MAX_BINS}",
+             self.num_bins)
+        bins = self.bins
+        if self.method == "percentile":
+            need(0 < self.percentile <= 100, "percentile", "must be in (0, 100]", self.percentile)
+        if self.method == "distribution":
+            need(bins >= MIN_DISTRIBUTION_BINS, "num_bins",
+                 f"must be >= {MIN_DISTRIBUTION_BINS} for distribution (onnxruntime's minimum)", bins)
+        if self.method == "entropy":
+            # candidates are the symmetric windows of num_quantized_bins..num_bins bins around zero: with
+            # num_quantized_bins == num_bins there is one (the whole range, i.e. minmax)
+            need(2 <= self.num_quantized_bins < bins, "num_quantized_bins",
+                 f"must be in 2..method.num_bins-1 ({bins - 1}) so that entropy has thresholds to choose from",
+                 self.num_quantized_bins)
+
+    @property
+    def bins(self) -> int | None:
+        """The histogram size this spec uses (None for minmax)."""
+        return _DEFAULTS[self.method][1] if self.num_bins is None else self.num_bins
 
     @property
     def batches_per_collect(self) -> int:
@@ -98,10 +132,10 @@ class CalibrationSpec:
         return METHODS[self.method]
 
     def calibrator_options(self) -> dict:
-        """The `extra_options` of onnxruntime's `create_calibrator` that apply to this method, with
-        onnxruntime's defaults written out, so that leaving an option unset and setting it to its default
-        give the same cache key."""
-        default_symmetric, default_bins = _ORT_DEFAULTS[self.method]
+        """The `extra_options` of onnxruntime's `create_calibrator` that apply to this method, with the
+        defaults written out, so that leaving an option unset and setting it to its default give the same
+        cache key."""
+        default_symmetric, _ = _DEFAULTS[self.method]
         options: dict = {}
         if self.method != "distribution":
             options["symmetric"] = default_symmetric if self.symmetric is None else self.symmetric
@@ -111,7 +145,7 @@ class CalibrationSpec:
                 options["averaging_constant"] = self.averaging_constant
             options["per_channel"] = self.per_channel
         else:
-            options["num_bins"] = default_bins if self.num_bins is None else self.num_bins
+            options["num_bins"] = self.bins
             if self.method == "entropy":
                 options["num_quantized_bins"] = self.num_quantized_bins
             if self.method == "percentile":
@@ -126,12 +160,15 @@ class CalibrationSpec:
         return sorted(set(QLinearOpsRegistry) | set(QDQRegistry))
 
     def key_fields(self) -> dict:
-        return {
+        fields = {
             "method": self.method,
             "options": self.calibrator_options(),
             "op_types": self.op_types_calibrated(),
             "chunk": self.batches_per_collect,
         }
+        if self.method != "minmax":
+            fields["histogram"] = HISTOGRAM_ALGORITHM  # calibrun computes histograms and thresholds itself
+        return fields
 
 
 @dataclass
@@ -297,15 +334,32 @@ def run_calibration(model_path: str | Path, data, input_name: str, spec: Calibra
             extra_options=spec.calibrator_options(),
         )
         _lean_session(calibrator, threads)
+        if spec.method != "minmax":
+            _fast_collector(calibrator, threads)
         chunk = spec.batches_per_collect
         for start in range(0, total, chunk):
             end = min(start + chunk, total)
             reader.set_range(start, end)
             calibrator.collect_data(reader)
             progress.update(end)
+        if spec.method != "minmax":
+            search = Progress(f"choosing {spec.method} ranges", len(calibrator.collector.histogram_dict),
+                              unit="tensors")
+            calibrator.collector.progress = search.update
         tensors = calibrator.compute_data()
         del calibrator
     return tensors, tracked.span
+
+
+def _fast_collector(calibrator, threads: int) -> None:
+    """Give onnxruntime's histogram calibrator calibrun's collector (same histograms and ranges, computed in a
+    fraction of the time: calibrun/histogram.py), built from the calibrator's own settings. onnxruntime's
+    `collect_data` creates its collector only when it has none, and `compute_data` asks it for the ranges."""
+    calibrator.collector = FastHistogramCollector(
+        method=calibrator.method, symmetric=calibrator.symmetric, num_bins=calibrator.num_bins,
+        num_quantized_bins=calibrator.num_quantized_bins, percentile=calibrator.percentile,
+        scenario=calibrator.scenario, threads=threads,
+    )
 
 
 def _lean_session(calibrator, threads: int) -> None:

@@ -7,10 +7,12 @@ import time
 
 
 class Progress:
-    """`update(done)` prints `label: done/total batches (rate/s)` once the pass has run `after` seconds."""
+    """`update(done)` prints `label: done/total <unit> (rate <unit>/s)` once the pass has run `after` seconds,
+    then at most once every `every` seconds, and always at the end."""
 
-    def __init__(self, label: str, total: int, after: float = 2.0, every: float = 5.0, stream=None):
-        self.label, self.total, self.after, self.every = label, total, after, every
+    def __init__(self, label: str, total: int, after: float = 2.0, every: float = 5.0, stream=None,
+                 unit: str = "batches"):
+        self.label, self.total, self.after, self.every, self.unit = label, total, after, every, unit
         self.stream = stream or sys.stderr
         self.start = time.perf_counter()
         self._last = None
@@ -24,5 +26,6 @@ class Progress:
             return
         self._last = now
         rate = done / elapsed if elapsed > 0 else 0.0
-        print(f"{self.label}: {done}/{self.total} batches ({rate:.1f} batches/s)", file=self.stream, flush=True)
+        print(f"{self.label}: {done}/{self.total} {self.unit} ({rate:.1f} {self.unit}/s)", file=self.stream,
+              flush=True)
         self.printed = True

@@ -211,7 +211,6 @@ SPEC_CHANGES = {
     "num_bins_percentile": ({"method": "percentile"}, {"method": "percentile", "num_bins": 512}),
     "num_quantized_bins": ({"method": "entropy"}, {"method": "entropy", "num_quantized_bins": 64}),
     "scenario": ({"method": "distribution"}, {"method": "distribution", "scenario": "p3"}),
-    "per_channel": ({}, {"per_channel": True}),
     "op_types": ({}, {"op_types": ("MatMul",)}),
     "op_types_subset": ({"op_types": ("MatMul", "Add")}, {"op_types": ("MatMul",)}),
     "chunk": ({}, {"chunk": 3}),
@@ -231,7 +230,6 @@ SPEC_SAME = {
     "scenario_under_minmax": ({}, {"scenario": "p3"}),
     "averaging_constant_without_moving_average": ({}, {"averaging_constant": 0.5}),
     "moving_average_under_entropy": ({"method": "entropy"}, {"method": "entropy", "moving_average": True}),
-    "per_channel_under_entropy": ({"method": "entropy"}, {"method": "entropy", "per_channel": True}),
     "percentile_under_entropy": ({"method": "entropy"}, {"method": "entropy", "percentile": 50.0}),
     "num_quantized_bins_under_percentile": (
         {"method": "percentile"},
@@ -245,7 +243,7 @@ SPEC_SAME = {
     # unset options and onnxruntime's defaults give the same ranges, so the same key
     "symmetric_default_minmax": ({"method": "minmax"}, {"method": "minmax", "symmetric": False}),
     "symmetric_default_percentile": ({"method": "percentile"}, {"method": "percentile", "symmetric": True}),
-    "bins_default_entropy": ({"method": "entropy"}, {"method": "entropy", "num_bins": 128}),
+    "bins_default_entropy": ({"method": "entropy"}, {"method": "entropy", "num_bins": 2048}),
     "bins_default_percentile": ({"method": "percentile"}, {"method": "percentile", "num_bins": 2048}),
     "bins_default_distribution": ({"method": "distribution"}, {"method": "distribution", "num_bins": 2048}),
 }

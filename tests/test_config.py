@@ -125,7 +125,7 @@ def test_format_option(hydra_ctx, option):
 # The options each method's yaml sets, as onnxruntime's create_calibrator sees them.
 METHOD_OPTIONS = {
     "minmax": {"symmetric": False, "moving_average": False, "per_channel": False},
-    "entropy": {"symmetric": False, "num_bins": 128, "num_quantized_bins": 128},
+    "entropy": {"symmetric": False, "num_bins": 2048, "num_quantized_bins": 128},
     "percentile": {"symmetric": True, "num_bins": 2048, "percentile": 99.999},
     "distribution": {"num_bins": 2048, "scenario": "same"},
 }
