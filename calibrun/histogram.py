@@ -39,6 +39,13 @@ _F32 = float(np.finfo(np.float32).eps)
 # `_screen`). Candidates are kept for the exact evaluation with this bound, generously rounded up.
 _REF_ERR = 256
 _BLOCK = 1 << 15  # elements per binning block (temporaries stay in cache)
+# onnxruntime keeps a histogram's bin width when a later batch widens the range, adding bins: a tensor whose first
+# batch is nearly constant (a text detector's sigmoid map on a photo without text: max 5e-7, then 1.0) would need
+# billions of bins (16 GB of edges; numpy then refuses). Beyond this many bins calibrun re-bins instead: the
+# histogram keeps its bin count over the new range and the old counts move to the bins of their old bin centres
+# (all within one new bin). Below it, the result is onnxruntime's.
+MAX_GROWN_BINS = 1 << 17
+_SCREEN_CHUNK = 2048  # entropy candidates screened at once (bounds the screen's memory for large histograms)
 
 
 # ---------------------------------------------------------------------------------------------- binning
@@ -244,7 +251,12 @@ class FastHistogramCollector(HistogramCollector):
         else:
             old_num_bins = len(old_hist)
             old_stride = 2 * old_threshold / old_num_bins
-            half_increased_bins = int((new_threshold - old_threshold) // old_stride + 1)
+            growth = (new_threshold - old_threshold) // old_stride + 1
+            if 2 * float(growth) + old_num_bins > MAX_GROWN_BINS:
+                hist, hist_edges = histogram(data_arr, old_num_bins, range=(-new_threshold, new_threshold))
+                hist += _moved(old_hist, old_hist_edges, hist_edges)
+                return hist, hist_edges, min(old_min, new_min), max(old_max, new_max), new_threshold
+            half_increased_bins = int(growth)
             new_num_bins = old_num_bins + 2 * half_increased_bins
             new_threshold = half_increased_bins * old_stride + old_threshold
             hist, hist_edges = histogram(data_arr, new_num_bins, range=(-new_threshold, new_threshold))
@@ -269,9 +281,16 @@ class FastHistogramCollector(HistogramCollector):
             hist, hist_edges = histogram(data_arr_np, self.num_bins)
             return hist, hist_edges.astype(data_arr_np.dtype), min_value, max_value
         old_hist, old_hist_edges, old_min, old_max = old
+        if data_arr_np.size == 0:  # onnxruntime fails here (nanmax of nothing); nothing to count
+            return old_hist, old_hist_edges, min(old_min, min_value), max(old_max, max_value)
         temp_amax = np.nanmax(data_arr_np)
         if temp_amax > old_hist_edges[-1]:
             width = old_hist_edges[1] - old_hist_edges[0]
+            if float((temp_amax - old_hist_edges[-1]) / width) + len(old_hist) > MAX_GROWN_BINS:
+                hist, hist_edges = histogram(data_arr_np, len(old_hist), range=(old_hist_edges[0], temp_amax))
+                hist_edges = hist_edges.astype(data_arr_np.dtype)
+                hist += _moved(old_hist, old_hist_edges, hist_edges)
+                return hist, hist_edges, min(old_min, min_value), max(old_max, max_value)
             new_bin_edges = np.arange(old_hist_edges[-1] + width, temp_amax + width, width)
             old_hist_edges = np.hstack((old_hist_edges, new_bin_edges))
         hist, hist_edges = histogram(data_arr_np, old_hist_edges)
@@ -314,6 +333,13 @@ class FastHistogramCollector(HistogramCollector):
         return result
 
 
+def _moved(old_hist: np.ndarray, old_edges: np.ndarray, new_edges: np.ndarray) -> np.ndarray:
+    """Counts of `old_hist` placed into the bins of `new_edges` by their old bin centres (see MAX_GROWN_BINS)."""
+    centres = (old_edges[:-1].astype(np.float64) + old_edges[1:]) / 2
+    centres = np.clip(centres, new_edges[0], new_edges[-1])
+    return np.histogram(centres, bins=new_edges.astype(np.float64), weights=old_hist)[0].astype(np.int64)
+
+
 # ---------------------------------------------------------------------------------------------- entropy
 
 
@@ -331,7 +357,11 @@ def entropy_threshold(histogram_, num_quantized_bins: int):
     if half > zero_bin_index or num_quantized_bins < 2:
         raise ValueError(f"num_quantized_bins={num_quantized_bins} does not fit a histogram of {num_bins} bins")
     candidates = np.arange(half, zero_bin_index + 1)
-    lower, upper = _screen(np.asarray(hist, dtype=np.int64), candidates, num_quantized_bins)
+    counts = np.asarray(hist, dtype=np.int64)
+    bounds = [_screen(counts, candidates[i:i + _SCREEN_CHUNK], num_quantized_bins)
+              for i in range(0, candidates.size, _SCREEN_CHUNK)]
+    lower = np.concatenate([b[0] for b in bounds])
+    upper = np.concatenate([b[1] for b in bounds])
     best_upper = upper.min()
     if math.isinf(best_upper) and np.all(np.isinf(lower)):
         chosen = 0  # every candidate is infinite for the reference too: np.argmin picks the first
