@@ -96,13 +96,14 @@ def _grid(edges: np.ndarray):
     return np.float32(lo_edge), scale, margin
 
 
-def bin_counts(data: np.ndarray, edges: np.ndarray, first=None, last=None, grid=False) -> np.ndarray:
+def bin_counts(data: np.ndarray, edges: np.ndarray, first=None, last=None, grid=False, inside=False) -> np.ndarray:
     """`np.histogram(data, bins=edges)[0]` for flat float32 `data` and sorted, near-uniform float32 `edges`.
 
     A value x is counted in bin k when edges[k] <= x < edges[k+1] (the last bin includes its right edge); values
     outside [first, last] (default: the outer edges) and NaN are not counted: numpy's definition. The bin is
     computed in float32 arithmetic; values whose computed position lies within a proven error margin of an
     edge are placed by a binary search over the edges instead, zeros (often most of a ReLU output) at once.
+    `inside`: the caller knows every value is in [first, last] (no NaN), so blocks need no range check.
     """
     n = edges.size - 1
     if first is None:
@@ -121,7 +122,8 @@ def bin_counts(data: np.ndarray, edges: np.ndarray, first=None, last=None, grid=
     low_buf, high_buf = np.empty(size, dtype=bool), np.empty(size, dtype=bool)
     for start in range(0, data.size, _BLOCK):
         block = data[start:start + _BLOCK]
-        if not (block.min() >= first and block.max() <= last):  # outside the range, or NaN: dropped as numpy does
+        # values outside the range, or NaN: dropped as numpy does
+        if not inside and not (block.min() >= first and block.max() <= last):
             block = block[(block >= first) & (block <= last)]
             if block.size == 0:
                 continue
@@ -158,9 +160,9 @@ def _exact_bins(values: np.ndarray, edges: np.ndarray, n: int) -> np.ndarray:
     return bins
 
 
-def histogram(data: np.ndarray, bins, range=None):  # noqa: A002 (numpy's name)
+def histogram(data: np.ndarray, bins, range=None, bounds=None):  # noqa: A002 (numpy's name)
     """`np.histogram(data, bins, range)` for a flat array: the same counts and edges (float16 and other dtypes,
-    and non-uniform edges, go to numpy itself)."""
+    and non-uniform edges, go to numpy itself). `bounds`: (min, max) of `data` when it holds no NaN."""
     if data.dtype != np.float32:
         return np.histogram(data, bins, range=range)
     if isinstance(bins, np.ndarray):
@@ -173,15 +175,17 @@ def histogram(data: np.ndarray, bins, range=None):  # noqa: A002 (numpy's name)
             return np.histogram(data, bins)  # numpy's error
     first, last = _outer(*range)
     edges, grid = uniform_edges(data.dtype, bins, *range)
-    return bin_counts(data, edges, first, last, grid), edges.copy()
+    inside = bounds is not None and bounds[0] >= first and bounds[1] <= last
+    return bin_counts(data, edges, first, last, grid, inside), edges.copy()
 
 
 def _min_max(data: np.ndarray):
-    """np.nanmin/np.nanmax (what onnxruntime takes), at the cost of min/max when there is no NaN."""
+    """(np.nanmin, np.nanmax) (what onnxruntime takes), at the cost of min/max when there is no NaN, and
+    (min, max) as `histogram`'s bounds, None when there is NaN."""
     lo, hi = data.min(), data.max()
     if np.isnan(lo) or np.isnan(hi):
-        return np.nanmin(data), np.nanmax(data)
-    return lo, hi
+        return np.nanmin(data), np.nanmax(data), None
+    return lo, hi, (lo, hi)
 
 
 def _flat(data_arr) -> np.ndarray:
@@ -227,39 +231,43 @@ class FastHistogramCollector(HistogramCollector):
     # collect_value + merge_histogram of onnxruntime, np.histogram replaced by `histogram`
     def _value(self, tensor, data_arr):
         data_arr = _flat(data_arr)
+        bounds = None
         if data_arr.size > 0:
-            min_value, max_value = _min_max(data_arr)
+            min_value, max_value, bounds = _min_max(data_arr)
         else:
             min_value = np.array(0, dtype=data_arr.dtype)
             max_value = np.array(0, dtype=data_arr.dtype)
         threshold = np.array(max(abs(min_value), abs(max_value)), dtype=data_arr.dtype)
         old = self.histogram_dict.get(tensor)
         if old is None:
-            hist, hist_edges = histogram(data_arr, self.num_bins, range=(-threshold, threshold))
+            hist, hist_edges = histogram(data_arr, self.num_bins, range=(-threshold, threshold), bounds=bounds)
             return hist, hist_edges, min_value, max_value, threshold
-        return self._merge(old, data_arr, min_value, max_value, threshold)
+        return self._merge(old, data_arr, min_value, max_value, threshold, bounds)
 
     @staticmethod
-    def _merge(old_histogram, data_arr, new_min, new_max, new_threshold):
+    def _merge(old_histogram, data_arr, new_min, new_max, new_threshold, bounds=None):
         (old_hist, old_hist_edges, old_min, old_max, old_threshold) = old_histogram
         if new_threshold <= old_threshold:
-            new_hist, _ = histogram(data_arr, len(old_hist), range=(-old_threshold, old_threshold))
+            new_hist, _ = histogram(data_arr, len(old_hist), range=(-old_threshold, old_threshold), bounds=bounds)
             return new_hist + old_hist, old_hist_edges, min(old_min, new_min), max(old_max, new_max), old_threshold
         if old_threshold == 0:
-            hist, hist_edges = histogram(data_arr, len(old_hist), range=(-new_threshold, new_threshold))
+            hist, hist_edges = histogram(data_arr, len(old_hist), range=(-new_threshold, new_threshold),
+                                         bounds=bounds)
             hist += old_hist
         else:
             old_num_bins = len(old_hist)
             old_stride = 2 * old_threshold / old_num_bins
             growth = (new_threshold - old_threshold) // old_stride + 1
             if 2 * float(growth) + old_num_bins > MAX_GROWN_BINS:
-                hist, hist_edges = histogram(data_arr, old_num_bins, range=(-new_threshold, new_threshold))
+                hist, hist_edges = histogram(data_arr, old_num_bins, range=(-new_threshold, new_threshold),
+                                             bounds=bounds)
                 hist += _moved(old_hist, old_hist_edges, hist_edges)
                 return hist, hist_edges, min(old_min, new_min), max(old_max, new_max), new_threshold
             half_increased_bins = int(growth)
             new_num_bins = old_num_bins + 2 * half_increased_bins
             new_threshold = half_increased_bins * old_stride + old_threshold
-            hist, hist_edges = histogram(data_arr, new_num_bins, range=(-new_threshold, new_threshold))
+            hist, hist_edges = histogram(data_arr, new_num_bins, range=(-new_threshold, new_threshold),
+                                         bounds=bounds)
             hist[half_increased_bins: new_num_bins - half_increased_bins] += old_hist
         return hist, hist_edges, min(old_min, new_min), max(old_max, new_max), new_threshold
 
@@ -270,7 +278,7 @@ class FastHistogramCollector(HistogramCollector):
             assert len(dtypes) == 1, f"The calibration expects only one element type but got {dtypes} for {tensor!r}"
         data_arr_np = _flat(data_arr)
         if data_arr_np.size > 0:
-            min_value, max_value = _min_max(data_arr_np)
+            min_value, max_value, _ = _min_max(data_arr_np)
         else:
             min_value = np.array(0, dtype=data_arr_np.dtype)
             max_value = np.array(0, dtype=data_arr_np.dtype)

@@ -40,3 +40,17 @@ def test_a_long_pass_reports_batches_and_rate_at_most_once_a_second(monkeypatch)
     assert lines[0] == "calibrating: 4/10 batches (2.0 batches/s)"  # first report once 2 s have passed
     assert lines[-1] == "calibrating: 10/10 batches (2.0 batches/s)"  # the end is always reported
     assert len(lines) == 4  # 4, 6, 8, 10: throttled to one line a second
+
+
+def test_the_unit_word_names_what_is_counted(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(progress_module.time, "perf_counter", clock)
+    stream = io.StringIO()
+    bar = Progress("choosing entropy ranges", 400, after=2.0, every=5.0, stream=stream, unit="tensors")
+    for done in range(1, 401):
+        clock.now = done * 0.05  # 20 tensors a second, 20 s in all
+        bar.update(done)
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "choosing entropy ranges: 40/400 tensors (20.0 tensors/s)"
+    assert lines[-1] == "choosing entropy ranges: 400/400 tensors (20.0 tensors/s)"
+    assert len(lines) == 5  # at 2 s, then every 5 s (7, 12, 17), and the end
