@@ -178,8 +178,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
+    if not _print_json(result):
+        return 1  # the one line about stdout; the held logs would only bury it
     held.show(caught)
-    return 0 if _print_json(result) else 1
+    return 0
 
 
 if __name__ == "__main__":
