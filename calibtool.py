@@ -70,7 +70,7 @@ def run(argv: list[str]) -> dict:
         seed_v = check_seed(_int(seed, "SEED"), "seed")
         factor_v = check_factor(_float(factor, "FACTOR"), "factor")
         batches_v = check_positive_int(_int(batches, "BATCHES"), "batches", MAX_BATCHES)
-        model = engine.open_float_model(src)
+        model = engine.check_loadable(engine.open_float_model(src))
         result = engine.quantize_lab(model, out, seed_v, factor_v, batches_v, options=options,
                                      cache=engine.cache_from_env())
         return {key: result[key] for key in QUANTIZE_KEYS}

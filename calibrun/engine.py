@@ -16,7 +16,7 @@ from onnx import TensorProto
 
 from calibrun.calibrate import CalibrationCache, CalibrationSpec, calibrated
 from calibrun.data import MAX_ROWS, check_positive_int, evaluation_rows, fixed_rows, lab_batches
-from calibrun.errors import CalibrunError
+from calibrun.errors import CalibrunError, one_line
 from calibrun.files import atomic_path, check_not_source, check_writable
 from calibrun.graph import input_quant, op_counts, scales_summary
 from calibrun.measure import classification, compare, run_feeds, session
@@ -47,6 +47,9 @@ class FloatModel:
                                 " give a data source for each (data=npy)")
         if not self.info.is_float:
             raise CalibrunError(f"{self.path}: input {self.info.name!r} is not float32; the lab data rule needs one")
+        if not self.info.shape:
+            raise CalibrunError(f"{self.path}: input {self.info.name!r} has no known shape (rank 0 or missing); "
+                                "the lab data rule needs [rows, ...]")
         return self.info
 
 
@@ -64,6 +67,21 @@ def open_float_model(path: str | Path, sha256: str | None = None) -> FloatModel:
         described = ", ".join(f"{i.name!r} is {TensorProto.DataType.Name(i.elem_type)}" for i in inputs)
         raise CalibrunError(f"{path}: no float32 input ({described})")
     return FloatModel(path, inputs, sha256 or file_sha256(path))
+
+
+def check_loadable(fp32: FloatModel) -> FloatModel:
+    """onnxruntime can build a session of the model (every op known, shapes consistent): checked before any
+    work, so that a broken model is named as the user gave it, not as a temp copy deep in calibration."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # the exception carries the message; nothing else on stderr
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        ort.InferenceSession(str(fp32.path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise CalibrunError(f"onnxruntime cannot load {fp32.path}: {one_line(exc)}") from exc
+    return fp32
 
 
 def cache_from_env() -> CalibrationCache | None:

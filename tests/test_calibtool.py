@@ -319,6 +319,23 @@ class Assets:
         symbolic.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "F"
         self.symbolic = root / "symbolic.onnx"
         onnx.save_model(symbolic, str(self.symbolic))
+        self.unknown_op = _tiny(root / "unknown_op.onnx", "FooBar", ["N", 4])  # no kernel in onnxruntime
+        self.scalar = _tiny(root / "scalar.onnx", "Relu", [])  # a rank-0 input: no rows to make
+        bad = onnx.load(str(self.lab))  # w1 is 16x32; claim the input has 5 features: MatMul cannot work
+        bad.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 5
+        self.bad_shapes = root / "bad_shapes.onnx"
+        onnx.save_model(bad, str(self.bad_shapes))
+
+
+def _tiny(path: Path, op: str, shape: list) -> Path:
+    from onnx import TensorProto, helper
+
+    value = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("x", "y")]
+    graph = helper.make_graph([helper.make_node(op, ["x"], ["y"])], "tiny", [value[0]], [value[1]])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save_model(model, str(path))
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -382,6 +399,11 @@ BAD_CASES.update({
     "error-fp32-no-outputs": (lambda a, o: ["error", a.no_outputs, a.int8, 1, 8], "no graph output"),
     "quantize-symbolic-features": (lambda a, o: quantize(a, o, src=a.symbolic), "axis 1 is symbolic"),
     "error-symbolic-features": (lambda a, o: ["error", a.symbolic, a.int8, 1, 8], "axis 1 is symbolic"),
+    # models onnxruntime cannot run: named as given, not as a temp copy inside the calibration
+    "quantize-unknown-op": (lambda a, o: quantize(a, o, src=a.unknown_op), "cannot load"),
+    "quantize-inconsistent-shapes": (lambda a, o: quantize(a, o, src=a.bad_shapes), "bad_shapes.onnx"),
+    "quantize-rank-0-input": (lambda a, o: quantize(a, o, src=a.scalar), "no known shape"),
+    "error-fp32-unknown-op": (lambda a, o: ["error", a.unknown_op, a.int8, 1, 8], ""),
     # numbers past their bounds: one line, no numpy warning before it
     "factor-1e39-overflows-float32": (lambda a, o: quantize(a, o, factor="1e39"), "1e+30"),
     "factor-1e38": (lambda a, o: quantize(a, o, factor="1e38"), "factor"),
