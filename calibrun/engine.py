@@ -20,7 +20,15 @@ from calibrun.errors import CalibrunError, one_line
 from calibrun.files import atomic_path, check_not_source, check_writable
 from calibrun.graph import input_quant, op_counts, scales_summary
 from calibrun.measure import classification, compare, run_feeds, session
-from calibrun.model import InputInfo, check_not_quantised, check_outputs, file_sha256, graph_inputs, load_model
+from calibrun.model import (
+    InputInfo,
+    check_not_quantised,
+    check_outputs,
+    external_files,
+    file_sha256,
+    graph_inputs,
+    load_model,
+)
 from calibrun.quantize import QuantOptions, quantize
 
 DEFAULT_CACHE_DIR = ".calibrun-cache"
@@ -107,7 +115,7 @@ def quantize_with(
     spec = spec or CalibrationSpec()
     options = options or QuantOptions()
     out = check_writable(out)  # before calibrating, not after
-    check_not_source(fp32.path, out)
+    check_not_source(fp32.path, out, external_files(fp32.path))
 
     def check(tmp: Path) -> None:
         input_quant(onnx.load(str(tmp)), where=f"quantised {fp32.path.name}")

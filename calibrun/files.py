@@ -98,11 +98,12 @@ def check_writable(target: str | os.PathLike) -> Path:
     return target
 
 
-def check_not_source(source: str | os.PathLike, target: str | os.PathLike) -> None:
-    """Refuse to write `target` when it is `source` (the same path, a symlink or hard link to it, or its
-    external data file): the input would be overwritten by its own output."""
+def check_not_source(source: str | os.PathLike, target: str | os.PathLike, data_files=()) -> None:
+    """Refuse to write `target` when it is `source` (the same path, a symlink or hard link to it) or one of its
+    external data files (`data_files`, and `source.data` by default): the input would be overwritten by its
+    own output."""
     source, target = Path(source), Path(target)
-    candidates = [source, source.with_name(source.name + ".data")]
+    candidates = [source, source.with_name(source.name + ".data"), *map(Path, data_files)]
     for path in candidates:
         same = os.path.abspath(path) == os.path.abspath(target)
         if not same and path.exists() and target.exists():

@@ -172,6 +172,18 @@ def check_outputs(model: onnx.ModelProto, path: str | Path = "model") -> None:
         raise CalibrunError(f"{path} has no graph output: there is nothing to compare fp32 and int8 on")
 
 
+def external_files(path: str | Path) -> list[Path]:
+    """The external data files an ONNX file refers to (top graph initializers), resolved beside it."""
+    path = Path(path)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # unreadable: load_model reports it
+        return []
+    names = {entry.value for tensor in model.graph.initializer if tensor.data_location == TensorProto.EXTERNAL
+             for entry in tensor.external_data if entry.key == "location"}
+    return [path.parent / name for name in sorted(names)]
+
+
 def file_sha256(path: str | Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

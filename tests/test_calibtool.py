@@ -495,21 +495,28 @@ def _same_file_args(kind: str, folder: Path) -> tuple[list, Path]:
     if kind == "hardlink":
         os.link(model, folder / "hard.onnx")
         return ["quantize", folder / "hard.onnx", model, 1, 1.0, 2], folder
+    if kind == "its-data-file":
+        from calibrun.model import build_lab_model
+
+        onnx.save_model(build_lab_model(), str(model), save_as_external_data=True, location="weights.bin",
+                        size_threshold=0)
+        return ["quantize", model, folder / "weights.bin", 1, 1.0, 2], folder
     if kind == "linked-folder":
         (folder / "alias").symlink_to(folder, target_is_directory=True)
         return ["quantize", model, folder / "alias" / "m.onnx", 1, 1.0, 2], folder
     raise AssertionError(kind)
 
 
-@pytest.mark.parametrize("kind", ["same-path", "relative", "dot-dot", "symlink", "hardlink", "linked-folder"])
+@pytest.mark.parametrize("kind", ["same-path", "relative", "dot-dot", "symlink", "hardlink", "linked-folder",
+                                  "its-data-file"])
 def test_quantize_onto_its_own_input_is_refused(kind, tmp_path):
     from calibrun.model import write_lab_model
 
     folder = tmp_path / "models"
     folder.mkdir()
-    model = write_lab_model(folder / "m.onnx")
-    before = model.read_bytes()
+    write_lab_model(folder / "m.onnx")
     args, cwd = _same_file_args(kind, folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
     listed = listing(folder)
     code, stdout, stderr = run_calibtool(args, cwd, tmp_path / "cache")
     assert code == 1, stderr
@@ -517,7 +524,7 @@ def test_quantize_onto_its_own_input_is_refused(kind, tmp_path):
     assert stderr.splitlines() == [stderr.strip()]
     assert stderr.startswith("calibtool: error: cannot write ")
     assert "is the input model" in stderr
-    assert model.read_bytes() == before
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before
     assert listing(folder) == listed
     assert not (tmp_path / "cache").exists()  # refused before any work: nothing calibrated
 
