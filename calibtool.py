@@ -15,12 +15,15 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run from any working directory
 
 from calibrun.errors import one_line  # noqa: E402  (light: no onnx or onnxruntime import)
+from calibrun.files import check_not_source, remove_orphans, remove_temp_orphans  # noqa: E402  (light too)
 
 USAGE = (
     "usage: calibtool.py quantize IN OUT SEED FACTOR BATCHES [qdq|qoperator]\n"
@@ -35,38 +38,46 @@ class UsageError(Exception):
     pass
 
 
+def _shown(text: str) -> str:
+    return repr(text) if len(text) <= 40 else f"{text[:20]!r}... ({len(text)} characters)"
+
+
 def _int(text: str, name: str) -> int:
     try:
         return int(text)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {text!r}") from None
+    except ValueError:  # also Python's limit on the digits of an int
+        raise ValueError(f"{name} must be an integer, got {_shown(text)}") from None
 
 
 def _float(text: str, name: str) -> float:
     try:
         return float(text)
     except ValueError:
-        raise ValueError(f"{name} must be a number, got {text!r}") from None
+        raise ValueError(f"{name} must be a number, got {_shown(text)}") from None
 
 
 def run(argv: list[str]) -> dict:
     from calibrun import engine
+    from calibrun.data import MAX_BATCHES, check_factor, check_positive_int, check_seed
     from calibrun.quantize import QuantOptions
 
     command, args = argv[0], argv[1:]
     if command == "quantize":
         src, out, seed, factor, batches = args[:5]
+        check_not_source(src, out)  # before anything else: the input must survive any outcome
         fmt = args[5] if len(args) > 5 else "qdq"
         options = QuantOptions(format=fmt.lower())
-        seed_v, factor_v, batches_v = _int(seed, "SEED"), _float(factor, "FACTOR"), _int(batches, "BATCHES")
-        model = engine.open_float_model(src)
+        seed_v = check_seed(_int(seed, "SEED"), "seed")
+        factor_v = check_factor(_float(factor, "FACTOR"), "factor")
+        batches_v = check_positive_int(_int(batches, "BATCHES"), "batches", MAX_BATCHES)
+        model = engine.check_loadable(engine.open_float_model(src))
         result = engine.quantize_lab(model, out, seed_v, factor_v, batches_v, options=options,
                                      cache=engine.cache_from_env())
         return {key: result[key] for key in QUANTIZE_KEYS}
     if command == "scales":
         return engine.scales(args[0])
     fp32, int8, seed, rows = args
-    return engine.error(fp32, int8, _int(seed, "SEED"), _int(rows, "ROWS"))
+    return engine.error(fp32, int8, check_seed(_int(seed, "SEED"), "seed"), _int(rows, "ROWS"))
 
 
 class _HeldLogs(logging.Handler):
@@ -80,9 +91,53 @@ class _HeldLogs(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
 
-    def show(self) -> None:
+    def show(self, caught: list[warnings.WarningMessage] = ()) -> None:
         for record in self.records:
             print(f"{record.levelname}:{record.name}:{record.getMessage()}", file=sys.stderr)
+        for w in caught:
+            print(f"{w.category.__name__}: {one_line(w.message)}", file=sys.stderr)
+
+
+class _Terminated(Exception):
+    """SIGTERM, turned into an exception so that every temp file is removed on the way out."""
+
+    def __str__(self) -> str:
+        return "terminated (SIGTERM)"
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
+
+
+def _clean_orphans(argv: list[str]) -> None:
+    """Temp files that killed calibtool or calibrun processes left: beside OUT, in the cache, in /tmp."""
+    folders = []
+    if argv[0] == "quantize":
+        folders.append(Path(argv[2]).parent)
+    cache = os.environ.get("CALIBRUN_CACHE", ".calibrun-cache")
+    if cache.strip().lower() not in {"off", "0", "false", ""}:
+        folders += [Path(cache), Path(cache) / "models"]
+    removed = [p for folder in folders for p in remove_orphans(folder)] + remove_temp_orphans()
+    if removed:
+        logging.getLogger("calibtool").info("removed %d temp file(s) of killed runs", len(removed))
+
+
+def _print_json(result: dict) -> bool:
+    """The one JSON line on stdout; False (and one line on stderr) when stdout cannot take it (a full
+    device, a closed pipe)."""
+    try:
+        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.flush()
+    except OSError as exc:  # ENOSPC, EPIPE (BrokenPipeError), EIO ...
+        # Python flushes stdout again at exit: point it at /dev/null so that no second error is printed.
+        with contextlib.suppress(OSError):
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, sys.stdout.fileno())
+            os.close(null)
+        print(f"calibtool: error: cannot write the result to stdout: {exc.strerror or one_line(exc)}",
+              file=sys.stderr)
+        return False
+    return True
 
 
 @contextlib.contextmanager
@@ -106,17 +161,26 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     held = _HeldLogs()
     logging.basicConfig(handlers=[held], level=logging.WARNING, force=True)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        with _stdout_to_stderr():
+        # Python and numpy warnings are held like the logs: shown on success, dropped on failure, so that an
+        # error (FACTOR=1e39, a broken model) stays the one line on stderr.
+        with warnings.catch_warnings(record=True) as caught, _stdout_to_stderr():
+            warnings.simplefilter("default")
+            _clean_orphans(argv)
             result = run(argv)
-    except Exception as exc:  # one line, no traceback: CalibrunError, ValueError from parsing, library errors
+    except (Exception, KeyboardInterrupt) as exc:  # one line, no traceback, whatever failed
         if os.environ.get("CALIBRUN_DEBUG"):
             held.show()
             raise
-        print(f"calibtool: error: {one_line(exc)}", file=sys.stderr)
+        message = "interrupted" if isinstance(exc, KeyboardInterrupt) else one_line(exc)
+        print(f"calibtool: error: {message}", file=sys.stderr)
         return 1
-    held.show()
-    print(json.dumps(result))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if not _print_json(result):
+        return 1  # the one line about stdout; the held logs would only bury it
+    held.show(caught)
     return 0
 
 

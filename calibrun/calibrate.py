@@ -16,7 +16,6 @@ import hashlib
 import json
 import logging
 import math
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from onnxruntime.quantization.calibrate import (
 from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
 from calibrun.errors import CalibrunError
-from calibrun.files import atomic_path, write_json
+from calibrun.files import atomic_path, temp_dir, write_json
 from calibrun.histogram import ALGORITHM as HISTOGRAM_ALGORITHM
 from calibrun.histogram import FastHistogramCollector
 from calibrun.progress import Progress
@@ -325,7 +324,7 @@ def run_calibration(model_path: str | Path, data, input_name: str, spec: Calibra
     if total == 0:
         raise CalibrunError("calibration data is empty")
     progress = Progress("calibrating", total)
-    with tempfile.TemporaryDirectory(prefix="calibrun.calib.") as tmp:
+    with temp_dir("calib") as tmp:
         calibrator = create_calibrator(
             private_model_copy(model_path, tmp),
             spec.op_types_calibrated(),
@@ -406,7 +405,7 @@ def calibrated(
         yield Calibration(path, spec.method, key, False, time.perf_counter() - start, span, len(data), record,
                           spec.op_types or None)
         return
-    with tempfile.TemporaryDirectory(prefix="calibrun.ranges.") as tmp:
+    with temp_dir("ranges") as tmp:
         path = write_ranges(Path(tmp) / f"{key}.json", tensors, record, span)
         yield Calibration(path, spec.method, key, False, time.perf_counter() - start, span, len(data), record,
                           spec.op_types or None)

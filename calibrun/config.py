@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from calibrun.calibrate import METHODS, CalibrationSpec
+from calibrun.data import MAX_BATCHES, MAX_FACTOR, MAX_ROWS, MAX_SEED, MIN_FACTOR
 from calibrun.errors import CalibrunError
 from calibrun.quantize import FORMATS, QuantOptions
+from calibrun.sources import IMAGENET_MEAN, IMAGENET_STD, MAX_IMAGE_SIDE, ImageTransform
 
 
 @dataclass
@@ -61,11 +64,13 @@ class DataConf:
 
     name: str = "lab"
     path: str | None = None
-    resize: int = 256
-    crop: int = 224
-    mean: list[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])
-    std: list[float] = field(default_factory=lambda: [0.229, 0.224, 0.225])
+    resize: int = 256  # images: the shorter side after resizing (not used with letterbox)
+    crop: Any = 224  # images: an int (square) or [height, width]; checked by validate()
+    mean: list[float] = field(default_factory=lambda: list(IMAGENET_MEAN))
+    std: list[float] = field(default_factory=lambda: list(IMAGENET_STD))
     grayscale: bool = False
+    letterbox: bool = False  # images: fit inside crop keeping the aspect ratio, pad with pad_value
+    pad_value: float = 0.0  # images with letterbox: the padding, in 0..1 pixel scale (before mean/std)
 
 
 @dataclass
@@ -132,6 +137,9 @@ class Config:
     resume: bool = False  # skip jobs whose result.json is complete and valid (same sweep folder)
 
 
+MAX_THREADS = 256  # onnxruntime intra-op threads: far more than any machine's cores (100000 hangs)
+
+
 def register() -> None:
     ConfigStore.instance().store(name="calibrun_schema", node=Config)
 
@@ -161,12 +169,14 @@ def validate(cfg: DictConfig) -> None:
     unknown = _unknown_keys(cfg, _SCHEMA_KEYS)  # `+key=...` slips past Hydra's struct mode
     if unknown:
         raise CalibrunError(f"config {unknown[0]}: is not a calibrun setting (a typo?)")
-    _need(cfg.batches >= 1, "batches", "must be >= 1", cfg.batches)
-    _need(math.isfinite(cfg.calibration.factor) and cfg.calibration.factor > 0, "calibration.factor",
-          "must be a finite number > 0", cfg.calibration.factor)
-    _need(cfg.calibration.seed >= 0, "calibration.seed", "must be >= 0", cfg.calibration.seed)
-    _need(cfg.eval.seed >= 0, "eval.seed", "must be >= 0", cfg.eval.seed)
-    _need(cfg.eval.rows >= 1, "eval.rows", "must be >= 1", cfg.eval.rows)
+    _need(1 <= cfg.batches <= MAX_BATCHES, "batches", f"must be in 1..{MAX_BATCHES}", cfg.batches)
+    factor = cfg.calibration.factor
+    _need(math.isfinite(factor) and MIN_FACTOR <= factor <= MAX_FACTOR, "calibration.factor",
+          f"must be a finite number in {MIN_FACTOR:g}..{MAX_FACTOR:g} (N(0, 1) * factor is cast to float32)", factor)
+    for key in ("calibration.seed", "eval.seed"):
+        seed = OmegaConf.select(cfg, key)
+        _need(0 <= seed <= MAX_SEED, key, f"must be in 0..{MAX_SEED} (2**32 - 1)", seed)
+    _need(1 <= cfg.eval.rows <= MAX_ROWS, "eval.rows", f"must be in 1..{MAX_ROWS}", cfg.eval.rows)
     _need(cfg.format.name in FORMATS, "format.name", f"must be one of {sorted(FORMATS)}", cfg.format.name)
     _need(cfg.method.name in METHODS, "method.name", f"must be one of {sorted(METHODS)}", cfg.method.name)
     if cfg.method.chunk is not None:
@@ -188,17 +198,41 @@ def validate(cfg: DictConfig) -> None:
         if source.name != "lab":
             _need(bool(source.path), f"{key}.path", f"is required with {key}={source.name}", source.path)
         if source.name == "images":
-            _need(0 < source.crop <= source.resize, f"{key}.crop", f"must be in 1..{key}.resize", source.crop)
-            _need(len(source.mean) == len(source.std) == (1 if source.grayscale else 3), f"{key}.mean",
-                  "mean and std need one value per channel", list(source.mean))
-            _need(all(v > 0 for v in source.std), f"{key}.std", "must be > 0", list(source.std))
+            _check_image_source(source, key)
     _need(cfg.tracking.name in TRACKING, "tracking.name", f"must be one of {list(TRACKING)}", cfg.tracking.name)
     if cfg.tracking.name == "server":
         _need(bool(cfg.tracking.uri), "tracking.uri", "is required with tracking=server (tracking.uri=http://HOST:PORT)",
               cfg.tracking.uri)
-    _need(cfg.ort.intra_op_threads >= 0, "ort.intra_op_threads", "must be >= 0", cfg.ort.intra_op_threads)
+    _need(0 <= cfg.ort.intra_op_threads <= MAX_THREADS, "ort.intra_op_threads",
+          f"must be in 0..{MAX_THREADS} (0: onnxruntime's choice, one per core)", cfg.ort.intra_op_threads)
     calibration_spec(cfg)
     quant_options(cfg)
+
+
+def _check_image_source(source: DictConfig, key: str) -> None:
+    crop = OmegaConf.to_container(source.crop) if isinstance(source.crop, ListConfig) else source.crop
+    pair = isinstance(crop, list)
+    sides = crop if pair else [crop]
+    _need((len(sides) == 2 if pair else True) and all(isinstance(v, int) and not isinstance(v, bool) for v in sides),
+          f"{key}.crop", "must be an integer or [height, width] (e.g. [48,192])", crop)
+    _need(all(1 <= v <= MAX_IMAGE_SIDE for v in sides), f"{key}.crop", f"sides must be in 1..{MAX_IMAGE_SIDE}", crop)
+    _need(1 <= source.resize <= MAX_IMAGE_SIDE, f"{key}.resize", f"must be in 1..{MAX_IMAGE_SIDE}", source.resize)
+    if not source.letterbox:
+        _need(min(sides) <= source.resize, f"{key}.crop",
+              f"must fit inside {key}.resize={source.resize} (the shorter side after resizing; "
+              f"or {key}.letterbox=true)",
+              crop)
+    _need(math.isfinite(source.pad_value) and 0 <= source.pad_value <= 1, f"{key}.pad_value",
+          "must be in 0..1 (pixel scale, before mean/std)", source.pad_value)
+    _need(len(source.mean) == len(source.std) == (1 if source.grayscale else 3), f"{key}.mean",
+          "mean and std need one value per channel", list(source.mean))
+    _need(all(math.isfinite(v) for v in [*source.mean, *source.std]), f"{key}.mean", "mean and std must be finite",
+          [*source.mean, *source.std])
+    _need(all(v > 0 for v in source.std), f"{key}.std", "must be > 0", list(source.std))
+    try:
+        ImageTransform.from_config(source)
+    except CalibrunError as exc:
+        raise CalibrunError(f"config {key}: {exc}") from None
 
 
 def tracking_enabled(cfg: DictConfig) -> bool:

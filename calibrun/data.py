@@ -15,6 +15,13 @@ from calibrun.errors import CalibrunError
 from calibrun.model import InputInfo
 
 ROWS_PER_BATCH = 16
+# Upper bounds of every count a user gives (config and calibtool): beyond them a run would take days, hold
+# more memory than a machine has, or hang; each is named in the message that refuses it.
+MAX_BATCHES = 100_000  # 1.6 million calibration rows
+MAX_ROWS = 1_000_000  # evaluation rows
+MAX_SEED = 2**32 - 1  # numpy's legacy bound, what most tools accept
+MAX_FACTOR = 1e30  # N(0, 1) * factor must stay far inside float32 (3.4e38)
+MIN_FACTOR = 1e-30  # below this the calibration data is all zeros (or denormal) in float32
 
 
 def sample_shape(info: InputInfo, axis_sizes: Mapping[int, int] | None = None) -> tuple[int, ...]:
@@ -28,7 +35,9 @@ def sample_shape(info: InputInfo, axis_sizes: Mapping[int, int] | None = None) -
             shape.append(int(axis_sizes[axis]))
         else:
             raise CalibrunError(
-                f"input {info.name!r} axis {axis} is symbolic ({dim or '?'}); configure its size"
+                f"input {info.name!r} axis {axis} is symbolic ({dim or '?'}): the lab data rule only makes rows "
+                "of a fixed shape; give the model a fixed size there, or calibrate on your own data "
+                "(data=npy: the arrays' shape fills it; data=images: data.crop gives height and width)"
             )
     return tuple(shape)
 
@@ -45,25 +54,37 @@ def batch_shape(info: InputInfo, axis_sizes: Mapping[int, int] | None = None) ->
 
 
 def check_seed(seed: int, name: str = "seed") -> int:
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-        raise CalibrunError(f"{name} must be an integer >= 0, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not 0 <= seed <= MAX_SEED:
+        raise CalibrunError(f"{name} must be an integer in 0..{MAX_SEED} (2**32 - 1), got {_short(seed)}")
     return int(seed)
 
 
-def check_positive_int(value: int, name: str) -> int:
+def check_positive_int(value: int, name: str, maximum: int | None = None) -> int:
+    """An integer >= 1 (and <= `maximum`); the message names `name` and the bound."""
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise CalibrunError(f"{name} must be an integer >= 1, got {value!r}")
+        raise CalibrunError(f"{name} must be an integer >= 1, got {_short(value)}")
+    if maximum is not None and value > maximum:
+        raise CalibrunError(f"{name} must be at most {maximum}, got {_short(value)}")
     return int(value)
 
 
 def check_factor(factor: float, name: str = "factor") -> float:
     try:
         value = float(factor)
-    except (TypeError, ValueError):
-        raise CalibrunError(f"{name} must be a number > 0, got {factor!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise CalibrunError(f"{name} must be a number > 0, got {_short(factor)}") from None
     if not math.isfinite(value) or value <= 0:
-        raise CalibrunError(f"{name} must be a finite number > 0, got {factor!r}")
+        raise CalibrunError(f"{name} must be a finite number > 0, got {_short(factor)}")
+    if not MIN_FACTOR <= value <= MAX_FACTOR:
+        raise CalibrunError(f"{name} must be in {MIN_FACTOR:g}..{MAX_FACTOR:g} (N(0, 1) * factor is cast to "
+                            f"float32), got {_short(factor)}")
     return value
+
+
+def _short(value) -> str:
+    """A value for a message: never thousands of digits."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
 
 
 class LabBatches:
@@ -75,7 +96,7 @@ class LabBatches:
     def __init__(self, seed: int, factor: float, batches: int, shape: tuple[int, ...]):
         self.seed = check_seed(seed)
         self.factor = check_factor(factor)
-        self.batches = check_positive_int(batches, "batches")
+        self.batches = check_positive_int(batches, "batches", MAX_BATCHES)
         self.shape = tuple(int(d) for d in shape)
 
     def __len__(self) -> int:
@@ -83,9 +104,13 @@ class LabBatches:
 
     def __iter__(self) -> Iterator[np.ndarray]:
         rng = np.random.default_rng(self.seed)
-        for _ in range(self.batches):
+        for index in range(self.batches):
             # Cast after multiplying: the rule outside tools rebuild.
-            yield (rng.normal(0, 1, self.shape) * self.factor).astype(np.float32)
+            with np.errstate(over="ignore"):  # reported below as one error, not a numpy warning
+                batch = (rng.normal(0, 1, self.shape) * self.factor).astype(np.float32)
+            if not np.all(np.isfinite(batch)):
+                raise CalibrunError(f"calibration batch {index}: N(0, 1) * factor {self.factor:g} overflows float32")
+            yield batch
 
     def identity(self) -> dict:
         """Everything that decides these arrays (enters the calibration cache key)."""
@@ -106,6 +131,6 @@ def lab_batches(info: InputInfo, seed: int, factor: float, batches: int, axis_si
 def evaluation_rows(info: InputInfo, seed: int, rows: int, axis_sizes=None) -> np.ndarray:
     """The real distribution: N(0, 1), never multiplied by a calibration factor."""
     seed = check_seed(seed)
-    rows = check_positive_int(rows, "rows")
+    rows = check_positive_int(rows, "rows", MAX_ROWS)
     shape = (rows, *sample_shape(info, axis_sizes))
     return np.random.default_rng(seed).normal(0, 1, shape).astype(np.float32)

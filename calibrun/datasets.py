@@ -17,8 +17,7 @@ from calibrun.sources import EvalData, ImageTransform
 
 
 def _transform(source: Mapping) -> ImageTransform:
-    return ImageTransform(resize=int(source["resize"]), crop=int(source["crop"]), mean=tuple(source["mean"]),
-                          std=tuple(source["std"]), grayscale=bool(source["grayscale"]))
+    return ImageTransform.from_config(source)
 
 
 def _path(source: Mapping) -> Path:

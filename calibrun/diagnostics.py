@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import math
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +56,7 @@ from onnxruntime.quantization.quant_utils import QUANT_INPUT_SUFFIX
 
 from calibrun.calibrate import private_model_copy
 from calibrun.errors import CalibrunError, one_line
+from calibrun.files import temp_dir
 from calibrun.graph import constant_tensors
 from calibrun.model import load_model
 
@@ -254,7 +254,7 @@ def tensor_diagnostics(
     load_model(fp32_path)  # a clear error for a missing or broken file
     ranges = _ranges(ranges_path)
 
-    with tempfile.TemporaryDirectory(prefix="calibrun.diag.") as tmp:
+    with temp_dir("diag") as tmp:
         fp32_acts = _activations(Path(fp32_path), Path(tmp) / "fp32", {p.tensor for p in pairs}, feeds, threads)
         qdq_acts = _activations(Path(int8_qdq_path), Path(tmp) / "int8", {n for p in pairs for n in (p.pre, p.post)},
                                 feeds, threads)

@@ -15,12 +15,20 @@ import onnx
 from onnx import TensorProto
 
 from calibrun.calibrate import CalibrationCache, CalibrationSpec, calibrated
-from calibrun.data import check_positive_int, evaluation_rows, fixed_rows, lab_batches
-from calibrun.errors import CalibrunError
-from calibrun.files import atomic_path, check_writable
+from calibrun.data import MAX_ROWS, check_positive_int, evaluation_rows, fixed_rows, lab_batches
+from calibrun.errors import CalibrunError, one_line
+from calibrun.files import atomic_path, check_not_source, check_writable
 from calibrun.graph import input_quant, op_counts, scales_summary
 from calibrun.measure import classification, compare, run_feeds, session
-from calibrun.model import InputInfo, file_sha256, graph_inputs, load_model
+from calibrun.model import (
+    InputInfo,
+    check_not_quantised,
+    check_outputs,
+    external_files,
+    file_sha256,
+    graph_inputs,
+    load_model,
+)
 from calibrun.quantize import QuantOptions, quantize
 
 DEFAULT_CACHE_DIR = ".calibrun-cache"
@@ -47,19 +55,41 @@ class FloatModel:
                                 " give a data source for each (data=npy)")
         if not self.info.is_float:
             raise CalibrunError(f"{self.path}: input {self.info.name!r} is not float32; the lab data rule needs one")
+        if not self.info.shape:
+            raise CalibrunError(f"{self.path}: input {self.info.name!r} has no known shape (rank 0 or missing); "
+                                "the lab data rule needs [rows, ...]")
         return self.info
 
 
-def open_float_model(path: str | Path) -> FloatModel:
+def open_float_model(path: str | Path, sha256: str | None = None) -> FloatModel:
+    """A float model to calibrate or evaluate (refused: no input, no output, no float input, already
+    quantised). `sha256`: the file's hash when the caller has just verified it (saves hashing it again)."""
     path = Path(path)
     model = load_model(path)
     inputs = tuple(graph_inputs(model))
     if not inputs:
         raise CalibrunError(f"{path} has no graph input")
+    check_outputs(model, path)
+    check_not_quantised(model, path)
     if not any(i.is_float for i in inputs):
         described = ", ".join(f"{i.name!r} is {TensorProto.DataType.Name(i.elem_type)}" for i in inputs)
         raise CalibrunError(f"{path}: no float32 input ({described})")
-    return FloatModel(path, inputs, file_sha256(path))
+    return FloatModel(path, inputs, sha256 or file_sha256(path))
+
+
+def check_loadable(fp32: FloatModel) -> FloatModel:
+    """onnxruntime can build a session of the model (every op known, shapes consistent): checked before any
+    work, so that a broken model is named as the user gave it, not as a temp copy deep in calibration."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # the exception carries the message; nothing else on stderr
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        ort.InferenceSession(str(fp32.path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise CalibrunError(f"onnxruntime cannot load {fp32.path}: {one_line(exc)}") from exc
+    return fp32
 
 
 def cache_from_env() -> CalibrationCache | None:
@@ -85,6 +115,7 @@ def quantize_with(
     spec = spec or CalibrationSpec()
     options = options or QuantOptions()
     out = check_writable(out)  # before calibrating, not after
+    check_not_source(fp32.path, out, external_files(fp32.path))
 
     def check(tmp: Path) -> None:
         input_quant(onnx.load(str(tmp)), where=f"quantised {fp32.path.name}")
@@ -149,6 +180,6 @@ def evaluate(fp32: FloatModel, int8_path: str | Path, feeds: dict[str, np.ndarra
 
 def error(fp32_path: str | Path, int8_path: str | Path, seed: int, rows: int, threads: int = 0) -> dict:
     """The `error` contract: |fp32 - int8| over all output elements on the lab evaluation rows."""
-    rows = check_positive_int(rows, "rows")
+    rows = check_positive_int(rows, "rows", MAX_ROWS)
     fp32 = open_float_model(fp32_path)
     return evaluate(fp32, int8_path, lab_feeds(fp32, seed, rows), threads)

@@ -9,6 +9,7 @@ import re
 import secrets
 import shutil
 import socket
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from calibrun.errors import CalibrunError
 
 _HOST = socket.gethostname().replace(".", "_")
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<host>[^.]+)\.(?P<pid>\d+)\.[0-9a-f]{8}(\.[^.]+)*\.(tmp|prepare)$")
+# Private temp folders in the system temp dir (`temp_dir`): calibrun.<kind>.<host>.<pid>.<tempfile's random part>
+_TEMP_DIR = re.compile(r"^calibrun\.(?P<kind>[a-z]+)\.(?P<host>[^.]+)\.(?P<pid>\d+)\.[A-Za-z0-9_]+$")
 
 
 def temp_name(target: Path, suffix: str) -> Path:
@@ -53,6 +56,37 @@ def remove_orphans(folder: str | os.PathLike) -> list[Path]:
     return removed
 
 
+def temp_dir(kind: str, folder: str | os.PathLike | None = None) -> tempfile.TemporaryDirectory:
+    """A private temp folder `calibrun.<kind>.<host>.<pid>.XXXXXXXX` (in the system temp dir unless `folder`),
+    removed when the block ends. The host and process in its name let `remove_orphans` clear it after a
+    SIGKILL."""
+    return tempfile.TemporaryDirectory(prefix=f"calibrun.{kind}.{_HOST}.{os.getpid()}.", dir=folder)
+
+
+def remove_temp_orphans(folder: str | os.PathLike | None = None) -> list[Path]:
+    """Remove the private temp folders (`temp_dir`) of killed calibrun processes of this host from the system
+    temp dir (or `folder`)."""
+    removed = []
+    folder = Path(folder or tempfile.gettempdir())
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _TEMP_DIR.match(entry.name)
+        if match is None or match["host"] != _HOST or _alive(int(match["pid"])):
+            continue
+        try:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        except OSError:
+            continue  # someone else's (another user's) folder: not ours to remove
+        removed.append(entry)
+    return removed
+
+
 def check_writable(target: str | os.PathLike) -> Path:
     """Fail before any expensive work when `target` cannot be written: its folder is missing, or it is a folder."""
     target = Path(target)
@@ -62,6 +96,26 @@ def check_writable(target: str | os.PathLike) -> Path:
     if target.is_dir():
         raise CalibrunError(f"cannot write {target}: it is a folder")
     return target
+
+
+def check_not_source(source: str | os.PathLike, target: str | os.PathLike, data_files=()) -> None:
+    """Refuse to write `target` when it is `source` (the same path, a symlink or hard link to it) or one of its
+    external data files (`data_files`, and `source.data` by default): the input would be overwritten by its
+    own output."""
+    source, target = Path(source), Path(target)
+    candidates = [source, source.with_name(source.name + ".data"), *map(Path, data_files)]
+    for path in candidates:
+        same = os.path.abspath(path) == os.path.abspath(target)
+        if not same and path.exists() and target.exists():
+            try:
+                same = os.path.samefile(path, target)
+            except OSError:
+                same = False
+        if not same and path.exists():
+            same = path.resolve() == target.resolve()
+        if same:
+            what = "the input model" if path == source else "the input model's data file"
+            raise CalibrunError(f"cannot write {target}: it is {what} {source}; choose another output path")
 
 
 @contextlib.contextmanager

@@ -143,6 +143,47 @@ def float_input(model: onnx.ModelProto, path: str | Path = "model") -> InputInfo
     return first
 
 
+# Ops that only a quantised graph holds (QDQ, QOperator, dynamic and integer-arithmetic forms).
+QUANTISED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
+                           "ConvInteger", "QGemm", "QAttention", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM",
+                           "MatMulIntegerToFloat", "QEmbedLayerNormalization", "MatMulNBits"})
+
+
+def quantised_ops(model: onnx.ModelProto) -> dict[str, int]:
+    """op type -> count of the nodes of `model` (top graph) that only a quantised model holds."""
+    found: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type in QUANTISED_OPS or node.op_type.startswith(("QLinear", "QOrdered")):
+            found[node.op_type] = found.get(node.op_type, 0) + 1
+    return dict(sorted(found.items()))
+
+
+def check_not_quantised(model: onnx.ModelProto, path: str | Path = "model") -> None:
+    """Refuse a model that is already quantised: calibrating it again would quantise its quantisation."""
+    found = quantised_ops(model)
+    if found:
+        ops = ", ".join(f"{op} x{n}" for op, n in found.items())
+        raise CalibrunError(f"{path} is already quantised ({ops}); give the float32 model it was made from")
+
+
+def check_outputs(model: onnx.ModelProto, path: str | Path = "model") -> None:
+    """Refuse a model without graph outputs: there would be nothing to measure."""
+    if not model.graph.output:
+        raise CalibrunError(f"{path} has no graph output: there is nothing to compare fp32 and int8 on")
+
+
+def external_files(path: str | Path) -> list[Path]:
+    """The external data files an ONNX file refers to (top graph initializers), resolved beside it."""
+    path = Path(path)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # unreadable: load_model reports it
+        return []
+    names = {entry.value for tensor in model.graph.initializer if tensor.data_location == TensorProto.EXTERNAL
+             for entry in tensor.external_data if entry.key == "location"}
+    return [path.parent / name for name in sorted(names)]
+
+
 def file_sha256(path: str | Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

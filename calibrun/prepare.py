@@ -35,7 +35,7 @@ from onnx import AttributeProto, GraphProto, TensorProto, helper, version_conver
 
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import atomic_path, check_writable, temp_name
-from calibrun.model import InputInfo, float_input, graph_inputs, load_model
+from calibrun.model import InputInfo, check_not_quantised, check_outputs, float_input, graph_inputs, load_model
 
 log = logging.getLogger("calibrun")
 # Bump when a step changes what it writes: prepared models are cached by source hash and this version.
@@ -121,6 +121,8 @@ def prepare_model(src: str | Path, dst: str | Path) -> Prepared:
         raise CalibrunError(f"cannot prepare {src} onto itself: choose another output path")
     model = load_model(src)
     float_input(model, src)  # fail before any work when there is nothing float to calibrate
+    check_outputs(model, src)
+    check_not_quantised(model, src)
     external = _uses_external_data(onnx.load(str(src), load_external_data=False)) or _tensor_bytes(model) > INLINE_LIMIT
     log.info("preparing %s -> %s (%s)", src, dst, "external data" if external else "weights inline")
 

@@ -5,7 +5,6 @@ Everything here is post-calibration: changing any of these options reuses the ca
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
 from calibrun.calibrate import METHODS, Calibration, private_model_copy
 from calibrun.errors import CalibrunError
-from calibrun.files import atomic_path
+from calibrun.files import atomic_path, temp_dir
 
 FORMATS = {"qdq": QuantFormat.QDQ, "qoperator": QuantFormat.QOperator}
 QUANT_TYPES = {name: QuantType[name] for name in ("QInt8", "QUInt8", "QInt16", "QUInt16")}
@@ -59,7 +58,7 @@ def quantize(
     """
     out_path = Path(out_path)
     start = time.perf_counter()
-    with atomic_path(out_path, suffix=".onnx") as tmp, tempfile.TemporaryDirectory(prefix="calibrun.q.") as private:
+    with atomic_path(out_path, suffix=".onnx") as tmp, temp_dir("q") as private:
         quantize_static(
             str(private_model_copy(model_path, private)),  # a copy: see private_model_copy
             str(tmp),

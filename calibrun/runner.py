@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import tempfile
 from pathlib import Path
 
 import onnx
@@ -24,10 +23,10 @@ from calibrun.data import fixed_rows
 from calibrun.diagnostics import as_table, classify_model, tensor_diagnostics
 from calibrun.digits import ensure_digits
 from calibrun.errors import CalibrunError, one_line
-from calibrun.files import atomic_path, remove_orphans, write_json
+from calibrun.files import atomic_path, remove_orphans, remove_temp_orphans, temp_dir, write_json
 from calibrun.measure import split_feeds
 from calibrun.model import check_model_file, file_sha256, write_lab_model
-from calibrun.prepare import PREPARE_VERSION, prepare_model
+from calibrun.prepare import PREPARE_VERSION, external_data_path, prepare_model
 from calibrun.tracking import PARENT_FILE, Tracker, resolve_uri
 
 log = logging.getLogger("calibrun")
@@ -74,9 +73,11 @@ def prepare(cfg: DictConfig, job_dir: Path) -> tuple[engine.FloatModel, list[str
     """The prepared float model: the lab model or the user's file made quantisable (calibrun.prepare).
 
     A user's model is prepared once per source file into the cache folder (content-addressed), so a sweep
-    of many jobs shares one prepared copy; without a cache, into the job folder.
+    of many jobs shares one prepared copy; without a cache, into the job folder. A cached copy is used only
+    when its bytes (and its external data file's) still have the sha256 recorded beside it when it was made;
+    a truncated or replaced one is reported in one warning line and prepared again.
     """
-    with tempfile.TemporaryDirectory(prefix="calibrun.src.") as tmp:
+    with temp_dir("src") as tmp:
         if cfg.model.name == "lab":
             source = write_lab_model(Path(tmp) / "lab.onnx")
             target = job_dir / "fp32.onnx"
@@ -88,16 +89,50 @@ def prepare(cfg: DictConfig, job_dir: Path) -> tuple[engine.FloatModel, list[str
             target = job_dir / "fp32.onnx"
             if cfg.cache.enabled:
                 folder = Path(cfg.cache.dir) / "models"
-                folder.mkdir(parents=True, exist_ok=True)
+                try:
+                    folder.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise CalibrunError(f"cannot create cache folder {folder}: {exc.strerror or exc}") from exc
                 name = f"{file_sha256(source)[:32]}-prep{PREPARE_VERSION}-ort{onnxruntime.__version__}"
                 target = folder / f"{name}.onnx"
-        steps_file = target.with_suffix(".steps.json")
-        if target.parent != job_dir and target.is_file() and steps_file.is_file():
-            log.info("prepared model %s (reused)", target)
-            return engine.open_float_model(target), json.loads(steps_file.read_text())
+        record_file = target.with_suffix(".steps.json")
+        if target.parent != job_dir and target.is_file():
+            reused = _verified_prepared(target, record_file)
+            if reused is not None:
+                log.info("prepared model %s (reused, sha256 verified)", target)
+                return engine.open_float_model(target, sha256=reused["model_sha256"]), list(reused["steps"])
         prepared = prepare_model(source, target)
-        write_json(steps_file, list(prepared.steps))
-    return engine.open_float_model(prepared.path), list(prepared.steps)
+        record = {"steps": list(prepared.steps), "model_sha256": file_sha256(prepared.path),
+                  "data_sha256": file_sha256(prepared.data_path) if prepared.data_path else None}
+        write_json(record_file, record)
+    return engine.open_float_model(prepared.path, sha256=record["model_sha256"]), list(prepared.steps)
+
+
+def _verified_prepared(target: Path, record_file: Path) -> dict | None:
+    """The record of a cached prepared model whose files still match it; None (with one warning line when
+    something is wrong rather than merely missing) when it must be prepared again."""
+    problem = None
+    try:
+        record = json.loads(record_file.read_text())
+        if not isinstance(record, dict) or not isinstance(record.get("model_sha256"), str):
+            problem = "it has no recorded sha256"
+        elif file_sha256(target) != record["model_sha256"]:
+            problem = "its bytes do not match the sha256 recorded when it was made (truncated or replaced?)"
+        else:
+            data = external_data_path(target)
+            want = record.get("data_sha256")
+            if want is not None and (not data.is_file() or file_sha256(data) != want):
+                problem = f"its data file {data.name} is missing or does not match its recorded sha256"
+            elif not isinstance(record.get("steps"), list):
+                problem = "its record has no preparation steps"
+    except FileNotFoundError:
+        problem = "it has no record beside it"
+    except (OSError, ValueError) as exc:
+        problem = f"its record is unreadable ({one_line(exc)})"
+    if problem is None:
+        return record
+    log.warning("prepared model cache %s is unusable: %s; preparing it again", target, problem)
+    return None
 
 
 def is_classifier(cfg: DictConfig, fp32: engine.FloatModel, labels) -> bool:
@@ -229,6 +264,7 @@ def _clear_orphans(cfg: DictConfig, job_dir: Path) -> None:
     """Temp files a killed run left in the folders this job writes (its own, the cache's)."""
     cache = Path(cfg.cache.dir)
     removed = [p for folder in (job_dir, cache, cache / "models") for p in remove_orphans(folder)]
+    removed += remove_temp_orphans()  # private temp folders (calibrun.calib.*, .q.*, ...) in the system temp dir
     if removed:
         log.info("removed %d temp file(s) left by killed runs: %s", len(removed), ", ".join(map(str, removed)))
 

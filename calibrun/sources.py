@@ -14,7 +14,7 @@ The rules
   Files are only ever opened with `allow_pickle=False`; headers are read first, so object, string, bool and
   complex arrays fail before any data is loaded. A `.npy` file is memory-mapped and an `.npz` member loaded
   only when a batch needs it, so a pass over a big folder holds one file (one member) per input at a time.
-- images: `path` is a folder of jpg/jpeg/png/bmp/webp (any case), searched recursively, sorted by relative
+- images: `path` is a folder of jpg/jpeg/png/bmp/webp/tif/tiff (any case), searched recursively, sorted by relative
   path; names starting with "." (and hidden folders) are skipped. When every image lies in a first-level
   subfolder (`path/<class>/...`), the label of an image is the index of its folder in the sorted folder names
   (torchvision's ImageFolder rule). See `ImageTransform` for the pixel pipeline.
@@ -33,22 +33,23 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from onnx import TensorProto
 
-from calibrun.data import ROWS_PER_BATCH, check_factor, check_positive_int, fixed_rows
+from calibrun.data import MAX_BATCHES, ROWS_PER_BATCH, check_factor, check_positive_int, fixed_rows
 from calibrun.errors import CalibrunError, one_line
 from calibrun.model import InputInfo, file_sha256
 
 logger = logging.getLogger("calibrun")
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 NPY_SUFFIXES = (".npy", ".npz")
 LABELS = "labels"
 _EVAL_CHUNK = 1024  # rows converted at a time when evaluation data is read
@@ -446,32 +447,78 @@ class _NpySource:
 # ----------------------------------------------------------------------------------------------- images
 
 
+# ImageNet's per-channel mean and std (0..1 pixel scale): the image sources' defaults, here and nowhere else
+# (config.DataConf and conf/*/images.yaml take them from here).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+MAX_IMAGE_SIDE = 16384  # resize / crop sides beyond this are a typo, not an image size
+# Pillow modes whose values are not 8-bit, and what 1.0 is in each (None: the values are taken as they are).
+_WIDE_MODES = {"I;16": 65535.0, "I;16L": 65535.0, "I;16B": 65535.0, "I;16N": 65535.0, "I": 65535.0, "F": None}
+
+
+def _side(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not 1 <= value <= MAX_IMAGE_SIDE:
+        raise CalibrunError(f"{name} must be an integer in 1..{MAX_IMAGE_SIDE}, got {value!r}")
+    return int(value)
+
+
+def _crop(value) -> int | tuple[int, int]:
+    """`crop`: an int (a square) or [height, width]; a square given as a pair stays an int."""
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        if len(value) != 2:
+            raise CalibrunError(f"crop must be an integer or [height, width], got {list(value)!r}")
+        height, width = _side(value[0], "crop height"), _side(value[1], "crop width")
+        return height if height == width else (height, width)
+    return _side(value, "crop")
+
+
 @dataclass(frozen=True)
 class ImageTransform:
-    """The image pipeline: PIL open -> RGB (L when grayscale) -> shorter side resized to `resize` (bilinear,
-    PIL's antialiased filter) -> centre crop `crop` x `crop` -> float32 / 255 -> (x - mean) / std -> CHW.
+    """The image pipeline: PIL open -> pixels in 0..1 -> resize -> crop or letterbox -> (x - mean) / std -> CHW.
 
-    As torchvision does it: the longer side becomes int(resize * long / short) (truncated), and the crop
-    starts at round((size - crop) / 2) (Python's round). EXIF orientation is not applied. With `grayscale`,
-    `mean` and `std` may have 1 value, or 3 that are averaged into one.
+    - Pixels: 8-bit modes (1, L, P, RGB, RGBA, LA, PA, CMYK, YCbCr, ...) are converted by Pillow to RGB (L when
+      `grayscale`; alpha is dropped, a palette expanded) and divided by 255. 16-bit grey (I;16*) is divided by
+      65535; 32-bit integer grey (I, as Pillow opens some 16-bit files) too, and values outside 0..65535 are an
+      error; 32-bit float grey (F) is taken as it is (already 0..1). Grey is repeated into 3 channels unless
+      `grayscale`.
+    - Default (`letterbox=false`): the shorter side is resized to `resize` (bilinear, PIL's antialiased filter),
+      then a centre crop of `crop` (an int: a square; or [height, width]: its shorter side must be at most
+      `resize`, and an image whose resized longer side is shorter than the crop is an error naming it). As
+      torchvision does it: the longer
+      side becomes int(resize * long / short) (truncated), the crop starts at round((size - crop) / 2).
+    - `letterbox=true` (as detectors expect): the image is scaled to fit inside `crop` keeping its aspect
+      ratio, centred, and the rest is filled with `pad_value` (0..1 pixel scale, before mean/std; YOLO uses
+      114/255 = 0.447). `resize` is not used.
+
+    EXIF orientation is not applied. With `grayscale`, `mean` and `std` may have 1 value, or 3 that are averaged
+    into one.
     """
 
     resize: int = 256
-    crop: int = 224
-    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
-    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+    crop: int | tuple[int, int] = 224
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
     grayscale: bool = False
+    letterbox: bool = False
+    pad_value: float = 0.0
 
     def __post_init__(self):
-        for name in ("resize", "crop"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-                raise CalibrunError(f"transform {name} must be an integer >= 1, got {value!r}")
-            object.__setattr__(self, name, int(value))
-        if self.crop > self.resize:
-            raise CalibrunError(f"transform crop {self.crop} is larger than resize {self.resize}")
-        if not isinstance(self.grayscale, bool):
-            raise CalibrunError(f"transform grayscale must be true or false, got {self.grayscale!r}")
+        object.__setattr__(self, "resize", _side(self.resize, "transform resize"))
+        object.__setattr__(self, "crop", _crop(self.crop))
+        if not self.letterbox and min(self.crop_size) > self.resize:
+            shown = self.crop if isinstance(self.crop, int) else list(self.crop)
+            raise CalibrunError(f"transform crop {shown} is larger than resize {self.resize} "
+                                "(the shorter side after resizing); raise resize, or use letterbox")
+        for name in ("grayscale", "letterbox"):
+            if not isinstance(getattr(self, name), bool):
+                raise CalibrunError(f"transform {name} must be true or false, got {getattr(self, name)!r}")
+        try:
+            pad = float(self.pad_value)
+        except (TypeError, ValueError):
+            pad = math.nan
+        if not 0.0 <= pad <= 1.0:
+            raise CalibrunError(f"transform pad_value must be a number in 0..1 (pixel scale), got {self.pad_value!r}")
+        object.__setattr__(self, "pad_value", pad)
         sizes = (1, 3) if self.grayscale else (3,)
         for name in ("mean", "std"):
             value = getattr(self, name)
@@ -486,6 +533,26 @@ class ImageTransform:
                 raise CalibrunError(f"transform std must be > 0, got {value!r}")
             object.__setattr__(self, name, values)
 
+    @classmethod
+    def from_config(cls, source: Mapping) -> ImageTransform:
+        """From a `data` / `eval_data` config node (or the dict result.json keeps of it)."""
+        crop = source.get("crop", 224)
+        if isinstance(crop, Sequence) and not isinstance(crop, str):
+            crop = tuple(crop)
+        return cls(resize=source.get("resize", 256), crop=crop, mean=tuple(source.get("mean", IMAGENET_MEAN)),
+                   std=tuple(source.get("std", IMAGENET_STD)), grayscale=source.get("grayscale", False),
+                   letterbox=source.get("letterbox", False), pad_value=source.get("pad_value", 0.0))
+
+    @property
+    def crop_size(self) -> tuple[int, int]:
+        """(height, width) of the images it makes."""
+        return (self.crop, self.crop) if isinstance(self.crop, int) else self.crop
+
+    @property
+    def crop_label(self) -> str:
+        height, width = self.crop_size
+        return f"{height}x{width}"
+
     @property
     def channels(self) -> int:
         return 1 if self.grayscale else 3
@@ -497,10 +564,38 @@ class ImageTransform:
         return mean.astype(np.float32).reshape(-1, 1, 1), std.astype(np.float32).reshape(-1, 1, 1)
 
     def resized_size(self, width: int, height: int) -> tuple[int, int]:
-        """(width, height) after the shorter side becomes `resize`."""
+        """(width, height) after resizing: the shorter side becomes `resize` (letterbox: fit inside `crop`)."""
+        if self.letterbox:
+            target_h, target_w = self.crop_size
+            scale = min(target_h / height, target_w / width)
+            return (min(target_w, max(1, int(round(width * scale)))), min(target_h, max(1, int(round(height * scale)))))
         if width <= height:
             return self.resize, int(self.resize * height / width)
         return int(self.resize * width / height), self.resize
+
+    def _resized(self, image) -> np.ndarray:
+        """HWC float32 pixels in 0..1 (before cropping or padding), resized."""
+        from PIL import Image
+
+        width, height = image.size
+        if width < 1 or height < 1:
+            raise ValueError(f"image of size {width}x{height}")
+        size = self.resized_size(width, height)
+        if image.mode not in _WIDE_MODES:  # 8-bit: Pillow converts and resizes, then / 255
+            image = image.convert("L" if self.grayscale else "RGB").resize(size, Image.Resampling.BILINEAR)
+            pixels = np.asarray(image, dtype=np.uint8)
+            pixels = pixels[:, :, None] if pixels.ndim == 2 else pixels
+            return pixels.astype(np.float32) / np.float32(255)
+        full = _WIDE_MODES[image.mode]
+        values = np.asarray(image)
+        if image.mode == "I" and values.size and (values.min() < 0 or values.max() > 65535):
+            raise ValueError(f"32-bit integer image with values {values.min()}..{values.max()}, outside the "
+                             "16-bit range 0..65535 it can be scaled from")
+        grey = values.astype(np.float32) if full is None else (values.astype(np.float64) / full).astype(np.float32)
+        if not np.all(np.isfinite(grey)):
+            raise ValueError("float image holds NaN or Inf")
+        grey = np.asarray(Image.fromarray(grey, mode="F").resize(size, Image.Resampling.BILINEAR), np.float32)
+        return np.repeat(grey[:, :, None], self.channels, axis=2)
 
     def __call__(self, path: str | Path) -> np.ndarray:
         """One image file -> float32 CHW array."""
@@ -508,26 +603,36 @@ class ImageTransform:
 
         try:
             with Image.open(path) as image:
-                image = image.convert("L" if self.grayscale else "RGB")
-            width, height = image.size
-            if width < 1 or height < 1:
-                raise ValueError(f"image of size {width}x{height}")
-            image = image.resize(self.resized_size(width, height), Image.Resampling.BILINEAR)
+                image.load()
+                pixels = self._resized(image)
         except Exception as exc:  # UnidentifiedImageError, OSError (truncated), DecompressionBombError ...
             raise CalibrunError(f"cannot read image {path}: {one_line(exc)}") from exc
-        pixels = np.asarray(image, dtype=np.uint8)
-        if pixels.ndim == 2:
-            pixels = pixels[:, :, None]
+        crop_h, crop_w = self.crop_size
         height, width = pixels.shape[:2]
-        top = int(round((height - self.crop) / 2.0))
-        left = int(round((width - self.crop) / 2.0))
-        pixels = pixels[top : top + self.crop, left : left + self.crop]
-        chw = np.ascontiguousarray(pixels.transpose(2, 0, 1)).astype(np.float32) / np.float32(255)
+        if self.letterbox:
+            canvas = np.full((crop_h, crop_w, pixels.shape[2]), self.pad_value, np.float32)
+            top, left = (crop_h - height) // 2, (crop_w - width) // 2
+            canvas[top : top + height, left : left + width] = pixels
+            pixels = canvas
+        else:
+            if height < crop_h or width < crop_w:  # a crop longer than `resize` needs an image long enough
+                raise CalibrunError(f"image {path} resized to {height}x{width} (height x width) is smaller than the "
+                                    f"crop {self.crop_label}; raise resize, or use letterbox")
+            top = int(round((height - crop_h) / 2.0))
+            left = int(round((width - crop_w) / 2.0))
+            pixels = pixels[top : top + crop_h, left : left + crop_w]
+        chw = np.ascontiguousarray(pixels.transpose(2, 0, 1))
         mean, std = self._stats()
         return (chw - mean) / std
 
     def identity(self) -> dict:
-        return dataclasses.asdict(self) | {"mean": list(self.mean), "std": list(self.std)}
+        """Everything that decides the pixels (enters the calibration cache key and result.json)."""
+        identity = dataclasses.asdict(self) | {"mean": list(self.mean), "std": list(self.std)}
+        if isinstance(self.crop, tuple):
+            identity["crop"] = list(self.crop)
+        if not self.letterbox:  # the keys of the crop pipeline as they always were (cache keys stay valid)
+            del identity["letterbox"], identity["pad_value"]
+        return identity
 
 
 def _image_files(root: Path) -> list[tuple[Path, str]]:
@@ -571,18 +676,20 @@ class _ImageColumn:
                 f"input {info.name!r} {_fmt_shape(info.shape)} takes {channels} channels, the image transform "
                 f"gives {transform.channels}" + (f"; {hint}" if hint else "")
             )
-        for side, dim in (("height", height), ("width", width)):
-            if _is_fixed(dim) and dim != transform.crop:
-                raise CalibrunError(
-                    f"input {info.name!r} {_fmt_shape(info.shape)} takes images of {side} {dim}, the image "
-                    f"transform crops {transform.crop}x{transform.crop}; set crop (and resize) to fit"
-                )
+        crop_h, crop_w = transform.crop_size
+        if (_is_fixed(height) and height != crop_h) or (_is_fixed(width) and width != crop_w):
+            want = [height if _is_fixed(height) else crop_h, width if _is_fixed(width) else crop_w]
+            raise CalibrunError(
+                f"input {info.name!r} {_fmt_shape(info.shape)} takes images of {_fmt_shape(info.shape[2:])}, the "
+                f"image transform makes {transform.crop_label} (height x width); set crop: "
+                f"data.crop=[{want[0]},{want[1]}] (eval_data.crop too; and resize, or letterbox)"
+            )
         self.info = info
         self.transform = transform
         self.root = Path(os.path.expanduser(str(root)))
         self.files = [_File.scan(p, rel) for p, rel in _image_files(self.root)]
         self.rows = len(self.files)
-        self.sample_shape = (transform.channels, transform.crop, transform.crop)
+        self.sample_shape = (transform.channels, *transform.crop_size)
 
     def labels(self) -> tuple[np.ndarray | None, tuple[str, ...] | None]:
         """Class-folder labels when every image lies in a first-level subfolder."""
@@ -625,7 +732,7 @@ class FeedBatches:
         self.kind = kind
         self.columns = columns
         self.factor = check_factor(factor)
-        self.requested = check_positive_int(batches, "batches")
+        self.requested = check_positive_int(batches, "batches", MAX_BATCHES)
         infos = [column.info for column in columns.values()]
         self.rows_per_batch, pinned = _rows_per_batch(infos)
         first = next(iter(columns.values()))

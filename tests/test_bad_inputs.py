@@ -102,6 +102,16 @@ class Assets:
         (self.images / "b.png").write_bytes(b"definitely not a png\n" * 8)
         self.plain = root / "plain.txt"  # a regular file where a folder is expected
         self.plain.write_text("keep me\n")
+        from calibrun import engine
+
+        self.int8 = root / "int8.onnx"
+        engine.quantize_lab(engine.open_float_model(self.lab), self.int8, 1, 1.0, 2)
+        no_outputs = onnx.load(str(self.lab))
+        del no_outputs.graph.output[:]
+        self.no_outputs = save(no_outputs, root / "no_outputs.onnx")
+        symbolic = onnx.load(str(self.lab))
+        symbolic.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "F"
+        self.symbolic = save(symbolic, root / "symbolic.onnx")
 
 
 # --- the table -------------------------------------------------------------------------------------------------
@@ -162,6 +172,20 @@ def _calibrun_then_corrupt(a: Assets, root: Path) -> None:
                       "tracking=off"], root, _env(root, {}), TIMEOUT)
     assert proc[0] == 0, proc[2]
     _corrupt_cache(root / "cache")
+
+
+def _calibrun_then_truncate_prepared(a: Assets, root: Path) -> None:
+    proc = _calibrun(["batches=2", "model=file", f"model.path={a.conv}", "data=npy", f"data.path={root / 'x.npy'}",
+                      "eval_data=npy", f"eval_data.path={root / 'x.npy'}", "eval.rows=4",
+                      f"hydra.run.dir={root / 'first'}", f"cache.dir={root / 'cache'}", "tracking=off"],
+                     root, _env(root, {}), TIMEOUT)
+    assert proc[0] == 0, proc[2]
+    (prepared,) = (root / "cache" / "models").glob("*.onnx")
+    prepared.write_bytes(prepared.read_bytes()[:100])
+
+
+def _conv_rows(a: Assets, root: Path) -> None:
+    np.save(root / "x.npy", np.random.default_rng(2).normal(0, 1, (8, 3, 8, 8)).astype(np.float32))
 
 
 def closed_port() -> int:
@@ -233,6 +257,29 @@ CASES = [
     # a corrupt cache file is not an error
     Case("calibrun-cache-corrupt-is-recomputed", "calibrun", lambda a, r: ["batches=2"], "unusable", ok=True,
          setup=_calibrun_then_corrupt),
+    Case("calibrun-prepared-model-truncated-is-prepared-again", "calibrun",
+         lambda a, r: ["batches=2", "model=file", f"model.path={a.conv}", "data=npy", f"data.path={r / 'x.npy'}",
+                       "eval_data=npy", f"eval_data.path={r / 'x.npy'}", "eval.rows=4"],
+         "unusable", ok=True, setup=lambda a, r: (_conv_rows(a, r), _calibrun_then_truncate_prepared(a, r))),
+    # every count has an upper bound, named in the message; floats for ints fail at compose or at the bound
+    Case("config-batches-1e30", "calibrun", lambda a, r: ["batches=1e30"], "batches", hydra=True, early=True),
+    Case("config-eval-rows-1e30", "calibrun", lambda a, r: ["eval.rows=1e30"], "eval.rows", hydra=True, early=True),
+    Case("config-batches-10**9", "calibrun", lambda a, r: ["batches=1000000000"], "100000", early=True),
+    Case("config-eval-rows-10**7", "calibrun", lambda a, r: ["eval.rows=10000000"], "1000000", early=True),
+    Case("config-threads-100000", "calibrun", lambda a, r: ["ort.intra_op_threads=100000"], "256", early=True),
+    Case("config-seed-2**32", "calibrun", lambda a, r: ["calibration.seed=4294967296"], "calibration.seed",
+         early=True),
+    Case("config-factor-1e39", "calibrun", lambda a, r: ["calibration.factor=1e39"], "calibration.factor",
+         early=True),
+    Case("config-image-crop-one-value", "calibrun",
+         lambda a, r: ["data=images", f"data.path={a.images}", "data.crop=[48]"], "data.crop", early=True),
+    # models that cannot be calibrated: refused before int8.onnx is written
+    Case("calibrun-model-already-quantised", "calibrun", file_model("int8"), "already quantised"),
+    Case("calibrun-model-without-outputs", "calibrun", file_model("no_outputs"), "no graph output"),
+    Case("calibrun-model-symbolic-features-lab-data", "calibrun", file_model("symbolic"), "data=npy"),
+    Case("data-images-crop-does-not-fit-the-model", "calibrun",
+         lambda a, r: ["model=file", f"model.path={a.conv}", "data=images", f"data.path={a.images}",
+                       "data.resize=8", "data.crop=[8,6]", "batches=1"], "data.crop=[8,8]"),
 ]
 assert len({c.id for c in CASES}) == len(CASES)
 
@@ -362,7 +409,7 @@ def test_bad_input(case: Case, outcomes: dict[str, Outcome]):
         assert run.code == 0, stderr[-3000:]
         warnings = [line for line in lines if case.word in line]
         assert len(warnings) >= 1, stderr
-        assert all("recomputing" in line for line in warnings), warnings
+        assert all("recomputing" in line or "preparing it again" in line for line in warnings), warnings
         if case.tool == "calibtool":
             assert json.loads(run.stdout)["out"].endswith("q.onnx")
             assert onnx.load(str(run.root / "out" / "q.onnx")).graph.node
@@ -396,3 +443,23 @@ def test_bad_input(case: Case, outcomes: dict[str, Outcome]):
         assert json.loads(result.read_text())["status"] == "failed"
     if case.early:
         assert not (run.root / "cache").exists()
+
+
+def test_calibrun_start_removes_temp_folders_of_killed_runs(tmp_path):
+    """A killed run leaves its private temp folder (calibrun.calib.HOST.PID.*) in the temp dir: the next run
+    removes it (its process is gone) and keeps the folder of a live process."""
+    from calibrun.files import _HOST
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    tmp = tmp_path / "tmp"
+    orphans = [tmp / f"calibrun.{kind}.{_HOST}.{int(dead.stdout)}.x1y2z3" for kind in ("calib", "q", "diag", "src")]
+    live = tmp / f"calibrun.calib.{_HOST}.{os.getpid()}.abc"
+    for folder in [*orphans, live]:
+        folder.mkdir(parents=True)
+        (folder / "model.onnx").write_bytes(b"half a model")
+    code, _, stderr, _ = _calibrun(["batches=2", "eval.rows=4", f"hydra.run.dir={tmp_path / 'run'}",
+                                    f"cache.dir={tmp_path / 'cache'}", "tracking=off"], tmp_path,
+                                   _env(tmp_path, {"TMPDIR": str(tmp)}), TIMEOUT)
+    assert code == 0, stderr
+    assert sorted(p for p in tmp.iterdir() if p.name.startswith("calibrun.")) == [live]

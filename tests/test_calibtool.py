@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -17,7 +21,8 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.conftest import run_calibtool
+from calibrun.quantize import QuantOptions
+from tests.conftest import CALIBTOOL, run_calibtool
 from tests.modelzoo import (
     calibration_batches,
     evaluation_rows,
@@ -299,6 +304,38 @@ class Assets:
         self.cos = save(unquantised_input_model(), root / "cos.onnx")
         self.folder = root / "a_folder.onnx"
         self.folder.mkdir()
+        self.int8_qop = root / "int8_qop.onnx"
+        engine.quantize_lab(engine.open_float_model(self.lab), self.int8_qop, 1, 1.0, 2,
+                            options=QuantOptions(format="qoperator"))
+        from onnxruntime.quantization import quantize_dynamic
+
+        self.dynamic = root / "dynamic.onnx"  # MatMulInteger / DynamicQuantizeLinear
+        quantize_dynamic(str(self.lab), str(self.dynamic))
+        no_outputs = onnx.load(str(self.lab))
+        del no_outputs.graph.output[:]
+        self.no_outputs = root / "no_outputs.onnx"
+        onnx.save_model(no_outputs, str(self.no_outputs))
+        symbolic = onnx.load(str(self.lab))  # the feature axis symbolic: the lab rule cannot size a row
+        symbolic.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "F"
+        self.symbolic = root / "symbolic.onnx"
+        onnx.save_model(symbolic, str(self.symbolic))
+        self.unknown_op = _tiny(root / "unknown_op.onnx", "FooBar", ["N", 4])  # no kernel in onnxruntime
+        self.scalar = _tiny(root / "scalar.onnx", "Relu", [])  # a rank-0 input: no rows to make
+        bad = onnx.load(str(self.lab))  # w1 is 16x32; claim the input has 5 features: MatMul cannot work
+        bad.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 5
+        self.bad_shapes = root / "bad_shapes.onnx"
+        onnx.save_model(bad, str(self.bad_shapes))
+
+
+def _tiny(path: Path, op: str, shape: list) -> Path:
+    from onnx import TensorProto, helper
+
+    value = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("x", "y")]
+    graph = helper.make_graph([helper.make_node(op, ["x"], ["y"])], "tiny", [value[0]], [value[1]])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save_model(model, str(path))
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -353,6 +390,34 @@ BAD_CASES.update({
     "out-folder-missing": (lambda a, o: ["quantize", a.lab, o / "nowhere" / "q.onnx", 1, 1.0, 2], "nowhere"),
     "out-parent-is-a-file": (lambda a, o: ["quantize", a.lab, o / "plain.txt" / "q.onnx", 1, 1, 2], "plain.txt"),
     "out-is-a-folder": (lambda a, o: ["quantize", a.lab, o / "sub", 1, 1.0, 2], "sub"),
+    # already quantised, no outputs, nothing the lab rule can size
+    "quantize-already-quantised-qdq": (lambda a, o: quantize(a, o, src=a.int8), "already quantised"),
+    "quantize-already-quantised-qoperator": (lambda a, o: quantize(a, o, src=a.int8_qop), "already quantised"),
+    "quantize-dynamic-quantised": (lambda a, o: quantize(a, o, src=a.dynamic), "MatMulInteger"),
+    "error-fp32-already-quantised": (lambda a, o: ["error", a.int8, a.int8, 1, 8], "already quantised"),
+    "quantize-no-outputs": (lambda a, o: quantize(a, o, src=a.no_outputs), "no graph output"),
+    "error-fp32-no-outputs": (lambda a, o: ["error", a.no_outputs, a.int8, 1, 8], "no graph output"),
+    "quantize-symbolic-features": (lambda a, o: quantize(a, o, src=a.symbolic), "axis 1 is symbolic"),
+    "error-symbolic-features": (lambda a, o: ["error", a.symbolic, a.int8, 1, 8], "axis 1 is symbolic"),
+    # models onnxruntime cannot run: named as given, not as a temp copy inside the calibration
+    "quantize-unknown-op": (lambda a, o: quantize(a, o, src=a.unknown_op), "cannot load"),
+    "quantize-inconsistent-shapes": (lambda a, o: quantize(a, o, src=a.bad_shapes), "bad_shapes.onnx"),
+    "quantize-rank-0-input": (lambda a, o: quantize(a, o, src=a.scalar), "no known shape"),
+    "error-fp32-unknown-op": (lambda a, o: ["error", a.unknown_op, a.int8, 1, 8], ""),
+    # numbers past their bounds: one line, no numpy warning before it
+    "factor-1e39-overflows-float32": (lambda a, o: quantize(a, o, factor="1e39"), "1e+30"),
+    "factor-1e38": (lambda a, o: quantize(a, o, factor="1e38"), "factor"),
+    "factor-1e-45": (lambda a, o: quantize(a, o, factor="1e-45"), "factor"),
+    "factor-1e400-parses-as-inf": (lambda a, o: quantize(a, o, factor="1e400"), "factor"),
+    "factor-hex": (lambda a, o: quantize(a, o, factor="0x10"), "FACTOR"),
+    "seed-2**32": (lambda a, o: quantize(a, o, seed=str(2**32)), "4294967295"),
+    "seed-5000-digits": (lambda a, o: quantize(a, o, seed="9" * 5000), "SEED"),
+    "batches-1e30": (lambda a, o: quantize(a, o, batches="1e30"), "BATCHES"),
+    "batches-over-bound": (lambda a, o: quantize(a, o, batches="100001"), "at most 100000"),
+    "batches-10**9": (lambda a, o: quantize(a, o, batches=str(10**9)), "at most 100000"),
+    "format-empty": (lambda a, o: quantize(a, o, "1", "1.0", "2", ""), "format"),
+    "error-rows-over-bound": (lambda a, o: ["error", a.lab, a.int8, 1, "1000001"], "at most 1000000"),
+    "error-seed-2**32": (lambda a, o: ["error", a.lab, a.int8, str(2**32), 8], "seed"),
 })
 
 
@@ -403,8 +468,188 @@ def test_bad_input_exits_1_with_one_line_and_writes_nothing(case, bad_runs):
     assert lines[-1].startswith("calibtool: error: ")
     assert len(lines) == 1, f"noise before the error line:\n{run.stderr}"
     assert word in lines[-1]
+    assert len(lines[-1]) < 400  # a message, not an echo of a huge argument
     # nothing written: no output and no temp file in the output folder or the working directory
     assert listing(run.out) == {"plain.txt", "sub"}
     assert (run.out / "plain.txt").read_text() == "keep me\n"
     assert listing(run.out / "sub") == set()
     assert listing(run.cwd) == set()
+
+
+# --- OUT is IN: refused before any work, whatever path names it ---
+
+
+def _same_file_args(kind: str, folder: Path) -> tuple[list, Path]:
+    """(argv, cwd) of a quantize whose OUT is its IN, named in several ways."""
+    model = folder / "m.onnx"
+    if kind == "same-path":
+        return ["quantize", model, model, 1, 1.0, 2], folder
+    if kind == "relative":
+        return ["quantize", model, "m.onnx", 1, 1.0, 2], folder
+    if kind == "dot-dot":
+        (folder / "sub").mkdir()
+        return ["quantize", "m.onnx", "sub/../m.onnx", 1, 1.0, 2], folder
+    if kind == "symlink":
+        (folder / "link.onnx").symlink_to(model)
+        return ["quantize", model, folder / "link.onnx", 1, 1.0, 2], folder
+    if kind == "hardlink":
+        os.link(model, folder / "hard.onnx")
+        return ["quantize", folder / "hard.onnx", model, 1, 1.0, 2], folder
+    if kind == "its-data-file":
+        from calibrun.model import build_lab_model
+
+        onnx.save_model(build_lab_model(), str(model), save_as_external_data=True, location="weights.bin",
+                        size_threshold=0)
+        return ["quantize", model, folder / "weights.bin", 1, 1.0, 2], folder
+    if kind == "linked-folder":
+        (folder / "alias").symlink_to(folder, target_is_directory=True)
+        return ["quantize", model, folder / "alias" / "m.onnx", 1, 1.0, 2], folder
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["same-path", "relative", "dot-dot", "symlink", "hardlink", "linked-folder",
+                                  "its-data-file"])
+def test_quantize_onto_its_own_input_is_refused(kind, tmp_path):
+    from calibrun.model import write_lab_model
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    write_lab_model(folder / "m.onnx")
+    args, cwd = _same_file_args(kind, folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    listed = listing(folder)
+    code, stdout, stderr = run_calibtool(args, cwd, tmp_path / "cache")
+    assert code == 1, stderr
+    assert stdout == ""
+    assert stderr.splitlines() == [stderr.strip()]
+    assert stderr.startswith("calibtool: error: cannot write ")
+    assert "is the input model" in stderr
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before
+    assert listing(folder) == listed
+    assert not (tmp_path / "cache").exists()  # refused before any work: nothing calibrated
+
+
+# --- stdout that cannot take the JSON, signals, orphans of killed runs ---
+
+
+def _calibtool_proc(args, cwd: Path, cache: Path, **kw) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k not in {"CALIBRUN_DEBUG", "PYTHONPATH"}}
+    env["CALIBRUN_CACHE"] = str(cache)
+    env.update(kw.pop("env", {}))
+    return subprocess.Popen([sys.executable, str(CALIBTOOL), *map(str, args)], cwd=cwd, env=env,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+@pytest.mark.parametrize("command", ["quantize", "scales"])
+def test_stdout_on_a_full_device_is_one_line_and_exit_1(command, lab_model, tmp_path):
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full on this system")
+    args = ["quantize", lab_model, tmp_path / "q.onnx", 1, 1.0, 2] if command == "quantize" else ["scales", lab_model]
+    if command == "scales":
+        from calibrun import engine
+
+        engine.quantize_lab(engine.open_float_model(lab_model), tmp_path / "s.onnx", 1, 1.0, 2)
+        args = ["scales", tmp_path / "s.onnx"]
+    with open("/dev/full", "w") as full:
+        proc = _calibtool_proc(args, tmp_path, tmp_path / "cache", stdout=full)
+        _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr
+    assert "Traceback" not in stderr
+    assert "Exception ignored" not in stderr
+    lines = stderr.splitlines()
+    assert lines == ["calibtool: error: cannot write the result to stdout: No space left on device"], stderr
+
+
+def test_stdout_a_closed_pipe_is_one_line_and_exit_1(lab_model, tmp_path):
+    read, write = os.pipe()
+    os.close(read)  # nobody will ever read: the first write gets EPIPE
+    try:
+        proc = _calibtool_proc(["quantize", lab_model, tmp_path / "q.onnx", 1, 1.0, 2], tmp_path, tmp_path / "cache",
+                               stdout=write)
+    finally:
+        os.close(write)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr
+    assert stderr.splitlines() == ["calibtool: error: cannot write the result to stdout: Broken pipe"], stderr
+
+
+def ours(folder: Path) -> list[str]:
+    """calibrun's entries in a temp dir (onnxruntime's import writes a `.ses` file there: not ours)."""
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("calibrun."))
+
+
+def _wait_for(predicate, timeout: float = 60.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize(("signum", "message"), [(signal.SIGTERM, "terminated (SIGTERM)"),
+                                                 (signal.SIGINT, "interrupted")], ids=["SIGTERM", "SIGINT"])
+def test_signal_mid_calibration_is_one_line_and_leaves_nothing(lab_model, tmp_path, signum, message):
+    """Terminated or interrupted while calibrating (its private temp folder exists): one line, exit 1, the temp
+    folder and any temp file beside OUT removed on the way out."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    (tmp_path / "out").mkdir()
+    proc = _calibtool_proc(["quantize", lab_model, tmp_path / "out" / "q.onnx", 1, 1.0, 100000], tmp_path,
+                           tmp_path / "cache", stdout=subprocess.PIPE, env={"TMPDIR": str(tmp)})
+    try:
+        assert _wait_for(lambda: any(p.name.startswith("calibrun.calib.") for p in tmp.iterdir())), \
+            "calibration never started"
+        proc.send_signal(signum)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, stderr
+    assert stdout == ""
+    assert stderr.splitlines() == [f"calibtool: error: {message}"], stderr
+    assert ours(tmp) == []
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_next_start_removes_what_a_killed_calibtool_left(lab_model, tmp_path):
+    """SIGKILL mid-calibration leaves its private temp folder (nothing can run in the process); the next calibtool
+    removes it, and the temp files of dead processes beside OUT and in the cache, and leaves live ones alone."""
+    from calibrun.files import _HOST
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    out.mkdir()
+    cache.mkdir()
+    env = {"TMPDIR": str(tmp)}
+    proc = _calibtool_proc(["quantize", lab_model, out / "q.onnx", 1, 1.0, 100000], tmp_path, cache,
+                           stdout=subprocess.PIPE, env=env)
+    try:
+        assert _wait_for(lambda: any(p.name.startswith("calibrun.calib.") for p in tmp.iterdir()))
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+    left = ours(tmp)
+    assert left
+    assert all(name.startswith(f"calibrun.calib.{_HOST}.{proc.pid}.") for name in left)
+    # what a killed writer leaves beside OUT and in the cache (atomic_path's names), and a live process's
+    dead_out = out / f".q.onnx.{_HOST}.{proc.pid}.0123abcd.onnx.tmp"
+    dead_cache = cache / f".k.json.{_HOST}.{proc.pid}.89abcdef.tmp"
+    live = out / f".other.onnx.{_HOST}.{os.getpid()}.00000000.tmp"
+    for path in (dead_out, dead_cache, live):
+        path.write_bytes(b"half")
+    code, stdout, stderr = run_calibtool_env(["quantize", lab_model, out / "q.onnx", 1, 1.0, 2], tmp_path, cache,
+                                             env)
+    assert code == 0, stderr
+    assert ours(tmp) == []
+    assert not dead_out.exists()
+    assert not dead_cache.exists()
+    assert live.exists()
+    assert sorted(p.name for p in out.iterdir()) == sorted(["q.onnx", live.name])
+
+
+def run_calibtool_env(args, cwd: Path, cache: Path, env: dict) -> tuple[int, str, str]:
+    proc = _calibtool_proc(args, cwd, cache, stdout=subprocess.PIPE, env=env)
+    stdout, stderr = proc.communicate(timeout=300)
+    return proc.returncode, stdout, stderr
+

@@ -337,3 +337,91 @@ def test_percentile_in_range_passes(hydra_ctx, value):
     cfg = make("method=percentile", f"method.percentile={value}")
     validate(cfg)
     assert calibration_spec(cfg).calibrator_options()["percentile"] == float(value)
+
+
+# --------------------------------------------------------------------------------------------- upper bounds
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "bound"),
+    [
+        pytest.param(["batches=100001"], "batches", "100000", id="batches-over-bound"),
+        pytest.param(["batches=1000000000"], "batches", "100000", id="batches=10**9"),
+        pytest.param(["eval.rows=1000001"], "eval.rows", "1000000", id="eval.rows-over-bound"),
+        pytest.param(["ort.intra_op_threads=100000"], "ort.intra_op_threads", "256", id="threads=100000"),
+        pytest.param(["calibration.seed=4294967296"], "calibration.seed", "4294967295", id="calibration.seed=2**32"),
+        pytest.param(["eval.seed=99999999999999999999"], "eval.seed", "4294967295", id="eval.seed-huge"),
+        pytest.param(["calibration.factor=1e39"], "calibration.factor", "1e+30", id="factor=1e39"),
+        pytest.param(["calibration.factor=1e-40"], "calibration.factor", "1e-30", id="factor=1e-40"),
+        pytest.param(["data=images", "data.path=x", "data.crop=[48]"], "data.crop", "[height, width]",
+                     id="crop-one-value"),
+        pytest.param(["data=images", "data.path=x", "data.crop=[0,192]"], "data.crop", "16384", id="crop-zero"),
+        pytest.param(["data=images", "data.path=x", "data.crop=abc"], "data.crop", "[height, width]",
+                     id="crop-word"),
+        pytest.param(["data=images", "data.path=x", "data.crop=[300,400]"], "data.crop", "data.resize=256",
+                     id="crop-wider-than-resize"),
+        pytest.param(["eval_data=images", "eval_data.path=x", "eval_data.resize=100000"], "eval_data.resize",
+                     "16384", id="resize-huge"),
+        pytest.param(["data=images", "data.path=x", "data.letterbox=true", "data.pad_value=2"], "data.pad_value",
+                     "0..1", id="pad-value-2"),
+        pytest.param(["data=images", "data.path=x", "data.std=[0.2,nan,0.2]"], "data.mean", "finite",
+                     id="std-nan"),
+    ],
+)
+def test_value_over_its_bound_fails_validate_naming_key_and_bound(hydra_ctx, overrides, key, bound):
+    cfg = make(*overrides)
+    with pytest.raises(CalibrunError) as info:
+        validate(cfg)
+    message = str(info.value)
+    assert message.startswith(f"config {key}")
+    assert bound in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("override", ["batches=1e30", "eval.rows=1e30", "batches=1e9", "ort.intra_op_threads=1e6"])
+def test_huge_counts_written_as_floats_never_reach_the_work(hydra_ctx, override):
+    """Hydra parses 1e30 as a float: the int schema either refuses it at compose time or converts it, and then
+    the upper bound refuses it; either way, one message naming the key."""
+    key = override.split("=")[0]
+    try:
+        cfg = make(override)
+    except ConfigCompositionException as exc:
+        message = str(exc)
+    else:
+        with pytest.raises(CalibrunError, match=f"^config {re.escape(key)}: must be in") as info:
+            validate(cfg)
+        message = str(info.value)
+    assert key in message
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["batches=100000", "eval.rows=1000000", "ort.intra_op_threads=256", "calibration.seed=4294967295",
+         "eval.seed=0", "calibration.factor=1e30"],
+        ["calibration.factor=1e-30"],
+        ["data=images", "data.path=x", "data.crop=[48,192]"],
+        ["data=images", "data.path=x", "data.crop=[48,48]", "data.resize=48"],
+        ["eval_data=images", "eval_data.path=x", "eval_data.crop=[416,416]", "eval_data.letterbox=true",
+         "eval_data.pad_value=0.447", "eval_data.resize=1"],
+    ],
+    ids=["every-bound-itself", "smallest-factor", "crop-pair", "square-pair", "letterbox"],
+)
+def test_values_at_their_bounds_pass(hydra_ctx, overrides):
+    validate(make(*overrides))
+
+
+def test_image_mean_and_std_default_to_the_one_imagenet_constant(hydra_ctx):
+    from calibrun.sources import IMAGENET_MEAN, IMAGENET_STD, ImageTransform
+
+    cfg = make("data=images", "data.path=x", "eval_data=images", "eval_data.path=y")
+    for key in ("data", "eval_data"):
+        assert list(cfg[key].mean) == list(IMAGENET_MEAN)
+        assert list(cfg[key].std) == list(IMAGENET_STD)
+    assert ImageTransform().mean == IMAGENET_MEAN
+    assert ImageTransform().std == IMAGENET_STD
+    conf = Path(CONF_DIR)
+    for path in [*conf.glob("data/*.yaml"), *conf.glob("eval_data/*.yaml")]:  # not repeated in the yaml files
+        assert "0.485" not in path.read_text()
+        assert "0.229" not in path.read_text()
+    assert list(make("data=images", "data.path=x", "data.mean=[0.5,0.5,0.5]").data.mean) == [0.5, 0.5, 0.5]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import logging
 from collections import Counter
 from pathlib import Path
@@ -498,3 +499,129 @@ def test_plain_onnx_shape_inference_when_quant_pre_process_fails(tmp_path, monke
     model = onnx.load(str(prepared.path))
     assert PRE_PROCESS_KEY not in {p.key for p in model.metadata_props}
     assert len(model.graph.value_info) == len(ops(src)) - 1  # every intermediate tensor typed
+
+
+# --- the prepared-model cache verifies what it reads; temp folders of killed runs are removed ----------------
+
+
+def _job_cfg(src: Path, cache: Path):
+    from omegaconf import OmegaConf
+
+    from calibrun.config import Config
+
+    cfg = OmegaConf.structured(Config)
+    cfg.model.name, cfg.model.path, cfg.cache.dir = "file", str(src), str(cache)
+    return cfg
+
+
+def _prepare_warnings(cfg, job: Path, caplog) -> tuple[object, list[str]]:
+    from calibrun import runner
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="calibrun"):
+        fp32, _ = runner.prepare(cfg, job)
+    return fp32, [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("external", [False, True], ids=["inline", "external"])
+def test_prepared_model_cache_is_verified_before_reuse(tmp_path, caplog, external):
+    import shutil
+
+    from calibrun.model import file_sha256
+    from calibrun.prepare import external_data_path
+
+    src = save(conv_net(), tmp_path / "src" / "m.onnx", external=external)
+    job = tmp_path / "job"
+    job.mkdir()
+    cfg = _job_cfg(src, tmp_path / "cache")
+    fp32, warned = _prepare_warnings(cfg, job, caplog)
+    assert warned == []
+    record = json.loads(fp32.path.with_suffix(".steps.json").read_text())
+    assert record["model_sha256"] == file_sha256(fp32.path) == fp32.sha256
+    data = external_data_path(fp32.path)
+    assert (record["data_sha256"] is not None) == external == data.is_file()
+    good = fp32.path.read_bytes()
+
+    again, warned = _prepare_warnings(cfg, job, caplog)  # a verified hit: no warning, same file
+    assert warned == []
+    assert again.path == fp32.path
+    assert again.sha256 == fp32.sha256
+
+    fp32.path.write_bytes(good[: len(good) // 2])  # truncated (a killed copy, a full disk)
+    again, warned = _prepare_warnings(cfg, job, caplog)
+    assert len(warned) == 1
+    assert "truncated or replaced" in warned[0]
+    assert str(fp32.path) in warned[0]
+    assert fp32.path.read_bytes() == good
+    assert again.sha256 == record["model_sha256"]
+
+    other = save(ir3_mlp(), tmp_path / "other.onnx")  # a different valid model at that key
+    shutil.copyfile(other, fp32.path)
+    again, warned = _prepare_warnings(cfg, job, caplog)
+    assert len(warned) == 1
+    assert "do not match" in warned[0]
+    assert fp32.path.read_bytes() == good
+
+    fp32.path.with_suffix(".steps.json").unlink()  # no record: cannot be verified
+    _, warned = _prepare_warnings(cfg, job, caplog)
+    assert len(warned) == 1
+    assert "no record" in warned[0]
+
+    if external:
+        data.write_bytes(data.read_bytes()[:-8])
+        _, warned = _prepare_warnings(cfg, job, caplog)
+        assert len(warned) == 1
+        assert "data file" in warned[0]
+    _, warned = _prepare_warnings(cfg, job, caplog)
+    assert warned == []  # repaired for good
+
+
+def test_temp_folders_of_dead_processes_are_removed_and_others_kept(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from calibrun.files import _HOST, remove_temp_orphans, temp_dir
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead_pid = int(dead.stdout)
+    names = {
+        "dead": f"calibrun.calib.{_HOST}.{dead_pid}.abc_12x",
+        "dead_q": f"calibrun.q.{_HOST}.{dead_pid}.zz9",
+        "alive": f"calibrun.diag.{_HOST}.{os.getpid()}.k2j3",
+        "other_host": f"calibrun.calib.elsewhere.{dead_pid}.abc",
+        "old_style": "calibrun.calib.abcdefgh",  # no process in its name: cannot be judged, kept
+        "unrelated": f"ort.quant.{dead_pid}.x",
+    }
+    for name in names.values():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.onnx").write_bytes(b"x" * 10)
+    removed = remove_temp_orphans(tmp_path)
+    assert sorted(p.name for p in removed) == sorted([names["dead"], names["dead_q"]])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        n for k, n in names.items() if k not in ("dead", "dead_q"))
+    with temp_dir("src", tmp_path) as live:  # a live process's own folder is never removed
+        assert Path(live).name.startswith(f"calibrun.src.{_HOST}.{os.getpid()}.")
+        assert remove_temp_orphans(tmp_path) == []
+        assert Path(live).is_dir()
+    assert not Path(live).exists()
+
+
+def test_already_quantised_and_outputless_models_are_refused_before_any_work(tmp_path):
+    from onnxruntime.quantization import quantize_dynamic
+
+    src = save(conv_net(), tmp_path / "m.onnx")
+    (tmp_path / "out").mkdir()
+    dynamic = tmp_path / "dyn.onnx"
+    quantize_dynamic(str(save(build_lab_model(), tmp_path / "lab.onnx")), str(dynamic))
+    with pytest.raises(CalibrunError, match=r"dyn\.onnx is already quantised \(.*MatMulInteger"):
+        prepare_model(dynamic, tmp_path / "out" / "p.onnx")
+    no_outputs = build_lab_model()
+    del no_outputs.graph.output[:]
+    path = tmp_path / "no_out.onnx"
+    onnx.save_model(no_outputs, str(path))
+    with pytest.raises(CalibrunError, match="no graph output"):
+        prepare_model(path, tmp_path / "out" / "p.onnx")
+    assert list((tmp_path / "out").iterdir()) == []
+    prepare_model(src, tmp_path / "out" / "p.onnx")  # a float model still passes

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 
 import numpy as np
 import onnx
@@ -461,7 +463,7 @@ def test_image_model_checks(tmp_path):
         image_calibration(tmp_path / "imgs", [vec()], batches=1, transform=transform)
     with pytest.raises(CalibrunError, match="1 channels.*grayscale=true"):
         image_calibration(tmp_path / "imgs", [nchw(channels=1, size=4)], batches=1, transform=transform)
-    with pytest.raises(CalibrunError, match="height 5.*crops 4x4"):
+    with pytest.raises(CalibrunError, match=r"takes images of \[5, 5\].*makes 4x4.*data\.crop=\[5,5\]"):
         image_calibration(tmp_path / "imgs", [nchw(size=5)], batches=1, transform=transform)
     with pytest.raises(CalibrunError, match="single-input"):
         image_calibration(tmp_path / "imgs", [nchw(size=4), nchw(size=4, name="b")], batches=1, transform=transform)
@@ -604,3 +606,206 @@ def test_single_input_view_fits_make_reader(tmp_path):
     np.testing.assert_array_equal(served[2]["x"], rows(16, start=32))
     with pytest.raises(CalibrunError, match="no input 'y'"):
         feeds.arrays("y")
+
+
+# ------------------------------------------------------------------ image options: crop [h, w], letterbox, modes
+
+
+def plain(**kw) -> ImageTransform:
+    """A transform without normalisation: the output is the pixels in 0..1."""
+    return ImageTransform(mean=(0, 0, 0), std=(1, 1, 1), **kw)
+
+
+def test_non_square_crop_matches_a_centre_crop_of_the_resized_image(tmp_path):
+    pixels = np.random.default_rng(11).integers(0, 256, (20, 30, 3), dtype=np.uint8)  # H=20, W=30
+    write_png(tmp_path / "imgs" / "one.png", pixels)
+    transform = plain(resize=10, crop=[6, 14])
+    assert transform.crop_size == (6, 14)
+    assert transform.identity()["crop"] == [6, 14]
+    info = InputInfo("img", FLOAT, ("N", 3, "H", "W"))  # symbolic height and width: filled from the crop
+    (feed,) = image_calibration(tmp_path / "imgs", [info], batches=1, transform=transform)
+    assert feed["img"].shape == (1, 3, 6, 14)
+    resized = np.asarray(Image.fromarray(pixels).resize((15, 10), Image.Resampling.BILINEAR), np.float32) / 255
+    top, left = round((10 - 6) / 2), round((15 - 14) / 2)
+    np.testing.assert_array_equal(feed["img"][0], resized[top : top + 6, left : left + 14].transpose(2, 0, 1))
+    # the longer side of the crop may exceed `resize` (a wide crop from wide images); a tall image cannot give it
+    write_png(tmp_path / "tall" / "t.png", pixels.transpose(1, 0, 2))
+    feeds = image_calibration(tmp_path / "tall", [info], batches=1, transform=transform)
+    with pytest.raises(CalibrunError, match=r"t\.png resized to 15x10 .* smaller than the crop 6x14"):
+        drain(feeds)
+
+
+def test_square_crop_given_as_a_pair_is_the_int_form():
+    assert ImageTransform(crop=[224, 224]) == ImageTransform(crop=224)
+    assert ImageTransform(crop=(224, 224)).identity() == ImageTransform().identity()
+    assert "letterbox" not in ImageTransform().identity()  # the crop pipeline's cache keys did not change
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "word"),
+    [
+        ({"crop": [48]}, "[height, width]"),
+        ({"crop": [48, 0]}, "crop width"),
+        ({"crop": [300, 400]}, "larger than resize"),
+        ({"crop": "48"}, "crop"),
+        ({"crop": 10**6}, "16384"),
+        ({"resize": 0}, "resize"),
+        ({"letterbox": "yes"}, "letterbox"),
+        ({"letterbox": True, "pad_value": 1.5}, "pad_value"),
+        ({"letterbox": True, "pad_value": float("nan")}, "pad_value"),
+    ],
+)
+def test_bad_image_options_are_named(kwargs, word):
+    with pytest.raises(CalibrunError, match=re.escape(word)):
+        ImageTransform(**kwargs)
+
+
+def test_letterbox_keeps_the_aspect_ratio_and_pads(tmp_path):
+    pixels = np.random.default_rng(12).integers(0, 256, (10, 20, 3), dtype=np.uint8)  # H=10, W=20: 2:1
+    write_png(tmp_path / "imgs" / "wide.png", pixels)
+    transform = plain(crop=8, letterbox=True, pad_value=0.25, resize=1)  # resize is not used by letterbox
+    assert transform.resized_size(20, 10) == (8, 4)
+    (feed,) = image_calibration(tmp_path / "imgs", [nchw(size=8)], batches=1, transform=transform)
+    got = feed["img"][0]
+    assert got.shape == (3, 8, 8)
+    np.testing.assert_array_equal(got[:, :2], 0.25)  # 2 rows of padding above, 2 below
+    np.testing.assert_array_equal(got[:, 6:], 0.25)
+    resized = np.asarray(Image.fromarray(pixels).resize((8, 4), Image.Resampling.BILINEAR), np.float32) / 255
+    np.testing.assert_array_equal(got[:, 2:6], resized.transpose(2, 0, 1))
+    # a tall image pads left and right; a non-square target
+    write_png(tmp_path / "tall" / "t.png", np.full((40, 10, 3), 200, np.uint8))
+    transform = plain(crop=(8, 16), letterbox=True, pad_value=0.0)
+    (feed,) = image_calibration(tmp_path / "tall", [InputInfo("i", FLOAT, ("N", 3, 8, 16))], 1, transform=transform)
+    got = feed["i"][0]
+    assert transform.resized_size(10, 40) == (2, 8)
+    np.testing.assert_array_equal(got[:, :, :7], 0.0)
+    np.testing.assert_array_equal(got[:, :, 9:], 0.0)
+    np.testing.assert_allclose(got[:, :, 7:9], 200 / 255, rtol=1e-6)
+
+
+def test_letterbox_on_real_photos(tmp_path):
+    from tests.trained import photo_folder
+
+    folder = photo_folder(tmp_path / "photos", ("astronaut.png", "chelsea.png"))
+    pad = 114 / 255
+    transform = ImageTransform(crop=64, letterbox=True, pad_value=pad, mean=(0, 0, 0), std=(1, 1, 1))
+    ev = image_evaluation(folder, [nchw(size=64)], transform=transform)
+    astronaut, chelsea = ev.feeds["img"]  # sorted by name
+    assert not np.any(np.all(astronaut == np.float32(pad), axis=0))  # 512x512: fills the square, no padding
+    width, height = Image.open(folder / "chelsea.png").size  # 451 x 300: padded above and below
+    rows_used = round(height * 64 / width)
+    top = (64 - rows_used) // 2
+    np.testing.assert_array_equal(chelsea[:, :top], np.float32(pad))
+    np.testing.assert_array_equal(chelsea[:, top + rows_used :], np.float32(pad))
+    assert np.std(chelsea[:, top : top + rows_used]) > 0.05  # the photo itself, not padding
+    assert ev.identity["transform"]["letterbox"] is True
+    assert ev.identity["transform"]["pad_value"] == pad
+
+
+def _save_mode(path, array: np.ndarray, mode: str | None = None):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image = Image.fromarray(array) if mode is None else Image.fromarray(array).convert(mode)
+    image.save(path)
+    return path
+
+
+def test_16_bit_png_divides_by_65535(tmp_path):
+    values = np.arange(64, dtype=np.uint16).reshape(8, 8) * 1000 + 535  # 535 .. 63535: most above 255
+    values[0, 0], values[7, 7] = 0, 65535
+    path = tmp_path / "imgs" / "deep.png"
+    path.parent.mkdir(parents=True)
+    Image.fromarray(values).save(path)  # a 16-bit greyscale PNG
+    assert Image.open(path).mode.startswith("I")
+    (feed,) = image_calibration(tmp_path / "imgs", [nchw(size=8)], 1, transform=plain(resize=8, crop=8))
+    got = feed["img"][0]
+    assert got.shape == (3, 8, 8)
+    for channel in got:  # grey repeated into RGB, scaled by 65535 (not clipped at 255)
+        np.testing.assert_allclose(channel, values / 65535, rtol=1e-6)
+    assert got.max() == pytest.approx(1.0)
+    assert got.min() == 0.0
+    gray = ImageTransform(resize=8, crop=8, mean=(0,), std=(1,), grayscale=True)
+    (feed,) = image_calibration(tmp_path / "imgs", [nchw(channels=1, size=8)], 1, transform=gray)
+    np.testing.assert_allclose(feed["img"][0, 0], values / 65535, rtol=1e-6)
+
+
+def test_16_bit_and_8_bit_versions_of_one_image_agree(tmp_path):
+    """The same picture stored with 8 and with 16 bits gives the same pixels (a 16-bit level is v * 257)."""
+    rng = np.random.default_rng(13)
+    eight = rng.integers(0, 256, (24, 16), dtype=np.uint8)
+    _save_mode(tmp_path / "a" / "x.png", eight)
+    _save_mode(tmp_path / "b" / "x.png", eight.astype(np.uint16) * 257)
+    transform = plain(resize=8, crop=[8, 6])  # a real resize: 16x24 -> 8x12, crop 8x6
+    (a,) = image_calibration(tmp_path / "a", [InputInfo("img", FLOAT, ("N", 3, 8, 6))], 1, transform=transform)
+    (b,) = image_calibration(tmp_path / "b", [InputInfo("img", FLOAT, ("N", 3, 8, 6))], 1, transform=transform)
+    # Pillow resamples 8-bit images in fixed point with rounding to a level: within one 8-bit level
+    np.testing.assert_allclose(a["img"], b["img"], rtol=0, atol=1.01 / 255)
+
+
+def test_32_bit_modes(tmp_path):
+    ints = (np.arange(16, dtype=np.int32).reshape(4, 4) * 4000)
+    _save_mode(tmp_path / "i" / "x.png", ints.astype(np.uint16))  # stays within 16 bits
+    tiff = tmp_path / "f" / "x.tiff"
+    tiff.parent.mkdir()
+    floats = np.linspace(0, 1, 16, dtype=np.float32).reshape(4, 4)
+    Image.fromarray(floats, mode="F").save(tiff)
+    (feed,) = image_calibration(tmp_path / "f", [nchw(size=4)], 1, transform=plain(resize=4, crop=4))
+    np.testing.assert_allclose(feed["img"][0, 0], floats, rtol=1e-6)  # F: taken as it is
+    big = tmp_path / "big" / "x.tiff"
+    big.parent.mkdir()
+    Image.fromarray(np.full((4, 4), 70000, np.int32), mode="I").save(big)
+    assert Image.open(big).mode == "I"
+    feeds = image_calibration(tmp_path / "big", [nchw(size=4)], 1, transform=plain(resize=4, crop=4))
+    with pytest.raises(CalibrunError, match=r"x\.tiff.*outside the 16-bit range"):
+        drain(feeds)
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "P", "CMYK", "1", "L"])
+def test_8_bit_modes_become_rgb_in_0_1(tmp_path, mode):
+    pixels = np.random.default_rng(14).integers(0, 256, (6, 6, 3), dtype=np.uint8)
+    suffix = ".jpg" if mode == "CMYK" else ".png"
+    path = tmp_path / "imgs" / f"x{suffix}"
+    image = Image.fromarray(pixels).convert(mode)
+    if mode == "RGBA":  # a varying alpha must not change the colours
+        image.putalpha(Image.fromarray(np.arange(36, dtype=np.uint8).reshape(6, 6) * 7))
+    path.parent.mkdir()
+    image.save(path)
+    with Image.open(path) as reopened:
+        assert reopened.mode == mode
+        expected = np.asarray(reopened.convert("RGB"), np.float32) / 255
+    (feed,) = image_calibration(tmp_path / "imgs", [nchw(size=6)], 1, transform=plain(resize=6, crop=6))
+    np.testing.assert_array_equal(feed["img"][0], expected.transpose(2, 0, 1))
+    assert feed["img"].min() >= 0
+    assert feed["img"].max() <= 1
+
+
+def test_ocr_classifier_end_to_end_on_real_photos_with_a_non_square_crop(tmp_path):
+    """PP-OCR's text-direction classifier (trained, input [N, 3, ?, ?]: the crop fills height and width) runs
+    through `python -m calibrun` on scikit-image photos: calibration with a centre crop [48, 192], evaluation
+    letterboxed into 48x192 as PP-OCR pads its inputs."""
+    import subprocess
+    import sys
+
+    from tests.trained import TEXT_PHOTOS, model_path, photo_folder
+
+    photos = photo_folder(tmp_path / "photos", ("astronaut.png", "chelsea.png", "coffee.png", *TEXT_PHOTOS))
+    norm = ["mean=[0.5,0.5,0.5]", "std=[0.5,0.5,0.5]"]
+    overrides = [
+        "model=file", f"model.path={model_path('ocr_cls')}", "batches=1", "eval.rows=6", "tracking=off",
+        "data=images", f"data.path={photos}", "data.crop=[48,192]", *[f"data.{n}" for n in norm],
+        "eval_data=images", f"eval_data.path={photos}", "eval_data.crop=[48,192]", "eval_data.letterbox=true",
+        "eval_data.pad_value=0.5", *[f"eval_data.{n}" for n in norm],
+        f"hydra.run.dir={tmp_path / 'run'}", f"cache.dir={tmp_path / 'cache'}",
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in {"CALIBRUN_DEBUG", "PYTHONPATH"}}
+    proc = subprocess.run([sys.executable, "-m", "calibrun", *overrides], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["status"] == "ok"
+    metrics = result["metrics"]
+    assert 0 < metrics["input_scale"] < 1
+    assert 0 < metrics["max_abs_error"] < 1  # softmax probabilities: the int8 model is close, not identical
+    assert 1.0 < metrics["span"] <= 2.0  # pixels in 0..1 normalised by (x - 0.5) / 0.5: the photos span -1..1
+    assert result["eval_source"]["crop"] == [48, 192]
+    assert result["eval_source"]["letterbox"] is True
+    assert onnx.load(str(tmp_path / "run" / "int8.onnx")).graph.node
