@@ -551,7 +551,11 @@ def main(argv: list[str] | None = None) -> int:
         if key != "report.dir" or not sep or not value:
             _parser().error(f"unknown option {option!r}: only report.dir=DIR")
         report_dir = value
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(handler)
+    level = log.level
+    log.setLevel(logging.INFO)
     try:
         summary = build(args.sweep_dir, report_dir)
     except Exception as exc:  # one line, no traceback: bad folders, unreadable files, library errors
@@ -559,6 +563,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"calibrun.aggregate: error: {one_line(exc)}", file=sys.stderr)
         return 1
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
     for line in summary.broken:
         print(f"calibrun.aggregate: error: {line}", file=sys.stderr)
     if not summary.ok:
