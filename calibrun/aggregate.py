@@ -36,10 +36,9 @@ RUNS_FILE = "runs.json"
 BUNDLE = "bundle"
 # the headline metric: the first one every completed run has (task metrics first), and which way is better
 HEADLINES = (("int8_accuracy", "higher"), ("top1_agreement", "higher"), ("max_abs_error", "lower"))
-TABLE_METRICS = ("max_abs_error", "mean_abs_error", "input_scale", "span", "model_bytes")
 LAB_METRICS = ("span", "input_scale", "input_zero_point", "observed_span", "max_abs_error", "quantize_nodes",
                "dequantize_nodes", "model_bytes")
-REPORT_MARKERS = ("report.md", RUNS_FILE, "calib_report.json")  # a folder holding one of these is a report
+REPORT_MARKERS = ("report.md", RUNS_FILE, "calib_report.json", BUNDLE)  # a folder holding one of these is a report
 
 
 @dataclass

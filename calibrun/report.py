@@ -21,6 +21,7 @@ PLOT_BATCHES = "error_vs_batches.png"
 COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray",
            "tab:olive", "tab:cyan")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LINES = ("-", "--", ":", "-.")
 
 
 def _clip_range(scale: float, zero_point: int) -> tuple[float, float]:
@@ -152,7 +153,7 @@ def _plot_name(metric: str, axis: str) -> str:
 
 def _axis_plots(report_dir: Path, runs: dict, facts: dict) -> list[Path]:
     """The headline metric against each swept axis; one line per combination of the other axes, coloured by the
-    first other axis (marker: the rest)."""
+    first other axis (marker and line style: the rest)."""
     import matplotlib.pyplot as plt
 
     axes = facts.get("axes") or {}
@@ -160,7 +161,7 @@ def _axis_plots(report_dir: Path, runs: dict, facts: dict) -> list[Path]:
     written = []
     for axis, values in axes.items():
         candidates = [a for a in axes if a != axis]
-        colour_axis = min(candidates, key=lambda a: len(axes[a])) if candidates else None
+        colour_axis = candidates[0] if candidates else None  # the first other axis of the sweep
         rest = [a for a in candidates if a != colour_axis]
         others = [colour_axis, *rest] if colour_axis else []
         numeric = all(_number(v) is not None for v in values)
@@ -179,11 +180,12 @@ def _axis_plots(report_dir: Path, runs: dict, facts: dict) -> list[Path]:
         for key, points in sorted(series.items(), key=lambda kv: [axes[a].index(v) if v in axes[a] else -1
                                                                     for a, v in zip(others, kv[0], strict=True)]):
             colour = COLOURS[axes[colour_axis].index(key[0]) % len(COLOURS)] if colour_axis else COLOURS[0]
-            marker = MARKERS[rest_values.index(key[1:]) % len(MARKERS)] if rest else "o"
+            style = rest_values.index(key[1:]) if rest else 0  # the other axes: marker, line style, hollow markers
             points.sort()
             label = " ".join(f"{a}={v}" for a, v in zip(others, key, strict=True)) or None
-            ax.plot([x for x, _ in points], [y for _, y in points], marker=marker, color=colour, label=label,
-                    linestyle="-" if len(points) > 1 else "none")
+            ax.plot([x for x, _ in points], [y for _, y in points], marker=MARKERS[style % len(MARKERS)],
+                    color=colour, label=label, markerfacecolor="none" if style % 2 else colour,
+                    linestyle=LINES[style % len(LINES)] if len(points) > 1 else "none")
         xs = [_number(v) for v in values] if numeric else []
         if numeric and min(xs) > 0 and max(xs) / min(xs) >= 20:
             ax.set_xscale("log")

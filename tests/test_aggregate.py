@@ -345,7 +345,8 @@ def test_readme_method_sweep_reports_all_three_runs(tmp_path):
     for row in runs["runs"]:
         result = json.loads((sweep / row["job"] / "result.json").read_text())
         assert row["metrics"]["max_abs_error"] == result["metrics"]["max_abs_error"]
-        assert result["params"]["method"] == row["overrides"]["method"]
+        composed = yaml.safe_load((sweep / row["job"] / ".hydra" / "config.yaml").read_text())
+        assert composed["method"]["name"] == row["overrides"]["method"]
     assert len({r["metrics"]["input_scale"] for r in runs["runs"]}) == 3  # three calibrations, three scales
     text = (sweep / "report" / "report.md").read_text()
     assert all(f"| {m} |" in text for m in ("minmax", "entropy", "percentile"))
@@ -355,10 +356,15 @@ def test_readme_method_sweep_reports_all_three_runs(tmp_path):
 @pytest.mark.slow
 def test_per_channel_sweep_reports_both_runs(tmp_path):
     sweep, runs = real_sweep(tmp_path, "quant.per_channel=false,true", "batches=4", "eval.rows=64")
-    assert [r["label"] for r in runs["runs"]] == ["quant.per_channel=false", "quant.per_channel=true"]
+    # labelled as Hydra records the overrides
+    assert [r["label"] for r in runs["runs"]] == ["quant.per_channel=False", "quant.per_channel=True"]
     # per-channel weights: a different int8 model from the same calibration
     assert (sweep / "0" / "int8.onnx").read_bytes() != (sweep / "1" / "int8.onnx").read_bytes()
-    assert runs["runs"][0]["metrics"]["max_abs_error"] != runs["runs"][1]["metrics"]["max_abs_error"]
+    for row in runs["runs"]:
+        result = json.loads((sweep / row["job"] / "result.json").read_text())
+        assert row["metrics"]["mean_abs_error"] == result["metrics"]["mean_abs_error"]
+        composed = yaml.safe_load((sweep / row["job"] / ".hydra" / "config.yaml").read_text())
+        assert composed["quant"]["per_channel"] is (row["overrides"]["quant.per_channel"] == "True")
     assert (sweep / "report" / "max_abs_error_vs_quant.per_channel.png").is_file()
 
 
@@ -366,14 +372,29 @@ def test_per_channel_sweep_reports_both_runs(tmp_path):
 def test_model_file_sweep_with_relative_cache_aggregates_from_anywhere(tmp_path):
     """A trained classifier (PP-OCR text direction), the default relative cache folder, then the report rebuilt
     from another working directory into another folder."""
-    from tests.trained import model_path
+    import numpy as np
+    from PIL import Image
+
+    from tests.trained import model_path, photo_folder
 
     model = tmp_path / "cls.onnx"
     shutil.copyfile(model_path("ocr_cls"), model)
     work = tmp_path / "work"
     work.mkdir()
-    sweep, runs = real_sweep(work, "model=file", f"model.path={model}", "calibration=narrow,match", "batches=2",
-                             "eval.rows=8")
+    # real photos as the classifier's input: 4 strips of 48 x 192 per photo, PP-OCR's (x / 255 - 0.5) / 0.5, NCHW
+    strips = []
+    for photo in sorted(photo_folder(tmp_path / "photos").iterdir()):
+        image = Image.open(photo).convert("RGB")
+        height = image.height // 4
+        for i in range(4):
+            strip = image.crop((0, i * height, image.width, (i + 1) * height)).resize((192, 48))
+            strips.append((np.asarray(strip, dtype=np.float32) / 255 - 0.5) / 0.5)
+    rows = np.stack(strips).transpose(0, 3, 1, 2)
+    np.savez(work / "calib.npz", x=rows)
+    np.savez(work / "eval.npz", x=rows[::2])
+    sweep, runs = real_sweep(work, "model=file", f"model.path={model}", "data=npy", "data.path=calib.npz",
+                             "eval_data=npy", "eval_data.path=eval.npz", "calibration=narrow,match", "batches=2",
+                             f"eval.rows={len(rows[::2])}")
     assert [r["label"] for r in runs["runs"]] == ["calibration=narrow", "calibration=match"]
     assert (work / ".calibrun-cache" / "models").is_dir()
     assert runs["headline"]["metric"] == "top1_agreement"  # a Softmax classifier
