@@ -40,7 +40,8 @@ def preset_sweep(name: str) -> list[str] | None:
 
 def check_preset_mode(argv: list[str]) -> str | None:
     """A preset that is a sweep needs -m: the one line that says so, or None."""
-    if "-m" in argv or "--multirun" in argv or _SHOW_FLAGS & set(argv):
+    if "-m" in argv or "--multirun" in argv or _SHOW_FLAGS & set(argv) or any(a.startswith("hydra.mode=")
+                                                                               for a in argv):
         return None
     for arg in argv:
         key, sep, value = arg.partition("=")

@@ -38,6 +38,7 @@ BUNDLE = "bundle"
 HEADLINES = (("int8_accuracy", "higher"), ("top1_agreement", "higher"), ("max_abs_error", "lower"))
 LAB_METRICS = ("span", "input_scale", "input_zero_point", "observed_span", "max_abs_error", "quantize_nodes",
                "dequantize_nodes", "model_bytes")
+IGNORED_OVERRIDES = ("resume",)  # how a job was run, not what it measured (a resumed sweep equals a clean one)
 REPORT_MARKERS = ("report.md", RUNS_FILE, "calib_report.json", BUNDLE)  # a folder holding one of these is a report
 
 
@@ -112,15 +113,16 @@ def _load_yaml(path: Path):
 
 
 def _overrides(job_dir: Path, result: dict) -> dict[str, str]:
-    """The job's own overrides (`key=value`, `+`/`++` dropped) from Hydra's record; without one (a folder not made
-    by Hydra), the identity result.json holds."""
+    """The job's own overrides (`key=value`, `+`/`++` dropped, `resume` left out) from Hydra's record; without one
+    (a folder not made by Hydra), the identity result.json holds."""
     listed = _load_yaml(job_dir / ".hydra" / "overrides.yaml")
     if isinstance(listed, list):
         pairs = {}
         for item in listed:
             key, sep, value = str(item).partition("=")
-            if sep and not key.startswith("~"):
-                pairs[key.lstrip("+")] = value
+            key = key.lstrip("+")
+            if sep and not key.startswith("~") and key not in IGNORED_OVERRIDES:
+                pairs[key] = value
         return pairs
     p = result.get("params") if isinstance(result.get("params"), dict) else {}
     return {k: str(p[k]) for k in ("calibration", "batches", "format", "method") if k in p}
@@ -443,8 +445,9 @@ def _runs_table(r: _Report, metric: str, better: str) -> dict:
     for run in r.every:
         row = {"job": run.job, "label": run.label, "overrides": run.overrides, "status": run.result["status"],
                "lab": run.ok and lab.difference(run.config) is None}
-        if run.ok:
-            row["metrics"] = {k: v for k, v in run.metrics.items() if isinstance(v, (int, float))}
+        if run.ok:  # what the run measured; timings and cache hits (not the model's) stay in result.json and MLflow
+            row["metrics"] = {k: v for k, v in run.metrics.items()
+                              if isinstance(v, (int, float)) and not k.endswith("_seconds") and k != "cache_hit"}
         else:
             row["error"] = run.result.get("error", "failed")
         rows.append(row)

@@ -392,12 +392,15 @@ def test_model_file_sweep_with_relative_cache_aggregates_from_anywhere(tmp_path)
     rows = np.stack(strips).transpose(0, 3, 1, 2)
     np.savez(work / "calib.npz", x=rows)
     np.savez(work / "eval.npz", x=rows[::2])
-    sweep, runs = real_sweep(work, "model=file", f"model.path={model}", "data=npy", "data.path=calib.npz",
-                             "eval_data=npy", "eval_data.path=eval.npz", "calibration=narrow,match", "batches=2",
+    # model.classifier=true: its Softmax feeds an Identity, which the automatic check does not look through
+    sweep, runs = real_sweep(work, "model=file", f"model.path={model}", "model.classifier=true", "data=npy",
+                             "data.path=calib.npz",
+                             "eval_data=npy", "eval_data.path=eval.npz", "calibration=narrow,match", "batches=1,2",
                              f"eval.rows={len(rows[::2])}")
-    assert [r["label"] for r in runs["runs"]] == ["calibration=narrow", "calibration=match"]
+    assert [r["label"] for r in runs["runs"]] == ["calibration=narrow batches=1", "calibration=narrow batches=2",
+                                                  "calibration=match batches=1", "calibration=match batches=2"]
     assert (work / ".calibrun-cache" / "models").is_dir()
-    assert runs["headline"]["metric"] == "top1_agreement"  # a Softmax classifier
+    assert runs["headline"]["metric"] == "top1_agreement"  # a classifier
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     proc = calibrun(elsewhere, str(sweep), "report.dir=rebuilt", module="calibrun.aggregate")
@@ -406,6 +409,10 @@ def test_model_file_sweep_with_relative_cache_aggregates_from_anywhere(tmp_path)
     rebuilt = json.loads((elsewhere / "rebuilt" / "runs.json").read_text())
     assert rebuilt == runs
     assert (elsewhere / "rebuilt" / "report.html").is_file()
+    # the sample trends need the evaluation span: from the relative eval.npz, found from the jobs' working directory
+    diagnosis = json.loads((elsewhere / "rebuilt" / "diagnosis.json").read_text())
+    assert set(diagnosis["samples"]) == {"narrow", "match"}
+    assert diagnosis == json.loads((sweep / "report" / "diagnosis.json").read_text())
 
 
 @pytest.mark.slow
@@ -416,7 +423,8 @@ def test_lab_runs_of_a_method_sweep_build_the_lab_files(tmp_path):
     minmax = {r["overrides"]["calibration"]: r["metrics"]["max_abs_error"] for r in runs["runs"]
               if r["overrides"]["method"] == "minmax"}
     assert {c: calib[c]["max_abs_error"] for c in lab.CALIBRATIONS} == minmax
-    assert [r["lab"] for r in runs["runs"]] == [True] * 3 + [False] * 3
+    assert [r["lab"] for r in runs["runs"]] == [r["overrides"]["method"] == "minmax" for r in runs["runs"]]
+    assert sum(r["lab"] for r in runs["runs"]) == 3
     assert calib["best"] == "match"
     assert calib["clipping_worse_than_coarse"] is True
 
@@ -425,3 +433,24 @@ def test_report_dir_error_in_a_sweep_is_one_line(tmp_path):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(CalibrunError, match="is a file"):
         aggregate.build(tmp_path, tmp_path / "afile")
+
+
+def test_runs_json_holds_no_timings(method_sweep):
+    """runs.json compares what the runs measured: a resumed sweep's report equals a clean one's."""
+    fake_job(method_sweep, 3, {"method": "distribution", "calibration": "wide", "batches": "64"}, 0.4,
+             metrics={"calibration_seconds": 1.5, "quantization_seconds": 0.2, "cache_hit": 1})
+    aggregate.build(method_sweep)
+    row = json.loads((method_sweep / "report" / "runs.json").read_text())["runs"][3]
+    assert "max_abs_error" in row["metrics"]
+    assert not {"calibration_seconds", "quantization_seconds", "cache_hit"} & set(row["metrics"])
+
+
+def test_resume_is_not_an_axis_nor_an_override(tmp_path):
+    """A resumed sweep (some jobs launched with resume=true) reports exactly what a clean sweep reports."""
+    sweep = tmp_path / "sweep"
+    fake_job(sweep, 0, {"calibration": "narrow", "resume": "true"}, 0.5)
+    fake_job(sweep, 1, {"calibration": "wide"}, 0.3)
+    aggregate.build(sweep)
+    runs = json.loads((sweep / "report" / "runs.json").read_text())
+    assert runs["axes"] == {"calibration": ["narrow", "wide"]}
+    assert [r["overrides"] for r in runs["runs"]] == [{"calibration": "narrow"}, {"calibration": "wide"}]
