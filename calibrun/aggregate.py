@@ -244,13 +244,17 @@ class _Report:
         self.summary = Summary(final_dir, ok=len(self.runs), failed=failed + broken, broken=broken)
         self.dir = work_dir
         self.lab: dict[tuple, Run] = {}
-        self.lab_problems: dict[str, str] = {}
         for run in self.runs.values():
             if lab.difference(run.config) is not None:
                 continue
             missing = [k for k in LAB_METRICS if not isinstance(run.metrics.get(k), (int, float))]
             if missing or "eval_source" not in run.result or "fp32" not in run.result["files"]:
                 line = f"job {run.job}: {RESULT_FILE} lacks {', '.join(missing) or 'eval_source/files.fp32'}"
+            elif not run.file("fp32").is_file():
+                line = f"job {run.job}: its fp32 model {run.file('fp32')} is missing (left out of the lab files)"
+            else:
+                line = None
+            if line is not None:
                 self.summary.failed.append(line)
                 self.summary.broken.append(line)
                 continue

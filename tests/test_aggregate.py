@@ -454,3 +454,17 @@ def test_resume_is_not_an_axis_nor_an_override(tmp_path):
     runs = json.loads((sweep / "report" / "runs.json").read_text())
     assert runs["axes"] == {"calibration": ["narrow", "wide"]}
     assert [r["overrides"] for r in runs["runs"]] == [{"calibration": "narrow"}, {"calibration": "wide"}]
+
+
+def test_lab_run_without_its_fp32_model_is_named_and_left_out(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    for num, calibration in enumerate(lab.CALIBRATIONS):
+        fake_job(sweep, num, {"calibration": calibration}, 0.1 * (num + 1))
+    (sweep / "1" / "fp32.onnx").unlink()
+    code, err = run_main(capsys, sweep)
+    assert code == 1
+    assert "job 1: its fp32 model" in err
+    assert "Traceback" not in err
+    assert not (sweep / "report" / "calib_report.json").exists()  # needs match, whose fp32 is gone
+    assert not (sweep / "report" / "bundle").exists()
+    assert len(json.loads((sweep / "report" / "runs.json").read_text())["runs"]) == 3
