@@ -1,4 +1,10 @@
-"""`python -m calibrun`: the Hydra app. Config groups in conf/ drive calibrun.runner.main."""
+"""`python -m calibrun` and the `calibrun` command: the Hydra app. Config groups in conf/ (shipped inside the
+installed package as calibrun.conf) drive calibrun.runner.main."""
+
+from __future__ import annotations
+
+import sys
+from importlib import resources
 
 import hydra
 from omegaconf import DictConfig
@@ -8,10 +14,58 @@ from calibrun.config import register
 
 register()
 
+CONFIG_PACKAGE = "calibrun.conf"
+# flags that only show something (help, config, info): a preset without -m is fine with them
+_SHOW_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve", "--shell-completion",
+               "-sc", "--version"}
 
-@hydra.main(version_base=None, config_path="../conf", config_name="config")
-def main(cfg: DictConfig):
+
+@hydra.main(version_base=None, config_path=f"pkg://{CONFIG_PACKAGE}", config_name="config")
+def _app(cfg: DictConfig):
     return runner.main(cfg)
+
+
+def preset_sweep(name: str) -> list[str] | None:
+    """The keys an experiment preset sweeps (its hydra.sweeper.params), or None when it sweeps nothing or there is
+    no such preset (Hydra then names the missing option)."""
+    import yaml
+
+    try:
+        text = resources.files(CONFIG_PACKAGE).joinpath("experiment", f"{name}.yaml").read_text()
+        params = ((yaml.safe_load(text) or {}).get("hydra") or {}).get("sweeper", {}).get("params")
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return None
+    return list(params) if isinstance(params, dict) and params else None
+
+
+def check_preset_mode(argv: list[str]) -> str | None:
+    """A preset that is a sweep needs -m: the one line that says so, or None."""
+    if "-m" in argv or "--multirun" in argv or _SHOW_FLAGS & set(argv) or any(a.startswith("hydra.mode=")
+                                                                               for a in argv):
+        return None
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and key.lstrip("+") == "experiment" and value not in ("", "null"):
+            axes = preset_sweep(value)
+            if axes:
+                return (f"experiment={value} is a sweep (over {', '.join(axes)}): add -m, as in "
+                        f"python -m calibrun -m experiment={value}")
+    return None
+
+
+def normalise(argv: list[str]) -> list[str]:
+    """`+experiment=NAME` (the form before `experiment` had a default) means `experiment=NAME`: Hydra refuses to
+    add a group that the defaults list already holds."""
+    return [arg[1:] if arg.startswith("+experiment=") else arg for arg in argv]
+
+
+def main() -> None:
+    sys.argv[1:] = normalise(sys.argv[1:])
+    problem = check_preset_mode(sys.argv[1:])
+    if problem is not None:
+        print(f"calibrun: error: {problem}", file=sys.stderr)
+        sys.exit(1)
+    _app()
 
 
 if __name__ == "__main__":

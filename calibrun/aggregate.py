@@ -2,40 +2,64 @@
 
     python -m calibrun.aggregate SWEEP_DIR [report.dir=DIR]
 
-Also run by the sweep callback at multirun end. Each report file is written only when the sweep holds
-every run it needs; otherwise it is skipped and the missing runs are named. Numbers come from the jobs'
-result.json, which were measured on exactly the model files copied into the bundle.
+Also run by the sweep callback at multirun end. For ANY sweep: `runs.json` and the report's *Runs* table (every
+job, keyed by its own overrides, `.hydra/overrides.yaml`) and a plot of the headline metric against each swept
+axis. The lab's files (calib_report.json, match/narrow/wide.json, samples.json, format.json) are written when the
+sweep holds the lab's runs, picked by the lab's fixed settings (calibrun.lab); a lab file whose runs are missing
+is skipped and the missing runs are named. Numbers come from the jobs' result.json, measured on exactly the model
+files copied into the bundle. The report is built in a temp folder and renamed into place: it appears whole.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import math
+import os
 import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from calibrun import datasets, engine
+import yaml
+
+from calibrun import lab
 from calibrun.diagnosis import run_diagnosis, sample_trend
-from calibrun.errors import CalibrunError
-from calibrun.files import atomic_path, remove_orphans, write_json
-from calibrun.measure import max_abs_difference
-from calibrun.runner import RESULT_FILE
+from calibrun.errors import CalibrunError, one_line
+from calibrun.files import atomic_path, remove_orphans, temp_name, write_json
 
 log = logging.getLogger("calibrun")
 
-MAIN_BATCHES = 64
-SAMPLE_BATCHES = (1, 8, 64, 512)
-SMALL_BATCHES = 8
-CALIBRATIONS = ("narrow", "match", "wide")
+RESULT_FILE = "result.json"  # calibrun.runner.RESULT_FILE (not imported: the aggregator needs no runner)
+RUNS_FILE = "runs.json"
 BUNDLE = "bundle"
+# the headline metric: the first one every completed run has (task metrics first), and which way is better
+HEADLINES = (("int8_accuracy", "higher"), ("top1_agreement", "higher"), ("max_abs_error", "lower"))
+LAB_METRICS = ("span", "input_scale", "input_zero_point", "observed_span", "max_abs_error", "quantize_nodes",
+               "dequantize_nodes", "model_bytes")
+IGNORED_OVERRIDES = ("resume",)  # how a job was run, not what it measured (a resumed sweep equals a clean one)
+REPORT_MARKERS = ("report.md", RUNS_FILE, "calib_report.json", BUNDLE)  # a folder holding one of these is a report
 
 
-@dataclass(frozen=True)
+@dataclass
 class Run:
+    """One job of the sweep: its folder, result.json, own overrides and composed config."""
+
     job_dir: Path
     result: dict
+    overrides: dict[str, str]
+    config: dict
+    cwd: Path | None = None  # the working directory the job ran in (relative paths in its record start there)
+    label: str = ""
+
+    @property
+    def job(self) -> str:
+        return self.job_dir.name
+
+    @property
+    def ok(self) -> bool:
+        return self.result.get("status") == "ok"
 
     @property
     def params(self) -> dict:
@@ -45,60 +69,212 @@ class Run:
     def metrics(self) -> dict:
         return self.result["metrics"]
 
+    def resolve(self, path: str | os.PathLike) -> Path:
+        """A path from the job's record: absolute as it is; relative to the job folder, else to the folder the job
+        ran in (result.json of earlier versions recorded cache paths relative to that)."""
+        path = Path(path).expanduser()
+        if path.is_absolute():
+            return path
+        for base in (self.job_dir, self.cwd):
+            if base is not None and (base / path).exists():
+                return base / path
+        return self.job_dir / path
+
     def file(self, which: str) -> Path:
-        path = Path(self.result["files"][which])
-        return path if path.is_absolute() else self.job_dir / path
+        return self.resolve(self.result["files"][which])
+
+    def lab_key(self) -> tuple[str, int, str]:
+        cfg = self.config
+        return cfg["calibration"]["name"], int(cfg["batches"]), cfg["format"]["name"]
 
 
 @dataclass
 class Summary:
     report_dir: Path
     ok: int = 0
-    failed: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)  # a line per job that failed or could not be used
     files: list[Path] = field(default_factory=list)
     missing: dict[str, list[str]] = field(default_factory=dict)
+    broken: list[str] = field(default_factory=list)  # the subset of `failed` the aggregator could not read
 
 
-def _label(calibration: str, batches: int, fmt: str) -> str:
-    return f"calibration={calibration} batches={batches} format={fmt}"
+# --- reading a sweep --------------------------------------------------------------------------------------------
+
+def _job_order(path: Path) -> tuple:
+    name = path.parent.name
+    return (0, int(name), "") if name.isdigit() else (1, 0, name)
 
 
-def load_runs(sweep_dir: Path) -> tuple[dict[tuple, Run], list[str]]:
-    """Completed runs by (calibration, batches, format), and a line per failed job."""
-    runs: dict[tuple, Run] = {}
+def _load_yaml(path: Path):
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def _overrides(job_dir: Path, result: dict) -> dict[str, str]:
+    """The job's own overrides (`key=value`, `+`/`++` dropped, `resume` left out) from Hydra's record; without one
+    (a folder not made by Hydra), the identity result.json holds."""
+    listed = _load_yaml(job_dir / ".hydra" / "overrides.yaml")
+    if isinstance(listed, list):
+        pairs = {}
+        for item in listed:
+            key, sep, value = str(item).partition("=")
+            key = key.lstrip("+")
+            if sep and not key.startswith("~") and key not in IGNORED_OVERRIDES:
+                pairs[key] = value
+        return pairs
+    p = result.get("params") if isinstance(result.get("params"), dict) else {}
+    return {k: str(p[k]) for k in ("calibration", "batches", "format", "method") if k in p}
+
+
+def _config(job_dir: Path, result: dict) -> dict:
+    """The job's composed config as a plain dict: the resolved copy the job wrote, else Hydra's; else what
+    result.json's params say."""
+    for path in (job_dir / "config_resolved.yaml", job_dir / ".hydra" / "config.yaml"):
+        cfg = _load_yaml(path)
+        if isinstance(cfg, dict) and "calibration" in cfg:
+            return cfg
+    p = result.get("params") if isinstance(result.get("params"), dict) else {}
+    return {
+        "calibration": {"name": p.get("calibration"), "factor": p.get("factor"), "seed": p.get("seed")},
+        "batches": p.get("batches"), "format": {"name": p.get("format")}, "method": {"name": p.get("method")},
+        "model": {"name": p.get("model")}, "data": {"name": p.get("data")}, "eval_data": {"name": p.get("eval_data")},
+        "eval": {"seed": p.get("eval_seed"), "rows": p.get("eval_rows")},
+        "quant": {k.split(".", 1)[1]: v for k, v in p.items() if k.startswith("quant.")},
+    }
+
+
+def _runtime_cwd(job_dir: Path) -> Path | None:
+    hydra_cfg = _load_yaml(job_dir / ".hydra" / "hydra.yaml")
+    try:
+        return Path(hydra_cfg["hydra"]["runtime"]["cwd"])
+    except (TypeError, KeyError):
+        return None
+
+
+def _problem(result) -> str | None:
+    """What makes a result.json unusable, or None."""
+    if not isinstance(result, dict):
+        return "is not a JSON object"
+    if result.get("status") not in ("ok", "failed"):
+        return f"has no valid status (got {result.get('status')!r})"
+    if result["status"] == "failed":
+        return None
+    for key in ("params", "metrics", "files"):
+        if not isinstance(result.get(key), dict):
+            return f"has no {key!r} object"
+    error = result["metrics"].get("max_abs_error")
+    if not isinstance(error, (int, float)) or isinstance(error, bool):
+        return "has no numeric metrics.max_abs_error"
+    if not isinstance(result["files"].get("int8"), str):
+        return "names no int8 model (files.int8)"
+    return None
+
+
+def load_runs(sweep_dir: Path) -> tuple[list[Run], list[str], list[str]]:
+    """Every job with a result.json (completed or failed), and a line per failed job and per unusable job."""
+    runs: list[Run] = []
     failed: list[str] = []
-    results = sorted(sweep_dir.glob(f"*/{RESULT_FILE}"), key=lambda p: (len(p.parent.name), p.parent.name))
-    for path in results:
+    broken: list[str] = []
+    for path in sorted(sweep_dir.glob(f"*/{RESULT_FILE}"), key=_job_order):
+        job_dir = path.parent
         try:
             result = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            failed.append(f"job {path.parent.name}: unreadable {RESULT_FILE} ({exc})")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            broken.append(f"job {job_dir.name}: unreadable {RESULT_FILE} ({one_line(exc)})")
             continue
-        if result.get("status") != "ok":
-            failed.append(f"job {path.parent.name}: {result.get('error', 'failed')}")
+        problem = _problem(result)
+        if problem is not None:
+            broken.append(f"job {job_dir.name}: {RESULT_FILE} {problem}")
             continue
-        p = result["params"]
-        key = (p["calibration"], int(p["batches"]), p["format"])
-        if key in runs:
-            log.warning("%s appears twice in the sweep; the report uses job %s", _label(*key), runs[key].job_dir.name)
+        run = Run(job_dir, result, _overrides(job_dir, result), _config(job_dir, result), _runtime_cwd(job_dir))
+        if run.ok and not run.file("int8").is_file():
+            broken.append(f"job {job_dir.name}: {RESULT_FILE} says ok but its int8 model {run.file('int8')} is "
+                          "missing (run skipped)")
             continue
-        runs[key] = Run(path.parent, result)
-    return runs, failed
+        if not run.ok:
+            failed.append(f"job {job_dir.name}: {result.get('error', 'failed')}")
+        runs.append(run)
+    return runs, failed, broken
 
+
+def swept_axes(runs: list[Run]) -> dict[str, list[str]]:
+    """Override keys whose value differs between jobs, in the order the jobs list them, with their values in order
+    of first appearance."""
+    order: list[str] = []
+    values: dict[str, list[str]] = {}
+    for run in runs:
+        for key, value in run.overrides.items():
+            if key not in values:
+                order.append(key)
+                values[key] = []
+            if value not in values[key]:
+                values[key].append(value)
+    return {k: values[k] for k in order
+            if len(values[k]) > 1 or any(k not in run.overrides for run in runs)}
+
+
+def _set_labels(runs: list[Run], axes: dict[str, list[str]]) -> None:
+    seen: dict[str, int] = {}
+    for run in runs:
+        keys = list(axes) or list(run.overrides)
+        text = " ".join(f"{k}={run.overrides[k]}" for k in keys if k in run.overrides) or f"job {run.job}"
+        seen[text] = seen.get(text, 0) + 1
+        run.label = text if seen[text] == 1 else f"{text} (job {run.job})"
+
+
+def headline(runs: list[Run]) -> tuple[str, str]:
+    """(metric, 'lower'|'higher'): the task metric when every completed run has it, else max_abs_error."""
+    for metric, better in HEADLINES:
+        if runs and all(isinstance(run.metrics.get(metric), (int, float)) for run in runs):
+            return metric, better
+    return "max_abs_error", "lower"
+
+
+# --- the report -------------------------------------------------------------------------------------------------
 
 class _Report:
-    def __init__(self, sweep_dir: Path, report_dir: Path):
-        self.runs, failed = load_runs(sweep_dir)
-        self.summary = Summary(report_dir, ok=len(self.runs), failed=failed)
-        self.dir = report_dir
+    def __init__(self, sweep_dir: Path, work_dir: Path, final_dir: Path):
+        every, failed, broken = load_runs(sweep_dir)
+        self.axes = swept_axes(every)
+        _set_labels(every, self.axes)
+        self.every = every
+        self.runs = {run.label: run for run in every if run.ok}  # completed runs by label
+        self.summary = Summary(final_dir, ok=len(self.runs), failed=failed + broken, broken=broken)
+        self.dir = work_dir
+        self.lab: dict[tuple, Run] = {}
+        for run in self.runs.values():
+            if lab.difference(run.config) is not None:
+                continue
+            missing = [k for k in LAB_METRICS if not isinstance(run.metrics.get(k), (int, float))]
+            if missing or "eval_source" not in run.result or "fp32" not in run.result["files"]:
+                line = f"job {run.job}: {RESULT_FILE} lacks {', '.join(missing) or 'eval_source/files.fp32'}"
+            elif not run.file("fp32").is_file():
+                line = f"job {run.job}: its fp32 model {run.file('fp32')} is missing (left out of the lab files)"
+            else:
+                line = None
+            if line is not None:
+                self.summary.failed.append(line)
+                self.summary.broken.append(line)
+                continue
+            key = run.lab_key()
+            if key in self.lab:
+                log.warning("%s appears twice in the sweep; the lab files use job %s", lab.label(*key),
+                            self.lab[key].job)
+                continue
+            self.lab[key] = run
 
     def need(self, name: str, keys: list[tuple]) -> list[Run] | None:
-        missing = [_label(*k) for k in keys if k not in self.runs]
+        missing = [lab.label(*k) for k in keys if k not in self.lab]
+        if missing and not self.lab:  # not a lab sweep at all: the report says so once
+            log.info("report: no lab runs in this sweep, %s not written", name)
+            return None
         if missing:
             self.summary.missing[name] = missing
             log.warning("report: skipping %s, missing runs: %s", name, "; ".join(missing))
             return None
-        return [self.runs[k] for k in keys]
+        return [self.lab[k] for k in keys]
 
     def write(self, name: str, obj: dict) -> None:
         path = self.dir / name
@@ -106,51 +282,108 @@ class _Report:
         self.summary.files.append(path)
 
     def bundle(self, run: Run, which: str, name: str) -> None:
+        source = run.file(which)
+        if not source.is_file():
+            raise CalibrunError(f"job {run.job}: {source} is missing ({which} model named in its {RESULT_FILE})")
         target = self.dir / BUNDLE / name
         target.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(target, suffix=".onnx") as tmp:
-            shutil.copyfile(run.file(which), tmp)
+            shutil.copyfile(source, tmp)
 
 
 def _row(run: Run, *keys: str) -> dict:
-    m = run.metrics
-    values = {"batches": int(run.params["batches"]), **m}
+    values = {"batches": int(run.config["batches"]), **run.metrics}
     return {k: values[k] for k in keys}
 
 
-def build(sweep_dir: str | Path, report_dir: str | Path | None = None) -> Summary:
-    """Write every report file the sweep has runs for; return what was written, skipped and failed."""
-    from calibrun import report
+def _check_report_dir(report_dir: Path) -> None:
+    if report_dir.exists() and not report_dir.is_dir():
+        raise CalibrunError(f"report.dir {report_dir} is a file, not a folder")
+    if report_dir.is_dir() and any(report_dir.iterdir()) and not any((report_dir / m).exists()
+                                                                      for m in REPORT_MARKERS):
+        raise CalibrunError(f"report.dir {report_dir} is a folder with other files (not a calibrun report): "
+                            "choose an empty or new folder")
+    parent = report_dir.parent
+    if parent.exists() and not parent.is_dir():
+        raise CalibrunError(f"report.dir {report_dir}: {parent} is a file, not a folder")
 
+
+def build(sweep_dir: str | Path, report_dir: str | Path | None = None) -> Summary:
+    """Write every report file the sweep has runs for; return what was written, skipped and failed.
+
+    The report is written into a temp folder beside `report_dir` and renamed onto it when complete, so a failure
+    (or a kill) leaves the previous report or none, never a half-filled one."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise CalibrunError(f"sweep folder not found: {sweep_dir}")
-    report_dir = Path(report_dir) if report_dir else sweep_dir / "report"
-    report_dir.mkdir(parents=True, exist_ok=True)
-    for folder in (report_dir, report_dir / BUNDLE, report_dir / BUNDLE / "samples"):
-        remove_orphans(folder)  # left by a report build that was killed
-    r = _Report(sweep_dir, report_dir)
+    final = Path(report_dir) if report_dir else sweep_dir / "report"
+    _check_report_dir(final)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CalibrunError(f"report.dir {final}: cannot create {final.parent}: {exc.strerror or exc}") from exc
+    remove_orphans(final.parent)  # a report build that was killed left its temp folder there
+    work = temp_name(final, ".tmp")
+    try:
+        work.mkdir()
+    except OSError as exc:
+        raise CalibrunError(f"report.dir {final}: cannot write in {final.parent}: {exc.strerror or exc}") from exc
+    try:
+        summary = _build_into(sweep_dir, work, final)
+        if summary.ok:
+            _swap(work, final)
+            summary.files = [final / p.relative_to(work) for p in summary.files]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return summary
+
+
+def _swap(work: Path, final: Path) -> None:
+    """Rename `work` onto `final` (replacing an earlier report)."""
+    old = None
+    if final.exists():
+        old = temp_name(final, ".old.tmp")
+        os.rename(final, old)
+    try:
+        os.rename(work, final)
+    except OSError:
+        if old is not None:
+            os.rename(old, final)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _build_into(sweep_dir: Path, work: Path, final: Path) -> Summary:
+    from calibrun import report
+
+    r = _Report(sweep_dir, work, final)
     if not r.runs:
         log.error("report: no completed runs in %s (no */%s with status ok)", sweep_dir, RESULT_FILE)
         return r.summary
-    facts: dict = {}
+    facts: dict = {"axes": r.axes, "lab_runs": r.lab}
+    metric, better = headline(list(r.runs.values()))
+    facts["headline"] = {"metric": metric, "better": better}
+    table = _runs_table(r, metric, better)
+    r.write(RUNS_FILE, table)
+    facts["table"] = table
 
-    lab = r.need("calib_report.json", [(c, MAIN_BATCHES, "qdq") for c in CALIBRATIONS])
-    if lab:
-        narrow, match, wide = lab
+    calib_runs = r.need("calib_report.json", [(c, lab.MAIN_BATCHES, "qdq") for c in lab.CALIBRATIONS])
+    if calib_runs:
+        narrow, match, wide = calib_runs
         r.bundle(match, "fp32", "fp32.onnx")
-        for name, run in zip(CALIBRATIONS, lab, strict=True):
+        for name, run in zip(lab.CALIBRATIONS, calib_runs, strict=True):
             r.bundle(run, "int8", f"int8_{name}.onnx")
         r.write("match.json", _row(match, "span", "batches", "input_scale", "input_zero_point", "observed_span",
                                    "quantize_nodes", "dequantize_nodes"))
         for name, run in (("narrow", narrow), ("wide", wide)):
             r.write(f"{name}.json", {**_row(run, "span", "batches", "input_scale", "observed_span", "max_abs_error"),
                                      "match_max_abs_error": match.metrics["max_abs_error"]})
-        errors = {name: run.metrics["max_abs_error"] for name, run in zip(CALIBRATIONS, lab, strict=True)}
+        errors = {name: run.metrics["max_abs_error"] for name, run in zip(lab.CALIBRATIONS, calib_runs, strict=True)}
         calib = {
-            "eval": {"seed": int(match.params["eval_seed"]), "rows": int(match.params["eval_rows"])},
+            "eval": {"seed": int(match.config["eval"]["seed"]), "rows": int(match.config["eval"]["rows"])},
             **{name: _row(run, "span", "input_scale", "observed_span", "max_abs_error")
-               for name, run in zip(CALIBRATIONS, lab, strict=True)},
+               for name, run in zip(lab.CALIBRATIONS, calib_runs, strict=True)},
             "best": min(errors, key=errors.get),
             "clipping_worse_than_coarse": errors["narrow"] > errors["wide"],
         }
@@ -158,15 +391,16 @@ def build(sweep_dir: str | Path, report_dir: str | Path | None = None) -> Summar
         facts["calib"] = calib
         facts["eval_span"] = _eval_span(match)
         facts["narrow_zero_point"] = int(narrow.metrics["input_zero_point"])
-        facts["factors"] = {name: float(run.params["factor"]) for name, run in zip(CALIBRATIONS, lab, strict=True)}
+        facts["factors"] = {name: float(run.config["calibration"]["factor"])
+                            for name, run in zip(lab.CALIBRATIONS, calib_runs, strict=True)}
 
-    samples = r.need("samples.json", [("narrow", b, "qdq") for b in SAMPLE_BATCHES]
-                     + [("match", SMALL_BATCHES, "qdq")])
+    samples = r.need("samples.json", [("narrow", b, "qdq") for b in lab.SAMPLE_BATCHES]
+                     + [("match", lab.SMALL_BATCHES, "qdq")])
     if samples:
         *narrow_runs, match_small = samples
         for run in narrow_runs:
-            r.bundle(run, "int8", f"samples/narrow_n{run.params['batches']}.onnx")
-        r.bundle(match_small, "int8", f"samples/match_n{SMALL_BATCHES}.onnx")
+            r.bundle(run, "int8", f"samples/narrow_n{run.lab_key()[1]}.onnx")
+        r.bundle(match_small, "int8", f"samples/match_n{lab.SMALL_BATCHES}.onnx")
         rows = [_row(run, "batches", "span", "input_scale", "observed_span", "max_abs_error") for run in narrow_runs]
         best = min(row["max_abs_error"] for row in rows)
         small = _row(match_small, "batches", "span", "input_scale", "observed_span", "max_abs_error")
@@ -180,7 +414,7 @@ def build(sweep_dir: str | Path, report_dir: str | Path | None = None) -> Summar
         r.write("samples.json", sample_report)
         facts["samples"] = sample_report
 
-    formats = r.need("format.json", [("match", MAIN_BATCHES, "qdq"), ("match", MAIN_BATCHES, "qoperator")])
+    formats = r.need("format.json", [("match", lab.MAIN_BATCHES, "qdq"), ("match", lab.MAIN_BATCHES, "qoperator")])
     if formats:
         qdq, qop = formats
         r.bundle(qdq, "fp32", "fp32.onnx")
@@ -201,42 +435,78 @@ def build(sweep_dir: str | Path, report_dir: str | Path | None = None) -> Summar
 
     facts["diagnosis"] = _diagnosis(r)
     r.write("diagnosis.json", facts["diagnosis"])
-    r.summary.files.extend(report.write(report_dir, r.runs, facts, r.summary))
+    r.summary.files.extend(report.write(work, r.runs, facts, r.summary))
     return r.summary
 
 
+def _finite(value):
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _runs_table(r: _Report, metric: str, better: str) -> dict:
+    """runs.json: every job of the sweep by its swept overrides, its headline metric and the main numbers."""
+    rows = []
+    for run in r.every:
+        row = {"job": run.job, "label": run.label, "overrides": run.overrides, "status": run.result["status"],
+               "lab": run.ok and lab.difference(run.config) is None}
+        if run.ok:  # what the run measured; timings and cache hits (not the model's) stay in result.json and MLflow
+            row["metrics"] = {k: v for k, v in run.metrics.items()
+                              if isinstance(v, (int, float)) and not k.endswith("_seconds") and k != "cache_hit"}
+        else:
+            row["error"] = run.result.get("error", "failed")
+        rows.append(row)
+    scored = [(run.metrics[metric], run.label) for run in r.runs.values() if _finite(run.metrics.get(metric))]
+    best = (max if better == "higher" else min)(scored)[1] if scored else None
+    return {"axes": r.axes, "headline": {"metric": metric, "better": better}, "best": best, "runs": rows}
+
+
 def _diagnosis(r: _Report) -> dict:
-    """diagnosis.json: a verdict per run, and per calibration with several batch counts whether more samples
+    """diagnosis.json: a verdict per run, and per group of QDQ runs that differ only in batches whether more samples
     would help (calibrun.diagnosis)."""
     runs = {}
-    for (calibration, batches, fmt), run in r.runs.items():
+    for label, run in r.runs.items():
         table_file = run.result["files"].get("diagnostics")
         table = json.loads((run.job_dir / table_file).read_text()) if table_file else None
-        runs[_label(calibration, batches, fmt)] = {"calibration": calibration, "batches": batches, "format": fmt,
-                                                   **run_diagnosis(run.result, table)}
-    samples = {}
-    by_calibration: dict[str, list[Run]] = {}
-    for (calibration, _, fmt), run in r.runs.items():
-        if fmt == "qdq":
-            by_calibration.setdefault(calibration, []).append(run)
-    for calibration, group in sorted(by_calibration.items()):
-        if len(group) < 2:
+        cfg = run.config
+        runs[label] = {"calibration": cfg["calibration"]["name"], "batches": cfg["batches"],
+                       "format": cfg["format"]["name"], **run_diagnosis(run.result, table)}
+    groups: dict[str, list[Run]] = {}
+    for run in r.runs.values():
+        if run.config["format"]["name"] != "qdq":
             continue
-        points = [(int(run.params["batches"]) * int(run.params.get("rows_per_batch", 16)), run.metrics["span"])
-                  for run in group]
-        samples[calibration] = sample_trend(points, _eval_span(group[0]))
+        rest = {k: v for k, v in run.overrides.items() if k in r.axes and k not in ("batches", "format")}
+        name = rest["calibration"] if list(rest) == ["calibration"] else " ".join(f"{k}={v}" for k, v in rest.items())
+        groups.setdefault(name or "all", []).append(run)
+    samples = {}
+    for name, group in sorted(groups.items()):
+        if len({int(run.config["batches"]) for run in group}) < 2:
+            continue
+        points = [(int(run.config["batches"]) * int(run.params.get("rows_per_batch", lab.ROWS_PER_BATCH)),
+                   run.metrics["span"]) for run in group if "span" in run.metrics]
+        try:
+            samples[name] = sample_trend(points, _eval_span(group[0]))
+        except Exception as exc:  # the evaluation data moved or is gone: the trend needs its span
+            log.warning("report: no sample trend for %s: %s", name, one_line(exc))
     return {"runs": runs, "samples": samples}
 
 
 def _evaluation(run: Run):
     """The job's evaluation rows, rebuilt from what its result.json recorded, and its fp32 model."""
+    from calibrun import datasets, engine
+
     fp32 = engine.open_float_model(run.file("fp32"))
-    source = run.result["eval_source"]
+    source = dict(run.result["eval_source"])
+    if source.get("path"):
+        source["path"] = str(run.resolve(source["path"]))
     return fp32, datasets.evaluation_data(source, fp32, int(source["seed"]), int(source["rows"]))
 
 
 def _eval_span(run: Run) -> float:
-    """max - min of the primary input's evaluation rows, on which the errors were measured."""
+    """max - min of the primary input's evaluation rows, on which the errors were measured: recorded by the job
+    (metrics.eval_span), else recomputed from its evaluation data."""
+    recorded = run.metrics.get("eval_span")
+    if isinstance(recorded, (int, float)):
+        return float(recorded)
     fp32, evaluation = _evaluation(run)
     rows = evaluation.feeds[fp32.info.name]
     return float(rows.max() - rows.min())
@@ -244,38 +514,74 @@ def _eval_span(run: Run) -> float:
 
 def _format_difference(qdq: Run, qop: Run) -> float:
     """max |qdq output - qoperator output| on the evaluation rows."""
+    from calibrun import engine
+    from calibrun.measure import max_abs_difference
+
     fp32, evaluation = _evaluation(qdq)
     a = engine.outputs(qdq.file("int8"), fp32, evaluation.feeds)
     b = engine.outputs(qop.file("int8"), fp32, evaluation.feeds)
     return max_abs_difference(a, b)
 
 
+# --- the command ------------------------------------------------------------------------------------------------
+
+DESCRIPTION = """\
+Build (or rebuild) the report of a calibrun sweep from its job folders. Writes into SWEEP_DIR/report (or DIR):
+runs.json and report.md/report.html (every run by its overrides, plots of the headline metric against each swept
+axis), diagnosis.json, and when the sweep holds the lab's runs (python -m calibrun -m experiment=lab) the lab's
+files calib_report.json, match/narrow/wide.json, samples.json, format.json with the model bundle."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse prints the usage as well)
+        print(f"calibrun.aggregate: error: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m calibrun.aggregate", description=DESCRIPTION,
+                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                     epilog="example: python -m calibrun.aggregate multirun/2026-11-30/10-00-00 report.dir=/tmp/r")
+    parser.add_argument("sweep_dir", metavar="SWEEP_DIR", help="a sweep folder (multirun/<date>/<time>)")
+    parser.add_argument("options", nargs="*", metavar="report.dir=DIR",
+                        help="where to write the report (default SWEEP_DIR/report)")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    args = _parser().parse_args(argv)
     report_dir = None
-    positional = []
-    for arg in argv:
-        if arg.startswith("report.dir="):
-            report_dir = arg.split("=", 1)[1]
-        else:
-            positional.append(arg)
-    if len(positional) != 1:
-        print("usage: python -m calibrun.aggregate SWEEP_DIR [report.dir=DIR]", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    for option in args.options:
+        key, sep, value = option.partition("=")
+        if key != "report.dir" or not sep or not value:
+            _parser().error(f"unknown option {option!r}: only report.dir=DIR")
+        report_dir = value
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(handler)
+    level = log.level
+    log.setLevel(logging.INFO)
     try:
-        summary = build(positional[0], report_dir)
-    except CalibrunError as exc:
-        print(f"calibrun.aggregate: error: {exc}", file=sys.stderr)
+        summary = build(args.sweep_dir, report_dir)
+    except Exception as exc:  # one line, no traceback: bad folders, unreadable files, library errors
+        if os.environ.get("CALIBRUN_DEBUG"):
+            raise
+        print(f"calibrun.aggregate: error: {one_line(exc)}", file=sys.stderr)
         return 1
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    for line in summary.broken:
+        print(f"calibrun.aggregate: error: {line}", file=sys.stderr)
     if not summary.ok:
-        print(f"calibrun.aggregate: error: no completed runs in {positional[0]}", file=sys.stderr)
+        print(f"calibrun.aggregate: error: no completed runs in {args.sweep_dir}", file=sys.stderr)
         return 1
     for path in summary.files:
         print(path)
     for name, missing in summary.missing.items():
         print(f"skipped {name}: missing {'; '.join(missing)}", file=sys.stderr)
-    return 0
+    return 1 if summary.broken else 0
 
 
 if __name__ == "__main__":

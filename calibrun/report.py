@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import base64
+import html
+import re
 from pathlib import Path
 
+from calibrun import lab
 from calibrun.files import atomic_path
 
 SECTIONS = {
@@ -14,6 +18,10 @@ SECTIONS = {
 }
 PLOT_FACTOR = "error_vs_factor.png"
 PLOT_BATCHES = "error_vs_batches.png"
+COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray",
+           "tab:olive", "tab:cyan")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LINES = ("-", "--", ":", "-.")
 
 
 def _clip_range(scale: float, zero_point: int) -> tuple[float, float]:
@@ -117,24 +125,84 @@ def _diagnosis_section(diagnosis: dict) -> str:
 
 
 def _task_section(runs: dict) -> str | None:
-    rows = [(key, run.metrics) for key, run in sorted(runs.items()) if "top1_agreement" in run.metrics]
+    rows = [(label, run.metrics) for label, run in runs.items() if "top1_agreement" in run.metrics]
     if not rows:
         return None
     with_labels = any("int8_accuracy" in m for _, m in rows)
     head = "| run | top-1 agreement |" + (" fp32 accuracy | int8 accuracy |" if with_labels else "")
     lines = [head, "|---|---:|" + ("---:|---:|" if with_labels else "")]
-    for (calibration, batches, fmt), m in rows:
-        cells = [f"calibration={calibration} batches={batches} format={fmt}", f"{m['top1_agreement']:.2%}"]
+    for label, m in rows:
+        cells = [label, f"{m['top1_agreement']:.2%}"]
         if with_labels:
             cells += [f"{m.get('fp32_accuracy', float('nan')):.2%}", f"{m.get('int8_accuracy', float('nan')):.2%}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def _plots(report_dir: Path, runs: dict, facts: dict) -> list[Path]:
-    import matplotlib
+def _number(value: str) -> float | None:
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if value.strip().lower() not in ("nan", "inf", "-inf", "true", "false") else None
 
-    matplotlib.use("Agg")
+
+def _plot_name(metric: str, axis: str) -> str:
+    return f"{metric}_vs_{re.sub(r'[^A-Za-z0-9_.-]+', '_', axis)}.png"
+
+
+def _axis_plots(report_dir: Path, runs: dict, facts: dict) -> list[Path]:
+    """The headline metric against each swept axis; one line per combination of the other axes, coloured by the
+    first other axis (marker and line style: the rest)."""
+    import matplotlib.pyplot as plt
+
+    axes = facts.get("axes") or {}
+    metric = facts["headline"]["metric"]
+    written = []
+    for axis, values in axes.items():
+        candidates = [a for a in axes if a != axis]
+        colour_axis = candidates[0] if candidates else None  # the first other axis of the sweep
+        rest = [a for a in candidates if a != colour_axis]
+        others = [colour_axis, *rest] if colour_axis else []
+        numeric = all(_number(v) is not None for v in values)
+        position = (lambda v: _number(v)) if numeric else (lambda v, order=values: order.index(v))
+        series: dict[tuple, list[tuple[float, float]]] = {}
+        for run in runs.values():
+            value = run.metrics.get(metric)
+            if axis not in run.overrides or not isinstance(value, (int, float)):
+                continue
+            key = tuple(run.overrides.get(a, "-") for a in others)
+            series.setdefault(key, []).append((position(run.overrides[axis]), float(value)))
+        if not any(len(points) > 1 for points in series.values()):
+            continue
+        fig, ax = plt.subplots(figsize=(6, 4))
+        rest_values = sorted({key[1:] for key in series}) if rest else [()]
+        for key, points in sorted(series.items(), key=lambda kv: [axes[a].index(v) if v in axes[a] else -1
+                                                                    for a, v in zip(others, kv[0], strict=True)]):
+            colour = COLOURS[axes[colour_axis].index(key[0]) % len(COLOURS)] if colour_axis else COLOURS[0]
+            style = rest_values.index(key[1:]) if rest else 0  # the other axes: marker, line style, hollow markers
+            points.sort()
+            label = " ".join(f"{a}={v}" for a, v in zip(others, key, strict=True)) or None
+            ax.plot([x for x, _ in points], [y for _, y in points], marker=MARKERS[style % len(MARKERS)],
+                    color=colour, label=label, markerfacecolor="none" if style % 2 else colour,
+                    linestyle=LINES[style % len(LINES)] if len(points) > 1 else "none")
+        xs = [_number(v) for v in values] if numeric else []
+        if numeric and min(xs) > 0 and max(xs) / min(xs) >= 20:
+            ax.set_xscale("log")
+        if not numeric:
+            ax.set_xticks(range(len(values)), values)
+            ax.set_xlim(-0.5, len(values) - 0.5)
+        better = facts["headline"]["better"]
+        ax.set(xlabel=axis + (" (log)" if ax.get_xscale() == "log" else ""), ylabel=f"{metric} ({better} is better)",
+               title=f"{metric} vs {axis}" + (f", coloured by {colour_axis}" if colour_axis else ""))
+        if colour_axis:
+            ax.legend(fontsize="small")
+        written.append(_save(fig, report_dir / _plot_name(metric, axis)))
+        plt.close(fig)
+    return written
+
+
+def _lab_plots(report_dir: Path, facts: dict) -> list[Path]:
     import matplotlib.pyplot as plt
 
     written = []
@@ -147,24 +215,25 @@ def _plots(report_dir: Path, runs: dict, facts: dict) -> list[Path]:
             ax.annotate(n, (factors[n], facts["calib"][n]["max_abs_error"]), textcoords="offset points",
                         xytext=(4, 4))
         ax.set(xscale="log", xlabel="calibration factor (log)", ylabel="max abs error vs fp32",
-               title="Error vs calibration range")
+               title=f"Error vs calibration range (lab, {lab.MAIN_BATCHES} batches, QDQ)")
         written.append(_save(fig, report_dir / PLOT_FACTOR))
         plt.close(fig)
-    series = {
-        name: sorted((b, run.metrics["max_abs_error"]) for (c, b, fmt), run in runs.items()
-                     if c == name and fmt == "qdq")
-        for name in ("narrow", "match")
-    }
-    if any(len(points) > 1 for points in series.values()):
+    lab_runs = facts.get("lab_runs") or {}
+    for fmt in lab.FORMATS:  # every calibration, in one format: QDQ when the sweep has QDQ runs over batches
+        series = {name: sorted((b, run.metrics["max_abs_error"]) for (c, b, f), run in lab_runs.items()
+                               if c == name and f == fmt) for name in lab.CALIBRATIONS}
+        if not any(len(points) > 1 for points in series.values()):
+            continue
         fig, ax = plt.subplots(figsize=(5, 3.5))
-        for name, points in series.items():
+        for i, (name, points) in enumerate(series.items()):
             if points:
-                ax.plot([b for b, _ in points], [e for _, e in points], "o-", label=name)
+                ax.plot([b for b, _ in points], [e for _, e in points], "o-", label=name, color=COLOURS[i])
         ax.set(xscale="log", xlabel="calibration batches (log)", ylabel="max abs error vs fp32",
-               title="Error vs number of calibration batches")
-        ax.legend()
+               title=f"Error vs number of calibration batches (lab, {fmt.upper() if fmt == 'qdq' else 'QOperator'})")
+        ax.legend(title="calibration")
         written.append(_save(fig, report_dir / PLOT_BATCHES))
         plt.close(fig)
+        break
     return written
 
 
@@ -175,22 +244,69 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def _fmt(value) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "n/a"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _runs_section(table: dict) -> str:
+    """Every run of the sweep: its swept overrides, the headline metric and the main numbers."""
+    axes = list(table["axes"])
+    metric = table["headline"]["metric"]
+    columns = [metric] + [m for m in ("max_abs_error", "mean_abs_error", "input_scale", "span", "model_bytes")
+                          if m != metric]
+    head = (axes or ["run"]) + columns + ["status"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(axes or ["run"]) + "---:|" * len(columns) + "---|"]
+    for row in table["runs"]:
+        keys = [row["overrides"].get(a, "-") for a in axes] if axes else [row["label"]]
+        metrics = row.get("metrics", {})
+        cells = [_fmt(metrics.get(m)) for m in columns]
+        if row["label"] == table["best"]:
+            cells[0] = f"**{cells[0]}**"
+        status = row["status"] if row["status"] == "ok" else f"failed: {row.get('error', '')}"
+        lines.append("| " + " | ".join(str(c).replace("|", "/") for c in [*keys, *cells, status]) + " |")
+    ok = sum(1 for row in table["runs"] if row["status"] == "ok")
+    intro = (f"{len(table['runs'])} run(s), {ok} completed; swept: "
+             + (", ".join(f"`{a}` ({len(v)} values)" for a, v in table["axes"].items()) or "nothing")
+             + f". Headline metric: `{metric}` ({table['headline']['better']} is better)"
+             + (f"; best: **{table['best']}**." if table["best"] else "."))
+    return intro + "\n\n" + "\n".join(lines)
+
+
 def write(report_dir: Path, runs: dict, facts: dict, summary) -> list[Path]:
-    """Write report.md (and its plots) into report_dir; return the paths written."""
-    plots = _plots(report_dir, runs, facts)
+    """Write report.md and report.html (plots embedded) and the plots into report_dir; return the paths written.
+
+    `runs`: the completed runs by label (calibrun.aggregate.Run)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    axis_plots = _axis_plots(report_dir, runs, facts)
+    lab_plots = _lab_plots(report_dir, facts)
     calib = facts.get("calib")
     parts = ["# calibrun report", ""]
-    parts += [f"![{p.stem}]({p.name})" for p in plots] + [""]
-    if calib:
-        parts += [SECTIONS["calib"], "", _narrow_section(calib, facts["eval_span"], facts["narrow_zero_point"]), ""]
-        parts += [SECTIONS["wide"], "", _wide_section(calib, facts["eval_span"]), ""]
+    if "table" in facts:
+        parts += ["## Runs", "", _runs_section(facts["table"]), ""]
+        parts += [f"![{p.stem}]({p.name})" for p in axis_plots] + [""]
+    if facts.get("lab_runs"):
+        parts += [f"![{p.stem}]({p.name})" for p in lab_plots] + [""]
+        if calib:
+            parts += [SECTIONS["calib"], "", _narrow_section(calib, facts["eval_span"], facts["narrow_zero_point"]),
+                      ""]
+            parts += [SECTIONS["wide"], "", _wide_section(calib, facts["eval_span"]), ""]
+        else:
+            parts += [SECTIONS["calib"], "", _missing(summary, "calib_report.json"), ""]
+            parts += [SECTIONS["wide"], "", _missing(summary, "calib_report.json"), ""]
+        samples = facts.get("samples")
+        parts += [SECTIONS["samples"], "", _samples_section(samples) if samples else _missing(summary, "samples.json"),
+                  ""]
+        fmt = facts.get("format")
+        parts += [SECTIONS["format"], "", _format_section(fmt) if fmt else _missing(summary, "format.json"), ""]
     else:
-        parts += [SECTIONS["calib"], "", _missing(summary, "calib_report.json"), ""]
-        parts += [SECTIONS["wide"], "", _missing(summary, "calib_report.json"), ""]
-    samples = facts.get("samples")
-    parts += [SECTIONS["samples"], "", _samples_section(samples) if samples else _missing(summary, "samples.json"), ""]
-    fmt = facts.get("format")
-    parts += [SECTIONS["format"], "", _format_section(fmt) if fmt else _missing(summary, "format.json"), ""]
+        parts += ["## The lab", "", "This sweep has none of the lab's runs (the lab model and data, calibration seed "
+                  f"{lab.CALIB_SEED}, evaluation seed {lab.EVAL_SEED} on {lab.EVAL_ROWS} rows, minmax, default quant "
+                  "options), so the lab's sections are left out: `python -m calibrun -m experiment=lab` runs them.",
+                  ""]
     if "diagnosis" in facts:
         parts += ["## Diagnosis", "", _diagnosis_section(facts["diagnosis"]), ""]
     task = _task_section(runs)
@@ -198,7 +314,85 @@ def write(report_dir: Path, runs: dict, facts: dict, summary) -> list[Path]:
         parts += ["## Task accuracy", "", task, ""]
     if summary.failed:
         parts += ["## Failed jobs", ""] + [f"- {line}" for line in summary.failed] + [""]
+    text = "\n".join(parts)
     path = report_dir / "report.md"
     with atomic_path(path) as tmp:
-        tmp.write_text("\n".join(parts))
-    return [*plots, path]
+        tmp.write_text(text)
+    page = report_dir / "report.html"
+    with atomic_path(page) as tmp:
+        tmp.write_text(to_html(text, report_dir))
+    return [*axis_plots, *lab_plots, path, page]
+
+
+# --- report.html: report.md with its images embedded (MLflow's artifact viewer shows HTML, not linked images) ----
+
+_STYLE = ("body{font-family:sans-serif;max-width:60em;margin:1em auto;padding:0 1em;line-height:1.4}"
+          "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:.2em .5em}"
+          "td.num{text-align:right;font-variant-numeric:tabular-nums}img{max-width:100%;margin:.5em 0}"
+          "code{background:#f3f3f3;padding:0 .2em}")
+
+
+def _inline(text: str) -> str:
+    text = html.escape(text, quote=False)
+    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
+    text = re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", text)
+    return re.sub(r"(?<![\w*])\*([^*\s][^*]*)\*(?![\w*])", r"<em>\1</em>", text)
+
+
+def _image(alt: str, name: str, folder: Path) -> str:
+    path = folder / name
+    if not path.is_file():
+        return f"<p>[missing image {html.escape(name)}]</p>"
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return f'<p><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></p>'
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def to_html(markdown: str, folder: Path) -> str:
+    """The subset of Markdown report.md uses (headings, paragraphs, lists, tables, images, bold, italics, code),
+    as one self-contained HTML page; images are read from `folder` and embedded as base64."""
+    body: list[str] = []
+    lines = markdown.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        image = re.fullmatch(r"!\[([^\]]*)\]\(([^)]+)\)", line.strip())
+        if not line.strip():
+            i += 1
+        elif line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            body.append(f"<h{level}>{_inline(line[level:].strip())}</h{level}>")
+            i += 1
+        elif image:
+            body.append(_image(image[1], image[2], folder))
+            i += 1
+        elif line.startswith("|"):
+            block = []
+            while i < len(lines) and lines[i].startswith("|"):
+                block.append(lines[i])
+                i += 1
+            aligns = ["num" if c.endswith(":") else "" for c in _cells(block[1])] if len(block) > 1 else []
+            rows = [f"<tr>{''.join(f'<th>{_inline(c)}</th>' for c in _cells(block[0]))}</tr>"]
+            for row in block[2:]:
+                cells = _cells(row)
+                rows.append("<tr>" + "".join(
+                    f'<td class="{aligns[j] if j < len(aligns) else ""}">{_inline(c)}</td>'
+                    for j, c in enumerate(cells)) + "</tr>")
+            body.append("<table>" + "".join(rows) + "</table>")
+        elif line.startswith("- "):
+            items = []
+            while i < len(lines) and lines[i].startswith("- "):
+                items.append(f"<li>{_inline(lines[i][2:])}</li>")
+                i += 1
+            body.append("<ul>" + "".join(items) + "</ul>")
+        else:
+            block = []
+            while i < len(lines) and lines[i].strip() and not lines[i].startswith(("#", "|", "- ", "![")):
+                block.append(lines[i])
+                i += 1
+            body.append(f"<p>{_inline(' '.join(block))}</p>")
+    return (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>calibrun report</title>'
+            f"<style>{_STYLE}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")

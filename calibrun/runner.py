@@ -181,6 +181,9 @@ def compute(cfg: DictConfig, job_dir: Path) -> dict:
 
 
 def _relative(path: Path, folder: Path) -> str:
+    """`path` relative to the job folder when inside it, else absolute (a relative cache path starts from the
+    working directory, which the aggregator may not share)."""
+    path = path.resolve()
     try:
         return str(path.relative_to(folder.resolve()))
     except ValueError:

@@ -210,7 +210,7 @@ def lab_jobs(params) -> list[list[str]]:
 
 
 def test_lab_preset_sweeper_params(hydra_ctx):
-    cfg = make("+experiment=lab", hydra_config=True)
+    cfg = make("experiment=lab", hydra_config=True)
     params = OmegaConf.to_container(cfg.hydra.sweeper.params, resolve=True)
     assert {key: str(value) for key, value in params.items()} == LAB_PARAMS
     # The preset only sets the sweep: the config itself is still the default one.
@@ -221,7 +221,7 @@ def test_lab_preset_sweeper_params(hydra_ctx):
 
 
 def test_lab_preset_expands_to_24_distinct_jobs(hydra_ctx):
-    cfg = make("+experiment=lab", hydra_config=True)
+    cfg = make("experiment=lab", hydra_config=True)
     jobs = lab_jobs(cfg.hydra.sweeper.params)
     assert len(jobs) == 24
     as_dicts = [dict(item.split("=", 1) for item in job) for job in jobs]
@@ -232,10 +232,10 @@ def test_lab_preset_expands_to_24_distinct_jobs(hydra_ctx):
 
 def test_lab_preset_every_job_composes_and_validates(hydra_ctx):
     factors = {"narrow": 0.2, "match": 1.0, "wide": 10.0}
-    cfg = make("+experiment=lab", hydra_config=True)
+    cfg = make("experiment=lab", hydra_config=True)
     seen = set()
     for job in lab_jobs(cfg.hydra.sweeper.params):
-        job_cfg = make("+experiment=lab", *job)
+        job_cfg = make("experiment=lab", *job)
         wanted = dict(item.split("=", 1) for item in job)
         assert job_cfg.calibration.name == wanted["calibration"]
         assert job_cfg.calibration.factor == factors[wanted["calibration"]]

@@ -1,0 +1,470 @@
+"""The aggregator for any sweep: runs keyed by their own overrides, runs.json, plots per swept axis, report.html,
+the lab's runs picked by the lab's fixed settings, and bad sweep folders as one line (issue 12 item 2, issue 13
+item 8).
+
+Fast tests build sweep folders by hand (job folders as Hydra and calibrun.runner write them); the tests marked
+slow run real sweeps (subprocesses, real onnxruntime, trained models) and aggregate them.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from calibrun import aggregate, lab, report
+from calibrun.config import Config
+from calibrun.errors import CalibrunError
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+# --- sweep folders by hand --------------------------------------------------------------------------------------
+
+def job_config(**changes) -> dict:
+    """A job's composed config (the schema's defaults), with dotted `changes`; calibration name sets its factor."""
+    cfg = OmegaConf.to_container(OmegaConf.structured(Config))
+    cfg["calibration"].update(name="match", factor=1.0)
+    cfg["method"]["chunk"] = 16
+    for dotted, value in changes.items():
+        *parents, last = dotted.split(".")
+        node = cfg
+        for part in parents:
+            node = node[part]
+        node[last] = value
+        if dotted == "calibration.name":
+            cfg["calibration"]["factor"] = lab.FACTORS.get(value, 3.0)
+    return cfg
+
+
+def fake_job(sweep: Path, num: int, overrides: dict[str, str], error: float, *, config: dict | None = None,
+             status: str = "ok", int8: bool = True, metrics: dict | None = None) -> Path:
+    """A job folder: .hydra/overrides.yaml, config_resolved.yaml, result.json (and an int8.onnx placeholder)."""
+    job = sweep / str(num)
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"{k}={v}" for k, v in overrides.items()]))
+    cfg = config or job_config(**{k if "." in k or k == "batches" else f"{k}.name": (int(v) if k == "batches" else v)
+                                  for k, v in overrides.items() if k in ("calibration", "batches", "format", "method")})
+    (job / "config_resolved.yaml").write_text(yaml.safe_dump(cfg))
+    if status != "ok":
+        (job / "result.json").write_text(json.dumps({"status": "failed", "error": "boom", "params": {}}))
+        return job
+    result = {
+        "status": "ok",
+        "params": {"calibration": cfg["calibration"]["name"], "batches": cfg["batches"]},
+        "metrics": {"max_abs_error": error, "mean_abs_error": error / 4, "input_scale": 0.01, "span": 2.0,
+                    "eval_span": 7.0, "input_zero_point": 0, "observed_span": 2.55, "quantize_nodes": 3,
+                    "dequantize_nodes": 5, "model_bytes": 100, **(metrics or {})},
+        "files": {"int8": "int8.onnx", "fp32": "fp32.onnx"},
+        "eval_source": {"name": "lab", "seed": 777, "rows": 256},
+        "ops": {"MatMul": 2},
+    }
+    (job / "result.json").write_text(json.dumps(result))
+    (job / "fp32.onnx").write_bytes(b"fp32 placeholder")
+    if int8:
+        (job / "int8.onnx").write_bytes(b"not read by the aggregator for a run outside the lab")
+    return job
+
+
+@pytest.fixture
+def method_sweep(tmp_path: Path) -> Path:
+    """The README's `-m method=minmax,entropy,percentile calibration=wide`, with wide's factor: 3 runs that share
+    calibration, batches and format (the old aggregator kept one of them)."""
+    sweep = tmp_path / "sweep"
+    for num, (method, error) in enumerate([("minmax", 0.33), ("entropy", 0.27), ("percentile", 0.31)]):
+        fake_job(sweep, num, {"method": method, "calibration": "wide", "batches": "64"}, error,
+                 config=job_config(**{"method.name": method, "calibration.name": "wide"}))
+    return sweep
+
+
+def test_method_sweep_report_holds_every_run_by_its_overrides(method_sweep):
+    summary = aggregate.build(method_sweep)
+    assert summary.ok == 3
+    assert summary.failed == []
+    assert summary.broken == []
+    out = method_sweep / "report"
+    runs = json.loads((out / "runs.json").read_text())
+    assert runs["axes"] == {"method": ["minmax", "entropy", "percentile"]}
+    assert [r["label"] for r in runs["runs"]] == ["method=minmax", "method=entropy", "method=percentile"]
+    assert [r["metrics"]["max_abs_error"] for r in runs["runs"]] == [0.33, 0.27, 0.31]
+    assert runs["headline"] == {"metric": "max_abs_error", "better": "lower"}
+    assert runs["best"] == "method=entropy"
+    # minmax/wide/64/qdq with the lab's fixed settings is a lab run; the other two are not
+    assert [r["lab"] for r in runs["runs"]] == [True, False, False]
+    text = (out / "report.md").read_text()
+    table = [line for line in text.splitlines() if line.startswith("| ") and line.endswith(" ok |")]
+    assert [line.split(" | ")[0] for line in table] == ["| minmax", "| entropy", "| percentile"]
+    assert "| entropy | **0.27** |" in text
+    plot = out / "max_abs_error_vs_method.png"
+    assert plot.read_bytes()[:8] == PNG
+    assert f"![{plot.stem}]({plot.name})" in text
+    assert {p.name for p in summary.files} >= {"runs.json", "report.md", "report.html", plot.name}
+    assert all(p.parent == out and p.is_file() for p in summary.files)
+
+
+def test_report_html_embeds_every_plot(method_sweep):
+    aggregate.build(method_sweep)
+    out = method_sweep / "report"
+    page = (out / "report.html").read_text()
+    sources = re.findall(r'<img alt="[^"]*" src="([^"]+)"', page)
+    plots = sorted(out.glob("*.png"))
+    assert len(sources) == len(plots) >= 1
+    assert all(s.startswith("data:image/png;base64,") for s in sources)
+    assert base64.b64decode(sources[0].split(",", 1)[1]) == plots[0].read_bytes()
+    assert "<table>" in page
+    assert "<h2>Runs</h2>" in page
+    assert "<strong>0.27</strong>" in page
+
+
+def test_to_html_escapes_and_renders_the_markdown_subset(tmp_path):
+    page = report.to_html("# T\n\nA <b> & **bold** `code` *it*\n\n- one\n- two\n\n| a | b |\n|---|---:|\n| x | 1 |\n"
+                          "\n![gone](gone.png)\n", tmp_path)
+    assert "<h1>T</h1>" in page
+    assert "A &lt;b&gt; &amp; <strong>bold</strong> <code>code</code> <em>it</em>" in page
+    assert "<ul><li>one</li><li>two</li></ul>" in page
+    assert '<tr><th>a</th><th>b</th></tr><tr><td class="">x</td><td class="num">1</td></tr>' in page
+    assert "[missing image gone.png]" in page
+
+
+def test_axes_plots_colour_by_another_axis(tmp_path):
+    sweep = tmp_path / "sweep"
+    num = 0
+    for calibration in ("narrow", "wide"):
+        for batches in ("1", "8", "64"):
+            fake_job(sweep, num, {"calibration": calibration, "batches": batches, "method": "entropy"},
+                     0.1 * (num + 1))
+            num += 1
+    aggregate.build(sweep)
+    runs = json.loads((sweep / "report" / "runs.json").read_text())
+    assert runs["axes"] == {"calibration": ["narrow", "wide"], "batches": ["1", "8", "64"]}
+    assert len({r["label"] for r in runs["runs"]}) == 6
+    for axis in ("calibration", "batches"):
+        assert (sweep / "report" / f"max_abs_error_vs_{axis}.png").read_bytes()[:8] == PNG
+    # no lab run (method entropy): no lab file, and the report says why
+    assert not (sweep / "report" / "calib_report.json").exists()
+    assert "none of the lab's runs" in (sweep / "report" / "report.md").read_text()
+    # diagnosis: one sample trend per calibration, from the recorded eval span
+    diagnosis = json.loads((sweep / "report" / "diagnosis.json").read_text())
+    assert set(diagnosis["samples"]) == {"narrow", "wide"}
+    assert diagnosis["samples"]["narrow"]["eval_span"] == 7.0
+
+
+def test_task_metric_is_the_headline_when_every_run_has_it(tmp_path):
+    sweep = tmp_path / "sweep"
+    fake_job(sweep, 0, {"calibration": "narrow"}, 0.5, metrics={"top1_agreement": 0.9})
+    fake_job(sweep, 1, {"calibration": "wide"}, 0.9, metrics={"top1_agreement": 0.95})
+    aggregate.build(sweep)
+    runs = json.loads((sweep / "report" / "runs.json").read_text())
+    assert runs["headline"] == {"metric": "top1_agreement", "better": "higher"}
+    assert runs["best"] == "calibration=wide"
+    assert (sweep / "report" / "top1_agreement_vs_calibration.png").is_file()
+
+
+# --- the lab's runs, by the lab's fixed settings ----------------------------------------------------------------
+
+def test_lab_difference_names_the_setting_that_is_not_the_lab():
+    assert lab.difference(job_config(**{"calibration.name": "narrow"})) is None
+    assert lab.difference(job_config(**{"calibration.name": "narrow", "calibration.factor": 0.3})) == \
+        "calibration.factor=0.3"
+    assert lab.difference(job_config(**{"method.name": "entropy"})) == "method.name=entropy"
+    assert lab.difference(job_config(**{"quant.per_channel": True})) == "quant.per_channel=True"
+    assert lab.difference(job_config(**{"eval.rows": 64})) == "eval.rows=64"
+    assert lab.difference(job_config(**{"calibration.seed": 1})) == "calibration.seed=1"
+    assert lab.difference(job_config(**{"model.name": "file"})) == "model.name=file"
+    assert lab.difference(job_config(**{"method.symmetric": False})) is None  # onnxruntime's minmax default
+
+
+def test_lab_difference_accepts_the_composed_default_config():
+    """What conf/ composes for calibration=narrow (method/minmax.yaml sets chunk 16, symmetric null) is the lab."""
+    from hydra import compose, initialize_config_module
+
+    from calibrun.config import register
+
+    register()
+    with initialize_config_module(config_module="calibrun.conf", version_base=None):
+        for overrides, expected in [(["calibration=narrow"], None), (["experiment=lab", "batches=512"], None),
+                                    (["method=percentile"], "method.name=percentile"),
+                                    (["quant.reduce_range=true"], "quant.reduce_range=True")]:
+            cfg = OmegaConf.to_container(compose(config_name="config", overrides=overrides), resolve=True)
+            assert lab.difference(cfg) == expected, overrides
+
+
+def test_lab_files_use_only_the_lab_runs_of_a_wider_sweep(tmp_path):
+    """narrow/match/wide x minmax/entropy at 64 batches: calib_report.json is built from the minmax runs."""
+    sweep = tmp_path / "sweep"
+    errors = {}
+    num = 0
+    for method in ("minmax", "entropy"):
+        for calibration in lab.CALIBRATIONS:
+            error = round(0.1 + num * 0.05, 3)
+            errors[(method, calibration)] = error
+            cfg = job_config(**{"calibration.name": calibration, "method.name": method})
+            fake_job(sweep, num, {"calibration": calibration, "method": method}, error, config=cfg)
+            num += 1
+    summary = aggregate.build(sweep)
+    calib = json.loads((sweep / "report" / "calib_report.json").read_text())
+    assert {c: calib[c]["max_abs_error"] for c in lab.CALIBRATIONS} == \
+        {c: errors[("minmax", c)] for c in lab.CALIBRATIONS}
+    assert calib["eval"] == {"seed": lab.EVAL_SEED, "rows": lab.EVAL_ROWS}
+    assert (sweep / "report" / "bundle" / "int8_wide.onnx").read_bytes() == (sweep / "2" / "int8.onnx").read_bytes()
+    assert set(summary.missing) == {"samples.json", "format.json"}
+    assert len(json.loads((sweep / "report" / "runs.json").read_text())["runs"]) == 6
+
+
+# --- bad sweep folders: one line, non-zero exit, nothing half-written -------------------------------------------
+
+def run_main(capsys, *argv) -> tuple[int, str]:
+    code = aggregate.main([str(a) for a in argv])
+    return code, capsys.readouterr().err
+
+
+def test_malformed_result_is_named_and_skipped(method_sweep, capsys):
+    (method_sweep / "1" / "result.json").write_text('{"status": "ok", "metrics": ')
+    (method_sweep / "2" / "result.json").write_text('{"status": "ok", "params": {}, "metrics": {}, "files": {}}')
+    code, err = run_main(capsys, method_sweep)
+    assert code == 1
+    assert "Traceback" not in err
+    assert "calibrun.aggregate: error: job 1: unreadable result.json" in err
+    assert "calibrun.aggregate: error: job 2: result.json has no numeric metrics.max_abs_error" in err
+    runs = json.loads((method_sweep / "report" / "runs.json").read_text())
+    assert [r["job"] for r in runs["runs"]] == ["0"]
+
+
+def test_missing_int8_of_an_ok_job_is_named_and_skipped(method_sweep, capsys):
+    (method_sweep / "1" / "int8.onnx").unlink()
+    code, err = run_main(capsys, method_sweep)
+    assert code == 1
+    assert re.search(r"job 1: result.json says ok but its int8 model \S+/1/int8.onnx is missing", err)
+    assert "Traceback" not in err
+    assert [r["job"] for r in json.loads((method_sweep / "report" / "runs.json").read_text())["runs"]] == ["0", "2"]
+
+
+@pytest.mark.parametrize("kind", ["file", "foreign-folder"])
+def test_bad_report_dir_is_one_line(method_sweep, tmp_path, capsys, kind):
+    target = tmp_path / "target"
+    if kind == "file":
+        target.write_text("keep me")
+    else:
+        target.mkdir()
+        (target / "notes.txt").write_text("keep me")
+    code, err = run_main(capsys, method_sweep, f"report.dir={target}")
+    assert code == 1
+    assert len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
+    assert str(target) in err
+    assert ("is a file" in err) if kind == "file" else ("not a calibrun report" in err)
+    assert (target if kind == "file" else target / "notes.txt").read_text() == "keep me"
+
+
+def test_a_failing_build_leaves_the_previous_report_whole(method_sweep, monkeypatch):
+    aggregate.build(method_sweep)
+    out = method_sweep / "report"
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def broken_write(*args, **kwargs):
+        raise OSError("disk full")
+
+    fake_job(method_sweep, 3, {"method": "distribution", "calibration": "wide", "batches": "64"}, 0.4)
+    monkeypatch.setattr(report, "write", broken_write)
+    with pytest.raises(OSError, match="disk full"):
+        aggregate.build(method_sweep)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in method_sweep.iterdir()) == ["0", "1", "2", "3", "report"]  # no temp folder
+
+
+def test_rebuild_replaces_the_previous_report(method_sweep):
+    aggregate.build(method_sweep)
+    (method_sweep / "report" / "stale.png").write_bytes(b"old")
+    fake_job(method_sweep, 3, {"method": "distribution", "calibration": "wide", "batches": "64"}, 0.4)
+    aggregate.build(method_sweep)
+    assert not (method_sweep / "report" / "stale.png").exists()
+    assert len(json.loads((method_sweep / "report" / "runs.json").read_text())["runs"]) == 4
+
+
+def test_failed_jobs_are_listed_and_not_plotted(method_sweep):
+    fake_job(method_sweep, 3, {"method": "distribution", "calibration": "wide", "batches": "64"}, 0, status="failed")
+    summary = aggregate.build(method_sweep)
+    assert summary.failed == ["job 3: boom"]
+    assert summary.broken == []
+    runs = json.loads((method_sweep / "report" / "runs.json").read_text())
+    assert runs["runs"][3] == {"job": "3", "label": "method=distribution", "status": "failed", "lab": False,
+                               "overrides": {"method": "distribution", "calibration": "wide", "batches": "64"},
+                               "error": "boom"}
+    assert "| distribution | n/a |" in (method_sweep / "report" / "report.md").read_text()
+
+
+def test_missing_sweep_and_usage(tmp_path, capsys):
+    code, err = run_main(capsys, tmp_path / "nope")
+    assert code == 1
+    assert err.strip() == f"calibrun.aggregate: error: sweep folder not found: {tmp_path / 'nope'}"
+    with pytest.raises(SystemExit) as exc:
+        aggregate.main([str(tmp_path), "colour=red"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip().startswith("calibrun.aggregate: error: unknown option 'colour=red'")
+
+
+def test_aggregate_help():
+    proc = subprocess.run([sys.executable, "-m", "calibrun.aggregate", "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0
+    assert "usage: python -m calibrun.aggregate" in proc.stdout
+    assert "SWEEP_DIR" in proc.stdout
+    assert "report.dir=DIR" in proc.stdout
+    assert "runs.json" in proc.stdout
+
+
+# --- real sweeps --------------------------------------------------------------------------------------------------
+
+def calibrun(cwd: Path, *args: str, module: str = "calibrun") -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in {"CALIBRUN_DEBUG", "MLFLOW_TRACKING_URI"}}
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=900)
+
+
+def real_sweep(tmp_path: Path, *overrides: str) -> tuple[Path, dict]:
+    sweep = tmp_path / "sweep"
+    proc = calibrun(tmp_path, "-m", *overrides, "tracking=off", f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    return sweep, json.loads((sweep / "report" / "runs.json").read_text())
+
+
+@pytest.mark.slow
+def test_readme_method_sweep_reports_all_three_runs(tmp_path):
+    sweep, runs = real_sweep(tmp_path, "method=minmax,entropy,percentile", "calibration=wide", "eval.rows=64")
+    assert [r["label"] for r in runs["runs"]] == ["method=minmax", "method=entropy", "method=percentile"]
+    for row in runs["runs"]:
+        result = json.loads((sweep / row["job"] / "result.json").read_text())
+        assert row["metrics"]["max_abs_error"] == result["metrics"]["max_abs_error"]
+        composed = yaml.safe_load((sweep / row["job"] / ".hydra" / "config.yaml").read_text())
+        assert composed["method"]["name"] == row["overrides"]["method"]
+    assert len({r["metrics"]["input_scale"] for r in runs["runs"]}) == 3  # three calibrations, three scales
+    text = (sweep / "report" / "report.md").read_text()
+    assert all(f"| {m} |" in text for m in ("minmax", "entropy", "percentile"))
+    assert (sweep / "report" / "max_abs_error_vs_method.png").read_bytes()[:8] == PNG
+
+
+@pytest.mark.slow
+def test_per_channel_sweep_reports_both_runs(tmp_path):
+    sweep, runs = real_sweep(tmp_path, "quant.per_channel=false,true", "batches=4", "eval.rows=64")
+    # labelled as Hydra records the overrides
+    assert [r["label"] for r in runs["runs"]] == ["quant.per_channel=False", "quant.per_channel=True"]
+    # per-channel weights: a different int8 model from the same calibration
+    assert (sweep / "0" / "int8.onnx").read_bytes() != (sweep / "1" / "int8.onnx").read_bytes()
+    for row in runs["runs"]:
+        result = json.loads((sweep / row["job"] / "result.json").read_text())
+        assert row["metrics"]["mean_abs_error"] == result["metrics"]["mean_abs_error"]
+        composed = yaml.safe_load((sweep / row["job"] / ".hydra" / "config.yaml").read_text())
+        assert composed["quant"]["per_channel"] is (row["overrides"]["quant.per_channel"] == "True")
+    assert (sweep / "report" / "max_abs_error_vs_quant.per_channel.png").is_file()
+
+
+@pytest.mark.slow
+def test_model_file_sweep_with_relative_cache_aggregates_from_anywhere(tmp_path):
+    """A trained classifier (PP-OCR text direction), the default relative cache folder, then the report rebuilt
+    from another working directory into another folder."""
+    import numpy as np
+    from PIL import Image
+
+    from tests.trained import model_path, photo_folder
+
+    model = tmp_path / "cls.onnx"
+    shutil.copyfile(model_path("ocr_cls"), model)
+    work = tmp_path / "work"
+    work.mkdir()
+    # real photos as the classifier's input: 4 strips of 48 x 192 per photo, PP-OCR's (x / 255 - 0.5) / 0.5, NCHW
+    strips = []
+    for photo in sorted(photo_folder(tmp_path / "photos").iterdir()):
+        image = Image.open(photo).convert("RGB")
+        height = image.height // 4
+        for i in range(4):
+            strip = image.crop((0, i * height, image.width, (i + 1) * height)).resize((192, 48))
+            strips.append((np.asarray(strip, dtype=np.float32) / 255 - 0.5) / 0.5)
+    rows = np.stack(strips).transpose(0, 3, 1, 2)
+    np.savez(work / "calib.npz", x=rows)
+    np.savez(work / "eval.npz", x=rows[::2])
+    # model.classifier=true: its Softmax feeds an Identity, which the automatic check does not look through
+    sweep, runs = real_sweep(work, "model=file", f"model.path={model}", "model.classifier=true", "data=npy",
+                             "data.path=calib.npz",
+                             "eval_data=npy", "eval_data.path=eval.npz", "calibration=narrow,match", "batches=1,2",
+                             f"eval.rows={len(rows[::2])}")
+    assert [r["label"] for r in runs["runs"]] == ["calibration=narrow batches=1", "calibration=narrow batches=2",
+                                                  "calibration=match batches=1", "calibration=match batches=2"]
+    assert (work / ".calibrun-cache" / "models").is_dir()
+    assert runs["headline"]["metric"] == "top1_agreement"  # a classifier
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = calibrun(elsewhere, str(sweep), "report.dir=rebuilt", module="calibrun.aggregate")
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    rebuilt = json.loads((elsewhere / "rebuilt" / "runs.json").read_text())
+    assert rebuilt == runs
+    assert (elsewhere / "rebuilt" / "report.html").is_file()
+    # the sample trends need the evaluation span: from the relative eval.npz, found from the jobs' working directory
+    diagnosis = json.loads((elsewhere / "rebuilt" / "diagnosis.json").read_text())
+    assert set(diagnosis["samples"]) == {"narrow", "match"}
+    assert diagnosis == json.loads((sweep / "report" / "diagnosis.json").read_text())
+
+
+@pytest.mark.slow
+def test_lab_runs_of_a_method_sweep_build_the_lab_files(tmp_path):
+    sweep, runs = real_sweep(tmp_path, "calibration=narrow,match,wide", "method=minmax,entropy")
+    assert len(runs["runs"]) == 6
+    calib = json.loads((sweep / "report" / "calib_report.json").read_text())
+    minmax = {r["overrides"]["calibration"]: r["metrics"]["max_abs_error"] for r in runs["runs"]
+              if r["overrides"]["method"] == "minmax"}
+    assert {c: calib[c]["max_abs_error"] for c in lab.CALIBRATIONS} == minmax
+    assert [r["lab"] for r in runs["runs"]] == [r["overrides"]["method"] == "minmax" for r in runs["runs"]]
+    assert sum(r["lab"] for r in runs["runs"]) == 3
+    assert calib["best"] == "match"
+    assert calib["clipping_worse_than_coarse"] is True
+
+
+def test_report_dir_error_in_a_sweep_is_one_line(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(CalibrunError, match="is a file"):
+        aggregate.build(tmp_path, tmp_path / "afile")
+
+
+def test_runs_json_holds_no_timings(method_sweep):
+    """runs.json compares what the runs measured: a resumed sweep's report equals a clean one's."""
+    fake_job(method_sweep, 3, {"method": "distribution", "calibration": "wide", "batches": "64"}, 0.4,
+             metrics={"calibration_seconds": 1.5, "quantization_seconds": 0.2, "cache_hit": 1})
+    aggregate.build(method_sweep)
+    row = json.loads((method_sweep / "report" / "runs.json").read_text())["runs"][3]
+    assert "max_abs_error" in row["metrics"]
+    assert not {"calibration_seconds", "quantization_seconds", "cache_hit"} & set(row["metrics"])
+
+
+def test_resume_is_not_an_axis_nor_an_override(tmp_path):
+    """A resumed sweep (some jobs launched with resume=true) reports exactly what a clean sweep reports."""
+    sweep = tmp_path / "sweep"
+    fake_job(sweep, 0, {"calibration": "narrow", "resume": "true"}, 0.5)
+    fake_job(sweep, 1, {"calibration": "wide"}, 0.3)
+    aggregate.build(sweep)
+    runs = json.loads((sweep / "report" / "runs.json").read_text())
+    assert runs["axes"] == {"calibration": ["narrow", "wide"]}
+    assert [r["overrides"] for r in runs["runs"]] == [{"calibration": "narrow"}, {"calibration": "wide"}]
+
+
+def test_lab_run_without_its_fp32_model_is_named_and_left_out(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    for num, calibration in enumerate(lab.CALIBRATIONS):
+        fake_job(sweep, num, {"calibration": calibration}, 0.1 * (num + 1))
+    (sweep / "1" / "fp32.onnx").unlink()
+    code, err = run_main(capsys, sweep)
+    assert code == 1
+    assert "job 1: its fp32 model" in err
+    assert "Traceback" not in err
+    assert not (sweep / "report" / "calib_report.json").exists()  # needs match, whose fp32 is gone
+    assert not (sweep / "report" / "bundle").exists()
+    assert len(json.loads((sweep / "report" / "runs.json").read_text())["runs"]) == 3
