@@ -409,3 +409,12 @@ def test_threshold_search_reports_progress_per_tensor(det_activations):
     fast = collected(FastHistogramCollector, "entropy", det_activations[:1], num_bins=256, progress=calls.append)
     fast.compute_collection_result()
     assert calls == list(range(1, len(fast.histogram_dict) + 1))
+
+
+def test_histogram_algorithm_is_in_the_key_of_histogram_methods_only():
+    from calibrun.histogram import ALGORITHM
+
+    assert "histogram" not in CalibrationSpec(method="minmax").key_fields()  # minmax cache entries stay valid
+    for method in ("entropy", "percentile", "distribution"):
+        assert CalibrationSpec(method=method).key_fields()["histogram"] == ALGORITHM
+    assert CalibrationSpec(method="entropy").calibrator_options()["num_bins"] == 2048
