@@ -20,6 +20,7 @@ they are O(bins) numpy already.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Callable
@@ -45,7 +46,7 @@ _BLOCK = 1 << 15  # elements per binning block (temporaries stay in cache)
 # histogram keeps its bin count over the new range and the old counts move to the bins of their old bin centres
 # (all within one new bin). Below it, the result is onnxruntime's.
 MAX_GROWN_BINS = 1 << 17
-_SCREEN_CHUNK = 2048  # entropy candidates screened at once (bounds the screen's memory for large histograms)
+_SCREEN_CHUNK = 256  # entropy candidates screened at once (its arrays stay in cache; memory bounded for any size)
 
 
 # ---------------------------------------------------------------------------------------------- binning
@@ -320,12 +321,23 @@ class FastHistogramCollector(HistogramCollector):
         raise ValueError("Only 'entropy', 'percentile' or 'distribution' methods are supported")
 
     def compute_entropy(self):
+        """onnxruntime's compute_entropy: (lowest, highest, hist, edges) per tensor; tensors on `threads`."""
+        items = list(self.histogram_dict.items())
+
+        def search(item):
+            return entropy_threshold(item[1], self.num_quantized_bins)
+
         thresholds = {}
-        for done, (tensor, histogram_) in enumerate(self.histogram_dict.items(), 1):
-            lo, hi = entropy_threshold(histogram_, self.num_quantized_bins)
-            thresholds[tensor] = (lo, hi, *histogram_[:2])
-            if self.progress is not None:
-                self.progress(done)
+        with contextlib.ExitStack() as stack:
+            if self.threads > 1 and len(items) > 1:
+                pool = stack.enter_context(ThreadPoolExecutor(self.threads))
+                results = pool.map(search, items)
+            else:
+                results = map(search, items)
+            for done, ((tensor, histogram_), (lo, hi)) in enumerate(zip(items, results, strict=True), 1):
+                thresholds[tensor] = (lo, hi, *histogram_[:2])
+                if self.progress is not None:
+                    self.progress(done)
         return thresholds
 
     def compute_percentile(self):
@@ -365,8 +377,8 @@ def entropy_threshold(histogram_, num_quantized_bins: int):
     if half > zero_bin_index or num_quantized_bins < 2:
         raise ValueError(f"num_quantized_bins={num_quantized_bins} does not fit a histogram of {num_bins} bins")
     candidates = np.arange(half, zero_bin_index + 1)
-    counts = np.asarray(hist, dtype=np.int64)
-    bounds = [_screen(counts, candidates[i:i + _SCREEN_CHUNK], num_quantized_bins)
+    pre = _prefixes(np.asarray(hist, dtype=np.int64))
+    bounds = [_screen(pre, candidates[i:i + _SCREEN_CHUNK], num_quantized_bins)
               for i in range(0, candidates.size, _SCREEN_CHUNK)]
     lower = np.concatenate([b[0] for b in bounds])
     upper = np.concatenate([b[1] for b in bounds])
@@ -423,7 +435,7 @@ def exact_kl(hist: np.ndarray, i: int, num_quantized_bins: int, dtype) -> float:
     return float(np.array(ort_entropy(p_s, q_s), dtype=dtype))
 
 
-def _screen(hist: np.ndarray, candidates: np.ndarray, q_bins: int) -> tuple[np.ndarray, np.ndarray]:
+def _screen(pre: dict, candidates: np.ndarray, q_bins: int) -> tuple[np.ndarray, np.ndarray]:
     """Bounds (lower, upper) on the reference's KL value of every candidate, all candidates at once.
 
     The exact KL (float64) of the reference's smoothed p and q is computed blockwise: q is constant on each of
@@ -439,21 +451,9 @@ def _screen(hist: np.ndarray, candidates: np.ndarray, q_bins: int) -> tuple[np.n
     Candidates that are infinite for the reference (p or q all zero) get (inf, inf); candidates this screen
     cannot bound (eps1 near a count) get (-inf, inf) and are always evaluated exactly.
     """
+    hist, csum, cnz, total = pre["hist"], pre["csum"], pre["cnz"], pre["total"]
     n = hist.size
     zbi = n // 2
-    csum = np.concatenate(([0], np.cumsum(hist)))
-    nonzero = hist != 0
-    cnz = np.concatenate(([0], np.cumsum(nonzero)))
-    hf = hist.astype(np.float64)
-    safe = np.where(nonzero, hf, 1.0)
-    logh = np.log(safe)
-    a_pref = np.concatenate(([0.0], np.cumsum(np.where(nonzero, hf * logh, 0.0))))
-    b_pref = np.concatenate(([0.0], np.cumsum(np.where(nonzero, logh + 1.0, 0.0))))
-    c_pref = np.concatenate(([0.0], np.cumsum(np.where(nonzero, 1.0 / safe, 0.0))))
-    d_pref = np.concatenate(([0.0], np.cumsum(np.where(nonzero, 1.0 / safe**2, 0.0))))
-    e_pref = np.concatenate(([0.0], np.cumsum(np.where(nonzero, 1.0 / safe**3, 0.0))))
-    total = float(csum[-1])
-
     i = candidates
     s = zbi - i
     e = np.minimum(zbi + i + 1, n)
@@ -467,46 +467,49 @@ def _screen(hist: np.ndarray, candidates: np.ndarray, q_bins: int) -> tuple[np.n
     nnz_p = (cnz[e] - cnz[s]) - (h_first != 0) - (h_last != 0) + (p_first != 0) + (p_last != 0)
     nz_p = length - nnz_p
 
-    # blocks: [s + b*merged, s + (b+1)*merged), b < q_bins; the tail [s + q_bins*merged, e)
-    bounds = s[:, None] + np.arange(q_bins + 1)[None, :] * merged[:, None]
-    h_blocks = csum[bounds[:, 1:]] - csum[bounds[:, :-1]]
-    nz_blocks = cnz[bounds[:, 1:]] - cnz[bounds[:, :-1]]
-    body_end = bounds[:, -1]
-    h_tail = csum[e] - csum[body_end]
-    nz_tail = cnz[e] - cnz[body_end]
-    quantized = h_blocks.copy()
+    # blocks: [s + b*merged, s + (b+1)*merged), b < q_bins; the tail [s + q_bins*merged, e). `quantized` is the
+    # reference's quantized_bins (h per block, the tail in the last block); p differs from h only in its first
+    # element (left outliers) and last element (right outliers: in the tail, or without a tail in the last block)
+    bounds = s[:, None] + np.arange(q_bins + 1) * merged[:, None]
+    cb, zb = csum[bounds], cnz[bounds]
+    h_tail = csum[e] - cb[:, -1]
+    nz_tail = cnz[e] - zb[:, -1]
+    quantized = np.diff(cb, axis=1).astype(np.float64)
     quantized[:, -1] += h_tail
-    # p per block: the first block has the left outliers; the last element (right outliers) is in the tail or,
-    # without a tail, in the last block
-    p_blocks = h_blocks.copy()
-    p_blocks[:, 0] += left
-    pnz_blocks = nz_blocks.copy()
-    pnz_blocks[:, 0] += (p_first != 0).astype(np.int64) - (h_first != 0)
+    pnz = np.diff(zb, axis=1).astype(np.float64)  # nonzero p per block: the reference's `norm`
     no_tail = tail == 0
+    first_fix = (p_first != 0).astype(np.int64) - (h_first != 0)
     last_fix = (p_last != 0).astype(np.int64) - (h_last != 0)
-    p_blocks[no_tail, -1] += right[no_tail]
-    pnz_blocks[no_tail, -1] += last_fix[no_tail]
+    pnz[:, 0] += first_fix
+    pnz[:, -1] += np.where(no_tail, last_fix, 0)
     p_tail = h_tail + np.where(no_tail, 0, right)
     pnz_tail = nz_tail + np.where(no_tail, 0, last_fix)
+    fix_first = left  # p block 0 - quantized block 0
+    fix_last = np.where(no_tail, right, 0) - h_tail  # p last block - quantized last block
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        v = np.where(pnz_blocks > 0, np.floor(quantized / np.where(pnz_blocks > 0, pnz_blocks, 1)), 0.0)
+        v = np.zeros_like(quantized)
+        np.divide(quantized, pnz, out=v, where=pnz > 0)
+        np.floor(v, out=v)  # q per block: the reference's int64(quantized / norm)
         qpos = v > 0
-        nnz_q = (qpos * merged[:, None]).sum(axis=1)
+        nnz_q = qpos.sum(axis=1) * merged
         nz_q = length - nnz_q
         q_sum = merged * v.sum(axis=1)
         ep = _EPS * nz_p / np.where(nnz_p > 0, nnz_p, 1)
         eq = _EPS * nz_q / np.where(nnz_q > 0, nnz_q, 1)
         log_eps = math.log(_EPS)
 
-        # sum of p~ log q~, by block
-        q_tilde = np.where(qpos, v - eq[:, None], _EPS)
-        p_tilde_blocks = (p_blocks - ep[:, None] * pnz_blocks + _EPS * (merged[:, None] - pnz_blocks))
-        p_tilde_tail = p_tail - ep * pnz_tail + _EPS * (tail - pnz_tail)
-        s_plogq = (p_tilde_blocks * np.log(q_tilde)).sum(axis=1) + p_tilde_tail * log_eps
+        # sum of p~ log q~ by block, p~ = p - ep on nonzero p and eps on zeros, q~ likewise:
+        # sum_b (p_b + eps m - (ep + eps) nz_b) log q~_b, plus the tail (q~ = eps there)
+        v -= eq[:, None]
+        lq = np.log(np.where(qpos, v, _EPS))
+        s_plogq = (np.einsum("ij,ij->i", quantized, lq) + fix_first * lq[:, 0] + fix_last * lq[:, -1]
+                   + _EPS * merged * lq.sum(axis=1) - (ep + _EPS) * np.einsum("ij,ij->i", pnz, lq))
+        s_plogq += (p_tail - ep * pnz_tail + _EPS * (tail - pnz_tail)) * log_eps
 
         # sum of p~ log p~: zeros, interior nonzero bins (series in ep), the two end bins directly
         lo_in, hi_in = s + 1, e - 1
+        a_pref, b_pref, c_pref, d_pref, e_pref = pre["series"]
         a_in = a_pref[hi_in] - a_pref[lo_in]
         b_in = b_pref[hi_in] - b_pref[lo_in]
         c_in = c_pref[hi_in] - c_pref[lo_in]
@@ -522,11 +525,28 @@ def _screen(hist: np.ndarray, candidates: np.ndarray, q_bins: int) -> tuple[np.n
         ends = np.where(p_first != 0, xlogx(p_first), 0.0) + np.where(p_last != 0, xlogx(p_last), 0.0)
         s_plogp = nz_p * _EPS * log_eps + interior + ends
         kl = (s_plogp - s_plogq) / total + np.log(q_sum / total)
-
-    margin = _REF_ERR * _F32 * (np.abs(kl) + 4) + remainder / total + 1e-12
-    lower, upper = kl - margin, kl + margin
+        margin = _REF_ERR * _F32 * (np.abs(kl) + 4) + remainder / total + 1e-12
+        lower, upper = kl - margin, kl + margin
     infinite = (nnz_p == 0) | (nnz_q == 0) | (total == 0)
     unsure = ~infinite & ((ep >= 0.5) | (eq >= 0.5) | ~np.isfinite(kl) | ~np.isfinite(margin))
     lower = np.where(infinite, np.inf, np.where(unsure, -np.inf, lower))
     upper = np.where(infinite, np.inf, np.where(unsure, np.inf, upper))
     return lower, upper
+
+
+def _prefixes(hist: np.ndarray) -> dict:
+    """Prefix sums `_screen` needs, once per histogram."""
+    nonzero = hist != 0
+    hf = hist.astype(np.float64)
+    safe = np.where(nonzero, hf, 1.0)
+    logh = np.log(safe)
+
+    def prefix(values):
+        return np.concatenate(([0.0], np.cumsum(np.where(nonzero, values, 0.0))))
+
+    csum = np.concatenate(([0], np.cumsum(hist)))
+    return {
+        "hist": hist, "csum": csum, "cnz": np.concatenate(([0], np.cumsum(nonzero))), "total": float(csum[-1]),
+        "series": (prefix(hf * logh), prefix(logh + 1.0), prefix(1.0 / safe), prefix(1.0 / safe**2),
+                   prefix(1.0 / safe**3)),
+    }

@@ -1,0 +1,250 @@
+"""Histogram calibration (entropy, percentile, distribution) on a trained text detector: calibrun vs onnxruntime.
+
+    python bench/histogram.py                 # ocr_det at 640x640, 4 batches of 3 photos, all three methods
+    python bench/histogram.py --quick         # 160x160, 2 batches, a few sampled tensors (< 2 minutes)
+    python bench/histogram.py --size 320 --batches 4 --rows 3 --methods entropy --ref-tensors 10
+
+The model is tests/trained.py's `ocr_det` (PP-OCRv4 text detector, DBNet, trained; ~670 calibrated tensors), the
+data scikit-image's photos and pages of text through calibrun's image source (`ImageTransform(size, size)`),
+split into `--batches` batches of `--rows` photos (flipped copies when more are needed). For each method, in
+one process and over the same batches:
+
+* plain:      onnxruntime inference of the model (same session options as the calibration session).
+* calibrun:   `calibrun.calibrate.run_calibration` as a job runs it (augmented session, collection, thresholds),
+              split into collection and threshold search.
+* collection: calibrun's FastHistogramCollector.collect vs onnxruntime's HistogramCollector.collect on the same
+              augmented-session outputs, batch by batch (histograms checked equal).
+* search:     the threshold search on the SAME histograms: calibrun's vs onnxruntime's compute_entropy /
+              compute_percentile / compute_distribution. onnxruntime's entropy search takes about a second per
+              tensor at 2048 bins, so it runs on `--ref-tensors` sampled tensors (calibrun's on the same sample
+              for the ratio); its whole-model time is extrapolated and marked `~`. Thresholds checked equal.
+
+Ratios are printed side by side; the machine load (`os.getloadavg`) is printed with them. Goals (issue 14):
+entropy search >= 50x faster than onnxruntime's, whole calibration <= 1.5x plain inference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import onnxruntime as ort  # noqa: E402
+from onnxruntime.quantization.calibrate import HistogramCollector, create_calibrator  # noqa: E402
+
+from calibrun.calibrate import CalibrationSpec, _fast_collector, _lean_session, private_model_copy  # noqa: E402
+from calibrun.engine import open_float_model  # noqa: E402
+from calibrun.histogram import FastHistogramCollector  # noqa: E402
+from calibrun.sources import ImageTransform, image_calibration  # noqa: E402
+from tests.trained import PHOTOS, TEXT_PHOTOS, model_path, photo_folder  # noqa: E402
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def load() -> str:
+    return "load {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+
+
+def make_batches(size: int, batches: int, rows: int, tmp: Path) -> list[np.ndarray]:
+    model = open_float_model(model_path("ocr_det"))
+    folder = photo_folder(tmp / "photos", PHOTOS + TEXT_PHOTOS)
+    source = image_calibration(folder, model.inputs, 1, transform=ImageTransform(resize=size, crop=size))
+    (photos,) = [feed["x"] for feed in source]
+    pool = np.concatenate([photos, photos[..., ::-1]])  # flipped copies when more photos are needed
+    # a page of text first: onnxruntime's own collector fails on a first batch without text (see histogram.py)
+    order = list(range(4, len(pool))) + list(range(4))
+    need = batches * rows
+    picked = [pool[order[i % len(order)]] for i in range(need)]
+    return [np.ascontiguousarray(np.stack(picked[i * rows:(i + 1) * rows])) for i in range(batches)]
+
+
+def plain_seconds(model: Path, batches, threads: int) -> float:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    session.run(None, {name: batches[0]})  # warm-up, as the calibration session's first run is not free either
+    start = time.perf_counter()
+    for batch in batches:
+        session.run(None, {name: batch})
+    return time.perf_counter() - start
+
+
+class _Reader:
+    def __init__(self, batches, name):
+        self.batches, self.name, self.pos, self.end = batches, name, 0, len(batches)
+
+    def get_next(self):
+        if self.pos >= self.end:
+            return None
+        self.pos += 1
+        return {self.name: self.batches[self.pos - 1]}
+
+    def set_range(self, start, end):
+        self.pos, self.end = start, end
+
+
+def calibrun_run(model: Path, batches, spec: CalibrationSpec, threads: int):
+    """run_calibration's steps, timed: (total, collect, search, collector)."""
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench.hist.") as tmp:
+        calibrator = create_calibrator(private_model_copy(model, tmp), spec.op_types_calibrated(),
+                                       augmented_model_path=str(Path(tmp) / "augmented.onnx"),
+                                       calibrate_method=spec.calibrate_method,
+                                       extra_options=spec.calibrator_options())
+        _lean_session(calibrator, threads)
+        _fast_collector(calibrator, threads)
+        reader = _Reader(batches, "x")
+        setup = time.perf_counter() - start
+        collect_start = time.perf_counter()
+        for i in range(len(batches)):
+            reader.set_range(i, i + 1)
+            calibrator.collect_data(reader)
+        collect = time.perf_counter() - collect_start
+        search_start = time.perf_counter()
+        calibrator.compute_data()
+        search = time.perf_counter() - search_start
+        collector = calibrator.collector
+    return time.perf_counter() - start, setup, collect, search, collector
+
+
+def collection_compare(model: Path, batches, spec: CalibrationSpec, threads: int, tmp: Path):
+    """Seconds of calibrun's and onnxruntime's collect on the same outputs; histograms equal?"""
+    calibrator = create_calibrator(private_model_copy(model, tmp), spec.op_types_calibrated(),
+                                   augmented_model_path=str(tmp / "augmented.onnx"),
+                                   calibrate_method=spec.calibrate_method, extra_options=spec.calibrator_options())
+    _lean_session(calibrator, threads)
+    names = [o.name for o in calibrator.infer_session.get_outputs()]
+    wanted = set(calibrator.tensors_to_calibrate)
+    kwargs = dict(method=calibrator.method, symmetric=calibrator.symmetric, num_bins=calibrator.num_bins,
+                  num_quantized_bins=calibrator.num_quantized_bins, percentile=calibrator.percentile,
+                  scenario=calibrator.scenario)
+    ours, theirs = FastHistogramCollector(threads=threads, **kwargs), HistogramCollector(**kwargs)
+    t_ours = t_theirs = 0.0
+    for batch in batches:
+        values = calibrator.infer_session.run(None, {"x": batch})
+        # without the empty tensor the detector has: onnxruntime's symmetric percentile fails on it
+        outputs = {n: [v] for n, v in zip(names, values, strict=True) if n in wanted and v.size}
+        start = time.perf_counter()
+        ours.collect(outputs)
+        middle = time.perf_counter()
+        with contextlib.redirect_stdout(io.StringIO()):
+            theirs.collect(outputs)
+        t_ours += middle - start
+        t_theirs += time.perf_counter() - middle
+        del values, outputs
+    equal = all(
+        all(np.array_equal(a, b) for a, b in zip(ours.histogram_dict[k], theirs.histogram_dict[k], strict=True))
+        for k in theirs.histogram_dict
+    )
+    return t_ours, t_theirs, equal
+
+
+def search_compare(collector: FastHistogramCollector, spec: CalibrationSpec, sample: int):
+    """(ours on the sample, theirs on the sample, ours on all, tensors, sample size, thresholds equal)."""
+    names = sorted(collector.histogram_dict)
+    if spec.method == "entropy" and sample < len(names):
+        names = random.Random(0).sample(names, sample)
+    hists = {n: collector.histogram_dict[n] for n in names}
+
+    def make(cls):
+        c = cls(collector.method, collector.symmetric, collector.num_bins, collector.num_quantized_bins,
+                collector.percentile, collector.scenario)
+        c.histogram_dict = hists
+        return c
+
+    ours, theirs = make(FastHistogramCollector), make(HistogramCollector)
+    start = time.perf_counter()
+    mine = ours.compute_collection_result()
+    middle = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        ref = theirs.compute_collection_result()
+    end = time.perf_counter()
+
+    def key(v):
+        if hasattr(v, "avg"):
+            return (v.avg, v.std, v.lowest, v.highest)
+        return tuple(v[:2])
+
+    equal = all(all(np.array_equal(a, b, equal_nan=True) for a, b in zip(key(mine[n]), key(ref[n]), strict=True))
+                for n in names)
+    start_all = time.perf_counter()
+    collector.compute_collection_result()
+    all_ours = time.perf_counter() - start_all
+    return middle - start, end - middle, all_ours, len(collector.histogram_dict), len(names), equal
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="160x160, 2 batches, 5 sampled tensors")
+    parser.add_argument("--size", type=int, default=640, help="image side (multiple of 32; default 640)")
+    parser.add_argument("--batches", type=int, default=4)
+    parser.add_argument("--rows", type=int, default=3, help="photos per batch (default 3)")
+    parser.add_argument("--methods", default="entropy,percentile,distribution")
+    parser.add_argument("--ref-tensors", type=int, default=20,
+                        help="tensors onnxruntime's entropy search is timed on (about 1 s each at 2048 bins)")
+    parser.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0: every core)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.size, args.batches, args.ref_tensors = 160, 2, 5
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    model = model_path("ocr_det")
+    print(f"model ocr_det (PP-OCRv4 det, trained) at {args.size}x{args.size}; {args.batches} batches x {args.rows} "
+          f"photos; onnxruntime {ort.__version__}; {os.cpu_count()} cores; threads {args.threads or 'all'}")
+    print(f"start: {load()}")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench.histogram.") as tmp_name:
+        tmp = Path(tmp_name)
+        batches = make_batches(args.size, args.batches, args.rows, tmp)
+        for method in methods:
+            spec = CalibrationSpec(method=method)
+            log(f"{method}: plain inference")
+            plain = plain_seconds(model, batches, args.threads)
+            log(f"{method}: calibrun calibration")
+            total, setup, collect, search, collector = calibrun_run(model, batches, spec, args.threads)
+            log(f"{method}: collection, calibrun vs onnxruntime")
+            sub = tmp / method
+            sub.mkdir()
+            c_ours, c_theirs, c_equal = collection_compare(model, batches, spec, args.threads, sub)
+            log(f"{method}: threshold search, calibrun vs onnxruntime")
+            s_ours, s_theirs, s_all, tensors, sampled, s_equal = search_compare(collector, spec, args.ref_tensors)
+            theirs_all = s_theirs * tensors / sampled
+            approx = "~" if sampled < tensors else ""
+            # onnxruntime's whole calibration, estimated as ours with its collection and search swapped in
+            ort_total = total - collect - search + (collect - c_ours + c_theirs) + theirs_all
+            rows.append((method, spec.calibrator_options(), plain, total, setup, collect, search, c_ours, c_theirs,
+                         c_equal, s_ours, s_theirs, s_all, tensors, sampled, s_equal, theirs_all, approx, ort_total))
+    print(f"end:   {load()}")
+    print()
+    for (method, options, plain, total, setup, collect, search, c_ours, c_theirs, c_equal, s_ours, s_theirs, s_all,
+         tensors, sampled, s_equal, theirs_all, approx, ort_total) in rows:
+        print(f"## {method} {options}")
+        print(f"  plain inference over the batches      {plain:8.2f} s")
+        print(f"  calibrun calibration (whole)          {total:8.2f} s  = {total / plain:5.2f}x plain   "
+              f"(setup {setup:.2f} s, collection {collect:.2f} s, search {search:.2f} s)")
+        print(f"  onnxruntime calibration (estimated)  {approx}{ort_total:8.2f} s  = {ort_total / plain:5.2f}x plain")
+        print(f"  collection on the same outputs        calibrun {c_ours:7.2f} s  onnxruntime {c_theirs:7.2f} s  "
+              f"= {c_theirs / c_ours:5.1f}x faster   histograms equal: {c_equal}")
+        print(f"  threshold search, {sampled:3d}/{tensors} tensors  calibrun {s_ours:7.3f} s  onnxruntime "
+              f"{s_theirs:7.2f} s  = {s_theirs / s_ours:6.1f}x faster   thresholds equal: {s_equal}")
+        print(f"  threshold search, all {tensors} tensors  calibrun {s_all:7.2f} s  onnxruntime "
+              f"{approx}{theirs_all:7.1f} s")
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
