@@ -447,7 +447,8 @@ def _runs_table(r: _Report, metric: str, better: str) -> dict:
     """runs.json: every job of the sweep by its swept overrides, its headline metric and the main numbers."""
     rows = []
     for run in r.every:
-        row = {"job": run.job, "label": run.label, "overrides": run.overrides, "status": run.result["status"],
+        swept = {k: v for k, v in run.overrides.items() if k in r.axes}  # (the rest: the job's .hydra/overrides.yaml)
+        row = {"job": run.job, "label": run.label, "overrides": swept, "status": run.result["status"],
                "lab": run.ok and lab.difference(run.config) is None}
         if run.ok:  # what the run measured; timings and cache hits (not the model's) stay in result.json and MLflow
             row["metrics"] = {k: v for k, v in run.metrics.items()

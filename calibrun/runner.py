@@ -126,7 +126,10 @@ def _verified_prepared(target: Path, record_file: Path) -> dict | None:
             elif not isinstance(record.get("steps"), list):
                 problem = "its record has no preparation steps"
     except FileNotFoundError:
-        problem = "it has no record beside it"
+        # No record yet: another job may have just placed the model and be hashing it (a parallel sweep on a
+        # fresh cache). Preparing again gives the same bytes; nothing is wrong, so no warning.
+        log.info("prepared model %s has no sha256 record beside it (yet); preparing it again", target)
+        return None
     except (OSError, ValueError) as exc:
         problem = f"its record is unreadable ({one_line(exc)})"
     if problem is None:

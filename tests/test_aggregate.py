@@ -297,7 +297,7 @@ def test_failed_jobs_are_listed_and_not_plotted(method_sweep):
     assert summary.broken == []
     runs = json.loads((method_sweep / "report" / "runs.json").read_text())
     assert runs["runs"][3] == {"job": "3", "label": "method=distribution", "status": "failed", "lab": False,
-                               "overrides": {"method": "distribution", "calibration": "wide", "batches": "64"},
+                               "overrides": {"method": "distribution"},  # the swept ones
                                "error": "boom"}
     assert "| distribution | n/a |" in (method_sweep / "report" / "report.md").read_text()
 

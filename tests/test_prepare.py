@@ -562,10 +562,16 @@ def test_prepared_model_cache_is_verified_before_reuse(tmp_path, caplog, externa
     assert "do not match" in warned[0]
     assert fp32.path.read_bytes() == good
 
-    fp32.path.with_suffix(".steps.json").unlink()  # no record: cannot be verified
+    fp32.path.with_suffix(".steps.json").unlink()  # no record (yet: a parallel job may be writing it)
+    fp32.path.write_bytes(good[:100])
+    _, warned = _prepare_warnings(cfg, job, caplog)
+    assert warned == []  # not an error: prepared again, quietly
+    assert fp32.path.read_bytes() == good
+    assert json.loads(fp32.path.with_suffix(".steps.json").read_text()) == record
+    fp32.path.with_suffix(".steps.json").write_text("[1, 2")  # a damaged record is reported
     _, warned = _prepare_warnings(cfg, job, caplog)
     assert len(warned) == 1
-    assert "no record" in warned[0]
+    assert "record is unreadable" in warned[0]
 
     if external:
         data.write_bytes(data.read_bytes()[:-8])
