@@ -121,15 +121,20 @@ def check_sqlite(db: Path) -> None:
             raise CalibrunError(f"cannot create {db}: {exc.strerror or exc}") from None
         return
     try:
-        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=rw", uri=True, timeout=30)) as connection:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=rw", uri=True, timeout=30,
+                                                isolation_level=None)) as connection:
             tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             if tables and not {"experiments", "runs"} <= tables:
                 raise CalibrunError(f"{db} is an SQLite database but not an MLflow store")
             problem = connection.execute("PRAGMA quick_check(1)").fetchone()[0]
             if problem != "ok":
                 raise CalibrunError(f"{db} is damaged: {problem}")
-            connection.execute("BEGIN IMMEDIATE")  # a write lock: read-only file or folder fails here
-            connection.execute("ROLLBACK")
+            version = connection.execute("PRAGMA user_version").fetchone()[0]
+            connection.execute("BEGIN IMMEDIATE")
+            try:  # a real write, rolled back: a file or folder this user may not write fails here
+                connection.execute(f"PRAGMA user_version={int(version)}")
+            finally:
+                connection.execute("ROLLBACK")
     except sqlite3.Error as exc:
         raise CalibrunError(f"cannot use {db}: {one_line(exc)}") from None
 
