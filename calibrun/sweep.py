@@ -330,6 +330,7 @@ class SweepCallback(Callback):
         parent_file = sweep_dir / PARENT_FILE
         link = None
         if tracking_enabled(config) and parent_file.is_file():
+            tracker = None
             try:
                 parent = json.loads(parent_file.read_text())
                 tracker = _SWEEP.get("tracker") or Tracker(parent["tracking_uri"], config.tracking.experiment)
@@ -337,8 +338,12 @@ class SweepCallback(Callback):
                     tracker.log_artifact(parent["run_id"], path, "report")
                 summarise(tracker, parent["run_id"], sweep_dir, parent.get("swept", []))
                 tracker.log(parent["run_id"], metrics=counts, tags={"calibrun.problems": str(len(problems))})
-                tracker.finish(parent["run_id"], "FAILED" if problems else "FINISHED")
-                link = ui_url(tracker.uri, tracker.experiment_id, parent["run_id"])
+            except Exception as exc:
+                problems.append(f"MLflow parent run not complete: {one_line(exc)}")
+            try:
+                if tracker is not None:
+                    tracker.finish(parent["run_id"], "FAILED" if problems else "FINISHED")
+                    link = ui_url(tracker.uri, tracker.experiment_id, parent["run_id"])
             except Exception as exc:
                 problems.append(f"MLflow parent run not closed: {one_line(exc)}")
         _SWEEP.clear()
