@@ -137,6 +137,9 @@ class Config:
 
 def register() -> None:
     ConfigStore.instance().store(name="calibrun_schema", node=Config)
+    from calibrun.sweep import register_resolvers  # ${calibrun.sweep_id:}, the sweep folder's unique suffix
+
+    register_resolvers()
 
 
 def _need(ok: bool, key: str, rule: str, value) -> None:
