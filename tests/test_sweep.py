@@ -370,3 +370,18 @@ def test_lab_diagnosis_names_the_cause(lab):
     text = (sweep / "report" / "report.md").read_text()
     assert "## Diagnosis" in text
     assert "distribution is off" in text
+
+
+def test_single_run_registers_its_int8_model(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = calibrun(tmp_path, "batches=2", "tracking.register=lab-int8", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (version,) = client.search_model_versions("name = 'lab-int8'")
+    assert version.source == f"models:/{result['mlflow']['model_id']}"
+    assert version.run_id == result["mlflow"]["run_id"]
+    run = client.get_run(result["mlflow"]["run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "match batches=2 qdq minmax"
+    assert "mlflow.parentRunId" not in run.data.tags
