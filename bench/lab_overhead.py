@@ -17,6 +17,7 @@ Timed side by side in one run (repeats interleaved, medians reported):
               store is warm (a 1-job sweep against the same database runs first, so schema creation is not
               counted); every timed sweep gets a fresh cache folder, so its 12 calibrations really run.
 (1b) notrack  the same sweep with `tracking=off`: splits MLflow from Hydra + aggregation.
+(1c) nomodel  the same sweep with `tracking.log_model=false`: what the 24 MLflow LoggedModels cost.
 (2)  bare     the same 24 quantisations + evaluations with bare onnxruntime in one process (calibration data
               rebuilt by the DESIGN.md rule, a list-backed CalibrationDataReader, `quantize_static`, two
               InferenceSessions per model). No calibrun import in that process: the fp32 model file is
@@ -227,6 +228,10 @@ def child_phases(out: Path, hydra_args: list[str]) -> None:
     w(tracking.Tracker, "start_run", "Tracker.start_run")
     w(tracking.Tracker, "log", "Tracker.log (log_batch)")
     w(tracking.Tracker, "log_artifact", "Tracker.log_artifact")
+    for attr, name in (("log_model", "Tracker.log_model (LoggedModel)"), ("log_datasets", "Tracker.log_datasets"),
+                       ("log_table", "Tracker.log_table")):
+        if hasattr(tracking.Tracker, attr):
+            w(tracking.Tracker, attr, name)
     w(tracking.Tracker, "finish", "Tracker.finish")
     w(aggregate, "build", "aggregate.build")
     w(report, "_plots", "report._plots (matplotlib)")
@@ -300,9 +305,9 @@ class Bench:
         log(f"warm-up sweep: {wall:.2f}s")
 
     # ---- the three measurements -------------------------------------------------------------------
-    def sweep(self, tag: str, tracking: bool = True) -> dict:
+    def sweep(self, tag: str, tracking: bool = True, *more: str) -> dict:
         load = loadavg()
-        extra = ("+experiment=lab",) if tracking else ("+experiment=lab", "tracking=off")
+        extra = ("+experiment=lab", *more) if tracking else ("+experiment=lab", "tracking=off")
         r = self.run([self.python, "-m", "calibrun", *self.sweep_args(tag, extra)], f"sweep {tag}")
         return {"wall": r["wall"], "cpu": r["cpu"], "load": load, "results": self.sweep_results(tag)}
 
@@ -340,12 +345,15 @@ class Bench:
         return {**data, "wall": r["wall"], "cpu": r["cpu"], "load": load}
 
     def measure(self) -> dict:
-        runs: dict[str, list[dict]] = {"sweep": [], "notrack": [], "bare": [], "engine": []}
-        kinds = ["sweep", "notrack"] if self.args.sweep_only else ["sweep", "notrack", "bare", "engine"]
+        runs: dict[str, list[dict]] = {"sweep": [], "notrack": [], "nomodel": [], "bare": [], "engine": []}
+        kinds = ["sweep", "notrack", "nomodel"]
+        kinds += [] if self.args.sweep_only else ["bare", "engine"]
         for i in range(self.args.repeat):
             for kind in kinds:
                 log(f"repeat {i + 1}/{self.args.repeat}: {kind} (load {loadavg()})")
-                if kind in ("sweep", "notrack"):
+                if kind == "nomodel":
+                    r = self.sweep(f"{kind}-{i}", True, "tracking.log_model=false")
+                elif kind in ("sweep", "notrack"):
                     r = self.sweep(f"{kind}-{i}", tracking=kind == "sweep")
                 else:
                     r = self.child(kind, f"{i}")
@@ -429,6 +437,7 @@ def print_main(runs: dict, args) -> None:
     print(f"{'measurement':<64} {'wall s':>7} {'range':>11} {'cpu s':>7}  load (1/5/15 min)")
     rows = [("(1) calibrun sweep: python -m calibrun -m +experiment=lab", "sweep", "wall", "cpu"),
             ("(1b) the same sweep with tracking=off (no MLflow)", "notrack", "wall", "cpu"),
+            ("(1c) the same sweep with tracking.log_model=false (no LoggedModel)", "nomodel", "wall", "cpu"),
             ("(2) bare onnxruntime: process incl. start + imports", "bare", "wall", "cpu"),
             ("    bare onnxruntime: in-process loop", "bare", "loop", "loop_cpu"),
             ("    bare onnxruntime: imports (numpy, onnxruntime.quantization)", "bare", "imports", None),
@@ -446,6 +455,12 @@ def print_main(runs: dict, args) -> None:
     print(f"\nresults check (max_abs_error per combo vs sweep #0): {check_identical(runs)}")
     if not runs["bare"]:
         return
+    if runs["nomodel"]:
+        per_job = (med(runs["sweep"], "wall") - med(runs["nomodel"], "wall")) / len(COMBOS)
+        per_job_cpu = (med(runs["sweep"], "cpu") - med(runs["nomodel"], "cpu")) / len(COMBOS)
+        print(f"\nMLflow LoggedModel (mlflow.onnx.log_model) per job: {1000 * per_job:.0f} ms wall, "
+              f"{1000 * per_job_cpu:.0f} ms cpu ((1) - (1c)) / {len(COMBOS)}, the first one's mlflow.onnx import "
+              f"included)")
     m = {f"{kind}.{key}": med(runs[kind], key) for kind in ("sweep", "notrack", "bare", "engine")
          for key in ("wall", "cpu", "loop", "loop_cpu") if key in runs[kind][0]}
     ratio, cpu_ratio = m["sweep.wall"] / m["bare.wall"], m["sweep.cpu"] / m["bare.cpu"]
@@ -507,6 +522,9 @@ PHASE_TREE = [  # (timer label, depth); inclusive wall times
     ("Tracker.start_run", 3),
     ("Tracker.log (log_batch)", 3),
     ("Tracker.log_artifact", 3),
+    ("Tracker.log_model (LoggedModel)", 3),
+    ("Tracker.log_datasets", 3),
+    ("Tracker.log_table", 3),
     ("Tracker.finish", 3),
     ("callback: on_multirun_end", 1),
     ("aggregate.build", 2),
@@ -573,6 +591,8 @@ def print_phases(ph: dict) -> None:
         ("Tracker() re-created per job (MlflowClient + get_experiment_by_name)",
          total("Tracker() (MlflowClient + experiment)") - first_tracker),
         ("MLflow log_artifact copies", total("Tracker.log_artifact")),
+        ("MLflow LoggedModels (mlflow.onnx.log_model, first one imports mlflow.onnx)",
+         total("Tracker.log_model (LoggedModel)")),
         ("report plots (matplotlib import + 2 PNGs)", total("report._plots (matplotlib)")),
         ("interpreter exit (module teardown)", exit_s),
         ("write_lab_model per job (build + check + save + one session)", total("runner: write_lab_model")),

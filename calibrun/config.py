@@ -106,7 +106,10 @@ class TrackingConf:
     name: str = "local"  # local | server | off
     uri: str | None = None  # local: None means $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working dir
     experiment: str = "calibrun"
-
+    register: str | None = None  # a registered model name: each job's int8 model becomes a version of it
+    log_model: bool = True  # the int8 model as an MLflow LoggedModel (False: no model logged)
+    http_timeout: float | None = None  # seconds per request to a server (None: $MLFLOW_HTTP_REQUEST_TIMEOUT or 10)
+    http_retries: int | None = None  # retries per request (None: $MLFLOW_HTTP_REQUEST_MAX_RETRIES or 1)
 
 
 @dataclass
@@ -142,6 +145,9 @@ MAX_THREADS = 256  # onnxruntime intra-op threads: far more than any machine's c
 
 def register() -> None:
     ConfigStore.instance().store(name="calibrun_schema", node=Config)
+    from calibrun.sweep import register_resolvers  # ${calibrun.sweep_id:}, the sweep folder's unique suffix
+
+    register_resolvers()
 
 
 def _need(ok: bool, key: str, rule: str, value) -> None:

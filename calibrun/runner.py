@@ -6,8 +6,10 @@ on, one MLflow run (a child of the sweep's parent run in a multirun).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from calibrun.files import atomic_path, remove_orphans, remove_temp_orphans, tem
 from calibrun.measure import split_feeds
 from calibrun.model import check_model_file, file_sha256, write_lab_model
 from calibrun.prepare import PREPARE_VERSION, external_data_path, prepare_model
+from calibrun.sweep import die_of, install_signal_handlers  # also registers the sweep folder resolver
 from calibrun.tracking import PARENT_FILE, Tracker, resolve_uri
 
 log = logging.getLogger("calibrun")
@@ -200,65 +203,207 @@ def _parent(sweep_dir: Path | None) -> dict:
     return json.loads((sweep_dir / PARENT_FILE).read_text())
 
 
-def _start_run(tracker: Tracker, cfg: DictConfig, job_dir: Path, sweep_dir: Path | None, job_num: int | None) -> str:
+GROUPS = ("calibration", "format", "method", "model", "data", "eval_data", "cache", "tracking", "experiment")
+
+
+def run_name(cfg: DictConfig, overrides: list[str] | None, swept: list[str] | None) -> str:
+    """A readable run name from the job's swept overrides (`narrow batches=8 qdq`; config groups by their
+    choice, paths by their file name); outside a sweep, from what the job is."""
+    values = {}
+    for override in overrides or []:
+        key, _, value = override.partition("=")
+        key = key.lstrip("+~")
+        if key in (swept or []):
+            values[key] = value
+    if not values:
+        return (f"{cfg.calibration.name} batches={cfg.batches} {cfg.format.name} {cfg.method.name}"
+                + ("" if cfg.model.name == "lab" else f" {Path(str(cfg.model.path or cfg.model.name)).name}"))
+    parts = []
+    for key, value in values.items():
+        if "/" in value:
+            value = Path(value).name
+        parts.append(value if key in GROUPS else f"{key.rsplit('.', 1)[-1] if key.endswith('.path') else key}={value}")
+    return " ".join(parts)
+
+
+def mlflow_params(cfg: DictConfig, result: dict | None = None) -> dict:
+    """The job's params named as config keys (`calibration.factor`, `eval.seed`, `quant.per_channel`, ...) with the
+    values the config has (Tracker writes them YAML-style), the library versions and the model's hash. Keys that
+    do not apply are left out (image options of a non-image source, the options of other methods)."""
+    tree = OmegaConf.to_container(cfg, resolve=True)
+    for key in ("hydra", "report", "resume", "tracking"):
+        tree.pop(key, None)
+    for key in ("data", "eval_data"):
+        if tree[key]["name"] != "images":
+            tree[key] = {k: v for k, v in tree[key].items() if k in ("name", "path")}
+    method = tree["method"]
+    used = set(config.calibration_spec(cfg).calibrator_options())
+    tree["method"] = {k: v for k, v in method.items()
+                      if k in ("name", "chunk", "per_channel", "symmetric") or k in used}
+    flat: dict = {}
+
+    def walk(node, prefix: str) -> None:
+        for k, v in node.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            else:
+                flat[f"{prefix}{k}"] = v
+
+    walk(tree, "")
+    flat.update({"onnxruntime_version": onnxruntime.__version__, "onnx_version": onnx.__version__})
+    if result is not None:
+        flat["model.sha256"] = result["params"].get("model_sha256")
+    return flat
+
+
+def job_metrics(result: dict) -> dict:
+    """Every number of result.json's metrics, and the diagnosis: its numbers, and each verdict as a metric
+    `diagnosis.<key>.<verdict>` = 1 (tags carry the words)."""
+    metrics = {k: v for k, v in result.get("metrics", {}).items() if isinstance(v, (int, float))}
+    for key, value in (result.get("diagnosis") or {}).items():
+        if isinstance(value, bool):
+            metrics[f"diagnosis.{key}"] = int(value)
+        elif isinstance(value, (int, float)):
+            metrics[f"diagnosis.{key}"] = value
+        elif isinstance(value, str) and key != "input_tensor":
+            metrics[f"diagnosis.{key}.{value}"] = 1
+        elif isinstance(value, dict):
+            metrics.update({f"diagnosis.{key}.{k}": v for k, v in value.items()
+                            if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    return metrics
+
+
+def _diagnosis_tags(result: dict) -> dict:
+    return {f"diagnosis.{k}": v for k, v in (result.get("diagnosis") or {}).items()
+            if isinstance(v, str) and k != "input_tensor"}
+
+
+def _datasets(cfg: DictConfig, result: dict) -> dict[str, dict]:
+    """The calibration and evaluation data by their identity dicts (what decides the arrays; no arrays loaded
+    for the lab rule, file hashes for user files)."""
+    fp32 = engine.open_float_model(Path(result["params"]["model_file"]))
+    calibration = datasets.calibration_data(cfg.data, fp32, cfg.calibration.seed, cfg.calibration.factor,
+                                            cfg.batches).identity()
+    evaluation = dict(result.get("eval_source") or eval_source(cfg))
+    evaluation.setdefault("source", evaluation.get("name"))
+    return {"calibration": calibration, "evaluation": evaluation}
+
+
+class Job:
+    """Where a job's run lives and what it is called (built once per job by main)."""
+
+    def __init__(self, sweep_dir: Path | None = None, job_num: int | None = None,
+                 overrides: list[str] | None = None):
+        self.sweep_dir, self.job_num, self.overrides = sweep_dir, job_num, list(overrides or [])
+        self.parent = _parent(sweep_dir)
+
+    def tags(self, cfg: DictConfig, job_dir: Path) -> dict:
+        tags = {"calibrun.job_dir": str(job_dir)}
+        if self.sweep_dir is not None:
+            tags.update({"calibrun.sweep_dir": str(self.sweep_dir.resolve()), "calibrun.job_num": str(self.job_num)})
+        swept = self.parent.get("swept", [])
+        for override in self.overrides:
+            key, _, value = override.partition("=")
+            if key.lstrip("+~") in swept:
+                tags[f"calibrun.swept.{key.lstrip('+~')}"] = value
+        return tags
+
+    def name(self, cfg: DictConfig) -> str:
+        return run_name(cfg, self.overrides, self.parent.get("swept"))
+
+
+def _start_run(tracker: Tracker, cfg: DictConfig, job_dir: Path, job: Job) -> str:
     """The job's MLflow run: a child of the sweep's parent run in a multirun."""
-    tags = {"calibrun.job_dir": str(job_dir)}
-    if sweep_dir is not None:
-        tags.update({"calibrun.sweep_dir": str(sweep_dir.resolve()), "calibrun.job_num": str(job_num)})
-    name = f"{cfg.calibration.name}-b{cfg.batches}-{cfg.format.name}-{cfg.method.name}"
-    return tracker.start_run(name, tags, parent_id=_parent(sweep_dir).get("run_id"))
+    return tracker.start_run(job.name(cfg), job.tags(cfg, job_dir), parent_id=job.parent.get("run_id"))
 
 
-def _open_tracker(cfg: DictConfig, sweep_dir: Path | None) -> Tracker | None:
+def _open_tracker(cfg: DictConfig, job: Job, check: bool = False) -> Tracker | None:
     """The job's tracking store: in a sweep, the one its parent run lives in (so workers on other machines or
     in other folders reach the same store); else the configured one."""
     if not config.tracking_enabled(cfg) or (cfg.tracking.name == "server" and not cfg.tracking.uri):
         return None
-    uri = _parent(sweep_dir).get("tracking_uri") or resolve_uri(cfg.tracking.uri)
-    return Tracker(uri, cfg.tracking.experiment)
+    uri = job.parent.get("tracking_uri") or resolve_uri(cfg.tracking.uri)
+    return Tracker(uri, cfg.tracking.experiment, check=check, http_timeout=cfg.tracking.get("http_timeout"),
+                   http_retries=cfg.tracking.get("http_retries"))
 
 
-def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: int | None = None) -> dict:
-    """Validate, compute, write result.json and track. A failure is recorded (result.json with status
-    failed, a FAILED MLflow run when tracking works) and then raised; an invalid config of a single run
-    fails before anything is written."""
+def _track(tracker: Tracker, run_id: str, cfg: DictConfig, result: dict, job_dir: Path, job: Job) -> None:
+    """Everything but result.json onto the job's run: params, datasets, the int8 model as a LoggedModel (the
+    run's metrics linked to it), metrics, tags, files. Records the ids in result["mlflow"]."""
+    tracker.log(run_id, params=mlflow_params(cfg, result),
+                tags={"calibrun.cache_key": result["cache_key"], "calibrun.model_file": result["params"]["model_file"],
+                      **_diagnosis_tags(result)})
+    tracker.log_datasets(run_id, _datasets(cfg, result))
+    model_id = None
+    if cfg.tracking.get("log_model", True):
+        model_id = tracker.log_model(run_id, job_dir / "int8.onnx", f"int8 {job.name(cfg)}",
+                                     register=cfg.tracking.get("register"))
+    tracker.log(run_id, metrics=job_metrics(result), model_id=model_id)
+    for name in (RANGES_FILE, "config_resolved.yaml"):
+        tracker.log_artifact(run_id, job_dir / name)
+    if "diagnostics" in result["files"]:
+        tracker.log_table(run_id, json.loads((job_dir / DIAGNOSTICS_FILE).read_text()), DIAGNOSTICS_FILE)
+    result["mlflow"] = {"run_id": run_id, "experiment_id": tracker.experiment_id, "model_id": model_id}
+
+
+def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: int | None = None,
+        overrides: list[str] | None = None) -> dict:
+    """Validate, compute, track, write result.json. A failure is recorded (result.json with status failed, a
+    FAILED MLflow run when tracking works) and then raised; an interrupt (SIGINT, SIGTERM) ends the run KILLED
+    and writes no result. result.json says ok only once tracking succeeded. An invalid config or an unusable
+    tracking store of a single run fails before anything is written."""
+    job = Job(sweep_dir, job_num, overrides)
     invalid = _validation_error(cfg)
     if invalid is not None and sweep_dir is None:
         raise invalid  # a single run fails fast: nothing ran, nothing to track
     job_dir = job_dir.resolve()
+    tracker = None
+    if sweep_dir is None:
+        tracker = _open_tracker(cfg, job, check=True)  # the sweep callback checked the store of a sweep
     if cfg.resume:
         done = completed_result(cfg, job_dir)
         if done is not None:
-            return _resumed(cfg, done, job_dir, sweep_dir, job_num)
+            return _resumed(cfg, done, job_dir, job, tracker)
     job_dir.mkdir(parents=True, exist_ok=True)
     _clear_orphans(cfg, job_dir)
     with atomic_path(job_dir / "config_resolved.yaml") as tmp:
         tmp.write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    tracker, run_id = None, None
+    run_id = None
     try:
-        tracker = _open_tracker(cfg, sweep_dir)
+        if sweep_dir is not None:
+            tracker = _open_tracker(cfg, job)
         if tracker is not None:
-            run_id = _start_run(tracker, cfg, job_dir, sweep_dir, job_num)
+            run_id = _start_run(tracker, cfg, job_dir, job)
         if invalid is not None:
             raise invalid
         result = {"status": "ok", **compute(cfg, job_dir)}
+        if run_id is not None:
+            _track(tracker, run_id, cfg, result, job_dir, job)
+        write_json(job_dir / RESULT_FILE, result)
+        if run_id is not None:
+            tracker.log_artifact(run_id, job_dir / RESULT_FILE)
+            tracker.finish(run_id)
+    except KeyboardInterrupt:
+        if run_id is not None:
+            with contextlib.suppress(Exception):
+                tracker.finish(run_id, "KILLED")
+        raise
     except Exception as exc:
         message = one_line(exc)
-        write_json(job_dir / RESULT_FILE, {"status": "failed", "error": message, "params": _plain_params(cfg)})
+        record = {"status": "failed", "error": message, "params": _plain_params(cfg)}
         if run_id is not None:
-            tracker.log(run_id, params=_plain_params(cfg), tags={"calibrun.error": message})
-            tracker.log_artifact(run_id, job_dir / RESULT_FILE)
-            tracker.finish(run_id, failed=True)
+            record["mlflow"] = {"run_id": run_id, "experiment_id": tracker.experiment_id}
+        write_json(job_dir / RESULT_FILE, record)
+        if run_id is not None:
+            try:
+                tracker.log(run_id, params=_failed_params(cfg), tags={"calibrun.error": message[:5000]})
+                tracker.log_artifact(run_id, job_dir / RESULT_FILE)
+            except Exception as error:
+                log.warning("job %s: the error could not be logged to MLflow: %s", job_num, one_line(error))
+            finally:
+                with contextlib.suppress(Exception):
+                    tracker.finish(run_id, "FAILED")
         raise
-    write_json(job_dir / RESULT_FILE, result)
-    if run_id is not None:
-        tracker.log(run_id, params=result["params"], metrics=result["metrics"],
-                    tags={"calibrun.cache_key": result["cache_key"]})
-        for name in ("int8.onnx", RESULT_FILE, RANGES_FILE, "config_resolved.yaml"):
-            tracker.log_artifact(run_id, job_dir / name)
-        if "diagnostics" in result["files"]:
-            tracker.log_table(run_id, json.loads((job_dir / DIAGNOSTICS_FILE).read_text()), DIAGNOSTICS_FILE)
-        tracker.finish(run_id)
     m = result["metrics"]
     log.info("%s factor=%s batches=%s %s: input_scale=%.6g max_abs_error=%.6g cache_hit=%s -> %s",
              cfg.calibration.name, cfg.calibration.factor, cfg.batches, cfg.format.name, m["input_scale"],
@@ -290,16 +435,39 @@ def completed_result(cfg: DictConfig, job_dir: Path) -> dict | None:
     return result if result.get("status") == "ok" and same and intact else None
 
 
-def _resumed(cfg: DictConfig, result: dict, job_dir: Path, sweep_dir: Path | None, job_num: int | None) -> dict:
-    """Record a reused result as a run of this sweep (tagged resumed) so the parent still has every job."""
-    tracker = _open_tracker(cfg, sweep_dir)
+def _resumed(cfg: DictConfig, result: dict, job_dir: Path, job: Job, tracker: Tracker | None) -> dict:
+    """A reused result: already tracked as a FINISHED run of this sweep's parent, nothing is logged again; else
+    (its run was killed, or is in another store or sweep) it is logged as a new run tagged resumed, and
+    result.json records that run."""
+    if job.sweep_dir is not None:
+        tracker = _open_tracker(cfg, job)
     if tracker is not None:
-        run_id = _start_run(tracker, cfg, job_dir, sweep_dir, job_num)
-        tracker.log(run_id, params=result["params"], metrics=result["metrics"],
-                    tags={"calibrun.resumed": "true", "calibrun.cache_key": result["cache_key"]})
-        tracker.log_artifact(run_id, job_dir / RESULT_FILE)
-        tracker.finish(run_id)
-    log.info("job %s: complete and valid, skipped (resume=true) -> %s", job_num, job_dir / RESULT_FILE)
+        previous = (result.get("mlflow") or {}).get("run_id")
+        tracked = False
+        if previous:
+            try:
+                earlier = tracker.client.get_run(previous)
+                tracked = earlier.info.status == "FINISHED" and \
+                    earlier.data.tags.get("mlflow.parentRunId") == job.parent.get("run_id")
+            except Exception:
+                tracked = False
+        if not tracked:
+            run_id = _start_run(tracker, cfg, job_dir, job)
+            try:
+                tracker.log(run_id, tags={"calibrun.resumed": "true"})
+                _track(tracker, run_id, cfg, result, job_dir, job)
+                write_json(job_dir / RESULT_FILE, result)
+                tracker.log_artifact(run_id, job_dir / RESULT_FILE)
+                tracker.finish(run_id)
+            except KeyboardInterrupt:
+                with contextlib.suppress(Exception):
+                    tracker.finish(run_id, "KILLED")
+                raise
+            except Exception:
+                with contextlib.suppress(Exception):
+                    tracker.finish(run_id, "FAILED")
+                raise
+    log.info("job %s: complete and valid, skipped (resume=true) -> %s", job.job_num, job_dir / RESULT_FILE)
     return result
 
 
@@ -311,6 +479,14 @@ def _validation_error(cfg: DictConfig) -> CalibrunError | None:
     return None
 
 
+def _failed_params(cfg: DictConfig) -> dict:
+    """A failed job's MLflow params: the config keys when the config allows building them."""
+    try:
+        return mlflow_params(cfg)
+    except Exception:
+        return {f"{k}.name" if k in GROUPS else k: v for k, v in _identity(cfg).items()}
+
+
 def _plain_params(cfg: DictConfig) -> dict:
     """What a failed job records: its identity and the model it was given."""
     return {**_identity(cfg), "model_path": cfg.model.path}
@@ -318,14 +494,24 @@ def _plain_params(cfg: DictConfig) -> dict:
 
 def main(cfg: DictConfig) -> dict | None:
     """The Hydra task. A failing job in a multirun is recorded and reported, and the sweep goes on; the
-    sweep callback makes the exit code non-zero. A failing single run exits 1 with one line."""
+    sweep callback makes the exit code non-zero. A failing single run exits 1 with one line. SIGINT/SIGTERM
+    end the job's run KILLED: a single run prints one line and dies of the signal; in a sweep the interrupt
+    goes on up to the sweep callback, which closes the parent run."""
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     job_dir = Path(hydra_cfg.runtime.output_dir)
     sweep_dir = Path(hydra_cfg.sweep.dir) if multirun else None
     job_num = hydra_cfg.job.num if multirun else None
+    install_signal_handlers()
     try:
-        return run(cfg, job_dir, sweep_dir, job_num)
+        return run(cfg, job_dir, sweep_dir, job_num, list(hydra_cfg.overrides.task))
+    except KeyboardInterrupt as exc:
+        if multirun:
+            raise
+        name = signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
+        print(f"calibrun: interrupted by {name}: nothing written for this run"
+              + ("" if not config.tracking_enabled(cfg) else ", its MLflow run (if started) KILLED"), file=sys.stderr)
+        die_of(exc)
     except Exception as exc:
         message = one_line(exc)
         if not isinstance(exc, CalibrunError):

@@ -1,15 +1,26 @@
-"""The Hydra callback around a multirun: MLflow parent run before the jobs, report after them.
+"""The Hydra callback around a multirun: the sweep folder and MLflow parent run before the jobs, the report after.
 
-on_multirun_start creates the experiment (and a fresh SQLite schema) once, before parallel jobs could race
-on it, opens the parent run and writes its id into SWEEP_DIR/mlflow_parent.json for the jobs.
-on_multirun_end aggregates the sweep into the report folder, logs it on the parent run, and exits non-zero
-when a job failed.
+on_multirun_start claims the sweep folder (an exclusive lock: two sweeps never share one; a folder holding an
+earlier sweep is refused unless resume=true), opens the tracking store for real once (a store that cannot be used
+stops the sweep with one line before any job), creates the experiment before parallel jobs could race on it,
+opens the parent run (or, with resume=true, continues the sweep's earlier parent and closes its stale RUNNING
+children) and writes its id into SWEEP_DIR/mlflow_parent.json for the jobs. SIGINT and SIGTERM end the in-flight
+job's run and the parent run as KILLED with one line on stderr.
+on_multirun_end aggregates the sweep into the report folder, logs it and a summary (params common to all jobs,
+best run, best error per swept value) on the parent run, prints the MLflow UI link, and exits non-zero when a job
+failed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
+import os
+import re
+import secrets
+import signal
 import sys
 from pathlib import Path
 
@@ -19,25 +30,66 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from calibrun.config import tracking_enabled, validate
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import write_json
-from calibrun.tracking import PARENT_FILE, Tracker, resolve_uri
+from calibrun.tracking import PARENT_FILE, Tracker, resolve_uri, ui_url
 
 log = logging.getLogger("calibrun")
 
+LOCK_FILE = ".calibrun.lock"
+HEADLINE = "max_abs_error"
 
-def _tracker(config: DictConfig) -> Tracker | None:
-    if not tracking_enabled(config):
-        return None
-    return Tracker(resolve_uri(config.tracking.uri), config.tracking.experiment)
+
+# --- sweep folder names that cannot collide ----------------------------------------------------------------------
+
+def _sweep_id() -> str:
+    """A short random suffix for the sweep folder (`multirun/<date>/<time>-<id>`): two sweeps started in the same
+    second get different folders. Cached per config (use_cache), and Hydra copies that cache into every job's
+    config, so the sweep, its launcher and its jobs see one value."""
+    return secrets.token_hex(3)
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("calibrun.sweep_id"):
+        OmegaConf.register_new_resolver("calibrun.sweep_id", _sweep_id, use_cache=True)
+
+
+register_resolvers()
+
+
+def swept_keys(config: DictConfig) -> list[str]:
+    """The keys a multirun sweeps over: overrides with several values (`a=1,2`, ranges, choices) and the
+    sweeper's own params (a preset's hydra.sweeper.params)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    keys = []
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
+        keys += [o.get_key_element().lstrip("+~") for o in parsed if o.is_sweep_override()]
+    except Exception:  # Hydra parsed them already; a failure here only costs the names
+        pass
+    params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
+    keys += [str(k) for k in params if str(k) not in keys]
+    return keys
 
 
 def _task_overrides(overrides) -> list[str]:
     return sorted(o for o in overrides if not o.split("=", 1)[0].lstrip("+~").startswith("resume"))
 
 
+def _folder_order(path: Path) -> tuple:
+    """Newest first: by the folder's date/time, then by when its multirun.yaml was written (same second)."""
+    folder = path.parent
+    try:
+        mtime = path.stat().st_mtime_ns
+    except OSError:
+        mtime = 0
+    return folder.parent.name, folder.name[:8], mtime
+
+
 def previous_sweep(sweep_root: Path, overrides: list[str]) -> Path | None:
-    """The newest sweep folder under `sweep_root` (multirun/<date>/<time>) run with the same task overrides."""
+    """The newest sweep folder under `sweep_root` (multirun/<date>/<time>[-<id>]) run with the same task
+    overrides."""
     wanted = _task_overrides(overrides)
-    candidates = sorted(sweep_root.glob("*/*/multirun.yaml"), key=lambda p: p.parent.as_posix(), reverse=True)
+    candidates = sorted(sweep_root.glob("*/*/multirun.yaml"), key=_folder_order, reverse=True)
     for path in candidates:
         try:
             previous = OmegaConf.load(path).hydra.overrides.task
@@ -65,13 +117,160 @@ def _resume_into_previous_sweep(config: DictConfig) -> None:
     log.info("resume=true: continuing sweep %s", found)
 
 
+def _fail(message: str) -> None:
+    print(f"calibrun: error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
 def _make_folder(folder: Path, key: str) -> None:
     """Create Hydra's output folder now, so that a bad one is one line, not Hydra's traceback later."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        print(f"calibrun: error: config {key}: cannot create {folder}: {exc.strerror or exc}", file=sys.stderr)
-        sys.exit(1)
+        _fail(f"config {key}: cannot create {folder}: {exc.strerror or exc}")
+
+
+_LOCKS: list = []  # the open lock files: held (flock) while this process lives, released by the kernel at exit
+
+
+def claim(sweep_dir: Path) -> None:
+    """An exclusive lock on the sweep folder for as long as this process lives (any death releases it): a
+    second sweep started on the same folder stops with one line instead of mixing its jobs in."""
+    path = sweep_dir / LOCK_FILE
+    try:
+        handle = open(path, "a+")  # noqa: SIM115 (kept open on purpose)
+    except OSError as exc:
+        _fail(f"config hydra.sweep.dir: cannot write {sweep_dir}: {exc.strerror or exc}")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        _fail(f"sweep folder {sweep_dir} is in use by another sweep ({holder}); wait for it or choose another "
+              f"hydra.sweep.dir")
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()}\n")
+    handle.flush()
+    _LOCKS.append(handle)
+
+
+def earlier_jobs(sweep_dir: Path) -> list[str]:
+    """What an earlier sweep left in the folder (its config, parent run, job folders)."""
+    found = [p.name for p in (sweep_dir / "multirun.yaml", sweep_dir / PARENT_FILE) if p.exists()]
+    found += sorted(p.parent.name for p in sweep_dir.glob("*/result.json"))
+    found += sorted(p.parent.name for p in sweep_dir.glob("*/.hydra") if p.parent.name not in found)
+    return found
+
+
+# --- signals: every run ends FINISHED, FAILED or KILLED ----------------------------------------------------------
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM, raised where the process is, so that the job and the sweep unwind and close their runs."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_interrupted(signum, frame) -> None:
+    # Further signals are ignored while the runs are closed (bounded: the store's timeouts); SIGKILL still works.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+def install_signal_handlers() -> None:
+    """SIGINT and SIGTERM raise Interrupted (a KeyboardInterrupt) in the main thread."""
+    with contextlib.suppress(ValueError):  # not the main thread (some launchers): keep the defaults
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _raise_interrupted)
+
+
+def die_of(exc: BaseException) -> None:
+    """End the process the way the signal would have (exit status 128 + signal number in a shell), after the
+    runs were closed and one line was printed. Plain Ctrl-C (KeyboardInterrupt) counts as SIGINT."""
+    signum = getattr(exc, "signum", signal.SIGINT)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    logging.shutdown()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)  # not reached when the signal kills us
+
+
+_previous_hook = sys.excepthook
+_SWEEP: dict = {}  # the sweep this process runs: folder, and the open parent run (tracker, run id)
+
+
+def _excepthook(kind, exc, tb) -> None:
+    if not issubclass(kind, KeyboardInterrupt) or not _SWEEP:
+        return _previous_hook(kind, exc, tb)
+    name = getattr(exc, "signum", None)
+    name = signal.Signals(name).name if name else "SIGINT"
+    closed = ""
+    tracker, run_id = _SWEEP.get("tracker"), _SWEEP.get("run_id")
+    if tracker is not None:
+        try:
+            tracker.finish(run_id, "KILLED")
+            closed = ", MLflow parent run KILLED"
+        except Exception as error:
+            closed = f", MLflow parent run not closed: {one_line(error)}"
+    print(f"calibrun: interrupted by {name}: sweep {_SWEEP['dir']} stopped{closed}; the same command with "
+          f"resume=true continues it", file=sys.stderr)
+    die_of(exc)
+
+
+# --- the callback ------------------------------------------------------------------------------------------------
+
+def _tracker(config: DictConfig, check: bool = False) -> Tracker | None:
+    if not tracking_enabled(config):
+        return None
+    t = config.tracking
+    return Tracker(resolve_uri(t.uri), t.experiment, check=check, http_timeout=t.get("http_timeout"),
+                   http_retries=t.get("http_retries"))
+
+
+def _earlier_parent(sweep_dir: Path, tracker: Tracker) -> str | None:
+    """The parent run of this folder's earlier sweep, when it is in this store (resume continues it)."""
+    try:
+        parent = json.loads((sweep_dir / PARENT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if parent.get("tracking_uri") != tracker.uri or parent.get("experiment_id") != tracker.experiment_id:
+        return None
+    run_id = parent.get("run_id")
+    return run_id if run_id and tracker.status(run_id) is not None else None
+
+
+def sweep_name(config: DictConfig) -> str:
+    overrides = _task_overrides(config.hydra.overrides.task)
+    params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
+    shown = [o for o in overrides if not o.split("=", 1)[0].endswith((".dir", "cache.dir"))]
+    shown += [f"{k}={v}" for k, v in params.items() if not any(o.startswith(f"{k}=") for o in shown)]
+    return "sweep " + (" ".join(shown) if shown else "(defaults)")
+
+
+def _parent_run(config: DictConfig, tracker: Tracker, sweep_dir: Path, swept: list[str]) -> str:
+    run_id = _earlier_parent(sweep_dir, tracker) if config.resume else None
+    if run_id is not None:
+        tracker.reopen(run_id)
+        stale = tracker.close_stale(run_id)
+        log.info("resume=true: continuing MLflow parent run %s%s", run_id,
+                 f" (closed {len(stale)} run(s) a killed sweep left RUNNING)" if stale else "")
+        return run_id
+    overrides = _task_overrides(config.hydra.overrides.task)
+    run_id = tracker.start_run(sweep_name(config), {"calibrun.sweep_dir": str(sweep_dir.resolve()),
+                                                     "calibrun.swept": " ".join(swept)})
+    params = {"overrides": " ".join(overrides) or "(none)"}
+    sweeper = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
+    params.update({f"sweep.{k}": v for k, v in sweeper.items()})
+    params.update({f"sweep.{o.split('=', 1)[0].lstrip('+~')}": o.split("=", 1)[1] for o in overrides
+                   if "=" in o and o.split("=", 1)[0].lstrip("+~") in swept})
+    tracker.log(run_id, params=params)
+    return run_id
 
 
 class SweepCallback(Callback):
@@ -83,18 +282,29 @@ class SweepCallback(Callback):
             _resume_into_previous_sweep(config)
         sweep_dir = Path(config.hydra.sweep.dir)
         _make_folder(sweep_dir, "hydra.sweep.dir")
+        claim(sweep_dir)
+        earlier = earlier_jobs(sweep_dir)
+        if earlier and not config.resume:
+            _fail(f"sweep folder {sweep_dir} holds an earlier sweep ({', '.join(earlier[:4])}"
+                  f"{', ...' if len(earlier) > 4 else ''}): add resume=true to continue it, or choose another "
+                  f"hydra.sweep.dir")
+        install_signal_handlers()
+        sys.excepthook = _excepthook  # an interrupt that reaches the top closes the parent run, in one line
+        _SWEEP.update(dir=sweep_dir)
         try:
             validate(config)  # the settings every job shares: a wrong one stops the sweep before any job
-            tracker = _tracker(config)
-        except CalibrunError as exc:  # e.g. the tracking server does not answer: stop before any job
-            print(f"calibrun: error: {exc}", file=sys.stderr)
-            sys.exit(1)
-        if tracker is None:
-            return
-        name = "sweep " + "/".join(sweep_dir.resolve().parts[-2:])
-        run_id = tracker.start_run(name, {"calibrun.sweep_dir": str(sweep_dir.resolve())})
+            tracker = _tracker(config, check=True)  # the store opened for real, once: a bad one stops here
+            if tracker is None:
+                return
+            swept = swept_keys(config)
+            run_id = _parent_run(config, tracker, sweep_dir, swept)
+        except CalibrunError as exc:
+            _fail(str(exc))
+        except Exception as exc:  # the store failed past its check
+            _fail(f"MLflow tracking store {resolve_uri(config.tracking.uri)}: {one_line(exc)}")
+        _SWEEP.update(tracker=tracker, run_id=run_id)
         write_json(sweep_dir / PARENT_FILE, {"run_id": run_id, "tracking_uri": tracker.uri,
-                                             "experiment_id": tracker.experiment_id})
+                                             "experiment_id": tracker.experiment_id, "swept": swept})
         log.info("MLflow parent run %s in %s", run_id, tracker.uri)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
@@ -118,17 +328,63 @@ class SweepCallback(Callback):
         except Exception as exc:
             problems.append(f"report not built: {one_line(exc)}")
         parent_file = sweep_dir / PARENT_FILE
+        link = None
         if tracking_enabled(config) and parent_file.is_file():
+            tracker = None
             try:
                 parent = json.loads(parent_file.read_text())
-                tracker = Tracker(parent["tracking_uri"], config.tracking.experiment)
+                tracker = _SWEEP.get("tracker") or Tracker(parent["tracking_uri"], config.tracking.experiment)
                 for path in files:  # the report files and plots; the model bundle stays on disk
                     tracker.log_artifact(parent["run_id"], path, "report")
+                summarise(tracker, parent["run_id"], sweep_dir, parent.get("swept", []))
                 tracker.log(parent["run_id"], metrics=counts, tags={"calibrun.problems": str(len(problems))})
-                tracker.finish(parent["run_id"], failed=bool(problems))
+            except Exception as exc:
+                problems.append(f"MLflow parent run not complete: {one_line(exc)}")
+            try:
+                if tracker is not None:
+                    tracker.finish(parent["run_id"], "FAILED" if problems else "FINISHED")
+                    link = ui_url(tracker.uri, tracker.experiment_id, parent["run_id"])
             except Exception as exc:
                 problems.append(f"MLflow parent run not closed: {one_line(exc)}")
+        _SWEEP.clear()
+        if link:
+            how = "" if link.startswith(tracker.uri) else f"`mlflow ui --backend-store-uri {tracker.uri}`, then "
+            print(f"calibrun: MLflow: {how}{link}", file=sys.stderr)
         if problems:
             print(f"calibrun: sweep {sweep_dir} had {len(problems)} problem(s): " + "; ".join(problems),
                   file=sys.stderr)
             sys.exit(1)
+
+
+def _metric_part(text: str) -> str:
+    return re.sub(r"[^\w.\- ]", "_", str(text))[:120]
+
+
+def summarise(tracker: Tracker, parent_id: str, sweep_dir: Path, swept: list[str]) -> None:
+    """On the parent run: the params every finished child shares, the best run (smallest max_abs_error) and the
+    best error per value of each swept key."""
+    children = [r for r in tracker.client.search_runs(
+        [tracker.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}' and attributes.status = 'FINISHED'",
+        max_results=10000) if HEADLINE in r.data.metrics]
+    if not children:
+        return
+    first = children[0].data.params
+    common = {k: v for k, v in first.items() if all(c.data.params.get(k) == v for c in children)}
+    existing = tracker.client.get_run(parent_id).data.params
+    common = {k: v for k, v in common.items() if k not in existing or existing[k] == v}
+    best = min(children, key=lambda r: r.data.metrics[HEADLINE])
+    metrics = {f"best_{HEADLINE}": best.data.metrics[HEADLINE]}
+    for key in swept:
+        values: dict[str, float] = {}
+        for child in children:
+            value = child.data.tags.get(f"calibrun.swept.{key}")
+            if value is not None:
+                values[value] = min(values.get(value, float("inf")), child.data.metrics[HEADLINE])
+        metrics.update({f"best_{HEADLINE}/{_metric_part(key)}:{_metric_part(v)}": e for v, e in values.items()})
+    from mlflow.entities import Param
+
+    params = [Param(k, v) for k, v in common.items() if k not in existing]
+    for start in range(0, len(params), 100):
+        tracker.client.log_batch(parent_id, params=params[start:start + 100])
+    tracker.log(parent_id, metrics=metrics, tags={"calibrun.best_run": best.info.run_name,
+                                                  "calibrun.best_run_id": best.info.run_id})

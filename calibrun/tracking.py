@@ -2,26 +2,41 @@
 
 The client API with explicit run ids is used throughout (no fluent active-run state), so jobs in other
 processes (joblib, Ray, SLURM) attach to the sweep's parent through the id the sweep callback writes
-into the sweep folder.
+into the sweep folder. What a user of MLflow expects is there: MLflow's context tags (user, source, git
+commit), the int8 model as an MLflow 3 LoggedModel with the run's metrics linked to it, the calibration and
+evaluation data as datasets, params named as config keys.
+
+A store that cannot be used is found out once, before any job (`Tracker(..., check=True)`): one line naming the
+URI and the cause, instead of MLflow's minutes of retries.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
+import math
 import os
 import random
+import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 from calibrun.errors import CalibrunError, one_line
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # MLflow 3 reports usage over the network otherwise
 
 PARENT_FILE = "mlflow_parent.json"
+HTTP_TIMEOUT = 10  # seconds per request to a tracking server (MLflow's own default: 120)
+HTTP_RETRIES = 1  # retries per request (MLflow's own default: 7, about four minutes on a dead server)
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")  # the UI opens its ML page, not GenAI
+SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "databricks", "databricks-uc", "uc")
 
 
 def resolve_uri(configured: str | None) -> str:
@@ -31,6 +46,21 @@ def resolve_uri(configured: str | None) -> str:
     if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
         uri = prefix + str(Path(uri[len(prefix):]).resolve())
     return uri
+
+
+def http_settings(timeout: float | None = None, retries: int | None = None) -> tuple[int, int]:
+    """Bound MLflow's HTTP client (read when each request is made): tracking.http_timeout / http_retries, else
+    $MLFLOW_HTTP_REQUEST_TIMEOUT / _MAX_RETRIES when the user set them, else calibrun's short defaults. A dead
+    server then costs (retries + 1) x timeout + backoff: 21 s by default instead of MLflow's minutes."""
+    env = os.environ
+    if timeout is None:
+        timeout = env.get("MLFLOW_HTTP_REQUEST_TIMEOUT", HTTP_TIMEOUT)
+    timeout = int(math.ceil(float(timeout)))
+    retries = retries if retries is not None else int(env.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES", HTTP_RETRIES))
+    env["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(timeout)
+    env["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(retries)
+    env.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+    return timeout, retries
 
 
 def _retry(call: Callable[[], T], what: str, attempts: int = 8) -> T:
@@ -48,13 +78,10 @@ def _retry(call: Callable[[], T], what: str, attempts: int = 8) -> T:
     raise AssertionError("unreachable")
 
 
-def check_server(uri: str, timeout: float = 10.0) -> None:
-    """Fail at once when nothing answers at an http(s) tracking URI.
+def check_server(uri: str, timeout: float = 5.0) -> None:
+    """Fail at once when nothing answers at an http(s) tracking URI, or it accepts and never answers.
 
-    MLflow's client retries a refused connection for about four minutes (MLFLOW_HTTP_REQUEST_MAX_RETRIES=7
-    with exponential backoff); that is kept for a server that answers, not spent on one that is not there.
-    Only a connection that cannot be made fails here: any answer, a slow one, or a TLS problem (MLflow has its
-    own certificate settings) is left to MLflow's client.
+    Any HTTP answer passes (MLflow's client judges it); a TLS problem is left to MLflow's certificate settings.
     """
     if not uri.lower().startswith(("http://", "https://")):
         return
@@ -63,54 +90,175 @@ def check_server(uri: str, timeout: float = 10.0) -> None:
     try:
         requests.get(uri.rstrip("/") + "/health", timeout=timeout, allow_redirects=False)
         return
-    except requests.exceptions.ConnectTimeout:
-        reason = f"no connection within {timeout:g} s"
     except requests.exceptions.SSLError:
         return
+    except requests.exceptions.ConnectTimeout:
+        reason = f"no connection within {timeout:g} s"
+    except requests.exceptions.ReadTimeout:
+        reason = f"it accepts connections but did not answer within {timeout:g} s"
     except requests.exceptions.ConnectionError as exc:
         reason = "connection refused" if "refused" in str(exc).lower() else one_line(exc)
-    except requests.exceptions.RequestException:
-        return
+    except requests.exceptions.RequestException as exc:
+        reason = one_line(exc)
     raise CalibrunError(f"MLflow tracking server {uri} is not reachable: {reason}")
+
+
+def check_sqlite(db: Path) -> None:
+    """The SQLite store can be opened and written, without MLflow's retries (a read-only folder cost ~110 s of
+    warnings): the file is a database file (not a folder, not truncated), or can be created."""
+    if db.exists() and not db.is_file():
+        raise CalibrunError(f"{db} is a folder, not a database file")
+    if not db.exists():
+        if not db.parent.is_dir():
+            raise CalibrunError(f"folder {db.parent} does not exist")
+        from calibrun.files import temp_name
+
+        probe = temp_name(db, ".probe.tmp")
+        try:
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            probe.unlink()
+        except OSError as exc:
+            raise CalibrunError(f"cannot create {db}: {exc.strerror or exc}") from None
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=rw", uri=True, timeout=30,
+                                                isolation_level=None)) as connection:
+            tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if tables and not {"experiments", "runs"} <= tables:
+                raise CalibrunError(f"{db} is an SQLite database but not an MLflow store")
+            problem = connection.execute("PRAGMA quick_check(1)").fetchone()[0]
+            if problem != "ok":
+                raise CalibrunError(f"{db} is damaged: {problem}")
+            version = connection.execute("PRAGMA user_version").fetchone()[0]
+            connection.execute("BEGIN IMMEDIATE")
+            try:  # a real write, rolled back: a file or folder this user may not write fails here
+                connection.execute(f"PRAGMA user_version={int(version)}")
+            finally:
+                connection.execute("ROLLBACK")
+    except sqlite3.Error as exc:
+        raise CalibrunError(f"cannot use {db}: {one_line(exc)}") from None
+
+
+def check_store(uri: str, timeout: float) -> None:
+    scheme = urlsplit(uri).scheme.lower().split("+")[0]
+    if scheme and scheme not in SCHEMES:
+        raise CalibrunError(f"unknown URI scheme {scheme!r} (use sqlite:///FILE or http://HOST:PORT)")
+    if scheme == "sqlite":
+        check_sqlite(Path(uri[len("sqlite:///"):]))
+    check_server(uri, timeout=min(timeout, 5.0))
 
 
 def _write_ahead_log(db: Path) -> None:
     """SQLite in WAL mode: readers do not block the writer and parallel jobs wait less on 'database is locked'
     (MLflow's calls for a lab sweep: 24-33% less time, bench/lab_overhead.py). The mode is kept in the file."""
-    import sqlite3
-
     with contextlib.closing(sqlite3.connect(db, timeout=30)) as connection:
         if connection.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
             connection.execute("PRAGMA journal_mode=WAL")
 
 
+_CONTEXT_TAGS: dict[str, str] = {}
+
+
+def context_tags() -> dict[str, str]:
+    """MLflow's own run context tags (mlflow.user, mlflow.source.name/type, mlflow.source.git.commit where the
+    source is in a git checkout), resolved once per process."""
+    if not _CONTEXT_TAGS:
+        from mlflow.tracking.context.registry import resolve_tags
+
+        _CONTEXT_TAGS.update({k: str(v) for k, v in resolve_tags().items()})
+    return dict(_CONTEXT_TAGS)
+
+
+def yaml_value(value) -> str:
+    """A param value as YAML writes it: true/false, null, [a, b], numbers and strings as they are."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(yaml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {yaml_value(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def digest(identity: Mapping) -> str:
+    """A dataset digest from the data's identity dict (no arrays loaded)."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def ui_url(uri: str, experiment_id: str, run_id: str | None = None) -> str:
+    """Where the MLflow UI shows the run (the server's address, or `mlflow ui`'s default for a local store)."""
+    base = uri.rstrip("/") if uri.lower().startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+    page = f"/#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "/runs")
+    return f"{base}{page}?workflowType=machine_learning"
+
+
+def onnx_signature(path: Path):
+    """An MLflow signature from the ONNX graph's inputs and outputs (symbolic axes as -1), and a zero input
+    example of one row (no data loaded, nothing run)."""
+    import numpy as np
+    import onnx
+    from mlflow.models import ModelSignature
+    from mlflow.types import Schema, TensorSpec
+
+    model = onnx.load(str(path), load_external_data=False)
+    initializers = {i.name for i in model.graph.initializer}
+
+    def spec(value, example: bool):
+        tensor = value.type.tensor_type
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type))
+        shape = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim]
+        return TensorSpec(dtype, tuple(shape), value.name), (np.zeros([1 if s < 0 else s for s in shape], dtype)
+                                                              if example else None)
+
+    inputs = [spec(v, True) for v in model.graph.input if v.name not in initializers]
+    outputs = [spec(v, False)[0] for v in model.graph.output]
+    signature = ModelSignature(Schema([s for s, _ in inputs]), Schema(outputs))
+    example = {s.name: a for s, a in inputs}
+    return signature, (example if len(example) > 1 else next(iter(example.values()), None))
+
+
 class Tracker:
-    """An MLflow experiment on one tracking URI."""
+    """An MLflow experiment on one tracking URI.
 
-    def __init__(self, uri: str, experiment: str):
-        from mlflow import MlflowClient
+    `check=True` (once per sweep or single run, before any work): the store is opened for real (an SQLite file
+    checked, a server asked with a short timeout) and any problem becomes one CalibrunError naming the URI.
+    """
 
-        check_server(uri)
+    def __init__(self, uri: str, experiment: str, check: bool = False, http_timeout: float | None = None,
+                 http_retries: int | None = None):
         self.uri = uri
-        self.client = MlflowClient(tracking_uri=uri)
+        timeout, _ = http_settings(http_timeout, http_retries)
         try:
+            if check:
+                check_store(uri, timeout)
+            from mlflow import MlflowClient
+
+            self.client = MlflowClient(tracking_uri=uri)
             self.experiment_id = _retry(lambda: self._experiment(experiment), "create experiment")
             if uri.startswith("sqlite:///"):
                 _write_ahead_log(Path(uri[len("sqlite:///"):]))
         except Exception as exc:
-            first = one_line(exc)
-            raise CalibrunError(f"MLflow tracking store {uri} is not usable: {first}") from exc
+            raise CalibrunError(f"MLflow tracking store {uri} is not usable: {one_line(exc)}") from None
 
     def _experiment(self, name: str) -> str:
         found = self.client.get_experiment_by_name(name)
         if found is not None:
+            if found.lifecycle_stage != "active":
+                raise CalibrunError(f"experiment {name!r} (id {found.experiment_id}) is deleted: restore it "
+                                    f"(mlflow experiments restore --experiment-id {found.experiment_id}) or "
+                                    f"choose another (tracking.experiment=NAME)")
+            if EXPERIMENT_KIND[0] not in found.tags:
+                self.client.set_experiment_tag(found.experiment_id, *EXPERIMENT_KIND)
             return found.experiment_id
         artifact_location = None
         if self.uri.startswith("sqlite:///"):
             # Artifacts beside the database, whatever the working directory of a later `mlflow ui`.
             artifact_location = (Path(self.uri[len("sqlite:///"):]).parent / "mlartifacts").as_uri()
         try:
-            return self.client.create_experiment(name, artifact_location=artifact_location)
+            return self.client.create_experiment(name, artifact_location=artifact_location,
+                                                 tags=dict([EXPERIMENT_KIND]))
         except Exception:
             found = self.client.get_experiment_by_name(name)  # another process created it first
             if found is None:
@@ -118,22 +266,66 @@ class Tracker:
             return found.experiment_id
 
     def start_run(self, name: str, tags: dict[str, str], parent_id: str | None = None) -> str:
-        tags = dict(tags)
+        tags = {**context_tags(), **tags}
         if parent_id:
             tags["mlflow.parentRunId"] = parent_id
         run = _retry(lambda: self.client.create_run(self.experiment_id, tags=tags, run_name=name), "create run")
         return run.info.run_id
 
     def log(self, run_id: str, params: dict | None = None, metrics: dict | None = None,
-            tags: dict | None = None) -> None:
+            tags: dict | None = None, model_id: str | None = None) -> None:
+        """Params as YAML-style strings; metrics (linked to the LoggedModel `model_id` when given) that are
+        numbers; tags as strings."""
         from mlflow.entities import Metric, Param, RunTag
 
         now = int(time.time() * 1000)
-        batch_params = [Param(k, str(v)) for k, v in (params or {}).items()]
-        batch_metrics = [Metric(k, float(v), now, 0) for k, v in (metrics or {}).items() if v is not None]
+        batch_params = [Param(k, yaml_value(v)) for k, v in (params or {}).items()]
+        batch_metrics = [Metric(k, float(v), now, 0, model_id=model_id) for k, v in (metrics or {}).items()
+                         if isinstance(v, (int, float))]
         batch_tags = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
-        _retry(lambda: self.client.log_batch(run_id, metrics=batch_metrics, params=batch_params, tags=batch_tags),
-               "log batch")
+        for start in range(0, max(len(batch_params), len(batch_metrics), len(batch_tags), 1), 100):
+            _retry(lambda s=start: self.client.log_batch(run_id, metrics=batch_metrics[s:s + 100],
+                                                          params=batch_params[s:s + 100],
+                                                          tags=batch_tags[s:s + 100]), "log batch")
+
+    def log_datasets(self, run_id: str, datasets: dict[str, dict]) -> None:
+        """Datasets by context (`calibration`, `evaluation`) from their identity dicts: digest, source tags."""
+        from mlflow.data.code_dataset_source import CodeDatasetSource
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.entities import DatasetInput, InputTag
+        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+        inputs = []
+        for context, identity in datasets.items():
+            source = CodeDatasetSource({k: yaml_value(v)[:500] for k, v in identity.items()})
+            name = f"{context}:{identity.get('source') or identity.get('name') or 'data'}"
+            dataset = MetaDataset(source, name=name, digest=digest(identity))
+            inputs.append(DatasetInput(dataset._to_mlflow_entity(), [InputTag(MLFLOW_DATASET_CONTEXT, context)]))
+        _retry(lambda: self.client.log_inputs(run_id, datasets=inputs), "log inputs")
+
+    def log_model(self, run_id: str, path: Path, name: str, register: str | None = None) -> str:
+        """The int8 model as an MLflow 3 LoggedModel of this run (onnx flavor, signature, input example);
+        returns its model id. Kept cheap: explicit pip requirements (no inference), no serving validation run,
+        the signature read from the graph (nothing run). With `register`, a version of that registered model."""
+        import mlflow
+        import mlflow.onnx
+        import onnx
+        import onnxruntime
+
+        if mlflow.get_tracking_uri() != self.uri:
+            mlflow.set_tracking_uri(self.uri)  # Model.log resolves the store from the global URI
+        if os.environ.get("MLFLOW_EXPERIMENT_ID") != self.experiment_id:
+            # ... and the LoggedModel's experiment from the fluent one (else it lands in 'Default')
+            os.environ["MLFLOW_EXPERIMENT_ID"] = self.experiment_id
+            mlflow.set_experiment(experiment_id=self.experiment_id)
+        signature, example = onnx_signature(path)
+        info = mlflow.onnx.log_model(
+            onnx.load(str(path)), name=_model_name(name), run_id=run_id, signature=signature,
+            input_example=example, pip_requirements=[f"onnx=={onnx.__version__}",
+                                                     f"onnxruntime=={onnxruntime.__version__}"],
+            registered_model_name=register, await_registration_for=0, save_as_external_data=False,
+            onnx_execution_providers=["CPUExecutionProvider"])
+        return info.model_id
 
     def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(run_id, str(path), artifact_path)
@@ -144,5 +336,32 @@ class Tracker:
     def log_table(self, run_id: str, table: dict, artifact_file: str) -> None:
         self.client.log_table(run_id, data=table, artifact_file=artifact_file)
 
-    def finish(self, run_id: str, failed: bool = False) -> None:
-        _retry(lambda: self.client.set_terminated(run_id, "FAILED" if failed else "FINISHED"), "end run")
+    def status(self, run_id: str) -> str | None:
+        """The run's status, or None when the store does not have it."""
+        try:
+            return self.client.get_run(run_id).info.status
+        except Exception:
+            return None
+
+    def reopen(self, run_id: str) -> None:
+        _retry(lambda: self.client.update_run(run_id, status="RUNNING"), "reopen run")
+
+    def close_stale(self, parent_id: str) -> list[str]:
+        """Mark the RUNNING children of `parent_id` KILLED (a sweep killed with SIGKILL left them); their ids."""
+        found = self.client.search_runs([self.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}' "
+                                        "and attributes.status = 'RUNNING'", max_results=10000)
+        for run in found:
+            self.finish(run.info.run_id, "KILLED")
+        return [run.info.run_id for run in found]
+
+    def finish(self, run_id: str, status: str | bool = "FINISHED") -> None:
+        """End the run: FINISHED, FAILED or KILLED (`True` means FAILED, for older callers)."""
+        if isinstance(status, bool):
+            status = "FAILED" if status else "FINISHED"
+        _retry(lambda: self.client.set_terminated(run_id, status), "end run")
+
+
+def _model_name(name: str) -> str:
+    """A LoggedModel name (MLflow forbids / : . % and quotes)."""
+    cleaned = "".join("_" if c in "/:.%\"'" else c for c in name).strip()
+    return cleaned or "int8"

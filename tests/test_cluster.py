@@ -296,6 +296,6 @@ def test_ray_jobs_are_children_of_the_sweep_run(ray_sweep):
     client = MlflowClient(tracking_uri=f"sqlite:///{store}")
     runs = client.search_runs([parent["experiment_id"]], max_results=100)
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent["run_id"]]
-    assert sorted(r.data.params["calibration"] for r in children) == sorted(CALIBRATIONS)
+    assert sorted(r.data.params["calibration.name"] for r in children) == sorted(CALIBRATIONS)
     assert all(r.info.status == "FINISHED" for r in children)
     assert client.get_run(parent["run_id"]).info.status == "FINISHED"

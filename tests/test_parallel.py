@@ -66,6 +66,8 @@ def test_mlflow_has_parent_and_every_child_finished(sweep):
     assert [r.info.status for r in children] == ["FINISHED"] * JOBS
     assert sorted(int(r.data.tags["calibrun.job_num"]) for r in children) == list(range(JOBS))
     assert all("max_abs_error" in r.data.metrics for r in children)
+    models = client.search_logged_models([experiment.experiment_id])  # logged by the workers, in this experiment
+    assert sorted(m.source_run_id for m in models) == sorted(r.info.run_id for r in children)
     # two workers: some child runs overlap in time
     spans = sorted((r.info.start_time, r.info.end_time) for r in children)
     assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:], strict=False))

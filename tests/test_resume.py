@@ -264,13 +264,8 @@ def test_kill_leaves_only_whole_files(scenario, runs):
         assert all(p.name.startswith(".") for p in s.after_kill_temps), s.after_kill_temps
 
 
-LOST_CTRL_C = ("intermittent: a SIGINT that reaches `python -m calibrun -m ...` while runner.run writes "
-               "config_resolved.yaml (OmegaConf.to_yaml) is sometimes not acted on (3 of 10 trials): the job goes on "
-               "and only the next SIGINT stops the sweep; with a Python-level SIGINT handler installed by a wrapper, "
-               "10 of 10 were acted on. Cause not found; not strict because it depends on timing")
-
-
-@pytest.mark.xfail(strict=False, reason=LOST_CTRL_C)
+# A SIGINT that landed while runner.run wrote config_resolved.yaml was sometimes not acted on (3 of 10 trials) while
+# Python's default handler was in place; calibrun now installs its own (calibrun.sweep.install_signal_handlers).
 def test_one_ctrl_c_stops_the_sweep(runs):
     s: Interrupted = outcome(runs, "sigint")
     assert s.signals == 1

@@ -23,8 +23,9 @@ from onnx import numpy_helper
 from tests.stores import fresh_mlflow_store
 
 REPO = Path(__file__).resolve().parents[1]
-CHILD_PARAMS = {"calibration", "factor", "seed", "batches", "format", "method", "model_file", "model_sha256",
-                "onnxruntime_version", "onnx_version"}
+CHILD_PARAMS = {"calibration.name", "calibration.factor", "calibration.seed", "batches", "format.name", "method.name",
+                "model.name", "model.sha256", "eval.seed", "eval.rows", "quant.per_channel", "onnxruntime_version",
+                "onnx_version"}
 CHILD_METRICS = {"span", "input_scale", "input_zero_point", "observed_span", "max_abs_error", "mean_abs_error",
                  "max_abs_output", "calibration_seconds", "quantization_seconds", "model_bytes", "cache_hit"}
 SECTIONS = ["## Narrow calibration — it gets clipped", "## Wide calibration — it gets squashed",
@@ -179,9 +180,10 @@ def test_lab_report_md_and_plots(lab):
 
 
 def test_lab_mlflow_parent_with_24_children(lab):
-    tmp, sweep, _ = lab
+    tmp, sweep, proc = lab
     client = MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("calibrun")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI's ML page, not GenAI
     runs = client.search_runs([experiment.experiment_id], max_results=1000)
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
@@ -192,24 +194,84 @@ def test_lab_mlflow_parent_with_24_children(lab):
     assert parent.data.tags["calibrun.sweep_dir"] == str(sweep.resolve())
     assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
     assert all(c.info.status == "FINISHED" for c in children)
-    combos = {(c.data.params["calibration"], c.data.params["batches"], c.data.params["format"]) for c in children}
+    combos = {(c.data.params["calibration.name"], c.data.params["batches"], c.data.params["format.name"])
+              for c in children}
     assert len(combos) == 24
     for child in children:
         assert set(child.data.params) >= CHILD_PARAMS
         assert set(child.data.metrics) >= CHILD_METRICS
         assert child.data.params["onnxruntime_version"] == ort.__version__
+        assert child.data.params["quant.per_channel"] == "false"  # YAML, not Python's False
+        assert child.data.params["quant.op_types_to_quantize"] == "null"
+        assert not any("/" in v for k, v in child.data.params.items() if k != "cache.dir")  # no per-job path
         assert child.data.tags["calibrun.sweep_dir"] == str(sweep.resolve())
+        assert child.data.tags["mlflow.user"]
+        assert child.data.tags["mlflow.source.name"].endswith("__main__.py")
         job_dir = Path(child.data.tags["calibrun.job_dir"])
+        assert child.data.tags["calibrun.model_file"] == str(job_dir / "fp32.onnx")
         result = json.loads((job_dir / "result.json").read_text())
+        assert result["mlflow"]["run_id"] == child.info.run_id
         assert child.data.metrics["max_abs_error"] == result["metrics"]["max_abs_error"]
+        swept = {k: child.data.tags[f"calibrun.swept.{k}"] for k in ("calibration", "batches", "format")}
+        assert child.info.run_name == f"{swept['calibration']} batches={swept['batches']} {swept['format']}"
+    assert len({c.info.run_name for c in children}) == 24
+    # the sweep's parent: its overrides, the params all jobs share, the best run, best error per swept value
+    assert parent.info.run_name == "sweep +experiment=lab calibration=narrow,match,wide batches=1,8,64,512 " \
+        "format=qdq,qoperator"
+    assert parent.data.params["sweep.batches"] == "1,8,64,512"
+    assert parent.data.params["eval.seed"] == "777"
+    assert "calibration.name" not in parent.data.params
+    best = min(children, key=lambda c: c.data.metrics["max_abs_error"])
+    assert parent.data.tags["calibrun.best_run_id"] == best.info.run_id
+    assert parent.data.metrics["best_max_abs_error"] == best.data.metrics["max_abs_error"]
+    narrow = min(c.data.metrics["max_abs_error"] for c in children if c.data.params["calibration.name"] == "narrow")
+    assert parent.data.metrics["best_max_abs_error/calibration:narrow"] == narrow
+    assert f"experiments/{experiment.experiment_id}/runs/{parent.info.run_id}?workflowType=machine_learning" \
+        in proc.stderr
     artifacts = {a.path for a in client.list_artifacts(children[0].info.run_id)}
-    assert {"int8.onnx", "result.json", "config_resolved.yaml"} <= artifacts
+    assert {"result.json", "config_resolved.yaml", "ranges.json"} <= artifacts
     report_artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     assert {"report/calib_report.json", "report/report.md", "report/error_vs_factor.png"} <= report_artifacts
     # 24 jobs, 12 calibrations: format is post-calibration, so every second job is a cache hit.
     hits = sum(int(c.data.metrics["cache_hit"]) for c in children)
     assert hits == 12
     assert len([p for p in (tmp / "cache").glob("*.json") if not p.name.endswith(".key.json")]) == 12
+
+
+def test_lab_int8_models_are_logged_models_with_metrics_and_datasets(lab):
+    tmp, _, _ = lab
+    import mlflow
+    from mlflow.entities import LoggedModelStatus
+
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("calibrun")
+    mlflow.set_tracking_uri(uri)
+    models = mlflow.search_logged_models(experiment_ids=[experiment.experiment_id], output_format="list")
+    children = {r.info.run_id: r for r in client.search_runs([experiment.experiment_id], max_results=1000)
+                if "mlflow.parentRunId" in r.data.tags}
+    assert len(models) == 24
+    assert {m.source_run_id for m in models} == set(children)
+    for model in models:
+        run = children[model.source_run_id]
+        assert model.status == LoggedModelStatus.READY
+        linked = {m.key: m.value for m in model.metrics}
+        assert linked["max_abs_error"] == run.data.metrics["max_abs_error"]
+        result = json.loads((Path(run.data.tags["calibrun.job_dir"]) / "result.json").read_text())
+        assert result["mlflow"]["model_id"] == model.model_id
+        local = Path(mlflow.artifacts.download_artifacts(f"models:/{model.model_id}",
+                                                         dst_path=str(tmp / "dl" / model.model_id)))
+        int8 = Path(run.data.tags["calibrun.job_dir"]) / "int8.onnx"
+        assert onnx.load(str(local / "model.onnx")) == onnx.load(str(int8))
+        mlmodel = (local / "MLmodel").read_text()
+        assert "signature:" in mlmodel
+        assert "saved_input_example_info" in mlmodel
+        contexts = {d.dataset.name: [t.value for t in d.tags] for d in run.inputs.dataset_inputs}
+        assert contexts == {"calibration:lab": ["calibration"], "evaluation:lab": ["evaluation"]}
+    digests = {r.data.params["calibration.factor"] + "/" + r.data.params["batches"]:
+               next(d.dataset.digest for d in r.inputs.dataset_inputs if d.dataset.name == "calibration:lab")
+               for r in children.values()}
+    assert len(set(digests.values())) == 12  # one calibration set per (factor, batches), shared by both formats
 
 
 def test_standalone_aggregator_rebuilds_the_same_files(lab):
@@ -308,3 +370,18 @@ def test_lab_diagnosis_names_the_cause(lab):
     text = (sweep / "report" / "report.md").read_text()
     assert "## Diagnosis" in text
     assert "distribution is off" in text
+
+
+def test_single_run_registers_its_int8_model(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = calibrun(tmp_path, "batches=2", "tracking.register=lab-int8", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (version,) = client.search_model_versions("name = 'lab-int8'")
+    assert version.source == f"models:/{result['mlflow']['model_id']}"
+    assert version.run_id == result["mlflow"]["run_id"]
+    run = client.get_run(result["mlflow"]["run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "match batches=2 qdq minmax"
+    assert "mlflow.parentRunId" not in run.data.tags

@@ -23,7 +23,8 @@ from mlflow import MlflowClient
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "tracking_server.sh"
 CALIBRATIONS = ("narrow", "match", "wide")
-CHILD_PARAMS = {"calibration", "factor", "seed", "batches", "format", "method", "model_sha256", "onnxruntime_version"}
+CHILD_PARAMS = {"calibration.name", "calibration.factor", "calibration.seed", "batches", "format.name", "method.name",
+                "model.sha256", "onnxruntime_version"}
 CHILD_METRICS = {"span", "input_scale", "input_zero_point", "observed_span", "max_abs_error", "mean_abs_error"}
 
 # the servers and sweeps started here talk to loopback only: no MLflow usage telemetry
@@ -166,7 +167,7 @@ def runs(server, sweep):
     assert len(parents) == 1, [r.info.run_name for r in found]
     children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
     assert len(found) == 1 + len(CALIBRATIONS)
-    return client, parents[0], {r.data.params["calibration"]: r for r in children}
+    return client, parents[0], {r.data.params["calibration.name"]: r for r in children}
 
 
 def test_start_prints_the_uri_and_binds_loopback_only(server):
@@ -206,7 +207,10 @@ def test_artifacts_come_back_through_the_server(server, runs, tmp_path):
     child = children["match"]
     assert child.info.artifact_uri.startswith("mlflow-artifacts:"), child.info.artifact_uri  # proxied, not a path
     names = {f.path for f in client.list_artifacts(child.info.run_id)}
-    assert {"int8.onnx", "result.json", "config_resolved.yaml"} <= names
+    assert {"result.json", "config_resolved.yaml", "ranges.json"} <= names
+    (model,) = client.search_logged_models([child.info.experiment_id],
+                                           filter_string=f"source_run_id = '{child.info.run_id}'")
+    assert {f.path for f in client.list_logged_model_artifacts(model.model_id)} >= {"MLmodel", "model.onnx"}
     local = client.download_artifacts(child.info.run_id, "result.json", str(tmp_path))
     job_result = Path(child.data.tags["calibrun.job_dir"]) / "result.json"
     assert Path(local).read_bytes() == job_result.read_bytes()

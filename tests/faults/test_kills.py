@@ -1,0 +1,201 @@
+"""Real tracked sweeps killed (SIGKILL, SIGINT, SIGTERM) at several points, a tracking failure inside jobs, then
+`resume=true`: the record (MLflow store, job folders, report) must end complete and consistent.
+Sweeps in one folder and in one second must not mix."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from tests.faults.record import (
+    SMALL,
+    check_record,
+    env_for,
+    fresh,
+    results,
+    run,
+    runs_of,
+    start,
+    wait_for_results,
+)
+
+pytestmark = pytest.mark.slow
+
+KILLS = {  # scenario: (signal, finished jobs before it is sent)
+    "sigkill-in-job-1": (signal.SIGKILL, 1),
+    "sigint-in-job-1": (signal.SIGINT, 1),
+    "sigterm-in-job-2": (signal.SIGTERM, 2),
+}
+
+
+def killed_then_resumed(tmp: Path, sig: int, after: int) -> dict:
+    sweep = fresh(tmp)
+    proc = start(tmp, *SMALL, sweep=sweep)
+    try:
+        wait_for_results(proc, sweep, after)
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    killed = {r.info.run_id: (r.info.status, "mlflow.parentRunId" in r.data.tags) for r in runs_of(tmp)}
+    done = {job: r for job, r in results(sweep).items() if r["status"] == "ok"}
+    resumed, _ = run(tmp, *SMALL, "resume=true", sweep=sweep)
+    return {"tmp": tmp, "sweep": sweep, "code": proc.returncode, "stderr": (tmp / "first.err").read_text(),
+            "after_kill": killed, "done": done, "resumed": resumed}
+
+
+def tracking_fails_then_resumed(tmp: Path) -> dict:
+    """The artifact store cannot be written (its folder is a file): every job's tracking fails."""
+    sweep = fresh(tmp)
+    blocker = tmp / "blocker"
+    blocker.write_text("not a folder")
+    MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}").create_experiment(
+        "calibrun", artifact_location=(blocker / "artifacts").as_uri())
+    first, _ = run(tmp, *SMALL, sweep=sweep)
+    failed = results(sweep)
+    after = {r.info.run_id: r.info.status for r in runs_of(tmp)}
+    blocker.unlink()
+    blocker.mkdir()
+    resumed, _ = run(tmp, *SMALL, "resume=true", sweep=sweep)
+    return {"tmp": tmp, "sweep": sweep, "first": first, "failed": failed, "after": after, "resumed": resumed}
+
+
+def same_second(tmp: Path) -> dict:
+    """The issue's reproduction: two sweeps of the default folder started together."""
+    env = env_for(tmp)
+    procs = [subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for cmd in (["-m", "calibrun", "-m", *SMALL, "tracking=off"],
+                         ["-m", "calibrun", "-m", *SMALL, "format=qoperator", "tracking=off"])
+             for cmd in [[sys.executable, *cmd, f"cache.dir={tmp / 'cache'}"]]]
+    outs = [p.communicate(timeout=240) for p in procs]
+    return {"tmp": tmp, "codes": [p.returncode for p in procs], "stderr": [e for _, e in outs]}
+
+
+def one_folder(tmp: Path) -> dict:
+    """Two sweeps given the same hydra.sweep.dir at once, then a third reusing it without resume=true."""
+    sweep = tmp / "sweep"
+    procs = [subprocess.Popen(cmd, cwd=tmp, env=env_for(tmp), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+             for fmt in ("qdq", "qoperator")
+             for cmd in [[sys.executable, "-m", "calibrun", "-m", *SMALL, "batches=2", "tracking=off",
+                          f"format={fmt}", f"hydra.sweep.dir={sweep}", f"cache.dir={tmp / 'cache'}"]]]
+    outs = [p.communicate(timeout=240) for p in procs]
+    before = {p: p.stat().st_mtime_ns for p in sweep.glob("*/result.json")}
+    again, _ = run(tmp, *SMALL, "batches=2", "tracking=off", sweep=sweep)
+    return {"tmp": tmp, "sweep": sweep, "codes": [p.returncode for p in procs], "stderr": [e for _, e in outs],
+            "before": before, "again": again}
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> dict:
+    sigint = signal.getsignal(signal.SIGINT)  # a sweep must get SIGINT's default even if pytest runs with `&`
+    if sigint == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    tasks = {name: (killed_then_resumed, sig, after) for name, (sig, after) in KILLS.items()}
+    tasks.update({"tracking fails": (tracking_fails_then_resumed,), "same second": (same_second,),
+                  "one folder": (one_folder,)})
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            futures = {name: pool.submit(fn, tmp_path_factory.mktemp(name.replace(" ", "_")), *args)
+                       for name, (fn, *args) in tasks.items()}
+            return {name: future for name, future in futures.items()}
+    finally:
+        signal.signal(signal.SIGINT, sigint)
+
+
+def outcome(outcomes: dict, name: str) -> dict:
+    return outcomes[name].result()
+
+
+@pytest.mark.parametrize("name", sorted(KILLS))
+def test_kill_then_resume_leaves_a_complete_record(outcomes, name):
+    o = outcome(outcomes, name)
+    sig, _ = KILLS[name]
+    assert o["code"] == -sig, o["stderr"][-3000:]  # died of the signal, as a shell expects
+    resumed = o["resumed"]
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Traceback" not in resumed.stderr
+    by_job = check_record(o["tmp"], o["sweep"], 3)
+    for job in o["done"]:  # complete before the kill: skipped, and not logged a second time
+        assert f"job {job}: complete and valid, skipped (resume=true)" in resumed.stderr
+        assert [r.info.status for r in by_job[job]].count("FINISHED") == 1
+    parents_before = [run_id for run_id, (_, child) in o["after_kill"].items() if not child]
+    assert len(parents_before) == 1
+    assert f"continuing MLflow parent run {parents_before[0]}" in resumed.stderr  # the same parent, continued
+
+
+@pytest.mark.parametrize("name", ["sigint-in-job-1", "sigterm-in-job-2"])
+def test_sigint_and_sigterm_close_every_run_with_one_line(outcomes, name):
+    o = outcome(outcomes, name)
+    sig, _ = KILLS[name]
+    assert "Traceback" not in o["stderr"]
+    lines = [line for line in o["stderr"].splitlines() if line.startswith("calibrun:")]
+    assert lines == [f"calibrun: interrupted by {signal.Signals(sig).name}: sweep {o['sweep']} stopped, MLflow parent "
+                     f"run KILLED; the same command with resume=true continues it"]
+    statuses = [status for status, _ in o["after_kill"].values()]
+    assert "RUNNING" not in statuses
+    parent = [status for status, child in o["after_kill"].values() if not child]
+    assert parent == ["KILLED"]
+    assert statuses.count("KILLED") <= 2  # the parent and the job in flight, if one was
+
+
+def test_sigkill_leaves_running_runs_that_resume_closes(outcomes):
+    o = outcome(outcomes, "sigkill-in-job-1")
+    assert "RUNNING" in [status for status, _ in o["after_kill"].values()]
+    assert "closed" in o["resumed"].stderr or all(s != "RUNNING" for s, child in o["after_kill"].values() if child)
+
+
+def test_tracking_failure_fails_the_job_and_resume_recomputes_it(outcomes):
+    o = outcome(outcomes, "tracking fails")
+    first = o["first"]
+    assert first.returncode == 1
+    assert "Traceback" not in first.stderr
+    assert sorted(o["failed"]) == [0, 1, 2]
+    assert all(r["status"] == "failed" for r in o["failed"].values())  # never `ok` with tracking broken
+    assert all("Not a directory" in r["error"] or "not a directory" in r["error"].lower()
+               for r in o["failed"].values()), [r["error"] for r in o["failed"].values()]
+    assert "RUNNING" not in o["after"].values()
+    assert list(o["after"].values()).count("FAILED") == 4  # three jobs and the parent
+    resumed = o["resumed"]
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "skipped (resume=true)" not in resumed.stderr  # a failed job is recomputed
+    check_record(o["tmp"], o["sweep"], 3)
+
+
+def test_two_sweeps_in_one_second_get_their_own_folders(outcomes):
+    o = outcome(outcomes, "same second")
+    assert o["codes"] == [0, 0], o["stderr"]
+    sweeps = sorted((o["tmp"] / "multirun").glob("*/*"))
+    assert len(sweeps) == 2
+    formats = []
+    for sweep in sweeps:
+        jobs = results(sweep)
+        assert sorted(jobs) == [0, 1, 2]
+        formats.append({r["params"]["format"] for r in jobs.values()})
+        assert (sweep / "report" / "report.md").is_file()
+    assert sorted(map(sorted, formats)) == [["qdq"], ["qoperator"]]
+
+
+def test_one_folder_is_never_shared_nor_reused_without_resume(outcomes):
+    o = outcome(outcomes, "one folder")
+    assert sorted(o["codes"]) == [0, 1], o["stderr"]
+    loser = o["stderr"][o["codes"].index(1)]
+    assert "Traceback" not in loser
+    assert f"calibrun: error: sweep folder {o['sweep']}" in loser
+    assert "is in use by another sweep" in loser or "holds an earlier sweep" in loser
+    winner_format = ["qdq", "qoperator"][o["codes"].index(0)]
+    assert {r["params"]["format"] for r in results(o["sweep"]).values()} == {winner_format}
+    again = o["again"]
+    assert again.returncode == 1
+    assert "holds an earlier sweep" in again.stderr
+    assert "add resume=true to continue it" in again.stderr
+    assert {p: p.stat().st_mtime_ns for p in o["sweep"].glob("*/result.json")} == o["before"]
