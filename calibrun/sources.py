@@ -594,7 +594,7 @@ class ImageTransform:
         grey = values.astype(np.float32) if full is None else (values.astype(np.float64) / full).astype(np.float32)
         if not np.all(np.isfinite(grey)):
             raise ValueError("float image holds NaN or Inf")
-        grey = np.asarray(Image.fromarray(grey, mode="F").resize(size, Image.Resampling.BILINEAR), np.float32)
+        grey = np.asarray(Image.fromarray(grey).resize(size, Image.Resampling.BILINEAR), np.float32)  # mode F
         return np.repeat(grey[:, :, None], self.channels, axis=2)
 
     def __call__(self, path: str | Path) -> np.ndarray:
