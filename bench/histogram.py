@@ -76,9 +76,11 @@ def make_batches(size: int, batches: int, rows: int, tmp: Path) -> list[np.ndarr
     return [np.ascontiguousarray(np.stack(picked[i * rows:(i + 1) * rows])) for i in range(batches)]
 
 
-def plain_seconds(model: Path, batches, threads: int) -> float:
+def plain_seconds(model: Path, batches, threads: int, optimize: bool = True) -> float:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
+    if not optimize:  # as onnxruntime's calibration session runs (tensor names must survive)
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     session.run(None, {name: batches[0]})  # warm-up, as the calibration session's first run is not free either
@@ -221,6 +223,7 @@ def main(argv=None) -> int:
             spec = CalibrationSpec(method=method)
             log(f"{method}: plain inference")
             plain = plain_seconds(model, batches, args.threads)
+            plain_noopt = plain_seconds(model, batches, args.threads, optimize=False)
             log(f"{method}: calibrun calibration")
             total, setup, collect, search, collector = calibrun_run(model, batches, spec, args.threads)
             log(f"{method}: collection, calibrun vs onnxruntime")
@@ -236,14 +239,16 @@ def main(argv=None) -> int:
             approx = "~" if sampled < tensors else ""
             # onnxruntime's whole calibration, estimated as ours with its collection and search swapped in
             ort_total = total - collect - search + (collect - c_ours + c_theirs) + theirs_all
-            rows.append((method, spec.calibrator_options(), plain, total, setup, collect, search, c_ours, c_theirs,
-                         c_equal, s_ours, s_theirs, s_all, tensors, sampled, s_equal, theirs_all, approx, ort_total))
+            rows.append((method, spec.calibrator_options(), plain, plain_noopt, total, setup, collect, search,
+                         c_ours, c_theirs, c_equal, s_ours, s_theirs, s_all, tensors, sampled, s_equal,
+                         theirs_all, approx, ort_total))
     print(f"end:   {load()}")
     print()
-    for (method, options, plain, total, setup, collect, search, c_ours, c_theirs, c_equal, s_ours, s_theirs, s_all,
-         tensors, sampled, s_equal, theirs_all, approx, ort_total) in rows:
+    for (method, options, plain, plain_noopt, total, setup, collect, search, c_ours, c_theirs, c_equal, s_ours,
+         s_theirs, s_all, tensors, sampled, s_equal, theirs_all, approx, ort_total) in rows:
         print(f"## {method} {options}")
-        print(f"  plain inference over the batches      {plain:8.2f} s")
+        print(f"  plain inference over the batches      {plain:8.2f} s   (without graph optimisation, as the "
+              f"calibration session runs: {plain_noopt:.2f} s)")
         print(f"  calibrun calibration (whole)          {total:8.2f} s  = {total / plain:5.2f}x plain   "
               f"(setup {setup:.2f} s, collection {collect:.2f} s, search {search:.2f} s)")
         print(f"  onnxruntime calibration (estimated)  {approx}{ort_total:8.2f} s  = {ort_total / plain:5.2f}x plain")
