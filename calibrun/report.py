@@ -327,7 +327,8 @@ def write(report_dir: Path, runs: dict, facts: dict, summary) -> list[Path]:
 # --- report.html: report.md with its images embedded (MLflow's artifact viewer shows HTML, not linked images) ----
 
 _STYLE = ("body{font-family:sans-serif;max-width:60em;margin:1em auto;padding:0 1em;line-height:1.4}"
-          "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:.2em .5em}"
+          "table{border-collapse:collapse;margin:.5em 0;display:block;overflow-x:auto}"
+          "td,th{border:1px solid #ccc;padding:.2em .5em}"
           "td.num{text-align:right;font-variant-numeric:tabular-nums}img{max-width:100%;margin:.5em 0}"
           "code{background:#f3f3f3;padding:0 .2em}")
 

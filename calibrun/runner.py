@@ -30,7 +30,7 @@ from calibrun.measure import split_feeds
 from calibrun.model import check_model_file, file_sha256, write_lab_model
 from calibrun.prepare import PREPARE_VERSION, external_data_path, prepare_model
 from calibrun.sweep import die_of, install_signal_handlers  # also registers the sweep folder resolver
-from calibrun.tracking import PARENT_FILE, Tracker, resolve_uri
+from calibrun.tracking import PARENT_FILE, Tracker, open_tracker, resolve_uri
 
 log = logging.getLogger("calibrun")
 
@@ -323,7 +323,7 @@ def _open_tracker(cfg: DictConfig, job: Job, check: bool = False) -> Tracker | N
     if not config.tracking_enabled(cfg) or (cfg.tracking.name == "server" and not cfg.tracking.uri):
         return None
     uri = job.parent.get("tracking_uri") or resolve_uri(cfg.tracking.uri)
-    return Tracker(uri, cfg.tracking.experiment, check=check, http_timeout=cfg.tracking.get("http_timeout"),
+    return open_tracker(uri, cfg.tracking.experiment, check=check, http_timeout=cfg.tracking.get("http_timeout"),
                    http_retries=cfg.tracking.get("http_retries"))
 
 

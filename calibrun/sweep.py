@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from calibrun.config import tracking_enabled, validate
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import write_json
-from calibrun.tracking import PARENT_FILE, Tracker, resolve_uri, ui_url
+from calibrun.tracking import PARENT_FILE, Tracker, open_tracker, resolve_uri, ui_url
 
 log = logging.getLogger("calibrun")
 
@@ -229,7 +229,7 @@ def _tracker(config: DictConfig, check: bool = False) -> Tracker | None:
     if not tracking_enabled(config):
         return None
     t = config.tracking
-    return Tracker(resolve_uri(t.uri), t.experiment, check=check, http_timeout=t.get("http_timeout"),
+    return open_tracker(resolve_uri(t.uri), t.experiment, check=check, http_timeout=t.get("http_timeout"),
                    http_retries=t.get("http_retries"))
 
 
@@ -281,8 +281,19 @@ class SweepCallback(Callback):
         if config.resume:
             _resume_into_previous_sweep(config)
         sweep_dir = Path(config.hydra.sweep.dir)
+        created = not sweep_dir.exists()
         _make_folder(sweep_dir, "hydra.sweep.dir")
         claim(sweep_dir)
+        try:
+            self._start(config, sweep_dir)
+        except SystemExit:
+            if created:  # stopped before any job: leave no empty sweep folder behind
+                with contextlib.suppress(OSError):
+                    (sweep_dir / LOCK_FILE).unlink()
+                    sweep_dir.rmdir()
+            raise
+
+    def _start(self, config: DictConfig, sweep_dir: Path) -> None:
         earlier = earlier_jobs(sweep_dir)
         if earlier and not config.resume:
             _fail(f"sweep folder {sweep_dir} holds an earlier sweep ({', '.join(earlier[:4])}"

@@ -361,6 +361,21 @@ class Tracker:
         _retry(lambda: self.client.set_terminated(run_id, status), "end run")
 
 
+_OPEN: dict[tuple[str, str], Tracker] = {}
+
+
+def open_tracker(uri: str, experiment: str, check: bool = False, http_timeout: float | None = None,
+                 http_retries: int | None = None) -> Tracker:
+    """A Tracker per (store, experiment) and process: the jobs of a sweep run in the sweep's process (or in a few
+    workers) and share one client and experiment lookup instead of one per job. `check=True` always checks."""
+    key = (uri, experiment)
+    if check or key not in _OPEN:
+        _OPEN[key] = Tracker(uri, experiment, check=check, http_timeout=http_timeout, http_retries=http_retries)
+    else:
+        http_settings(http_timeout, http_retries)
+    return _OPEN[key]
+
+
 def _model_name(name: str) -> str:
     """A LoggedModel name (MLflow forbids / : . % and quotes)."""
     cleaned = "".join("_" if c in "/:.%\"'" else c for c in name).strip()
