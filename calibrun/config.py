@@ -16,6 +16,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from calibrun.calibrate import METHODS, CalibrationSpec
 from calibrun.errors import CalibrunError
 from calibrun.quantize import FORMATS, QuantOptions
+from calibrun.tasks import TASKS
 
 
 @dataclass
@@ -85,6 +86,24 @@ class QuantConf:
 class EvalConf:
     seed: int = 777
     rows: int = 256
+    batch_size: int | None = None  # rows per evaluation run; None: 16 (a model that pins its first axis: its size)
+
+
+@dataclass
+class TaskConf:
+    """Task metrics (calibrun.tasks): auto | none | classification | dense | custom."""
+
+    name: str = "auto"
+    output: str | None = None  # the output judged (default: the first)
+    axis: int | None = None  # classification: class axis (None: from the Softmax, else -1)
+    threshold: float = 0.5  # dense: value > threshold is positive
+    top_k: int = 5
+    fn: str | None = None  # custom: module:function
+
+
+@dataclass
+class DiagnosticsConf:
+    enabled: bool = True  # per-tensor diagnostics of QDQ runs (diagnostics=on|off)
 
 
 @dataclass
@@ -128,6 +147,8 @@ class Config:
     tracking: TrackingConf = field(default_factory=TrackingConf)
     report: ReportConf = field(default_factory=ReportConf)
     ort: OrtConf = field(default_factory=OrtConf)
+    task: TaskConf = field(default_factory=TaskConf)
+    diagnostics: DiagnosticsConf = field(default_factory=DiagnosticsConf)
     batches: int = 64
     resume: bool = False  # skip jobs whose result.json is complete and valid (same sweep folder)
 
@@ -167,6 +188,14 @@ def validate(cfg: DictConfig) -> None:
     _need(cfg.calibration.seed >= 0, "calibration.seed", "must be >= 0", cfg.calibration.seed)
     _need(cfg.eval.seed >= 0, "eval.seed", "must be >= 0", cfg.eval.seed)
     _need(cfg.eval.rows >= 1, "eval.rows", "must be >= 1", cfg.eval.rows)
+    if cfg.eval.batch_size is not None:
+        _need(cfg.eval.batch_size >= 1, "eval.batch_size", "must be >= 1", cfg.eval.batch_size)
+    _need(cfg.task.name in TASKS, "task.name", f"must be one of {list(TASKS)}", cfg.task.name)
+    _need(cfg.task.top_k >= 1, "task.top_k", "must be >= 1", cfg.task.top_k)
+    _need(math.isfinite(cfg.task.threshold), "task.threshold", "must be a finite number", cfg.task.threshold)
+    if cfg.task.name == "custom":
+        _need(bool(cfg.task.fn) and ":" in cfg.task.fn, "task.fn",
+              "is required with task=custom as module:function", cfg.task.fn)
     _need(cfg.format.name in FORMATS, "format.name", f"must be one of {sorted(FORMATS)}", cfg.format.name)
     _need(cfg.method.name in METHODS, "method.name", f"must be one of {sorted(METHODS)}", cfg.method.name)
     if cfg.method.chunk is not None:
