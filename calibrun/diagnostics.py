@@ -87,6 +87,11 @@ MAX_PARTS = 16  # a graph output's last axis with 2..MAX_PARTS entries is split 
 # 256 levels, under 6 effective bits (the calibrated range is more than 4x wider than the data). The 25% is of
 # min(grid size, distinct fp32 values): a Relu output's zeros are one value, 100 values cannot fill 256 levels.
 COARSE_THRESHOLD = 0.25
+# ...or when its own Q/DQ pair leaves it under 20 dB local SQNR without clipping (about 3 effective bits where
+# int8 on a well-matched range gives 35-45 dB): the typical values sit on a few levels because outliers (or a
+# too wide calibration) stretched the range. On ocr_det the SE blocks' GlobalAveragePool and a few heavy-tailed
+# Conv outputs land at 14-16 dB while using 57-87% of the grid; the median tensor is at 41 dB.
+COARSE_SQNR_DB = 20.0
 # A per-tensor weight whose widest output channel is WEIGHT_RATIO times its median channel leaves the median
 # channel under 1/8 of the grid (fewer than 32 of 256 levels, 5 bits): quantise weights per channel.
 WEIGHT_RATIO = 8.0
@@ -638,7 +643,8 @@ def classify(diag_row: Mapping) -> str:
     else "coarse" if the tensor used fewer than COARSE_THRESHOLD of the levels it could reach,
     `levels < COARSE_THRESHOLD * min(qmax - qmin + 1, distinct)` with `distinct` the distinct fp32 values
     (`elements` without an fp32 counterpart); a row without levels/qmin/qmax on `grid_used < COARSE_THRESHOLD`;
-    else "sound". Clipping wins (its error is unbounded), then mixed (a coarse narrow part is its symptom).
+    or (rows with a clip_cost) if its local SQNR `qdq_sqnr_db` is under COARSE_SQNR_DB; else "sound".
+    Clipping wins (its error is unbounded), then mixed (a coarse narrow part is its symptom).
     """
     cost = diag_row.get("clip_cost")
     if cost is not None:
@@ -659,6 +665,9 @@ def classify(diag_row: Mapping) -> str:
     else:
         grid = diag_row.get("grid_used")
         coarse = grid is not None and grid < COARSE_THRESHOLD
+    local = diag_row.get("qdq_sqnr_db")
+    if cost is not None and local is not None and local < COARSE_SQNR_DB:
+        coarse = True
     return "coarse" if coarse else "sound"
 
 
@@ -716,6 +725,13 @@ def classify_model(diags: Sequence[Mapping], weights: Sequence[Mapping] = (), n:
                                "parts of their outputs")
     if first_input is not None and verdicts.get(first_input) == "clipping":
         recommendations.append("the input clips: calibrate on data that covers the real input range")
+    if overall == "coarse" and not (first_input is not None and verdicts.get(first_input) == "coarse"):
+        top = next((c for c in culprits if c["verdict"] == "coarse"), None)
+        where = f" (e.g. {top['node'] or top['tensor']})" if top else ""
+        recommendations.append(f"coarse tensors hold most of the noise{where}: outliers stretch their ranges; try "
+                               "method=percentile or method=entropy, or keep those nodes in float")
+    elif overall == "clipping" and first_input is not None and verdicts.get(first_input) != "clipping":
+        recommendations.append("clipping tensors hold most of the noise: calibrate on more representative data")
     return {
         "input_tensor": first_input,
         "input": verdicts.get(first_input) if first_input is not None else None,
