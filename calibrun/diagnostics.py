@@ -5,8 +5,9 @@ error comes from.
 For every activation that carries a QuantizeLinear -> DequantizeLinear pair in the QDQ model (weights and other
 initializers excluded), over the evaluation batches (running statistics only, never every activation):
 
-- `node`, `op_type`: the fp32 node that produces the tensor (what `quant.nodes_to_exclude` takes; null for a
-  graph input);
+- `node`, `op_type`: the fp32 node that produces the tensor (null for a graph input), and `consumers`: the nodes
+  that read it (comma-separated). `quant.nodes_to_exclude` needs the producer and the consumers to keep a tensor
+  in float: onnxruntime puts a Q/DQ pair on a tensor while any node touching it is quantised;
 - `calib_min`, `calib_max`: its range in the calibration ranges file (onnxruntime TensorsData JSON), null when
   the file has no range for it;
 - `eval_min`, `eval_max`: its range in the fp32 model on the evaluation data;
@@ -96,6 +97,7 @@ COARSE_SQNR_DB = 20.0
 # channel under 1/8 of the grid (fewer than 32 of 256 levels, 5 bits): quantise weights per channel.
 WEIGHT_RATIO = 8.0
 CULPRITS = 5  # tensors named in every run's diagnosis
+ACCUMULATED_DB = 20.0  # an output under this SQNR with only sound tensors: the error accumulates
 DISTINCT_SAMPLE = 16384  # distinct fp32 values are counted on at most about this many values per batch
 # The augmented sessions return every diagnosed tensor (the int8 one twice: before and after its pair): a batch
 # is split into runs of as many rows as keep those outputs under this many bytes (measured on the first row).
@@ -117,7 +119,7 @@ _INT_TYPES = {
 COLUMNS = ("tensor", "node", "op_type", "role", "calib_min", "calib_max", "eval_min", "eval_max", "scale",
            "zero_point", "qtype", "qmin", "qmax", "repr_min", "repr_max", "clipped_fraction", "clip_cost", "levels",
            "grid_used", "sqnr_db", "qdq_sqnr_db", "mixed_ratio", "mixed_detail", "worst_part_sqnr_db",
-           "narrowest_part_steps", "noise_share", "elements", "distinct_values")
+           "narrowest_part_steps", "noise_share", "elements", "distinct_values", "consumers")
 
 
 @dataclass(frozen=True)
@@ -458,6 +460,10 @@ class StreamingDiagnostics:
         shapes = _shapes(fp32_model)
         fp32_outputs = {o.name for o in fp32_model.graph.output}
         self.weights = weight_diagnostics(fp32_model, int8_model)
+        self.consumers: dict[str, list[str]] = {}
+        for node in fp32_model.graph.node:
+            for name in node.input:
+                self.consumers.setdefault(name, []).append(node.name)
         self.stats: list[TensorStats] = []
         self.nodes: dict[str, onnx.NodeProto | None] = {}
         for pair in self.pairs:
@@ -540,6 +546,7 @@ class StreamingDiagnostics:
                 "calib_max": _plain(range_value[1]) if range_value is not None else None,
                 **stats.row(),
             }
+            row["consumers"] = ",".join(n for n in self.consumers.get(pair.tensor, []) if n)
             row["_nsr"] = stats.nsr()
             rows.append(row)
         total = sum(r["_nsr"] for r in rows if math.isfinite(r["_nsr"]))
@@ -671,22 +678,40 @@ def classify(diag_row: Mapping) -> str:
     return "coarse" if coarse else "sound"
 
 
+def _float_nodes(rows: Sequence[Mapping]) -> list[str]:
+    """The nodes to exclude so that each row's tensor stays in float: onnxruntime keeps a Q/DQ pair on a tensor
+    while its producer or any consumer is quantised, so both sides are named."""
+    nodes: list[str] = []
+    for row in rows:
+        consumers = row.get("consumers") or []
+        if isinstance(consumers, str):
+            consumers = [n for n in consumers.split(",") if n]
+        for name in (row.get("node"), *consumers):
+            if name and name not in nodes:
+                nodes.append(name)
+    return nodes
+
+
 def _finite(value):
     return value if isinstance(value, int | float) and math.isfinite(value) else None
 
 
-def classify_model(diags: Sequence[Mapping], weights: Sequence[Mapping] = (), n: int = CULPRITS) -> dict:
+def classify_model(diags: Sequence[Mapping], weights: Sequence[Mapping] = (), n: int = CULPRITS,
+                   output_sqnr_db: Mapping[str, float] | None = None) -> dict:
     """The model's diagnosis (result.json `diagnosis`):
 
     - `input_tensor`, `input`: the graph input's tensor and verdict (None when the input carries no QDQ pair);
     - `counts`, `tensors`: verdicts over all diagnosed tensors;
-    - `culprits`: the `n` tensors with the largest `noise_share`, each with its producing `node` (for
-      quant.nodes_to_exclude), `op_type`, `verdict`, `noise_share`, `sqnr_db`, `qdq_sqnr_db`, `clip_cost` and,
+    - `culprits`: the `n` tensors with the largest `noise_share`, each with its producing `node` and its
+      `consumers` (quant.nodes_to_exclude needs both to keep the tensor in float), `op_type`, `verdict`,
+      `noise_share`, `sqnr_db`, `qdq_sqnr_db`, `clip_cost` and,
       for mixed ones, `mixed_ratio`/`mixed_detail`;
-    - `overall`: the verdict of the top culprit, unless a non-sound verdict holds more of the noise: the verdict
-      whose tensors hold the largest summed noise_share;
+    - `overall`: the verdict whose tensors hold the largest summed noise_share (`noise_by_verdict`);
     - `clipping_tensors`, `mixed_tensors`, `coarse_tensors`; `mixed_weights` (weights to quantise per channel);
-    - `recommendations`: config changes the verdicts point to.
+    - `recommendations`: config changes the verdicts point to;
+    - with `output_sqnr_db` (output name -> SQNR of int8 vs fp32): `output_sqnr_db` (the lowest) and
+      `accumulated`: true when sound tensors hold most of the noise yet an output is under ACCUMULATED_DB: no
+      tensor is badly quantised on its own, the error builds up over many of them.
     """
     verdicts = {row["tensor"]: classify(row) for row in diags}
     counts = {verdict: 0 for verdict in VERDICTS}
@@ -705,6 +730,7 @@ def classify_model(diags: Sequence[Mapping], weights: Sequence[Mapping] = (), n:
                  "clip_cost": row.get("clip_cost")}
         if row.get("mixed_ratio") is not None:
             entry.update(mixed_ratio=row["mixed_ratio"], mixed_detail=row.get("mixed_detail"))
+        entry["consumers"] = [n for n in (row.get("consumers") or "").split(",") if n]
         culprits.append(entry)
     if not diags:
         overall = None
@@ -719,10 +745,10 @@ def classify_model(diags: Sequence[Mapping], weights: Sequence[Mapping] = (), n:
                                f"output channels whose ranges differ by >= {WEIGHT_RATIO:g}x (e.g. "
                                f"{mixed_weights[0]['node'] or mixed_weights[0]['weight']}, "
                                f"{mixed_weights[0]['ratio']:.3g}x)")
-    mixed_nodes = [row.get("node") for row in diags if verdicts[row["tensor"]] == "mixed" and row.get("node")]
-    if mixed_nodes:
-        recommendations.append(f"quant.nodes_to_exclude=[{','.join(mixed_nodes)}]: one scale cannot serve the "
-                               "parts of their outputs")
+    mixed = [row for row in diags if verdicts[row["tensor"]] == "mixed" and row.get("node")]
+    if mixed:
+        recommendations.append(f"quant.nodes_to_exclude=[{','.join(_float_nodes(mixed))}]: one scale cannot serve "
+                               "the parts of their outputs (the producer and its consumers keep the tensor in float)")
     if first_input is not None and verdicts.get(first_input) == "clipping":
         recommendations.append("the input clips: calibrate on data that covers the real input range")
     if overall == "coarse" and not (first_input is not None and verdicts.get(first_input) == "coarse"):
@@ -732,8 +758,22 @@ def classify_model(diags: Sequence[Mapping], weights: Sequence[Mapping] = (), n:
                                "method=percentile or method=entropy, or keep those nodes in float")
     elif overall == "clipping" and first_input is not None and verdicts.get(first_input) != "clipping":
         recommendations.append("clipping tensors hold most of the noise: calibrate on more representative data")
+    accumulated = None
+    lowest = None
+    if output_sqnr_db:
+        lowest = min(output_sqnr_db.values())
+        accumulated = bool(overall == "sound" and lowest < ACCUMULATED_DB)
+        if accumulated:
+            nodes = _float_nodes([c for c in culprits if c.get("node")][:2])
+            recommendations.append(
+                f"the output is at {lowest:.1f} dB SQNR while no tensor is badly quantised on its own: the error "
+                f"builds up over {len(diags)} quantised tensors; keep the largest contributors in float "
+                f"(quant.nodes_to_exclude=[{','.join(nodes)}]), quant.per_channel=true, or 16-bit activations "
+                "(quant.activation_type=QInt16)")
     return {
         "input_tensor": first_input,
+        "output_sqnr_db": lowest,
+        "accumulated": accumulated,
         "input": verdicts.get(first_input) if first_input is not None else None,
         "counts": counts,
         "tensors": len(verdicts),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -182,7 +183,9 @@ def compute(cfg: DictConfig, job_dir: Path) -> dict:
     if rows is not None:
         write_json(job_dir / DIAGNOSTICS_FILE, as_table(rows))  # column-oriented, strict JSON
         result["files"]["diagnostics"] = DIAGNOSTICS_FILE
-        result["diagnosis"] = _strict(classify_model(rows, diag.weights))
+        outputs = {k[len("out."):-len(".sqnr_db")]: v for k, v in errors.items()
+                   if k.startswith("out.") and k.endswith(".sqnr_db") and not re.search(r"\.ch\d+\.sqnr_db$", k)}
+        result["diagnosis"] = _strict(classify_model(rows, diag.weights, output_sqnr_db=outputs))
         culprits = result["diagnosis"]["culprits"]
         if culprits:
             top = culprits[0]
