@@ -30,9 +30,12 @@ initializers excluded), over the evaluation batches (running statistics only, ne
 - `mixed_ratio`, `mixed_detail`: for a tensor made of parts (a Concat's inputs, or the entries of a graph
   output's short last axis, a detector's boxes and scores), the widest part's fp32 span over the narrowest
   one's, and the parts' spans; `worst_part_sqnr_db`: the lowest local SQNR of a part;
-- `noise_share`: this tensor's share of the summed local noise-to-signal ratios (using its worst part when it
-  has parts): a first-order estimate of its contribution to the output error (relative noise injected at each
-  pair adds up along the graph). The culprits are the tensors with the largest share.
+- `added_nsr`: the error this tensor adds: its noise fraction against fp32 (noise / (signal + noise), the
+  noise-to-signal ratio while small, saturating at 1 once the tensor has lost the fp32 one) minus the largest
+  among the diagnosed tensors its producer reads (so the producer's weight rounding and its amplification of
+  incoming error count; error carried in does not), at least its worst part's local fraction (a mixed tensor);
+  `noise_share`: its share of the summed `added_nsr`, a first-order estimate of its contribution to the output
+  error (relative errors add up along the graph). The culprits are the tensors with the largest share.
 
 One augmented session per model, fed batch by batch: the fp32 model with the diagnosed tensors as extra outputs,
 and the QDQ model with each pair's input and output as extra outputs (graph optimisation off, as onnxruntime's
@@ -97,6 +100,7 @@ COARSE_SQNR_DB = 20.0
 # channel under 1/8 of the grid (fewer than 32 of 256 levels, 5 bits): quantise weights per channel.
 WEIGHT_RATIO = 8.0
 CULPRITS = 5  # tensors named in every run's diagnosis
+OVERALL_SHARE = 1 / 3  # a problem verdict holding this share of the added error is the model's verdict
 ACCUMULATED_DB = 20.0  # an output under this SQNR with only sound tensors: the error accumulates
 DISTINCT_SAMPLE = 16384  # distinct fp32 values are counted on at most about this many values per batch
 # The augmented sessions return every diagnosed tensor (the int8 one twice: before and after its pair): a batch
@@ -119,7 +123,7 @@ _INT_TYPES = {
 COLUMNS = ("tensor", "node", "op_type", "role", "calib_min", "calib_max", "eval_min", "eval_max", "scale",
            "zero_point", "qtype", "qmin", "qmax", "repr_min", "repr_max", "clipped_fraction", "clip_cost", "levels",
            "grid_used", "sqnr_db", "qdq_sqnr_db", "mixed_ratio", "mixed_detail", "worst_part_sqnr_db",
-           "narrowest_part_steps", "noise_share", "elements", "distinct_values", "consumers")
+           "narrowest_part_steps", "added_nsr", "noise_share", "elements", "distinct_values", "consumers")
 
 
 @dataclass(frozen=True)
@@ -343,11 +347,23 @@ class TensorStats:
             self.part_noise[k] += float(np.dot(noise, noise))
 
     def nsr(self) -> float:
-        """Local noise-to-signal ratio, of the worst part when there are parts."""
+        """Local noise-to-signal ratio (this pair's own noise), of the worst part when there are parts."""
         ratios = [self.pre_noise / self.pre_energy if self.pre_energy > 0 else (math.inf if self.pre_noise else 0)]
         for energy, noise in zip(self.part_energy, self.part_noise, strict=True):
             ratios.append(noise / energy if energy > 0 else (math.inf if noise else 0.0))
         return max(ratios)
+
+    def part_nsr(self) -> float:
+        """The worst part's local noise-to-signal ratio (0 without parts)."""
+        ratios = [noise / energy if energy > 0 else (math.inf if noise else 0.0)
+                  for energy, noise in zip(self.part_energy, self.part_noise, strict=True)]
+        return max(ratios, default=0.0)
+
+    def xnsr(self) -> float | None:
+        """Noise-to-signal ratio of the int8 model's tensor against the fp32 model's (None without fp32)."""
+        if not self.has_ref:
+            return None
+        return self.ref_noise / self.ref_energy if self.ref_energy > 0 else (math.inf if self.ref_noise else 0.0)
 
     def row(self) -> dict:
         pair = self.pair
@@ -378,6 +394,30 @@ class TensorStats:
                                                                        strict=True))
             row["narrowest_part_steps"] = float(live.min() / pair.scale) if live.size else None
         return row
+
+
+def _bounded(nsr: float) -> float:
+    """A noise-to-signal ratio as the noise's fraction of signal + noise: equal to it while small (errors add),
+    saturating at 1 where the int8 tensor has lost the fp32 one (a later tensor cannot lose it again)."""
+    return 1.0 if not math.isfinite(nsr) else nsr / (1.0 + nsr)
+
+
+def _upstream(tensor: str, producers: Mapping[str, onnx.NodeProto], diagnosed: set[str], limit: int = 64) -> set:
+    """The diagnosed tensors the producer of `tensor` reads, looking through undiagnosed tensors' producers."""
+    found: set[str] = set()
+    node = producers.get(tensor)
+    frontier = list(node.input) if node is not None else []
+    seen: set[str] = set()
+    while frontier and len(seen) < limit:
+        name = frontier.pop()
+        if not name or name in seen:
+            continue
+        seen.add(name)
+        if name in diagnosed:
+            found.add(name)
+        elif name in producers:
+            frontier.extend(producers[name].input)
+    return found
 
 
 def _save(model: onnx.ModelProto, path: Path) -> Path:
@@ -473,6 +513,8 @@ class StreamingDiagnostics:
             parts = _parts(pair.tensor, producer, shapes, fp32_outputs) if pair.tensor in fp32_tensors else None
             self.stats.append(TensorStats(pair, fused, parts))
         self.fp32_wanted = [p.tensor for p in self.pairs if p.tensor in fp32_tensors]
+        self.by_tensor = {stats.pair.tensor: stats for stats in self.stats}
+        self.upstream = {t: _upstream(t, fp32_producers, set(self.by_tensor)) for t in self.by_tensor}
         infos = graph_inputs(fp32_model)
         self.fixed = fixed_rows(infos[0]) if infos else None
         del fp32_model, int8_model
@@ -528,6 +570,18 @@ class StreamingDiagnostics:
             stats.update(ref.get(pair.tensor) if pair.tensor in self.fp32_wanted else None, got[pair.pre],
                          got[pair.post])
 
+    def _added(self, stats: TensorStats) -> float:
+        """The error this tensor adds: its noise-to-signal ratio against fp32 minus the largest one among the
+        diagnosed tensors its producer reads (so a node's weight rounding and its amplification of incoming
+        error count, and error carried in from upstream does not), at least its worst part's local ratio; the
+        local ratio where the fp32 model has no such tensor."""
+        own = stats.xnsr()
+        if own is None:
+            return _bounded(stats.nsr())
+        upstream = [self.by_tensor[t].xnsr() for t in self.upstream.get(stats.pair.tensor, ())]
+        incoming = max((_bounded(u) for u in upstream if u is not None), default=0.0)
+        return max(0.0, _bounded(own) - incoming, _bounded(stats.part_nsr()))
+
     def rows(self) -> list[dict]:
         if not self.batches:
             raise CalibrunError("diagnostics need at least one evaluation feed")
@@ -547,12 +601,13 @@ class StreamingDiagnostics:
                 **stats.row(),
             }
             row["consumers"] = ",".join(n for n in self.consumers.get(pair.tensor, []) if n)
-            row["_nsr"] = stats.nsr()
+            row["added_nsr"] = self._added(stats)
             rows.append(row)
-        total = sum(r["_nsr"] for r in rows if math.isfinite(r["_nsr"]))
+        finite = [r["added_nsr"] for r in rows if math.isfinite(r["added_nsr"])]
+        total = sum(finite)
         for r in rows:
-            nsr = r.pop("_nsr")
-            r["noise_share"] = (1.0 if not math.isfinite(nsr) else nsr / total if total > 0 else 0.0)
+            added = r["added_nsr"]
+            r["noise_share"] = (1.0 if not math.isfinite(added) else added / total if total > 0 else 0.0)
         return [{**{c: r.get(c) for c in COLUMNS}, **{k: v for k, v in r.items() if k not in COLUMNS}}
                 for r in rows]
 
@@ -706,7 +761,8 @@ def classify_model(diags: Sequence[Mapping], weights: Sequence[Mapping] = (), n:
       `consumers` (quant.nodes_to_exclude needs both to keep the tensor in float), `op_type`, `verdict`,
       `noise_share`, `sqnr_db`, `qdq_sqnr_db`, `clip_cost` and,
       for mixed ones, `mixed_ratio`/`mixed_detail`;
-    - `overall`: the verdict whose tensors hold the largest summed noise_share (`noise_by_verdict`);
+    - `overall`: the problem verdict (clipping, mixed, coarse) whose tensors hold the largest summed noise_share
+      (`noise_by_verdict`) when that is at least OVERALL_SHARE of it all, else the top culprit's verdict;
     - `clipping_tensors`, `mixed_tensors`, `coarse_tensors`; `mixed_weights` (weights to quantise per channel);
     - `recommendations`: config changes the verdicts point to;
     - with `output_sqnr_db` (output name -> SQNR of int8 vs fp32): `output_sqnr_db` (the lowest) and
@@ -732,10 +788,14 @@ def classify_model(diags: Sequence[Mapping], weights: Sequence[Mapping] = (), n:
             entry.update(mixed_ratio=row["mixed_ratio"], mixed_detail=row.get("mixed_detail"))
         entry["consumers"] = [n for n in (row.get("consumers") or "").split(",") if n]
         culprits.append(entry)
+    total = sum(shares.values())
+    bad = max(VERDICTS[:-1], key=lambda v: (shares[v], -VERDICTS.index(v)))
     if not diags:
         overall = None
-    elif any(shares.values()):
-        overall = max(VERDICTS, key=lambda v: (shares[v], -VERDICTS.index(v)))
+    elif total > 0 and shares[bad] >= OVERALL_SHARE * total:
+        overall = bad
+    elif culprits:
+        overall = culprits[0]["verdict"]
     else:
         overall = next((v for v in VERDICTS if counts[v]), None)
     mixed_weights = [w for w in weights if w.get("verdict") == "mixed"]
@@ -778,7 +838,7 @@ def classify_model(diags: Sequence[Mapping], weights: Sequence[Mapping] = (), n:
         "counts": counts,
         "tensors": len(verdicts),
         "overall": overall,
-        "noise_by_verdict": shares,
+        "noise_by_verdict": {k: float(v) for k, v in shares.items()},
         "culprits": culprits,
         "clipping_tensors": [name for name, v in verdicts.items() if v == "clipping"],
         "mixed_tensors": [name for name, v in verdicts.items() if v == "mixed"],

@@ -121,7 +121,8 @@ def _diagnosis_section(diagnosis: dict) -> str:
     lines += ["", "*clipping*: values cut off beyond half a step add more error than all the tensor's rounding; "
               "*mixed*: parts of one tensor (Concat inputs, output entries) span ranges 100x apart, one scale "
               "cannot serve both; *coarse*: the real values use under 25% of the integer grid; *sound*: none of "
-              "these. A culprit's share is its part of the summed local noise-to-signal ratios."]
+              "these. A culprit's share is its part of the error added tensor by tensor "
+              "(its noise against fp32 minus what its inputs carried in)."]
     if advice:
         lines += ["", "Recommended:", *advice]
     for calibration, trend in diagnosis["samples"].items():

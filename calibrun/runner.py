@@ -189,7 +189,7 @@ def compute(cfg: DictConfig, job_dir: Path) -> dict:
         culprits = result["diagnosis"]["culprits"]
         if culprits:
             top = culprits[0]
-            log.info("diagnosis: %s; top culprit %s (node %s, %s, %.0f%% of the local noise)",
+            log.info("diagnosis: %s; top culprit %s (node %s, %s, %.0f%% of the added error)",
                      result["diagnosis"]["overall"], top["tensor"], top["node"], top["verdict"],
                      100 * (top["noise_share"] or 0))
     return result

@@ -142,8 +142,10 @@ def test_batched_feeds_give_the_same_numbers(lab):
     batched = tensor_diagnostics(lab["fp32"], run["path"], run["ranges"], feeds)
     for one, many in zip(run["diags"], batched, strict=True):
         for key, value in one.items():
-            # energies are float32 dot products (BLAS accumulation order depends on the batch): 1e-6 relative
-            assert many[key] == (pytest.approx(value, rel=1e-6) if isinstance(value, float) else value), key
+            # energies are float32 dot products (BLAS accumulation order depends on the batch): 1e-6 relative;
+            # added_nsr / noise_share are differences of two such ratios (cancellation): 1e-4
+            rel = 1e-4 if key in ("added_nsr", "noise_share") else 1e-6
+            assert many[key] == (pytest.approx(value, rel=rel) if isinstance(value, float) else value), key
 
 
 def test_nothing_written_beside_the_inputs(lab):
