@@ -145,3 +145,36 @@ def test_memory_does_not_grow_with_rows_on_a_trained_model(tmp_path):
     small, large = _peak(lambda: run(8)), _peak(lambda: run(48))
     print(f"peak traced memory: {small / 2**20:.1f} MiB at 8 rows, {large / 2**20:.1f} MiB at 48 rows")
     assert large < 1.3 * small, (small, large)
+
+
+def test_lab_job_records_and_diagnostics_off(tmp_path):
+    """A real lab job: per-output metrics, the evaluation span and what was used in result.json; with
+    diagnostics=off no diagnostics file and no diagnosis, the same errors."""
+    import json
+    import subprocess
+    import sys
+
+    def job(name, *extra):
+        proc = subprocess.run([sys.executable, "-m", "calibrun", "tracking=off", "batches=2", "eval.batch_size=100",
+                               f"cache.dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / name}", *extra],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads((tmp_path / name / "result.json").read_text()), proc.stderr
+
+    on, _ = job("on")
+    off, log = job("off", "diagnostics=off")
+    assert "diagnosis" in on
+    assert "diagnostics" in on["files"]
+    assert "diagnosis" not in off
+    assert "diagnostics" not in off["files"]
+    assert not (tmp_path / "off" / "diagnostics.json").exists()
+    assert on["metrics"]["max_abs_error"] == off["metrics"]["max_abs_error"]
+    assert on["used"]["eval_batches"] == 3  # 256 rows in batches of 100
+    assert on["used"]["calibration_batches"] == 2
+    assert on["task"]["name"] == "none"
+    rows = evaluation_rows(engine.open_float_model(tmp_path / "on" / "fp32.onnx").info, 777, 256)
+    assert on["metrics"]["eval_span"] == float(rows.max()) - float(rows.min())
+    assert on["metrics"]["out.y.max_abs_error"] == on["metrics"]["max_abs_error"]
+    assert "requested" not in log  # used counts equal the requested ones: no warning
+    culprits = on["diagnosis"]["culprits"]
+    assert culprits[0]["node"] in {"fc1_matmul", "fc1_add", "relu", "fc2_matmul", "fc2_add", None}
