@@ -104,6 +104,7 @@ class TaskConf:
 @dataclass
 class DiagnosticsConf:
     enabled: bool = True  # per-tensor diagnostics of QDQ runs (diagnostics=on|off)
+    rows: int | None = 256  # diagnose the first `rows` evaluation rows (null: all); errors and tasks use every row
 
 
 @dataclass
@@ -190,6 +191,8 @@ def validate(cfg: DictConfig) -> None:
     _need(cfg.eval.rows >= 1, "eval.rows", "must be >= 1", cfg.eval.rows)
     if cfg.eval.batch_size is not None:
         _need(cfg.eval.batch_size >= 1, "eval.batch_size", "must be >= 1", cfg.eval.batch_size)
+    if cfg.diagnostics.rows is not None:
+        _need(cfg.diagnostics.rows >= 1, "diagnostics.rows", "must be >= 1 (or null: every row)", cfg.diagnostics.rows)
     _need(cfg.task.name in TASKS, "task.name", f"must be one of {list(TASKS)}", cfg.task.name)
     _need(cfg.task.top_k >= 1, "task.top_k", "must be >= 1", cfg.task.top_k)
     _need(math.isfinite(cfg.task.threshold), "task.threshold", "must be a finite number", cfg.task.threshold)

@@ -484,7 +484,8 @@ class StreamingDiagnostics:
     Use as a context manager: the augmented model copies live in a TemporaryDirectory removed on exit.
     """
 
-    def __init__(self, fp32_path: str | Path, int8_qdq_path: str | Path, ranges_path: str | Path, threads: int = 0):
+    def __init__(self, fp32_path: str | Path, int8_qdq_path: str | Path, ranges_path: str | Path, threads: int = 0,
+                 max_rows: int | None = None):
         int8_model = load_model(int8_qdq_path)
         self.pairs = qdq_pairs(int8_model)
         if not self.pairs:
@@ -532,6 +533,8 @@ class StreamingDiagnostics:
         self.fp32_where, self.int8_where = fp32_path, int8_qdq_path
         self.batches = 0
         self.rows_per_run: int | None = None  # set from the first run's output bytes (one row)
+        self.max_rows = max_rows  # diagnose the first max_rows evaluation rows (None: all)
+        self.rows_seen = 0
 
     def __enter__(self):
         return self
@@ -546,6 +549,12 @@ class StreamingDiagnostics:
     def update(self, feeds: Mapping[str, np.ndarray]) -> None:
         """One evaluation batch, run in pieces of `self.rows_per_run` rows (bounded output memory)."""
         rows = len(next(iter(feeds.values())))
+        if self.max_rows is not None:
+            if self.rows_seen >= self.max_rows:
+                return
+            if self.fixed is None:
+                rows = min(rows, self.max_rows - self.rows_seen)
+        self.rows_seen += rows
         start = 0
         while start < rows:
             size = min(rows - start, self.rows_per_run or 1)
@@ -583,7 +592,7 @@ class StreamingDiagnostics:
         return max(0.0, _bounded(own) - incoming, _bounded(stats.part_nsr()))
 
     def rows(self) -> list[dict]:
-        if not self.batches:
+        if not self.rows_seen:
             raise CalibrunError("diagnostics need at least one evaluation feed")
         rows = []
         for stats in self.stats:

@@ -155,7 +155,8 @@ def compute(cfg: DictConfig, job_dir: Path) -> dict:
                                  threads=cfg.ort.intra_op_threads)
     diag = None
     if cfg.format.name == "qdq" and cfg.diagnostics.enabled:
-        diag = StreamingDiagnostics(fp32.path, int8_path, job_dir / RANGES_FILE, cfg.ort.intra_op_threads)
+        diag = StreamingDiagnostics(fp32.path, int8_path, job_dir / RANGES_FILE, cfg.ort.intra_op_threads,
+                                    max_rows=cfg.diagnostics.rows)
     try:
         errors = measure.evaluate(fp32.path, int8_path, evaluation, task, cfg.ort.intra_op_threads,
                                   cfg.eval.batch_size, observers=[diag] if diag is not None else (),
@@ -175,7 +176,8 @@ def compute(cfg: DictConfig, job_dir: Path) -> dict:
         "cache_key": quant["cache_key"],
         "preparation": steps,
         "eval_source": source,
-        "used": _used(cfg, data, evaluation, errors),
+        "used": {**_used(cfg, data, evaluation, errors),
+                 "diagnostics_rows": diag.rows_seen if diag is not None else 0},
         "task": task.describe(),
         "files": {"fp32": _relative(fp32.path, job_dir), "int8": int8_path.name, "ranges": RANGES_FILE,
                   "int8_sha256": file_sha256(int8_path), "ranges_sha256": file_sha256(job_dir / RANGES_FILE)},

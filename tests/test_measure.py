@@ -178,3 +178,16 @@ def test_lab_job_records_and_diagnostics_off(tmp_path):
     assert "requested" not in log  # used counts equal the requested ones: no warning
     culprits = on["diagnosis"]["culprits"]
     assert culprits[0]["node"] in {"fc1_matmul", "fc1_add", "relu", "fc2_matmul", "fc2_add", None}
+
+
+def test_diagnostics_stop_after_max_rows(lab):
+    """diagnostics.rows: the first rows only; the statistics are those of exactly those rows."""
+    fp32 = lab["fp32"]
+    rows = evaluation_rows(fp32.info, 777, 256)
+    with StreamingDiagnostics(fp32.path, lab["int8"], lab["ranges"], max_rows=40) as diag:
+        measure.evaluate(fp32.path, lab["int8"], datasets.lab_evaluation(fp32, 777, 256), batch_size=32,
+                         observers=[diag], progress=None)
+        assert diag.rows_seen == 40
+        x = diag.rows()[0]
+    assert x["elements"] == 40 * rows.shape[1]
+    assert (x["eval_min"], x["eval_max"]) == (float(rows[:40].min()), float(rows[:40].max()))
