@@ -199,8 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--models", nargs="+", default=["resnet", "ocr_det"], choices=["resnet", "ocr_det"])
     parser.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0: every core)")
+    parser.add_argument("--rows", type=int, nargs=2, metavar=("SMALL", "LARGE"), default=None,
+                        help="evaluation rows of the two memory runs (default 16 256; --quick 16 48)")
     args = parser.parse_args(argv)
     small, large = (16, 48) if args.quick else (16, 256)  # eval.batch_size 16 in both: only the rows differ
+    if args.rows:
+        small, large = args.rows
     print(f"load before: {os.getloadavg()}", file=sys.stderr)
     for name in args.models:
         row = bench_model(name, args.quick, small, large, args.threads)
