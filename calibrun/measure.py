@@ -83,22 +83,6 @@ def max_abs_difference(a_outputs: list[np.ndarray], b_outputs: list[np.ndarray])
     return compare(a_outputs, b_outputs)["max_abs_error"]
 
 
-def classification(fp32_outputs: list[np.ndarray], int8_outputs: list[np.ndarray], labels=None) -> dict:
-    """Top-1 agreement of int8 with fp32 on the first output ([rows, classes]); with labels, both accuracies."""
-    ref, got = fp32_outputs[0], int8_outputs[0]
-    if ref.ndim != 2 or ref.shape[1] < 2:
-        raise CalibrunError(f"a classifier's first output must be [rows, classes], got shape {ref.shape}")
-    ref_top, got_top = ref.argmax(axis=1), got.argmax(axis=1)
-    metrics = {"top1_agreement": float(np.mean(ref_top == got_top))}
-    if labels is not None:
-        labels = np.asarray(labels).reshape(-1)
-        if len(labels) != len(ref_top):
-            raise CalibrunError(f"{len(labels)} labels for {len(ref_top)} evaluation rows")
-        metrics["fp32_accuracy"] = float(np.mean(ref_top == labels))
-        metrics["int8_accuracy"] = float(np.mean(got_top == labels))
-    return metrics
-
-
 def _metric_name(name: str) -> str:
     """An output name as an MLflow metric name part (alphanumerics, _ - . / and spaces)."""
     return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", name)
