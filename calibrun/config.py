@@ -19,6 +19,7 @@ from calibrun.data import MAX_BATCHES, MAX_FACTOR, MAX_ROWS, MAX_SEED, MIN_FACTO
 from calibrun.errors import CalibrunError
 from calibrun.quantize import FORMATS, QuantOptions
 from calibrun.sources import IMAGENET_MEAN, IMAGENET_STD, MAX_IMAGE_SIDE, ImageTransform
+from calibrun.tasks import TASKS
 
 
 @dataclass
@@ -90,6 +91,25 @@ class QuantConf:
 class EvalConf:
     seed: int = 777
     rows: int = 256
+    batch_size: int | None = None  # rows per evaluation run; None: 16 (a model that pins its first axis: its size)
+
+
+@dataclass
+class TaskConf:
+    """Task metrics (calibrun.tasks): auto | none | classification | dense | custom."""
+
+    name: str = "auto"
+    output: str | None = None  # the output judged (default: the first)
+    axis: int | None = None  # classification: class axis (None: from the Softmax, else -1)
+    threshold: float = 0.5  # dense: value > threshold is positive
+    top_k: int = 5
+    fn: str | None = None  # custom: module:function
+
+
+@dataclass
+class DiagnosticsConf:
+    enabled: bool = True  # per-tensor diagnostics of QDQ runs (diagnostics=on|off)
+    rows: int | None = 256  # diagnose the first `rows` evaluation rows (null: all); errors and tasks use every row
 
 
 @dataclass
@@ -136,6 +156,8 @@ class Config:
     tracking: TrackingConf = field(default_factory=TrackingConf)
     report: ReportConf = field(default_factory=ReportConf)
     ort: OrtConf = field(default_factory=OrtConf)
+    task: TaskConf = field(default_factory=TaskConf)
+    diagnostics: DiagnosticsConf = field(default_factory=DiagnosticsConf)
     batches: int = 64
     resume: bool = False  # skip jobs whose result.json is complete and valid (same sweep folder)
 
@@ -183,6 +205,17 @@ def validate(cfg: DictConfig) -> None:
         seed = OmegaConf.select(cfg, key)
         _need(0 <= seed <= MAX_SEED, key, f"must be in 0..{MAX_SEED} (2**32 - 1)", seed)
     _need(1 <= cfg.eval.rows <= MAX_ROWS, "eval.rows", f"must be in 1..{MAX_ROWS}", cfg.eval.rows)
+    if cfg.eval.batch_size is not None:
+        _need(1 <= cfg.eval.batch_size <= MAX_ROWS, "eval.batch_size", f"must be in 1..{MAX_ROWS}", cfg.eval.batch_size)
+    if cfg.diagnostics.rows is not None:
+        _need(1 <= cfg.diagnostics.rows <= MAX_ROWS, "diagnostics.rows",
+              f"must be in 1..{MAX_ROWS} (or null: every row)", cfg.diagnostics.rows)
+    _need(cfg.task.name in TASKS, "task.name", f"must be one of {list(TASKS)}", cfg.task.name)
+    _need(cfg.task.top_k >= 1, "task.top_k", "must be >= 1", cfg.task.top_k)
+    _need(math.isfinite(cfg.task.threshold), "task.threshold", "must be a finite number", cfg.task.threshold)
+    if cfg.task.name == "custom":
+        _need(bool(cfg.task.fn) and ":" in cfg.task.fn, "task.fn",
+              "is required with task=custom as module:function", cfg.task.fn)
     _need(cfg.format.name in FORMATS, "format.name", f"must be one of {sorted(FORMATS)}", cfg.format.name)
     _need(cfg.method.name in METHODS, "method.name", f"must be one of {sorted(METHODS)}", cfg.method.name)
     if cfg.method.chunk is not None:

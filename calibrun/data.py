@@ -134,3 +134,23 @@ def evaluation_rows(info: InputInfo, seed: int, rows: int, axis_sizes=None) -> n
     rows = check_positive_int(rows, "rows", MAX_ROWS)
     shape = (rows, *sample_shape(info, axis_sizes))
     return np.random.default_rng(seed).normal(0, 1, shape).astype(np.float32)
+
+
+def evaluation_pieces(info: InputInfo, seed: int, rows: int, axis_sizes=None):
+    """The lab evaluation rows as a `sizes -> iterator of arrays` source: one generator drawn batch after batch.
+
+    numpy's normal stream is sequential, so drawing (a, f) then (b, f) gives exactly the rows of one (a + b, f)
+    draw, and the float32 cast is element-wise: the batches concatenate to `evaluation_rows(...)` bit for bit.
+    """
+    seed = check_seed(seed)
+    rows = check_positive_int(rows, "rows")
+    shape = sample_shape(info, axis_sizes)
+
+    def pieces(sizes):
+        if sum(sizes) > rows:
+            raise CalibrunError(f"{sum(sizes)} evaluation rows asked of {rows}")
+        rng = np.random.default_rng(seed)
+        for size in sizes:
+            yield rng.normal(0, 1, (size, *shape)).astype(np.float32)
+
+    return pieces

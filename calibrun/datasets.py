@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from calibrun import engine, sources
-from calibrun.data import lab_batches
+from calibrun import sources
+from calibrun.data import evaluation_pieces, lab_batches
 from calibrun.engine import FloatModel
 from calibrun.errors import CalibrunError
 from calibrun.sources import EvalData, ImageTransform
@@ -36,11 +36,23 @@ def calibration_data(source: Mapping, fp32: FloatModel, seed: int, factor: float
     raise CalibrunError(f"unknown data source {name!r}")
 
 
+def lab_evaluation(fp32: FloatModel, seed: int, rows: int) -> EvalData:
+    """The lab rule's evaluation rows, generated batch by batch (the same rows as one draw)."""
+    info = fp32.lab_input()
+    pieces = evaluation_pieces(info, seed, rows)
+
+    def feeds(sizes):
+        for array in pieces(sizes):
+            yield {info.name: array}
+
+    return EvalData(rows, feeds, None, None, {"source": "lab", "seed": seed, "rows": rows}, [info.name])
+
+
 def evaluation_data(source: Mapping, fp32: FloatModel, seed: int, rows: int) -> EvalData:
-    """The evaluation rows (the real distribution) and labels when the source has them."""
+    """The evaluation rows (the real distribution), served batch by batch, and labels when the source has them."""
     name = source["name"]
     if name == "lab":
-        return EvalData(engine.lab_feeds(fp32, seed, rows), None)
+        return lab_evaluation(fp32, seed, rows)
     if name == "npy":
         return sources.npy_evaluation(_path(source), fp32.inputs, rows)
     if name == "images":

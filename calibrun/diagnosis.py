@@ -1,7 +1,9 @@
 """Sweep-level diagnosis: why an int8 model lost accuracy, from the measurements of its runs.
 
-Per run (QDQ runs carry per-tensor diagnostics): the input tensor's and the model's verdict (clipping /
-coarse / sound, calibrun.diagnostics.classify) with the numbers behind it, and the worst tensors by SQNR.
+Per run (QDQ runs carry per-tensor diagnostics): the input tensor's and the model's verdict (clipping / mixed /
+coarse / sound, calibrun.diagnostics.classify) with the numbers behind it, the worst tensors by SQNR, the
+culprits (the tensors with the largest share of the noise, with the node that produces each, as every run's
+result.json records them) and the recommended config changes.
 
 Per calibration with several batch counts: would more samples help? The observed range of n samples of a
 light-tailed distribution grows like a + b * sqrt(2 ln n) (the expected maximum of n normal draws). A
@@ -46,8 +48,10 @@ def run_diagnosis(result: Mapping, table: Mapping[str, list] | None, n_worst: in
     entry["input"] = next(({k: row[k] for k in ("tensor", "calib_min", "calib_max", "eval_min", "eval_max",
                                                  "clipped_fraction", "grid_used", "sqnr_db")}
                            for row in rows if row["tensor"] == verdict["input_tensor"]), None)
-    entry["worst_tensors"] = [{k: row[k] for k in ("tensor", "verdict", "sqnr_db", "clipped_fraction",
-                                                     "grid_used")} for row in worst(rows, n_worst)]
+    entry["worst_tensors"] = [{k: row.get(k) for k in ("tensor", "node", "verdict", "sqnr_db", "clipped_fraction",
+                                                         "clip_cost", "grid_used")} for row in worst(rows, n_worst)]
+    entry["culprits"] = list(verdict.get("culprits", []))[:n_worst]
+    entry["recommendations"] = list(verdict.get("recommendations", []))
     return entry
 
 

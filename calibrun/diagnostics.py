@@ -1,35 +1,53 @@
-"""Per-tensor quantisation diagnostics of a QDQ model: which activation was clipped, which got a coarse grid.
+"""Per-tensor quantisation diagnostics of a QDQ model, streamed: which activation clips, which shares one
+scale between ranges that differ by orders of magnitude, which got a coarse grid, and which ones the output
+error comes from.
 
 For every activation that carries a QuantizeLinear -> DequantizeLinear pair in the QDQ model (weights and other
-initializers excluded), on the evaluation feeds:
+initializers excluded), over the evaluation batches (running statistics only, never every activation):
 
-- `calib_min`, `calib_max`: its range in the calibration ranges file (onnxruntime TensorsData JSON, the
-  calibration cache file), null when the file has no range for it;
-- `eval_min`, `eval_max`: the range of the same tensor in the fp32 model on the evaluation data;
-- `scale`, `zero_point`, `qtype`, `qmin`, `qmax` of its QuantizeLinear (the integer type from the zero point's
-  type), and the float range the grid can represent, `repr_min, repr_max = scale*(qmin-zp), scale*(qmax-zp)`;
+- `node`, `op_type`: the fp32 node that produces the tensor (null for a graph input), and `consumers`: the nodes
+  that read it (comma-separated). `quant.nodes_to_exclude` needs the producer and the consumers to keep a tensor
+  in float: onnxruntime puts a Q/DQ pair on a tensor while any node touching it is quantised;
+- `calib_min`, `calib_max`: its range in the calibration ranges file (onnxruntime TensorsData JSON), null when
+  the file has no range for it;
+- `eval_min`, `eval_max`: its range in the fp32 model on the evaluation data;
+- `scale`, `zero_point`, `qtype`, `qmin`, `qmax` of its QuantizeLinear, and the float range the grid can
+  represent, `repr_min, repr_max = scale*(qmin-zp), scale*(qmax-zp)`;
 - `clipped_fraction`: the fraction of fp32 values outside `[repr_min, repr_max]`;
-- `levels`, `grid_used`: the distinct integer levels the int8 model really produced on this tensor, and that
-  count / (qmax - qmin + 1). The integers are read back exactly from the DequantizeLinear output
-  (`rint(dq / scale) + zp`). `elements`: the number of evaluation values of the tensor; `distinct_values`:
-  how many of them differ in fp32, which bounds `levels` (see `classify`);
-- `sqnr_db`: 20*log10(|fp32| / |fp32 - dequantised|) between the fp32 model's activation and the int8 model's
-  DequantizeLinear output: onnxruntime's `xmodel_err` (qdq_loss_debug.compute_activation_error). It includes
-  the error the int8 model carries in from upstream, which is what the model's output sees. +inf when the
-  two are identical (onnxruntime's function would floor the noise at float eps and return ~300 dB);
-- `qdq_sqnr_db`: onnxruntime's `qdq_err`, the same between the int8 model's own tensor before and after the
-  QDQ pair: the local rounding/clipping of this one pair. Beware: where quantize_static fused a Relu into
-  the pair (the Relu is removed and the pair's range starts at 0), "before" is the pre-Relu value, so this
-  number counts the Relu itself as noise; `sqnr_db` does not have that problem.
+- `clip_cost`: what clipping costs. Values beyond the range by less than half a step round to the end level like
+  any value inside it (zero-point rounding), so only values beyond by more than scale/2 count, weighted by how
+  far: sum(excess^2) / (elements * scale^2 / 12), the clipping error energy in units of the rounding noise the
+  whole tensor carries anyway (1.0: clipping adds as much noise as rounding, a 3 dB loss);
+- `levels`, `grid_used`: the distinct integer levels the int8 model produced (read back exactly from the
+  DequantizeLinear output, `rint(dq / scale) + zp`) and that count / (qmax - qmin + 1); `elements`;
+  `distinct_values`: distinct fp32 values, counted up to the grid size (more cannot matter, see `classify`);
+- `sqnr_db`: 10*log10(energy of fp32 / energy of (fp32 - dequantised)) between the fp32 model's activation and
+  the int8 model's DequantizeLinear output (onnxruntime's `xmodel_err`): it includes the error carried in from
+  upstream. +inf when identical;
+- `qdq_sqnr_db`: the same between the int8 model's own tensor before and after the pair (onnxruntime's
+  `qdq_err`): the noise this one pair adds. Where quantize_static fused a Relu (or Clip) into the pair, the
+  "before" value is taken after that Relu/Clip, so the removed activation is not counted as noise;
+- `mixed_ratio`, `mixed_detail`: for a tensor made of parts (a Concat's inputs, or the entries of a graph
+  output's short last axis, a detector's boxes and scores), the widest part's fp32 span over the narrowest
+  one's, and the parts' spans; `worst_part_sqnr_db`: the lowest local SQNR of a part;
+- `added_nsr`: the error this tensor adds: its noise fraction against fp32 (noise / (signal + noise), the
+  noise-to-signal ratio while small, saturating at 1 once the tensor has lost the fp32 one) minus the largest
+  among the diagnosed tensors its producer reads (so the producer's weight rounding and its amplification of
+  incoming error count; error carried in does not), at least its worst part's local fraction (a mixed tensor);
+  `noise_share`: its share of the summed `added_nsr`, a first-order estimate of its contribution to the output
+  error (relative errors add up along the graph). The culprits are the tensors with the largest share.
 
-What is reused from onnxruntime (quantization/qdq_loss_debug.py): `modify_model_output_intermediate_tensors`
-(graph augmentation), `collect_activations` (one session per model, one run per feed, graph optimisation off
-so the QDQ pairs are not fused away), `create_activation_matching` (pre-/post-QDQ/float matching by
-onnxruntime's tensor naming) and `compute_activation_error` / `compute_signal_to_quantization_noice_ratio`.
-Written here: the QDQ pair scan that reads scale/zero point, keeping only the tensors needed (the augmented
-models would otherwise return every float tensor of the graph for every feed), and the range statistics.
+One augmented session per model, fed batch by batch: the fp32 model with the diagnosed tensors as extra outputs,
+and the QDQ model with each pair's input and output as extra outputs (graph optimisation off, as onnxruntime's
+qdq_loss_debug.collect_activations runs it, so the pairs are not fused away). What is reused from onnxruntime:
+`create_activation_matching`'s naming rule (a pair on tensor `t`, or on a graph output through
+`t_QuantizeLinear_Input`) and its SQNR definition; the collection itself is streamed here because
+`collect_activations` keeps every activation of every feed.
 
-QOperator models have no QDQ pairs and are refused (qdq_loss_debug cannot match their activations).
+Weights are diagnosed too (`weight_diagnostics`): a Conv/Gemm/MatMul weight quantised per tensor whose output
+channels' ranges differ widely leaves most channels a few levels; `quant.per_channel=true` is the remedy.
+
+QOperator models have no QDQ pairs and are refused.
 """
 
 from __future__ import annotations
@@ -43,40 +61,53 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization.calibrate import load_tensors_data
-from onnxruntime.quantization.qdq_loss_debug import (
-    _TENSOR_SAVE_POSTFIX,
-    collect_activations,
-    compute_activation_error,
-    create_activation_matching,
-    modify_model_output_intermediate_tensors,
-)
 from onnxruntime.quantization.quant_utils import QUANT_INPUT_SUFFIX
 
 from calibrun.calibrate import private_model_copy
+from calibrun.data import fixed_rows
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import temp_dir
 from calibrun.graph import constant_tensors
-from calibrun.model import load_model
+from calibrun.model import graph_inputs, load_model
 
 log = logging.getLogger(__name__)
 
-# A tensor is "clipping" when more than 0.1% of its fp32 evaluation values fall outside the representable range.
-# Saturation error is unbounded (it grows with the distance beyond the range) while rounding error is at most
-# scale/2, so clipping is judged first and strictly. A minmax range calibrated on the real distribution misses
-# only the far tail: about 2/(calibration values) of new data (0.012% for the lab's 16384; match clips 0 of 4096);
-# 0.1% is the two-sided tail of a normal beyond 3.3 sigma, so more means calibration saw a narrower range.
+# Legacy count rule, kept for rows without a clip_cost (older diagnostics.json files): more than 0.1% of the
+# values outside the representable range.
 CLIP_THRESHOLD = 0.001
-# A tensor is "coarse" when it uses less than 25% of its integer grid: fewer than 64 of int8's 256 levels, under
-# 6 effective bits, i.e. the calibrated range is more than 4x wider than the data and the rounding noise is
-# more than 4x (12 dB) above what a matched range gives. Lab int8: match uses 66-77%, 10x too wide ~9%.
-# The 25% is of the levels the evaluation data could reach at most, min(grid size, distinct fp32 values): 4096
-# values cannot fill a 65536-level int16 grid, nor 100 values int8's 256 levels (and a Relu output's zeros are one
-# value); without that cap every 16-bit tensor would read as coarse.
+# A tensor is "clipping" when its clip_cost exceeds 1: values cut off beyond half a step add more error energy
+# than all the rounding of the tensor does (more than a 3 dB loss from clipping alone). Lab narrow input: ~10^3;
+# match: 0 (its few values past the range are within half a step).
+CLIP_COST_THRESHOLD = 1.0
+# A tensor is "mixed" when its parts' fp32 spans differ by at least this factor and the narrowest part covers
+# fewer than MIXED_STEPS quantisation steps: one scale cannot serve both (two orders of magnitude leave the
+# narrow part at most 2-3 of int8's 255 steps). Remedy: keep its producer in float (quant.nodes_to_exclude).
+MIXED_RATIO = 100.0
+MIXED_STEPS = 16
+MAX_PARTS = 16  # a graph output's last axis with 2..MAX_PARTS entries is split into parts
+# A tensor is "coarse" when it uses less than 25% of the integer levels it could reach: fewer than 64 of int8's
+# 256 levels, under 6 effective bits (the calibrated range is more than 4x wider than the data). The 25% is of
+# min(grid size, distinct fp32 values): a Relu output's zeros are one value, 100 values cannot fill 256 levels.
 COARSE_THRESHOLD = 0.25
+# ...or when its own Q/DQ pair leaves it under 20 dB local SQNR without clipping (about 3 effective bits where
+# int8 on a well-matched range gives 35-45 dB): the typical values sit on a few levels because outliers (or a
+# too wide calibration) stretched the range. On ocr_det the SE blocks' GlobalAveragePool and a few heavy-tailed
+# Conv outputs land at 14-16 dB while using 57-87% of the grid; the median tensor is at 41 dB.
+COARSE_SQNR_DB = 20.0
+# A per-tensor weight whose widest output channel is WEIGHT_RATIO times its median channel leaves the median
+# channel under 1/8 of the grid (fewer than 32 of 256 levels, 5 bits): quantise weights per channel.
+WEIGHT_RATIO = 8.0
+CULPRITS = 5  # tensors named in every run's diagnosis
+OVERALL_SHARE = 1 / 3  # a problem verdict holding this share of the added error is the model's verdict
+ACCUMULATED_DB = 20.0  # an output under this SQNR with only sound tensors: the error accumulates
+DISTINCT_SAMPLE = 16384  # distinct fp32 values are counted on at most about this many values per batch
+# The augmented sessions return every diagnosed tensor (the int8 one twice: before and after its pair): a batch
+# is split into runs of as many rows as keep those outputs under this many bytes (measured on the first row).
+OUTPUT_BUDGET = 256 * 2**20
 
-VERDICTS = ("clipping", "coarse", "sound")
+VERDICTS = ("clipping", "mixed", "coarse", "sound")
 
 # Integer types of QuantizeLinear outputs: (name, qmin, qmax), keyed by the zero point's ONNX element type.
 _INT_TYPES = {
@@ -89,9 +120,10 @@ _INT_TYPES = {
 }
 
 # The columns of a diagnostics row, in table order (as_table adds `verdict`).
-COLUMNS = ("tensor", "role", "calib_min", "calib_max", "eval_min", "eval_max", "scale", "zero_point", "qtype",
-           "qmin", "qmax", "repr_min", "repr_max", "clipped_fraction", "levels", "grid_used", "sqnr_db",
-           "qdq_sqnr_db", "elements", "distinct_values")
+COLUMNS = ("tensor", "node", "op_type", "role", "calib_min", "calib_max", "eval_min", "eval_max", "scale",
+           "zero_point", "qtype", "qmin", "qmax", "repr_min", "repr_max", "clipped_fraction", "clip_cost", "levels",
+           "grid_used", "sqnr_db", "qdq_sqnr_db", "mixed_ratio", "mixed_detail", "worst_part_sqnr_db",
+           "narrowest_part_steps", "added_nsr", "noise_share", "elements", "distinct_values", "consumers")
 
 
 @dataclass(frozen=True)
@@ -189,43 +221,404 @@ def _plain(value) -> float | list[float] | None:
     return float(array[0]) if array.size == 1 else [float(v) for v in array]
 
 
-def _activations(model_path: Path, folder: Path, keep: set[str], feeds: Sequence[dict],
-                 threads: int = 0) -> dict[str, list]:
-    """qdq_loss_debug's augmentation + collection, on a private copy, returning only the tensors in `keep`."""
-    folder.mkdir()
-    # onnxruntime's shape inference writes `<model>-inferred.onnx` beside the file it is given: give it a copy.
-    copy = private_model_copy(model_path, folder)
-    augmented = folder / "augmented.onnx"
-    modify_model_output_intermediate_tensors(copy, augmented, save_as_external_data=True)
-    model = onnx.load(str(augmented))
-    # The augmentation saves every float tensor of the graph; drop the ones not needed, so that one run over
-    # the feeds holds only the activations diagnosed (not every tensor, nor the dequantised weights per feed).
-    dropped = {o.name for o in model.graph.output
-               if o.name.endswith(_TENSOR_SAVE_POSTFIX) and o.name[: -len(_TENSOR_SAVE_POSTFIX)] not in keep}
-    outputs = [o for o in model.graph.output if o.name not in dropped]
-    nodes = [n for n in model.graph.node if not (n.op_type == "Reshape" and n.output and n.output[0] in dropped)]
-    del model.graph.output[:]
-    model.graph.output.extend(outputs)
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    trimmed = folder / "trimmed.onnx"
-    onnx.save_model(model, str(trimmed), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location="trimmed.onnx.data")
-    del model
-    try:
-        options = onnxruntime.SessionOptions()  # collect_activations' default, plus the thread count
-        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-        options.intra_op_num_threads = threads
-        return collect_activations(str(trimmed), feeds, session_options=options)
-    except Exception as exc:  # onnxruntime raises its own Fail/InvalidArgument types on bad feeds
-        raise CalibrunError(f"running {model_path} on the evaluation feeds failed: {one_line(exc)}") from exc
-
-
-def _sqnr(reference: Sequence[np.ndarray], test: Sequence[np.ndarray], value: float) -> float:
-    """onnxruntime's SQNR, but +inf where the two are identical (no noise at all)."""
-    if all(np.array_equal(a, b) for a, b in zip(reference, test, strict=True)):
+def _db(signal: float, noise: float) -> float:
+    if noise <= 0:
         return math.inf
-    return float(value)
+    if signal <= 0:
+        return -math.inf
+    return 10 * math.log10(signal / noise)
+
+
+def _shapes(model: onnx.ModelProto) -> dict[str, list]:
+    shapes = {}
+    for info in (*model.graph.input, *model.graph.value_info, *model.graph.output):
+        if info.type.HasField("tensor_type") and info.type.tensor_type.HasField("shape"):
+            shapes[info.name] = [d.dim_value if d.HasField("dim_value") else None
+                                 for d in info.type.tensor_type.shape.dim]
+    return shapes
+
+
+@dataclass(frozen=True)
+class Parts:
+    """How a tensor splits into parts: along `axis`, at `bounds` (len = parts + 1), described by `kind`."""
+
+    axis: int
+    bounds: tuple[int, ...]
+    kind: str
+
+
+def _parts(tensor: str, producer: onnx.NodeProto | None, shapes: Mapping[str, list], outputs: set[str]):
+    """A Concat's inputs (static sizes along its axis), else the short last axis of a graph output."""
+    if producer is not None and producer.op_type == "Concat":
+        axis = next((a.i for a in producer.attribute if a.name == "axis"), None)
+        sizes = []
+        for name in producer.input:
+            shape = shapes.get(name)
+            if axis is None or shape is None or not -len(shape) <= axis < len(shape) or not shape[axis]:
+                sizes = []
+                break
+            sizes.append(shape[axis])
+        if len(sizes) >= 2:
+            rank = len(shapes[producer.input[0]])
+            return Parts(axis % rank, tuple(int(b) for b in np.cumsum([0, *sizes])),
+                         f"Concat {producer.name or tensor} inputs along axis {axis % rank}")
+    shape = shapes.get(tensor)
+    if tensor in outputs and shape and len(shape) >= 3 and shape[-1] and 2 <= shape[-1] <= MAX_PARTS:
+        return Parts(len(shape) - 1, tuple(range(shape[-1] + 1)), f"output {tensor} last axis entries")
+    return None
+
+
+class TensorStats:
+    """Running statistics of one diagnosed tensor (see the module docstring for what each becomes)."""
+
+    def __init__(self, pair: QDQPair, fused: tuple[float, float] | None, parts: Parts | None):
+        self.pair, self.fused, self.parts = pair, fused, parts
+        self.lo = pair.scale * (pair.qmin - pair.zero_point)
+        self.hi = pair.scale * (pair.qmax - pair.zero_point)
+        self.grid = pair.qmax - pair.qmin + 1
+        self.has_ref = False
+        self.elements = 0
+        self.eval_min, self.eval_max = math.inf, -math.inf
+        self.clipped = 0
+        self.clip_energy = 0.0
+        self.levels = np.zeros(self.grid, np.int64)
+        self.distinct: np.ndarray | None = np.empty(0, np.float32)  # None once more than the grid size
+        self.ref_energy = self.ref_noise = 0.0
+        self.pre_energy = self.pre_noise = 0.0
+        n = len(parts.bounds) - 1 if parts else 0
+        self.part_min, self.part_max = np.full(n, np.inf), np.full(n, -np.inf)
+        self.part_energy, self.part_noise = np.zeros(n), np.zeros(n)
+
+    def update(self, ref: np.ndarray | None, pre: np.ndarray, post: np.ndarray) -> None:
+        pair = self.pair
+        if self.fused is not None:  # the Relu/Clip quantize_static removed: "before" is taken after it
+            pre = np.clip(pre, *self.fused)
+        values = pre if ref is None else ref  # fp32 truth when the fp32 model has the tensor
+        self.has_ref = self.has_ref or ref is not None
+        flat, pre_flat, post_flat = values.reshape(-1), pre.reshape(-1), post.reshape(-1)
+        if flat.size == 0:
+            return
+        self.elements += flat.size
+        low, high = float(flat.min()), float(flat.max())
+        self.eval_min, self.eval_max = min(self.eval_min, low), max(self.eval_max, high)
+        half = pair.scale / 2
+        if high > self.hi:
+            self.clipped += int(np.count_nonzero(flat > self.hi))
+            if high > self.hi + half:
+                excess = flat[flat > self.hi + half].astype(np.float64) - self.hi
+                self.clip_energy += float(np.dot(excess, excess))
+        if low < self.lo:
+            self.clipped += int(np.count_nonzero(flat < self.lo))
+            if low < self.lo - half:
+                excess = self.lo - flat[flat < self.lo - half].astype(np.float64)
+                self.clip_energy += float(np.dot(excess, excess))
+        # DQ computed (q - zp) * scale in float32: dividing back in float32 lands within rounding of q - zp
+        q = np.rint(post_flat / np.float32(pair.scale)).astype(np.int32)
+        q += pair.zero_point - pair.qmin
+        np.clip(q, 0, self.grid - 1, out=q)
+        self.levels += np.bincount(q, minlength=self.grid)
+        if self.distinct is not None:  # a strided sample: sorting every value of every batch costs seconds
+            step = max(1, flat.size // DISTINCT_SAMPLE)
+            self.distinct = np.union1d(self.distinct, np.unique(flat[::step]))
+            if self.distinct.size > self.grid:
+                self.distinct = None
+        if ref is not None:
+            diff = post_flat - flat
+            self.ref_energy += float(np.dot(flat, flat))
+            self.ref_noise += float(np.dot(diff, diff))
+        local = post_flat - pre_flat
+        self.pre_energy += float(np.dot(pre_flat, pre_flat))
+        self.pre_noise += float(np.dot(local, local))
+        if self.parts is not None:
+            self._update_parts(values, pre, post)
+
+    def _update_parts(self, values: np.ndarray, pre: np.ndarray, post: np.ndarray) -> None:
+        axis, bounds = self.parts.axis, self.parts.bounds
+        if values.ndim <= axis or values.shape[axis] != bounds[-1]:
+            return  # the runtime shape does not follow the static one: no parts
+        for k in range(len(bounds) - 1):
+            index = (slice(None),) * axis + (slice(bounds[k], bounds[k + 1]),)
+            part, part_pre = values[index], pre[index]
+            noise = (post[index] - part_pre).reshape(-1)
+            self.part_min[k] = min(self.part_min[k], float(part.min()))
+            self.part_max[k] = max(self.part_max[k], float(part.max()))
+            flat_pre = part_pre.reshape(-1)
+            self.part_energy[k] += float(np.dot(flat_pre, flat_pre))
+            self.part_noise[k] += float(np.dot(noise, noise))
+
+    def nsr(self) -> float:
+        """Local noise-to-signal ratio (this pair's own noise), of the worst part when there are parts."""
+        ratios = [self.pre_noise / self.pre_energy if self.pre_energy > 0 else (math.inf if self.pre_noise else 0)]
+        for energy, noise in zip(self.part_energy, self.part_noise, strict=True):
+            ratios.append(noise / energy if energy > 0 else (math.inf if noise else 0.0))
+        return max(ratios)
+
+    def part_nsr(self) -> float:
+        """The worst part's local noise-to-signal ratio (0 without parts)."""
+        ratios = [noise / energy if energy > 0 else (math.inf if noise else 0.0)
+                  for energy, noise in zip(self.part_energy, self.part_noise, strict=True)]
+        return max(ratios, default=0.0)
+
+    def xnsr(self) -> float | None:
+        """Noise-to-signal ratio of the int8 model's tensor against the fp32 model's (None without fp32)."""
+        if not self.has_ref:
+            return None
+        return self.ref_noise / self.ref_energy if self.ref_energy > 0 else (math.inf if self.ref_noise else 0.0)
+
+    def row(self) -> dict:
+        pair = self.pair
+        hit = int(np.count_nonzero(self.levels))
+        rounding = self.elements * pair.scale**2 / 12
+        known = self.has_ref or self.elements
+        row = {
+            "eval_min": self.eval_min if known else None, "eval_max": self.eval_max if known else None,
+            "scale": pair.scale, "zero_point": pair.zero_point, "qtype": pair.qtype, "qmin": pair.qmin,
+            "qmax": pair.qmax, "repr_min": self.lo, "repr_max": self.hi,
+            "clipped_fraction": self.clipped / self.elements if self.elements else None,
+            "clip_cost": self.clip_energy / rounding if rounding > 0 else None,
+            "levels": hit, "grid_used": hit / self.grid, "elements": self.elements,
+            "distinct_values": self.grid if self.distinct is None else int(self.distinct.size),
+            "sqnr_db": _db(self.ref_energy, self.ref_noise) if self.has_ref else None,
+            "qdq_sqnr_db": _db(self.pre_energy, self.pre_noise),
+            "mixed_ratio": None, "mixed_detail": None, "worst_part_sqnr_db": None,
+        }
+        if self.parts is not None and np.all(np.isfinite(self.part_min)):
+            spans = self.part_max - self.part_min
+            live = spans[spans > 0]
+            if live.size >= 2:
+                row["mixed_ratio"] = float(live.max() / live.min())
+            widths = ", ".join(f"[{a}:{b}] {span:.3g}" for a, b, span in
+                               zip(self.parts.bounds[:-1], self.parts.bounds[1:], spans, strict=True))
+            row["mixed_detail"] = f"{self.parts.kind}: spans {widths} (one step {pair.scale:.3g})"
+            row["worst_part_sqnr_db"] = min(_db(e, n) for e, n in zip(self.part_energy, self.part_noise,
+                                                                       strict=True))
+            row["narrowest_part_steps"] = float(live.min() / pair.scale) if live.size else None
+        return row
+
+
+def _bounded(nsr: float) -> float:
+    """A noise-to-signal ratio as the noise's fraction of signal + noise: equal to it while small (errors add),
+    saturating at 1 where the int8 tensor has lost the fp32 one (a later tensor cannot lose it again)."""
+    return 1.0 if not math.isfinite(nsr) else nsr / (1.0 + nsr)
+
+
+def _upstream(tensor: str, producers: Mapping[str, onnx.NodeProto], diagnosed: set[str], limit: int = 64) -> set:
+    """The diagnosed tensors the producer of `tensor` reads, looking through undiagnosed tensors' producers."""
+    found: set[str] = set()
+    node = producers.get(tensor)
+    frontier = list(node.input) if node is not None else []
+    seen: set[str] = set()
+    while frontier and len(seen) < limit:
+        name = frontier.pop()
+        if not name or name in seen:
+            continue
+        seen.add(name)
+        if name in diagnosed:
+            found.add(name)
+        elif name in producers:
+            frontier.extend(producers[name].input)
+    return found
+
+
+def _save(model: onnx.ModelProto, path: Path) -> Path:
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=path.name + ".data")
+    return path
+
+
+def _augmented(model_path: Path, folder: Path, tensors: Sequence[str]) -> tuple[Path, list[str]]:
+    """A private copy of the model with `tensors` added as graph outputs (float, shape left to onnxruntime);
+    returns the file and its output names in order."""
+    folder.mkdir()
+    copy = private_model_copy(model_path, folder)
+    model = onnx.load(str(copy))
+    present = {o.name for o in model.graph.output}
+    for name in tensors:
+        if name not in present:
+            model.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+            present.add(name)
+    names = [o.name for o in model.graph.output]
+    path = _save(model, folder / "augmented.onnx")
+    del model
+    return path, names
+
+
+def _session(path: Path, threads: int, where: Path, optimize: bool = False):
+    options = onnxruntime.SessionOptions()  # as qdq_loss_debug.collect_activations: no fusion of the pairs
+    if not optimize:  # the fp32 model has no pairs to keep: its extra outputs survive onnxruntime's fusions
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    try:
+        return onnxruntime.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise CalibrunError(f"onnxruntime cannot load the augmented copy of {where}: {one_line(exc)}") from exc
+
+
+def _fused_activation(tensor: str, pre: str, fp32_producers, int8_producers, constants) -> tuple | None:
+    """(low, high) of the Relu/Clip the quantiser removed between `pre` and `tensor`, else None."""
+    node = fp32_producers.get(tensor)
+    if node is None or node.op_type not in ("Relu", "Clip"):
+        return None
+    int8_node = int8_producers.get(pre)
+    if int8_node is not None and int8_node.op_type == node.op_type:
+        return None  # still there: "before" is already after it
+    if node.op_type == "Relu":
+        return (0.0, math.inf)
+    low, high = -math.inf, math.inf
+    for attr in node.attribute:  # opset < 11
+        if attr.name == "min":
+            low = attr.f
+        elif attr.name == "max":
+            high = attr.f
+    for index, value in ((1, "low"), (2, "high")):
+        if len(node.input) > index and node.input[index] in constants:
+            number = float(numpy_helper.to_array(constants[node.input[index]]).reshape(-1)[0])
+            low, high = (number, high) if value == "low" else (low, number)
+    return (low, high)
+
+
+class StreamingDiagnostics:
+    """Per-tensor diagnostics fed batch by batch: `update(feeds)` per evaluation batch, then `rows()`.
+
+    Use as a context manager: the augmented model copies live in a TemporaryDirectory removed on exit.
+    """
+
+    def __init__(self, fp32_path: str | Path, int8_qdq_path: str | Path, ranges_path: str | Path, threads: int = 0,
+                 max_rows: int | None = None):
+        int8_model = load_model(int8_qdq_path)
+        self.pairs = qdq_pairs(int8_model)
+        if not self.pairs:
+            raise CalibrunError(f"{int8_qdq_path} has no QuantizeLinear -> DequantizeLinear pair on an activation: "
+                                "per-tensor diagnostics need a QDQ-format model (QOperator is not supported)")
+        fp32_model = load_model(fp32_path)  # a clear error for a missing or broken file
+        self.ranges = _ranges(ranges_path)
+        self.inputs, self.outputs = _graph_roles(int8_model)
+        fp32_producers = {o: n for n in fp32_model.graph.node for o in n.output}
+        int8_producers = {o: n for n in int8_model.graph.node for o in n.output}
+        constants = constant_tensors(fp32_model)
+        fp32_tensors = {i.name for i in fp32_model.graph.input} | set(fp32_producers)
+        shapes = _shapes(fp32_model)
+        fp32_outputs = {o.name for o in fp32_model.graph.output}
+        self.weights = weight_diagnostics(fp32_model, int8_model)
+        self.consumers: dict[str, list[str]] = {}
+        for node in fp32_model.graph.node:
+            for name in node.input:
+                self.consumers.setdefault(name, []).append(node.name)
+        self.stats: list[TensorStats] = []
+        self.nodes: dict[str, onnx.NodeProto | None] = {}
+        for pair in self.pairs:
+            producer = fp32_producers.get(pair.tensor)
+            self.nodes[pair.tensor] = producer
+            fused = _fused_activation(pair.tensor, pair.pre, fp32_producers, int8_producers, constants)
+            parts = _parts(pair.tensor, producer, shapes, fp32_outputs) if pair.tensor in fp32_tensors else None
+            self.stats.append(TensorStats(pair, fused, parts))
+        self.fp32_wanted = [p.tensor for p in self.pairs if p.tensor in fp32_tensors]
+        self.by_tensor = {stats.pair.tensor: stats for stats in self.stats}
+        self.upstream = {t: _upstream(t, fp32_producers, set(self.by_tensor)) for t in self.by_tensor}
+        infos = graph_inputs(fp32_model)
+        self.fixed = fixed_rows(infos[0]) if infos else None
+        del fp32_model, int8_model
+        self._tmp = temp_dir("diag")
+        try:
+            root = Path(self._tmp.name)
+            fp32_file, self.fp32_names = _augmented(Path(fp32_path), root / "fp32", self.fp32_wanted)
+            int8_file, self.int8_names = _augmented(Path(int8_qdq_path), root / "int8",
+                                                    [n for p in self.pairs for n in (p.pre, p.post)])
+            self.fp32_sess = _session(fp32_file, threads, Path(fp32_path), optimize=True)
+            self.int8_sess = _session(int8_file, threads, Path(int8_qdq_path))
+        except BaseException:
+            self._tmp.cleanup()
+            raise
+        self.fp32_where, self.int8_where = fp32_path, int8_qdq_path
+        self.batches = 0
+        self.rows_per_run: int | None = None  # set from the first run's output bytes (one row)
+        self.max_rows = max_rows  # diagnose the first max_rows evaluation rows (None: all)
+        self.rows_seen = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        self.fp32_sess = self.int8_sess = None
+        self._tmp.cleanup()
+
+    def update(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """One evaluation batch, run in pieces of `self.rows_per_run` rows (bounded output memory)."""
+        rows = len(next(iter(feeds.values())))
+        if self.max_rows is not None:
+            if self.rows_seen >= self.max_rows:
+                return
+            if self.fixed is None:
+                rows = min(rows, self.max_rows - self.rows_seen)
+        self.rows_seen += rows
+        start = 0
+        while start < rows:
+            size = min(rows - start, self.rows_per_run or 1)
+            if self.fixed is not None:
+                size = rows - start  # a model that pins its first axis takes the batch as it comes
+            self._run({name: array[start : start + size] for name, array in feeds.items()})
+            start += size
+        self.batches += 1
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> None:
+        try:
+            ref = dict(zip(self.fp32_names, self.fp32_sess.run(self.fp32_names, feeds), strict=True))
+            got = dict(zip(self.int8_names, self.int8_sess.run(self.int8_names, feeds), strict=True))
+        except Exception as exc:  # onnxruntime raises its own Fail/InvalidArgument types on bad feeds
+            raise CalibrunError(f"running {self.int8_where} on the evaluation feeds failed: {one_line(exc)}") from exc
+        if self.rows_per_run is None:
+            rows = max(1, len(next(iter(feeds.values()))))
+            per_row = (sum(a.nbytes for a in ref.values()) + sum(a.nbytes for a in got.values())) / rows
+            self.rows_per_run = max(1, int(OUTPUT_BUDGET // max(per_row, 1)))
+        for stats in self.stats:
+            pair = stats.pair
+            stats.update(ref.get(pair.tensor) if pair.tensor in self.fp32_wanted else None, got[pair.pre],
+                         got[pair.post])
+
+    def _added(self, stats: TensorStats) -> float:
+        """The error this tensor adds: its noise-to-signal ratio against fp32 minus the largest one among the
+        diagnosed tensors its producer reads (so a node's weight rounding and its amplification of incoming
+        error count, and error carried in from upstream does not), at least its worst part's local ratio; the
+        local ratio where the fp32 model has no such tensor."""
+        own = stats.xnsr()
+        if own is None:
+            return _bounded(stats.nsr())
+        upstream = [self.by_tensor[t].xnsr() for t in self.upstream.get(stats.pair.tensor, ())]
+        incoming = max((_bounded(u) for u in upstream if u is not None), default=0.0)
+        return max(0.0, _bounded(own) - incoming, _bounded(stats.part_nsr()))
+
+    def rows(self) -> list[dict]:
+        if not self.rows_seen:
+            raise CalibrunError("diagnostics need at least one evaluation feed")
+        rows = []
+        for stats in self.stats:
+            pair = stats.pair
+            node = self.nodes.get(pair.tensor)
+            range_value = self.ranges.get(pair.tensor)
+            row = {
+                "tensor": pair.tensor,
+                "node": node.name if node is not None else None,
+                "op_type": node.op_type if node is not None else None,
+                "role": "input" if pair.tensor in self.inputs else "output" if pair.tensor in self.outputs
+                else "activation",
+                "calib_min": _plain(range_value[0]) if range_value is not None else None,
+                "calib_max": _plain(range_value[1]) if range_value is not None else None,
+                **stats.row(),
+            }
+            row["consumers"] = ",".join(n for n in self.consumers.get(pair.tensor, []) if n)
+            row["added_nsr"] = self._added(stats)
+            rows.append(row)
+        finite = [r["added_nsr"] for r in rows if math.isfinite(r["added_nsr"])]
+        total = sum(finite)
+        for r in rows:
+            added = r["added_nsr"]
+            r["noise_share"] = (1.0 if not math.isfinite(added) else added / total if total > 0 else 0.0)
+        return [{**{c: r.get(c) for c in COLUMNS}, **{k: v for k, v in r.items() if k not in COLUMNS}}
+                for r in rows]
 
 
 def tensor_diagnostics(
@@ -237,82 +630,58 @@ def tensor_diagnostics(
 ) -> list[dict]:
     """One row per quantised activation of the QDQ model (graph order); see the module docstring for the fields.
 
-    `feeds`: input dicts for both models (one dict with every evaluation row, or several batches); each model
-    is run once per dict. Temp files (model copies, augmented models) live in a TemporaryDirectory.
-    `threads`: onnxruntime intra-op threads of those sessions (0: onnxruntime's default, every core).
+    `feeds`: input dicts for both models, one per batch (any iterable: consumed once, one batch at a time).
+    `threads`: onnxruntime intra-op threads (0: onnxruntime's default, every core).
     """
-    feeds = list(feeds)
-    if not feeds:
-        raise CalibrunError("diagnostics need at least one evaluation feed")
-    int8_model = load_model(int8_qdq_path)
-    pairs = qdq_pairs(int8_model)
-    if not pairs:
-        raise CalibrunError(f"{int8_qdq_path} has no QuantizeLinear -> DequantizeLinear pair on an activation: "
-                            "per-tensor diagnostics need a QDQ-format model (QOperator is not supported)")
-    inputs, outputs = _graph_roles(int8_model)
-    del int8_model
-    load_model(fp32_path)  # a clear error for a missing or broken file
-    ranges = _ranges(ranges_path)
+    with StreamingDiagnostics(fp32_path, int8_qdq_path, ranges_path, threads) as diag:
+        for feed in feeds:
+            diag.update(feed)
+        return diag.rows()
 
-    with temp_dir("diag") as tmp:
-        fp32_acts = _activations(Path(fp32_path), Path(tmp) / "fp32", {p.tensor for p in pairs}, feeds, threads)
-        qdq_acts = _activations(Path(int8_qdq_path), Path(tmp) / "int8", {n for p in pairs for n in (p.pre, p.post)},
-                                feeds, threads)
 
-    matching = create_activation_matching(qdq_acts, fp32_acts)
-    for pair in pairs:  # pairs whose names do not follow onnxruntime's convention: match them by the graph
-        if pair.tensor not in matching and pair.pre in qdq_acts and pair.post in qdq_acts:
-            matching[pair.tensor] = {"pre_qdq": qdq_acts[pair.pre], "post_qdq": qdq_acts[pair.post]}
-            if pair.tensor in fp32_acts:
-                matching[pair.tensor]["float"] = fp32_acts[pair.tensor]
-    # xmodel_err (fp32 vs dequantised) where the fp32 model has the tensor, qdq_err (pre vs post QDQ) for all
-    errors = compute_activation_error({name: {"float": None, **match} for name, match in matching.items()})
+def weight_diagnostics(fp32_model: onnx.ModelProto, int8_model: onnx.ModelProto) -> list[dict]:
+    """Per output channel ranges of every Conv/ConvTranspose/Gemm/MatMul weight that the QDQ model quantises.
 
-    rows = []
-    for pair in pairs:
-        match = matching.get(pair.tensor)
-        if match is None:
-            log.warning("diagnostics: no activations collected for %r (no float type known to shape inference?)",
-                        pair.tensor)
+    Each entry: `weight`, `node`, `op_type`, `channels`, `ratio` (the widest channel's max |w| over the median
+    channel's), `per_channel` (the QDQ model already has one scale per channel), `verdict` ("mixed" when quantised
+    per tensor with ratio >= WEIGHT_RATIO, else "sound").
+    """
+    initializers = {t.name: t for t in fp32_model.graph.initializer}
+    int8_dq = {}
+    int8_consts = constant_tensors(int8_model)
+    for node in int8_model.graph.node:
+        if node.op_type == "DequantizeLinear" and len(node.input) > 1 and node.input[0] in int8_consts:
+            scale = int8_consts.get(node.input[1])
+            int8_dq[node.output[0]] = 1 if scale is None else int(np.prod(scale.dims or [1]))
+    int8_nodes = {n.name: n for n in int8_model.graph.node if n.name}
+    out = []
+    for node in fp32_model.graph.node:
+        if node.op_type not in ("Conv", "ConvTranspose", "Gemm", "MatMul") or len(node.input) < 2:
             continue
-        reference = match.get("float")
-        post = match["post_qdq"]
-        range_value = ranges.get(pair.tensor)
-        row = {
-            "tensor": pair.tensor,
-            "role": "input" if pair.tensor in inputs else "output" if pair.tensor in outputs else "activation",
-            "calib_min": _plain(range_value[0]) if range_value is not None else None,
-            "calib_max": _plain(range_value[1]) if range_value is not None else None,
-            **_range_stats(pair, reference),
-            **_grid(pair, post),
-            "sqnr_db": _sqnr(reference, post, errors[pair.tensor]["xmodel_err"]) if reference else None,
-            "qdq_sqnr_db": _sqnr(match["pre_qdq"], post, errors[pair.tensor]["qdq_err"]),
-        }
-        rows.append({column: row[column] for column in COLUMNS})
-    return rows
-
-
-def _range_stats(pair: QDQPair, reference: Sequence[np.ndarray] | None) -> dict:
-    lo = pair.scale * (pair.qmin - pair.zero_point)
-    hi = pair.scale * (pair.qmax - pair.zero_point)
-    stats = {"scale": pair.scale, "zero_point": pair.zero_point, "qtype": pair.qtype, "qmin": pair.qmin,
-             "qmax": pair.qmax, "repr_min": lo, "repr_max": hi}
-    if not reference:  # no fp32 counterpart (a tensor the quantiser created): fp32 statistics are unknown
-        return {"eval_min": None, "eval_max": None, **stats, "clipped_fraction": None, "distinct_values": None}
-    values = np.concatenate([np.asarray(a).reshape(-1) for a in reference])
-    clipped = np.count_nonzero((values < lo) | (values > hi))
-    return {"eval_min": float(values.min()), "eval_max": float(values.max()), **stats,
-            "clipped_fraction": float(clipped / values.size), "distinct_values": int(np.unique(values).size)}
-
-
-def _grid(pair: QDQPair, post: Sequence[np.ndarray]) -> dict:
-    """Distinct integer levels in the DequantizeLinear output, and / grid size. DQ computes (q - zp) * scale in
-    float32, so rint(dq / scale) gives q - zp back exactly."""
-    values = np.concatenate([np.asarray(a, dtype=np.float64).reshape(-1) for a in post])
-    levels = np.rint(values / pair.scale).astype(np.int64) + pair.zero_point
-    levels = np.clip(levels, pair.qmin, pair.qmax) - pair.qmin
-    hit = np.count_nonzero(np.bincount(levels, minlength=pair.qmax - pair.qmin + 1))
-    return {"levels": int(hit), "grid_used": float(hit / (pair.qmax - pair.qmin + 1)), "elements": int(values.size)}
+        if node.input[1] not in initializers:
+            continue
+        quantised = int8_nodes.get(node.name)
+        if quantised is None or len(quantised.input) < 2 or quantised.input[1] not in int8_dq:
+            continue  # not quantised (excluded, or not a QDQ weight)
+        weight = numpy_helper.to_array(initializers[node.input[1]]).astype(np.float64)
+        if weight.ndim < 2:
+            continue
+        if node.op_type == "Conv":
+            axis = 0
+        elif node.op_type == "ConvTranspose":
+            axis = 1
+        elif node.op_type == "Gemm":
+            axis = 0 if next((a.i for a in node.attribute if a.name == "transB"), 0) else 1
+        else:
+            axis = weight.ndim - 1
+        absmax = np.abs(np.moveaxis(weight, axis, 0).reshape(weight.shape[axis], -1)).max(axis=1)
+        median = float(np.median(absmax))
+        ratio = float(absmax.max() / median) if median > 0 else (math.inf if absmax.max() > 0 else 1.0)
+        per_channel = int8_dq[quantised.input[1]] > 1
+        out.append({"weight": node.input[1], "node": node.name or None, "op_type": node.op_type,
+                    "channels": int(weight.shape[axis]), "ratio": ratio, "per_channel": per_channel,
+                    "verdict": "mixed" if not per_channel and ratio >= WEIGHT_RATIO else "sound"})
+    return out
 
 
 def _sort_key(row: Mapping) -> tuple:
@@ -332,18 +701,32 @@ def worst(diags: Sequence[Mapping], n: int = 5) -> list[Mapping]:
     return sorted(diags, key=_sort_key)[:n]
 
 
-def classify(diag_row: Mapping) -> str:
-    """"clipping" if clipped_fraction > CLIP_THRESHOLD; else "coarse" if the tensor used fewer than
-    COARSE_THRESHOLD of the levels it could reach, `levels < COARSE_THRESHOLD * min(qmax - qmin + 1, distinct)`
-    with `distinct` the distinct fp32 values (`elements` without an fp32 counterpart); for int8 tensors with
-    >= 256 distinct values that is exactly `grid_used < COARSE_THRESHOLD`; else "sound".
+def _is_mixed(row: Mapping) -> bool:
+    ratio, steps = row.get("mixed_ratio"), row.get("narrowest_part_steps")
+    if ratio is None or ratio < MIXED_RATIO:
+        return False
+    return steps is None or steps < MIXED_STEPS
 
-    Clipping wins over coarse (its error is unbounded). A missing clipped_fraction (no fp32 counterpart) is
-    judged on the grid alone; a row without levels/qmin/qmax on `grid_used < COARSE_THRESHOLD`.
+
+def classify(diag_row: Mapping) -> str:
+    """"clipping" if clip_cost > CLIP_COST_THRESHOLD (rows without clip_cost: clipped_fraction > CLIP_THRESHOLD);
+    else "mixed" if the tensor's parts span ranges MIXED_RATIO apart with the narrowest under MIXED_STEPS steps;
+    else "coarse" if the tensor used fewer than COARSE_THRESHOLD of the levels it could reach,
+    `levels < COARSE_THRESHOLD * min(qmax - qmin + 1, distinct)` with `distinct` the distinct fp32 values
+    (`elements` without an fp32 counterpart); a row without levels/qmin/qmax on `grid_used < COARSE_THRESHOLD`;
+    or (rows with a clip_cost) if its local SQNR `qdq_sqnr_db` is under COARSE_SQNR_DB; else "sound".
+    Clipping wins (its error is unbounded), then mixed (a coarse narrow part is its symptom).
     """
-    clipped = diag_row.get("clipped_fraction")
-    if clipped is not None and clipped > CLIP_THRESHOLD:
-        return "clipping"
+    cost = diag_row.get("clip_cost")
+    if cost is not None:
+        if cost > CLIP_COST_THRESHOLD:
+            return "clipping"
+    else:
+        clipped = diag_row.get("clipped_fraction")
+        if clipped is not None and clipped > CLIP_THRESHOLD:
+            return "clipping"
+    if _is_mixed(diag_row):
+        return "mixed"
     levels, qmin, qmax = diag_row.get("levels"), diag_row.get("qmin"), diag_row.get("qmax")
     reachable = diag_row.get("distinct_values")
     if reachable is None:
@@ -353,29 +736,124 @@ def classify(diag_row: Mapping) -> str:
     else:
         grid = diag_row.get("grid_used")
         coarse = grid is not None and grid < COARSE_THRESHOLD
+    local = diag_row.get("qdq_sqnr_db")
+    if cost is not None and local is not None and local < COARSE_SQNR_DB:
+        coarse = True
     return "coarse" if coarse else "sound"
 
 
-def classify_model(diags: Sequence[Mapping]) -> dict:
-    """The verdict for the model's input tensor, counts over all diagnosed tensors, and the overall verdict
-    (the worst one present: clipping, then coarse, then sound).
+def _float_nodes(rows: Sequence[Mapping]) -> list[str]:
+    """The nodes to exclude so that each row's tensor stays in float: onnxruntime keeps a Q/DQ pair on a tensor
+    while its producer or any consumer is quantised, so both sides are named."""
+    nodes: list[str] = []
+    for row in rows:
+        consumers = row.get("consumers") or []
+        if isinstance(consumers, str):
+            consumers = [n for n in consumers.split(",") if n]
+        for name in (row.get("node"), *consumers):
+            if name and name not in nodes:
+                nodes.append(name)
+    return nodes
 
-    `input_tensor`/`input` are None when the graph input carries no QDQ pair.
+
+def _finite(value):
+    return value if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def classify_model(diags: Sequence[Mapping], weights: Sequence[Mapping] = (), n: int = CULPRITS,
+                   output_sqnr_db: Mapping[str, float] | None = None) -> dict:
+    """The model's diagnosis (result.json `diagnosis`):
+
+    - `input_tensor`, `input`: the graph input's tensor and verdict (None when the input carries no QDQ pair);
+    - `counts`, `tensors`: verdicts over all diagnosed tensors;
+    - `culprits`: the `n` tensors with the largest `noise_share`, each with its producing `node` and its
+      `consumers` (quant.nodes_to_exclude needs both to keep the tensor in float), `op_type`, `verdict`,
+      `noise_share`, `sqnr_db`, `qdq_sqnr_db`, `clip_cost` and,
+      for mixed ones, `mixed_ratio`/`mixed_detail`;
+    - `overall`: the problem verdict (clipping, mixed, coarse) whose tensors hold the largest summed noise_share
+      (`noise_by_verdict`) when that is at least OVERALL_SHARE of it all, else the top culprit's verdict;
+    - `clipping_tensors`, `mixed_tensors`, `coarse_tensors`; `mixed_weights` (weights to quantise per channel);
+    - `recommendations`: config changes the verdicts point to;
+    - with `output_sqnr_db` (output name -> SQNR of int8 vs fp32): `output_sqnr_db` (the lowest) and
+      `accumulated`: true when sound tensors hold most of the noise yet an output is under ACCUMULATED_DB: no
+      tensor is badly quantised on its own, the error builds up over many of them.
     """
     verdicts = {row["tensor"]: classify(row) for row in diags}
     counts = {verdict: 0 for verdict in VERDICTS}
-    for verdict in verdicts.values():
+    shares = {verdict: 0.0 for verdict in VERDICTS}
+    for row in diags:
+        verdict = verdicts[row["tensor"]]
         counts[verdict] += 1
+        shares[verdict] += row.get("noise_share") or 0.0
     first_input = next((row["tensor"] for row in diags if row.get("role") == "input"), None)
-    overall = next((v for v in VERDICTS if counts[v]), None)
+    ranked = sorted(diags, key=lambda r: (-(r.get("noise_share") or 0.0), str(r["tensor"])))
+    culprits = []
+    for row in ranked[:n]:
+        entry = {"tensor": row["tensor"], "node": row.get("node"), "op_type": row.get("op_type"),
+                 "verdict": verdicts[row["tensor"]], "noise_share": row.get("noise_share"),
+                 "sqnr_db": _finite(row.get("sqnr_db")), "qdq_sqnr_db": _finite(row.get("qdq_sqnr_db")),
+                 "clip_cost": row.get("clip_cost")}
+        if row.get("mixed_ratio") is not None:
+            entry.update(mixed_ratio=row["mixed_ratio"], mixed_detail=row.get("mixed_detail"))
+        entry["consumers"] = [n for n in (row.get("consumers") or "").split(",") if n]
+        culprits.append(entry)
+    total = sum(shares.values())
+    bad = max(VERDICTS[:-1], key=lambda v: (shares[v], -VERDICTS.index(v)))
+    if not diags:
+        overall = None
+    elif total > 0 and shares[bad] >= OVERALL_SHARE * total:
+        overall = bad
+    elif culprits:
+        overall = culprits[0]["verdict"]
+    else:
+        overall = next((v for v in VERDICTS if counts[v]), None)
+    mixed_weights = [w for w in weights if w.get("verdict") == "mixed"]
+    recommendations = []
+    if mixed_weights:
+        recommendations.append(f"quant.per_channel=true: {len(mixed_weights)} weight(s) quantised per tensor have "
+                               f"output channels whose ranges differ by >= {WEIGHT_RATIO:g}x (e.g. "
+                               f"{mixed_weights[0]['node'] or mixed_weights[0]['weight']}, "
+                               f"{mixed_weights[0]['ratio']:.3g}x)")
+    mixed = [row for row in diags if verdicts[row["tensor"]] == "mixed" and row.get("node")]
+    if mixed:
+        recommendations.append(f"quant.nodes_to_exclude=[{','.join(_float_nodes(mixed))}]: one scale cannot serve "
+                               "the parts of their outputs (the producer and its consumers keep the tensor in float)")
+    if first_input is not None and verdicts.get(first_input) == "clipping":
+        recommendations.append("the input clips: calibrate on data that covers the real input range")
+    if overall == "coarse" and not (first_input is not None and verdicts.get(first_input) == "coarse"):
+        top = next((c for c in culprits if c["verdict"] == "coarse"), None)
+        where = f" (e.g. {top['node'] or top['tensor']})" if top else ""
+        recommendations.append(f"coarse tensors hold most of the noise{where}: outliers stretch their ranges; try "
+                               "method=percentile or method=entropy, or keep those nodes in float")
+    elif overall == "clipping" and first_input is not None and verdicts.get(first_input) != "clipping":
+        recommendations.append("clipping tensors hold most of the noise: calibrate on more representative data")
+    accumulated = None
+    lowest = None
+    if output_sqnr_db:
+        lowest = min(output_sqnr_db.values())
+        accumulated = bool(overall == "sound" and lowest < ACCUMULATED_DB)
+        if accumulated:
+            nodes = _float_nodes([c for c in culprits if c.get("node")][:2])
+            recommendations.append(
+                f"the output is at {lowest:.1f} dB SQNR while no tensor is badly quantised on its own: the error "
+                f"builds up over {len(diags)} quantised tensors; keep the largest contributors in float "
+                f"(quant.nodes_to_exclude=[{','.join(nodes)}]), quant.per_channel=true, or 16-bit activations "
+                "(quant.activation_type=QInt16)")
     return {
         "input_tensor": first_input,
+        "output_sqnr_db": lowest,
+        "accumulated": accumulated,
         "input": verdicts.get(first_input) if first_input is not None else None,
         "counts": counts,
         "tensors": len(verdicts),
         "overall": overall,
+        "noise_by_verdict": {k: float(v) for k, v in shares.items()},
+        "culprits": culprits,
         "clipping_tensors": [name for name, v in verdicts.items() if v == "clipping"],
+        "mixed_tensors": [name for name, v in verdicts.items() if v == "mixed"],
         "coarse_tensors": [name for name, v in verdicts.items() if v == "coarse"],
+        "mixed_weights": [{k: w[k] for k in ("weight", "node", "op_type", "channels", "ratio")} for w in mixed_weights],
+        "recommendations": recommendations,
     }
 
 

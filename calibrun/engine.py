@@ -19,7 +19,8 @@ from calibrun.data import MAX_ROWS, check_positive_int, evaluation_rows, fixed_r
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import atomic_path, check_not_source, check_writable
 from calibrun.graph import input_quant, op_counts, scales_summary
-from calibrun.measure import classification, compare, run_feeds, session
+from calibrun.measure import evaluate as measure_evaluate
+from calibrun.measure import run_feeds, session
 from calibrun.model import (
     InputInfo,
     check_not_quantised,
@@ -158,28 +159,37 @@ def lab_feeds(fp32: FloatModel, seed: int, rows: int, axis_sizes=None) -> dict[s
     return {info.name: evaluation_rows(info, seed, rows, axis_sizes)}
 
 
-def outputs(path: str | Path, fp32: FloatModel, feeds: dict[str, np.ndarray], threads: int = 0) -> list[np.ndarray]:
+def outputs(path: str | Path, fp32: FloatModel, feeds, threads: int = 0) -> list[np.ndarray]:
+    """Every output of the model at `path` on `feeds` (a dict of arrays, or an EvalData): all rows in memory, for
+    small comparisons (QDQ vs QOperator); the measurement itself streams (calibrun.measure.evaluate)."""
+    if not isinstance(feeds, dict):
+        feeds = feeds.feeds
     return run_feeds(session(path, threads), feeds, fixed_rows(fp32.info))
 
 
-def evaluate(fp32: FloatModel, int8_path: str | Path, feeds: dict[str, np.ndarray], threads: int = 0,
-             classifier: bool = False, labels=None) -> dict:
-    """|fp32 - int8| over all output elements on `feeds`; for a classifier also top-1 agreement (and accuracy)."""
-    int8_inputs = [i.name for i in load_model(int8_path).graph.input]
-    missing = [name for name in feeds if name not in int8_inputs]
-    if missing:
-        raise CalibrunError(f"{int8_path} has no input {missing[0]!r} (inputs: {int8_inputs})")
-    ref = outputs(fp32.path, fp32, feeds, threads)
-    got = outputs(int8_path, fp32, feeds, threads)
-    rows = len(next(iter(feeds.values())))
-    metrics = {"rows": rows, **compare(ref, got)}
-    if classifier:
-        metrics.update(classification(ref, got, labels))
-    return metrics
+CONTRACT_KEYS = ("rows", "max_abs_error", "mean_abs_error", "max_abs_output")
+
+
+def evaluate(fp32: FloatModel, int8_path: str | Path, feeds, threads: int = 0, classifier: bool = False,
+             labels=None, batch_size: int | None = None) -> dict:
+    """|fp32 - int8| over all output elements, streamed (calibrun.measure.evaluate): the contract keys plus the
+    per-output metrics; for a classifier also top-1 agreement (and accuracy). `feeds`: an EvalData, or a dict of
+    arrays (wrapped, with `labels`)."""
+    from calibrun import tasks
+    from calibrun.sources import EvalData
+
+    evaluation = feeds if isinstance(feeds, EvalData) else EvalData.from_arrays(feeds, labels)
+    task = tasks.resolve(tasks.TaskSpec("classification"), fp32.path) if classifier else None
+    metrics = measure_evaluate(fp32.path, int8_path, evaluation, task, threads, batch_size, progress=None)
+    return {**metrics, **tasks.legacy(metrics)}
 
 
 def error(fp32_path: str | Path, int8_path: str | Path, seed: int, rows: int, threads: int = 0) -> dict:
     """The `error` contract: |fp32 - int8| over all output elements on the lab evaluation rows."""
     rows = check_positive_int(rows, "rows", MAX_ROWS)
+    from calibrun.datasets import lab_evaluation
+
     fp32 = open_float_model(fp32_path)
-    return evaluate(fp32, int8_path, lab_feeds(fp32, seed, rows), threads)
+    metrics = measure_evaluate(fp32.path, int8_path, lab_evaluation(fp32, seed, rows), None, threads,
+                               progress=None)
+    return {key: metrics[key] for key in CONTRACT_KEYS}

@@ -58,7 +58,37 @@ def input_quant(model: onnx.ModelProto, where: str = "model") -> InputQuant:
     for node in model.graph.node:
         if node.op_type in _QLINEAR_X_SCALE and node.input and node.input[0] == name:
             return _read(constants, node.input[1], node.input[2], where)
+    moved = _through_data_movement(model, name)
+    if moved is not None:  # e.g. YOLOX's Focus: Slice x4 -> Concat, whose output carries the input's values
+        return _read(constants, moved.input[1], moved.input[2] if len(moved.input) > 2 else "", where)
     raise CalibrunError(f"{where}: graph input {name!r} is not quantised (no QuantizeLinear or QLinear op reads it)")
+
+
+# Ops that only move or select values: a QuantizeLinear after a chain of them quantises the input's own values.
+_DATA_MOVEMENT = {"Slice", "Concat", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Split",
+                  "SpaceToDepth", "DepthToSpace"}
+
+
+def _through_data_movement(model: onnx.ModelProto, name: str) -> onnx.NodeProto | None:
+    """The first QuantizeLinear reached from graph input `name` through data-movement ops only, when every
+    consumer on the way is one (breadth first); else None."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for tensor in node.input:
+            consumers.setdefault(tensor, []).append(node)
+    frontier, seen = [name], {name}
+    while frontier:
+        tensor = frontier.pop(0)
+        for node in consumers.get(tensor, []):
+            if node.op_type == "QuantizeLinear" and node.input[0] == tensor:
+                return node
+            if node.op_type not in _DATA_MOVEMENT:
+                return None
+            for out in node.output:
+                if out not in seen:
+                    seen.add(out)
+                    frontier.append(out)
+    return None
 
 
 def _read(constants: dict[str, onnx.TensorProto], scale_name: str, zp_name: str, where: str) -> InputQuant:

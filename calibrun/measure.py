@@ -1,12 +1,32 @@
-"""Errors of an int8 model against its fp32 original on the evaluation data, in float64."""
+"""Errors of an int8 model against its fp32 original on the evaluation data, streamed batch by batch.
+
+`evaluate` runs both models over the evaluation data `eval.batch_size` rows at a time and keeps running
+statistics only (sums, maxima, counts), so memory does not grow with the number of evaluation rows:
+
+- `max_abs_error`, `mean_abs_error` (float64), `max_abs_output`: over every element of every output (the lab
+  contract); `rows`;
+- per output `out.<name>.<metric>`: `max_abs_error`, `mean_abs_error`, `relative_error` (max abs error / the
+  output's fp32 range max - min), `sqnr_db` (10 log10 of fp32 energy / error energy; SQNR_CAP when identical)
+  and `cosine` (cosine similarity of the flattened outputs); for an output of rank >= 3 whose last axis has
+  2..16 entries (a detector's box/score parts), the same per entry as `out.<name>.ch<k>.<metric>`;
+- `eval_min`, `eval_max`, `eval_span` of the primary (first) input's evaluation values;
+- the task's metrics (calibrun.tasks) and any observers (the per-tensor diagnostics) fed the same batches.
+"""
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from calibrun.errors import CalibrunError, one_line
+
+DEFAULT_BATCH = 16  # evaluation rows per run when eval.batch_size is not set and the model does not pin one
+SQNR_CAP = 200.0  # dB reported when the int8 output equals the fp32 one exactly (no noise to divide by)
+SEGMENTS_MAX = 16  # outputs whose last axis has at most this many entries get per-entry metrics
 
 
 def session(path: str | Path, intra_op_threads: int = 0):
@@ -63,17 +83,189 @@ def max_abs_difference(a_outputs: list[np.ndarray], b_outputs: list[np.ndarray])
     return compare(a_outputs, b_outputs)["max_abs_error"]
 
 
-def classification(fp32_outputs: list[np.ndarray], int8_outputs: list[np.ndarray], labels=None) -> dict:
-    """Top-1 agreement of int8 with fp32 on the first output ([rows, classes]); with labels, both accuracies."""
-    ref, got = fp32_outputs[0], int8_outputs[0]
-    if ref.ndim != 2 or ref.shape[1] < 2:
-        raise CalibrunError(f"a classifier's first output must be [rows, classes], got shape {ref.shape}")
-    ref_top, got_top = ref.argmax(axis=1), got.argmax(axis=1)
-    metrics = {"top1_agreement": float(np.mean(ref_top == got_top))}
-    if labels is not None:
-        labels = np.asarray(labels).reshape(-1)
-        if len(labels) != len(ref_top):
-            raise CalibrunError(f"{len(labels)} labels for {len(ref_top)} evaluation rows")
-        metrics["fp32_accuracy"] = float(np.mean(ref_top == labels))
-        metrics["int8_accuracy"] = float(np.mean(got_top == labels))
+def _metric_name(name: str) -> str:
+    """An output name as an MLflow metric name part (alphanumerics, _ - . / and spaces)."""
+    return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", name)
+
+
+def _sqnr(signal: float, noise: float) -> float:
+    if noise <= 0:
+        return SQNR_CAP
+    if signal <= 0:
+        return -SQNR_CAP
+    return min(SQNR_CAP, 10 * math.log10(signal / noise))
+
+
+class ErrorStats:
+    """Running statistics of fp32 `ref` vs int8 `got` (optionally per entry of the last axis)."""
+
+    def __init__(self, parts: int | None = None):
+        shape = () if parts is None else (parts,)
+        self.parts = parts
+        self.count = np.zeros(shape, np.int64)
+        self.err_sum = np.zeros(shape)
+        self.err_max = np.zeros(shape)
+        self.ref_absmax = np.zeros(shape)
+        self.ref_min = np.full(shape, np.inf)
+        self.ref_max = np.full(shape, -np.inf)
+        self.err_sq = np.zeros(shape)
+        self.ref_sq = np.zeros(shape)
+        self.got_sq = np.zeros(shape)
+        self.dot = np.zeros(shape)
+
+    def update(self, ref: np.ndarray, got: np.ndarray) -> None:
+        ref64, got64 = np.asarray(ref, np.float64), np.asarray(got, np.float64)
+        if self.parts is not None:
+            ref64, got64 = ref64.reshape(-1, self.parts), got64.reshape(-1, self.parts)
+            axis = 0
+        else:
+            ref64, got64 = ref64.reshape(-1), got64.reshape(-1)
+            axis = None
+        if ref64.size == 0:
+            return
+        diff = np.abs(ref64 - got64)
+        self.count += ref64.shape[0] if axis == 0 else ref64.size
+        self.err_sum += diff.sum(axis=axis)
+        self.err_max = np.maximum(self.err_max, diff.max(axis=axis))
+        self.ref_absmax = np.maximum(self.ref_absmax, np.abs(ref64).max(axis=axis))
+        self.ref_min = np.minimum(self.ref_min, ref64.min(axis=axis))
+        self.ref_max = np.maximum(self.ref_max, ref64.max(axis=axis))
+        self.err_sq += np.square(diff).sum(axis=axis)
+        self.ref_sq += np.square(ref64).sum(axis=axis)
+        self.got_sq += np.square(got64).sum(axis=axis)
+        self.dot += (ref64 * got64).sum(axis=axis)
+
+    def metrics(self, index=()) -> dict[str, float]:
+        count = int(self.count[index])
+        if not count:
+            return {}
+        span = float(self.ref_max[index] - self.ref_min[index])
+        err_max = float(self.err_max[index])
+        norm = math.sqrt(float(self.ref_sq[index]) * float(self.got_sq[index]))
+        cosine = float(self.dot[index]) / norm if norm > 0 else (1.0 if self.ref_sq[index] == self.got_sq[index]
+                                                                  else 0.0)
+        out = {"max_abs_error": err_max, "mean_abs_error": float(self.err_sum[index]) / count}
+        if span > 0 or err_max == 0:  # a constant fp32 output has no range to relate the error to
+            out["relative_error"] = err_max / span if span > 0 else 0.0
+        out["sqnr_db"] = _sqnr(float(self.ref_sq[index]), float(self.err_sq[index]))
+        out["cosine"] = max(-1.0, min(1.0, cosine))
+        return out
+
+
+class OutputErrors:
+    """The error metrics of every output, streamed (see the module docstring)."""
+
+    def __init__(self, names: Sequence[str]):
+        self.names = list(names)
+        self.stats: dict[str, ErrorStats] = {name: ErrorStats() for name in self.names}
+        self.parts: dict[str, ErrorStats] = {}
+
+    def update(self, ref_outputs: Sequence[np.ndarray], got_outputs: Sequence[np.ndarray]) -> None:
+        if len(ref_outputs) != len(got_outputs):
+            raise CalibrunError(f"models have {len(ref_outputs)} and {len(got_outputs)} outputs")
+        for name, ref, got in zip(self.names, ref_outputs, got_outputs, strict=True):
+            ref, got = np.asarray(ref), np.asarray(got)
+            if ref.shape != got.shape:
+                raise CalibrunError(f"output shapes differ: {ref.shape} vs {got.shape}")
+            self.stats[name].update(ref, got)
+            if ref.ndim >= 3 and 2 <= ref.shape[-1] <= SEGMENTS_MAX:
+                self.parts.setdefault(name, ErrorStats(ref.shape[-1])).update(ref, got)
+
+    def metrics(self) -> dict[str, float]:
+        stats = list(self.stats.values())
+        count = sum(int(s.count) for s in stats)
+        if not count:
+            raise CalibrunError("no evaluation rows were measured")
+        out = {
+            "max_abs_error": float(max(s.err_max for s in stats)),
+            "mean_abs_error": float(sum(float(s.err_sum) for s in stats) / count),
+            "max_abs_output": float(max(s.ref_absmax for s in stats)),
+        }
+        for name, s in self.stats.items():
+            key = _metric_name(name)
+            out.update({f"out.{key}.{metric}": value for metric, value in s.metrics().items()})
+            if name in self.parts:
+                for k in range(self.parts[name].parts):
+                    out.update({f"out.{key}.ch{k}.{metric}": value
+                                for metric, value in self.parts[name].metrics(k).items()})
+        return out
+
+
+class InputRange:
+    """min / max of one input's evaluation values."""
+
+    def __init__(self):
+        self.low, self.high = math.inf, -math.inf
+
+    def update(self, array: np.ndarray) -> None:
+        if array.size:
+            self.low = min(self.low, float(array.min()))
+            self.high = max(self.high, float(array.max()))
+
+    def metrics(self) -> dict[str, float]:
+        return {"eval_min": self.low, "eval_max": self.high, "eval_span": self.high - self.low}
+
+
+def batch_size_for(fixed: int | None, requested: int | None) -> int:
+    """Rows per evaluation run: the model's pinned first axis, else `requested` (default DEFAULT_BATCH)."""
+    if fixed is not None:
+        return fixed
+    return DEFAULT_BATCH if requested is None else int(requested)
+
+
+def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batch_size: int | None = None,
+             observers: Sequence = (), progress: str | None = "evaluation") -> dict[str, float]:
+    """Run the fp32 and int8 models over `evaluation` (a calibrun.sources.EvalData) batch by batch; return the
+    error metrics (module docstring), the primary input's eval_min/eval_max/eval_span, `rows`, `eval_batches`,
+    `eval_batch_size` and the task's metrics.
+
+    `task`: a calibrun.tasks.Task (None: no task metrics). `observers`: objects with `update(feeds)` fed every
+    batch (calibrun.diagnostics.StreamingDiagnostics). A model that pins its first axis to b is fed b rows at
+    a time, and the rows must be a multiple of b.
+    """
+    from calibrun.model import graph_inputs, load_model
+    from calibrun.progress import Progress
+
+    fp32_model = load_model(fp32_path)
+    infos = list(graph_inputs(fp32_model))
+    del fp32_model
+    first = infos[0].shape[0] if infos and infos[0].shape else None
+    fixed = first if isinstance(first, int) and first > 0 else None
+    size = batch_size_for(fixed, batch_size)
+    if fixed is not None and evaluation.rows % fixed:
+        raise CalibrunError(f"rows ({evaluation.rows}) must be a multiple of the model's fixed first axis ({fixed})")
+    int8_inputs = [i.name for i in load_model(int8_path).graph.input]  # a clear error for a missing file
+    ref_sess, got_sess = session(fp32_path, threads), session(int8_path, threads)
+    names = [o.name for o in ref_sess.get_outputs()]
+    errors = OutputErrors(names)
+    primary = infos[0].name if infos else None
+    span = InputRange()
+    batches = evaluation.sizes(size)
+    bar = Progress(f"{progress} ({size} rows per batch)", len(batches)) if progress else None
+    done = 0
+    for feeds, labels in evaluation.batches(size):
+        missing = [name for name in feeds if name not in int8_inputs]
+        if missing:
+            raise CalibrunError(f"{int8_path} has no input {missing[0]!r} (inputs: {int8_inputs})")
+        try:
+            ref = ref_sess.run(None, feeds)
+            got = got_sess.run(None, feeds)
+        except Exception as exc:  # onnxruntime's own Fail/InvalidArgument on bad feeds
+            raise CalibrunError(f"running the models on the evaluation data failed: {one_line(exc)}") from exc
+        errors.update(ref, got)
+        if primary in feeds:
+            span.update(feeds[primary])
+        if task is not None:
+            task.update(dict(zip(names, ref, strict=True)), dict(zip(names, got, strict=True)), labels)
+        del ref, got
+        for observer in observers:
+            observer.update(feeds)
+        done += 1
+        if bar is not None:
+            bar.update(done)
+    metrics = {"rows": evaluation.rows, "eval_batches": done, "eval_batch_size": size, **errors.metrics()}
+    if primary is not None and math.isfinite(span.low):
+        metrics.update(span.metrics())
+    if task is not None:
+        metrics.update(task.metrics())
     return metrics

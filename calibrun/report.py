@@ -104,37 +104,58 @@ def _db(value) -> str:
 
 
 def _diagnosis_section(diagnosis: dict) -> str:
-    lines = ["| run | verdict | input clipped | input grid used | input SQNR | worst tensor | max abs error |",
+    lines = ["| run | verdict | input clipped | input grid used | input SQNR | top culprit (node) | max abs error |",
              "|---|---|---:|---:|---:|---|---:|"]
+    advice = []
     for label, run in diagnosis["runs"].items():
         if run.get("verdict") is None:
             continue
         inp = run.get("input") or {}
-        worst = run.get("worst_tensors") or [{}]
-        worst_text = f"{worst[0].get('tensor', 'n/a')} ({_db(worst[0].get('sqnr_db'))})" if worst[0] else "n/a"
+        culprits = run.get("culprits") or []
+        if culprits:
+            top = culprits[0]
+            share = top.get("noise_share")
+            culprit = (f"{top.get('tensor')} ({top.get('node') or 'input'}, {top.get('verdict')}, "
+                       f"{_pct(share)} of the noise)")
+        else:
+            worst = (run.get("worst_tensors") or [{}])[0]
+            culprit = f"{worst.get('tensor', 'n/a')} ({_db(worst.get('sqnr_db'))})" if worst else "n/a"
         lines.append(f"| {label} | **{run['verdict']}** | {_pct(inp.get('clipped_fraction'))} | "
-                     f"{_pct(inp.get('grid_used'))} | {_db(inp.get('sqnr_db'))} | {worst_text} | "
+                     f"{_pct(inp.get('grid_used'))} | {_db(inp.get('sqnr_db'))} | {culprit} | "
                      f"{run['max_abs_error']:.4g} |")
+        advice += [f"- {label}: {text}" for text in run.get("recommendations") or []]
     if len(lines) == 2:
         lines = ["No QDQ run in this sweep: per-tensor diagnostics are measured on QDQ models."]
-    lines += ["", "*clipping*: more than 0.1% of the real values fall outside the int8 range; *coarse*: the real "
-              "values use under 25% of the integer grid; *sound*: neither."]
+    lines += ["", "*clipping*: values cut off beyond half a step add more error than all the tensor's rounding; "
+              "*mixed*: parts of one tensor (Concat inputs, output entries) span ranges 100x apart, one scale "
+              "cannot serve both; *coarse*: the real values use under 25% of the integer grid; *sound*: none of "
+              "these. A culprit's share is its part of the error added tensor by tensor "
+              "(its noise against fp32 minus what its inputs carried in)."]
+    if advice:
+        lines += ["", "Recommended:", *advice]
     for calibration, trend in diagnosis["samples"].items():
         lines += ["", f"**More samples for {calibration}?** {trend['verdict']}: {trend['reason']}."]
     return "\n".join(lines)
 
 
 def _task_section(runs: dict) -> str | None:
-    rows = [(label, run.metrics) for label, run in runs.items() if "top1_agreement" in run.metrics]
+    """One row per run with task metrics (task.<name>; older results: top1_agreement and the accuracies)."""
+    def task_metrics(m: dict) -> dict:
+        found = {k[len("task."):]: v for k, v in m.items() if k.startswith("task.")}
+        for key in ("top1_agreement", "fp32_accuracy", "int8_accuracy"):
+            if key in m and key not in found:
+                found[key] = m[key]
+        return found
+
+    rows = [(label, task_metrics(run.metrics)) for label, run in runs.items()]
+    rows = [(label, m) for label, m in rows if m]
     if not rows:
         return None
-    with_labels = any("int8_accuracy" in m for _, m in rows)
-    head = "| run | top-1 agreement |" + (" fp32 accuracy | int8 accuracy |" if with_labels else "")
-    lines = [head, "|---|---:|" + ("---:|---:|" if with_labels else "")]
+    names = sorted({name for _, m in rows for name in m})
+    lines = ["| run | " + " | ".join(n.replace("_", " ") for n in names) + " |", "|---|" + "---:|" * len(names)]
     for label, m in rows:
-        cells = [label, f"{m['top1_agreement']:.2%}"]
-        if with_labels:
-            cells += [f"{m.get('fp32_accuracy', float('nan')):.2%}", f"{m.get('int8_accuracy', float('nan')):.2%}"]
+        cells = [label]
+        cells += ["n/a" if n not in m else f"{m[n]:.2%}" if 0 <= m[n] <= 1 else f"{m[n]:.4g}" for n in names]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
+import re
 import signal
 import sys
 from pathlib import Path
@@ -19,14 +21,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from calibrun import config, datasets, engine
+from calibrun import config, datasets, engine, measure, tasks
 from calibrun.calibrate import CalibrationCache
-from calibrun.data import fixed_rows
-from calibrun.diagnostics import as_table, classify_model, tensor_diagnostics
+from calibrun.diagnostics import StreamingDiagnostics, as_table, classify_model
 from calibrun.digits import ensure_digits
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import atomic_path, remove_orphans, remove_temp_orphans, temp_dir, write_json
-from calibrun.measure import split_feeds
 from calibrun.model import check_model_file, file_sha256, write_lab_model
 from calibrun.prepare import PREPARE_VERSION, external_data_path, prepare_model
 from calibrun.sweep import die_of, install_signal_handlers  # also registers the sweep folder resolver
@@ -142,13 +142,42 @@ def _verified_prepared(target: Path, record_file: Path) -> dict | None:
 
 
 def is_classifier(cfg: DictConfig, fp32: engine.FloatModel, labels) -> bool:
-    if cfg.model.classifier is not None:
-        return bool(cfg.model.classifier)
-    if labels is not None:
-        return True
-    model = onnx.load(str(fp32.path), load_external_data=False)
-    first_output = model.graph.output[0].name
-    return any(n.op_type in {"Softmax", "LogSoftmax"} and first_output in n.output for n in model.graph.node)
+    """Would task=auto measure classification? (model.classifier, labels, or a Softmax behind the first output)"""
+    task = tasks.resolve(tasks.TaskSpec("auto", axis=cfg.task.axis, output=cfg.task.output), fp32.path,
+                         labels=labels is not None, classifier=cfg.model.classifier)
+    return task.name == "classification"
+
+
+def _used(cfg: DictConfig, data, evaluation, errors: dict) -> dict:
+    """What the job really used (result.json `used`), warning where it differs from what was asked."""
+    identity = data.identity()
+    batches = int(identity.get("batches", len(data)))
+    rows_per_batch = int(identity.get("rows_per_batch", 0))
+    used = {
+        "calibration_batches": batches,
+        "calibration_rows": int(identity.get("rows", batches * rows_per_batch)),
+        "calibration_rows_per_batch": rows_per_batch,
+        "eval_rows": int(errors["rows"]),
+        "eval_batches": int(errors["eval_batches"]),
+        "eval_batch_size": int(errors["eval_batch_size"]),
+        "calibration_source": {k: v for k, v in identity.items() if k != "files"},
+        "calibration_files": len(identity.get("files", [])),
+        "eval_source": {k: v for k, v in evaluation.identity.items() if k != "files"},
+        "eval_files": len(evaluation.identity.get("files", [])),
+    }
+    if batches != cfg.batches:
+        log.warning("calibration used %d batches, %d were requested", batches, cfg.batches)
+    if used["eval_rows"] != cfg.eval.rows:
+        log.warning("evaluation used %d rows, %d were requested", used["eval_rows"], cfg.eval.rows)
+    return used
+
+
+def _source_model(cfg: DictConfig) -> dict:
+    """The user's model file as given (path and sha256), beside the prepared copy the job measured."""
+    if cfg.model.name != "file" or not cfg.model.path:
+        return {}
+    path = Path(cfg.model.path).expanduser().resolve()
+    return {"source_model_path": str(path), "source_model_sha256": file_sha256(path)}
 
 
 def compute(cfg: DictConfig, job_dir: Path) -> dict:
@@ -158,32 +187,66 @@ def compute(cfg: DictConfig, job_dir: Path) -> dict:
     int8_path = job_dir / "int8.onnx"
     data = datasets.calibration_data(cfg.data, fp32, cfg.calibration.seed, cfg.calibration.factor, cfg.batches)
     source = eval_source(cfg)
-    evaluation = datasets.evaluation_data(source, fp32, source["seed"], source["rows"])  # bad data: before any work
+    # bad evaluation data (missing files, wrong shapes, unknown task output) fails before any work
+    evaluation = datasets.evaluation_data(source, fp32, source["seed"], source["rows"])
+    task = tasks.resolve(tasks.spec_of(cfg.task), fp32.path, labels=evaluation.labels is not None,
+                         classifier=cfg.model.classifier)
     quant = engine.quantize_with(fp32, int8_path, data, spec=config.calibration_spec(cfg),
                                  options=config.quant_options(cfg), cache=cache, ranges_copy=job_dir / RANGES_FILE,
                                  threads=cfg.ort.intra_op_threads)
-    classifier = is_classifier(cfg, fp32, evaluation.labels)
-    errors = engine.evaluate(fp32, int8_path, evaluation.feeds, cfg.ort.intra_op_threads, classifier,
-                             evaluation.labels)
-    metrics = {**quant, **errors, "model_bytes": quant["bytes"], "cache_hit": int(quant["cache_hit"])}
+    diag = None
+    if cfg.format.name == "qdq" and cfg.diagnostics.enabled:
+        diag = StreamingDiagnostics(fp32.path, int8_path, job_dir / RANGES_FILE, cfg.ort.intra_op_threads,
+                                    max_rows=cfg.diagnostics.rows)
+    try:
+        errors = measure.evaluate(fp32.path, int8_path, evaluation, task, cfg.ort.intra_op_threads,
+                                  cfg.eval.batch_size, observers=[diag] if diag is not None else (),
+                                  progress="evaluation" + (" and diagnostics" if diag is not None else ""))
+        rows = diag.rows() if diag is not None else None
+    finally:
+        if diag is not None:
+            diag.close()
+    metrics = {**quant, **errors, **tasks.legacy(errors), "model_bytes": quant["bytes"],
+               "cache_hit": int(quant["cache_hit"])}
+    extra = [k for k in errors if k.startswith(("out.", "task.")) or k in ("eval_min", "eval_max", "eval_span")]
     result = {
         "params": {**job_params(cfg), "model_file": str(fp32.path), "model_sha256": fp32.sha256,
-                   "rows_per_batch": data.identity()["rows_per_batch"]},
-        "metrics": {key: metrics[key] for key in (*METRIC_KEYS, *TASK_KEYS) if key in metrics},
+                   "rows_per_batch": data.identity()["rows_per_batch"], **_source_model(cfg)},
+        "metrics": {key: metrics[key] for key in (*METRIC_KEYS, *TASK_KEYS, *extra) if key in metrics},
         "ops": quant["ops"],
         "cache_key": quant["cache_key"],
         "preparation": steps,
         "eval_source": source,
+        "used": {**_used(cfg, data, evaluation, errors),
+                 "diagnostics_rows": diag.rows_seen if diag is not None else 0},
+        "task": task.describe(),
         "files": {"fp32": _relative(fp32.path, job_dir), "int8": int8_path.name, "ranges": RANGES_FILE,
                   "int8_sha256": file_sha256(int8_path), "ranges_sha256": file_sha256(job_dir / RANGES_FILE)},
     }
-    if cfg.format.name == "qdq":
-        feeds = split_feeds(evaluation.feeds, fixed_rows(fp32.info))
-        rows = tensor_diagnostics(fp32.path, int8_path, job_dir / RANGES_FILE, feeds, cfg.ort.intra_op_threads)
+    if rows is not None:
         write_json(job_dir / DIAGNOSTICS_FILE, as_table(rows))  # column-oriented, strict JSON
         result["files"]["diagnostics"] = DIAGNOSTICS_FILE
-        result["diagnosis"] = classify_model(rows)
+        outputs = {k[len("out."):-len(".sqnr_db")]: v for k, v in errors.items()
+                   if k.startswith("out.") and k.endswith(".sqnr_db") and not re.search(r"\.ch\d+\.sqnr_db$", k)}
+        result["diagnosis"] = _strict(classify_model(rows, diag.weights, output_sqnr_db=outputs))
+        culprits = result["diagnosis"]["culprits"]
+        if culprits:
+            top = culprits[0]
+            log.info("diagnosis: %s; top culprit %s (node %s, %s, %.0f%% of the added error)",
+                     result["diagnosis"]["overall"], top["tensor"], top["node"], top["verdict"],
+                     100 * (top["noise_share"] or 0))
     return result
+
+
+def _strict(value):
+    """JSON without inf/NaN (they become null)."""
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def _relative(path: Path, folder: Path) -> str:

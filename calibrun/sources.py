@@ -2,8 +2,8 @@
 
 Calibration (`npy_calibration`, `image_calibration`) gives a `FeedBatches`: sized, lazy, re-iterable and
 deterministic, one feed `{input_name: float32 batch}` per batch, with an `identity()` for the calibration
-cache. Evaluation (`npy_evaluation`, `image_evaluation`) gives an `EvalData`: every evaluation row in memory,
-plus class labels when the source has them.
+cache. Evaluation (`npy_evaluation`, `image_evaluation`) gives an `EvalData` that serves the evaluation rows
+batch by batch (never all at once), plus class labels when the source has them.
 
 The rules
 - npy: `path` is a `.npy` file (the rows of the single input), a `.npz` file (one key per input name, an
@@ -37,7 +37,7 @@ import math
 import os
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -808,18 +808,57 @@ class _InputArrays:
         return self.feeds.identity()
 
 
-@dataclass
 class EvalData:
-    """All evaluation rows per input (float32, never scaled), and int64 class labels if the source has them."""
+    """The evaluation rows of every input (float32, never scaled), served batch by batch, plus int64 class
+    labels when the source has them (labels are small: they are held).
 
-    feeds: dict[str, np.ndarray]
-    labels: np.ndarray | None = None
-    classes: tuple[str, ...] | None = None  # class folder names, for image class folders
-    identity: dict = field(default_factory=dict)  # source kind, file hashes, transform, rows
+    `batches(size)` yields `(feeds, labels)` with `size` rows per batch (the last one shorter), reading only
+    that batch; nothing of an earlier batch is kept. `feeds` concatenates every row into memory at once: it is
+    there for small data and old callers, the measurement never uses it.
+    """
+
+    def __init__(self, rows: int, pieces, labels: np.ndarray | None = None, classes: tuple[str, ...] | None = None,
+                 identity: dict | None = None, inputs: Sequence[str] = ()):
+        self.rows = int(rows)
+        self._pieces = pieces  # sizes -> iterator of feeds dicts
+        self.labels = labels
+        self.classes = classes  # class folder names, for image class folders
+        self.identity = identity if identity is not None else {}  # source kind, file hashes, transform, rows
+        self.inputs = list(inputs)
+
+    @classmethod
+    def from_arrays(cls, feeds: dict[str, np.ndarray], labels=None, classes=None, identity=None) -> EvalData:
+        """Rows already in memory (small data, tests)."""
+        rows = len(next(iter(feeds.values())))
+
+        def pieces(sizes):
+            start = 0
+            for size in sizes:
+                yield {name: array[start : start + size] for name, array in feeds.items()}
+                start += size
+
+        return cls(rows, pieces, labels, classes, identity, list(feeds))
+
+    def sizes(self, size: int) -> list[int]:
+        size = check_positive_int(size, "batch size")
+        return [min(size, self.rows - start) for start in range(0, self.rows, size)]
+
+    def batches(self, size: int) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray | None]]:
+        start = 0
+        for feeds in self._pieces(self.sizes(size)):
+            rows = len(next(iter(feeds.values())))
+            labels = None if self.labels is None else self.labels[start : start + rows]
+            start += rows
+            yield feeds, labels
 
     @property
-    def rows(self) -> int:
-        return len(next(iter(self.feeds.values())))
+    def feeds(self) -> dict[str, np.ndarray]:
+        """Every row of every input in memory (see the class docstring: not for big data)."""
+        parts: dict[str, list[np.ndarray]] = {}
+        for feeds, _ in self.batches(_EVAL_CHUNK):
+            for name, array in feeds.items():
+                parts.setdefault(name, []).append(array)
+        return {name: p[0] if len(p) == 1 else np.concatenate(p) for name, p in parts.items()}
 
 
 def npy_calibration(path, inputs: Sequence[InputInfo], batches: int, factor: float = 1.0) -> FeedBatches:
@@ -838,18 +877,24 @@ def image_calibration(
     return FeedBatches("images", {column.info.name: column}, factor, batches, str(column.root), extra)
 
 
-def _read_all(column, rows: int) -> np.ndarray:
-    sizes = [min(_EVAL_CHUNK, rows - start) for start in range(0, rows, _EVAL_CHUNK)]
-    parts = list(column.pieces(sizes, 1.0))
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+def _column_pieces(columns: dict, rows: int):
+    """sizes -> feeds, reading the first `rows` rows of each column batch by batch (one file at a time)."""
+
+    def pieces(sizes):
+        if sum(sizes) > rows:
+            raise CalibrunError(f"{sum(sizes)} evaluation rows asked of {rows}")
+        streams = {name: column.pieces(sizes, 1.0) for name, column in columns.items()}
+        for _ in sizes:
+            yield {name: next(stream) for name, stream in streams.items()}
+
+    return pieces
 
 
 def npy_evaluation(path, inputs: Sequence[InputInfo], rows: int | None = None) -> EvalData:
-    """Evaluation rows (float32) of every input, capped at `rows`; labels from an npz `labels` key or a
-    `labels.npy` in the folder."""
+    """Evaluation rows (float32) of every input, capped at `rows`, read batch by batch; labels from an npz
+    `labels` key or a `labels.npy` in the folder."""
     source = _NpySource(path, inputs)
     used = _cap_rows(source.rows, rows, str(source.root))
-    feeds = {name: _read_all(column, used) for name, column in source.columns.items()}
     labels = None
     if source.labels:
         parts = [segment.load() for segment in source.labels]
@@ -860,19 +905,23 @@ def npy_evaluation(path, inputs: Sequence[InputInfo], rows: int | None = None) -
         "source": "npy",
         "files": _hashes(files),
         "rows": used,
-        "inputs": [{"name": name, "shape": list(array.shape)} for name, array in feeds.items()],
+        "inputs": [{"name": name, "shape": [used, *column.sample_shape]} for name, column in source.columns.items()],
     }
-    return EvalData(feeds, labels, None, identity)
+    pieces = _column_pieces(source.columns, used)
+    # One pass that keeps nothing: NaN/Inf in a file fails here, before any work (memory-mapped, so cheap).
+    for _ in pieces([min(_EVAL_CHUNK, used - start) for start in range(0, used, _EVAL_CHUNK)]):
+        pass
+    return EvalData(used, pieces, labels, None, identity, list(source.columns))
 
 
 def image_evaluation(
     path, inputs: Sequence[InputInfo], rows: int | None = None, transform: ImageTransform | None = None
 ) -> EvalData:
-    """Evaluation images (NCHW float32), the first `rows` in sorted order; class-folder labels."""
+    """Evaluation images (NCHW float32), the first `rows` in sorted order, decoded batch by batch;
+    class-folder labels."""
     transform = ImageTransform() if transform is None else transform
     column = _ImageColumn(path, inputs, transform)
     used = _cap_rows(column.rows, rows, str(column.root))
-    feeds = {column.info.name: _read_all(column, used)}
     labels, classes = column.labels()
     if labels is not None:
         labels = labels[:used]
@@ -883,9 +932,10 @@ def image_evaluation(
         "pillow": _pillow_version(),
         "rows": used,
         "classes": list(classes) if classes else None,
-        "inputs": [{"name": column.info.name, "shape": list(feeds[column.info.name].shape)}],
+        "inputs": [{"name": column.info.name, "shape": [used, *column.sample_shape]}],
     }
-    return EvalData(feeds, labels, classes, identity)
+    return EvalData(used, _column_pieces({column.info.name: column}, used), labels, classes, identity,
+                    [column.info.name])
 
 
 def _pillow_version() -> str:

@@ -133,7 +133,7 @@ def test_clipped_fraction_and_grid_from_the_graph(lab):
         levels = np.unique(np.clip(np.rint(rows / scale) + zero_point, -128, 127)).size
         assert got["levels"] == levels
         assert got["grid_used"] == levels / 256
-        assert got["distinct_values"] == np.unique(rows).size
+        assert got["distinct_values"] == min(np.unique(rows).size, 256)  # counted up to the grid size
 
 
 def test_batched_feeds_give_the_same_numbers(lab):
@@ -142,7 +142,10 @@ def test_batched_feeds_give_the_same_numbers(lab):
     batched = tensor_diagnostics(lab["fp32"], run["path"], run["ranges"], feeds)
     for one, many in zip(run["diags"], batched, strict=True):
         for key, value in one.items():
-            assert many[key] == (pytest.approx(value, rel=1e-9) if isinstance(value, float) else value), key
+            # energies are float32 dot products (BLAS accumulation order depends on the batch): 1e-6 relative;
+            # added_nsr / noise_share are differences of two such ratios (cancellation): 1e-4
+            rel = 1e-4 if key in ("added_nsr", "noise_share") else 1e-6
+            assert many[key] == (pytest.approx(value, rel=rel) if isinstance(value, float) else value), key
 
 
 def test_nothing_written_beside_the_inputs(lab):

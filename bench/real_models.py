@@ -1,0 +1,220 @@
+"""Real-model benchmark of calibrun's streaming measurement: memory against evaluation rows, time against plain
+onnxruntime. Ratios measured side by side on this machine (not a test).
+
+    python bench/real_models.py                      # ResNet-50-sized model (bench/resnet.py), then ocr_det
+    python bench/real_models.py --quick              # small ResNet, few rows: a smoke run
+    python bench/real_models.py --models ocr_det     # one of: resnet, ocr_det
+
+1. Peak RSS of a whole `python -m calibrun` job (diagnostics on, the default) at eval.rows=SMALL vs eval.rows=LARGE
+   (16 vs 256). The calibration ranges are cached by a warm-up job first, so both measured jobs differ only in
+   the evaluation rows (a calibration pass holds one calibration batch's activations, the same in both). Goal:
+   ratio <= 1.2.
+2. Whole job time (cache=off: calibration pass, quantize_static, evaluation with per-output metrics, task
+   metrics and per-tensor diagnostics, result.json) vs plain onnxruntime doing the minimum: quantize_static with
+   its MinMax calibrator over the same calibration batches, then fp32 and int8 inference over the evaluation
+   rows in batches of 16. Goal: ratio <= 2.5.
+
+Data: ResNet takes the lab rule (normal(0, 1) rows, calibration and evaluation); ocr_det takes scikit-image's
+photos resized/cropped to 320 (calibration: the 12 photos; evaluation: a folder of LARGE images cycling through
+the photos, each copy shifted, as PNG files decoded batch by batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import runpy
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def child(argv: list[str]) -> int:
+    """Run `python -m calibrun ARGS` in this process; print {"seconds", "max_rss_mb", "code"} as the last line."""
+    start = time.perf_counter()
+    sys.argv = ["calibrun", *argv]
+    code = 0
+    try:
+        runpy.run_module("calibrun", run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    print(json.dumps({"seconds": time.perf_counter() - start, "max_rss_mb": rss, "code": code}), flush=True)
+    return 0
+
+
+def run_job(workdir: Path, overrides: list[str]) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--child", *overrides, "tracking=off"], cwd=workdir,
+                          capture_output=True, text=True)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode or not lines:
+        raise SystemExit(f"job failed: {overrides}\n{proc.stderr[-3000:]}")
+    out = json.loads(lines[-1])
+    if out["code"]:
+        raise SystemExit(f"calibrun failed: {overrides}\n{proc.stderr[-3000:]}")
+    return out
+
+
+def plain_child(spec: dict) -> int:
+    """Plain onnxruntime: quantize_static (MinMax calibration pass + quantisation) and fp32 + int8 inference."""
+    start = time.perf_counter()  # imports included, as in the calibrun job
+    import numpy as np
+    import onnxruntime as ort
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    batches = _batches(spec, "calibration")
+    input_name = ort.InferenceSession(spec["model"], providers=["CPUExecutionProvider"]).get_inputs()[0].name
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(batches)
+
+        def get_next(self):
+            batch = next(self.it, None)
+            return None if batch is None else {input_name: batch}
+
+    out = Path(spec["out"])
+    quantize_static(spec["model"], str(out), Reader(), quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    options = ort.SessionOptions()
+    sessions = [ort.InferenceSession(p, options, providers=["CPUExecutionProvider"]) for p in (spec["model"], str(out))]
+    name = sessions[0].get_inputs()[0].name
+    for batch in _batches(spec, "evaluation"):
+        for sess in sessions:
+            np.asarray(sess.run(None, {name: batch})[0])
+    seconds = time.perf_counter() - start
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"seconds": seconds, "max_rss_mb": rss, "code": 0}), flush=True)
+    return 0
+
+
+def _batches(spec: dict, kind: str):
+    """The same arrays the calibrun job reads (lab rule, or the .npy files), 16 rows at a time."""
+    import numpy as np
+
+    if spec["data"] == "lab":
+        shape = tuple(spec["shape"])
+        if kind == "calibration":
+            rng = np.random.default_rng(4242)
+            return [rng.normal(0, 1, (16, *shape)).astype(np.float32) for _ in range(spec["batches"])]
+        rng = np.random.default_rng(777)
+        rows = spec["rows"]
+        return (rng.normal(0, 1, (min(16, rows - s), *shape)).astype(np.float32) for s in range(0, rows, 16))
+    from calibrun.sources import ImageTransform
+
+    transform = ImageTransform(resize=spec["size"], crop=spec["size"])
+    files = sorted(Path(spec[f"{kind}_dir"]).iterdir())
+    rows = len(files) if kind == "calibration" else spec["rows"]
+    return (np.stack([transform(f) for f in files[s : min(s + 16, rows)]]) for s in range(0, rows, 16))
+
+
+def run_plain(workdir: Path, spec: dict) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--plain", json.dumps(spec)], cwd=workdir, capture_output=True,
+                          text=True)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode or not lines:
+        raise SystemExit(f"plain onnxruntime failed\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def photo_folders(folder: Path, rows: int) -> tuple[Path, Path]:
+    """Calibration folder (scikit-image's 12 photos) and an evaluation folder of `rows` PNGs: the photos, each
+    copy shifted a few pixels (so no two rows are the same)."""
+    from PIL import Image
+
+    from tests.trained import PHOTOS, TEXT_PHOTOS, photo_folder
+
+    calib = photo_folder(folder / "calib", PHOTOS + TEXT_PHOTOS)
+    evaluation = folder / "eval"
+    evaluation.mkdir()
+    files = sorted(calib.iterdir())
+    for i in range(rows):
+        with Image.open(files[i % len(files)]) as image:
+            image = image.convert("RGB")
+            shift = 4 * (i // len(files))
+            image.crop((shift, 0, image.width, image.height)).save(evaluation / f"{i:04d}.png")
+    return calib, evaluation
+
+
+def bench_model(name: str, quick: bool, small: int, large: int, threads: int) -> dict:
+    work = Path(tempfile.mkdtemp(prefix=f"calibrun-bench-{name}-"))
+    common = [f"cache.dir={work / 'cache'}", f"ort.intra_op_threads={threads}"]
+    if name == "resnet":
+        sys.path.insert(0, str(ROOT / "bench"))
+        from resnet import QUICK, RESNET50, cached_resnet
+
+        config = QUICK if quick else RESNET50
+        model = cached_resnet(config)
+        batches = 4 if quick else 16
+        shape = [3, config.image, config.image]
+        job = ["model=file", f"model.path={model}", f"batches={batches}", *common]
+        eval_for = lambda rows: [f"eval.rows={rows}"]  # noqa: E731
+        spec = {"data": "lab", "shape": shape, "batches": batches}
+    else:
+        from tests.trained import model_path
+
+        model = model_path("ocr_det")
+        size = 64 if quick else 320
+        calib, evaluation = photo_folders(work, large)
+        batches = 1  # the 12 photos: one batch
+        job = ["model=file", f"model.path={model}", f"batches={batches}", "data=images", f"data.path={calib}",
+               f"data.resize={size}", f"data.crop={size}", "eval_data=images", f"eval_data.path={evaluation}",
+               f"eval_data.resize={size}", f"eval_data.crop={size}", *common]
+        eval_for = lambda rows: [f"eval.rows={rows}"]  # noqa: E731
+        spec = {"data": "images", "calibration_dir": str(calib), "evaluation_dir": str(evaluation), "size": size}
+    print(f"{name}: {model} ({os.path.getsize(model) / 1e6:.0f} MB), load {os.getloadavg()}", file=sys.stderr)
+    run_job(work, [*job, *eval_for(small), "hydra.run.dir=warmup"])  # fills the calibration cache
+    rss_small = run_job(work, [*job, *eval_for(small), "hydra.run.dir=small"])
+    rss_large = run_job(work, [*job, *eval_for(large), "hydra.run.dir=large"])
+    timed = run_job(work, [*job, *eval_for(large), "cache=off", "hydra.run.dir=timed"])
+    plain = run_plain(work, {**spec, "model": str(model), "rows": large, "out": str(work / "plain_int8.onnx")})
+    result = json.loads((work / "timed" / "result.json").read_text())
+    return {
+        "model": name, "eval_rows": [small, large], "calibration_batches": batches,
+        "peak_rss_mb": [round(rss_small["max_rss_mb"]), round(rss_large["max_rss_mb"])],
+        "rss_ratio": round(rss_large["max_rss_mb"] / rss_small["max_rss_mb"], 3),
+        "calibrun_seconds": round(timed["seconds"], 1), "plain_seconds": round(plain["seconds"], 1),
+        "plain_peak_rss_mb": round(plain["max_rss_mb"]),
+        "time_ratio": round(timed["seconds"] / plain["seconds"], 2),
+        "diagnosis": result.get("diagnosis", {}).get("overall"),
+        "load_after": [round(v, 2) for v in os.getloadavg()],
+        "folder": str(work),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        return child(argv[1:])
+    if argv[:1] == ["--plain"]:
+        return plain_child(json.loads(argv[1]))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--models", nargs="+", default=["resnet", "ocr_det"], choices=["resnet", "ocr_det"])
+    parser.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0: every core)")
+    parser.add_argument("--rows", type=int, nargs=2, metavar=("SMALL", "LARGE"), default=None,
+                        help="evaluation rows of the two memory runs (default 16 256; --quick 16 48)")
+    args = parser.parse_args(argv)
+    small, large = (16, 48) if args.quick else (16, 256)  # eval.batch_size 16 in both: only the rows differ
+    if args.rows:
+        small, large = args.rows
+    print(f"load before: {os.getloadavg()}", file=sys.stderr)
+    for name in args.models:
+        row = bench_model(name, args.quick, small, large, args.threads)
+        print(json.dumps(row), flush=True)
+        print(f"{name}: peak RSS {row['peak_rss_mb'][0]} MB at eval.rows={small}, {row['peak_rss_mb'][1]} MB at "
+              f"eval.rows={large}: ratio {row['rss_ratio']} (goal <= 1.2); whole job {row['calibrun_seconds']} s vs "
+              f"plain onnxruntime {row['plain_seconds']} s: ratio {row['time_ratio']} (goal <= 2.5)",
+              file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Streaming evaluation (calibrun.measure.evaluate): the same numbers whatever the batch size, the lab rows
+generated batch by batch bit for bit, per-output metrics checked against a direct computation, and memory that
+does not grow with the evaluation rows (on a trained model)."""
+
+from __future__ import annotations
+
+import math
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from calibrun import datasets, engine, measure
+from calibrun.calibrate import CalibrationCache
+from calibrun.data import evaluation_pieces, evaluation_rows
+from calibrun.diagnostics import StreamingDiagnostics
+from calibrun.model import write_lab_model
+from calibrun.sources import EvalData
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    root = tmp_path_factory.mktemp("measure")
+    fp32 = engine.open_float_model(write_lab_model(root / "lab.onnx"))
+    cache = CalibrationCache(root / "cache")
+    narrow = engine.quantize_lab(fp32, root / "narrow.onnx", seed=4242, factor=0.2, batches=8, cache=cache)
+    return {"root": root, "fp32": fp32, "int8": narrow["out"], "cache": cache,
+            "ranges": cache.path(narrow["cache_key"])}
+
+
+@pytest.mark.parametrize("sizes", [[256], [7, 100, 149], [1] * 5 + [251], [16] * 16])
+def test_lab_rows_in_batches_are_the_same_rows(lab, sizes):
+    info = lab["fp32"].info
+    whole = evaluation_rows(info, 777, 256)
+    parts = list(evaluation_pieces(info, 777, 256)(sizes))
+    assert [len(p) for p in parts] == sizes
+    np.testing.assert_array_equal(np.concatenate(parts), whole)  # bit for bit
+
+
+def test_eval_data_serves_batches_and_labels():
+    feeds = {"x": np.arange(20, dtype=np.float32).reshape(10, 2)}
+    data = EvalData.from_arrays(feeds, labels=np.arange(10))
+    got = list(data.batches(4))
+    assert [len(f["x"]) for f, _ in got] == [4, 4, 2]
+    assert [list(labels) for _, labels in got] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    np.testing.assert_array_equal(data.feeds["x"], feeds["x"])
+
+
+def _direct(fp32, int8_path, rows):
+    ref = engine.outputs(fp32.path, fp32, {fp32.info.name: rows})[0].astype(np.float64)
+    got = engine.outputs(int8_path, fp32, {fp32.info.name: rows})[0].astype(np.float64)
+    return ref, got
+
+
+@pytest.mark.parametrize("batch_size", [1, 16, 100, 256])
+def test_batch_size_does_not_change_the_numbers(lab, batch_size):
+    fp32 = lab["fp32"]
+    evaluation = datasets.lab_evaluation(fp32, 777, 256)
+    m = measure.evaluate(fp32.path, lab["int8"], evaluation, batch_size=batch_size, progress=None)
+    ref, got = _direct(fp32, lab["int8"], evaluation_rows(fp32.info, 777, 256))
+    diff = np.abs(ref - got)
+    assert m["rows"] == 256
+    assert m["eval_batches"] == math.ceil(256 / batch_size)
+    assert m["max_abs_error"] == float(diff.max())  # exact: a maximum does not depend on the order
+    assert m["mean_abs_error"] == pytest.approx(float(diff.mean()), rel=1e-12)
+    assert m["max_abs_output"] == float(np.abs(ref).max())
+    name = "out.y."
+    assert m[name + "max_abs_error"] == float(diff.max())
+    assert m[name + "relative_error"] == pytest.approx(diff.max() / (ref.max() - ref.min()), rel=1e-12)
+    assert m[name + "sqnr_db"] == pytest.approx(10 * math.log10((ref**2).sum() / ((ref - got) ** 2).sum()), rel=1e-9)
+    cosine = (ref * got).sum() / np.sqrt((ref**2).sum() * (got**2).sum())
+    assert m[name + "cosine"] == pytest.approx(cosine, rel=1e-12)
+    rows = evaluation_rows(fp32.info, 777, 256)
+    assert (m["eval_min"], m["eval_max"]) == (float(rows.min()), float(rows.max()))
+    assert m["eval_span"] == float(rows.max()) - float(rows.min())
+
+
+def test_contract_error_unchanged(lab):
+    """calibtool's `error`: exactly its four keys, the same numbers as one unbatched run."""
+    fp32 = lab["fp32"]
+    result = engine.error(fp32.path, lab["int8"], 777, 256)
+    assert set(result) == {"rows", "max_abs_error", "mean_abs_error", "max_abs_output"}
+    ref, got = _direct(fp32, lab["int8"], evaluation_rows(fp32.info, 777, 256))
+    assert result["max_abs_error"] == float(np.abs(ref - got).max())
+
+
+def test_identical_models_report_no_error(lab):
+    fp32 = lab["fp32"]
+    m = measure.evaluate(fp32.path, fp32.path, datasets.lab_evaluation(fp32, 777, 64), progress=None)
+    assert m["max_abs_error"] == 0.0
+    assert m["out.y.sqnr_db"] == measure.SQNR_CAP
+    assert m["out.y.cosine"] == pytest.approx(1.0)
+
+
+def test_multi_part_output_metrics_per_entry():
+    """An output [N, T, 3]: one set of metrics per entry of the last axis, each from its own slice."""
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(4, 5, 3)) * np.array([100.0, 1.0, 0.01])
+    got = ref + rng.normal(size=ref.shape) * 0.01
+    errors = measure.OutputErrors(["det"])
+    errors.update([ref[:2]], [got[:2]])
+    errors.update([ref[2:]], [got[2:]])
+    m = errors.metrics()
+    for k in range(3):
+        r, g = ref[..., k], got[..., k]
+        assert m[f"out.det.ch{k}.max_abs_error"] == pytest.approx(np.abs(r - g).max(), rel=1e-12)
+        assert m[f"out.det.ch{k}.sqnr_db"] == pytest.approx(10 * math.log10((r**2).sum() / ((r - g) ** 2).sum()))
+    # the pooled SQNR hides the small part: the last entry's SQNR is far below the whole output's
+    assert m["out.det.ch2.sqnr_db"] < m["out.det.sqnr_db"] - 40
+
+
+def _peak(fn) -> int:
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_memory_does_not_grow_with_rows_on_a_trained_model(tmp_path):
+    """ocr_cls (MobileNetV3, trained) quantised, then evaluated with diagnostics at 8 and 48 rows in batches of 8:
+    the peak of Python/numpy allocations stays within 1.3x (a run holding every row would need ~6x)."""
+    from calibrun.data import lab_batches
+    from tests.trained import model_path
+
+    fp32 = engine.open_float_model(model_path("ocr_cls"))
+    axis = {2: 48, 3: 192}
+    fp32_info = fp32.info
+    data = lab_batches(fp32_info, 4242, 1.0, 2, axis)
+    int8 = tmp_path / "int8.onnx"
+    cache = CalibrationCache(tmp_path / "cache")
+    quant = engine.quantize_with(fp32, int8, data, cache=cache, ranges_copy=tmp_path / "ranges.json")
+    assert quant["batches"] == 2
+
+    def run(rows):
+        evaluation = EvalData(rows, lambda sizes: ({fp32_info.name: a} for a in
+                                                   evaluation_pieces(fp32_info, 777, rows, axis)(sizes)))
+        with StreamingDiagnostics(fp32.path, int8, tmp_path / "ranges.json") as diag:
+            m = measure.evaluate(fp32.path, int8, evaluation, batch_size=8, observers=[diag], progress=None)
+            assert diag.rows()
+        assert m["rows"] == rows
+
+    run(8)  # warm up onnxruntime and imports
+    small, large = _peak(lambda: run(8)), _peak(lambda: run(48))
+    print(f"peak traced memory: {small / 2**20:.1f} MiB at 8 rows, {large / 2**20:.1f} MiB at 48 rows")
+    assert large < 1.3 * small, (small, large)
+
+
+def test_lab_job_records_and_diagnostics_off(tmp_path):
+    """A real lab job: per-output metrics, the evaluation span and what was used in result.json; with
+    diagnostics=off no diagnostics file and no diagnosis, the same errors."""
+    import json
+    import subprocess
+    import sys
+
+    def job(name, *extra):
+        proc = subprocess.run([sys.executable, "-m", "calibrun", "tracking=off", "batches=2", "eval.batch_size=100",
+                               f"cache.dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / name}", *extra],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads((tmp_path / name / "result.json").read_text()), proc.stderr
+
+    on, _ = job("on")
+    off, log = job("off", "diagnostics=off")
+    assert "diagnosis" in on
+    assert "diagnostics" in on["files"]
+    assert "diagnosis" not in off
+    assert "diagnostics" not in off["files"]
+    assert not (tmp_path / "off" / "diagnostics.json").exists()
+    assert on["metrics"]["max_abs_error"] == off["metrics"]["max_abs_error"]
+    assert on["used"]["eval_batches"] == 3  # 256 rows in batches of 100
+    assert on["used"]["calibration_batches"] == 2
+    assert on["task"]["name"] == "none"
+    rows = evaluation_rows(engine.open_float_model(tmp_path / "on" / "fp32.onnx").info, 777, 256)
+    assert on["metrics"]["eval_span"] == float(rows.max()) - float(rows.min())
+    assert on["metrics"]["out.y.max_abs_error"] == on["metrics"]["max_abs_error"]
+    assert "requested" not in log  # used counts equal the requested ones: no warning
+    culprits = on["diagnosis"]["culprits"]
+    assert culprits[0]["node"] in {"fc1_matmul", "fc1_add", "relu", "fc2_matmul", "fc2_add", None}
+
+
+def test_diagnostics_stop_after_max_rows(lab):
+    """diagnostics.rows: the first rows only; the statistics are those of exactly those rows."""
+    fp32 = lab["fp32"]
+    rows = evaluation_rows(fp32.info, 777, 256)
+    with StreamingDiagnostics(fp32.path, lab["int8"], lab["ranges"], max_rows=40) as diag:
+        measure.evaluate(fp32.path, lab["int8"], datasets.lab_evaluation(fp32, 777, 256), batch_size=32,
+                         observers=[diag], progress=None)
+        assert diag.rows_seen == 40
+        x = diag.rows()[0]
+    assert x["elements"] == 40 * rows.shape[1]
+    assert (x["eval_min"], x["eval_max"]) == (float(rows[:40].min()), float(rows[:40].max()))
