@@ -12,7 +12,9 @@ onnxruntime (quantization/calibrate.py) spends its time in two places:
   sorts the data. `histogram` here returns the same counts and edges as `np.histogram` (bins are decided by the
   edges exactly as numpy decides them; only values within a rounding margin of an edge are placed by a binary
   search), and `FastHistogramCollector` spreads the tensors of a batch over threads (numpy releases the GIL in
-  its loops). Range growth and re-binning (`merge_histogram`) are onnxruntime's code, unchanged in effect.
+  its loops). Range growth and re-binning (`merge_histogram`) are onnxruntime's code, unchanged in effect, except
+  where onnxruntime breaks: a range growing so far that it would need more than MAX_GROWN_BINS bins (it asks
+  for billions), and an empty tensor in the symmetric percentile histogram (nanmax of nothing).
 
 Percentile and Distribution thresholds are onnxruntime's own (`compute_percentile`, `compute_distribution`):
 they are O(bins) numpy already.
