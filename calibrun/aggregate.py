@@ -359,7 +359,7 @@ def _build_into(sweep_dir: Path, work: Path, final: Path) -> Summary:
 
     r = _Report(sweep_dir, work, final)
     if not r.runs:
-        log.error("report: no completed runs in %s (no */%s with status ok)", sweep_dir, RESULT_FILE)
+        log.debug("report: no completed runs in %s (no */%s with status ok)", sweep_dir, RESULT_FILE)
         return r.summary
     facts: dict = {"axes": r.axes, "lab_runs": r.lab}
     metric, better = headline(list(r.runs.values()))
@@ -576,7 +576,8 @@ def main(argv: list[str] | None = None) -> int:
     for line in summary.broken:
         print(f"calibrun.aggregate: error: {line}", file=sys.stderr)
     if not summary.ok:
-        print(f"calibrun.aggregate: error: no completed runs in {args.sweep_dir}", file=sys.stderr)
+        print(f"calibrun.aggregate: error: no completed runs in {args.sweep_dir} (no */{RESULT_FILE} with status ok)",
+              file=sys.stderr)
         return 1
     for path in summary.files:
         print(path)

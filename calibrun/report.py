@@ -216,7 +216,9 @@ def _axis_plots(report_dir: Path, runs: dict, facts: dict) -> list[Path]:
         better = facts["headline"]["better"]
         ax.set(xlabel=axis + (" (log)" if ax.get_xscale() == "log" else ""), ylabel=f"{metric} ({better} is better)",
                title=f"{metric} vs {axis}" + (f", coloured by {colour_axis}" if colour_axis else ""))
-        if colour_axis:
+        if colour_axis and len(series) > 4:  # beside the plot, not over the points
+            ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0)
+        elif colour_axis:
             ax.legend(fontsize="small")
         written.append(_save(fig, report_dir / _plot_name(metric, axis)))
         plt.close(fig)
@@ -261,7 +263,7 @@ def _lab_plots(report_dir: Path, facts: dict) -> list[Path]:
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     with atomic_path(path, suffix=".png") as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
+        fig.savefig(tmp, dpi=110, format="png", bbox_inches="tight")
     return path
 
 

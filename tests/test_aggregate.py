@@ -468,3 +468,13 @@ def test_lab_run_without_its_fp32_model_is_named_and_left_out(tmp_path, capsys):
     assert not (sweep / "report" / "calib_report.json").exists()  # needs match, whose fp32 is gone
     assert not (sweep / "report" / "bundle").exists()
     assert len(json.loads((sweep / "report" / "runs.json").read_text())["runs"]) == 3
+
+
+def test_a_sweep_without_completed_runs_is_one_line(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    fake_job(sweep, 0, {"calibration": "narrow"}, 0, status="failed")
+    (sweep / "1").mkdir()  # a job killed before it wrote anything
+    code, err = run_main(capsys, sweep)
+    assert code == 1
+    assert err.strip() == f"calibrun.aggregate: error: no completed runs in {sweep} (no */result.json with status ok)"
+    assert not (sweep / "report").exists()
