@@ -546,7 +546,8 @@ def print_phases(ph: dict) -> None:
     wall = ph["wall"]
     # load_sweep_config runs 24x inside validate_batch_is_legal, then once before each run_job
     compose = calls.get("hydra: load_sweep_config (compose one job)", [])
-    launch_compose = compose[len(compose) // 2:]
+    # ... unless calibrun hands the validation pass's configs to the launcher (sweep.compose_each_job_once)
+    launch_compose = compose[len(compose) // 2:] if len(compose) > len(calls.get("runner.run (one job)", [])) else []
     exit_s = wall - ph["startup"] - ph["imports"] - ph["main"]
     print(f"\n### breakdown 1: instrumented sweep (timers around functions; wall {wall:.2f}s, load {ph['load']})\n")
     print(f"{'phase (inclusive wall seconds)':<68} {'calls':>5} {'total s':>8} {'per call':>9} {'% wall':>7}")

@@ -349,6 +349,11 @@ def _datasets(cfg: DictConfig, result: dict) -> dict[str, dict]:
                                             cfg.batches).identity()
     evaluation = dict(result.get("eval_source") or eval_source(cfg))
     evaluation.setdefault("source", evaluation.get("name"))
+    if evaluation.get("name") != "images":
+        evaluation = {k: v for k, v in evaluation.items() if k not in ("resize", "crop", "mean", "std", "grayscale")}
+    path = Path(str(evaluation.get("path") or ""))
+    if evaluation.get("path") and path.is_file():
+        evaluation["sha256"] = file_sha256(path)  # the rows' content, not only where they were
     return {"calibration": calibration, "evaluation": evaluation}
 
 

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -199,3 +200,34 @@ def test_one_folder_is_never_shared_nor_reused_without_resume(outcomes):
     assert "holds an earlier sweep" in again.stderr
     assert "add resume=true to continue it" in again.stderr
     assert {p: p.stat().st_mtime_ns for p in o["sweep"].glob("*/result.json")} == o["before"]
+
+
+def test_sigterm_during_a_single_run_ends_its_run_killed(tmp_path):
+    """A single run (no -m) that calibrates long enough to be caught working, then SIGTERM."""
+    fresh(tmp_path)
+    run_dir = tmp_path / "run"
+    with open(tmp_path / "single.err", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "calibrun", "batches=20000", f"hydra.run.dir={run_dir}",
+                                 f"cache.dir={tmp_path / 'cache'}"], cwd=tmp_path, env=env_for(tmp_path),
+                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    try:
+        end = time.monotonic() + 180
+        while not runs_of(tmp_path):  # its MLflow run exists: the job is working
+            assert proc.poll() is None, (tmp_path / "single.err").read_text()[-3000:]
+            assert time.monotonic() < end
+            time.sleep(0.1)
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    stderr = (tmp_path / "single.err").read_text()
+    assert proc.returncode == -signal.SIGTERM, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert [line for line in stderr.splitlines() if line.startswith("calibrun:")] == [
+        "calibrun: interrupted by SIGTERM: nothing written for this run, its MLflow run (if started) KILLED"]
+    assert [r.info.status for r in runs_of(tmp_path)] == ["KILLED"]
+    assert not (run_dir / "result.json").exists()
+    assert not (run_dir / "int8.onnx").exists()

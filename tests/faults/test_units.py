@@ -1,0 +1,83 @@
+"""Fast, in-process checks of the pieces the fault handling and the MLflow record are built from."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from calibrun.errors import CalibrunError
+from calibrun.sweep import earlier_jobs, previous_sweep, register_resolvers
+from calibrun.tracking import check_sqlite, check_store, digest, ui_url, yaml_value
+
+
+def test_yaml_values_not_python_reprs():
+    assert [yaml_value(v) for v in (True, False, None, 0.2, 8, "QInt8")] == ["true", "false", "null", "0.2", "8",
+                                                                           "QInt8"]
+    assert yaml_value(["Conv", "MatMul"]) == "[Conv, MatMul]"
+    assert yaml_value([]) == "[]"
+
+
+def test_dataset_digest_follows_the_identity():
+    a = {"source": "lab", "seed": 4242, "factor": 0.2, "batches": 8}
+    assert digest(a) == digest(dict(reversed(a.items())))  # key order does not matter
+    assert digest(a) != digest({**a, "batches": 64})
+    assert len(digest(a)) == 16
+
+
+def test_ui_url_opens_the_machine_learning_page():
+    assert ui_url("http://host:5000/", "3", "abc") == \
+        "http://host:5000/#/experiments/3/runs/abc?workflowType=machine_learning"
+    assert ui_url("sqlite:////x/mlflow.db", "1").startswith("http://127.0.0.1:5000/#/experiments/1/runs?")
+
+
+def test_sweep_id_is_one_value_per_config_and_differs_between_configs():
+    register_resolvers()
+    first = OmegaConf.create({"a": "${calibrun.sweep_id:}", "b": "${calibrun.sweep_id:}"})
+    second = OmegaConf.create({"a": "${calibrun.sweep_id:}"})
+    assert first.a == first.b  # cached: the sweep, its launcher and its jobs see one folder
+    assert first.a != second.a
+    assert len(first.a) == 6
+
+
+def test_store_checks_name_the_cause(tmp_path):
+    (tmp_path / "folder.db").mkdir()
+    with pytest.raises(CalibrunError, match="is a folder"):
+        check_sqlite(tmp_path / "folder.db")
+    (tmp_path / "junk.db").write_bytes(b"not sqlite at all" * 100)
+    with pytest.raises(CalibrunError, match="file is not a database"):
+        check_sqlite(tmp_path / "junk.db")
+    with pytest.raises(CalibrunError, match="does not exist"):
+        check_sqlite(tmp_path / "missing" / "mlflow.db")
+    with pytest.raises(CalibrunError, match="unknown URI scheme 'ftp'"):
+        check_store("ftp://host/store", 1)
+    check_sqlite(tmp_path / "new.db")  # can be created: fine, and nothing is left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder.db", "junk.db"]
+    with sqlite3.connect(tmp_path / "other.db") as connection:
+        connection.execute("CREATE TABLE t (x)")
+    with pytest.raises(CalibrunError, match="not an MLflow store"):
+        check_sqlite(tmp_path / "other.db")
+
+
+def _sweep(root: Path, name: str, overrides: list[str], age: float) -> Path:
+    folder = root / "2026-12-01" / name
+    (folder / ".hydra").mkdir(parents=True)
+    path = folder / "multirun.yaml"
+    OmegaConf.save(OmegaConf.create({"hydra": {"overrides": {"task": overrides}}}), path)
+    stamp = time.time() - age
+    os.utime(path, (stamp, stamp))
+    return folder
+
+
+def test_previous_sweep_with_suffixed_folder_names(tmp_path):
+    command = ["calibration=narrow,match,wide"]
+    old = _sweep(tmp_path, "10-00-00-ffffff", command, age=100)
+    newer = _sweep(tmp_path, "10-00-00-000000", command, age=10)  # same second, started later
+    _sweep(tmp_path, "11-00-00-aaaaaa", ["batches=8"], age=1)  # another command
+    assert previous_sweep(tmp_path, [*command, "resume=true"]) == newer
+    assert previous_sweep(tmp_path, ["format=qdq"]) is None
+    assert earlier_jobs(old) == ["multirun.yaml"]
