@@ -143,9 +143,11 @@ def photo_folders(folder: Path, rows: int) -> tuple[Path, Path]:
     return calib, evaluation
 
 
-def bench_model(name: str, quick: bool, small: int, large: int, threads: int) -> dict:
+def bench_model(name: str, quick: bool, small: int, large: int, threads: int, diag_rows: int | None = None) -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"calibrun-bench-{name}-"))
     common = [f"cache.dir={work / 'cache'}", f"ort.intra_op_threads={threads}"]
+    if diag_rows is not None:
+        common.append(f"diagnostics.rows={diag_rows}")
     if name == "resnet":
         sys.path.insert(0, str(ROOT / "bench"))
         from resnet import QUICK, RESNET50, cached_resnet
@@ -178,6 +180,7 @@ def bench_model(name: str, quick: bool, small: int, large: int, threads: int) ->
     result = json.loads((work / "timed" / "result.json").read_text())
     return {
         "model": name, "eval_rows": [small, large], "calibration_batches": batches,
+        "diagnostics_rows": result.get("used", {}).get("diagnostics_rows"),
         "peak_rss_mb": [round(rss_small["max_rss_mb"]), round(rss_large["max_rss_mb"])],
         "rss_ratio": round(rss_large["max_rss_mb"] / rss_small["max_rss_mb"], 3),
         "calibrun_seconds": round(timed["seconds"], 1), "plain_seconds": round(plain["seconds"], 1),
@@ -199,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--models", nargs="+", default=["resnet", "ocr_det"], choices=["resnet", "ocr_det"])
     parser.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0: every core)")
+    parser.add_argument("--diagnostics-rows", type=int, default=None,
+                        help="diagnostics.rows for the calibrun jobs (default: calibrun's, 256)")
     parser.add_argument("--rows", type=int, nargs=2, metavar=("SMALL", "LARGE"), default=None,
                         help="evaluation rows of the two memory runs (default 16 256; --quick 16 48)")
     args = parser.parse_args(argv)
@@ -207,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         small, large = args.rows
     print(f"load before: {os.getloadavg()}", file=sys.stderr)
     for name in args.models:
-        row = bench_model(name, args.quick, small, large, args.threads)
+        row = bench_model(name, args.quick, small, large, args.threads, args.diagnostics_rows)
         print(json.dumps(row), flush=True)
         print(f"{name}: peak RSS {row['peak_rss_mb'][0]} MB at eval.rows={small}, {row['peak_rss_mb'][1]} MB at "
               f"eval.rows={large}: ratio {row['rss_ratio']} (goal <= 1.2); whole job {row['calibrun_seconds']} s vs "

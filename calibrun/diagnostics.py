@@ -5,9 +5,10 @@ error comes from.
 For every activation that carries a QuantizeLinear -> DequantizeLinear pair in the QDQ model (weights and other
 initializers excluded), over the evaluation batches (running statistics only, never every activation):
 
-- `node`, `op_type`: the fp32 node that produces the tensor (null for a graph input), and `consumers`: the nodes
-  that read it (comma-separated). `quant.nodes_to_exclude` needs the producer and the consumers to keep a tensor
-  in float: onnxruntime puts a Q/DQ pair on a tensor while any node touching it is quantised;
+- `node`, `op_type`: the fp32 node that produces the tensor (null for a graph input), `consumers`: the nodes
+  that read it, and `float_nodes`: what `quant.nodes_to_exclude` needs to keep its values in float until the next
+  computation: the producer, the consumers, and on through data-movement ops (Reshape, Concat, Transpose...,
+  which onnxruntime quantises with a shared scale) to the next computing node or the graph output;
 - `calib_min`, `calib_max`: its range in the calibration ranges file (onnxruntime TensorsData JSON), null when
   the file has no range for it;
 - `eval_min`, `eval_max`: its range in the fp32 model on the evaluation data;
@@ -81,10 +82,11 @@ CLIP_THRESHOLD = 0.001
 # than all the rounding of the tensor does (more than a 3 dB loss from clipping alone). Lab narrow input: ~10^3;
 # match: 0 (its few values past the range are within half a step).
 CLIP_COST_THRESHOLD = 1.0
-# A tensor is "mixed" when its parts' fp32 spans differ by at least this factor and the narrowest part covers
-# fewer than MIXED_STEPS quantisation steps: one scale cannot serve both (two orders of magnitude leave the
-# narrow part at most 2-3 of int8's 255 steps). Remedy: keep its producer in float (quant.nodes_to_exclude).
-MIXED_RATIO = 100.0
+# A tensor is "mixed" when its parts' fp32 spans differ by at least this factor (an order of magnitude) and the
+# narrowest part covers fewer than MIXED_STEPS quantisation steps: one scale cannot serve both. det_yolox's
+# output: boxes span ~3, objectness ~0.06 on photos without objects: 5 steps of 0.012, the objectness part at
+# 9.7 dB SQNR while the whole output reads 27 dB. Remedy: keep it in float (quant.nodes_to_exclude).
+MIXED_RATIO = 10.0
 MIXED_STEPS = 16
 MAX_PARTS = 16  # a graph output's last axis with 2..MAX_PARTS entries is split into parts
 # A tensor is "coarse" when it uses less than 25% of the integer levels it could reach: fewer than 64 of int8's
@@ -123,7 +125,8 @@ _INT_TYPES = {
 COLUMNS = ("tensor", "node", "op_type", "role", "calib_min", "calib_max", "eval_min", "eval_max", "scale",
            "zero_point", "qtype", "qmin", "qmax", "repr_min", "repr_max", "clipped_fraction", "clip_cost", "levels",
            "grid_used", "sqnr_db", "qdq_sqnr_db", "mixed_ratio", "mixed_detail", "worst_part_sqnr_db",
-           "narrowest_part_steps", "added_nsr", "noise_share", "elements", "distinct_values", "consumers")
+           "narrowest_part_steps", "worst_part_fp32_sqnr_db", "added_nsr", "noise_share", "elements", "distinct_values",
+           "consumers", "float_nodes")
 
 
 @dataclass(frozen=True)
@@ -288,6 +291,7 @@ class TensorStats:
         n = len(parts.bounds) - 1 if parts else 0
         self.part_min, self.part_max = np.full(n, np.inf), np.full(n, -np.inf)
         self.part_energy, self.part_noise = np.zeros(n), np.zeros(n)
+        self.part_ref_energy, self.part_ref_noise = np.zeros(n), np.zeros(n)
 
     def update(self, ref: np.ndarray | None, pre: np.ndarray, post: np.ndarray) -> None:
         pair = self.pair
@@ -330,9 +334,9 @@ class TensorStats:
         self.pre_energy += float(np.dot(pre_flat, pre_flat))
         self.pre_noise += float(np.dot(local, local))
         if self.parts is not None:
-            self._update_parts(values, pre, post)
+            self._update_parts(values, pre, post, ref is not None)
 
-    def _update_parts(self, values: np.ndarray, pre: np.ndarray, post: np.ndarray) -> None:
+    def _update_parts(self, values: np.ndarray, pre: np.ndarray, post: np.ndarray, is_ref: bool) -> None:
         axis, bounds = self.parts.axis, self.parts.bounds
         if values.ndim <= axis or values.shape[axis] != bounds[-1]:
             return  # the runtime shape does not follow the static one: no parts
@@ -345,6 +349,10 @@ class TensorStats:
             flat_pre = part_pre.reshape(-1)
             self.part_energy[k] += float(np.dot(flat_pre, flat_pre))
             self.part_noise[k] += float(np.dot(noise, noise))
+            if is_ref:
+                flat, error = part.reshape(-1), (post[index] - part).reshape(-1)
+                self.part_ref_energy[k] += float(np.dot(flat, flat))
+                self.part_ref_noise[k] += float(np.dot(error, error))
 
     def nsr(self) -> float:
         """Local noise-to-signal ratio (this pair's own noise), of the worst part when there are parts."""
@@ -393,7 +401,37 @@ class TensorStats:
             row["worst_part_sqnr_db"] = min(_db(e, n) for e, n in zip(self.part_energy, self.part_noise,
                                                                        strict=True))
             row["narrowest_part_steps"] = float(live.min() / pair.scale) if live.size else None
+            if self.has_ref:
+                row["worst_part_fp32_sqnr_db"] = min(_db(e, n) for e, n in zip(self.part_ref_energy,
+                                                                                self.part_ref_noise, strict=True))
         return row
+
+
+_MOVES = {"Reshape", "Concat", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice", "Split",
+          "Gather", "Expand", "Tile"}
+
+
+def _float_path(tensor: str, producers: Mapping[str, onnx.NodeProto],
+                consumers: Mapping[str, list[onnx.NodeProto]], limit: int = 64) -> list[str]:
+    """The nodes to exclude so that `tensor`'s values reach the next computation (or the graph output) in float:
+    its producer, then downstream through data-movement ops (which onnxruntime quantises with the scale of their
+    input or output), including the first computing consumer of each branch."""
+    nodes: list[str] = []
+    producer = producers.get(tensor)
+    if producer is not None and producer.name:
+        nodes.append(producer.name)
+    frontier, seen = [tensor], {tensor}
+    while frontier and len(nodes) < limit:
+        name = frontier.pop(0)
+        for node in consumers.get(name, []):
+            if node.name and node.name not in nodes:
+                nodes.append(node.name)
+            if node.op_type in _MOVES:
+                for out in node.output:
+                    if out not in seen:
+                        seen.add(out)
+                        frontier.append(out)
+    return nodes
 
 
 def _bounded(nsr: float) -> float:
@@ -502,9 +540,12 @@ class StreamingDiagnostics:
         fp32_outputs = {o.name for o in fp32_model.graph.output}
         self.weights = weight_diagnostics(fp32_model, int8_model)
         self.consumers: dict[str, list[str]] = {}
+        consumer_nodes: dict[str, list[onnx.NodeProto]] = {}
         for node in fp32_model.graph.node:
             for name in node.input:
                 self.consumers.setdefault(name, []).append(node.name)
+                consumer_nodes.setdefault(name, []).append(node)
+        self.float_path = {p.tensor: _float_path(p.tensor, fp32_producers, consumer_nodes) for p in self.pairs}
         self.stats: list[TensorStats] = []
         self.nodes: dict[str, onnx.NodeProto | None] = {}
         for pair in self.pairs:
@@ -610,6 +651,7 @@ class StreamingDiagnostics:
                 **stats.row(),
             }
             row["consumers"] = ",".join(n for n in self.consumers.get(pair.tensor, []) if n)
+            row["float_nodes"] = ",".join(self.float_path.get(pair.tensor, []))
             row["added_nsr"] = self._added(stats)
             rows.append(row)
         finite = [r["added_nsr"] for r in rows if math.isfinite(r["added_nsr"])]
@@ -705,12 +747,14 @@ def _is_mixed(row: Mapping) -> bool:
     ratio, steps = row.get("mixed_ratio"), row.get("narrowest_part_steps")
     if ratio is None or ratio < MIXED_RATIO:
         return False
-    return steps is None or steps < MIXED_STEPS
+    part_db = row.get("worst_part_fp32_sqnr_db")
+    return steps is None or steps < MIXED_STEPS or (part_db is not None and part_db < COARSE_SQNR_DB)
 
 
 def classify(diag_row: Mapping) -> str:
     """"clipping" if clip_cost > CLIP_COST_THRESHOLD (rows without clip_cost: clipped_fraction > CLIP_THRESHOLD);
-    else "mixed" if the tensor's parts span ranges MIXED_RATIO apart with the narrowest under MIXED_STEPS steps;
+    else "mixed" if the tensor's parts span ranges MIXED_RATIO apart with the narrowest under MIXED_STEPS steps
+    (or a part under COARSE_SQNR_DB against fp32, `worst_part_fp32_sqnr_db`);
     else "coarse" if the tensor used fewer than COARSE_THRESHOLD of the levels it could reach,
     `levels < COARSE_THRESHOLD * min(qmax - qmin + 1, distinct)` with `distinct` the distinct fp32 values
     (`elements` without an fp32 counterpart); a row without levels/qmin/qmax on `grid_used < COARSE_THRESHOLD`;
@@ -744,13 +788,14 @@ def classify(diag_row: Mapping) -> str:
 
 def _float_nodes(rows: Sequence[Mapping]) -> list[str]:
     """The nodes to exclude so that each row's tensor stays in float: onnxruntime keeps a Q/DQ pair on a tensor
-    while its producer or any consumer is quantised, so both sides are named."""
+    while its producer or any consumer is quantised, and data-movement ops pass the scale on, so the producer
+    and the path to the next computation (`float_nodes`) are named."""
     nodes: list[str] = []
     for row in rows:
-        consumers = row.get("consumers") or []
-        if isinstance(consumers, str):
-            consumers = [n for n in consumers.split(",") if n]
-        for name in (row.get("node"), *consumers):
+        path = row.get("float_nodes") or row.get("consumers") or []
+        if isinstance(path, str):
+            path = [n for n in path.split(",") if n]
+        for name in (row.get("node"), *path):
             if name and name not in nodes:
                 nodes.append(name)
     return nodes
@@ -796,6 +841,7 @@ def classify_model(diags: Sequence[Mapping], weights: Sequence[Mapping] = (), n:
         if row.get("mixed_ratio") is not None:
             entry.update(mixed_ratio=row["mixed_ratio"], mixed_detail=row.get("mixed_detail"))
         entry["consumers"] = [n for n in (row.get("consumers") or "").split(",") if n]
+        entry["float_nodes"] = [n for n in (row.get("float_nodes") or "").split(",") if n]
         culprits.append(entry)
     total = sum(shares.values())
     bad = max(VERDICTS[:-1], key=lambda v: (shares[v], -VERDICTS.index(v)))
@@ -817,7 +863,8 @@ def classify_model(diags: Sequence[Mapping], weights: Sequence[Mapping] = (), n:
     mixed = [row for row in diags if verdicts[row["tensor"]] == "mixed" and row.get("node")]
     if mixed:
         recommendations.append(f"quant.nodes_to_exclude=[{','.join(_float_nodes(mixed))}]: one scale cannot serve "
-                               "the parts of their outputs (the producer and its consumers keep the tensor in float)")
+                               "the parts of their outputs (their producers and the Reshape/Concat/Transpose "
+                               "path to the next computation, so the values stay float until used)")
     if first_input is not None and verdicts.get(first_input) == "clipping":
         recommendations.append("the input clips: calibrate on data that covers the real input range")
     if overall == "coarse" and not (first_input is not None and verdicts.get(first_input) == "coarse"):

@@ -127,7 +127,8 @@ def _diagnosis_section(diagnosis: dict) -> str:
     if len(lines) == 2:
         lines = ["No QDQ run in this sweep: per-tensor diagnostics are measured on QDQ models."]
     lines += ["", "*clipping*: values cut off beyond half a step add more error than all the tensor's rounding; "
-              "*mixed*: parts of one tensor (Concat inputs, output entries) span ranges 100x apart, one scale "
+              "*mixed*: parts of one tensor (Concat inputs, output entries) span ranges 10x apart and the narrow "
+              "part gets under 16 steps: one scale "
               "cannot serve both; *coarse*: the real values use under 25% of the integer grid; *sound*: none of "
               "these. A culprit's share is its part of the error added tensor by tensor "
               "(its noise against fp32 minus what its inputs carried in)."]
