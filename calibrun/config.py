@@ -115,6 +115,22 @@ class OrtConf:
 
 
 @dataclass
+class AnalysisConf:
+    """Sensitivity analysis / fp32 fallback (calibrun.analysis) and the metric a search optimises."""
+
+    name: str = "none"  # none | sensitivity
+    metric: str = "max_abs_error"  # any metric of the run: max_abs_error, out.<output>.sqnr_db, task.<name>
+    goal: str = "min"  # min | max
+    target: float | None = None  # with sensitivity: keep nodes in fp32 until the metric reaches this value
+    strategy: str = "switch"  # switch (one session, a run-time switch per pair) | edit (one model per pair)
+    kinds: list[str] = field(default_factory=lambda: ["activation", "weight"])
+    max_steps: int = 20  # fallback steps at most
+    batch_rows: int = 16  # evaluation rows per batch (a model that pins its first axis: that many)
+    task_fn: str | None = None  # module:function, fn(fp32_outputs, int8_outputs, labels) -> {name: float}
+    objective: bool = False  # the task returns analysis.metric (hydra/sweeper=optuna)
+
+
+@dataclass
 class Config:
     calibration: CalibrationConf = field(default_factory=CalibrationConf)
     format: FormatConf = field(default_factory=FormatConf)
@@ -128,6 +144,7 @@ class Config:
     tracking: TrackingConf = field(default_factory=TrackingConf)
     report: ReportConf = field(default_factory=ReportConf)
     ort: OrtConf = field(default_factory=OrtConf)
+    analysis: AnalysisConf = field(default_factory=AnalysisConf)
     batches: int = 64
     resume: bool = False  # skip jobs whose result.json is complete and valid (same sweep folder)
 
@@ -199,6 +216,9 @@ def validate(cfg: DictConfig) -> None:
     _need(cfg.ort.intra_op_threads >= 0, "ort.intra_op_threads", "must be >= 0", cfg.ort.intra_op_threads)
     calibration_spec(cfg)
     quant_options(cfg)
+    from calibrun.analysis import validate as validate_analysis
+
+    validate_analysis(cfg.analysis, cfg.format.name)
 
 
 def tracking_enabled(cfg: DictConfig) -> bool:

@@ -18,7 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from calibrun import config, datasets, engine
+from calibrun import analysis, config, datasets, engine
 from calibrun.calibrate import CalibrationCache
 from calibrun.data import fixed_rows
 from calibrun.diagnostics import as_table, classify_model, tensor_diagnostics
@@ -28,6 +28,7 @@ from calibrun.files import atomic_path, remove_orphans, write_json
 from calibrun.measure import split_feeds
 from calibrun.model import check_model_file, file_sha256, write_lab_model
 from calibrun.prepare import PREPARE_VERSION, prepare_model
+from calibrun.quantize import resolve_exclusions
 from calibrun.tracking import PARENT_FILE, Tracker, resolve_uri
 
 log = logging.getLogger("calibrun")
@@ -113,14 +114,15 @@ def is_classifier(cfg: DictConfig, fp32: engine.FloatModel, labels) -> bool:
 def compute(cfg: DictConfig, job_dir: Path) -> dict:
     """The measurement itself; returns the result record (without status)."""
     fp32, steps = prepare(cfg, job_dir)
+    options, exclusions = resolve_exclusions(fp32.path, config.quant_options(cfg))  # names checked before any work
     cache = CalibrationCache(cfg.cache.dir) if cfg.cache.enabled else None
     int8_path = job_dir / "int8.onnx"
     data = datasets.calibration_data(cfg.data, fp32, cfg.calibration.seed, cfg.calibration.factor, cfg.batches)
     source = eval_source(cfg)
     evaluation = datasets.evaluation_data(source, fp32, source["seed"], source["rows"])  # bad data: before any work
     quant = engine.quantize_with(fp32, int8_path, data, spec=config.calibration_spec(cfg),
-                                 options=config.quant_options(cfg), cache=cache, ranges_copy=job_dir / RANGES_FILE,
-                                 threads=cfg.ort.intra_op_threads)
+                                 options=options, cache=cache, ranges_copy=job_dir / RANGES_FILE,
+                                 threads=cfg.ort.intra_op_threads, input_may_stay_float=bool(exclusions))
     classifier = is_classifier(cfg, fp32, evaluation.labels)
     errors = engine.evaluate(fp32, int8_path, evaluation.feeds, cfg.ort.intra_op_threads, classifier,
                              evaluation.labels)
@@ -132,6 +134,7 @@ def compute(cfg: DictConfig, job_dir: Path) -> dict:
         "ops": quant["ops"],
         "cache_key": quant["cache_key"],
         "preparation": steps,
+        **exclusions,
         "eval_source": source,
         "files": {"fp32": _relative(fp32.path, job_dir), "int8": int8_path.name, "ranges": RANGES_FILE,
                   "int8_sha256": file_sha256(int8_path), "ranges_sha256": file_sha256(job_dir / RANGES_FILE)},
@@ -201,6 +204,7 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
         if invalid is not None:
             raise invalid
         result = {"status": "ok", **compute(cfg, job_dir)}
+        analysis.attach(cfg, job_dir, result)
     except Exception as exc:
         message = one_line(exc)
         write_json(job_dir / RESULT_FILE, {"status": "failed", "error": message, "params": _plain_params(cfg)})
@@ -217,10 +221,12 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
             tracker.log_artifact(run_id, job_dir / name)
         if "diagnostics" in result["files"]:
             tracker.log_table(run_id, json.loads((job_dir / DIAGNOSTICS_FILE).read_text()), DIAGNOSTICS_FILE)
+        analysis.log_to(tracker, run_id, job_dir, result)
         tracker.finish(run_id)
     m = result["metrics"]
-    log.info("%s factor=%s batches=%s %s: input_scale=%.6g max_abs_error=%.6g cache_hit=%s -> %s",
-             cfg.calibration.name, cfg.calibration.factor, cfg.batches, cfg.format.name, m["input_scale"],
+    scale = "fp32 (not quantised)" if m.get("input_scale") is None else f"{m['input_scale']:.6g}"
+    log.info("%s factor=%s batches=%s %s: input_scale=%s max_abs_error=%.6g cache_hit=%s -> %s",
+             cfg.calibration.name, cfg.calibration.factor, cfg.batches, cfg.format.name, scale,
              m["max_abs_error"], bool(m["cache_hit"]), job_dir / RESULT_FILE)
     return result
 
@@ -283,13 +289,13 @@ def main(cfg: DictConfig) -> dict | None:
     sweep_dir = Path(hydra_cfg.sweep.dir) if multirun else None
     job_num = hydra_cfg.job.num if multirun else None
     try:
-        return run(cfg, job_dir, sweep_dir, job_num)
+        return analysis.objective(cfg, run(cfg, job_dir, sweep_dir, job_num))  # a float for a search
     except Exception as exc:
         message = one_line(exc)
         if not isinstance(exc, CalibrunError):
             log.debug("job failed", exc_info=True)
         if multirun:
             log.error("job %s failed: %s", job_num, message)
-            return {"status": "failed", "error": message}
+            return analysis.objective(cfg, {"status": "failed", "error": message})
         print(f"calibrun: error: {message}", file=sys.stderr)
         sys.exit(1)
