@@ -124,6 +124,7 @@ class AnalysisConf:
     target: float | None = None  # with sensitivity: keep nodes in fp32 until the metric reaches this value
     strategy: str = "switch"  # switch (one session, a run-time switch per pair) | edit (one model per pair)
     kinds: list[str] = field(default_factory=lambda: ["activation", "weight"])
+    tensors: list[str] | None = None  # analyse only the pairs on these tensors (None: every pair of `kinds`)
     max_steps: int = 20  # fallback steps at most
     batch_rows: int = 16  # evaluation rows per batch (a model that pins its first axis: that many)
     task_fn: str | None = None  # module:function, fn(fp32_outputs, int8_outputs, labels) -> {name: float}

@@ -122,7 +122,8 @@ def compute(cfg: DictConfig, job_dir: Path) -> dict:
     evaluation = datasets.evaluation_data(source, fp32, source["seed"], source["rows"])  # bad data: before any work
     quant = engine.quantize_with(fp32, int8_path, data, spec=config.calibration_spec(cfg),
                                  options=options, cache=cache, ranges_copy=job_dir / RANGES_FILE,
-                                 threads=cfg.ort.intra_op_threads, input_may_stay_float=bool(exclusions))
+                                 threads=cfg.ort.intra_op_threads,
+                                 input_may_stay_float=bool(exclusions) or cfg.model.name != "lab")
     classifier = is_classifier(cfg, fp32, evaluation.labels)
     errors = engine.evaluate(fp32, int8_path, evaluation.feeds, cfg.ort.intra_op_threads, classifier,
                              evaluation.labels)

@@ -84,3 +84,14 @@ def yolox_agreement(fp32_outputs: dict, int8_outputs: dict, labels) -> dict:
         got_counts.append(len(got))
     return {"det_agreement": float(np.mean(values)), "fp32_detections": float(np.mean(ref_counts)),
             "int8_detections": float(np.mean(got_counts))}
+
+
+def map_iou(fp32_outputs: dict, int8_outputs: dict, labels, threshold: float = 0.3) -> dict:
+    """A text detector's probability map (DBNet, ocr_det): IoU of the fp32 and int8 maps thresholded at 0.3
+    (1.0 when neither finds text), and the fraction of fp32 text pixels the int8 map keeps."""
+    name = next(iter(fp32_outputs))
+    ref, got = fp32_outputs[name] > threshold, int8_outputs[name] > threshold
+    union = np.logical_or(ref, got).sum()
+    inter = np.logical_and(ref, got).sum()
+    return {"map_iou": float(inter / union) if union else 1.0,
+            "text_recall": float(inter / ref.sum()) if ref.sum() else 1.0}

@@ -90,7 +90,7 @@ def _sensitivity(cfg, job_dir: Path, result: dict, fp32, int8_path: Path, evalua
 
     a = cfg.analysis
     ranked = rank(fp32.path, int8_path, evaluator, a.metric, a.goal, a.strategy, tuple(a.kinds),
-                  cfg.ort.intra_op_threads)
+                  cfg.ort.intra_op_threads, only=set(a.tensors) if a.tensors else None)
     ranked["int8_metric"] = metric_of(measured, a.metric)
     log.info("sensitivity: %d tensors in %.1f s (%.3f s per tensor, %s); most sensitive: %s", ranked["tensors"],
              ranked["seconds"], ranked["seconds_per_tensor"], a.strategy,

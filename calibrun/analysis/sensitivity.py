@@ -61,6 +61,11 @@ def rank(fp32_path: Path, int8_path: Path, evaluator: Evaluator, metric: str, go
     int8 = onnx.load(str(int8_path))
     fp32 = onnx.load(str(fp32_path))
     pairs = [p for p in qdq.find_pairs(int8, fp32) if p.kind in kinds and (only is None or p.tensor in only)]
+    if only is not None:
+        missing = sorted(set(only) - {p.tensor for p in pairs})
+        if missing:
+            raise CalibrunError(f"analysis.tensors: {missing[:5]} carry no quantised {'/'.join(kinds)} pair in "
+                                f"{int8_path.name}")
     if not pairs:
         raise CalibrunError(f"{int8_path} has no QuantizeLinear/DequantizeLinear pair on {' or '.join(kinds)}: the "
                             "sensitivity analysis needs a QDQ model (format=qdq)")
