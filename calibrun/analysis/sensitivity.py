@@ -127,11 +127,19 @@ def rank(fp32_path: Path, int8_path: Path, evaluator: Evaluator, metric: str, go
 
 def fallback(fp32_path: Path, calibration: Calibration, options: QuantOptions, ranking: Sequence[dict],
              measure: Callable[[Path], dict], metric: str, goal: str, target: float, out_path: Path,
-             max_steps: int = 20) -> dict:
+             max_steps: int = 20, best_possible: float | None = None) -> dict:
     """Greedy fp32 fallback: exclude the nodes of the next most sensitive tensor until `metric` reaches `target`,
-    then prune what the target does not need. Writes the final int8 model to `out_path`."""
+    then prune what the target does not need. Writes the final int8 model to `out_path`.
+
+    `best_possible`: the metric with every analysed pair out (rank's `all_pairs_removed`); when even that misses
+    the target, no list of these tensors can reach it and the greedy steps are skipped (with a warning)."""
     excluded = list(options.nodes_to_exclude)  # the user's own exclusions stay
     steps: list[dict] = []
+    out_of_reach = best_possible is not None and not reached(goal, best_possible, target)
+    if out_of_reach:
+        log.warning("fallback: %s = %.6g even with every analysed tensor in fp32, short of the target %s: no "
+                    "exclusion list of these tensors reaches it (other kinds, per-channel weights or another "
+                    "calibration may)", metric, best_possible, target)
 
     def trial(nodes: list[str]) -> float:
         with tempfile.TemporaryDirectory(prefix="calibrun.fb.") as tmp:
@@ -141,7 +149,7 @@ def fallback(fp32_path: Path, calibration: Calibration, options: QuantOptions, r
 
     value = trial(excluded)
     steps.append({"step": 0, "added": [], "tensor": None, "metric": _finite(value)})
-    for entry in ranking:
+    for entry in [] if out_of_reach else ranking:
         if reached(goal, value, target) or len(steps) > max_steps:
             break
         # tensors that do not help on their own are tried too, in ranking order: where several clip, only
@@ -170,5 +178,6 @@ def fallback(fp32_path: Path, calibration: Calibration, options: QuantOptions, r
     final = replace(options, nodes_to_exclude=tuple(excluded))
     quantize(fp32_path, out_path, calibration, final)
     final_metrics = measure(out_path)
-    return {"target": target, "reached": ok, "nodes_to_exclude": excluded, "metric": _finite(metric_of(final_metrics,
-            metric)), "steps": steps, "pruned": pruned, "metrics": {k: _finite(v) for k, v in final_metrics.items()}}
+    return {"target": target, "reached": ok, "out_of_reach": out_of_reach, "best_possible": best_possible,
+            "nodes_to_exclude": excluded, "metric": _finite(metric_of(final_metrics, metric)), "steps": steps,
+            "pruned": pruned, "metrics": {k: _finite(v) for k, v in final_metrics.items()}}
