@@ -232,7 +232,8 @@ def test_fallback_says_when_the_analysed_kinds_cannot_reach_the_target(narrow, t
     fp32, int8, _, feeds = narrow
     data = lab_batches(fp32.lab_input(), 4242, 0.2, 8)
     with Evaluator(fp32.path, batches_of(feeds, 16)) as ev, \
-            calibrated(fp32.path, fp32.sha256, data, "x", CalibrationSpec(), CalibrationCache(tmp_path / "cache")) as cal:
+            calibrated(fp32.path, fp32.sha256, data, "x", CalibrationSpec(),
+                       CalibrationCache(tmp_path / "cache")) as cal:
         ranked = rank(fp32.path, int8, ev, "mean_abs_error", "min", kinds=("weight",))
         # narrow calibration clips activations: every weight in fp32 leaves most of the error
         assert ranked["all_pairs_removed"] > 0.5 * ranked["baseline"]
