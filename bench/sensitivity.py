@@ -11,9 +11,10 @@ prepared, calibrated on the photos (minmax) and quantised to QDQ int8 as calibru
     edit    one model per pair with that pair removed: a model write and a session per trial
 
 Printed per model and strategy: pairs analysed, setup seconds (switch model build + session), seconds per
-tensor (one trial = one pass over the evaluation batches with one pair out), and `ratio` = seconds per tensor /
-seconds of one plain int8 evaluation pass (the int8 model in its own optimised session over the same batches,
-fp32 reference from disk). `--limit N` analyses only the first N pairs (both strategies get the same pairs).
+tensor (one trial = one pass over the evaluation batches with one pair out), `int8 pass s` = one plain int8
+evaluation of the model file (a new optimised session + the batches, fp32 reference from disk, what the fallback pays
+per step besides quantize_static), `infer s` = the batches alone in an existing session, and the two ratios of
+seconds per tensor to each. `--limit N` analyses only the first N pairs (both strategies get the same pairs).
 The machine's load average is printed: other processes skew every figure.
 """
 
@@ -55,11 +56,13 @@ def main() -> int:
     from calibrun.analysis import sensitivity as sens
     from calibrun.analysis.evaluate import Evaluator, batches_of
     from calibrun.data import fixed_rows
+    from calibrun.measure import session
     from calibrun.sources import ImageTransform, image_calibration, image_evaluation
     from tests.trained import model_path, photo_folder
 
     print(f"load average before: {load()}  (cpus: {os.cpu_count()})")
-    print(f"{'model':10} {'strategy':8} {'pairs':>5} {'setup s':>8} {'s/tensor':>9} {'eval pass s':>11} {'ratio':>6}")
+    print(f"{'model':10} {'strategy':8} {'pairs':>5} {'setup s':>8} {'s/tensor':>9} {'int8 pass s':>11} {'ratio':>6} "
+          f"{'infer s':>8} {'ratio':>6}")
     for name in args.models.split(","):
         with tempfile.TemporaryDirectory(prefix="calibrun.bench.") as tmp:
             tmp = Path(tmp)
@@ -72,7 +75,7 @@ def main() -> int:
                                        std=tuple(s["std"]), grayscale=False)
             data = image_calibration(photos, fp32.inputs, 4, 1.0, transform)
             int8 = tmp / "int8.onnx"
-            engine.quantize_with(fp32, int8, data, threads=args.threads)
+            engine.quantize_with(fp32, int8, data, threads=args.threads, input_may_stay_float=True)
             evaluation = image_evaluation(photos, fp32.inputs, args.rows, transform)
             rows = fixed_rows(info) or args.rows
             pairs = qdq.find_pairs(onnx.load(str(int8)), onnx.load(str(fp32.path)))
@@ -80,14 +83,19 @@ def main() -> int:
                 ev.model(int8)  # warm-up
                 start = time.perf_counter()
                 ev.model(int8)
-                one_pass = time.perf_counter() - start
+                one_pass = time.perf_counter() - start  # what evaluating a model file costs: session + inference
+                sess = session(int8, args.threads)
+                start = time.perf_counter()
+                ev.run(lambda feeds, s=sess: s.run(ev.output_names, feeds))
+                inference = time.perf_counter() - start  # inference over the batches only
                 only = {p.tensor for p in pairs[: args.limit]} if args.limit else None
                 for strategy in ("switch", "edit"):
                     result = sens.rank(fp32.path, int8, ev, "max_abs_error", "min", strategy, threads=args.threads,
                                        only=only)
                     per = result["seconds_per_tensor"]
                     print(f"{name:10} {strategy:8} {result['tensors']:5d} {result['setup_seconds']:8.2f} "
-                          f"{per:9.3f} {one_pass:11.3f} {per / one_pass:6.2f}   top: "
+                          f"{per:9.3f} {one_pass:11.3f} {per / one_pass:6.2f} {inference:8.3f} "
+                          f"{per / inference:6.2f}   top: "
                           f"{result['ranking'][0]['tensor']}", flush=True)
             print(f"  ({len(pairs)} pairs in the model; load average now: {load()})")
     return 0
