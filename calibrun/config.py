@@ -143,6 +143,23 @@ class OrtConf:
 
 
 @dataclass
+class AnalysisConf:
+    """Sensitivity analysis / fp32 fallback (calibrun.analysis) and the metric a search optimises."""
+
+    name: str = "none"  # none | sensitivity
+    metric: str = "max_abs_error"  # any metric of the run: max_abs_error, out.<output>.sqnr_db, task.<name>
+    goal: str = "min"  # min | max
+    target: float | None = None  # with sensitivity: keep nodes in fp32 until the metric reaches this value
+    strategy: str = "switch"  # switch (one session, a run-time switch per pair) | edit (one model per pair)
+    kinds: list[str] = field(default_factory=lambda: ["activation", "weight"])
+    tensors: list[str] | None = None  # analyse only the pairs on these tensors (None: every pair of `kinds`)
+    max_steps: int = 20  # fallback steps at most
+    batch_rows: int = 16  # evaluation rows per batch (a model that pins its first axis: that many)
+    task_fn: str | None = None  # module:function, fn(fp32_outputs, int8_outputs, labels) -> {name: float}
+    objective: bool = False  # the task returns analysis.metric (hydra/sweeper=optuna)
+
+
+@dataclass
 class Config:
     calibration: CalibrationConf = field(default_factory=CalibrationConf)
     format: FormatConf = field(default_factory=FormatConf)
@@ -158,6 +175,7 @@ class Config:
     ort: OrtConf = field(default_factory=OrtConf)
     task: TaskConf = field(default_factory=TaskConf)
     diagnostics: DiagnosticsConf = field(default_factory=DiagnosticsConf)
+    analysis: AnalysisConf = field(default_factory=AnalysisConf)
     batches: int = 64
     resume: bool = False  # skip jobs whose result.json is complete and valid (same sweep folder)
 
@@ -246,6 +264,9 @@ def validate(cfg: DictConfig) -> None:
           f"must be in 0..{MAX_THREADS} (0: onnxruntime's choice, one per core)", cfg.ort.intra_op_threads)
     calibration_spec(cfg)
     quant_options(cfg)
+    from calibrun.analysis import validate as validate_analysis
+
+    validate_analysis(cfg.analysis, cfg.format.name)
 
 
 def _check_image_source(source: DictConfig, key: str) -> None:

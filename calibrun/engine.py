@@ -108,10 +108,12 @@ def quantize_with(
     cache: CalibrationCache | None = None,
     ranges_copy: str | Path | None = None,
     threads: int = 0,
+    input_may_stay_float: bool = False,
 ) -> dict:
     """Calibrate (cached) on `data` (a sized, re-iterable source with identity()), quantise, describe the model.
 
     `ranges_copy`: also keep the calibration ranges there (onnxruntime's cache format).
+    `input_may_stay_float`: excluded nodes may leave the graph input in fp32 (its scale fields are then None).
     """
     spec = spec or CalibrationSpec()
     options = options or QuantOptions()
@@ -119,7 +121,8 @@ def quantize_with(
     check_not_source(fp32.path, out, external_files(fp32.path))
 
     def check(tmp: Path) -> None:
-        input_quant(onnx.load(str(tmp)), where=f"quantised {fp32.path.name}")
+        if not input_may_stay_float:
+            input_quant(onnx.load(str(tmp)), where=f"quantised {fp32.path.name}")
 
     with calibrated(fp32.path, fp32.sha256, data, fp32.info.name, spec, cache, threads) as cal:
         quant_seconds = quantize(fp32.path, out, cal, options, check=check)
@@ -127,7 +130,14 @@ def quantize_with(
             with atomic_path(ranges_copy) as tmp:
                 shutil.copyfile(cal.ranges_path, tmp)
     written = onnx.load(str(out))
-    summary = scales_summary(written, str(out))
+    try:
+        summary = scales_summary(written, str(out))
+    except CalibrunError:
+        if not input_may_stay_float:
+            raise
+        ops = op_counts(written)
+        summary = {"input_scale": None, "input_zero_point": None, "observed_span": None,
+                   "quantize_nodes": ops.get("QuantizeLinear", 0), "dequantize_nodes": ops.get("DequantizeLinear", 0)}
     return {
         "out": str(out),
         "bytes": out.stat().st_size,

@@ -95,3 +95,77 @@ def _op_types_to_quantize(options: QuantOptions, calibration: Calibration) -> li
         raise CalibrunError(f"op types {missing} are to be quantised but were not calibrated "
                             f"(calibration op_types: {sorted(calibration.op_types)})")
     return wanted
+
+
+@dataclass(frozen=True)
+class Exclusions:
+    """`quant.nodes_to_exclude` resolved against a model: node names only, and which given names were tensors."""
+
+    nodes: tuple[str, ...]
+    mapped: dict[str, str]  # a tensor name given -> the node that produces it
+
+
+def check_exclusions(model, options: QuantOptions) -> Exclusions:
+    """Fail before any work when `nodes_to_exclude` or `op_types_to_quantize` would silently match nothing.
+
+    quantize_static ignores node names that match no node (the int8 model is the same as without them) and op
+    types that no node has. Here: a node name must name a node of `model` (the prepared model, the one that is
+    quantised); a tensor name is mapped to the node that produces it (and logged); anything else is an error
+    naming the closest node names. Raises CalibrunError; returns the resolved node names.
+    """
+    import difflib
+    import logging
+
+    nodes = list(model.graph.node)
+    names = {n.name for n in nodes if n.name}
+    producer = {out: n for n in nodes for out in n.output if out}
+    graph_tensors = {i.name for i in model.graph.input} | {i.name for i in model.graph.initializer}
+    resolved: list[str] = []
+    mapped: dict[str, str] = {}
+    for given in options.nodes_to_exclude:
+        if not given or not given.strip():
+            raise CalibrunError("quant.nodes_to_exclude: an empty node name matches no node; give node names "
+                                "(a model's unnamed nodes cannot be excluded by name)")
+        if given in names:
+            resolved.append(given)
+            continue
+        if given in producer:
+            node = producer[given]
+            if not node.name:
+                raise CalibrunError(f"quant.nodes_to_exclude: {given!r} is a tensor produced by an unnamed "
+                                    f"{node.op_type} node, which cannot be excluded by name")
+            logging.getLogger("calibrun").info("quant.nodes_to_exclude: %r is a tensor; excluding the node that "
+                                               "produces it, %r (%s)", given, node.name, node.op_type)
+            mapped[given] = node.name
+            resolved.append(node.name)
+            continue
+        if given in graph_tensors:
+            readers = sorted({n.name or f"<unnamed {n.op_type}>" for n in nodes if given in n.input})
+            raise CalibrunError(f"quant.nodes_to_exclude: {given!r} is a graph input or initializer, not a node; "
+                                f"the nodes that read it: {readers[:8]}")
+        close = difflib.get_close_matches(given, sorted(names), n=3, cutoff=0.5)
+        hint = f"closest node names: {close}" if close else f"the model has {len(names)} named nodes, e.g. " \
+            f"{sorted(names)[:3]}"
+        raise CalibrunError(f"quant.nodes_to_exclude: no node named {given!r} in the model ({hint})")
+    if options.op_types_to_quantize:
+        present = sorted({n.op_type for n in nodes})
+        for op_type in options.op_types_to_quantize:
+            if op_type not in present:
+                close = difflib.get_close_matches(op_type, present, n=3, cutoff=0.5)
+                hint = f"closest: {close}" if close else f"op types of the model: {present}"
+                raise CalibrunError(f"quant.op_types_to_quantize: no {op_type!r} node in the model ({hint})")
+    return Exclusions(tuple(dict.fromkeys(resolved)), mapped)
+
+
+def resolve_exclusions(model_path: str | Path, options: QuantOptions) -> tuple[QuantOptions, dict]:
+    """`options` with `nodes_to_exclude` checked and resolved against the model file (check_exclusions), and
+    what to record in result.json: {"exclusions": {"nodes_to_exclude": [...], "mapped": {tensor: node}}}, or {}."""
+    if not options.nodes_to_exclude and not options.op_types_to_quantize:
+        return options, {}
+    import dataclasses
+
+    import onnx
+
+    resolved = check_exclusions(onnx.load(str(model_path), load_external_data=False), options)
+    record = {"exclusions": {"nodes_to_exclude": list(resolved.nodes), "mapped": resolved.mapped}}
+    return dataclasses.replace(options, nodes_to_exclude=resolved.nodes), record

@@ -21,7 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from calibrun import config, datasets, engine, measure, tasks
+from calibrun import analysis, config, datasets, engine, measure, tasks
 from calibrun.calibrate import CalibrationCache
 from calibrun.diagnostics import StreamingDiagnostics, as_table, classify_model
 from calibrun.digits import ensure_digits
@@ -29,6 +29,7 @@ from calibrun.errors import CalibrunError, one_line
 from calibrun.files import atomic_path, remove_orphans, remove_temp_orphans, temp_dir, write_json
 from calibrun.model import check_model_file, file_sha256, write_lab_model
 from calibrun.prepare import PREPARE_VERSION, external_data_path, prepare_model
+from calibrun.quantize import resolve_exclusions
 from calibrun.sweep import die_of, install_signal_handlers  # also registers the sweep folder resolver
 from calibrun.tracking import PARENT_FILE, Tracker, open_tracker, resolve_uri
 
@@ -183,6 +184,7 @@ def _source_model(cfg: DictConfig) -> dict:
 def compute(cfg: DictConfig, job_dir: Path) -> dict:
     """The measurement itself; returns the result record (without status)."""
     fp32, steps = prepare(cfg, job_dir)
+    options, exclusions = resolve_exclusions(fp32.path, config.quant_options(cfg))  # names checked before any work
     cache = CalibrationCache(cfg.cache.dir) if cfg.cache.enabled else None
     int8_path = job_dir / "int8.onnx"
     data = datasets.calibration_data(cfg.data, fp32, cfg.calibration.seed, cfg.calibration.factor, cfg.batches)
@@ -192,8 +194,9 @@ def compute(cfg: DictConfig, job_dir: Path) -> dict:
     task = tasks.resolve(tasks.spec_of(cfg.task), fp32.path, labels=evaluation.labels is not None,
                          classifier=cfg.model.classifier)
     quant = engine.quantize_with(fp32, int8_path, data, spec=config.calibration_spec(cfg),
-                                 options=config.quant_options(cfg), cache=cache, ranges_copy=job_dir / RANGES_FILE,
-                                 threads=cfg.ort.intra_op_threads)
+                                 options=options, cache=cache, ranges_copy=job_dir / RANGES_FILE,
+                                 threads=cfg.ort.intra_op_threads,
+                                 input_may_stay_float=bool(exclusions) or cfg.model.name != "lab")
     diag = None
     if cfg.format.name == "qdq" and cfg.diagnostics.enabled:
         diag = StreamingDiagnostics(fp32.path, int8_path, job_dir / RANGES_FILE, cfg.ort.intra_op_threads,
@@ -216,6 +219,7 @@ def compute(cfg: DictConfig, job_dir: Path) -> dict:
         "ops": quant["ops"],
         "cache_key": quant["cache_key"],
         "preparation": steps,
+        **exclusions,
         "eval_source": source,
         "used": {**_used(cfg, data, evaluation, errors),
                  "diagnostics_rows": diag.rows_seen if diag is not None else 0},
@@ -445,8 +449,10 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
         if invalid is not None:
             raise invalid
         result = {"status": "ok", **compute(cfg, job_dir)}
+        analysis.attach(cfg, job_dir, result)
         if run_id is not None:
             _track(tracker, run_id, cfg, result, job_dir, job)
+            analysis.log_to(tracker, run_id, job_dir, result)
         write_json(job_dir / RESULT_FILE, result)
         if run_id is not None:
             tracker.log_artifact(run_id, job_dir / RESULT_FILE)
@@ -473,8 +479,9 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
                     tracker.finish(run_id, "FAILED")
         raise
     m = result["metrics"]
-    log.info("%s factor=%s batches=%s %s: input_scale=%.6g max_abs_error=%.6g cache_hit=%s -> %s",
-             cfg.calibration.name, cfg.calibration.factor, cfg.batches, cfg.format.name, m["input_scale"],
+    scale = "fp32 (not quantised)" if m.get("input_scale") is None else f"{m['input_scale']:.6g}"
+    log.info("%s factor=%s batches=%s %s: input_scale=%s max_abs_error=%.6g cache_hit=%s -> %s",
+             cfg.calibration.name, cfg.calibration.factor, cfg.batches, cfg.format.name, scale,
              m["max_abs_error"], bool(m["cache_hit"]), job_dir / RESULT_FILE)
     return result
 
@@ -572,7 +579,8 @@ def main(cfg: DictConfig) -> dict | None:
     job_num = hydra_cfg.job.num if multirun else None
     install_signal_handlers()
     try:
-        return run(cfg, job_dir, sweep_dir, job_num, list(hydra_cfg.overrides.task))
+        # a float for a search (analysis.objective), else the result record
+        return analysis.objective(cfg, run(cfg, job_dir, sweep_dir, job_num, list(hydra_cfg.overrides.task)))
     except KeyboardInterrupt as exc:
         if multirun:
             raise
@@ -586,6 +594,6 @@ def main(cfg: DictConfig) -> dict | None:
             log.debug("job failed", exc_info=True)
         if multirun:
             log.error("job %s failed: %s", job_num, message)
-            return {"status": "failed", "error": message}
+            return analysis.objective(cfg, {"status": "failed", "error": message})
         print(f"calibrun: error: {message}", file=sys.stderr)
         sys.exit(1)

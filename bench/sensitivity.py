@@ -1,0 +1,105 @@
+"""Sensitivity analysis cost: seconds per analysed tensor, and its ratio to one int8 evaluation pass.
+
+    .venv/bin/python bench/sensitivity.py                      # det_yolox and ocr_det, both strategies
+    .venv/bin/python bench/sensitivity.py --models det_yolox --rows 2 --limit 10   # a quick smoke run
+
+For each trained model (tests/trained.py: wheels from the package index, photos from scikit-image), the model is
+prepared, calibrated on the photos (minmax) and quantised to QDQ int8 as calibrun does, then
+`calibrun.analysis.sensitivity.rank` runs side by side with the two strategies on the same evaluation batches:
+
+    switch  one model with a run-time switch (Where) per QDQ pair: ONE onnxruntime session for every trial
+    edit    one model per pair with that pair removed: a model write and a session per trial
+
+Printed per model and strategy: pairs analysed, setup seconds (switch model build + session), seconds per
+tensor (one trial = one pass over the evaluation batches with one pair out), `int8 pass s` = one plain int8
+evaluation of the model file (a new optimised session + the batches, fp32 reference from disk, what the fallback pays
+per step besides quantize_static), `infer s` = the batches alone in an existing session, and the two ratios of
+seconds per tensor to each. `--limit N` analyses only the first N pairs (both strategies get the same pairs).
+The machine's load average is printed: other processes skew every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+SETUPS = {  # model -> image transform (resize, crop, mean, std) as the model wants it
+    "det_yolox": dict(resize=416, crop=416, mean=[0.0, 0.0, 0.0], std=[1 / 255] * 3),
+    "ocr_det": dict(resize=320, crop=320, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
+}
+
+
+def load() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="det_yolox,ocr_det")
+    parser.add_argument("--rows", type=int, default=4, help="evaluation images (photos)")
+    parser.add_argument("--limit", type=int, default=40, help="pairs analysed per model (0: all)")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+
+    import onnx
+
+    from calibrun import engine, prepare
+    from calibrun.analysis import qdq
+    from calibrun.analysis import sensitivity as sens
+    from calibrun.analysis.evaluate import Evaluator, batches_of
+    from calibrun.data import fixed_rows
+    from calibrun.measure import session
+    from calibrun.sources import ImageTransform, image_calibration, image_evaluation
+    from tests.trained import model_path, photo_folder
+
+    print(f"load average before: {load()}  (cpus: {os.cpu_count()})")
+    print(f"{'model':10} {'strategy':8} {'pairs':>5} {'setup s':>8} {'s/tensor':>9} {'int8 pass s':>11} {'ratio':>6} "
+          f"{'infer s':>8} {'ratio':>6}")
+    for name in args.models.split(","):
+        with tempfile.TemporaryDirectory(prefix="calibrun.bench.") as tmp:
+            tmp = Path(tmp)
+            prepared = prepare.prepare_model(model_path(name), tmp / "fp32.onnx")
+            fp32 = engine.open_float_model(prepared.path)
+            photos = photo_folder(tmp / "photos")
+            s = SETUPS[name]
+            info = fp32.info
+            transform = ImageTransform(resize=s["resize"], crop=s["crop"], mean=tuple(s["mean"]),
+                                       std=tuple(s["std"]), grayscale=False)
+            data = image_calibration(photos, fp32.inputs, 4, 1.0, transform)
+            int8 = tmp / "int8.onnx"
+            engine.quantize_with(fp32, int8, data, threads=args.threads, input_may_stay_float=True)
+            evaluation = image_evaluation(photos, fp32.inputs, args.rows, transform)
+            rows = fixed_rows(info) or args.rows
+            pairs = qdq.find_pairs(onnx.load(str(int8)), onnx.load(str(fp32.path)))
+            with Evaluator(fp32.path, batches_of(evaluation.feeds, rows), threads=args.threads) as ev:
+                ev.model(int8)  # warm-up
+                start = time.perf_counter()
+                ev.model(int8)
+                one_pass = time.perf_counter() - start  # what evaluating a model file costs: session + inference
+                sess = session(int8, args.threads)
+                start = time.perf_counter()
+                ev.run(lambda feeds, s=sess: s.run(ev.output_names, feeds))
+                inference = time.perf_counter() - start  # inference over the batches only
+                only = {p.tensor for p in pairs[: args.limit]} if args.limit else None
+                for strategy in ("switch", "edit"):
+                    result = sens.rank(fp32.path, int8, ev, "max_abs_error", "min", strategy, threads=args.threads,
+                                       only=only)
+                    per = result["seconds_per_tensor"]
+                    print(f"{name:10} {strategy:8} {result['tensors']:5d} {result['setup_seconds']:8.2f} "
+                          f"{per:9.3f} {one_pass:11.3f} {per / one_pass:6.2f} {inference:8.3f} "
+                          f"{per / inference:6.2f}   top: "
+                          f"{result['ranking'][0]['tensor']}", flush=True)
+            print(f"  ({len(pairs)} pairs in the model; load average now: {load()})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""Sensitivity analysis and automatic fp32 fallback on a QDQ run (`analysis=sensitivity`), and the metric a
+search returns to Hydra's Optuna sweeper (`analysis.objective=true`).
+
+The runner calls three functions: `attach` after compute (adds the analysis to the result record and writes
+`sensitivity.json`), `log` in its tracking part (MLflow table, plot, files), `objective` as main's return value.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+
+from calibrun.errors import CalibrunError
+
+log = logging.getLogger("calibrun")
+
+SENSITIVITY_FILE = "sensitivity.json"
+PLOT_FILE = "sensitivity.png"
+FALLBACK_MODEL = "int8_fallback.onnx"
+NAMES = ("none", "sensitivity")
+
+
+def validate(analysis, format_name: str) -> None:
+    """Value checks of the `analysis` config node, naming the key (run before any work)."""
+    from calibrun.analysis.sensitivity import GOALS, KINDS, STRATEGIES
+
+    def need(ok: bool, key: str, rule: str, value) -> None:
+        if not ok:
+            raise CalibrunError(f"config analysis.{key}: {rule}, got {value!r}")
+
+    need(analysis.name in NAMES, "name", f"must be one of {list(NAMES)}", analysis.name)
+    need(analysis.goal in GOALS, "goal", f"must be one of {list(GOALS)}", analysis.goal)
+    need(analysis.strategy in STRATEGIES, "strategy", f"must be one of {list(STRATEGIES)}", analysis.strategy)
+    need(bool(analysis.kinds) and set(analysis.kinds) <= set(KINDS), "kinds", f"must be a non-empty subset of "
+         f"{list(KINDS)}", list(analysis.kinds or []))
+    need(analysis.max_steps >= 1, "max_steps", "must be >= 1", analysis.max_steps)
+    need(analysis.batch_rows >= 1, "batch_rows", "must be >= 1", analysis.batch_rows)
+    need(bool(str(analysis.metric).strip()), "metric", "must name a metric of the run", analysis.metric)
+    if analysis.target is not None:
+        need(math.isfinite(analysis.target), "target", "must be a finite number", analysis.target)
+        need(analysis.name == "sensitivity", "target", "needs analysis=sensitivity (the fallback follows the "
+             "ranking)", analysis.target)
+    if analysis.name == "sensitivity":
+        need(format_name == "qdq", "name", "sensitivity needs format=qdq (it edits QDQ pairs)", analysis.name)
+    if analysis.task_fn:
+        from calibrun.analysis.evaluate import load_task_fn
+
+        load_task_fn(analysis.task_fn)  # import errors before any work
+
+
+def _finite_only(metrics: Mapping[str, float]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(v)}
+
+
+def attach(cfg, job_dir: Path, result: dict) -> dict:
+    """Measure `analysis.metric` (and the per-output/task metrics) on the job's int8 model, and with
+    analysis=sensitivity rank every QDQ pair and run the fallback; returns `result` with what was added."""
+    a = cfg.analysis
+    if a.name == "none" and not a.task_fn and (not a.objective or a.metric in result["metrics"]):
+        return result
+    from calibrun import datasets, engine
+    from calibrun.analysis.evaluate import Evaluator, batches_of, load_task_fn, metric_of
+    from calibrun.data import fixed_rows
+
+    fp32 = engine.open_float_model(result["params"]["model_file"])
+    int8_path = job_dir / result["files"]["int8"]
+    source = result["eval_source"]
+    evaluation = datasets.evaluation_data(source, fp32, source["seed"], source["rows"])
+    rows = fixed_rows(fp32.info) or a.batch_rows
+    with Evaluator(fp32.path, batches_of(evaluation.feeds, rows), evaluation.labels, cfg.ort.intra_op_threads,
+                   load_task_fn(a.task_fn)) as evaluator:
+        measured = evaluator.model(int8_path)
+        metric_of(measured, a.metric)  # a metric name that does not exist fails here, before the long pass
+        result["metrics"] = {**_finite_only(measured), **result["metrics"]}
+        if a.name == "sensitivity":
+            _sensitivity(cfg, job_dir, result, fp32, int8_path, evaluator, measured)
+    return result
+
+
+def _sensitivity(cfg, job_dir: Path, result: dict, fp32, int8_path: Path, evaluator, measured: dict) -> None:
+    from calibrun import config
+    from calibrun.analysis.evaluate import metric_of
+    from calibrun.analysis.sensitivity import fallback, rank
+    from calibrun.calibrate import Calibration
+    from calibrun.files import write_json
+
+    a = cfg.analysis
+    ranked = rank(fp32.path, int8_path, evaluator, a.metric, a.goal, a.strategy, tuple(a.kinds),
+                  cfg.ort.intra_op_threads, only=set(a.tensors) if a.tensors else None)
+    ranked["int8_metric"] = metric_of(measured, a.metric)
+    log.info("sensitivity: %d tensors in %.1f s (%.3f s per tensor, %s); most sensitive: %s", ranked["tensors"],
+             ranked["seconds"], ranked["seconds_per_tensor"], a.strategy,
+             ", ".join(f"{r['tensor']} ({r['gain']:.4g})" for r in ranked["ranking"][:3] if r["gain"] is not None))
+    options = config.quant_options(cfg)
+    excluded = result.get("exclusions", {}).get("nodes_to_exclude")
+    if excluded is not None:
+        options = replace(options, nodes_to_exclude=tuple(excluded))
+    record = {"metric": a.metric, "goal": a.goal, **{k: v for k, v in ranked.items() if k not in ("metric", "goal")}}
+    if a.target is not None:
+        calibration = Calibration(job_dir / result["files"]["ranges"], cfg.method.name, result["cache_key"], True,
+                                  0.0, result["metrics"].get("span", 0.0), int(result["params"].get("batches", 0)))
+        done = fallback(fp32.path, calibration, options, ranked["ranking"], evaluator.model, a.metric, a.goal,
+                        float(a.target), job_dir / FALLBACK_MODEL, a.max_steps, ranked["all_pairs_removed"])
+        record["fallback"] = done
+        record["nodes_to_exclude"] = done["nodes_to_exclude"]
+        result["files"]["int8_fallback"] = FALLBACK_MODEL
+        result["metrics"]["analysis.fallback_metric"] = done["metric"]
+        result["metrics"]["analysis.target_reached"] = int(done["reached"])
+        result["metrics"]["analysis.excluded_nodes"] = len(done["nodes_to_exclude"])
+        if done["reached"]:
+            log.info("fallback: %s = %.6g with quant.nodes_to_exclude=%s -> %s", a.metric, done["metric"],
+                     json.dumps(done["nodes_to_exclude"]), job_dir / FALLBACK_MODEL)
+        else:
+            log.warning("fallback: %s did not reach %s in %d steps (%.6g); best list: %s", a.metric, a.target,
+                        a.max_steps, done["metric"], json.dumps(done["nodes_to_exclude"]))
+    else:  # no target: the suggestion is the nodes of the most sensitive tensor (when removing it helps)
+        top = ranked["ranking"][0]
+        record["nodes_to_exclude"] = list(options.nodes_to_exclude) + [
+            n for n in top["nodes"] if n and n not in options.nodes_to_exclude] if (top["gain"] or 0) > 0 else []
+    write_json(job_dir / SENSITIVITY_FILE, record)
+    result["files"]["sensitivity"] = SENSITIVITY_FILE
+    result["analysis"] = {"metric": a.metric, "goal": a.goal, "nodes_to_exclude": record["nodes_to_exclude"],
+                          "most_sensitive": [r["tensor"] for r in ranked["ranking"][:5]]}
+    result["metrics"].update(_finite_only({
+        "analysis.baseline": ranked["baseline"] if ranked["baseline"] is not None else math.nan,
+        "analysis.tensors": ranked["tensors"], "analysis.seconds": ranked["seconds"],
+        "analysis.seconds_per_tensor": ranked["seconds_per_tensor"]}))
+
+
+def log_to(tracker, run_id: str, job_dir: Path, result: dict) -> None:
+    """The ranking as an MLflow table and a plot, sensitivity.json and the fallback model as artifacts."""
+    files = result.get("files", {})
+    if "sensitivity" not in files:
+        return
+    record = json.loads((job_dir / files["sensitivity"]).read_text())
+    ranking = record["ranking"]
+    columns = ("tensor", "kind", "node", "metric", "gain", "seconds")
+    tracker.log_table(run_id, {c: [r[c] for r in ranking] for c in columns}, "sensitivity_ranking.json")
+    tracker.log_artifact(run_id, job_dir / files["sensitivity"])
+    plot = _plot(record, job_dir / PLOT_FILE)
+    if plot is not None:
+        tracker.log_artifact(run_id, plot)
+    if "int8_fallback" in files:
+        tracker.log_artifact(run_id, job_dir / files["int8_fallback"])
+
+
+def _plot(record: dict, path: Path, top: int = 20) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from calibrun.files import atomic_path
+
+    rows = [r for r in record["ranking"] if r["gain"] is not None][:top]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 0.3 * len(rows) + 1.2))
+    ax.barh([f"{r['tensor']} ({r['kind'][0]})"[:60] for r in rows][::-1], [r["gain"] for r in rows][::-1])
+    ax.set_xlabel(f"gain in {record['metric']} when the tensor stays fp32 (goal: {record['goal']})")
+    ax.set_title(f"sensitivity: top {len(rows)} of {record['tensors']} quantised tensors")
+    fig.tight_layout()
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, format="png", dpi=90)
+    plt.close(fig)
+    return path
+
+
+def objective(cfg, result):
+    """main's return value: the float `analysis.metric` for a search (analysis.objective=true), else `result`.
+    A failed trial returns the worst value (inf for goal=min, -inf for goal=max), so the search goes on."""
+    if not cfg.analysis.objective:
+        return result
+    worst = math.inf if cfg.analysis.goal == "min" else -math.inf
+    if not isinstance(result, dict) or result.get("status") != "ok":
+        return worst
+    value = result.get("metrics", {}).get(cfg.analysis.metric)
+    return worst if value is None else float(value)

@@ -1,0 +1,441 @@
+"""Sensitivity analysis, automatic fp32 fallback, exclusions that cannot silently fail, Optuna search (issue 11).
+
+Unit tests run in-process on the lab MLP with real onnxruntime; the end-to-end tests (marked slow) run
+`python -m calibrun` on the lab and on a trained YOLOX detector (tests/trained.py) with real photos.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from calibrun import config as calibrun_config
+from calibrun import engine
+from calibrun.analysis import qdq
+from calibrun.analysis.evaluate import Evaluator, batches_of, load_task_fn
+from calibrun.analysis.sensitivity import fallback, rank
+from calibrun.calibrate import CalibrationCache, CalibrationSpec, calibrated
+from calibrun.data import lab_batches
+from calibrun.errors import CalibrunError
+from calibrun.quantize import QuantOptions, check_exclusions, quantize
+from tests.stores import fresh_mlflow_store
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------------ exclusion checks
+
+
+def lab_onnx(lab_model: Path) -> onnx.ModelProto:
+    return onnx.load(str(lab_model))
+
+
+def test_node_names_pass_unchanged(lab_model):
+    resolved = check_exclusions(lab_onnx(lab_model), QuantOptions(nodes_to_exclude=("fc2_matmul", "relu")))
+    assert resolved.nodes == ("fc2_matmul", "relu")
+    assert resolved.mapped == {}
+
+
+def test_unknown_node_name_names_the_closest_nodes(lab_model):
+    with pytest.raises(CalibrunError) as err:
+        check_exclusions(lab_onnx(lab_model), QuantOptions(nodes_to_exclude=("fc2_matmull",)))
+    message = str(err.value)
+    assert "no node named 'fc2_matmull'" in message
+    assert "fc2_matmul" in message.split("closest node names:")[1]
+
+
+def test_tensor_name_is_mapped_to_its_producer(lab_model):
+    resolved = check_exclusions(lab_onnx(lab_model), QuantOptions(nodes_to_exclude=("y_mm", "relu")))
+    assert resolved.nodes == ("fc2_matmul", "relu")
+    assert resolved.mapped == {"y_mm": "fc2_matmul"}
+
+
+def test_graph_input_names_its_readers(lab_model):
+    with pytest.raises(CalibrunError, match=r"'x' is a graph input or initializer, not a node.*fc1_matmul"):
+        check_exclusions(lab_onnx(lab_model), QuantOptions(nodes_to_exclude=("x",)))
+
+
+@pytest.mark.parametrize("name", ["", "  "])
+def test_empty_node_name_is_a_clear_error(lab_model, name):
+    with pytest.raises(CalibrunError, match="empty node name"):
+        check_exclusions(lab_onnx(lab_model), QuantOptions(nodes_to_exclude=(name,)))
+
+
+def test_unnamed_producer_cannot_be_excluded(lab_model):
+    model = lab_onnx(lab_model)
+    model.graph.node[2].name = ""  # the Relu writes tensor "h"
+    with pytest.raises(CalibrunError, match="produced by an unnamed Relu node"):
+        check_exclusions(model, QuantOptions(nodes_to_exclude=("h",)))
+
+
+def test_unknown_op_type_names_the_closest(lab_model):
+    with pytest.raises(CalibrunError, match=r"no 'Matmul' node in the model \(closest: \['MatMul'\]\)"):
+        check_exclusions(lab_onnx(lab_model), QuantOptions(op_types_to_quantize=("Matmul",)))
+    assert check_exclusions(lab_onnx(lab_model), QuantOptions(op_types_to_quantize=("MatMul",))).nodes == ()
+
+
+# ------------------------------------------------------------------------------------ QDQ graph edits
+
+
+@pytest.fixture
+def narrow(tmp_path, lab_model):
+    """The lab model quantised on narrow calibration (factor 0.2, 8 batches), with its ranges kept."""
+    fp32 = engine.open_float_model(lab_model)
+    int8 = tmp_path / "int8.onnx"
+    ranges = tmp_path / "ranges.json"
+    engine.quantize_lab(fp32, int8, 4242, 0.2, 8, cache=CalibrationCache(tmp_path / "cache"), ranges_copy=ranges)
+    feeds = engine.lab_feeds(fp32, 777, 64)
+    return fp32, int8, ranges, feeds
+
+
+def plain_session(model, optimize: bool = False):
+    options = ort.SessionOptions()
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    return ort.InferenceSession(data, sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def test_pairs_cover_input_activations_and_weights(narrow):
+    fp32, int8, _, _ = narrow
+    pairs = {p.tensor: p for p in qdq.find_pairs(onnx.load(str(int8)), onnx.load(str(fp32.path)))}
+    assert pairs["x"].kind == "activation"
+    assert pairs["x"].nodes == ["fc1_matmul"]  # nothing writes the input: its reader is the node to exclude
+    assert pairs["h"].node == "relu" or pairs["h"].node == "fc1_add"  # Relu may be fused into the pair
+    assert {"w1", "w2"} <= {t for t, p in pairs.items() if p.kind == "weight"}
+    assert pairs["w1"].nodes == ["fc1_matmul"]
+
+
+def test_switch_model_matches_int8_fp32_and_single_pair_edits(narrow):
+    fp32, int8, _, feeds = narrow
+    int8_model, fp32_model = onnx.load(str(int8)), onnx.load(str(fp32.path))
+    pairs = qdq.find_pairs(int8_model, fp32_model)
+    switched = plain_session(qdq.switch_model(int8_model, fp32_model, pairs))
+    n = len(pairs)
+    ref_int8 = plain_session(int8).run(None, feeds)[0]
+    ref_fp32 = plain_session(fp32.path).run(None, feeds)[0]
+    assert np.abs(ref_int8 - ref_fp32).max() > 0.1  # narrow calibration really hurts
+    all_in = switched.run(None, {**feeds, **qdq.switches(n)})[0]
+    np.testing.assert_allclose(all_in, ref_int8, rtol=0, atol=1e-5)
+    all_out = switched.run(None, {**feeds, **qdq.switches(n, set(range(n)))})[0]
+    np.testing.assert_allclose(all_out, ref_fp32, rtol=0, atol=1e-5)
+    for i, pair in enumerate(pairs):  # one switch == that pair removed from the graph
+        one = switched.run(None, {**feeds, **qdq.switches(n, i)})[0]
+        edited = plain_session(qdq.without_pair(int8_model, fp32_model, pair)).run(None, feeds)[0]
+        np.testing.assert_allclose(one, edited, rtol=0, atol=1e-5, err_msg=pair.tensor)
+
+
+# ------------------------------------------------------------------------------------ metrics
+
+
+def two_output_task(fp32_outputs, int8_outputs, labels):
+    (name,) = fp32_outputs
+    return {"sign_agreement": float(np.mean(np.sign(fp32_outputs[name]) == np.sign(int8_outputs[name]))),
+            "rows": float(len(labels)) if labels is not None else -1.0}
+
+
+def test_evaluator_streams_batches_and_matches_whole_set_numbers(narrow):
+    fp32, int8, _, feeds = narrow
+    ref = plain_session(fp32.path, True).run(None, feeds)[0].astype(np.float64)
+    got = plain_session(int8, True).run(None, feeds)[0].astype(np.float64)
+    labels = np.arange(64)
+    with Evaluator(fp32.path, batches_of(feeds, 10), labels, task_fn=two_output_task) as ev:
+        metrics = ev.model(int8)
+        assert len(list(ev._tmp.iterdir())) == 7  # 64 rows in batches of 10: one reference file each
+    assert metrics["max_abs_error"] == pytest.approx(np.abs(ref - got).max(), rel=1e-9)
+    assert metrics["mean_abs_error"] == pytest.approx(np.abs(ref - got).mean(), rel=1e-9)
+    sqnr = 10 * math.log10(np.square(ref).sum() / np.square(ref - got).sum())
+    assert metrics["out.y.sqnr_db"] == pytest.approx(sqnr, rel=1e-9)
+    assert metrics["task.sign_agreement"] == pytest.approx(np.mean(np.sign(ref) == np.sign(got)), rel=1e-9)
+    # the task value is a row-weighted mean of the per-batch values: 6 batches of 10 rows and one of 4
+    assert metrics["task.rows"] == pytest.approx((6 * 10 * 10 + 4 * 4) / 64)
+
+
+def test_task_fn_spec_errors_are_clear():
+    with pytest.raises(CalibrunError, match="must be module:function"):
+        load_task_fn("tests.detection")
+    with pytest.raises(CalibrunError, match="cannot import 'no_such_module_xyz'"):
+        load_task_fn("no_such_module_xyz:f")
+    with pytest.raises(CalibrunError, match="has no function 'nope'"):
+        load_task_fn("tests.detection:nope")
+    assert load_task_fn("tests.detection:yolox_agreement") is not None
+
+
+# ------------------------------------------------------------------------------------ sensitivity, fallback
+
+
+@pytest.mark.parametrize("strategy", ["switch", "edit"])
+def test_narrow_lab_ranks_the_input_first(narrow, strategy):
+    fp32, int8, _, feeds = narrow
+    with Evaluator(fp32.path, batches_of(feeds, 16)) as ev:
+        result = rank(fp32.path, int8, ev, "mean_abs_error", "min", strategy)
+        int8_error = ev.model(int8)["mean_abs_error"]
+    top = result["ranking"][0]
+    assert top["tensor"] == "x"
+    assert top["nodes"] == ["fc1_matmul"]
+    assert top["gain"] > 2 * result["ranking"][1]["gain"] > 0  # clipping at the input costs the most
+    gains = [r["gain"] for r in result["ranking"]]
+    assert gains == sorted(gains, reverse=True)
+    assert result["tensors"] == len(result["ranking"]) >= 6
+    assert result["seconds_per_tensor"] > 0
+    if strategy == "edit":  # every other pair fused as usual: the baseline is the int8 model itself
+        assert result["baseline"] == pytest.approx(int8_error, rel=1e-9)
+    else:  # simulated quantisation, same scales: close to the real int8 kernels
+        assert result["baseline"] == pytest.approx(int8_error, rel=0.02)
+        assert result["all_pairs_removed"] == pytest.approx(0, abs=1e-6)  # every pair out: the fp32 model
+
+
+def test_goal_max_ranks_by_sqnr(narrow):
+    fp32, int8, _, feeds = narrow
+    with Evaluator(fp32.path, batches_of(feeds, 64)) as ev:
+        result = rank(fp32.path, int8, ev, "out.y.sqnr_db", "max", "switch", kinds=("activation",))
+    assert {r["kind"] for r in result["ranking"]} == {"activation"}
+    assert result["ranking"][0]["tensor"] == "x"
+    assert result["ranking"][0]["metric"] > result["baseline"]
+
+
+def test_fallback_list_reproduces_its_metric_with_quantize_static(narrow, tmp_path):
+    fp32, int8, ranges, feeds = narrow
+    data = lab_batches(fp32.lab_input(), 4242, 0.2, 8)
+    with Evaluator(fp32.path, batches_of(feeds, 16)) as ev, \
+            calibrated(fp32.path, fp32.sha256, data, "x", CalibrationSpec(),
+                       CalibrationCache(tmp_path / "cache")) as cal:
+        assert cal.hit
+        ranked = rank(fp32.path, int8, ev, "mean_abs_error", "min")
+        target = ranked["baseline"] * 0.93
+        done = fallback(fp32.path, cal, QuantOptions(), ranked["ranking"], ev.model, "mean_abs_error", "min", target,
+                        tmp_path / "fallback.onnx")
+        assert done["reached"]
+        assert done["metric"] <= target < done["steps"][0]["metric"]
+        assert 1 <= len(done["nodes_to_exclude"]) <= 2
+        # pasted into quant.nodes_to_exclude: quantize_static from the same ranges gives the same model and metric
+        again = tmp_path / "again.onnx"
+        quantize(fp32.path, again, cal, QuantOptions(nodes_to_exclude=tuple(done["nodes_to_exclude"])))
+        assert ev.model(again)["mean_abs_error"] == done["metric"]
+    assert again.read_bytes() == (tmp_path / "fallback.onnx").read_bytes()
+    # every step re-measured; pruning only removed what the target did not need
+    assert [s["step"] for s in done["steps"]] == list(range(len(done["steps"])))
+
+
+def test_fallback_warns_when_the_analysed_kinds_cannot_reach_the_target(narrow, tmp_path):
+    fp32, int8, _, feeds = narrow
+    data = lab_batches(fp32.lab_input(), 4242, 0.2, 8)
+    with Evaluator(fp32.path, batches_of(feeds, 16)) as ev, \
+            calibrated(fp32.path, fp32.sha256, data, "x", CalibrationSpec(),
+                       CalibrationCache(tmp_path / "cache")) as cal:
+        ranked = rank(fp32.path, int8, ev, "mean_abs_error", "min", kinds=("weight",))
+        # narrow calibration clips activations: every weight in fp32 leaves most of the error
+        assert ranked["all_pairs_removed"] > 0.5 * ranked["baseline"]
+        # (a target no list reaches: excluding a weight's node also keeps that node's activations in fp32)
+        done = fallback(fp32.path, cal, QuantOptions(), ranked["ranking"], ev.model, "mean_abs_error", "min", -1.0,
+                        tmp_path / "fallback.onnx", best_possible=ranked["all_pairs_removed"])
+    assert done["out_of_reach"]
+    assert not done["reached"]
+    assert done["metric"] >= 0
+    assert len(done["steps"]) > 1  # a task metric need not be monotone: the greedy steps still ran
+    kept = [s for s in done["steps"][1:] if s["kept"]]
+    assert done["nodes_to_exclude"] == [n for s in kept for n in s["added"]]  # only steps that did not make it worse
+    assert all(done["steps"][0]["metric"] >= s["metric"] for s in kept)
+
+
+# ------------------------------------------------------------------------------------ config
+
+
+@pytest.fixture
+def hydra_ctx():
+    calibrun_config.register()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        yield
+
+
+def test_analysis_defaults_and_group(hydra_ctx):
+    cfg = compose(config_name="config")
+    assert cfg.analysis.name == "none"
+    calibrun_config.validate(cfg)
+    cfg = compose(config_name="config", overrides=["analysis=sensitivity", "analysis.target=0.1"])
+    assert cfg.analysis.name == "sensitivity"
+    calibrun_config.validate(cfg)
+
+
+@pytest.mark.parametrize(("overrides", "key"), [
+    (["analysis=sensitivity", "analysis.goal=lowest"], "analysis.goal"),
+    (["analysis=sensitivity", "format=qoperator"], "analysis.name"),
+    (["analysis.target=0.1"], "analysis.target"),
+    (["analysis=sensitivity", "analysis.kinds=[bias]"], "analysis.kinds"),
+    (["analysis=sensitivity", "analysis.strategy=fast"], "analysis.strategy"),
+    (["analysis.task_fn=nomodule_xyz:f"], "analysis.task_fn"),
+])
+def test_bad_analysis_values_fail_naming_the_key(hydra_ctx, overrides, key):
+    cfg = compose(config_name="config", overrides=overrides)
+    with pytest.raises(CalibrunError, match=key.replace(".", r"\.")):
+        calibrun_config.validate(cfg)
+
+
+def test_search_preset_composes(hydra_ctx):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="the `search` extra")
+    cfg = compose(config_name="config", overrides=["+experiment=search"], return_hydra_config=True)
+    assert cfg.analysis.objective is True
+    assert cfg.hydra.sweeper.direction == "minimize"
+    assert set(cfg.hydra.sweeper.params) == {"method", "method.percentile", "quant.per_channel", "method.symmetric",
+                                             "batches"}
+
+
+# ------------------------------------------------------------------------------------ end to end
+
+
+def calibrun(tmp: Path, *overrides: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    uri = f"sqlite:///{tmp / 'mlflow.db'}" if (tmp / "mlflow.db").exists() else fresh_mlflow_store(tmp)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "calibrun", *overrides, f"cache.dir={tmp / 'cache'}"], cwd=tmp,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_unknown_exclusion_fails_before_any_work(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = calibrun(tmp_path, "quant.nodes_to_exclude=[fc2_matmull]", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("calibrun: error: quant.nodes_to_exclude: no node named 'fc2_matmull'")
+    assert "fc2_matmul" in lines[-1]
+    assert "Traceback" not in proc.stderr
+    assert not (run_dir / "int8.onnx").exists()
+    assert not (run_dir / "ranges.json").exists()
+    assert not list((tmp_path / "cache").glob("*.json"))  # nothing was calibrated
+
+
+@pytest.mark.slow
+def test_tensor_name_is_mapped_and_recorded(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = calibrun(tmp_path, "quant.nodes_to_exclude=[y_mm]", f"hydra.run.dir={run_dir}", "tracking=off")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["exclusions"] == {"nodes_to_exclude": ["fc2_matmul"], "mapped": {"y_mm": "fc2_matmul"}}
+    int8 = onnx.load(str(run_dir / "int8.onnx"))
+    assert any(n.op_type == "MatMul" and n.name == "fc2_matmul" for n in int8.graph.node)  # really left in fp32
+    assert "excluding the node that produces it, 'fc2_matmul'" in proc.stderr
+
+
+@pytest.mark.slow
+def test_lab_narrow_sensitivity_and_fallback_end_to_end(tmp_path):
+    from mlflow import MlflowClient
+
+    run_dir = tmp_path / "a"
+    proc = calibrun(tmp_path, "calibration=narrow", "batches=8", "eval.rows=64", "analysis=sensitivity",
+                    "analysis.target=0.31", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    record = json.loads((run_dir / "sensitivity.json").read_text())
+    assert record["ranking"][0]["tensor"] == "x"
+    assert set(record["ranking"][0]) >= {"node", "tensor", "metric", "gain"}
+    assert record["fallback"]["reached"]
+    nodes = record["nodes_to_exclude"]
+    assert 1 <= len(nodes) <= 2
+    assert result["metrics"]["analysis.fallback_metric"] <= 0.31 < result["metrics"]["mean_abs_error"]
+    assert (run_dir / "int8_fallback.onnx").is_file()
+    # the list pasted into quant.nodes_to_exclude reproduces the metric (and the model)
+    again = tmp_path / "b"
+    proc = calibrun(tmp_path, "calibration=narrow", "batches=8", "eval.rows=64",
+                    f"quant.nodes_to_exclude=[{','.join(nodes)}]", f"hydra.run.dir={again}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    second = json.loads((again / "result.json").read_text())
+    # (the job's own mean is taken over all rows at once, the analysis' batch by batch: equal up to rounding)
+    assert second["metrics"]["mean_abs_error"] == pytest.approx(result["metrics"]["analysis.fallback_metric"],
+                                                                rel=1e-12)
+    assert (again / "int8.onnx").read_bytes() == (run_dir / "int8_fallback.onnx").read_bytes()
+    # MLflow: the ranking table, the plot, sensitivity.json and the fallback model on the job's run
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("calibrun").experiment_id])
+    run = next(r for r in runs if r.data.tags["calibrun.job_dir"] == str(run_dir.resolve()))
+    assert run.info.status == "FINISHED"
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"sensitivity_ranking.json", "sensitivity.json", "sensitivity.png", "int8_fallback.onnx"} <= artifacts
+    assert run.data.metrics["analysis.tensors"] == len(record["ranking"])
+
+
+@pytest.mark.slow
+def test_optuna_search_returns_the_metric_and_names_the_best_trial(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="the `search` extra")
+    from mlflow import MlflowClient
+
+    sweep = tmp_path / "sweep"
+    proc = calibrun(tmp_path, "-m", "+experiment=search", "hydra.sweeper.n_trials=3", "eval.rows=32",
+                    f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    search = json.loads((sweep / "search.json").read_text())
+    values = [t["value"] for t in search["trials"]]
+    assert len(values) == 3
+    assert all(v is not None for v in values)
+    assert search["best"]["value"] == min(values)
+    assert search["optuna"]["best_value"] == pytest.approx(min(values))
+    best = json.loads((sweep / search["best"]["job"] / "result.json").read_text())
+    assert best["metrics"]["max_abs_error"] == search["best"]["value"]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("calibrun").experiment_id])
+    parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == 3
+    assert parent.data.tags["calibrun.best_trial"] == search["best"]["job"]
+
+
+PIXELS = "[0.00392156862745098,0.00392156862745098,0.00392156862745098]"  # std = 1/255: raw 0..255 pixels
+
+
+@pytest.mark.slow
+def test_fallback_repairs_a_trained_detector_end_to_end(tmp_path):
+    """det_yolox (ddddocr's YOLOX) on two real photos with text and objects: the default int8 model loses
+    detections; the sensitivity of the 24 tensors the diagnostics rank worst (a bounded test: the whole model has
+    275 activation pairs) and the fallback find a short node list that gets the detection agreement to 0.8, and
+    that list pasted into quant.nodes_to_exclude gives the same model and the same agreement."""
+    from calibrun.diagnostics import worst
+    from tests.trained import model_path, photo_folder
+
+    photos = photo_folder(tmp_path / "photos", ("page.png", "rocket.jpg"))
+    common = ["model=file", f"model.path={model_path('det_yolox')}", "batches=2", "eval.rows=2", "tracking=off",
+              "analysis.task_fn=tests.detection:yolox_agreement", "analysis.metric=task.det_agreement",
+              "analysis.goal=max"]
+    for key in ("data", "eval_data"):
+        common += [f"{key}=images", f"{key}.path={photos}", f"{key}.resize=416", f"{key}.crop=416",
+                   f"{key}.mean=[0,0,0]", f"{key}.std={PIXELS}"]
+    proc = calibrun(tmp_path, *common, f"hydra.run.dir={tmp_path / 'a'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    default = json.loads((tmp_path / "a" / "result.json").read_text())["metrics"]
+    assert default["task.fp32_detections"] > 10  # the photos give the detector something to find
+    assert default["task.det_agreement"] < 0.75  # and the default int8 model misses part of it
+
+    table = json.loads((tmp_path / "a" / "diagnostics.json").read_text())
+    rows = [dict(zip(table, values, strict=True)) for values in zip(*table.values(), strict=True)]
+    candidates = [row["tensor"] for row in worst(rows, 24)]
+    proc = calibrun(tmp_path, *common, "analysis=sensitivity", "analysis.kinds=[activation]",
+                    f"analysis.tensors=[{','.join(candidates)}]", "analysis.target=0.8",
+                    f"hydra.run.dir={tmp_path / 'b'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((tmp_path / "b" / "sensitivity.json").read_text())
+    assert record["tensors"] == 24
+    assert record["int8_metric"] == default["task.det_agreement"]
+    assert record["ranking"][0]["gain"] > 0
+    fallback_record = record["fallback"]
+    assert fallback_record["reached"]
+    assert fallback_record["metric"] >= 0.8
+    nodes = record["nodes_to_exclude"]
+    assert 1 <= len(nodes) <= 8  # a short list, not the model
+
+    proc = calibrun(tmp_path, *common, f"quant.nodes_to_exclude=[{','.join(nodes)}]",
+                    f"hydra.run.dir={tmp_path / 'c'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    fixed = json.loads((tmp_path / "c" / "result.json").read_text())
+    assert fixed["exclusions"]["nodes_to_exclude"] == nodes
+    assert fixed["metrics"]["task.det_agreement"] == fallback_record["metric"]
+    assert (tmp_path / "c" / "int8.onnx").read_bytes() == (tmp_path / "b" / "int8_fallback.onnx").read_bytes()
