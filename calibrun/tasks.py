@@ -245,6 +245,8 @@ def class_axis(model: onnx.ModelProto, output: str, softmax: onnx.NodeProto) -> 
     axis = _softmax_axis(softmax, model)
     if softmax.output[0] == output:
         return axis if axis >= 0 or out_shape is None else len(out_shape) + axis
+    if out_shape is not None and len(out_shape) == 2:
+        return 1  # [rows, classes]: the first axis is the batch, so the classes can only be on the other one
     if sm_shape is None or out_shape is None:
         return None
     axis = axis if axis >= 0 else len(sm_shape) + axis
