@@ -54,7 +54,7 @@ def main() -> int:
     from calibrun import engine, prepare
     from calibrun.analysis import qdq
     from calibrun.analysis import sensitivity as sens
-    from calibrun.analysis.evaluate import Evaluator, batches_of
+    from calibrun.analysis.evaluate import Evaluator
     from calibrun.data import fixed_rows
     from calibrun.measure import session
     from calibrun.sources import ImageTransform, image_calibration, image_evaluation
@@ -79,7 +79,7 @@ def main() -> int:
             evaluation = image_evaluation(photos, fp32.inputs, args.rows, transform)
             rows = fixed_rows(info) or args.rows
             pairs = qdq.find_pairs(onnx.load(str(int8)), onnx.load(str(fp32.path)))
-            with Evaluator(fp32.path, batches_of(evaluation.feeds, rows), threads=args.threads) as ev:
+            with Evaluator(fp32.path, evaluation, rows, threads=args.threads) as ev:
                 ev.model(int8)  # warm-up
                 start = time.perf_counter()
                 ev.model(int8)

@@ -14,6 +14,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
+from calibrun import tasks
 from calibrun.calibrate import METHODS, CalibrationSpec
 from calibrun.data import MAX_BATCHES, MAX_FACTOR, MAX_ROWS, MAX_SEED, MIN_FACTOR
 from calibrun.errors import CalibrunError
@@ -155,7 +156,6 @@ class AnalysisConf:
     tensors: list[str] | None = None  # analyse only the pairs on these tensors (None: every pair of `kinds`)
     max_steps: int = 20  # fallback steps at most
     batch_rows: int = 16  # evaluation rows per batch (a model that pins its first axis: that many)
-    task_fn: str | None = None  # module:function, fn(fp32_outputs, int8_outputs, labels) -> {name: float}
     objective: bool = False  # the task returns analysis.metric (hydra/sweeper=optuna)
 
 
@@ -234,6 +234,10 @@ def validate(cfg: DictConfig) -> None:
     if cfg.task.name == "custom":
         _need(bool(cfg.task.fn) and ":" in cfg.task.fn, "task.fn",
               "is required with task=custom as module:function", cfg.task.fn)
+        try:
+            tasks.load_function(cfg.task.fn)  # an import error before any work
+        except CalibrunError as exc:
+            raise CalibrunError(f"config {exc}") from None
     _need(cfg.format.name in FORMATS, "format.name", f"must be one of {sorted(FORMATS)}", cfg.format.name)
     _need(cfg.method.name in METHODS, "method.name", f"must be one of {sorted(METHODS)}", cfg.method.name)
     if cfg.method.chunk is not None:

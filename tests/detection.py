@@ -1,5 +1,5 @@
 """A task metric for the YOLOX detector of tests/trained.py (det_yolox), as a user would write one for
-`analysis.task_fn=tests.detection:yolox_agreement`: do the int8 model's detections match the fp32 model's?
+`task=custom task.fn=tests.detection:yolox_agreement`: do the int8 model's detections match the fp32 model's?
 
 The model's output [N, 3549, 6] is raw YOLOX: per anchor point of the 8/16/32 stride grids, box centre offsets,
 log width/height, objectness and one class score. Decoded as ddddocr does (its detection_engine.py), a detection

@@ -23,12 +23,14 @@ from hydra.core.global_hydra import GlobalHydra
 from calibrun import config as calibrun_config
 from calibrun import engine
 from calibrun.analysis import qdq
-from calibrun.analysis.evaluate import Evaluator, batches_of, load_task_fn
+from calibrun.analysis.evaluate import Evaluator
 from calibrun.analysis.sensitivity import fallback, rank
 from calibrun.calibrate import CalibrationCache, CalibrationSpec, calibrated
 from calibrun.data import lab_batches
 from calibrun.errors import CalibrunError
 from calibrun.quantize import QuantOptions, check_exclusions, quantize
+from calibrun.sources import EvalData
+from calibrun.tasks import Custom, load_function
 from tests.stores import fresh_mlflow_store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -150,7 +152,8 @@ def test_evaluator_streams_batches_and_matches_whole_set_numbers(narrow):
     ref = plain_session(fp32.path, True).run(None, feeds)[0].astype(np.float64)
     got = plain_session(int8, True).run(None, feeds)[0].astype(np.float64)
     labels = np.arange(64)
-    with Evaluator(fp32.path, batches_of(feeds, 10), labels, task_fn=two_output_task) as ev:
+    with Evaluator(fp32.path, EvalData.from_arrays(feeds, labels), 10,
+                   task=Custom("tests.test_analysis:two_output_task")) as ev:
         metrics = ev.model(int8)
         assert len(list(ev._tmp.iterdir())) == 7  # 64 rows in batches of 10: one reference file each
     assert metrics["max_abs_error"] == pytest.approx(np.abs(ref - got).max(), rel=1e-9)
@@ -164,12 +167,12 @@ def test_evaluator_streams_batches_and_matches_whole_set_numbers(narrow):
 
 def test_task_fn_spec_errors_are_clear():
     with pytest.raises(CalibrunError, match="must be module:function"):
-        load_task_fn("tests.detection")
+        load_function("tests.detection")
     with pytest.raises(CalibrunError, match="cannot import 'no_such_module_xyz'"):
-        load_task_fn("no_such_module_xyz:f")
+        load_function("no_such_module_xyz:f")
     with pytest.raises(CalibrunError, match="has no function 'nope'"):
-        load_task_fn("tests.detection:nope")
-    assert load_task_fn("tests.detection:yolox_agreement") is not None
+        load_function("tests.detection:nope")
+    assert load_function("tests.detection:yolox_agreement") is not None
 
 
 # ------------------------------------------------------------------------------------ sensitivity, fallback
@@ -178,7 +181,7 @@ def test_task_fn_spec_errors_are_clear():
 @pytest.mark.parametrize("strategy", ["switch", "edit"])
 def test_narrow_lab_ranks_the_input_first(narrow, strategy):
     fp32, int8, _, feeds = narrow
-    with Evaluator(fp32.path, batches_of(feeds, 16)) as ev:
+    with Evaluator(fp32.path, EvalData.from_arrays(feeds), 16) as ev:
         result = rank(fp32.path, int8, ev, "mean_abs_error", "min", strategy)
         int8_error = ev.model(int8)["mean_abs_error"]
     top = result["ranking"][0]
@@ -198,7 +201,7 @@ def test_narrow_lab_ranks_the_input_first(narrow, strategy):
 
 def test_goal_max_ranks_by_sqnr(narrow):
     fp32, int8, _, feeds = narrow
-    with Evaluator(fp32.path, batches_of(feeds, 64)) as ev:
+    with Evaluator(fp32.path, EvalData.from_arrays(feeds), 64) as ev:
         result = rank(fp32.path, int8, ev, "out.y.sqnr_db", "max", "switch", kinds=("activation",))
     assert {r["kind"] for r in result["ranking"]} == {"activation"}
     assert result["ranking"][0]["tensor"] == "x"
@@ -208,7 +211,7 @@ def test_goal_max_ranks_by_sqnr(narrow):
 def test_fallback_list_reproduces_its_metric_with_quantize_static(narrow, tmp_path):
     fp32, int8, ranges, feeds = narrow
     data = lab_batches(fp32.lab_input(), 4242, 0.2, 8)
-    with Evaluator(fp32.path, batches_of(feeds, 16)) as ev, \
+    with Evaluator(fp32.path, EvalData.from_arrays(feeds), 16) as ev, \
             calibrated(fp32.path, fp32.sha256, data, "x", CalibrationSpec(),
                        CalibrationCache(tmp_path / "cache")) as cal:
         assert cal.hit
@@ -231,7 +234,7 @@ def test_fallback_list_reproduces_its_metric_with_quantize_static(narrow, tmp_pa
 def test_fallback_warns_when_the_analysed_kinds_cannot_reach_the_target(narrow, tmp_path):
     fp32, int8, _, feeds = narrow
     data = lab_batches(fp32.lab_input(), 4242, 0.2, 8)
-    with Evaluator(fp32.path, batches_of(feeds, 16)) as ev, \
+    with Evaluator(fp32.path, EvalData.from_arrays(feeds), 16) as ev, \
             calibrated(fp32.path, fp32.sha256, data, "x", CalibrationSpec(),
                        CalibrationCache(tmp_path / "cache")) as cal:
         ranked = rank(fp32.path, int8, ev, "mean_abs_error", "min", kinds=("weight",))
@@ -275,7 +278,7 @@ def test_analysis_defaults_and_group(hydra_ctx):
     (["analysis.target=0.1"], "analysis.target"),
     (["analysis=sensitivity", "analysis.kinds=[bias]"], "analysis.kinds"),
     (["analysis=sensitivity", "analysis.strategy=fast"], "analysis.strategy"),
-    (["analysis.task_fn=nomodule_xyz:f"], "analysis.task_fn"),
+    (["task=custom", "task.fn=nomodule_xyz:f"], "task.fn"),
 ])
 def test_bad_analysis_values_fail_naming_the_key(hydra_ctx, overrides, key):
     cfg = compose(config_name="config", overrides=overrides)
@@ -285,7 +288,7 @@ def test_bad_analysis_values_fail_naming_the_key(hydra_ctx, overrides, key):
 
 def test_search_preset_composes(hydra_ctx):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="the `search` extra")
-    cfg = compose(config_name="config", overrides=["+experiment=search"], return_hydra_config=True)
+    cfg = compose(config_name="config", overrides=["experiment=search"], return_hydra_config=True)
     assert cfg.analysis.objective is True
     assert cfg.hydra.sweeper.direction == "minimize"
     assert set(cfg.hydra.sweeper.params) == {"method", "method.percentile", "quant.per_channel", "method.symmetric",
@@ -371,7 +374,7 @@ def test_optuna_search_returns_the_metric_and_names_the_best_trial(tmp_path):
     from mlflow import MlflowClient
 
     sweep = tmp_path / "sweep"
-    proc = calibrun(tmp_path, "-m", "+experiment=search", "hydra.sweeper.n_trials=3", "eval.rows=32",
+    proc = calibrun(tmp_path, "-m", "experiment=search", "hydra.sweeper.n_trials=3", "eval.rows=32",
                     f"hydra.sweep.dir={sweep}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     search = json.loads((sweep / "search.json").read_text())
@@ -404,7 +407,7 @@ def test_fallback_repairs_a_trained_detector_end_to_end(tmp_path):
 
     photos = photo_folder(tmp_path / "photos", ("page.png", "rocket.jpg"))
     common = ["model=file", f"model.path={model_path('det_yolox')}", "batches=2", "eval.rows=2", "tracking=off",
-              "analysis.task_fn=tests.detection:yolox_agreement", "analysis.metric=task.det_agreement",
+              "task=custom", "task.fn=tests.detection:yolox_agreement", "analysis.metric=task.det_agreement",
               "analysis.goal=max"]
     for key in ("data", "eval_data"):
         common += [f"{key}=images", f"{key}.path={photos}", f"{key}.resize=416", f"{key}.crop=416",

@@ -46,10 +46,6 @@ def validate(analysis, format_name: str) -> None:
              "ranking)", analysis.target)
     if analysis.name == "sensitivity":
         need(format_name == "qdq", "name", "sensitivity needs format=qdq (it edits QDQ pairs)", analysis.name)
-    if analysis.task_fn:
-        from calibrun.analysis.evaluate import load_task_fn
-
-        load_task_fn(analysis.task_fn)  # import errors before any work
 
 
 def _finite_only(metrics: Mapping[str, float]) -> dict[str, float]:
@@ -60,10 +56,10 @@ def attach(cfg, job_dir: Path, result: dict) -> dict:
     """Measure `analysis.metric` (and the per-output/task metrics) on the job's int8 model, and with
     analysis=sensitivity rank every QDQ pair and run the fallback; returns `result` with what was added."""
     a = cfg.analysis
-    if a.name == "none" and not a.task_fn and (not a.objective or a.metric in result["metrics"]):
+    if a.name == "none" and (not a.objective or a.metric in result["metrics"]):
         return result
-    from calibrun import datasets, engine
-    from calibrun.analysis.evaluate import Evaluator, batches_of, load_task_fn, metric_of
+    from calibrun import datasets, engine, tasks
+    from calibrun.analysis.evaluate import Evaluator, metric_of
     from calibrun.data import fixed_rows
 
     fp32 = engine.open_float_model(result["params"]["model_file"])
@@ -71,8 +67,9 @@ def attach(cfg, job_dir: Path, result: dict) -> dict:
     source = result["eval_source"]
     evaluation = datasets.evaluation_data(source, fp32, source["seed"], source["rows"])
     rows = fixed_rows(fp32.info) or a.batch_rows
-    with Evaluator(fp32.path, batches_of(evaluation.feeds, rows), evaluation.labels, cfg.ort.intra_op_threads,
-                   load_task_fn(a.task_fn)) as evaluator:
+    task = tasks.resolve(tasks.spec_of(cfg.task), fp32.path, labels=evaluation.labels is not None,
+                         classifier=cfg.model.classifier)
+    with Evaluator(fp32.path, evaluation, rows, cfg.ort.intra_op_threads, task) as evaluator:
         measured = evaluator.model(int8_path)
         metric_of(measured, a.metric)  # a metric name that does not exist fails here, before the long pass
         result["metrics"] = {**_finite_only(measured), **result["metrics"]}
