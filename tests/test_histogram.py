@@ -12,8 +12,6 @@ from __future__ import annotations
 import contextlib
 import io
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,10 +28,8 @@ from calibrun.errors import CalibrunError
 from calibrun.histogram import FastHistogramCollector, bin_counts, entropy_threshold, histogram
 from calibrun.model import write_lab_model
 from calibrun.sources import ImageTransform, image_calibration
+from tests.conftest import run_python
 from tests.trained import PHOTOS, TEXT_PHOTOS, model_path, photo_folder
-
-REPO = Path(__file__).resolve().parents[1]
-
 
 # ---------------------------------------------------------------------------------------------- fixtures
 
@@ -375,12 +371,8 @@ def test_degenerate_settings_are_refused_naming_the_key(options, key):
 
 
 def test_refused_settings_stop_the_app_before_any_work(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "calibrun", "method=entropy", "method.num_quantized_bins=2048", "tracking=off",
-         f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "PYTHONPATH": str(REPO)},
-    )
+    proc = run_python(["-m", "calibrun", "method=entropy", "method.num_quantized_bins=2048", "tracking=off",
+                       f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     assert proc.returncode != 0
     assert "method.num_quantized_bins" in proc.stderr
     assert "Traceback" not in proc.stderr
