@@ -205,7 +205,7 @@ def test_clip_range_is_the_grid_of_the_activation_type():
     assert report.INT_GRIDS["QUInt16"] == ("uint16", 0, 65535)
     assert report._clip_range(0.5, 10, report.INT_GRIDS["QUInt8"]) == (-5.0, 122.5)
     assert report._clip_range(0.5, 0, report.INT_GRIDS["QInt16"]) == (-16384.0, 16383.5)
-    assert report.LAB_GRID == report.INT_GRIDS[lab.FIXED["quant.activation_type"]]
+    assert report.INT_GRIDS[lab.FIXED["quant.activation_type"]] == report.LAB_GRID
 
 
 def test_lab_files_use_only_the_lab_runs_of_a_wider_sweep(tmp_path):
@@ -322,6 +322,7 @@ def test_missing_sweep_and_usage(tmp_path, capsys):
     assert capsys.readouterr().err.strip().startswith("calibrun.aggregate: error: unknown option 'colour=red'")
 
 
+@pytest.mark.slow
 def test_aggregate_help(tmp_path):
     proc = run_python(["-m", "calibrun.aggregate", "--help"], tmp_path, timeout=120)
     assert proc.returncode == 0

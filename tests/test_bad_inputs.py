@@ -27,6 +27,8 @@ from onnx import TensorProto, helper, numpy_helper
 from tests.conftest import CALIBTOOL, clean_env, run_python
 from tests.modelzoo import int_input_model, save
 
+pytestmark = pytest.mark.slow  # subprocesses of the CLIs (multi-second each): `pytest -m "not slow"` leaves them out
+
 TIMEOUT = 120  # seconds per case; a case that has not finished by then is a hang
 HANG_TIMEOUT = 60  # the unanswered tracking server
 

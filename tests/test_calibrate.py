@@ -614,6 +614,7 @@ def test_histogram_methods_through_the_cache(tmp_path, fp32, spy, method):
 # ------------------------------------------------------------------------------------------- calibtool
 
 
+@pytest.mark.slow
 def test_calibtool_second_run_reuses_the_cache(tmp_path, lab_model):
     cache_dir = tmp_path / "cache"
     out = tmp_path / "int8.onnx"
@@ -693,6 +694,7 @@ def test_nothing_is_written_beside_the_users_model(tmp_path, lab_model):
     assert sentinel.read_text() == "a file of the user's"
 
 
+@pytest.mark.slow
 def test_two_processes_filling_one_key_leave_one_valid_file(tmp_path, fp32, lab_model, spy):
     cache_dir = tmp_path / "cache"
     barrier = tmp_path / "barrier"

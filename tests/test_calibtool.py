@@ -34,6 +34,8 @@ from tests.modelzoo import (
     unquantised_input_model,
 )
 
+pytestmark = pytest.mark.slow  # subprocesses of the CLIs (multi-second each): `pytest -m "not slow"` leaves them out
+
 QUANTIZE_KEYS = {"out", "bytes", "batches", "span", "format", "ops", "input_scale", "input_zero_point"}
 SCALES_KEYS = {"input_scale", "input_zero_point", "observed_span", "quantize_nodes", "dequantize_nodes"}
 ERROR_KEYS = {"rows", "max_abs_error", "mean_abs_error", "max_abs_output"}

@@ -167,6 +167,7 @@ def test_preset_tracking_needs_a_server_uri_unless_told_otherwise(preset, name):
 @pytest.mark.parametrize(("name", "plugin", "launcher"), [
     ("ray", "hydra_plugins.hydra_ray_launcher", "ray"),
     ("slurm", "hydra_plugins.hydra_submitit_launcher", "submitit_slurm")])
+@pytest.mark.slow
 def test_preset_without_its_plugin_fails_naming_the_launcher(tmp_path, name, plugin, launcher):
     """The plugin made unimportable (as if not installed): the CLI stops at composition, before any job."""
     code = ("import runpy, sys\n"

@@ -6,6 +6,8 @@ import os
 import sys
 import time
 
+import pytest
+
 from tests.conftest import clean_env, installed, requires_extra, run_cmd, run_python
 
 
@@ -33,6 +35,7 @@ def test_run_python_returns_code_and_both_streams(tmp_path, monkeypatch):
     assert proc.args[0] == sys.executable
 
 
+@pytest.mark.slow
 def test_run_cmd_kills_the_whole_group_at_the_timeout(tmp_path):
     """A child that started a grandchild and hangs: both are gone after the timeout (no orphan keeps running)."""
     pid_file = tmp_path / "grandchild.pid"

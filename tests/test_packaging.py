@@ -19,6 +19,8 @@ import pytest
 
 from tests.conftest import Proc, clean_env, run_cmd
 
+pytestmark = pytest.mark.slow  # subprocesses of the CLIs (multi-second each): `pytest -m "not slow"` leaves them out
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -777,6 +777,7 @@ def test_8_bit_modes_become_rgb_in_0_1(tmp_path, mode):
     assert feed["img"].max() <= 1
 
 
+@pytest.mark.slow
 def test_ocr_classifier_end_to_end_on_real_photos_with_a_non_square_crop(tmp_path):
     """PP-OCR's text-direction classifier (trained, input [N, 3, ?, ?]: the crop fills height and width) runs
     through `python -m calibrun` on scikit-image photos: calibration with a centre crop [48, 192], evaluation
