@@ -34,10 +34,6 @@ ARG_COUNTS = {"quantize": (5, 6), "scales": (1,), "error": (4,)}
 QUANTIZE_KEYS = ("out", "bytes", "batches", "span", "format", "ops", "input_scale", "input_zero_point")
 
 
-class UsageError(Exception):
-    pass
-
-
 def _shown(text: str) -> str:
     return repr(text) if len(text) <= 40 else f"{text[:20]!r}... ({len(text)} characters)"
 

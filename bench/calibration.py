@@ -35,14 +35,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+from _common import log, wait_child
 
 SEED, FACTOR = 4242, 1.0
 GB = 1e9
 GOAL_FLAT, GOAL_SPEED, GOAL_HIT = 1.1, 1.2, 0.25
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -297,11 +294,9 @@ def run_child(job: dict, kill_bytes: float, reserve_bytes: float) -> dict:
 
         thread = threading.Thread(target=watchdog, daemon=True)
         thread.start()
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        peak = wait_child(proc).peak_rss
         done.set()
         thread.join()
-        peak = usage.ru_maxrss * 1024  # Linux: kilobytes
         if killed or proc.returncode != 0:
             reason = killed[0] if killed else f"exit status {proc.returncode}"
             return {"error": reason, "peak": peak}

@@ -19,7 +19,7 @@ one process and over the same batches:
               tensor at 2048 bins, so it runs on `--ref-tensors` sampled tensors (calibrun's on the same sample
               for the ratio); its whole-model time is extrapolated and marked `~`. Thresholds checked equal.
 
-Ratios are printed side by side; the machine load (`os.getloadavg`) is printed with them. Goals (issue 14):
+Ratios are printed side by side; the machine load and core count are printed with them. Goals (issue 14):
 entropy search >= 50x faster than onnxruntime's, whole calibration <= 1.5x plain inference.
 """
 
@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import io
 import math
-import os
 import random
 import sys
 import tempfile
@@ -42,6 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import onnxruntime as ort  # noqa: E402
+from _common import log, machine_line  # noqa: E402
 from onnxruntime.quantization.calibrate import HistogramCollector, create_calibrator  # noqa: E402
 
 from calibrun.calibrate import CalibrationSpec, _fast_collector, _lean_session, private_model_copy  # noqa: E402
@@ -49,14 +49,6 @@ from calibrun.engine import open_float_model  # noqa: E402
 from calibrun.histogram import FastHistogramCollector  # noqa: E402
 from calibrun.sources import ImageTransform, image_calibration  # noqa: E402
 from tests.trained import PHOTOS, TEXT_PHOTOS, model_path, photo_folder  # noqa: E402
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def load() -> str:
-    return "load {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
 
 def make_batches(size: int, batches: int, rows: int, tmp: Path) -> list[np.ndarray]:
@@ -213,8 +205,8 @@ def main(argv=None) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     model = model_path("ocr_det")
     print(f"model ocr_det (PP-OCRv4 det, trained) at {args.size}x{args.size}; {args.batches} batches x {args.rows} "
-          f"photos; onnxruntime {ort.__version__}; {os.cpu_count()} cores; threads {args.threads or 'all'}")
-    print(f"start: {load()}")
+          f"photos; onnxruntime {ort.__version__}; threads {args.threads or 'all'}")
+    print(f"start: {machine_line()}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench.histogram.") as tmp_name:
         tmp = Path(tmp_name)
@@ -242,7 +234,7 @@ def main(argv=None) -> int:
             rows.append((method, spec.calibrator_options(), plain, plain_noopt, total, setup, collect, search,
                          c_ours, c_theirs, c_equal, s_ours, s_theirs, s_all, tensors, sampled, s_equal,
                          theirs_all, approx, ort_total))
-    print(f"end:   {load()}")
+    print(f"end:   {machine_line()}")
     print()
     for (method, options, plain, plain_noopt, total, setup, collect, search, c_ours, c_theirs, c_equal, s_ours,
          s_theirs, s_all, tensors, sampled, s_equal, theirs_all, approx, ort_total) in rows:

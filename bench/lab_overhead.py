@@ -1,6 +1,6 @@
 """What the calibrun lab sweep costs on top of bare onnxruntime: the same 24 quantisations, side by side.
 
-    .venv/bin/python bench/lab_overhead.py              # full: 3 repeats + 3 breakdown sweeps (~3-5 min)
+    .venv/bin/python bench/lab_overhead.py              # full: 3 repeats + 2 breakdown sweeps (~3-5 min)
     .venv/bin/python bench/lab_overhead.py --quick      # 1 repeat, no breakdown sweeps (~1 min)
     .venv/bin/python bench/lab_overhead.py --repeat 5
     .venv/bin/python bench/lab_overhead.py --root /tmp/proto --sweep-only   # time another checkout (a prototype,
@@ -34,10 +34,10 @@ bare and engine.
 Goal: calibrun sweep / bare onnxruntime process (incl. startup) <= 3x.
 
 Breakdown (not with --quick), one more sweep each:
-  - instrumented in-process (functions of Hydra, calibrun and the MLflow tracker wrapped with timers):
-    where the sweep's wall time goes per phase, at low overhead, and the cost of each lever;
   - under `python -X importtime`: import cost per package (mlflow, hydra, onnxruntime, matplotlib, ...);
-  - under `python -m cProfile`: selected functions and the top cumulative items.
+  - under `python -m cProfile`: the top cumulative items.
+For where the time goes inside one job or one function, profile a sweep directly: bench/README.md has the
+py-spy, cProfile and tracemalloc recipes (nothing here is keyed to calibrun's function names).
 
 Tables go to stdout, progress to stderr. The machine load (/proc/loadavg) is printed next to each timing:
 compare ratios from one run rather than absolute seconds across runs.
@@ -46,7 +46,6 @@ compare ratios from one run rather than absolute seconds across runs.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import re
@@ -59,6 +58,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from _common import loadavg, log, wait_child
+
 ROOT = Path(__file__).resolve().parent.parent
 GOAL = 3.0
 
@@ -67,17 +68,6 @@ BATCHES = (1, 8, 64, 512)
 FORMATS = ("qdq", "qoperator")
 COMBOS = [(name, factor, b, fmt) for name, factor in CALIBRATIONS for b in BATCHES for fmt in FORMATS]
 CALIB_SEED, EVAL_SEED, EVAL_ROWS, ROWS_PER_BATCH = 4242, 777, 256, 16
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "n/a"
 
 
 def label(name: str, batches: int, fmt: str) -> str:
@@ -163,92 +153,6 @@ def child_engine(work: Path, model: Path) -> dict:
             "quantization_seconds": quant, "cache_hits": hits}
 
 
-class Timers:
-    """Inclusive wall seconds per wrapped function (a list of call durations per label)."""
-
-    def __init__(self):
-        self.calls: dict[str, list[float]] = defaultdict(list)
-
-    def wrap(self, owner, attr: str, name: str) -> None:
-        calls = self.calls[name]
-        original = getattr(owner, attr, None)
-        if original is None:  # not in this version of calibrun: reported with 0 calls
-            return
-
-        @functools.wraps(original)
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                calls.append(time.perf_counter() - start)
-
-        setattr(owner, attr, timed)
-
-
-def child_phases(out: Path, hydra_args: list[str]) -> None:
-    """`python -m calibrun` in this process with timers around its phases; the timers go to `out` (JSON)."""
-    import runpy
-
-    t0 = time.perf_counter()
-    timers = Timers()
-    # What `python -m calibrun` imports before main() runs (calibrun/__main__.py's imports).
-    import hydra._internal.config_loader_impl as hydra_loader
-    import hydra._internal.hydra as hydra_hydra
-    import hydra.core.utils as hydra_utils
-    import hydra.plugins.sweeper as hydra_sweeper
-
-    import calibrun.aggregate as aggregate
-    import calibrun.calibrate as calibrate
-    import calibrun.engine as engine
-    import calibrun.report as report
-    import calibrun.runner as runner
-    import calibrun.sweep as sweep
-    import calibrun.tracking as tracking
-
-    t1 = time.perf_counter()
-    w = timers.wrap
-    w(hydra_hydra.Hydra, "compose_config", "hydra: compose the multirun config (once)")
-    w(hydra_sweeper.Sweeper, "validate_batch_is_legal", "hydra: validate_batch_is_legal (composes all 24)")
-    w(hydra_loader.ConfigLoaderImpl, "load_sweep_config", "hydra: load_sweep_config (compose one job)")
-    # Hydra's plugin discovery re-imports basic_launcher, which then binds hydra.core.utils.run_job afresh
-    w(hydra_utils, "run_job", "hydra: run_job")
-    w(hydra_utils, "configure_log", "hydra: configure_log (per job)")
-    w(hydra_utils, "_save_config", "hydra: save .hydra/*.yaml")
-    w(sweep.SweepCallback, "on_multirun_start", "callback: on_multirun_start")
-    w(sweep.SweepCallback, "on_multirun_end", "callback: on_multirun_end")
-    w(runner, "run", "runner.run (one job)")
-    w(runner, "write_lab_model", "runner: write_lab_model")
-    # calibrun's engine API is growing: time whichever entry point the runner calls
-    w(engine, "quantize_with" if hasattr(engine, "quantize_with") else "quantize_lab", "engine: calibrate + quantize")
-    w(calibrate, "run_calibration", "calibrate.run_calibration (miss)")
-    w(engine, "quantize", "quantize.quantize (quantize_static)")
-    w(engine, "evaluate" if hasattr(engine, "evaluate") else "error", "engine: evaluate vs fp32")
-    w(tracking.Tracker, "__init__", "Tracker() (MlflowClient + experiment)")
-    w(tracking.Tracker, "start_run", "Tracker.start_run")
-    w(tracking.Tracker, "log", "Tracker.log (log_batch)")
-    w(tracking.Tracker, "log_artifact", "Tracker.log_artifact")
-    for attr, name in (("log_model", "Tracker.log_model (LoggedModel)"), ("log_datasets", "Tracker.log_datasets"),
-                       ("log_table", "Tracker.log_table")):
-        if hasattr(tracking.Tracker, attr):
-            w(tracking.Tracker, attr, name)
-    w(tracking.Tracker, "finish", "Tracker.finish")
-    w(aggregate, "build", "aggregate.build")
-    w(report, "_plots", "report._plots (matplotlib)")
-    w(aggregate, "_format_difference", "aggregate._format_difference")
-    w(aggregate._Report, "bundle", "aggregate bundle copy")
-    sys.argv = ["calibrun", *hydra_args]
-    code = 0
-    try:
-        runpy.run_module("calibrun", run_name="__main__", alter_sys=True)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        t2 = time.perf_counter()
-        out.write_text(json.dumps({"imports": t1 - t0, "main": t2 - t1, "calls": timers.calls, "code": code}))
-    sys.exit(code)
-
-
 # --------------------------------------------------------------------------------------------------
 # The parent: runs the children, checks them, prints the tables.
 # --------------------------------------------------------------------------------------------------
@@ -279,12 +183,10 @@ class Bench:
         with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
             start = time.perf_counter()
             proc = subprocess.Popen(cmd, cwd=self.root, env=env or self.env(), stdout=out, stderr=err, text=True)
-            _, status, usage = os.wait4(proc.pid, 0)
-            wall = time.perf_counter() - start
-            proc.returncode = os.waitstatus_to_exitcode(status)
+            usage = wait_child(proc, start)
             out.seek(0)
             err.seek(0)
-            result = {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "stdout": out.read(), "stderr": err.read()}
+            result = {"wall": usage.wall, "cpu": usage.cpu, "stdout": out.read(), "stderr": err.read()}
         if proc.returncode != 0:
             sys.stderr.write(result["stderr"][-4000:])
             raise SystemExit(f"{what} failed with exit code {proc.returncode}: {' '.join(cmd)}")
@@ -363,19 +265,6 @@ class Bench:
         return runs
 
     # ---- breakdown runs ---------------------------------------------------------------------------
-    def phases(self) -> dict:
-        out = self.tmp / "phases.json"
-        cmd = [self.python, str(Path(__file__).resolve()), "--child", "phases", str(out), "--",
-               *self.sweep_args("phases")]
-        log(f"breakdown: instrumented sweep (load {loadavg()})")
-        load = loadavg()
-        r = self.run(cmd, "instrumented sweep")
-        self.sweep_results("phases")
-        startup = statistics.median(
-            self.run([self.python, str(Path(__file__).resolve()), "--child", "noop"], "no-op child")["wall"]
-            for _ in range(3))
-        return {**json.loads(out.read_text()), "wall": r["wall"], "cpu": r["cpu"], "load": load, "startup": startup}
-
     def importtime(self) -> dict:
         log(f"breakdown: sweep under -X importtime (load {loadavg()})")
         r = self.run([self.python, "-X", "importtime", "-m", "calibrun", *self.sweep_args("importtime")],
@@ -504,106 +393,6 @@ def print_main(runs: dict, args) -> None:
     print(f"  {'= calibrun sweep':<76} {m['sweep.wall']:7.2f} {'':>6} {m['sweep.cpu']:7.2f}")
 
 
-PHASE_TREE = [  # (timer label, depth); inclusive wall times
-    ("hydra: compose the multirun config (once)", 1),
-    ("callback: on_multirun_start", 1),
-    ("hydra: validate_batch_is_legal (composes all 24)", 1),
-    ("LAUNCH_COMPOSE", 1),
-    ("hydra: run_job", 1),
-    ("hydra: configure_log (per job)", 2),
-    ("hydra: save .hydra/*.yaml", 2),
-    ("runner.run (one job)", 2),
-    ("runner: write_lab_model", 3),
-    ("engine: calibrate + quantize", 3),
-    ("calibrate.run_calibration (miss)", 4),
-    ("quantize.quantize (quantize_static)", 4),
-    ("engine: evaluate vs fp32", 3),
-    ("Tracker() (MlflowClient + experiment)", 3),
-    ("Tracker.start_run", 3),
-    ("Tracker.log (log_batch)", 3),
-    ("Tracker.log_artifact", 3),
-    ("Tracker.log_model (LoggedModel)", 3),
-    ("Tracker.log_datasets", 3),
-    ("Tracker.log_table", 3),
-    ("Tracker.finish", 3),
-    ("callback: on_multirun_end", 1),
-    ("aggregate.build", 2),
-    ("report._plots (matplotlib)", 3),
-    ("aggregate._format_difference", 3),
-    ("aggregate bundle copy", 3),
-]
-
-
-def print_phases(ph: dict) -> None:
-    calls = ph["calls"]
-
-    def total(key: str) -> float:
-        return sum(calls.get(key, []))
-
-    def count(key: str) -> int:
-        return len(calls.get(key, []))
-
-    wall = ph["wall"]
-    # load_sweep_config runs 24x inside validate_batch_is_legal, then once before each run_job
-    compose = calls.get("hydra: load_sweep_config (compose one job)", [])
-    # ... unless calibrun hands the validation pass's configs to the launcher (sweep.compose_each_job_once)
-    launch_compose = compose[len(compose) // 2:] if len(compose) > len(calls.get("runner.run (one job)", [])) else []
-    exit_s = wall - ph["startup"] - ph["imports"] - ph["main"]
-    print(f"\n### breakdown 1: instrumented sweep (timers around functions; wall {wall:.2f}s, load {ph['load']})\n")
-    print(f"{'phase (inclusive wall seconds)':<68} {'calls':>5} {'total s':>8} {'per call':>9} {'% wall':>7}")
-
-    def row(name: str, depth: int, seconds: float, n: int | None = None) -> None:
-        per = f"{seconds / n:9.3f}" if n else f"{'':>9}"
-        share = 100 * seconds / wall
-        print(f"{'  ' * depth + name:<68} {'' if n is None else n:>5} {seconds:8.2f} {per} {share:6.1f}%")
-
-    row("interpreter start (a no-op child of this script)", 1, ph["startup"])
-    row("imports before main (hydra, onnx, onnxruntime, calibrun)", 1, ph["imports"])
-    accounted = ph["startup"] + ph["imports"] + exit_s
-    for name, depth in PHASE_TREE:
-        if name == "LAUNCH_COMPOSE":
-            row("hydra: compose each job again, before its run_job", depth, sum(launch_compose), len(launch_compose))
-            accounted += sum(launch_compose)
-            continue
-        row(name, depth, total(name), count(name))
-        if depth == 1:
-            accounted += total(name)
-        if name == "Tracker() (MlflowClient + experiment)" and count(name):
-            row("first call: `import mlflow` + SQLAlchemy store (on_multirun_start)", depth + 1, calls[name][0], 1)
-    row("other (Hydra setup, sweeper, launcher, between the timers)", 1, wall - accounted)
-    row("interpreter exit (wall - start - in-process)", 1, exit_s)
-
-    jobs = count("runner.run (one job)") or 1
-    first_tracker = calls.get("Tracker() (MlflowClient + experiment)", [0.0])[0]
-    tracker_calls = sum(total(k) for k in calls if k.startswith("Tracker")) - first_tracker
-    validate = total("hydra: validate_batch_is_legal (composes all 24)")
-    hydra_job = total("hydra: run_job") - total("runner.run (one job)")
-    engine = total("engine: calibrate + quantize") + total("engine: evaluate vs fp32")
-    composition = validate + sum(launch_compose)
-    print(f"\nper job (mean of {jobs}): calibrun engine {1000 * engine / jobs:.0f} ms; MLflow calls "
-          f"{1000 * tracker_calls / jobs:.0f} ms; Hydra composition {1000 * composition / jobs:.0f} ms (twice) "
-          f"+ run_job {1000 * hydra_job / jobs:.0f} ms; write_lab_model "
-          f"{1000 * total('runner: write_lab_model') / jobs:.0f} ms")
-    print("\nlevers (each is a cost measured above, so at most what removing it saves):")
-    levers = [
-        ("Hydra validate_batch_is_legal: every job composed twice (custom sweeper)", validate),
-        ("MLflow import + SQLAlchemy store init (first Tracker)", first_tracker),
-        ("MLflow calls of the 25 runs (start_run, log_batch, artifacts, finish)", tracker_calls),
-        ("Tracker() re-created per job (MlflowClient + get_experiment_by_name)",
-         total("Tracker() (MlflowClient + experiment)") - first_tracker),
-        ("MLflow log_artifact copies", total("Tracker.log_artifact")),
-        ("MLflow LoggedModels (mlflow.onnx.log_model, first one imports mlflow.onnx)",
-         total("Tracker.log_model (LoggedModel)")),
-        ("report plots (matplotlib import + 2 PNGs)", total("report._plots (matplotlib)")),
-        ("interpreter exit (module teardown)", exit_s),
-        ("write_lab_model per job (build + check + save + one session)", total("runner: write_lab_model")),
-        ("Hydra .hydra/*.yaml + configure_log per job", total("hydra: save .hydra/*.yaml")
-         + total("hydra: configure_log (per job)")),
-    ]
-    for name, seconds in sorted(levers, key=lambda kv: -kv[1]):
-        print(f"  {name:<76} {seconds:6.2f}s {100 * seconds / wall:5.1f}%")
-
-
 IMPORT_PACKAGES = ("hydra", "omegaconf", "numpy", "onnx", "onnxruntime", "onnxruntime.quantization",
                    "calibrun.runner", "mlflow", "sqlalchemy", "alembic", "pandas", "pyarrow", "fastapi",
                    "matplotlib", "matplotlib.pyplot")
@@ -613,7 +402,7 @@ def print_importtime(it: dict) -> None:
     entries = it["entries"]
     roots = [e for e in entries if e[0] == 0]
     total = sum(e[3] for e in roots)
-    print(f"\n### breakdown 2: imports of the sweep process (python -X importtime; wall {it['wall']:.2f}s; "
+    print(f"\n### breakdown 1: imports of the sweep process (python -X importtime; wall {it['wall']:.2f}s; "
           f"importtime inflates them a little)\n")
     print(f"all imports (sum of top-level cumulative): {total:.2f}s")
     by_top: dict[str, float] = defaultdict(float)
@@ -625,38 +414,7 @@ def print_importtime(it: dict) -> None:
     print(f"\n{'first import of (cumulative: what it pulled in)':<44} {'s':>6}")
     for pkg in IMPORT_PACKAGES:
         first = next((e for e in entries if e[1] == pkg), None)
-        if first is not None:
-            print(f"  {pkg:<42} {first[3]:6.2f}")
-
-
-PROFILE_ITEMS = [
-    ("hydra/_internal/hydra.py", "multirun"),
-    ("hydra/plugins/sweeper.py", "validate_batch_is_legal"),
-    ("hydra/_internal/config_loader_impl.py", "load_sweep_config"),
-    ("hydra/_internal/defaults_list.py", "create_defaults_list"),
-    ("hydra/core/utils.py", "run_job"),
-    ("hydra/core/utils.py", "configure_log"),
-    ("hydra/core/utils.py", "_save_config"),
-    ("calibrun/runner.py", "run"),
-    ("calibrun/runner.py", "job_params"),
-    ("calibrun/model.py", "write_lab_model"),
-    ("calibrun/engine.py", "quantize_lab"),
-    ("calibrun/engine.py", "quantize_with"),
-    ("calibrun/calibrate.py", "run_calibration"),
-    ("calibrun/calibrate.py", "private_model_copy"),
-    ("calibrun/quantize.py", "quantize"),
-    ("calibrun/engine.py", "error"),
-    ("calibrun/engine.py", "evaluate"),
-    ("calibrun/tracking.py", "__init__"),
-    ("calibrun/tracking.py", "start_run"),
-    ("calibrun/tracking.py", "log"),
-    ("calibrun/tracking.py", "log_artifact"),
-    ("calibrun/tracking.py", "finish"),
-    ("calibrun/sweep.py", "on_multirun_start"),
-    ("calibrun/sweep.py", "on_multirun_end"),
-    ("calibrun/aggregate.py", "build"),
-    ("calibrun/report.py", "_plots"),
-]
+        print(f"  {pkg:<42} {first[3]:6.2f}" if first else f"  {pkg:<42} not imported by the sweep")
 
 
 def print_cprofile(wall: float, prof: Path, top: int = 30) -> None:
@@ -665,13 +423,8 @@ def print_cprofile(wall: float, prof: Path, top: int = 30) -> None:
     stats = pstats.Stats(str(prof))
     total = stats.total_tt
     entries = stats.stats  # (file, line, func) -> (cc, nc, tt, ct, callers)
-    print(f"\n### breakdown 3: cProfile of the sweep (wall {wall:.2f}s under the profiler, profiled total "
+    print(f"\n### breakdown 2: cProfile of the sweep (wall {wall:.2f}s under the profiler, profiled total "
           f"{total:.2f}s; the profiler inflates Python-heavy code such as OmegaConf ~2x)\n")
-    print(f"{'selected function':<64} {'calls':>6} {'cum s':>7} {'% prof':>7}")
-    for suffix, func in PROFILE_ITEMS:
-        for (file, _line, name), (_cc, nc, _tt, ct, _callers) in entries.items():
-            if name == func and file.replace(os.sep, "/").endswith(suffix):
-                print(f"  {suffix.split('/')[-1] + ':' + func:<62} {nc:>6} {ct:7.2f} {100 * ct / total:6.1f}%")
     imports = [(k, v) for k, v in entries.items() if k[2] == "_find_and_load"]
     if imports:
         print(f"  {'(all imports: importlib _find_and_load)':<62} {imports[0][1][1]:>6} "
@@ -692,10 +445,6 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(child_bare(Path(argv[2]), Path(argv[3]), argv[4], int(argv[5]))))
         elif kind == "engine":
             print(json.dumps(child_engine(Path(argv[2]), Path(argv[3]))))
-        elif kind == "noop":
-            pass
-        elif kind == "phases":
-            child_phases(Path(argv[2]), argv[argv.index("--") + 1:])
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -719,7 +468,6 @@ def main(argv: list[str] | None = None) -> int:
         runs = bench.measure()
         print_main(runs, args)
         if not args.quick and not args.sweep_only:
-            print_phases(bench.phases())
             print_importtime(bench.importtime())
             print_cprofile(*bench.cprofile())
         print(f"\nload average at the end: {loadavg()}; temp folder: "

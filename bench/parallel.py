@@ -45,10 +45,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from _common import CACHE_DIR, loadavg, machine_cpu, wait_for_idle, write_model
 from onnx import TensorProto, helper, numpy_helper
 
-REPO = Path(__file__).resolve().parents[1]
-CACHE_DIR = Path(__file__).resolve().parent / ".cache"
 GENERATOR_VERSION = 1  # bump when the graph or the weights change
 IMAGE = 64
 LAYERS = ((3, 16, 1), (16, 32, 2), (32, 32, 1), (32, 64, 2), (64, 64, 1))  # (in, out, stride)
@@ -93,49 +92,7 @@ def build_convnet(seed: int = 0) -> onnx.ModelProto:
 def cached_convnet(folder: Path = CACHE_DIR) -> Path:
     """The conv net under bench/.cache/, written once (temp file + rename) and reused."""
     path = folder / f"convnet-v{GENERATOR_VERSION}-i{IMAGE}.onnx"
-    if path.is_file():
-        return path
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        onnx.save_model(build_convnet(), tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
-
-
-def loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "n/a"
-
-
-def machine_cpu() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole machine so far, from /proc/stat (0, 0 where unavailable)."""
-    try:
-        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
-    except (OSError, ValueError, IndexError):
-        return 0.0, 0.0
-    tick = os.sysconf("SC_CLK_TCK")
-    total = sum(fields) / tick
-    return total - (fields[3] + fields[4]) / tick, total  # idle + iowait are not busy
-
-
-def wait_for_idle(wanted: float, timeout: float = 600.0) -> float:
-    """Sample the machine's idle share every 3 s until it reaches `wanted` (or `timeout`); return the last."""
-    deadline = time.monotonic() + timeout
-    while True:
-        busy0, total0 = machine_cpu()
-        time.sleep(3)
-        busy1, total1 = machine_cpu()
-        idle = 1 - (busy1 - busy0) / (total1 - total0) if total1 > total0 else 1.0
-        if idle >= wanted or time.monotonic() > deadline:
-            return idle
+    return path if path.is_file() else write_model(path, build_convnet())
 
 
 def child_runs(db: Path) -> tuple[int, list[tuple[int, int]]]:

@@ -14,20 +14,18 @@ so the residual stream stays O(1) over 16 blocks. Input `x` is `[N, 3, H, W]` fl
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
+from _common import CACHE_DIR, write_model
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17
 INPUT = "x"
 OUTPUT = "logits"
-CACHE_DIR = Path(__file__).resolve().parent / ".cache"
 GENERATOR_VERSION = 1  # bump when the graph or the weights change, so cached files are rebuilt
 
 
@@ -131,19 +129,7 @@ def build_resnet(config: ResNetConfig = RESNET50) -> onnx.ModelProto:
 
 def write_resnet(path: str | Path, config: ResNetConfig = RESNET50) -> Path:
     """Write atomically (temp file in the same folder, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    model = build_resnet(config)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        onnx.save_model(model, tmp)
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return write_model(path, build_resnet(config))
 
 
 def cached_resnet(config: ResNetConfig = RESNET50, folder: Path = CACHE_DIR) -> Path:

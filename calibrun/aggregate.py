@@ -4,10 +4,13 @@
 
 Also run by the sweep callback at multirun end. For ANY sweep: `runs.json` and the report's *Runs* table (every
 job, keyed by its own overrides, `.hydra/overrides.yaml`) and a plot of the headline metric against each swept
-axis. The lab's files (calib_report.json, match/narrow/wide.json, samples.json, format.json) are written when the
-sweep holds the lab's runs, picked by the lab's fixed settings (calibrun.lab); a lab file whose runs are missing
-is skipped and the missing runs are named. Numbers come from the jobs' result.json, measured on exactly the model
-files copied into the bundle. The report is built in a temp folder and renamed into place: it appears whole.
+axis, and diagnosis.json (per-run verdicts from the jobs' diagnostics). The lab's files (calib_report.json,
+match/narrow/wide.json, samples.json, format.json) are written when the sweep holds the lab's runs, picked by the
+lab's fixed settings (calibrun.lab); a lab file whose runs are missing is skipped and the missing runs are named.
+Numbers come from the jobs' result.json, measured on exactly the model files copied into the bundle, with two
+exceptions that onnxruntime recomputes: format.json's QDQ-vs-QOperator output difference (both int8 models run on
+the evaluation rows) and the evaluation data's span when a result.json did not record it (metrics.eval_span).
+The report is built in a temp folder and renamed into place: it appears whole.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The calibration stage: a chunked calibration pass -> ranges, and a content-addressed cache of them.
 
 What is reused from onnxruntime (quantization/calibrate.py): `create_calibrator` (graph augmentation and the
-calibrators themselves), `collect_data`/`compute_data`, `TensorsData`, `load_tensors_data` and the
+calibrators themselves), `collect_data`/`compute_data`, `TensorsData` (to_dict/from_dict) and the
 `CalibrationCacheEncoder` that `save_tensors_data` uses, so the cache file is exactly the format that
-`quantize_static(calibration_cache_path=...)` loads. What is written here: the chunk loop (bounded
-memory, progress), the key (onnxruntime's own cache only checks method and SmoothQuant), validation of a
-cache file before it is trusted (key record, a sha256 over the ranges, finite ordered ranges), and the
-atomic write with the key record beside the ranges.
+`quantize_static(calibration_cache_path=...)` loads (with onnxruntime's `load_tensors_data`). What is written
+here: the chunk loop (bounded memory, progress), the key (onnxruntime's own cache only checks method and
+SmoothQuant), validation of a cache file before it is trusted (key record, a sha256 over the ranges, finite ordered
+ranges), and the atomic write with the key record beside the ranges.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -181,7 +181,6 @@ class Calibration:
     seconds: float
     span: float
     batches: int
-    record: dict = field(repr=False, default_factory=dict)
     op_types: tuple[str, ...] | None = None  # the op types calibration was restricted to (None: all)
 
 
@@ -397,17 +396,17 @@ def calibrated(
         span = cache.load(key, record, spec.method)
         if span is not None:
             yield Calibration(cache.path(key), spec.method, key, True, time.perf_counter() - start, span,
-                              len(data), record, spec.op_types or None)
+                              len(data), spec.op_types or None)
             return
     tensors, span = run_calibration(model_path, data, input_name, spec, threads)
     if cache is not None:
         path = cache.store(key, record, tensors, span)
-        yield Calibration(path, spec.method, key, False, time.perf_counter() - start, span, len(data), record,
+        yield Calibration(path, spec.method, key, False, time.perf_counter() - start, span, len(data),
                           spec.op_types or None)
         return
     with temp_dir("ranges") as tmp:
         path = write_ranges(Path(tmp) / f"{key}.json", tensors, record, span)
-        yield Calibration(path, spec.method, key, False, time.perf_counter() - start, span, len(data), record,
+        yield Calibration(path, spec.method, key, False, time.perf_counter() - start, span, len(data),
                           spec.op_types or None)
 
 

@@ -1,13 +1,15 @@
-"""Calibration and evaluation data: the lab rules of DESIGN.md section 1.
+"""Calibration and evaluation data: the lab rules of DESIGN.md section 1, and the bounds every data source checks.
 
 Calibration: rng = default_rng(seed); per batch (rng.normal(0, 1, batch_shape) * factor).astype(float32).
 Evaluation:  default_rng(seed).normal(0, 1, (rows, *shape[1:])).astype(float32), never scaled.
+The validators (check_seed, check_factor, check_positive_int) serve calibtool and the other data sources too;
+the MAX_*/MIN_* bounds are also the config checks'.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -24,15 +26,12 @@ MAX_FACTOR = 1e30  # N(0, 1) * factor must stay far inside float32 (3.4e38)
 MIN_FACTOR = 1e-30  # below this the calibration data is all zeros (or denormal) in float32
 
 
-def sample_shape(info: InputInfo, axis_sizes: Mapping[int, int] | None = None) -> tuple[int, ...]:
-    """The shape of one row: the input shape without its first axis, symbolic axes from `axis_sizes`."""
-    axis_sizes = axis_sizes or {}
+def sample_shape(info: InputInfo) -> tuple[int, ...]:
+    """The shape of one row: the input shape without its first axis (every axis fixed)."""
     shape = []
     for axis, dim in enumerate(info.shape[1:], start=1):
         if isinstance(dim, int) and dim > 0:
             shape.append(dim)
-        elif axis in axis_sizes:
-            shape.append(int(axis_sizes[axis]))
         else:
             raise CalibrunError(
                 f"input {info.name!r} axis {axis} is symbolic ({dim or '?'}): the lab data rule only makes rows "
@@ -48,9 +47,9 @@ def fixed_rows(info: InputInfo) -> int | None:
     return first if isinstance(first, int) and first > 0 else None
 
 
-def batch_shape(info: InputInfo, axis_sizes: Mapping[int, int] | None = None) -> tuple[int, ...]:
+def batch_shape(info: InputInfo) -> tuple[int, ...]:
     """One calibration batch: 16 rows, or `b` rows when the model pins its first axis to `b`."""
-    return (fixed_rows(info) or ROWS_PER_BATCH, *sample_shape(info, axis_sizes))
+    return (fixed_rows(info) or ROWS_PER_BATCH, *sample_shape(info))
 
 
 def check_seed(seed: int, name: str = "seed") -> int:
@@ -124,15 +123,15 @@ class LabBatches:
         }
 
 
-def lab_batches(info: InputInfo, seed: int, factor: float, batches: int, axis_sizes=None) -> LabBatches:
-    return LabBatches(seed, factor, batches, batch_shape(info, axis_sizes))
+def lab_batches(info: InputInfo, seed: int, factor: float, batches: int) -> LabBatches:
+    return LabBatches(seed, factor, batches, batch_shape(info))
 
 
-def evaluation_rows(info: InputInfo, seed: int, rows: int, axis_sizes=None) -> np.ndarray:
+def evaluation_rows(info: InputInfo, seed: int, rows: int) -> np.ndarray:
     """The real distribution: N(0, 1), never multiplied by a calibration factor."""
     seed = check_seed(seed)
     rows = check_positive_int(rows, "rows", MAX_ROWS)
-    shape = (rows, *sample_shape(info, axis_sizes))
+    shape = (rows, *sample_shape(info))
     return np.random.default_rng(seed).normal(0, 1, shape).astype(np.float32)
 
 

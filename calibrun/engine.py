@@ -1,6 +1,7 @@
 """The engine both faces call (calibtool.py and the Hydra runner): calibrate, quantise, measure.
 
-Each function returns plain dicts whose keys are the contract's; front ends only parse and print.
+`FloatModel` is a float model opened once (its file, real graph inputs and sha256). Each function returns plain
+dicts whose keys are the contract's; front ends only parse and print.
 """
 
 from __future__ import annotations
@@ -154,9 +155,9 @@ def quantize_with(
 
 
 def quantize_lab(fp32: FloatModel, out: str | Path, seed: int, factor: float, batches: int, spec=None,
-                 options=None, cache=None, axis_sizes=None, ranges_copy=None) -> dict:
+                 options=None, cache=None, ranges_copy=None) -> dict:
     """Calibrate on the lab rule (DESIGN.md), quantise, and describe the written model."""
-    data = lab_batches(fp32.lab_input(), seed, factor, batches, axis_sizes)
+    data = lab_batches(fp32.lab_input(), seed, factor, batches)
     return quantize_with(fp32, out, data, spec, options, cache, ranges_copy)
 
 
@@ -164,9 +165,9 @@ def scales(path: str | Path) -> dict:
     return scales_summary(load_model(path), str(path))
 
 
-def lab_feeds(fp32: FloatModel, seed: int, rows: int, axis_sizes=None) -> dict[str, np.ndarray]:
+def lab_feeds(fp32: FloatModel, seed: int, rows: int) -> dict[str, np.ndarray]:
     info = fp32.lab_input()
-    return {info.name: evaluation_rows(info, seed, rows, axis_sizes)}
+    return {info.name: evaluation_rows(info, seed, rows)}
 
 
 def outputs(path: str | Path, fp32: FloatModel, feeds, threads: int = 0) -> list[np.ndarray]:

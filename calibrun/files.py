@@ -1,4 +1,5 @@
-"""Atomic file writes: every file calibrun writes appears whole or not at all."""
+"""Atomic file writes (every file calibrun writes appears whole or not at all), checks that a target is writable and
+is not the source, private temp folders, and the removal of the temp files and folders that killed runs left."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The lab model, and loading user models with clear errors.
+"""The lab model; loading a user's model with clear errors; its graph inputs, external data files and sha256.
 
 `python -m calibrun.model OUT.onnx` writes the lab model.
 """

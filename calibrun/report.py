@@ -7,6 +7,8 @@ import html
 import re
 from pathlib import Path
 
+import numpy as np
+
 from calibrun import lab
 from calibrun.files import atomic_path
 
@@ -24,9 +26,18 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINES = ("-", "--", ":", "-.")
 
 
-def _clip_range(scale: float, zero_point: int) -> tuple[float, float]:
-    """The float interval an int8 tensor with this scale and zero point can hold."""
-    return scale * (-128 - zero_point), scale * (127 - zero_point)
+# The integer grid of each activation type calibrun accepts (quantize.QUANT_TYPES): (name, qmin, qmax).
+INT_GRIDS = {name: (np.dtype(t).name, int(np.iinfo(t).min), int(np.iinfo(t).max))
+             for name, t in (("QInt8", np.int8), ("QUInt8", np.uint8), ("QInt16", np.int16), ("QUInt16", np.uint16))}
+# The narrow/wide sections describe lab runs only, and a lab run quantises its activations to this type
+# (lab.FIXED: the aggregator picks no run with another activation_type as a lab run).
+LAB_GRID = INT_GRIDS[lab.FIXED["quant.activation_type"]]
+
+
+def _clip_range(scale: float, zero_point: int, grid: tuple[str, int, int] = LAB_GRID) -> tuple[float, float]:
+    """The float interval a tensor on this integer grid, scale and zero point can hold."""
+    _, qmin, qmax = grid
+    return scale * (qmin - zero_point), scale * (qmax - zero_point)
 
 
 def _missing(summary, name: str) -> str:
@@ -42,7 +53,7 @@ def _narrow_section(calib: dict, eval_span: float, narrow_zp: int) -> str:
         f"Calibration saw a span of {n['span']:.4g} where the real data (evaluation seed {calib['eval']['seed']}, "
         f"{calib['eval']['rows']} rows) spans {eval_span:.4g}. The graph pinned input_scale "
         f"{n['input_scale']:.6g} (observed span {n['observed_span']:.4g}, vs {m['observed_span']:.4g} for match): "
-        f"every input outside [{lo:.3g}, {hi:.3g}] is clipped to the int8 ends. "
+        f"every input outside [{lo:.3g}, {hi:.3g}] is clipped to the {LAB_GRID[0]} ends. "
     )
     text += (
         f"Max abs error: **{n['max_abs_error']:.4g}** vs {m['max_abs_error']:.4g} for match ({ratio:.1f}x). "
@@ -58,7 +69,8 @@ def _wide_section(calib: dict, eval_span: float) -> str:
     return (
         f"Calibration saw a span of {w['span']:.4g}; input_scale {w['input_scale']:.6g} is "
         f"{w['input_scale'] / m['input_scale']:.1f}x the match scale, so the real data lands on about "
-        f"{steps_used:.0f} of the 256 int8 levels. Max abs error: **{w['max_abs_error']:.4g}** "
+        f"{steps_used:.0f} of the {LAB_GRID[2] - LAB_GRID[1] + 1} {LAB_GRID[0]} levels. "
+        f"Max abs error: **{w['max_abs_error']:.4g}** "
         f"({w['max_abs_error'] / m['max_abs_error']:.1f}x match). Clipping (narrow, {n['max_abs_error']:.4g}) is "
         f"{verdict} than a coarse grid (wide) here: clipping_worse_than_coarse = "
         f"{str(calib['clipping_worse_than_coarse']).lower()}."

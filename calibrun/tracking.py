@@ -330,9 +330,6 @@ class Tracker:
     def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(run_id, str(path), artifact_path)
 
-    def log_artifacts(self, run_id: str, folder: str | Path, artifact_path: str | None = None) -> None:
-        self.client.log_artifacts(run_id, str(folder), artifact_path)
-
     def log_table(self, run_id: str, table: dict, artifact_file: str) -> None:
         self.client.log_table(run_id, data=table, artifact_file=artifact_file)
 

@@ -1,16 +1,92 @@
-"""Shared fixtures: the lab model in tmp_path, and a calibtool runner that works from another folder."""
+"""Shared test helpers: subprocess runs of the CLIs, skips for optional extras, the lab model in tmp_path.
+
+- `run_cmd(argv, cwd, env=None, timeout=...)` runs any command in a session of its own from `cwd` and returns a
+  `Proc` (returncode, stdout, stderr, timed_out); at the timeout the whole process group is killed (joblib or Ray
+  workers included) and returncode is None. `run_python(args, ...)` is the same for `python ARGS` with this
+  interpreter (`["-m", "calibrun", ...]`, `[CALIBTOOL, ...]`). Without `env` the child gets `clean_env()`.
+- `clean_env(**extra)`: this environment without the variables that change what calibrun, MLflow or Hydra do
+  (CALIBRUN_*, MLFLOW_*, HYDRA_FULL_ERROR, PYTHONPATH), plus `extra`. The package is installed (`pip install -e`),
+  so the children import it from any folder.
+- `requires_extra(module, extra)`: a skip marker for tests of an optional extra whose module is not installed.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 CALIBTOOL = REPO / "calibtool.py"
+DROPPED_PREFIXES = ("CALIBRUN_", "MLFLOW_")
+DROPPED = frozenset({"HYDRA_FULL_ERROR", "PYTHONPATH"})
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """os.environ without CALIBRUN_*, MLFLOW_*, HYDRA_FULL_ERROR and PYTHONPATH; then `extra`."""
+    env = {k: v for k, v in os.environ.items() if k not in DROPPED and not k.startswith(DROPPED_PREFIXES)}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+@dataclass
+class Proc:
+    """What a finished (or killed) subprocess left: the attributes of subprocess.CompletedProcess that tests read."""
+
+    args: list[str]
+    returncode: int | None  # None: killed at the timeout
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+
+
+def run_cmd(argv, cwd: Path | str, env: dict | None = None, timeout: float = 300, stdin=subprocess.DEVNULL) -> Proc:
+    """Run `argv` from `cwd` in a session of its own, output captured as text; kill its group at `timeout`."""
+    argv = [str(a) for a in argv]
+    proc = subprocess.Popen(argv, cwd=cwd, env=clean_env() if env is None else env, stdin=stdin,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        return Proc(argv, proc.returncode, stdout, stderr)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        return Proc(argv, None, stdout, stderr, timed_out=True)
+    finally:
+        if proc.poll() is None:  # interrupted (KeyboardInterrupt) while waiting: leave nothing running
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def run_python(args, cwd: Path | str, env: dict | None = None, timeout: float = 300) -> Proc:
+    """`python ARGS` with this interpreter: run_cmd([sys.executable, *args], ...)."""
+    return run_cmd([sys.executable, *args], cwd, env, timeout)
+
+
+def installed(module: str) -> bool:
+    """Whether `module` can be imported, found without importing it; False also when its parent package is missing
+    (`hydra_plugins.x` with no Hydra plugin installed at all, where find_spec raises)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def extra_missing(extra: str) -> str:
+    return f"the `{extra}` extra is not installed (pip install -e '.[{extra}]')"
+
+
+def requires_extra(module: str, extra: str) -> pytest.MarkDecorator:
+    """A skip marker: the test SKIPS, naming the extra to install, when `module` of the optional `extra` is missing.
+
+    Import the extra's modules inside the test (or after this check), never at the top of a test file."""
+    return pytest.mark.skipif(not installed(module), reason=extra_missing(extra))
 
 
 @pytest.fixture
@@ -23,18 +99,11 @@ def lab_model(tmp_path: Path) -> Path:
     return write_lab_model(folder / "lab.onnx")
 
 
-def run_calibtool(args, cwd: Path, cache: Path | str, timeout: float = 300) -> tuple[int, str, str]:
-    """`python calibtool.py ARGS` from `cwd`, CALIBRUN_CACHE=cache -> (returncode, stdout, stderr)."""
-    env = {k: v for k, v in os.environ.items() if k not in {"CALIBRUN_DEBUG", "PYTHONPATH"}}
-    env["CALIBRUN_CACHE"] = str(cache)
-    proc = subprocess.run(
-        [sys.executable, str(CALIBTOOL), *[str(a) for a in args]],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def run_calibtool(args, cwd: Path, cache: Path | str, timeout: float = 300,
+                  extra_env: dict | None = None) -> tuple[int, str, str]:
+    """`python calibtool.py ARGS` from `cwd`, CALIBRUN_CACHE=cache (and `extra_env`) -> (returncode, stdout, stderr)."""
+    proc = run_python([CALIBTOOL, *args], cwd, clean_env(**{"CALIBRUN_CACHE": cache, **(extra_env or {})}), timeout)
+    assert not proc.timed_out, f"calibtool {args} still running after {timeout} s"
     return proc.returncode, proc.stdout, proc.stderr
 
 

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +21,7 @@ from omegaconf import OmegaConf
 from calibrun import aggregate, lab, report
 from calibrun.config import Config
 from calibrun.errors import CalibrunError
+from tests.conftest import Proc, run_python
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -198,6 +196,18 @@ def test_lab_difference_accepts_the_composed_default_config():
             assert lab.difference(cfg) == expected, overrides
 
 
+def test_clip_range_is_the_grid_of_the_activation_type():
+    """The narrow/wide text names the lab's integer type and its range, read from one table (no hard-coded int8)."""
+    from calibrun.quantize import QUANT_TYPES
+
+    assert set(report.INT_GRIDS) == set(QUANT_TYPES)  # a new activation type needs its grid here
+    assert report.INT_GRIDS["QInt8"] == ("int8", -128, 127)
+    assert report.INT_GRIDS["QUInt16"] == ("uint16", 0, 65535)
+    assert report._clip_range(0.5, 10, report.INT_GRIDS["QUInt8"]) == (-5.0, 122.5)
+    assert report._clip_range(0.5, 0, report.INT_GRIDS["QInt16"]) == (-16384.0, 16383.5)
+    assert report.INT_GRIDS[lab.FIXED["quant.activation_type"]] == report.LAB_GRID
+
+
 def test_lab_files_use_only_the_lab_runs_of_a_wider_sweep(tmp_path):
     """narrow/match/wide x minmax/entropy at 64 batches: calib_report.json is built from the minmax runs."""
     sweep = tmp_path / "sweep"
@@ -312,9 +322,9 @@ def test_missing_sweep_and_usage(tmp_path, capsys):
     assert capsys.readouterr().err.strip().startswith("calibrun.aggregate: error: unknown option 'colour=red'")
 
 
-def test_aggregate_help():
-    proc = subprocess.run([sys.executable, "-m", "calibrun.aggregate", "--help"], capture_output=True, text=True,
-                          timeout=120)
+@pytest.mark.slow
+def test_aggregate_help(tmp_path):
+    proc = run_python(["-m", "calibrun.aggregate", "--help"], tmp_path, timeout=120)
     assert proc.returncode == 0
     assert "usage: python -m calibrun.aggregate" in proc.stdout
     assert "SWEEP_DIR" in proc.stdout
@@ -324,10 +334,8 @@ def test_aggregate_help():
 
 # --- real sweeps --------------------------------------------------------------------------------------------------
 
-def calibrun(cwd: Path, *args: str, module: str = "calibrun") -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in {"CALIBRUN_DEBUG", "MLFLOW_TRACKING_URI"}}
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=900)
+def calibrun(cwd: Path, *args: str, module: str = "calibrun") -> Proc:
+    return run_python(["-m", module, *args], cwd, timeout=900)
 
 
 def real_sweep(tmp_path: Path, *overrides: str) -> tuple[Path, dict]:

@@ -24,8 +24,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.conftest import CALIBTOOL
+from tests.conftest import CALIBTOOL, clean_env, run_python
 from tests.modelzoo import int_input_model, save
+
+pytestmark = pytest.mark.slow  # subprocesses of the CLIs (multi-second each): `pytest -m "not slow"` leaves them out
 
 TIMEOUT = 120  # seconds per case; a case that has not finished by then is a hang
 HANG_TIMEOUT = 60  # the unanswered tracking server
@@ -288,33 +290,22 @@ assert len({c.id for c in CASES}) == len(CASES)
 
 
 def _env(root: Path, extra: dict) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"CALIBRUN_DEBUG", "PYTHONPATH", "HYDRA_FULL_ERROR", "MLFLOW_TRACKING_URI"}}
-    env["CALIBRUN_CACHE"] = str(root / "cache")
-    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{root / 'mlflow.db'}"
-    env.update(extra)
-    return env
+    return clean_env(**{"CALIBRUN_CACHE": root / "cache", "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
+                        **extra})
 
 
-def _subprocess(argv: list[str], cwd: Path, env: dict, timeout: float) -> tuple[int | None, str, str, bool]:
+def _run(args: list, cwd: Path, env: dict, timeout: float) -> tuple[int | None, str, str, bool]:
     """(returncode, stdout, stderr, timed_out); a process still running after `timeout` is killed."""
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-        return proc.returncode, stdout, stderr, False
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        stdout, stderr = proc.communicate()
-        return None, stdout, stderr, True
+    proc = run_python(args, cwd, env, timeout)
+    return proc.returncode, proc.stdout, proc.stderr, proc.timed_out
 
 
 def _calibtool(args: list, cwd: Path, env: dict, timeout: float = TIMEOUT):
-    return _subprocess([sys.executable, str(CALIBTOOL), *map(str, args)], cwd, env, timeout)
+    return _run([CALIBTOOL, *args], cwd, env, timeout)
 
 
 def _calibrun(overrides: list, cwd: Path, env: dict, timeout: float):
-    return _subprocess([sys.executable, "-m", "calibrun", *map(str, overrides)], cwd, env, timeout)
+    return _run(["-m", "calibrun", *overrides], cwd, env, timeout)
 
 
 @dataclass

@@ -35,9 +35,8 @@ from calibrun.data import lab_batches
 from calibrun.errors import CalibrunError
 from calibrun.model import InputInfo, write_lab_model
 from calibrun.quantize import QuantOptions
+from tests.conftest import clean_env, run_calibtool
 
-REPO = Path(__file__).resolve().parents[1]
-CALIBTOOL = REPO / "calibtool.py"
 SEED, FACTOR, BATCHES = 4242, 1.0, 4
 LAB_ROWS = 16  # DESIGN.md: one calibration batch is 16 rows
 # max - min may be taken in float32 or float64 (both read "max(all batches) - min(all batches)"); anything
@@ -85,14 +84,6 @@ def cache_entries(folder: Path) -> list[str]:
 
 def calibrun_warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "calibrun.calibrate" and r.levelname == "WARNING"]
-
-
-def subprocess_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    env.pop("CALIBRUN_DEBUG", None)
-    env.update(extra)
-    return env
 
 
 class CalibrationSpy:
@@ -623,16 +614,16 @@ def test_histogram_methods_through_the_cache(tmp_path, fp32, spy, method):
 # ------------------------------------------------------------------------------------------- calibtool
 
 
+@pytest.mark.slow
 def test_calibtool_second_run_reuses_the_cache(tmp_path, lab_model):
     cache_dir = tmp_path / "cache"
-    env = subprocess_env(CALIBRUN_CACHE=str(cache_dir))
     out = tmp_path / "int8.onnx"
-    argv = [sys.executable, str(CALIBTOOL), "quantize", str(lab_model), str(out), str(SEED), "0.2", "3"]
 
     def run() -> dict:
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
-        assert proc.returncode == 0, proc.stderr
-        return json.loads(proc.stdout)
+        code, stdout, stderr = run_calibtool(["quantize", lab_model, out, SEED, "0.2", "3"], tmp_path, cache_dir,
+                                             timeout=120)
+        assert code == 0, stderr
+        return json.loads(stdout)
 
     first = run()
     entries = cache_entries(cache_dir)
@@ -703,11 +694,12 @@ def test_nothing_is_written_beside_the_users_model(tmp_path, lab_model):
     assert sentinel.read_text() == "a file of the user's"
 
 
+@pytest.mark.slow
 def test_two_processes_filling_one_key_leave_one_valid_file(tmp_path, fp32, lab_model, spy):
     cache_dir = tmp_path / "cache"
     barrier = tmp_path / "barrier"
     barrier.mkdir()
-    env = subprocess_env()
+    env = clean_env()
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", RACE_SCRIPT, str(lab_model), str(tmp_path / f"int8_{i}.onnx"),

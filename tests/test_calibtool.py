@@ -22,7 +22,7 @@ import onnx
 import pytest
 
 from calibrun.quantize import QuantOptions
-from tests.conftest import CALIBTOOL, run_calibtool
+from tests.conftest import CALIBTOOL, clean_env, run_calibtool
 from tests.modelzoo import (
     calibration_batches,
     evaluation_rows,
@@ -33,6 +33,8 @@ from tests.modelzoo import (
     save,
     unquantised_input_model,
 )
+
+pytestmark = pytest.mark.slow  # subprocesses of the CLIs (multi-second each): `pytest -m "not slow"` leaves them out
 
 QUANTIZE_KEYS = {"out", "bytes", "batches", "span", "format", "ops", "input_scale", "input_zero_point"}
 SCALES_KEYS = {"input_scale", "input_zero_point", "observed_span", "quantize_nodes", "dequantize_nodes"}
@@ -533,9 +535,7 @@ def test_quantize_onto_its_own_input_is_refused(kind, tmp_path):
 
 
 def _calibtool_proc(args, cwd: Path, cache: Path, **kw) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in {"CALIBRUN_DEBUG", "PYTHONPATH"}}
-    env["CALIBRUN_CACHE"] = str(cache)
-    env.update(kw.pop("env", {}))
+    env = clean_env(**{"CALIBRUN_CACHE": cache, **kw.pop("env", {})})
     return subprocess.Popen([sys.executable, str(CALIBTOOL), *map(str, args)], cwd=cwd, env=env,
                             stderr=subprocess.PIPE, text=True, **kw)
 
@@ -649,7 +649,5 @@ def test_next_start_removes_what_a_killed_calibtool_left(lab_model, tmp_path):
 
 
 def run_calibtool_env(args, cwd: Path, cache: Path, env: dict) -> tuple[int, str, str]:
-    proc = _calibtool_proc(args, cwd, cache, stdout=subprocess.PIPE, env=env)
-    stdout, stderr = proc.communicate(timeout=300)
-    return proc.returncode, stdout, stderr
+    return run_calibtool(args, cwd, cache, extra_env=env)
 

@@ -9,7 +9,6 @@ no SLURM cluster here.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -25,14 +24,13 @@ from hydra.core.hydra_config import HydraConfig
 
 from calibrun import config as calibrun_config
 from calibrun.errors import CalibrunError
+from tests.conftest import extra_missing, installed, requires_extra, run_python
 
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = str(REPO / "conf")
-HAS_RAY = importlib.util.find_spec("hydra_plugins.hydra_ray_launcher") is not None
-HAS_SUBMITIT = importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is not None
-needs_ray = pytest.mark.skipif(not HAS_RAY, reason="the `ray` extra is not installed (pip install -e '.[ray]')")
-needs_submitit = pytest.mark.skipif(not HAS_SUBMITIT,
-                                    reason="the `slurm` extra is not installed (pip install -e '.[slurm]')")
+RAY_PLUGIN = "hydra_plugins.hydra_ray_launcher"
+needs_ray = requires_extra(RAY_PLUGIN, "ray")
+needs_submitit = requires_extra("hydra_plugins.hydra_submitit_launcher", "slurm")
 CALIBRATIONS = ("narrow", "match", "wide")
 
 
@@ -169,14 +167,14 @@ def test_preset_tracking_needs_a_server_uri_unless_told_otherwise(preset, name):
 @pytest.mark.parametrize(("name", "plugin", "launcher"), [
     ("ray", "hydra_plugins.hydra_ray_launcher", "ray"),
     ("slurm", "hydra_plugins.hydra_submitit_launcher", "submitit_slurm")])
+@pytest.mark.slow
 def test_preset_without_its_plugin_fails_naming_the_launcher(tmp_path, name, plugin, launcher):
     """The plugin made unimportable (as if not installed): the CLI stops at composition, before any job."""
     code = ("import runpy, sys\n"
             f"sys.modules[{plugin!r}] = None\n"
             f"sys.argv = ['calibrun', '+cluster={name}', '--cfg', 'hydra']\n"
             "runpy.run_module('calibrun', run_name='__main__')\n")
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", code], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120)
+    proc = run_python(["-W", "ignore", "-c", code], tmp_path, timeout=120)
     assert proc.returncode == 1
     assert f"Could not find 'hydra/launcher/{launcher}'" in proc.stderr
     assert not (tmp_path / "multirun").exists()
@@ -219,8 +217,8 @@ def _isolation_problem() -> str | None:
 
 @pytest.fixture(scope="module")
 def ray_sweep(tmp_path_factory):
-    if not HAS_RAY:
-        pytest.skip("the `ray` extra is not installed (pip install -e '.[ray]')")
+    if not installed(RAY_PLUGIN):
+        pytest.skip(extra_missing("ray"))
     problem = _isolation_problem()
     if problem:
         pytest.skip(f"a Ray head here must listen on loopback only: {problem}")

@@ -12,8 +12,6 @@ from __future__ import annotations
 import contextlib
 import io
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,10 +28,8 @@ from calibrun.errors import CalibrunError
 from calibrun.histogram import FastHistogramCollector, bin_counts, entropy_threshold, histogram
 from calibrun.model import write_lab_model
 from calibrun.sources import ImageTransform, image_calibration
+from tests.conftest import run_python
 from tests.trained import PHOTOS, TEXT_PHOTOS, model_path, photo_folder
-
-REPO = Path(__file__).resolve().parents[1]
-
 
 # ---------------------------------------------------------------------------------------------- fixtures
 
@@ -148,6 +144,7 @@ def test_binning_with_explicit_edges_equals_numpy():
     assert np.array_equal(np.histogram(data, bins=edges)[0], bin_counts(data, edges))
 
 
+@pytest.mark.slow
 def test_binning_on_real_activations_equals_numpy(det_activations):
     checked = 0
     for name, value in det_activations[0].items():
@@ -165,6 +162,7 @@ def test_binning_on_real_activations_equals_numpy(det_activations):
 
 @pytest.mark.parametrize(("method", "symmetric"), [("entropy", False), ("distribution", False),
                                                    ("percentile", True), ("percentile", False)])
+@pytest.mark.slow
 def test_collector_gives_onnxruntimes_histograms_on_a_trained_detector(det_activations, method, symmetric):
     """4 batches of real photos: ranges grow between batches, so onnxruntime's re-binning is exercised."""
     acts = det_activations
@@ -187,6 +185,7 @@ def test_collector_gives_onnxruntimes_histograms_on_a_trained_detector(det_activ
             assert all(same(a, b) for a, b in zip(e, g, strict=True)), name
 
 
+@pytest.mark.slow
 def test_explosive_range_growth_is_rebinned_not_fatal(det_batches, tmp_path):
     """Photos without text first: the sigmoid map's range grows 2e6-fold. onnxruntime would need ~2e9 bins;
     calibrun keeps the bin count, and every value is still counted within the final range."""
@@ -205,6 +204,7 @@ def test_explosive_range_growth_is_rebinned_not_fatal(det_batches, tmp_path):
     assert 0 <= float(lowest) < float(highest) <= second
 
 
+@pytest.mark.slow
 def test_an_empty_tensor_does_not_stop_percentile(det_activations):
     empty = [name for name, value in det_activations[0].items() if value.size == 0]
     assert empty  # the detector has one (onnxruntime's symmetric percentile fails on it)
@@ -212,6 +212,7 @@ def test_an_empty_tensor_does_not_stop_percentile(det_activations):
     assert all(fast.histogram_dict[name][0].sum() == 0 for name in empty)
 
 
+@pytest.mark.slow
 def test_threads_do_not_change_the_histograms(det_activations):
     one = collected(FastHistogramCollector, "entropy", det_activations[:2], threads=1)
     two = collected(FastHistogramCollector, "entropy", det_activations[:2], threads=2)
@@ -225,6 +226,7 @@ def reference_threshold(histogram_, q_bins):
     return HistogramCollector("entropy", False, 0, q_bins, 0, "same").get_entropy_threshold(histogram_, q_bins)
 
 
+@pytest.mark.slow
 def test_entropy_thresholds_equal_onnxruntimes_on_a_trained_detector(det_activations):
     """512 bins on every tensor of the detector (the reference's loops take ~0.1 s a tensor there)."""
     fast = collected(FastHistogramCollector, "entropy", det_activations, num_bins=512)
@@ -242,6 +244,7 @@ def test_entropy_thresholds_equal_onnxruntimes_on_a_trained_detector(det_activat
     assert differ == []
 
 
+@pytest.mark.slow
 def test_entropy_thresholds_equal_onnxruntimes_at_2048_bins(det_activations):
     fast = collected(FastHistogramCollector, "entropy", det_activations[:2])
     names = sorted(fast.histogram_dict)
@@ -307,6 +310,7 @@ def quantized_bytes(model: Path, tensors, span, path: Path) -> bytes:
     return path.read_bytes()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["entropy", "percentile", "distribution"])
 def test_lab_int8_models_are_byte_identical_to_onnxruntimes(tmp_path, monkeypatch, method):
     model = write_lab_model(tmp_path / "lab.onnx")
@@ -374,13 +378,10 @@ def test_degenerate_settings_are_refused_naming_the_key(options, key):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_refused_settings_stop_the_app_before_any_work(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "calibrun", "method=entropy", "method.num_quantized_bins=2048", "tracking=off",
-         f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "PYTHONPATH": str(REPO)},
-    )
+    proc = run_python(["-m", "calibrun", "method=entropy", "method.num_quantized_bins=2048", "tracking=off",
+                       f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     assert proc.returncode != 0
     assert "method.num_quantized_bins" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -404,6 +405,7 @@ def test_per_channel_activation_ranges_really_break_onnxruntime(tmp_path):
         quantize_static(str(model), str(tmp_path / "int8.onnx"), None, calibration_cache_path=str(cache))
 
 
+@pytest.mark.slow
 def test_threshold_search_reports_progress_per_tensor(det_activations):
     calls = []
     fast = collected(FastHistogramCollector, "entropy", det_activations[:1], num_bins=256, progress=calls.append)

@@ -10,8 +10,6 @@ dependencies come from the test venv (a .pth line): what is checked is what the 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import sysconfig
 import zipfile
@@ -19,13 +17,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import Proc, clean_env, run_cmd
+
+pytestmark = pytest.mark.slow  # subprocesses of the CLIs (multi-second each): `pytest -m "not slow"` leaves them out
+
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run(args, cwd: Path, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "CALIBRUN_DEBUG", "MLFLOW_TRACKING_URI"}}
-    return subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**base, **(env or {})})
+def run(args, cwd: Path, timeout: float = 600, env: dict | None = None) -> Proc:
+    proc = run_cmd(args, cwd, clean_env(**(env or {})), timeout)
+    assert not proc.timed_out, f"{proc.args} still running after {timeout} s"
+    return proc
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +102,7 @@ def test_installed_wheel_runs_a_job_and_a_sweep_from_an_empty_folder(installed, 
 
 # --- the app's face: presets, help (no sweep run) ----------------------------------------------------------------
 
-def calibrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+def calibrun(*args: str, cwd: Path) -> Proc:
     return run([sys.executable, "-m", "calibrun", *args], cwd=cwd, timeout=300)
 
 

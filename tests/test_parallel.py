@@ -8,12 +8,11 @@ a fresh calibration cache shared by the workers. Needs the `parallel` extra (it 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 from mlflow import MlflowClient
+
+from tests.conftest import clean_env, run_python
 
 pytestmark = pytest.mark.slow
 
@@ -27,11 +26,9 @@ BUNDLE_FILES = {"fp32.onnx", "int8_narrow.onnx", "int8_match.onnx", "int8_wide.o
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("parallel")
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "calibrun", "-m", *SWEEP, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
-         "ort.intra_op_threads=1", f"cache.dir={tmp / 'cache'}", f"hydra.sweep.dir={tmp / 'sweep'}"],
-        cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_python(["-m", "calibrun", "-m", *SWEEP, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                       "ort.intra_op_threads=1", f"cache.dir={tmp / 'cache'}", f"hydra.sweep.dir={tmp / 'sweep'}"],
+                      tmp, clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp / 'mlflow.db'}"), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return tmp, proc
 

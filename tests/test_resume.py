@@ -23,6 +23,8 @@ from pathlib import Path
 import onnx
 import pytest
 
+from tests.conftest import Proc, clean_env, run_cmd
+
 pytestmark = pytest.mark.slow
 
 LAB_JOBS = 24
@@ -36,9 +38,7 @@ def lab_command(tmp: Path, *extra: str) -> list[str]:
 
 
 def env_for(tmp: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in {"CALIBRUN_DEBUG", "PYTHONPATH", "HYDRA_FULL_ERROR"}}
-    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp / 'mlflow.db'}"
-    return env
+    return clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp / 'mlflow.db'}")
 
 
 def start(tmp: Path, argv: list[str]) -> subprocess.Popen:
@@ -47,8 +47,10 @@ def start(tmp: Path, argv: list[str]) -> subprocess.Popen:
         return subprocess.Popen(argv, cwd=tmp, env=env_for(tmp), stdout=out, stderr=err, start_new_session=True)
 
 
-def run(tmp: Path, argv: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, cwd=cwd or tmp, env=env_for(tmp), capture_output=True, text=True, timeout=DEADLINE)
+def run(tmp: Path, argv: list[str], cwd: Path | None = None) -> Proc:
+    proc = run_cmd(argv, cwd or tmp, env_for(tmp), DEADLINE)
+    assert not proc.timed_out, f"{argv} still running after {DEADLINE} s:\n{proc.stderr[-3000:]}"
+    return proc
 
 
 def temp_files(root: Path) -> list[Path]:
@@ -150,7 +152,7 @@ class Interrupted:
     report_after_kill: list[str]  # report files that did not parse (the report folder may not exist)
     done: dict[int, tuple[bytes, int]]  # complete jobs before the resume: result.json bytes and mtime
     tampered: int  # a complete job whose int8.onnx was truncated before the resume
-    resumed: subprocess.CompletedProcess = field(repr=False, default=None)
+    resumed: Proc = field(repr=False, default=None)
 
 
 def interrupted_sweep(tmp: Path, sig: int) -> Interrupted:
@@ -195,7 +197,7 @@ class Continued:
     cwd: Path
     sweep: Path
     kept: dict[int, tuple[bytes, int]]
-    resumed: subprocess.CompletedProcess
+    resumed: Proc
 
 
 def continued_sweep(tmp: Path) -> Continued:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 
 import numpy as np
@@ -778,13 +777,12 @@ def test_8_bit_modes_become_rgb_in_0_1(tmp_path, mode):
     assert feed["img"].max() <= 1
 
 
+@pytest.mark.slow
 def test_ocr_classifier_end_to_end_on_real_photos_with_a_non_square_crop(tmp_path):
     """PP-OCR's text-direction classifier (trained, input [N, 3, ?, ?]: the crop fills height and width) runs
     through `python -m calibrun` on scikit-image photos: calibration with a centre crop [48, 192], evaluation
     letterboxed into 48x192 as PP-OCR pads its inputs."""
-    import subprocess
-    import sys
-
+    from tests.conftest import run_python
     from tests.trained import TEXT_PHOTOS, model_path, photo_folder
 
     photos = photo_folder(tmp_path / "photos", ("astronaut.png", "chelsea.png", "coffee.png", *TEXT_PHOTOS))
@@ -796,9 +794,7 @@ def test_ocr_classifier_end_to_end_on_real_photos_with_a_non_square_crop(tmp_pat
         "eval_data.pad_value=0.5", *[f"eval_data.{n}" for n in norm],
         f"hydra.run.dir={tmp_path / 'run'}", f"cache.dir={tmp_path / 'cache'}",
     ]
-    env = {k: v for k, v in os.environ.items() if k not in {"CALIBRUN_DEBUG", "PYTHONPATH"}}
-    proc = subprocess.run([sys.executable, "-m", "calibrun", *overrides], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = run_python(["-m", "calibrun", *overrides], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["status"] == "ok"

@@ -7,9 +7,6 @@ report files is recomputed here independently from the bundled model files and t
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -20,6 +17,7 @@ import pytest
 from mlflow import MlflowClient
 from onnx import numpy_helper
 
+from tests.conftest import Proc, clean_env, run_python
 from tests.stores import fresh_mlflow_store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,15 +33,13 @@ FACTORS = {"narrow": 0.2, "match": 1.0, "wide": 10.0}
 pytestmark = pytest.mark.slow
 
 
-def calibrun(tmp: Path, *overrides: str, module: str = "calibrun", track: bool = True) -> subprocess.CompletedProcess:
+def calibrun(tmp: Path, *overrides: str, module: str = "calibrun", track: bool = True) -> Proc:
     """Run `python -m calibrun ...` from tmp (not the repo), with the store and cache inside tmp."""
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     if track and not (tmp / "mlflow.db").exists():
         uri = fresh_mlflow_store(tmp)
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
     extra = [] if module != "calibrun" else [f"cache.dir={tmp / 'cache'}"]
-    return subprocess.run([sys.executable, "-m", module, *overrides, *extra], cwd=tmp, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return run_python(["-m", module, *overrides, *extra], tmp, clean_env(MLFLOW_TRACKING_URI=uri), timeout=600)
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from tests.conftest import Proc, clean_env, run_python
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "tracking_server.sh"
 CALIBRATIONS = ("narrow", "match", "wide")
@@ -98,10 +100,8 @@ def script(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
                           stdin=subprocess.DEVNULL)
 
 
-def calibrun(cwd: Path, *overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}, **QUIET}
-    return subprocess.run([sys.executable, "-m", "calibrun", *overrides], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+def calibrun(cwd: Path, *overrides: str, timeout: float = 300) -> Proc:
+    return run_python(["-m", "calibrun", *overrides], cwd, clean_env(**QUIET), timeout)
 
 
 class Server:

@@ -80,7 +80,10 @@ def model_path(name: str) -> Path:
 
 
 def skimage_data() -> Path:
-    import skimage
+    """scikit-image's data folder; the test SKIPS (naming the extra) where scikit-image is not installed."""
+    import pytest
+
+    skimage = pytest.importorskip("skimage", reason="scikit-image is not installed (the `test` extra has it)")
 
     return Path(skimage.__file__).parent / "data"
 

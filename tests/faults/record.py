@@ -17,6 +17,7 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 
+from tests.conftest import Proc, clean_env, run_cmd
 from tests.stores import fresh_mlflow_store
 
 SMALL = ("calibration=narrow,match,wide",)  # 3 lab jobs at the lab's 64 batches: calib_report.json is built
@@ -24,9 +25,7 @@ DEADLINE = 240
 
 
 def env_for(tmp: Path, uri: str | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in {"CALIBRUN_DEBUG", "PYTHONPATH", "HYDRA_FULL_ERROR"}}
-    env["MLFLOW_TRACKING_URI"] = uri or f"sqlite:///{tmp / 'mlflow.db'}"
-    return env
+    return clean_env(MLFLOW_TRACKING_URI=uri or f"sqlite:///{tmp / 'mlflow.db'}")
 
 
 def store(tmp: Path) -> str:
@@ -44,11 +43,12 @@ def argv(tmp: Path, *overrides: str, sweep: Path | None = None, multirun: bool =
 
 
 def run(tmp: Path, *overrides: str, sweep: Path | None = None, multirun: bool = True, env: dict | None = None,
-        prefix: tuple[str, ...] = (), cwd: Path | None = None) -> tuple[subprocess.CompletedProcess, float]:
+        prefix: tuple[str, ...] = (), cwd: Path | None = None) -> tuple[Proc, float]:
     """Run calibrun to the end; (the process, its wall seconds)."""
     start = time.monotonic()
-    proc = subprocess.run([*prefix, *argv(tmp, *overrides, sweep=sweep, multirun=multirun)], cwd=cwd or tmp,
-                          env=env or env_for(tmp), capture_output=True, text=True, timeout=DEADLINE)
+    proc = run_cmd([*prefix, *argv(tmp, *overrides, sweep=sweep, multirun=multirun)], cwd or tmp,
+                   env or env_for(tmp), DEADLINE)
+    assert not proc.timed_out, f"calibrun still running after {DEADLINE} s:\n{proc.stderr[-3000:]}"
     return proc, time.monotonic() - start
 
 
@@ -121,7 +121,7 @@ def check_record(tmp: Path, sweep: Path, jobs: int) -> dict:
     return by_job
 
 
-def one_line_error(proc: subprocess.CompletedProcess) -> str:
+def one_line_error(proc: Proc) -> str:
     """The single calibrun error line of a failed run (and no traceback)."""
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
