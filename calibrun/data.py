@@ -135,15 +135,15 @@ def evaluation_rows(info: InputInfo, seed: int, rows: int) -> np.ndarray:
     return np.random.default_rng(seed).normal(0, 1, shape).astype(np.float32)
 
 
-def evaluation_pieces(info: InputInfo, seed: int, rows: int, axis_sizes=None):
+def evaluation_pieces(info: InputInfo, seed: int, rows: int):
     """The lab evaluation rows as a `sizes -> iterator of arrays` source: one generator drawn batch after batch.
 
     numpy's normal stream is sequential, so drawing (a, f) then (b, f) gives exactly the rows of one (a + b, f)
     draw, and the float32 cast is element-wise: the batches concatenate to `evaluation_rows(...)` bit for bit.
     """
     seed = check_seed(seed)
-    rows = check_positive_int(rows, "rows")
-    shape = sample_shape(info, axis_sizes)
+    rows = check_positive_int(rows, "rows", MAX_ROWS)
+    shape = sample_shape(info)
 
     def pieces(sizes):
         if sum(sizes) > rows:

@@ -63,16 +63,18 @@ def http_settings(timeout: float | None = None, retries: int | None = None) -> t
     return timeout, retries
 
 
-def _retry(call: Callable[[], T], what: str, attempts: int = 8) -> T:
-    """Retry SQLite's 'database is locked' with exponential backoff (parallel jobs share one file)."""
+def _retry(call: Callable[[], T], what: str, attempts: int = 8, transient: tuple[str, ...] = ()) -> T:
+    """Retry SQLite's 'database is locked' (and the `transient` messages) with exponential backoff (parallel jobs
+    share one file)."""
     delay = 0.1
     for attempt in range(attempts):
         try:
             return call()
         except Exception as exc:
-            if "database is locked" not in str(exc) or attempt == attempts - 1:
+            reason = next((m for m in ("database is locked", *transient) if m in str(exc)), None)
+            if reason is None or attempt == attempts - 1:
                 raise
-            log.warning("%s: database is locked, retrying in %.1fs", what, delay)
+            log.warning("%s: %s, retrying in %.1fs", what, reason, delay)
             time.sleep(delay * (1 + random.random()))
             delay *= 2
     raise AssertionError("unreachable")
@@ -301,7 +303,10 @@ class Tracker:
             name = f"{context}:{identity.get('source') or identity.get('name') or 'data'}"
             dataset = MetaDataset(source, name=name, digest=digest(identity))
             inputs.append(DatasetInput(dataset._to_mlflow_entity(), [InputTag(MLFLOW_DATASET_CONTEXT, context)]))
-        _retry(lambda: self.client.log_inputs(run_id, datasets=inputs), "log inputs")
+        # Two parallel jobs logging the same dataset race on its row (the store looks it up, then inserts it): the
+        # loser's transaction fails on the unique constraint and, retried, finds the row.
+        _retry(lambda: self.client.log_inputs(run_id, datasets=inputs), "log inputs",
+               transient=("UNIQUE constraint failed: datasets",))
 
     def log_model(self, run_id: str, path: Path, name: str, register: str | None = None) -> str:
         """The int8 model as an MLflow 3 LoggedModel of this run (onnx flavor, signature, input example);
