@@ -94,8 +94,10 @@ class _HeldLogs(logging.Handler):
             print(f"{w.category.__name__}: {one_line(w.message)}", file=sys.stderr)
 
 
-class _Terminated(Exception):
-    """SIGTERM, turned into an exception so that every temp file is removed on the way out."""
+class _Terminated(BaseException):
+    """SIGTERM, turned into an exception so that every temp file is removed on the way out. A BaseException, as
+    KeyboardInterrupt is: library code that catches Exception (a reader, a retry loop) must not swallow it and let
+    the command run on to exit 0."""
 
     def __str__(self) -> str:
         return "terminated (SIGTERM)"
@@ -165,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             warnings.simplefilter("default")
             _clean_orphans(argv)
             result = run(argv)
-    except (Exception, KeyboardInterrupt) as exc:  # one line, no traceback, whatever failed
+    except (Exception, KeyboardInterrupt, _Terminated) as exc:  # one line, no traceback, whatever failed
         if os.environ.get("CALIBRUN_DEBUG"):
             held.show()
             raise
