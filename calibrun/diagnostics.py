@@ -487,6 +487,9 @@ def _session(path: Path, threads: int, where: Path, optimize: bool = False):
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
+    # Hundreds of extra outputs per run: onnxruntime's memory arena keeps growing over runs (fragmentation),
+    # plain allocations are returned after each run, so memory does not grow with the evaluation rows.
+    options.enable_cpu_mem_arena = False
     try:
         return onnxruntime.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
     except Exception as exc:
