@@ -61,7 +61,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization.calibrate import load_tensors_data
 from onnxruntime.quantization.quant_utils import QUANT_INPUT_SUFFIX
@@ -71,6 +70,7 @@ from calibrun.data import fixed_rows
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import temp_dir
 from calibrun.graph import constant_tensors
+from calibrun.measure import session
 from calibrun.model import graph_inputs, load_model
 
 log = logging.getLogger(__name__)
@@ -482,18 +482,12 @@ def _augmented(model_path: Path, folder: Path, tensors: Sequence[str]) -> tuple[
 
 
 def _session(path: Path, threads: int, where: Path, optimize: bool = False):
-    options = onnxruntime.SessionOptions()  # as qdq_loss_debug.collect_activations: no fusion of the pairs
-    if not optimize:  # the fp32 model has no pairs to keep: its extra outputs survive onnxruntime's fusions
-        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.intra_op_num_threads = threads
-    options.log_severity_level = 3
-    # Hundreds of extra outputs per run: onnxruntime's memory arena keeps growing over runs (fragmentation),
-    # plain allocations are returned after each run, so memory does not grow with the evaluation rows.
-    options.enable_cpu_mem_arena = False
-    try:
-        return onnxruntime.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
-    except Exception as exc:
-        raise CalibrunError(f"onnxruntime cannot load the augmented copy of {where}: {one_line(exc)}") from exc
+    """A session on an augmented copy: graph optimisation off unless `optimize` (as qdq_loss_debug's
+    collect_activations: no fusion of the pairs; the fp32 model has no pairs, and its extra outputs survive
+    onnxruntime's fusions), no memory arena (hundreds of extra outputs per run: the arena would keep growing
+    over runs), onnxruntime's memory pattern as it defaults."""
+    return session(path, threads, optimize=optimize, arena=False, mem_pattern=True,
+                   shown=f"the augmented copy of {where}")
 
 
 def _fused_activation(tensor: str, pre: str, fp32_producers, int8_producers, constants) -> tuple | None:

@@ -29,21 +29,29 @@ SQNR_CAP = 200.0  # dB reported when the int8 output equals the fp32 one exactly
 SEGMENTS_MAX = 16  # outputs whose last axis has at most this many entries get per-entry metrics
 
 
-def session(path: str | Path, intra_op_threads: int = 0):
-    """An onnxruntime CPU session with a clear error when the file cannot be loaded."""
+def session(path: str | Path, intra_op_threads: int = 0, *, optimize: bool = True, arena: bool = True,
+            mem_pattern: bool = False, shown: str | None = None):
+    """An onnxruntime CPU session with a clear error (naming `shown`, default the path) when it cannot be loaded.
+
+    `optimize=False`: no graph optimisation (QDQ pairs stay unfused, as qdq_loss_debug runs them); `arena=False`:
+    plain allocations returned after each run (sessions with hundreds of extra outputs: the arena fragments and
+    grows over runs). onnxruntime's memory pattern is off by default: it adds a second, planned block after the
+    first run (ocr_det, 16 rows of 320x320: 594 -> 962 MB on the second run); without it memory stays flat over
+    the runs (594 -> 645 MB), same numbers.
+    """
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = intra_op_threads
     options.log_severity_level = 3
-    # onnxruntime's memory pattern adds a second, planned block after the first run (ocr_det, 16 rows of 320x320:
-    # 594 -> 962 MB on the second run); without it memory stays flat over the runs (594 -> 645 MB), same numbers.
-    options.enable_mem_pattern = False
+    options.enable_cpu_mem_arena = arena
+    options.enable_mem_pattern = mem_pattern
     try:
         return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
     except Exception as exc:
-        first = one_line(exc)
-        raise CalibrunError(f"onnxruntime cannot load {path}: {first}") from exc
+        raise CalibrunError(f"onnxruntime cannot load {shown or path}: {one_line(exc)}") from exc
 
 
 def split_feeds(feeds: dict[str, np.ndarray], fixed: int | None) -> list[dict[str, np.ndarray]]:
