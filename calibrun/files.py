@@ -4,6 +4,7 @@ is not the source, private temp folders, and the removal of the temp files and f
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from calibrun.errors import CalibrunError
 
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # the device is full (or the quota, the file size limit)
 _HOST = socket.gethostname().replace(".", "_")
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<host>[^.]+)\.(?P<pid>\d+)\.[0-9a-f]{8}(\.[^.]+)*\.(tmp|prepare)$")
 # Private temp folders in the system temp dir (`temp_dir`): calibrun.<kind>.<host>.<pid>.<tempfile's random part>
@@ -145,5 +147,11 @@ def atomic_path(target: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
 
 
 def write_json(target: str | os.PathLike, obj, indent: int | None = 2) -> None:
-    with atomic_path(target) as tmp:
-        tmp.write_text(json.dumps(obj, indent=indent) + "\n")
+    try:
+        with atomic_path(target) as tmp:
+            tmp.write_text(json.dumps(obj, indent=indent) + "\n")
+    except OSError as exc:
+        if exc.errno not in _FULL:
+            raise
+        # a full device: the write names no path, say which file could not be written
+        raise CalibrunError(f"cannot write {target}: {exc.strerror}") from exc

@@ -467,7 +467,13 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
         record = {"status": "failed", "error": message, "params": _plain_params(cfg)}
         if run_id is not None:
             record["mlflow"] = {"run_id": run_id, "experiment_id": tracker.experiment_id}
-        write_json(job_dir / RESULT_FILE, record)
+        try:
+            write_json(job_dir / RESULT_FILE, record)
+        except Exception:  # a full disk: the record cannot be written, the run is closed all the same
+            if run_id is not None:
+                with contextlib.suppress(Exception):
+                    tracker.finish(run_id, "FAILED")
+            raise
         if run_id is not None:
             try:
                 tracker.log(run_id, params=_failed_params(cfg), tags={"calibrun.error": message[:5000]})
