@@ -13,6 +13,7 @@ failed.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import json
@@ -255,6 +256,23 @@ def _excepthook(kind, exc, tb) -> None:
     die_of(exc)
 
 
+def _close_if_open() -> None:
+    """At exit: a sweep whose end callback never ran (Hydra failed outside the jobs, e.g. writing a job's .hydra/
+    config on a full disk, and exited through its own error report) leaves no parent run RUNNING: it is closed
+    FAILED. Interrupts close it KILLED in _excepthook and never get here (the process dies of the signal)."""
+    tracker, run_id, sweep_dir = _SWEEP.get("tracker"), _SWEEP.get("run_id"), _SWEEP.get("dir")
+    _SWEEP.clear()
+    if tracker is None:
+        return
+    try:
+        tracker.finish(run_id, "FAILED")
+        closed = "MLflow parent run FAILED"
+    except Exception as error:
+        closed = f"MLflow parent run not closed: {one_line(error)}"
+    print(f"calibrun: sweep {sweep_dir} stopped before its end: {closed}; the same command with resume=true "
+          f"continues it", file=sys.stderr)
+
+
 # --- the callback ------------------------------------------------------------------------------------------------
 
 def _tracker(config: DictConfig, check: bool = False) -> Tracker | None:
@@ -334,6 +352,8 @@ class SweepCallback(Callback):
         install_signal_handlers()
         compose_each_job_once()
         sys.excepthook = _excepthook  # an interrupt that reaches the top closes the parent run, in one line
+        atexit.unregister(_close_if_open)
+        atexit.register(_close_if_open)  # any other way out before the end callback closes it FAILED
         _SWEEP.update(dir=sweep_dir)
         try:
             validate(config)  # the settings every job shares: a wrong one stops the sweep before any job

@@ -112,6 +112,23 @@ def test_sweep_on_a_full_tmpfs_fails_in_one_line_and_resumes(tmp_path, full):
     assert calibrun_temp_dirs() <= before
 
 
+def test_full_sweep_folder_leaves_no_run_running_and_resumes(tmp_path):
+    """The SWEEP folder full: Hydra fails writing a job's .hydra/ config outside the jobs (its own message, see
+    above); the parent run is still closed FAILED at exit, with one calibrun line, and resume=true completes."""
+    fresh(tmp_path)
+    sweep = tmp_path / "disk" / "sweep"
+    with tmpfs(sweep.parent, "48k"):
+        first, _ = run(tmp_path, *SWEEP, sweep=sweep)
+        runs = runs_of(tmp_path)
+        _mount(sweep.parent, "16m", remount=True)
+        resumed, _ = run(tmp_path, *SWEEP, "resume=true", sweep=sweep)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        check_record(tmp_path, sweep, JOBS)
+    assert first.returncode != 0
+    assert f"calibrun: sweep {sweep} stopped before its end: MLflow parent run FAILED" in first.stderr, first.stderr
+    assert [r.info.run_name for r in runs if r.info.status == "RUNNING"] == []
+
+
 def test_calibtool_quantize_to_a_full_tmpfs_fails_in_one_line(tmp_path):
     from calibrun.model import write_lab_model
 
