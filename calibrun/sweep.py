@@ -243,34 +243,34 @@ def _excepthook(kind, exc, tb) -> None:
         return _previous_hook(kind, exc, tb)
     name = getattr(exc, "signum", None)
     name = signal.Signals(name).name if name else "SIGINT"
-    closed = ""
-    tracker, run_id = _SWEEP.get("tracker"), _SWEEP.get("run_id")
-    if tracker is not None:
-        try:
-            tracker.finish(run_id, "KILLED")
-            closed = ", MLflow parent run KILLED"
-        except Exception as error:
-            closed = f", MLflow parent run not closed: {one_line(error)}"
-    print(f"calibrun: interrupted by {name}: sweep {_SWEEP['dir']} stopped{closed}; the same command with "
-          f"resume=true continues it", file=sys.stderr)
+    closed = _close_parent("KILLED")
+    print(f"calibrun: interrupted by {name}: sweep {_SWEEP['dir']} stopped{closed and ', ' + closed}; the same "
+          f"command with resume=true continues it", file=sys.stderr)
     die_of(exc)
+
+
+def _close_parent(status: str) -> str:
+    """End the sweep's open parent run with `status`; what happened, for the one line ('' without tracking)."""
+    tracker, run_id = _SWEEP.get("tracker"), _SWEEP.get("run_id")
+    if tracker is None:
+        return ""
+    try:
+        tracker.finish(run_id, status)
+        return f"MLflow parent run {status}"
+    except Exception as error:
+        return f"MLflow parent run not closed: {one_line(error)}"
 
 
 def _close_if_open() -> None:
     """At exit: a sweep whose end callback never ran (Hydra failed outside the jobs, e.g. writing a job's .hydra/
     config on a full disk, and exited through its own error report) leaves no parent run RUNNING: it is closed
     FAILED. Interrupts close it KILLED in _excepthook and never get here (the process dies of the signal)."""
-    tracker, run_id, sweep_dir = _SWEEP.get("tracker"), _SWEEP.get("run_id"), _SWEEP.get("dir")
-    _SWEEP.clear()
-    if tracker is None:
+    if _SWEEP.get("tracker") is None:
         return
-    try:
-        tracker.finish(run_id, "FAILED")
-        closed = "MLflow parent run FAILED"
-    except Exception as error:
-        closed = f"MLflow parent run not closed: {one_line(error)}"
-    print(f"calibrun: sweep {sweep_dir} stopped before its end: {closed}; the same command with resume=true "
+    closed = _close_parent("FAILED")
+    print(f"calibrun: sweep {_SWEEP['dir']} stopped before its end: {closed}; the same command with resume=true "
           f"continues it", file=sys.stderr)
+    _SWEEP.clear()
 
 
 # --- the callback ------------------------------------------------------------------------------------------------
