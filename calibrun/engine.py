@@ -181,20 +181,6 @@ def outputs(path: str | Path, fp32: FloatModel, feeds, threads: int = 0) -> list
 CONTRACT_KEYS = ("rows", "max_abs_error", "mean_abs_error", "max_abs_output")
 
 
-def evaluate(fp32: FloatModel, int8_path: str | Path, feeds, threads: int = 0, classifier: bool = False,
-             labels=None, batch_size: int | None = None) -> dict:
-    """|fp32 - int8| over all output elements, streamed (calibrun.measure.evaluate): the contract keys plus the
-    per-output metrics; for a classifier also top-1 agreement (and accuracy). `feeds`: an EvalData, or a dict of
-    arrays (wrapped, with `labels`)."""
-    from calibrun import tasks
-    from calibrun.sources import EvalData
-
-    evaluation = feeds if isinstance(feeds, EvalData) else EvalData.from_arrays(feeds, labels)
-    task = tasks.resolve(tasks.TaskSpec("classification"), fp32.path) if classifier else None
-    metrics = measure_evaluate(fp32.path, int8_path, evaluation, task, threads, batch_size, progress=None)
-    return {**metrics, **tasks.legacy(metrics)}
-
-
 def error(fp32_path: str | Path, int8_path: str | Path, seed: int, rows: int, threads: int = 0) -> dict:
     """The `error` contract: |fp32 - int8| over all output elements on the lab evaluation rows."""
     rows = check_positive_int(rows, "rows", MAX_ROWS)

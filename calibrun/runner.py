@@ -142,13 +142,6 @@ def _verified_prepared(target: Path, record_file: Path) -> dict | None:
     return None
 
 
-def is_classifier(cfg: DictConfig, fp32: engine.FloatModel, labels) -> bool:
-    """Would task=auto measure classification? (model.classifier, labels, or a Softmax behind the first output)"""
-    task = tasks.resolve(tasks.TaskSpec("auto", axis=cfg.task.axis, output=cfg.task.output), fp32.path,
-                         labels=labels is not None, classifier=cfg.model.classifier)
-    return task.name == "classification"
-
-
 def _used(cfg: DictConfig, data, evaluation, errors: dict) -> dict:
     """What the job really used (result.json `used`), warning where it differs from what was asked."""
     identity = data.identity()
