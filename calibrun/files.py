@@ -18,7 +18,22 @@ from pathlib import Path
 from calibrun.errors import CalibrunError
 
 _FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # the device is full (or the quota, the file size limit)
-_HOST = socket.gethostname().replace(".", "_")
+
+
+def _host() -> str:
+    """This host's name, plus its PID namespace when it has one: processes of other namespaces (containers,
+    sandboxes) sharing a folder are invisible to `os.kill(pid, 0)`, so their temp files count as another host's
+    and are never judged dead by their process id."""
+    name = socket.gethostname().replace(".", "_")
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+    except OSError:
+        return name
+    digits = "".join(c for c in namespace if c.isdigit())
+    return f"{name}~{digits}" if digits else name
+
+
+_HOST = _host()
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<host>[^.]+)\.(?P<pid>\d+)\.[0-9a-f]{8}(\.[^.]+)*\.(tmp|prepare)$")
 # Private temp folders in the system temp dir (`temp_dir`): calibrun.<kind>.<host>.<pid>.<tempfile's random part>
 _TEMP_DIR = re.compile(r"^calibrun\.(?P<kind>[a-z]+)\.(?P<host>[^.]+)\.(?P<pid>\d+)\.[A-Za-z0-9_]+$")

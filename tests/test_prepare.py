@@ -584,11 +584,14 @@ def test_prepared_model_cache_is_verified_before_reuse(tmp_path, caplog, externa
 
 def test_temp_folders_of_dead_processes_are_removed_and_others_kept(tmp_path):
     import os
+    import socket
     import subprocess
     import sys
 
     from calibrun.files import _HOST, remove_temp_orphans, temp_dir
 
+    with open("/proc/self/ns/pid"):  # Linux: the namespace is part of the host token
+        assert _HOST.startswith(socket.gethostname() + "~")
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True)
     dead_pid = int(dead.stdout)
@@ -597,6 +600,8 @@ def test_temp_folders_of_dead_processes_are_removed_and_others_kept(tmp_path):
         "dead_q": f"calibrun.q.{_HOST}.{dead_pid}.zz9",
         "alive": f"calibrun.diag.{_HOST}.{os.getpid()}.k2j3",
         "other_host": f"calibrun.calib.elsewhere.{dead_pid}.abc",
+        # a process of another PID namespace (a container or sandbox sharing /tmp): its pid is invisible from here
+        "other_namespace": f"calibrun.eval.{socket.gethostname()}~1.{dead_pid}.ns1",
         "old_style": "calibrun.calib.abcdefgh",  # no process in its name: cannot be judged, kept
         "unrelated": f"ort.quant.{dead_pid}.x",
     }
