@@ -208,6 +208,31 @@ def test_goal_max_ranks_by_sqnr(narrow):
     assert result["ranking"][0]["metric"] > result["baseline"]
 
 
+def test_group_prepass_measures_alone_only_the_groups_that_help(narrow):
+    fp32, int8, _, feeds = narrow
+    with Evaluator(fp32.path, EvalData.from_arrays(feeds), 16) as ev:
+        full = rank(fp32.path, int8, ev, "mean_abs_error", "min", "switch")
+        coarse = rank(fp32.path, int8, ev, "mean_abs_error", "min", "switch", groups=3)
+        with pytest.raises(CalibrunError, match="needs analysis.strategy=switch"):
+            rank(fp32.path, int8, ev, "mean_abs_error", "min", "edit", groups=3)
+    assert "groups" not in full
+    assert full["trials"] == full["tensors"]
+    assert [g["size"] for g in coarse["groups"]]
+    assert sum(g["size"] for g in coarse["groups"]) == coarse["tensors"]
+    helped = {g["group"] for g in coarse["groups"] if g["gain"] > 0}
+    assert helped  # narrow calibration: taking the group with the input out helps
+    exact = {r["tensor"]: r["metric"] for r in full["ranking"]}
+    for entry in coarse["ranking"]:
+        if entry["group"] in helped:  # measured alone: the same trial as the full ranking's
+            assert entry["metric"] == exact[entry["tensor"]]
+        else:
+            assert entry["metric"] is None
+            assert entry["gain"] is None
+    assert coarse["measured_alone"] == sum(g["size"] for g in coarse["groups"] if g["group"] in helped)
+    assert coarse["trials"] == coarse["measured_alone"] + 3
+    assert coarse["ranking"][0]["tensor"] == "x"
+
+
 def test_fallback_list_reproduces_its_metric_with_quantize_static(narrow, tmp_path):
     fp32, int8, ranges, feeds = narrow
     data = lab_batches(fp32.lab_input(), 4242, 0.2, 8)
