@@ -303,6 +303,8 @@ def test_analysis_defaults_and_group(hydra_ctx):
     (["analysis.target=0.1"], "analysis.target"),
     (["analysis=sensitivity", "analysis.kinds=[bias]"], "analysis.kinds"),
     (["analysis=sensitivity", "analysis.strategy=fast"], "analysis.strategy"),
+    (["analysis=sensitivity", "analysis.groups=-1"], "analysis.groups"),
+    (["analysis=sensitivity", "analysis.strategy=edit", "analysis.groups=10"], "analysis.groups"),
     (["task=custom", "task.fn=nomodule_xyz:f"], "task.fn"),
 ])
 def test_bad_analysis_values_fail_naming_the_key(hydra_ctx, overrides, key):
