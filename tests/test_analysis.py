@@ -233,6 +233,24 @@ def test_group_prepass_measures_alone_only_the_groups_that_help(narrow):
     assert coarse["ranking"][0]["tensor"] == "x"
 
 
+def test_group_prepass_that_finds_no_helping_group_measures_every_pair():
+    from calibrun.analysis.sensitivity import _prepass
+
+    taken_out = []
+
+    def trial(members):  # a metric that no group improves (every group makes it worse)
+        taken_out.append(sorted(members))
+        return {"m": 1.0 + len(members)}
+
+    chosen, group_of, gains, _ = _prepass(10, 3, trial, "m", "min", 1.0)
+    assert taken_out == [[0, 1, 2], [3, 4, 5, 6], [7, 8, 9]]
+    assert gains == [-3.0, -4.0, -3.0]
+    assert chosen == set(range(10))
+    assert group_of == {i: 0 if i < 3 else 1 if i < 7 else 2 for i in range(10)}
+    assert _prepass(10, 0, trial, "m", "min", 1.0)[0] == set(range(10))
+    assert len(taken_out) == 3  # groups=0: no group trial
+
+
 def test_fallback_list_reproduces_its_metric_with_quantize_static(narrow, tmp_path):
     fp32, int8, ranges, feeds = narrow
     data = lab_batches(fp32.lab_input(), 4242, 0.2, 8)

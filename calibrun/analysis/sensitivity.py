@@ -9,7 +9,8 @@ groups, each group is taken out at once (one trial per group), and only the pair
 improves the metric are then measured one by one; the others stay in the ranking unmeasured (`metric`, `gain`
 None, their group's `group_gain` beside them). On NudeNet's YOLOv8n (420 pairs) 20 groups cut the trials from
 420 to about 60 and found the same two tensors. It is a heuristic: a tensor whose gain is cancelled by a pair of
-its group that hurts is missed; groups=0 (the default) measures every pair.
+its group that hurts is missed; when no group improves the metric, every pair is measured alone after all;
+groups=0 (the default) measures every pair.
 
 `fallback`: keep the nodes of the most sensitive tensors in fp32 one tensor at a time, re-quantising with
 onnxruntime's quantize_static(nodes_to_exclude=...) from the same calibration ranges and re-measuring after each
@@ -171,8 +172,12 @@ def _prepass(count: int, groups: int, trial: Callable, metric: str, goal: str,
             chosen |= members
     spent = time.perf_counter() - start
     helped = [g for g in range(groups) if (gains[g] or 0) > 0]
+    if not helped:  # nothing to narrow down to: the pre-pass must not leave the fallback an unmeasured ranking
+        log.warning("sensitivity pre-pass: no group of pairs improves %s when taken out (%d groups, %.1f s); "
+                    "measuring every pair alone", metric, groups, spent)
+        return set(range(count)), group_of, gains, spent
     log.info("sensitivity pre-pass: %d groups in %.1f s; %d improve %s (%s): %d of %d tensors to measure alone",
-             groups, spent, len(helped), metric, ", ".join(f"group {g}: {gains[g]:+.4g}" for g in helped) or "none",
+             groups, spent, len(helped), metric, ", ".join(f"group {g}: {gains[g]:+.4g}" for g in helped),
              len(chosen), count)
     return chosen, group_of, gains, spent
 
