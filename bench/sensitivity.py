@@ -1,7 +1,8 @@
 """Sensitivity analysis cost: seconds per analysed tensor, and its ratio to one int8 evaluation pass.
 
-    .venv/bin/python bench/sensitivity.py                      # det_yolox and ocr_det, both strategies
+    .venv/bin/python bench/sensitivity.py                      # det_yolox, ocr_det and nudenet, both strategies
     .venv/bin/python bench/sensitivity.py --models det_yolox --rows 2 --limit 10   # a quick smoke run
+    .venv/bin/python bench/sensitivity.py --models nudenet --rows 5 --groups 20   # + the pre-pass on every pair
 
 For each trained model (tests/trained.py: wheels from the package index, photos from scikit-image), the model is
 prepared, calibrated on the photos (minmax) and quantised to QDQ int8 as calibrun does, then
@@ -15,7 +16,10 @@ tensor (one trial = one pass over the evaluation batches with one pair out), `in
 evaluation of the model file (a new optimised session + the batches, fp32 reference from disk, what the fallback pays
 per step besides quantize_static), `infer s` = the batches alone in an existing session, and the two ratios of
 seconds per tensor to each. `--limit N` analyses only the first N pairs (both strategies get the same pairs).
-The machine's load average is printed: other processes skew every figure.
+With `--groups N` a third row per model ranks EVERY pair with the switch strategy and the coarse pre-pass over N
+groups (analysis.groups): its seconds per tensor are the whole ranking's trial time over all pairs, `trials` how many
+passes it made. A model with a task metric (nudenet: tests.detection:yolov8_agreement, task.det_f1) is ranked by
+it, the others by max_abs_error. The machine's load average is printed: other processes skew every figure.
 """
 
 from __future__ import annotations
@@ -30,9 +34,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-SETUPS = {  # model -> image transform (resize, crop, mean, std) as the model wants it
+SETUPS = {  # model -> image transform (resize, crop, mean, std, letterbox) as the model wants it; photos; metric
     "det_yolox": dict(resize=416, crop=416, mean=[0.0, 0.0, 0.0], std=[1 / 255] * 3),
     "ocr_det": dict(resize=320, crop=320, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
+    # NudeNet's YOLOv8n as its package feeds it (RGB /255 padded with 0), on the photos of its end-to-end test
+    "nudenet": dict(resize=320, crop=320, mean=[0.0, 0.0, 0.0], std=[1.0] * 3, letterbox=True,
+                    photos=("astronaut.png", "camera.png", "color.png", "moon.png", "phantom.png"),
+                    task="tests.detection:yolov8_agreement", metric="task.det_f1", goal="max"),
 }
 
 
@@ -43,10 +51,11 @@ def load() -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="det_yolox,ocr_det")
+    parser.add_argument("--models", default="det_yolox,ocr_det,nudenet")
     parser.add_argument("--rows", type=int, default=4, help="evaluation images (photos)")
     parser.add_argument("--limit", type=int, default=40, help="pairs analysed per model (0: all)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--groups", type=int, default=0, help="also rank every pair with this many groups first")
     args = parser.parse_args()
 
     import onnx
@@ -58,6 +67,7 @@ def main() -> int:
     from calibrun.data import fixed_rows
     from calibrun.measure import session
     from calibrun.sources import ImageTransform, image_calibration, image_evaluation
+    from calibrun.tasks import Custom
     from tests.trained import model_path, photo_folder
 
     print(f"load average before: {load()}  (cpus: {os.cpu_count()})")
@@ -68,18 +78,20 @@ def main() -> int:
             tmp = Path(tmp)
             prepared = prepare.prepare_model(model_path(name), tmp / "fp32.onnx")
             fp32 = engine.open_float_model(prepared.path)
-            photos = photo_folder(tmp / "photos")
             s = SETUPS[name]
+            photos = photo_folder(tmp / "photos", *([s["photos"]] if "photos" in s else []))
             info = fp32.info
             transform = ImageTransform(resize=s["resize"], crop=s["crop"], mean=tuple(s["mean"]),
-                                       std=tuple(s["std"]), grayscale=False)
+                                       std=tuple(s["std"]), grayscale=False, letterbox=s.get("letterbox", False))
+            metric, goal = s.get("metric", "max_abs_error"), s.get("goal", "min")
+            task = Custom(s["task"]) if "task" in s else None
             data = image_calibration(photos, fp32.inputs, 4, 1.0, transform)
             int8 = tmp / "int8.onnx"
             engine.quantize_with(fp32, int8, data, threads=args.threads, input_may_stay_float=True)
             evaluation = image_evaluation(photos, fp32.inputs, args.rows, transform)
             rows = fixed_rows(info) or args.rows
             pairs = qdq.find_pairs(onnx.load(str(int8)), onnx.load(str(fp32.path)))
-            with Evaluator(fp32.path, evaluation, rows, threads=args.threads) as ev:
+            with Evaluator(fp32.path, evaluation, rows, threads=args.threads, task=task) as ev:
                 ev.model(int8)  # warm-up
                 start = time.perf_counter()
                 ev.model(int8)
@@ -89,14 +101,17 @@ def main() -> int:
                 ev.run(lambda feeds, s=sess: s.run(ev.output_names, feeds))
                 inference = time.perf_counter() - start  # inference over the batches only
                 only = {p.tensor for p in pairs[: args.limit]} if args.limit else None
-                for strategy in ("switch", "edit"):
-                    result = sens.rank(fp32.path, int8, ev, "max_abs_error", "min", strategy, threads=args.threads,
-                                       only=only)
+                runs = [("switch", only, 0), ("edit", only, 0)]
+                if args.groups:
+                    runs.append((f"switch/g{args.groups}", None, args.groups))
+                for label, subset, groups in runs:
+                    result = sens.rank(fp32.path, int8, ev, metric, goal, label.split("/")[0],
+                                       threads=args.threads, only=subset, groups=groups)
                     per = result["seconds_per_tensor"]
-                    print(f"{name:10} {strategy:8} {result['tensors']:5d} {result['setup_seconds']:8.2f} "
+                    print(f"{name:10} {label:8} {result['tensors']:5d} {result['setup_seconds']:8.2f} "
                           f"{per:9.3f} {one_pass:11.3f} {per / one_pass:6.2f} {inference:8.3f} "
-                          f"{per / inference:6.2f}   top: "
-                          f"{result['ranking'][0]['tensor']}", flush=True)
+                          f"{per / inference:6.2f}   trials {result['trials']}, {metric} top: "
+                          f"{result['ranking'][0]['tensor']} ({result['ranking'][0]['gain']})", flush=True)
             print(f"  ({len(pairs)} pairs in the model; load average now: {load()})")
     return 0
 

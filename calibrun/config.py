@@ -154,6 +154,7 @@ class AnalysisConf:
     strategy: str = "switch"  # switch (one session, a run-time switch per pair) | edit (one model per pair)
     kinds: list[str] = field(default_factory=lambda: ["activation", "weight"])
     tensors: list[str] | None = None  # analyse only the pairs on these tensors (None: every pair of `kinds`)
+    groups: int = 0  # > 1: a coarse pre-pass over that many groups of pairs first (switch strategy), 0: none
     max_steps: int = 20  # fallback steps at most
     batch_rows: int = 16  # evaluation rows per batch (a model that pins its first axis: that many)
     objective: bool = False  # the task returns analysis.metric (hydra/sweeper=optuna)

@@ -208,6 +208,49 @@ def test_goal_max_ranks_by_sqnr(narrow):
     assert result["ranking"][0]["metric"] > result["baseline"]
 
 
+def test_group_prepass_measures_alone_only_the_groups_that_help(narrow):
+    fp32, int8, _, feeds = narrow
+    with Evaluator(fp32.path, EvalData.from_arrays(feeds), 16) as ev:
+        full = rank(fp32.path, int8, ev, "mean_abs_error", "min", "switch")
+        coarse = rank(fp32.path, int8, ev, "mean_abs_error", "min", "switch", groups=3)
+        with pytest.raises(CalibrunError, match="needs analysis.strategy=switch"):
+            rank(fp32.path, int8, ev, "mean_abs_error", "min", "edit", groups=3)
+    assert "groups" not in full
+    assert full["trials"] == full["tensors"]
+    assert [g["size"] for g in coarse["groups"]]
+    assert sum(g["size"] for g in coarse["groups"]) == coarse["tensors"]
+    helped = {g["group"] for g in coarse["groups"] if g["gain"] > 0}
+    assert helped  # narrow calibration: taking the group with the input out helps
+    exact = {r["tensor"]: r["metric"] for r in full["ranking"]}
+    for entry in coarse["ranking"]:
+        if entry["group"] in helped:  # measured alone: the same trial as the full ranking's
+            assert entry["metric"] == exact[entry["tensor"]]
+        else:
+            assert entry["metric"] is None
+            assert entry["gain"] is None
+    assert coarse["measured_alone"] == sum(g["size"] for g in coarse["groups"] if g["group"] in helped)
+    assert coarse["trials"] == coarse["measured_alone"] + 3
+    assert coarse["ranking"][0]["tensor"] == "x"
+
+
+def test_group_prepass_that_finds_no_helping_group_measures_every_pair():
+    from calibrun.analysis.sensitivity import _prepass
+
+    taken_out = []
+
+    def trial(members):  # a metric that no group improves (every group makes it worse)
+        taken_out.append(sorted(members))
+        return {"m": 1.0 + len(members)}
+
+    chosen, group_of, gains, _ = _prepass(10, 3, trial, "m", "min", 1.0)
+    assert taken_out == [[0, 1, 2], [3, 4, 5, 6], [7, 8, 9]]
+    assert gains == [-3.0, -4.0, -3.0]
+    assert chosen == set(range(10))
+    assert group_of == {i: 0 if i < 3 else 1 if i < 7 else 2 for i in range(10)}
+    assert _prepass(10, 0, trial, "m", "min", 1.0)[0] == set(range(10))
+    assert len(taken_out) == 3  # groups=0: no group trial
+
+
 def test_fallback_list_reproduces_its_metric_with_quantize_static(narrow, tmp_path):
     fp32, int8, ranges, feeds = narrow
     data = lab_batches(fp32.lab_input(), 4242, 0.2, 8)
@@ -278,6 +321,8 @@ def test_analysis_defaults_and_group(hydra_ctx):
     (["analysis.target=0.1"], "analysis.target"),
     (["analysis=sensitivity", "analysis.kinds=[bias]"], "analysis.kinds"),
     (["analysis=sensitivity", "analysis.strategy=fast"], "analysis.strategy"),
+    (["analysis=sensitivity", "analysis.groups=-1"], "analysis.groups"),
+    (["analysis=sensitivity", "analysis.strategy=edit", "analysis.groups=10"], "analysis.groups"),
     (["task=custom", "task.fn=nomodule_xyz:f"], "task.fn"),
 ])
 def test_bad_analysis_values_fail_naming_the_key(hydra_ctx, overrides, key):

