@@ -51,13 +51,15 @@ def main() -> int:
 
     import onnx
 
-    from calibrun import engine, prepare
+    from calibrun import prepare
     from calibrun.analysis import qdq
     from calibrun.analysis import sensitivity as sens
     from calibrun.analysis.evaluate import Evaluator
-    from calibrun.data import fixed_rows
-    from calibrun.measure import session
-    from calibrun.sources import ImageTransform, image_calibration, image_evaluation
+    from calibrun.data.images import ImageTransform, image_calibration, image_evaluation
+    from calibrun.data.lab import fixed_rows
+    from calibrun.measure.errors import session
+    from calibrun.model import open_float_model
+    from calibrun.quantize import quantize_with
     from tests.trained import model_path, photo_folder
 
     print(f"load average before: {load()}  (cpus: {os.cpu_count()})")
@@ -67,7 +69,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="calibrun.bench.") as tmp:
             tmp = Path(tmp)
             prepared = prepare.prepare_model(model_path(name), tmp / "fp32.onnx")
-            fp32 = engine.open_float_model(prepared.path)
+            fp32 = open_float_model(prepared.path)
             photos = photo_folder(tmp / "photos")
             s = SETUPS[name]
             info = fp32.info
@@ -75,7 +77,7 @@ def main() -> int:
                                        std=tuple(s["std"]), grayscale=False)
             data = image_calibration(photos, fp32.inputs, 4, 1.0, transform)
             int8 = tmp / "int8.onnx"
-            engine.quantize_with(fp32, int8, data, threads=args.threads, input_may_stay_float=True)
+            quantize_with(fp32, int8, data, threads=args.threads, input_may_stay_float=True)
             evaluation = image_evaluation(photos, fp32.inputs, args.rows, transform)
             rows = fixed_rows(info) or args.rows
             pairs = qdq.find_pairs(onnx.load(str(int8)), onnx.load(str(fp32.path)))

@@ -16,13 +16,13 @@ import hashlib
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime
 from onnxruntime.quantization.calibrate import (
     CalibrationCacheEncoder,
@@ -36,6 +36,7 @@ from calibrun.errors import CalibrunError
 from calibrun.files import atomic_path, temp_dir, write_json
 from calibrun.histogram import ALGORITHM as HISTOGRAM_ALGORITHM
 from calibrun.histogram import FastHistogramCollector
+from calibrun.model import private_model_copy
 from calibrun.progress import Progress
 from calibrun.reader import make_reader
 
@@ -296,20 +297,6 @@ class _SpanTracker:
         return float(self.hi - self.lo)
 
 
-def private_model_copy(model_path: str | Path, folder: str | Path) -> Path:
-    """The model (external data included) saved into `folder`, a private temp dir; returns its path.
-
-    onnxruntime's shape inference (`load_model_with_shape_infer`, used by the calibrators and by
-    quantize_static given a path) writes `<model>-inferred.onnx` beside the file it is given and deletes it
-    afterwards: on the user's file, two jobs on one model (a parallel sweep) delete each other's file and
-    crash, and a read-only model folder fails. On a private copy, neither can happen.
-    """
-    target = Path(folder) / "model.onnx"
-    onnx.save_model(onnx.load(str(model_path)), str(target), save_as_external_data=True,
-                    all_tensors_to_one_file=True, location="model.onnx.data")
-    return target
-
-
 def run_calibration(model_path: str | Path, data, input_name: str, spec: CalibrationSpec,
                     threads: int = 0) -> tuple[TensorsData, float]:
     """One calibration pass, fed `spec.batches_per_collect` batches at a time so peak memory does not grow with
@@ -410,3 +397,10 @@ def calibrated(
                           spec.op_types or None)
 
 
+DEFAULT_CACHE_DIR = ".calibrun-cache"
+
+
+def cache_from_env() -> CalibrationCache | None:
+    """calibtool's cache: `CALIBRUN_CACHE` names the folder (default .calibrun-cache), `off` disables it."""
+    folder = os.environ.get("CALIBRUN_CACHE", DEFAULT_CACHE_DIR)
+    return None if folder.strip().lower() in {"off", "0", "false", ""} else CalibrationCache(folder)

@@ -14,13 +14,13 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
-from calibrun import tasks
 from calibrun.calibrate import METHODS, CalibrationSpec
-from calibrun.data import MAX_BATCHES, MAX_FACTOR, MAX_ROWS, MAX_SEED, MIN_FACTOR
+from calibrun.data.images import IMAGENET_MEAN, IMAGENET_STD, MAX_IMAGE_SIDE, ImageTransform
+from calibrun.data.lab import MAX_BATCHES, MAX_FACTOR, MAX_ROWS, MAX_SEED, MIN_FACTOR
 from calibrun.errors import CalibrunError
+from calibrun.measure import tasks
+from calibrun.measure.tasks import TASKS
 from calibrun.quantize import FORMATS, QuantOptions
-from calibrun.sources import IMAGENET_MEAN, IMAGENET_STD, MAX_IMAGE_SIDE, ImageTransform
-from calibrun.tasks import TASKS
 
 
 @dataclass
@@ -97,7 +97,7 @@ class EvalConf:
 
 @dataclass
 class TaskConf:
-    """Task metrics (calibrun.tasks): auto | none | classification | dense | custom."""
+    """Task metrics (calibrun.measure.tasks): auto | none | classification | dense | custom."""
 
     name: str = "auto"
     output: str | None = None  # the output judged (default: the first)

@@ -61,7 +61,7 @@ class Assets:
     """Input files shared by the cases (read only: the fixture checks that no case touched them)."""
 
     def __init__(self, root: Path):
-        from calibrun.model import write_lab_model
+        from calibrun.model.lab import write_lab_model
 
         self.root = root
         self.lab = write_lab_model(root / "lab.onnx")
@@ -104,10 +104,11 @@ class Assets:
         (self.images / "b.png").write_bytes(b"definitely not a png\n" * 8)
         self.plain = root / "plain.txt"  # a regular file where a folder is expected
         self.plain.write_text("keep me\n")
-        from calibrun import engine
+        from calibrun.model import open_float_model
+        from calibrun.quantize import quantize_lab
 
         self.int8 = root / "int8.onnx"
-        engine.quantize_lab(engine.open_float_model(self.lab), self.int8, 1, 1.0, 2)
+        quantize_lab(open_float_model(self.lab), self.int8, 1, 1.0, 2)
         no_outputs = onnx.load(str(self.lab))
         del no_outputs.graph.output[:]
         self.no_outputs = save(no_outputs, root / "no_outputs.onnx")
