@@ -92,6 +92,7 @@ class CalibrationSpec:
 
         need(self.method in METHODS, "name", f"must be one of {sorted(METHODS)}", self.method)
         need(self.chunk is None or self.chunk >= 1, "chunk", "must be >= 1", self.chunk)
+        need(self.num_bins is None or self.num_bins >= 1, "num_bins", "must be >= 1", self.num_bins)
         need(not self.per_channel, "per_channel",
              "per-channel activation ranges make onnxruntime's quantize_static fail; per-channel weights are "
              "quant.per_channel=true", self.per_channel)

@@ -124,12 +124,9 @@ class ImageTransform:
     @classmethod
     def from_config(cls, source: Mapping) -> ImageTransform:
         """From a `data` / `eval_data` config node (or the dict result.json keeps of it)."""
-        crop = source.get("crop", 224)
-        if isinstance(crop, Sequence) and not isinstance(crop, str):
-            crop = tuple(crop)
-        return cls(resize=source.get("resize", 256), crop=crop, mean=tuple(source.get("mean", IMAGENET_MEAN)),
-                   std=tuple(source.get("std", IMAGENET_STD)), grayscale=source.get("grayscale", False),
-                   letterbox=source.get("letterbox", False), pad_value=source.get("pad_value", 0.0))
+        from calibrun.fields import build_from
+
+        return build_from(cls, source)
 
     @property
     def crop_size(self) -> tuple[int, int]:
