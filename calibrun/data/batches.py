@@ -107,6 +107,12 @@ def _hashes(files: Sequence[_File]) -> list[dict]:
     return [{"path": rel, "sha256": unique[rel].sha256()} for rel in sorted(unique)]
 
 
+def _listed(files: Sequence[_File]) -> list[dict]:
+    """The files an evaluation reads, by relative path: what result.json's `used` reports (their number); nothing
+    reads a hash of them (tracking digests the evaluation source itself), so none is computed."""
+    return [{"path": rel} for rel in sorted({f.rel for f in files})]
+
+
 def _to_float32(raw: np.ndarray, factor: float, where: str, first_row: int) -> np.ndarray:
     """(raw * factor) computed in float64, then cast to float32; NaN/Inf/overflow name the file and row."""
     values = np.asarray(raw, dtype=np.float64)
@@ -260,7 +266,7 @@ class EvalData:
         self._pieces = pieces  # sizes -> iterator of feeds dicts
         self.labels = labels
         self.classes = classes  # class folder names, for image class folders
-        self.identity = identity if identity is not None else {}  # source kind, file hashes, transform, rows
+        self.identity = identity if identity is not None else {}  # source kind, files, transform, rows
         self.inputs = list(inputs)
 
     @classmethod

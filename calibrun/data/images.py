@@ -25,8 +25,8 @@ from calibrun.data.batches import (
     _column_pieces,
     _File,
     _fmt_shape,
-    _hashes,
     _is_fixed,
+    _listed,
     _to_float32,
 )
 from calibrun.errors import CalibrunError, one_line
@@ -326,7 +326,7 @@ def image_evaluation(
         labels = labels[:used]
     identity = {
         "source": "images",
-        "files": _hashes(column.files_used(used)),
+        "files": _listed(column.files_used(used)),
         "transform": transform.identity(),
         "pillow": _pillow_version(),
         "rows": used,

@@ -29,8 +29,8 @@ from calibrun.data.batches import (
     _column_pieces,
     _File,
     _fmt_shape,
-    _hashes,
     _is_fixed,
+    _listed,
     _to_float32,
 )
 from calibrun.errors import CalibrunError, one_line
@@ -323,7 +323,7 @@ def npy_evaluation(path, inputs: Sequence[InputInfo], rows: int | None = None) -
     files += [segment.file for segment in source.labels]
     identity = {
         "source": "npy",
-        "files": _hashes(files),
+        "files": _listed(files),
         "rows": used,
         "inputs": [{"name": name, "shape": [used, *column.sample_shape]} for name, column in source.columns.items()],
     }
