@@ -22,7 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run from any working directory
 
-from calibrun.errors import one_line  # noqa: E402  (light: no onnx or onnxruntime import)
+from calibrun.cache import DEFAULT_DIR  # noqa: E402  (light: no onnx or onnxruntime import)
+from calibrun.cache import folders as cache_folders  # noqa: E402  (light too)
+from calibrun.errors import one_line  # noqa: E402  (light too)
 from calibrun.files import check_not_source, remove_orphans, remove_temp_orphans  # noqa: E402  (light too)
 
 USAGE = (
@@ -115,9 +117,9 @@ def _clean_orphans(argv: list[str]) -> None:
     folders = []
     if argv[0] == "quantize":
         folders.append(Path(argv[2]).parent)
-    cache = os.environ.get("CALIBRUN_CACHE", ".calibrun-cache")
+    cache = os.environ.get("CALIBRUN_CACHE", DEFAULT_DIR)
     if cache.strip().lower() not in {"off", "0", "false", ""}:
-        folders += [Path(cache), Path(cache) / "models"]
+        folders += cache_folders(cache)
     removed = [p for folder in folders for p in remove_orphans(folder)] + remove_temp_orphans()
     if removed:
         logging.getLogger("calibtool").info("removed %d temp file(s) of killed runs", len(removed))

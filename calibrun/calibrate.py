@@ -6,7 +6,8 @@ calibrators themselves), `collect_data`/`compute_data`, `TensorsData` (to_dict/f
 `quantize_static(calibration_cache_path=...)` loads (with onnxruntime's `load_tensors_data`). What is written
 here: the chunk loop (bounded memory, progress), the key (onnxruntime's own cache only checks method and
 SmoothQuant), validation of a cache file before it is trusted (key record, a sha256 over the ranges, finite ordered
-ranges), and the atomic write with the key record beside the ranges.
+ranges), and the atomic write with the key record beside the ranges. The cache is calibrun.cache's `ranges` kind
+(one key scheme for every cached thing).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from onnxruntime.quantization.calibrate import (
 )
 from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
+from calibrun import cache as cache_store
+from calibrun.cache import key_of
 from calibrun.errors import CalibrunError
 from calibrun.files import atomic_path, temp_dir, write_json
 from calibrun.histogram import ALGORITHM as HISTOGRAM_ALGORITHM
@@ -197,16 +200,13 @@ def cache_record(model_sha256: str, data_identity: dict, input_name: str, spec: 
     }
 
 
-def cache_key(record: dict) -> str:
-    canonical = json.dumps(record, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
-
-
 class CalibrationCache:
-    """A folder of `<key>.json` (onnxruntime's cache format plus a `calibrun` record) and `<key>.key.json`."""
+    """The cache's `ranges` folder (calibrun.cache): `<key>.json` (onnxruntime's cache format plus a `calibrun`
+    record) and `<key>.key.json`, under the cache root `root`."""
 
-    def __init__(self, folder: str | Path):
-        self.folder = Path(folder)
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.folder = cache_store.folder(root, "ranges")
 
     def path(self, key: str) -> Path:
         return self.folder / f"{key}.json"
@@ -215,6 +215,10 @@ class CalibrationCache:
         """The cached span if `<key>.json` is present and valid; None on a miss. Bad files warn and miss."""
         path = self.path(key)
         if not path.is_file():
+            old = self.root / path.name
+            if old.is_file():
+                log.info("calibration cache: %s is of the earlier layout (ranges at the top of the cache) and is "
+                         "not read; computing the ranges again into %s", old, self.folder)
             return None
         try:
             return _validate(path, record, method)
@@ -223,10 +227,7 @@ class CalibrationCache:
             return None
 
     def store(self, key: str, record: dict, tensors: TensorsData, span: float) -> Path:
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise CalibrunError(f"cannot create cache folder {self.folder}: {exc.strerror or exc}") from exc
+        cache_store.folder(self.root, "ranges", create=True)
         return write_ranges(self.path(key), tensors, record, span, key_file=self.folder / f"{key}.key.json")
 
 
@@ -378,7 +379,7 @@ def calibrated(
     With `cache=None` the ranges live in a temp folder for the duration of the block.
     """
     record = cache_record(model_sha256, data.identity(), input_name, spec)
-    key = cache_key(record)
+    key = key_of(record)
     start = time.perf_counter()
     if cache is not None:
         span = cache.load(key, record, spec.method)
@@ -398,10 +399,7 @@ def calibrated(
                           spec.op_types or None)
 
 
-DEFAULT_CACHE_DIR = ".calibrun-cache"
-
-
 def cache_from_env() -> CalibrationCache | None:
     """calibtool's cache: `CALIBRUN_CACHE` names the folder (default .calibrun-cache), `off` disables it."""
-    folder = os.environ.get("CALIBRUN_CACHE", DEFAULT_CACHE_DIR)
+    folder = os.environ.get("CALIBRUN_CACHE", cache_store.DEFAULT_DIR)
     return None if folder.strip().lower() in {"off", "0", "false", ""} else CalibrationCache(folder)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
+from calibrun.cache import DEFAULT_DIR as DEFAULT_CACHE_DIR
 from calibrun.calibrate import CalibrationSpec
 from calibrun.data.images import MAX_IMAGE_SIDE, ImageTransform
 from calibrun.data.lab import MAX_BATCHES, MAX_FACTOR, MAX_ROWS, MAX_SEED, MIN_FACTOR
@@ -94,7 +95,7 @@ class DiagnosticsConf:
 @dataclass
 class CacheConf:
     enabled: bool = True
-    dir: str = ".calibrun-cache"
+    dir: str = DEFAULT_CACHE_DIR
 
 
 TRACKING = ("local", "server", "off")

@@ -16,10 +16,11 @@ import onnx
 import onnxruntime
 from omegaconf import DictConfig, OmegaConf
 
+from calibrun import cache as cache_store
 from calibrun import config
 from calibrun.calibrate import CalibrationCache
 from calibrun.data import calibration_data, evaluation_data
-from calibrun.errors import CalibrunError, one_line
+from calibrun.errors import one_line
 from calibrun.files import DIAGNOSTICS_FILE, RANGES_FILE, temp_dir, write_json
 from calibrun.measure import errors as measure
 from calibrun.measure import tasks
@@ -67,13 +68,19 @@ def eval_source(cfg: DictConfig) -> dict:
     return {**OmegaConf.to_container(cfg.eval_data, resolve=True), "seed": cfg.eval.seed, "rows": cfg.eval.rows}
 
 
+def prepared_record(source_sha256: str) -> dict:
+    """What decides a prepared model (its cache key, calibrun.cache.key_of)."""
+    return {"kind": "prepared model", "source_sha256": source_sha256, "prepare_version": PREPARE_VERSION,
+            "onnxruntime": onnxruntime.__version__}
+
+
 def prepare(cfg: DictConfig, job_dir: Path) -> tuple[FloatModel, list[str]]:
     """The prepared float model: the lab model or the user's file made quantisable (calibrun.model.prepare).
 
-    A user's model is prepared once per source file into the cache folder (content-addressed), so a sweep
-    of many jobs shares one prepared copy; without a cache, into the job folder. A cached copy is used only
-    when its bytes (and its external data file's) still have the sha256 recorded beside it when it was made;
-    a truncated or replaced one is reported in one warning line and prepared again.
+    A user's model is prepared once per source file into the cache's `models` folder (calibrun.cache), so a
+    sweep of many jobs shares one prepared copy; without a cache, into the job folder. A cached copy is used
+    only when its bytes (and its external data file's) still have the sha256 recorded beside it when it was
+    made; a truncated or replaced one is reported in one warning line and prepared again.
     """
     with temp_dir("src") as tmp:
         if cfg.model.name == "lab":
@@ -81,18 +88,18 @@ def prepare(cfg: DictConfig, job_dir: Path) -> tuple[FloatModel, list[str]]:
             target = job_dir / "fp32.onnx"
         else:
             if cfg.model.name == "digits":
-                source = ensure_digits(Path(cfg.cache.dir) / "digits") / "digits.onnx"
+                source = ensure_digits(cache_store.folder(cfg.cache.dir, "digits")) / "digits.onnx"
             else:
                 source = check_model_file(Path(cfg.model.path).expanduser().resolve())
             target = job_dir / "fp32.onnx"
             if cfg.cache.enabled:
-                folder = Path(cfg.cache.dir) / "models"
-                try:
-                    folder.mkdir(parents=True, exist_ok=True)
-                except OSError as exc:
-                    raise CalibrunError(f"cannot create cache folder {folder}: {exc.strerror or exc}") from exc
-                name = f"{file_sha256(source)[:32]}-prep{PREPARE_VERSION}-ort{onnxruntime.__version__}"
-                target = folder / f"{name}.onnx"
+                folder = cache_store.folder(cfg.cache.dir, "models", create=True)
+                sha256 = file_sha256(source)
+                target = folder / f"{cache_store.key_of(prepared_record(sha256))}.onnx"
+                old = folder / f"{sha256[:32]}-prep{PREPARE_VERSION}-ort{onnxruntime.__version__}.onnx"
+                if old.is_file() and not target.is_file():
+                    log.info("prepared model cache: %s is of the earlier naming and is not read; preparing the "
+                             "model again as %s", old, target.name)
         record_file = target.with_suffix(".steps.json")
         if target.parent != job_dir and target.is_file():
             reused = _verified_prepared(target, record_file)

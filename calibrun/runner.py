@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from calibrun import analysis, config
+from calibrun import analysis, cache, config
 from calibrun.data import calibration_data
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import (
@@ -271,8 +271,7 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
 
 def _clear_orphans(cfg: DictConfig, job_dir: Path) -> None:
     """Temp files a killed run left in the folders this job writes (its own, the cache's)."""
-    cache = Path(cfg.cache.dir)
-    removed = [p for folder in (job_dir, cache, cache / "models") for p in remove_orphans(folder)]
+    removed = [p for folder in (job_dir, *cache.folders(cfg.cache.dir)) for p in remove_orphans(folder)]
     removed += remove_temp_orphans()  # private temp folders (calibrun.calib.*, .q.*, ...) in the system temp dir
     if removed:
         log.info("removed %d temp file(s) left by killed runs: %s", len(removed), ", ".join(map(str, removed)))

@@ -317,7 +317,7 @@ def test_unknown_exclusion_fails_before_any_work(tmp_path):
     assert "Traceback" not in proc.stderr
     assert not (run_dir / "int8.onnx").exists()
     assert not (run_dir / "ranges.json").exists()
-    assert not list((tmp_path / "cache").glob("*.json"))  # nothing was calibrated
+    assert not list((tmp_path / "cache").rglob("*.json"))  # nothing was calibrated
 
 
 @pytest.mark.slow

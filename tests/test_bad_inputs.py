@@ -167,14 +167,14 @@ def _calibtool_then_corrupt(a: Assets, root: Path) -> None:
     code, _, stderr, _ = _calibtool(["quantize", a.lab, "first.onnx", "1", "1.0", "2"], root, _env(root, {}))
     assert code == 0, stderr
     (root / "first.onnx").unlink()
-    _corrupt_cache(root / "cache")
+    _corrupt_cache(root / "cache" / "ranges")
 
 
 def _calibrun_then_corrupt(a: Assets, root: Path) -> None:
     proc = _calibrun(["batches=2", f"hydra.run.dir={root / 'first'}", f"cache.dir={root / 'cache'}",
                       "tracking=off"], root, _env(root, {}), TIMEOUT)
     assert proc[0] == 0, proc[2]
-    _corrupt_cache(root / "cache")
+    _corrupt_cache(root / "cache" / "ranges")
 
 
 def _calibrun_then_truncate_prepared(a: Assets, root: Path) -> None:
@@ -407,7 +407,7 @@ def test_bad_input(case: Case, outcomes: dict[str, Outcome]):
             assert onnx.load(str(run.root / "out" / "q.onnx")).graph.node
         else:
             assert json.loads((run.root / "run" / "result.json").read_text())["status"] == "ok"
-        for path in (run.root / "cache").glob("*.json"):  # the corrupt file was replaced by a whole one
+        for path in (run.root / "cache" / "ranges").glob("*.json"):  # the corrupt file was replaced by a whole one
             json.loads(path.read_text())
         return
 

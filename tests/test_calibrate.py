@@ -24,10 +24,10 @@ import pytest
 from onnx import TensorProto
 
 from calibrun import calibrate
+from calibrun.cache import key_of as cache_key
 from calibrun.calibrate import (
     CalibrationCache,
     CalibrationSpec,
-    cache_key,
     cache_record,
     run_calibration,
 )
@@ -261,7 +261,7 @@ def test_key_file_records_what_went_into_the_key(tmp_path, fp32, lab_model):
     cache = CalibrationCache(tmp_path / "cache")
     result = quantize_lab(fp32, tmp_path / "int8.onnx", SEED, 0.2, BATCHES, cache=cache)
     key = result["cache_key"]
-    key_file = tmp_path / "cache" / f"{key}.key.json"
+    key_file = cache.folder / f"{key}.key.json"
     text = key_file.read_text()
     assert "\n  " in text  # indented: readable by a person
     recorded = json.loads(text)
@@ -293,7 +293,7 @@ def test_second_call_is_a_hit_with_identical_results(tmp_path, fp32, spy):
     assert miss["cache_hit"] is False
     assert spy.calibrators == 2  # the spy is wired: both runs above calibrated
     assert spy.sessions >= 2
-    assert cache_entries(tmp_path / "cache") == sorted([f"{miss['cache_key']}.json", f"{miss['cache_key']}.key.json"])
+    assert cache_entries(cache.folder) == sorted([f"{miss['cache_key']}.json", f"{miss['cache_key']}.key.json"])
 
     spy.forbid()
     hit = quantize_lab(fp32, tmp_path / "hit.onnx", SEED, FACTOR, BATCHES, cache=cache)
@@ -433,7 +433,7 @@ def test_onnxruntime_version_change_is_a_miss(tmp_path, fp32, monkeypatch):
     second = quantize_lab(fp32, tmp_path / "b.onnx", SEED, FACTOR, BATCHES, cache=cache)
     assert second["cache_hit"] is False
     assert second["cache_key"] != first["cache_key"]
-    recorded = json.loads((tmp_path / "cache" / f"{second['cache_key']}.key.json").read_text())
+    recorded = json.loads((cache.folder / f"{second['cache_key']}.key.json").read_text())
     assert recorded["onnxruntime"] == other_version
 
 
@@ -448,7 +448,7 @@ def test_cached_span_is_the_lab_data_span(tmp_path, fp32, lab_model, spy, seed, 
     key = miss["cache_key"]
     assert miss["span"] == pytest.approx(expected, rel=SPAN_REL)
     assert json.loads(cache.path(key).read_text())["calibrun"]["span"] == pytest.approx(expected, rel=SPAN_REL)
-    assert json.loads((tmp_path / "cache" / f"{key}.key.json").read_text())["span"] == pytest.approx(
+    assert json.loads((cache.folder / f"{key}.key.json").read_text())["span"] == pytest.approx(
         expected, rel=SPAN_REL
     )
     record = json.loads(cache.path(key).read_text())["calibrun"]["record"]
@@ -526,7 +526,7 @@ CORRUPTIONS = {
 @pytest.mark.parametrize("corrupt", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
 def test_corrupt_cache_file_warns_recomputes_and_is_replaced(tmp_path, fp32, clean, spy, caplog, corrupt):
     cache = CalibrationCache(tmp_path / "cache")
-    cache.folder.mkdir()
+    cache.folder.mkdir(parents=True)
     path = cache.path(clean["key"])
     bad = corrupt(clean["text"])
     assert bad != clean["text"]
@@ -556,6 +556,7 @@ def test_corrupt_cache_file_warns_recomputes_and_is_replaced(tmp_path, fp32, cle
 
 def test_clean_cache_file_loads_without_warning(tmp_path, clean, caplog):
     cache = CalibrationCache(tmp_path)
+    cache.folder.mkdir()
     cache.path(clean["key"]).write_text(clean["text"])
     record = json.loads(clean["text"])["calibrun"]["record"]
     caplog.set_level("WARNING", logger="calibrun.calibrate")
@@ -627,8 +628,9 @@ def test_calibtool_second_run_reuses_the_cache(tmp_path, lab_model):
         return json.loads(stdout)
 
     first = run()
-    entries = cache_entries(cache_dir)
-    ranges = [cache_dir / e for e in entries if e.endswith(".json") and not e.endswith(".key.json")]
+    folder = cache_dir / "ranges"
+    entries = cache_entries(folder)
+    ranges = [folder / e for e in entries if e.endswith(".json") and not e.endswith(".key.json")]
     assert len(entries) == 2, entries
     assert len(ranges) == 1, entries
     before = ranges[0].stat()
@@ -637,7 +639,7 @@ def test_calibtool_second_run_reuses_the_cache(tmp_path, lab_model):
 
     second = run()
     assert second == first
-    assert cache_entries(cache_dir) == entries
+    assert cache_entries(folder) == entries
     after = ranges[0].stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)  # not rewritten: a hit
     assert ranges[0].read_text() == text
@@ -719,12 +721,12 @@ def test_two_processes_filling_one_key_leave_one_valid_file(tmp_path, fp32, lab_
     assert [o["hit"] for o in outputs] == [False, False]  # both really calibrated and stored
     key = outputs[0]["key"]
     assert outputs[1]["key"] == key
-    assert cache_entries(cache_dir) == sorted([f"{key}.json", f"{key}.key.json"])  # no temp files left
+    assert cache_entries(cache_dir / "ranges") == sorted([f"{key}.json", f"{key}.key.json"])  # no temp files left
     cache = CalibrationCache(cache_dir)
     record = json.loads(cache.path(key).read_text())["calibrun"]["record"]
     expected = lab_span(lab_model, SEED, FACTOR, 16)
     assert cache.load(key, record, "minmax") == pytest.approx(expected, rel=SPAN_REL)
-    assert json.loads((cache_dir / f"{key}.key.json").read_text())["key"] == key
+    assert json.loads((cache.folder / f"{key}.key.json").read_text())["key"] == key
     assert (tmp_path / "int8_0.onnx").read_bytes() == (tmp_path / "int8_1.onnx").read_bytes()
 
     spy.forbid()
