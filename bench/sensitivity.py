@@ -51,14 +51,13 @@ def main() -> int:
 
     import onnx
 
-    from calibrun import prepare
     from calibrun.analysis import qdq
     from calibrun.analysis import sensitivity as sens
     from calibrun.analysis.evaluate import Evaluator
     from calibrun.data.images import ImageTransform, image_calibration, image_evaluation
     from calibrun.data.lab import fixed_rows
     from calibrun.measure.errors import session
-    from calibrun.model import open_float_model
+    from calibrun.model import open_float_model, prepare
     from calibrun.quantize import quantize_with
     from tests.trained import model_path, photo_folder
 

@@ -30,7 +30,7 @@ class Evaluator:
     """The evaluation batches with their fp32 reference outputs (kept on disk) and the metrics of any int8 run
     against them. Use as a context manager (the temp folder is removed on exit).
 
-    `evaluation`: a calibrun.data.EvalData, read `rows` rows at a time; `task`: a fresh calibrun.tasks.Task
+    `evaluation`: a calibrun.sources.EvalData, read `rows` rows at a time; `task`: a fresh calibrun.tasks.Task
     (None: no task metrics), copied for every measurement.
     """
 
