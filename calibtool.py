@@ -5,8 +5,8 @@
     python calibtool.py error FP32 INT8 SEED ROWS
 
 Exit 0 with one JSON object on stdout; 2 on a wrong argument count; 1 with one line on stderr otherwise.
-No logic of its own: it parses, calls calibrun.engine and prints. The calibration cache is the folder
-named by CALIBRUN_CACHE (default .calibrun-cache; `off` disables it).
+No logic of its own: it parses, calls calibrun (quantize, model.graph, measure.errors) and prints. The
+calibration cache is the folder named by CALIBRUN_CACHE (default .calibrun-cache; `off` disables it).
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run from any working directory
 
-from calibrun.errors import one_line  # noqa: E402  (light: no onnx or onnxruntime import)
+from calibrun.cache import DEFAULT_DIR  # noqa: E402  (light: no onnx or onnxruntime import)
+from calibrun.cache import folders as cache_folders  # noqa: E402  (light too)
+from calibrun.errors import one_line  # noqa: E402  (light too)
 from calibrun.files import check_not_source, remove_orphans, remove_temp_orphans  # noqa: E402  (light too)
 
 USAGE = (
@@ -53,9 +55,12 @@ def _float(text: str, name: str) -> float:
 
 
 def run(argv: list[str]) -> dict:
-    from calibrun import engine
-    from calibrun.data import MAX_BATCHES, check_factor, check_positive_int, check_seed
-    from calibrun.quantize import QuantOptions
+    from calibrun.calibrate import cache_from_env
+    from calibrun.data.lab import MAX_BATCHES, check_factor, check_positive_int, check_seed
+    from calibrun.measure import errors as measure
+    from calibrun.model import check_loadable, open_float_model
+    from calibrun.model.graph import scales
+    from calibrun.quantize import QuantOptions, quantize_lab
 
     command, args = argv[0], argv[1:]
     if command == "quantize":
@@ -66,14 +71,14 @@ def run(argv: list[str]) -> dict:
         seed_v = check_seed(_int(seed, "SEED"), "seed")
         factor_v = check_factor(_float(factor, "FACTOR"), "factor")
         batches_v = check_positive_int(_int(batches, "BATCHES"), "batches", MAX_BATCHES)
-        model = engine.check_loadable(engine.open_float_model(src))
-        result = engine.quantize_lab(model, out, seed_v, factor_v, batches_v, options=options,
-                                     cache=engine.cache_from_env())
+        model = check_loadable(open_float_model(src))
+        result = quantize_lab(model, out, seed_v, factor_v, batches_v, options=options,
+                                     cache=cache_from_env())
         return {key: result[key] for key in QUANTIZE_KEYS}
     if command == "scales":
-        return engine.scales(args[0])
+        return scales(args[0])
     fp32, int8, seed, rows = args
-    return engine.error(fp32, int8, check_seed(_int(seed, "SEED"), "seed"), _int(rows, "ROWS"))
+    return measure.error(fp32, int8, check_seed(_int(seed, "SEED"), "seed"), _int(rows, "ROWS"))
 
 
 class _HeldLogs(logging.Handler):
@@ -112,9 +117,9 @@ def _clean_orphans(argv: list[str]) -> None:
     folders = []
     if argv[0] == "quantize":
         folders.append(Path(argv[2]).parent)
-    cache = os.environ.get("CALIBRUN_CACHE", ".calibrun-cache")
+    cache = os.environ.get("CALIBRUN_CACHE", DEFAULT_DIR)
     if cache.strip().lower() not in {"off", "0", "false", ""}:
-        folders += [Path(cache), Path(cache) / "models"]
+        folders += cache_folders(cache)
     removed = [p for folder in folders for p in remove_orphans(folder)] + remove_temp_orphans()
     if removed:
         logging.getLogger("calibtool").info("removed %d temp file(s) of killed runs", len(removed))

@@ -12,7 +12,7 @@
     skipped; a watchdog kills a child whose RSS passes `--kill-gb` or that leaves the machine short of memory.
 (b) Time of calibration (`run_calibration`, MinMax and Entropy) against plain inference over the same
     `--time-batches` batches, with a breakdown of where the calibration time goes.
-(c) `calibrun.engine.quantize_lab` with a fresh cache folder, twice (miss, then hit), each in a fresh process.
+(c) `calibrun.quantize.quantize_lab` with a fresh cache folder, twice (miss, then hit), each in a fresh process.
 
 Tables go to stdout; progress and estimates go to stderr.
 """
@@ -131,7 +131,7 @@ def _max_bins(tensors) -> int:
 
 def _child_calibrun(job: dict, timers: _Timers) -> dict:
     import calibrun.calibrate as cc
-    from calibrun.data import lab_batches
+    from calibrun.data.lab import lab_batches
     from calibrun.model import float_input, load_model
 
     cc.create_calibrator = _instrument_calibrator(cc.create_calibrator, timers)
@@ -169,7 +169,7 @@ def _child_bare(job: dict, timers: _Timers) -> dict:
 
     ortq = sys.modules["onnxruntime.quantization.quantize"]  # the package re-exports a function of that name
 
-    from calibrun.data import lab_batches
+    from calibrun.data.lab import lab_batches
     from calibrun.model import float_input, load_model
 
     ortq.create_calibrator = _instrument_calibrator(ortq.create_calibrator, timers)
@@ -187,7 +187,7 @@ def _child_bare(job: dict, timers: _Timers) -> dict:
 def _child_plain(job: dict, timers: _Timers) -> dict:
     import onnxruntime as ort
 
-    from calibrun.data import lab_batches
+    from calibrun.data.lab import lab_batches
     from calibrun.model import float_input, load_model
 
     info = float_input(load_model(job["model"]), job["model"])
@@ -206,7 +206,8 @@ def _child_plain(job: dict, timers: _Timers) -> dict:
 
 def _child_quantize_lab(job: dict, timers: _Timers) -> dict:
     from calibrun.calibrate import CalibrationCache, CalibrationSpec
-    from calibrun.engine import open_float_model, quantize_lab
+    from calibrun.model import open_float_model
+    from calibrun.quantize import quantize_lab
 
     start, cpu_start = time.perf_counter(), time.process_time()
     model = open_float_model(job["model"])
@@ -316,7 +317,7 @@ class ModelFacts:
         from onnx import shape_inference
 
         from calibrun.calibrate import CalibrationSpec
-        from calibrun.data import ROWS_PER_BATCH
+        from calibrun.data.lab import ROWS_PER_BATCH
         from calibrun.model import float_input
 
         model = shape_inference.infer_shapes(onnx.load(str(path)))
@@ -581,7 +582,7 @@ def section_cache(bench: Bench, out: list[str]) -> None:
             shutil.rmtree(cache_root, ignore_errors=True)
     miss, hit = best_run(misses), best_run(hits)
     out.append("")
-    out.append(f"(c) Cache: calibrun.engine.quantize_lab ({args.cache_method}, chunk={args.time_chunk}, {n} batches), "
+    out.append(f"(c) Cache: calibrun.quantize.quantize_lab ({args.cache_method}, chunk={args.time_chunk}, {n} batches), "
                f"open_float_model + quantize_lab, each in a fresh process; best of {args.repeat} run(s)")
     table = [["", "seconds", "calibration s", "quantize_static s", "cache_hit", "peak RSS"]]
     for label, result in (("miss (fresh cache folder)", miss), ("hit (same folder)", hit)):

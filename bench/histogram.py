@@ -44,10 +44,10 @@ import onnxruntime as ort  # noqa: E402
 from _common import log, machine_line  # noqa: E402
 from onnxruntime.quantization.calibrate import HistogramCollector, create_calibrator  # noqa: E402
 
-from calibrun.calibrate import CalibrationSpec, _fast_collector, _lean_session, private_model_copy  # noqa: E402
-from calibrun.engine import open_float_model  # noqa: E402
+from calibrun.calibrate import CalibrationSpec, _fast_collector, _lean_session  # noqa: E402
+from calibrun.data.images import ImageTransform, image_calibration  # noqa: E402
 from calibrun.histogram import FastHistogramCollector  # noqa: E402
-from calibrun.sources import ImageTransform, image_calibration  # noqa: E402
+from calibrun.model import open_float_model, private_model_copy  # noqa: E402
 from tests.trained import PHOTOS, TEXT_PHOTOS, model_path, photo_folder  # noqa: E402
 
 

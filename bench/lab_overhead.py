@@ -23,7 +23,7 @@ Timed side by side in one run (repeats interleaved, medians reported):
               InferenceSessions per model). No calibrun import in that process: the fp32 model file is
               written beforehand with `calibrun.model.build_lab_model`. Reported twice: the loop in-process,
               and the whole subprocess including interpreter start and imports.
-(3)  engine   `calibrun.engine.quantize_lab` + `calibrun.engine.error` for the same 24 combos (fresh cache
+(3)  engine   `calibrun.quantize.quantize_lab` + `calibrun.measure.errors.error` for the same 24 combos (fresh cache
               folder: 12 calibrations, 12 cache hits), no Hydra, no MLflow; in-process and whole process.
 
 Each process is timed in wall seconds and in CPU seconds (user + sys of all its threads, from wait4); on a
@@ -131,18 +131,19 @@ def child_bare(work: Path, model: Path, input_name: str, features: int) -> dict:
 def child_engine(work: Path, model: Path) -> dict:
     """The 24 combos through calibrun.engine (calibration cache in a fresh folder), no Hydra, no MLflow."""
     t0 = time.perf_counter()
-    from calibrun import engine
     from calibrun.calibrate import CalibrationCache
-    from calibrun.quantize import QuantOptions
+    from calibrun.measure import errors as measure
+    from calibrun.model import open_float_model
+    from calibrun.quantize import QuantOptions, quantize_lab
 
     t1, c1 = time.perf_counter(), time.process_time()
-    fp32 = engine.open_float_model(model)
+    fp32 = open_float_model(model)
     cache = CalibrationCache(work / "cache")
     results, calib, quant, hits = {}, 0.0, 0.0, 0
     for i, (name, factor, batches, fmt) in enumerate(COMBOS):
         out = work / f"{i}.onnx"
-        q = engine.quantize_lab(fp32, out, CALIB_SEED, factor, batches, options=QuantOptions(format=fmt), cache=cache)
-        e = engine.error(fp32.path, out, EVAL_SEED, EVAL_ROWS)
+        q = quantize_lab(fp32, out, CALIB_SEED, factor, batches, options=QuantOptions(format=fmt), cache=cache)
+        e = measure.error(fp32.path, out, EVAL_SEED, EVAL_ROWS)
         results[label(name, batches, fmt)] = {k: e[k] for k in ("max_abs_error", "mean_abs_error")}
         calib += q["calibration_seconds"]
         quant += q["quantization_seconds"]
@@ -197,7 +198,7 @@ class Bench:
         sys.path.insert(0, str(self.root))
         import onnx
 
-        from calibrun.model import LAB_FEATURES, LAB_INPUT, build_lab_model
+        from calibrun.model.lab import LAB_FEATURES, LAB_INPUT, build_lab_model
 
         onnx.save_model(build_lab_model(), str(self.model))
         self.input_name, self.features = LAB_INPUT, LAB_FEATURES

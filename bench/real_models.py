@@ -107,7 +107,7 @@ def _batches(spec: dict, kind: str):
         rng = np.random.default_rng(777)
         rows = spec["rows"]
         return (rng.normal(0, 1, (min(16, rows - s), *shape)).astype(np.float32) for s in range(0, rows, 16))
-    from calibrun.sources import ImageTransform
+    from calibrun.data.images import ImageTransform
 
     transform = ImageTransform(resize=spec["size"], crop=spec["size"])
     files = sorted(Path(spec[f"{kind}_dir"]).iterdir())

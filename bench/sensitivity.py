@@ -60,14 +60,15 @@ def main() -> int:
 
     import onnx
 
-    from calibrun import engine, prepare
     from calibrun.analysis import qdq
     from calibrun.analysis import sensitivity as sens
     from calibrun.analysis.evaluate import Evaluator
-    from calibrun.data import fixed_rows
-    from calibrun.measure import session
-    from calibrun.sources import ImageTransform, image_calibration, image_evaluation
-    from calibrun.tasks import Custom
+    from calibrun.data.images import ImageTransform, image_calibration, image_evaluation
+    from calibrun.data.lab import fixed_rows
+    from calibrun.measure.errors import session
+    from calibrun.measure.tasks import Custom
+    from calibrun.model import open_float_model, prepare
+    from calibrun.quantize import quantize_with
     from tests.trained import model_path, photo_folder
 
     print(f"load average before: {load()}  (cpus: {os.cpu_count()})")
@@ -77,7 +78,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="calibrun.bench.") as tmp:
             tmp = Path(tmp)
             prepared = prepare.prepare_model(model_path(name), tmp / "fp32.onnx")
-            fp32 = engine.open_float_model(prepared.path)
+            fp32 = open_float_model(prepared.path)
             s = SETUPS[name]
             photos = photo_folder(tmp / "photos", *([s["photos"]] if "photos" in s else []))
             info = fp32.info
@@ -87,7 +88,7 @@ def main() -> int:
             task = Custom(s["task"]) if "task" in s else None
             data = image_calibration(photos, fp32.inputs, 4, 1.0, transform)
             int8 = tmp / "int8.onnx"
-            engine.quantize_with(fp32, int8, data, threads=args.threads, input_may_stay_float=True)
+            quantize_with(fp32, int8, data, threads=args.threads, input_may_stay_float=True)
             evaluation = image_evaluation(photos, fp32.inputs, args.rows, transform)
             rows = fixed_rows(info) or args.rows
             pairs = qdq.find_pairs(onnx.load(str(int8)), onnx.load(str(fp32.path)))

@@ -28,13 +28,12 @@ from pathlib import Path
 import yaml
 
 from calibrun import lab
-from calibrun.diagnosis import run_diagnosis, sample_trend
 from calibrun.errors import CalibrunError, one_line
-from calibrun.files import atomic_path, remove_orphans, temp_name, write_json
+from calibrun.files import RESULT_FILE, atomic_path, remove_orphans, temp_name, write_json
+from calibrun.measure.verdicts import run_diagnosis, sample_trend
 
 log = logging.getLogger("calibrun")
 
-RESULT_FILE = "result.json"  # calibrun.runner.RESULT_FILE (not imported: the aggregator needs no runner)
 RUNS_FILE = "runs.json"
 BUNDLE = "bundle"
 # the headline metric: the first one every completed run has (task metrics first), and which way is better
@@ -466,7 +465,7 @@ def _runs_table(r: _Report, metric: str, better: str) -> dict:
 
 def _diagnosis(r: _Report) -> dict:
     """diagnosis.json: a verdict per run, and per group of QDQ runs that differ only in batches whether more samples
-    would help (calibrun.diagnosis)."""
+    would help (calibrun.measure.verdicts)."""
     runs = {}
     for label, run in r.runs.items():
         table_file = run.result["files"].get("diagnostics")
@@ -496,13 +495,14 @@ def _diagnosis(r: _Report) -> dict:
 
 def _evaluation(run: Run):
     """The job's evaluation rows, rebuilt from what its result.json recorded, and its fp32 model."""
-    from calibrun import datasets, engine
+    from calibrun.data import evaluation_data
+    from calibrun.model import open_float_model
 
-    fp32 = engine.open_float_model(run.file("fp32"))
+    fp32 = open_float_model(run.file("fp32"))
     source = dict(run.result["eval_source"])
     if source.get("path"):
         source["path"] = str(run.resolve(source["path"]))
-    return fp32, datasets.evaluation_data(source, fp32, int(source["seed"]), int(source["rows"]))
+    return fp32, evaluation_data(source, fp32, int(source["seed"]), int(source["rows"]))
 
 
 def _eval_span(run: Run) -> float:
@@ -518,12 +518,12 @@ def _eval_span(run: Run) -> float:
 
 def _format_difference(qdq: Run, qop: Run) -> float:
     """max |qdq output - qoperator output| on the evaluation rows."""
-    from calibrun import engine
-    from calibrun.measure import max_abs_difference
+    from calibrun.measure import errors as measure
+    from calibrun.measure.errors import max_abs_difference
 
     fp32, evaluation = _evaluation(qdq)
-    a = engine.outputs(qdq.file("int8"), fp32, evaluation.feeds)
-    b = engine.outputs(qop.file("int8"), fp32, evaluation.feeds)
+    a = measure.outputs(qdq.file("int8"), fp32, evaluation.feeds)
+    b = measure.outputs(qop.file("int8"), fp32, evaluation.feeds)
     return max_abs_difference(a, b)
 
 

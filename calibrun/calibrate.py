@@ -6,7 +6,8 @@ calibrators themselves), `collect_data`/`compute_data`, `TensorsData` (to_dict/f
 `quantize_static(calibration_cache_path=...)` loads (with onnxruntime's `load_tensors_data`). What is written
 here: the chunk loop (bounded memory, progress), the key (onnxruntime's own cache only checks method and
 SmoothQuant), validation of a cache file before it is trusted (key record, a sha256 over the ranges, finite ordered
-ranges), and the atomic write with the key record beside the ranges.
+ranges), and the atomic write with the key record beside the ranges. The cache is calibrun.cache's `ranges` kind
+(one key scheme for every cached thing).
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ import hashlib
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime
 from onnxruntime.quantization.calibrate import (
     CalibrationCacheEncoder,
@@ -32,10 +33,13 @@ from onnxruntime.quantization.calibrate import (
 )
 from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
+from calibrun import cache as cache_store
+from calibrun.cache import key_of
 from calibrun.errors import CalibrunError
 from calibrun.files import atomic_path, temp_dir, write_json
 from calibrun.histogram import ALGORITHM as HISTOGRAM_ALGORITHM
 from calibrun.histogram import FastHistogramCollector
+from calibrun.model import private_model_copy
 from calibrun.progress import Progress
 from calibrun.reader import make_reader
 
@@ -91,6 +95,7 @@ class CalibrationSpec:
 
         need(self.method in METHODS, "name", f"must be one of {sorted(METHODS)}", self.method)
         need(self.chunk is None or self.chunk >= 1, "chunk", "must be >= 1", self.chunk)
+        need(self.num_bins is None or self.num_bins >= 1, "num_bins", "must be >= 1", self.num_bins)
         need(not self.per_channel, "per_channel",
              "per-channel activation ranges make onnxruntime's quantize_static fail; per-channel weights are "
              "quant.per_channel=true", self.per_channel)
@@ -195,16 +200,13 @@ def cache_record(model_sha256: str, data_identity: dict, input_name: str, spec: 
     }
 
 
-def cache_key(record: dict) -> str:
-    canonical = json.dumps(record, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
-
-
 class CalibrationCache:
-    """A folder of `<key>.json` (onnxruntime's cache format plus a `calibrun` record) and `<key>.key.json`."""
+    """The cache's `ranges` folder (calibrun.cache): `<key>.json` (onnxruntime's cache format plus a `calibrun`
+    record) and `<key>.key.json`, under the cache root `root`."""
 
-    def __init__(self, folder: str | Path):
-        self.folder = Path(folder)
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.folder = cache_store.folder(root, "ranges")
 
     def path(self, key: str) -> Path:
         return self.folder / f"{key}.json"
@@ -213,6 +215,10 @@ class CalibrationCache:
         """The cached span if `<key>.json` is present and valid; None on a miss. Bad files warn and miss."""
         path = self.path(key)
         if not path.is_file():
+            old = self.root / path.name
+            if old.is_file():
+                log.info("calibration cache: %s is of the earlier layout (ranges at the top of the cache) and is "
+                         "not read; computing the ranges again into %s", old, self.folder)
             return None
         try:
             return _validate(path, record, method)
@@ -221,10 +227,7 @@ class CalibrationCache:
             return None
 
     def store(self, key: str, record: dict, tensors: TensorsData, span: float) -> Path:
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise CalibrunError(f"cannot create cache folder {self.folder}: {exc.strerror or exc}") from exc
+        cache_store.folder(self.root, "ranges", create=True)
         return write_ranges(self.path(key), tensors, record, span, key_file=self.folder / f"{key}.key.json")
 
 
@@ -294,20 +297,6 @@ class _SpanTracker:
     def span(self) -> float:
         """max - min in the data's own dtype (float32), as `float(data.max() - data.min())` computes it."""
         return float(self.hi - self.lo)
-
-
-def private_model_copy(model_path: str | Path, folder: str | Path) -> Path:
-    """The model (external data included) saved into `folder`, a private temp dir; returns its path.
-
-    onnxruntime's shape inference (`load_model_with_shape_infer`, used by the calibrators and by
-    quantize_static given a path) writes `<model>-inferred.onnx` beside the file it is given and deletes it
-    afterwards: on the user's file, two jobs on one model (a parallel sweep) delete each other's file and
-    crash, and a read-only model folder fails. On a private copy, neither can happen.
-    """
-    target = Path(folder) / "model.onnx"
-    onnx.save_model(onnx.load(str(model_path)), str(target), save_as_external_data=True,
-                    all_tensors_to_one_file=True, location="model.onnx.data")
-    return target
 
 
 def run_calibration(model_path: str | Path, data, input_name: str, spec: CalibrationSpec,
@@ -390,7 +379,7 @@ def calibrated(
     With `cache=None` the ranges live in a temp folder for the duration of the block.
     """
     record = cache_record(model_sha256, data.identity(), input_name, spec)
-    key = cache_key(record)
+    key = key_of(record)
     start = time.perf_counter()
     if cache is not None:
         span = cache.load(key, record, spec.method)
@@ -410,3 +399,7 @@ def calibrated(
                           spec.op_types or None)
 
 
+def cache_from_env() -> CalibrationCache | None:
+    """calibtool's cache: `CALIBRUN_CACHE` names the folder (default .calibrun-cache), `off` disables it."""
+    folder = os.environ.get("CALIBRUN_CACHE", cache_store.DEFAULT_DIR)
+    return None if folder.strip().lower() in {"off", "0", "false", ""} else CalibrationCache(folder)

@@ -2,32 +2,37 @@
 (run before any work) that name the key at fault.
 
 The yaml files in conf/ fill this schema; a key that is not in it, or a value of the wrong type, fails
-when Hydra composes the config.
+when Hydra composes the config. The `method`, `quant` and image `data` nodes are not written here: their schema
+is made from the classes the code uses (CalibrationSpec, QuantOptions, ImageTransform), field by field, and
+`calibration_spec` / `quant_options` / ImageTransform.from_config build those classes back from the nodes. A new
+calibration option is a field of CalibrationSpec (checked in its __post_init__) and a line in conf/method/*.yaml.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
-from calibrun import tasks
-from calibrun.calibrate import METHODS, CalibrationSpec
-from calibrun.data import MAX_BATCHES, MAX_FACTOR, MAX_ROWS, MAX_SEED, MIN_FACTOR
+from calibrun.cache import DEFAULT_DIR as DEFAULT_CACHE_DIR
+from calibrun.calibrate import CalibrationSpec
+from calibrun.data.images import MAX_IMAGE_SIDE, ImageTransform
+from calibrun.data.lab import MAX_BATCHES, MAX_FACTOR, MAX_ROWS, MAX_SEED, MIN_FACTOR
 from calibrun.errors import CalibrunError
+from calibrun.fields import build_from, schema_of
+from calibrun.lab import CALIB_SEED, EVAL_ROWS, EVAL_SEED, MAIN_BATCHES
+from calibrun.measure import tasks
+from calibrun.measure.tasks import TASKS
 from calibrun.quantize import FORMATS, QuantOptions
-from calibrun.sources import IMAGENET_MEAN, IMAGENET_STD, MAX_IMAGE_SIDE, ImageTransform
-from calibrun.tasks import TASKS
 
 
 @dataclass
 class CalibrationConf:
     name: str = MISSING
     factor: float = MISSING
-    seed: int = 4242
+    seed: int = CALIB_SEED
 
 
 @dataclass
@@ -35,18 +40,13 @@ class FormatConf:
     name: str = "qdq"
 
 
-@dataclass
-class MethodConf:
-    name: str = "minmax"
-    symmetric: bool | None = None
-    moving_average: bool = False
-    averaging_constant: float = 0.01
-    percentile: float = 99.999
-    num_bins: int | None = None
-    num_quantized_bins: int = 128
-    scenario: str = "same"
-    per_channel: bool = False
-    chunk: int | None = None  # batches per histogram update; None: 16 for minmax, 1 for histogram methods
+# method.<option>: CalibrationSpec's fields (its `method` is method.name; op_types is not a config key)
+METHOD_KEYS = {"method": "name"}
+MethodConf = schema_of("MethodConf", CalibrationSpec, skip=("op_types",), rename=METHOD_KEYS,
+                       doc="The calibration method: calibrun.calibrate.CalibrationSpec, field by field.")
+# quant.<option>: QuantOptions' fields (its `format` is the format group)
+QuantConf = schema_of("QuantConf", QuantOptions, skip=("format",),
+                      doc="Post-calibration options (QuantOptions): changing any of them reuses the calibration cache.")
 
 
 @dataclass
@@ -60,44 +60,23 @@ DATA_SOURCES = ("lab", "npy", "images")
 MODELS = ("lab", "file", "digits")
 
 
-@dataclass
-class DataConf:
-    """A data source: `lab` (the rule of DESIGN.md), `npy` (.npy/.npz file or folder), `images` (folder)."""
-
-    name: str = "lab"
-    path: str | None = None
-    resize: int = 256  # images: the shorter side after resizing (not used with letterbox)
-    crop: Any = 224  # images: an int (square) or [height, width]; checked by validate()
-    mean: list[float] = field(default_factory=lambda: list(IMAGENET_MEAN))
-    std: list[float] = field(default_factory=lambda: list(IMAGENET_STD))
-    grayscale: bool = False
-    letterbox: bool = False  # images: fit inside crop keeping the aspect ratio, pad with pad_value
-    pad_value: float = 0.0  # images with letterbox: the padding, in 0..1 pixel scale (before mean/std)
-
-
-@dataclass
-class QuantConf:
-    """Post-calibration options: changing any of them reuses the calibration cache."""
-
-    activation_type: str = "QInt8"
-    weight_type: str = "QInt8"
-    per_channel: bool = False
-    reduce_range: bool = False
-    activation_symmetric: bool = False
-    nodes_to_exclude: list[str] = field(default_factory=list)
-    op_types_to_quantize: list[str] | None = None
+# A data source: `lab` (the rule of DESIGN.md), `npy` (.npy/.npz file or folder), `images` (folder; the pipeline's
+# options are calibrun.data.images.ImageTransform's fields).
+DataConf = schema_of("DataConf", ImageTransform, first=(("name", str, field(default="lab")),
+                                                        ("path", str | None, field(default=None))),
+                     doc="A data source: lab, npy or images (with ImageTransform's fields).")
 
 
 @dataclass
 class EvalConf:
-    seed: int = 777
-    rows: int = 256
+    seed: int = EVAL_SEED
+    rows: int = EVAL_ROWS
     batch_size: int | None = None  # rows per evaluation run; None: 16 (a model that pins its first axis: its size)
 
 
 @dataclass
 class TaskConf:
-    """Task metrics (calibrun.tasks): auto | none | classification | dense | custom."""
+    """Task metrics (calibrun.measure.tasks): auto | none | classification | dense | custom."""
 
     name: str = "auto"
     output: str | None = None  # the output judged (default: the first)
@@ -116,7 +95,7 @@ class DiagnosticsConf:
 @dataclass
 class CacheConf:
     enabled: bool = True
-    dir: str = ".calibrun-cache"
+    dir: str = DEFAULT_CACHE_DIR
 
 
 TRACKING = ("local", "server", "off")
@@ -177,7 +156,7 @@ class Config:
     task: TaskConf = field(default_factory=TaskConf)
     diagnostics: DiagnosticsConf = field(default_factory=DiagnosticsConf)
     analysis: AnalysisConf = field(default_factory=AnalysisConf)
-    batches: int = 64
+    batches: int = MAIN_BATCHES
     resume: bool = False  # skip jobs whose result.json is complete and valid (same sweep folder)
 
 
@@ -240,16 +219,7 @@ def validate(cfg: DictConfig) -> None:
         except CalibrunError as exc:
             raise CalibrunError(f"config {exc}") from None
     _need(cfg.format.name in FORMATS, "format.name", f"must be one of {sorted(FORMATS)}", cfg.format.name)
-    _need(cfg.method.name in METHODS, "method.name", f"must be one of {sorted(METHODS)}", cfg.method.name)
-    if cfg.method.chunk is not None:
-        _need(cfg.method.chunk >= 1, "method.chunk", "must be >= 1", cfg.method.chunk)
-    if cfg.method.name == "percentile":
-        _need(0 < cfg.method.percentile <= 100, "method.percentile", "must be in (0, 100]", cfg.method.percentile)
-    if cfg.method.num_bins is not None:
-        _need(cfg.method.num_bins >= 1, "method.num_bins", "must be >= 1", cfg.method.num_bins)
-    if cfg.method.moving_average:
-        _need(0 <= cfg.method.averaging_constant <= 1, "method.averaging_constant", "must be in [0, 1]",
-              cfg.method.averaging_constant)
+    calibration_spec(cfg)  # method.<option>: CalibrationSpec.__post_init__ checks each, naming the key
     _need(cfg.model.name in MODELS, "model.name", f"must be one of {list(MODELS)}", cfg.model.name)
     if cfg.model.name == "file":
         _need(bool(cfg.model.path), "model.path", "is required with model=file (model.path=/path/to/model.onnx)",
@@ -267,7 +237,6 @@ def validate(cfg: DictConfig) -> None:
               cfg.tracking.uri)
     _need(0 <= cfg.ort.intra_op_threads <= MAX_THREADS, "ort.intra_op_threads",
           f"must be in 0..{MAX_THREADS} (0: onnxruntime's choice, one per core)", cfg.ort.intra_op_threads)
-    calibration_spec(cfg)
     quant_options(cfg)
     from calibrun.analysis import validate as validate_analysis
 
@@ -305,19 +274,8 @@ def tracking_enabled(cfg: DictConfig) -> bool:
 
 
 def calibration_spec(cfg: DictConfig) -> CalibrationSpec:
-    m = cfg.method
-    return CalibrationSpec(
-        method=m.name, symmetric=m.symmetric, moving_average=m.moving_average,
-        averaging_constant=m.averaging_constant, percentile=m.percentile, num_bins=m.num_bins,
-        num_quantized_bins=m.num_quantized_bins, scenario=m.scenario, per_channel=m.per_channel, chunk=m.chunk,
-    )
+    return build_from(CalibrationSpec, cfg.method, rename={v: k for k, v in METHOD_KEYS.items()})
 
 
 def quant_options(cfg: DictConfig) -> QuantOptions:
-    q = cfg.quant
-    return QuantOptions(
-        format=cfg.format.name, activation_type=q.activation_type, weight_type=q.weight_type,
-        per_channel=q.per_channel, reduce_range=q.reduce_range, activation_symmetric=q.activation_symmetric,
-        nodes_to_exclude=tuple(q.nodes_to_exclude),
-        op_types_to_quantize=tuple(q.op_types_to_quantize) if q.op_types_to_quantize else None,
-    )
+    return build_from(QuantOptions, cfg.quant, format=cfg.format.name)

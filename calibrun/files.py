@@ -1,5 +1,6 @@
 """Atomic file writes (every file calibrun writes appears whole or not at all), checks that a target is writable and
-is not the source, private temp folders, and the removal of the temp files and folders that killed runs left."""
+is not the source, private temp folders, the removal of the temp files and folders that killed runs left, and the
+names of the files a job folder holds (the runner writes them, the aggregator reads them)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from calibrun.errors import CalibrunError
+
+# A job folder's files
+RESULT_FILE = "result.json"
+RANGES_FILE = "ranges.json"
+DIAGNOSTICS_FILE = "diagnostics.json"
 
 _FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # the device is full (or the quota, the file size limit)
 

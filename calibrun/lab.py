@@ -13,7 +13,7 @@ from collections.abc import Mapping
 CALIB_SEED = 4242
 EVAL_SEED = 777
 EVAL_ROWS = 256
-ROWS_PER_BATCH = 16
+ROWS_PER_BATCH = 16  # one calibration batch (a model that pins its first axis to b gets b)
 FACTORS = {"narrow": 0.2, "match": 1.0, "wide": 10.0}
 CALIBRATIONS = tuple(FACTORS)  # narrow, match, wide
 MAIN_BATCHES = 64
@@ -21,6 +21,14 @@ SAMPLE_BATCHES = (1, 8, 64, 512)
 SMALL_BATCHES = 8  # match with this many batches against narrow with the most
 FORMATS = ("qdq", "qoperator")
 METHOD = "minmax"
+
+# The lab model's sizes (calibrun.model.lab builds it)
+LAB_FEATURES = 16
+LAB_HIDDEN = 32
+LAB_OUTPUTS = 8
+LAB_WEIGHT_SEED = 0
+LAB_OPSET = 17
+LAB_INPUT = "x"
 
 # config key -> the lab's value (None: unset); keys absent from a job's config count as the default
 FIXED = {

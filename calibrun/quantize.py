@@ -5,16 +5,21 @@ Everything here is post-calibration: changing any of these options reuses the ca
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import onnx
 from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
-from calibrun.calibrate import METHODS, Calibration, private_model_copy
+from calibrun.calibrate import METHODS, Calibration, CalibrationCache, CalibrationSpec, calibrated
+from calibrun.data.lab import lab_batches
 from calibrun.errors import CalibrunError
-from calibrun.files import atomic_path, temp_dir
+from calibrun.files import atomic_path, check_not_source, check_writable, temp_dir
+from calibrun.model import FloatModel, external_files, private_model_copy
+from calibrun.model.graph import input_quant, op_counts, scales_summary
 
 FORMATS = {"qdq": QuantFormat.QDQ, "qoperator": QuantFormat.QOperator}
 QUANT_TYPES = {name: QuantType[name] for name in ("QInt8", "QUInt8", "QInt16", "QUInt16")}
@@ -169,3 +174,64 @@ def resolve_exclusions(model_path: str | Path, options: QuantOptions) -> tuple[Q
     resolved = check_exclusions(onnx.load(str(model_path), load_external_data=False), options)
     record = {"exclusions": {"nodes_to_exclude": list(resolved.nodes), "mapped": resolved.mapped}}
     return dataclasses.replace(options, nodes_to_exclude=resolved.nodes), record
+
+
+def quantize_with(
+    fp32: FloatModel,
+    out: str | Path,
+    data,
+    spec: CalibrationSpec | None = None,
+    options: QuantOptions | None = None,
+    cache: CalibrationCache | None = None,
+    ranges_copy: str | Path | None = None,
+    threads: int = 0,
+    input_may_stay_float: bool = False,
+) -> dict:
+    """Calibrate (cached) on `data` (a sized, re-iterable source with identity()), quantise, describe the model.
+
+    `ranges_copy`: also keep the calibration ranges there (onnxruntime's cache format).
+    `input_may_stay_float`: excluded nodes may leave the graph input in fp32 (its scale fields are then None).
+    """
+    spec = spec or CalibrationSpec()
+    options = options or QuantOptions()
+    out = check_writable(out)  # before calibrating, not after
+    check_not_source(fp32.path, out, external_files(fp32.path))
+
+    def check(tmp: Path) -> None:
+        if not input_may_stay_float:
+            input_quant(onnx.load(str(tmp)), where=f"quantised {fp32.path.name}")
+
+    with calibrated(fp32.path, fp32.sha256, data, fp32.info.name, spec, cache, threads) as cal:
+        quant_seconds = quantize(fp32.path, out, cal, options, check=check)
+        if ranges_copy is not None:
+            with atomic_path(ranges_copy) as tmp:
+                shutil.copyfile(cal.ranges_path, tmp)
+    written = onnx.load(str(out))
+    try:
+        summary = scales_summary(written, str(out))
+    except CalibrunError:
+        if not input_may_stay_float:
+            raise
+        ops = op_counts(written)
+        summary = {"input_scale": None, "input_zero_point": None, "observed_span": None,
+                   "quantize_nodes": ops.get("QuantizeLinear", 0), "dequantize_nodes": ops.get("DequantizeLinear", 0)}
+    return {
+        "out": str(out),
+        "bytes": out.stat().st_size,
+        "batches": cal.batches,
+        "span": cal.span,
+        "format": options.format,
+        "ops": op_counts(written),
+        **summary,
+        "cache_hit": cal.hit,
+        "cache_key": cal.key,
+        "calibration_seconds": cal.seconds,
+        "quantization_seconds": quant_seconds,
+    }
+
+
+def quantize_lab(fp32: FloatModel, out: str | Path, seed: int, factor: float, batches: int, spec=None,
+                 options=None, cache=None, ranges_copy=None) -> dict:
+    """Calibrate on the lab rule (DESIGN.md), quantise, and describe the written model."""
+    data = lab_batches(fp32.lab_input(), seed, factor, batches)
+    return quantize_with(fp32, out, data, spec, options, cache, ranges_copy)

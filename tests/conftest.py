@@ -92,7 +92,7 @@ def requires_extra(module: str, extra: str) -> pytest.MarkDecorator:
 @pytest.fixture
 def lab_model(tmp_path: Path) -> Path:
     """The lab model written by calibrun.model.write_lab_model into tmp_path/models/lab.onnx."""
-    from calibrun.model import write_lab_model
+    from calibrun.model.lab import write_lab_model
 
     folder = tmp_path / "models"
     folder.mkdir(exist_ok=True)

@@ -21,16 +21,17 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from calibrun import config as calibrun_config
-from calibrun import engine
 from calibrun.analysis import qdq
 from calibrun.analysis.evaluate import Evaluator
 from calibrun.analysis.sensitivity import fallback, rank
 from calibrun.calibrate import CalibrationCache, CalibrationSpec, calibrated
-from calibrun.data import lab_batches
+from calibrun.data import EvalData
+from calibrun.data.lab import lab_batches
 from calibrun.errors import CalibrunError
-from calibrun.quantize import QuantOptions, check_exclusions, quantize
-from calibrun.sources import EvalData
-from calibrun.tasks import Custom, load_function
+from calibrun.measure import errors as measure
+from calibrun.measure.tasks import Custom, load_function
+from calibrun.model import open_float_model
+from calibrun.quantize import QuantOptions, check_exclusions, quantize, quantize_lab
 from tests.stores import fresh_mlflow_store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,11 +94,11 @@ def test_unknown_op_type_names_the_closest(lab_model):
 @pytest.fixture
 def narrow(tmp_path, lab_model):
     """The lab model quantised on narrow calibration (factor 0.2, 8 batches), with its ranges kept."""
-    fp32 = engine.open_float_model(lab_model)
+    fp32 = open_float_model(lab_model)
     int8 = tmp_path / "int8.onnx"
     ranges = tmp_path / "ranges.json"
-    engine.quantize_lab(fp32, int8, 4242, 0.2, 8, cache=CalibrationCache(tmp_path / "cache"), ranges_copy=ranges)
-    feeds = engine.lab_feeds(fp32, 777, 64)
+    quantize_lab(fp32, int8, 4242, 0.2, 8, cache=CalibrationCache(tmp_path / "cache"), ranges_copy=ranges)
+    feeds = measure.lab_feeds(fp32, 777, 64)
     return fp32, int8, ranges, feeds
 
 
@@ -361,7 +362,7 @@ def test_unknown_exclusion_fails_before_any_work(tmp_path):
     assert "Traceback" not in proc.stderr
     assert not (run_dir / "int8.onnx").exists()
     assert not (run_dir / "ranges.json").exists()
-    assert not list((tmp_path / "cache").glob("*.json"))  # nothing was calibrated
+    assert not list((tmp_path / "cache").rglob("*.json"))  # nothing was calibrated
 
 
 @pytest.mark.slow
@@ -447,7 +448,7 @@ def test_fallback_repairs_a_trained_detector_end_to_end(tmp_path):
     detections; the sensitivity of the 24 tensors the diagnostics rank worst (a bounded test: the whole model has
     275 activation pairs) and the fallback find a short node list that gets the detection agreement to 0.8, and
     that list pasted into quant.nodes_to_exclude gives the same model and the same agreement."""
-    from calibrun.diagnostics import worst
+    from calibrun.measure.tensor_stats import worst
     from tests.trained import model_path, photo_folder
 
     photos = photo_folder(tmp_path / "photos", ("page.png", "rocket.jpg"))

@@ -61,7 +61,7 @@ class Assets:
     """Input files shared by the cases (read only: the fixture checks that no case touched them)."""
 
     def __init__(self, root: Path):
-        from calibrun.model import write_lab_model
+        from calibrun.model.lab import write_lab_model
 
         self.root = root
         self.lab = write_lab_model(root / "lab.onnx")
@@ -104,10 +104,11 @@ class Assets:
         (self.images / "b.png").write_bytes(b"definitely not a png\n" * 8)
         self.plain = root / "plain.txt"  # a regular file where a folder is expected
         self.plain.write_text("keep me\n")
-        from calibrun import engine
+        from calibrun.model import open_float_model
+        from calibrun.quantize import quantize_lab
 
         self.int8 = root / "int8.onnx"
-        engine.quantize_lab(engine.open_float_model(self.lab), self.int8, 1, 1.0, 2)
+        quantize_lab(open_float_model(self.lab), self.int8, 1, 1.0, 2)
         no_outputs = onnx.load(str(self.lab))
         del no_outputs.graph.output[:]
         self.no_outputs = save(no_outputs, root / "no_outputs.onnx")
@@ -166,14 +167,14 @@ def _calibtool_then_corrupt(a: Assets, root: Path) -> None:
     code, _, stderr, _ = _calibtool(["quantize", a.lab, "first.onnx", "1", "1.0", "2"], root, _env(root, {}))
     assert code == 0, stderr
     (root / "first.onnx").unlink()
-    _corrupt_cache(root / "cache")
+    _corrupt_cache(root / "cache" / "ranges")
 
 
 def _calibrun_then_corrupt(a: Assets, root: Path) -> None:
     proc = _calibrun(["batches=2", f"hydra.run.dir={root / 'first'}", f"cache.dir={root / 'cache'}",
                       "tracking=off"], root, _env(root, {}), TIMEOUT)
     assert proc[0] == 0, proc[2]
-    _corrupt_cache(root / "cache")
+    _corrupt_cache(root / "cache" / "ranges")
 
 
 def _calibrun_then_truncate_prepared(a: Assets, root: Path) -> None:
@@ -406,7 +407,7 @@ def test_bad_input(case: Case, outcomes: dict[str, Outcome]):
             assert onnx.load(str(run.root / "out" / "q.onnx")).graph.node
         else:
             assert json.loads((run.root / "run" / "result.json").read_text())["status"] == "ok"
-        for path in (run.root / "cache").glob("*.json"):  # the corrupt file was replaced by a whole one
+        for path in (run.root / "cache" / "ranges").glob("*.json"):  # the corrupt file was replaced by a whole one
             json.loads(path.read_text())
         return
 

@@ -23,18 +23,19 @@ import onnxruntime
 import pytest
 from onnx import TensorProto
 
-from calibrun import calibrate, engine
+from calibrun import calibrate
+from calibrun.cache import key_of as cache_key
 from calibrun.calibrate import (
     CalibrationCache,
     CalibrationSpec,
-    cache_key,
     cache_record,
     run_calibration,
 )
-from calibrun.data import lab_batches
+from calibrun.data.lab import lab_batches
 from calibrun.errors import CalibrunError
-from calibrun.model import InputInfo, write_lab_model
-from calibrun.quantize import QuantOptions
+from calibrun.model import InputInfo, open_float_model
+from calibrun.model.lab import write_lab_model
+from calibrun.quantize import QuantOptions, quantize_lab
 from tests.conftest import clean_env, run_calibtool
 
 SEED, FACTOR, BATCHES = 4242, 1.0, 4
@@ -138,7 +139,7 @@ def lab_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def fp32(lab_model):
-    return engine.open_float_model(lab_model)
+    return open_float_model(lab_model)
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +147,7 @@ def clean(fp32, tmp_path_factory) -> dict:
     """A clean miss run into a fresh cache: the reference every other run is compared with."""
     folder = tmp_path_factory.mktemp("clean")
     cache = CalibrationCache(folder / "cache")
-    result = engine.quantize_lab(fp32, folder / "int8.onnx", SEED, FACTOR, BATCHES, cache=cache)
+    result = quantize_lab(fp32, folder / "int8.onnx", SEED, FACTOR, BATCHES, cache=cache)
     assert result["cache_hit"] is False
     return {
         "result": result,
@@ -258,9 +259,9 @@ def test_key_changes_with_onnxruntime_version(monkeypatch):
 
 def test_key_file_records_what_went_into_the_key(tmp_path, fp32, lab_model):
     cache = CalibrationCache(tmp_path / "cache")
-    result = engine.quantize_lab(fp32, tmp_path / "int8.onnx", SEED, 0.2, BATCHES, cache=cache)
+    result = quantize_lab(fp32, tmp_path / "int8.onnx", SEED, 0.2, BATCHES, cache=cache)
     key = result["cache_key"]
-    key_file = tmp_path / "cache" / f"{key}.key.json"
+    key_file = cache.folder / f"{key}.key.json"
     text = key_file.read_text()
     assert "\n  " in text  # indented: readable by a person
     recorded = json.loads(text)
@@ -285,17 +286,17 @@ def test_key_file_records_what_went_into_the_key(tmp_path, fp32, lab_model):
 
 
 def test_second_call_is_a_hit_with_identical_results(tmp_path, fp32, spy):
-    nocache = engine.quantize_lab(fp32, tmp_path / "nocache.onnx", SEED, FACTOR, BATCHES, cache=None)
+    nocache = quantize_lab(fp32, tmp_path / "nocache.onnx", SEED, FACTOR, BATCHES, cache=None)
     assert nocache["cache_hit"] is False
     cache = CalibrationCache(tmp_path / "cache")
-    miss = engine.quantize_lab(fp32, tmp_path / "miss.onnx", SEED, FACTOR, BATCHES, cache=cache)
+    miss = quantize_lab(fp32, tmp_path / "miss.onnx", SEED, FACTOR, BATCHES, cache=cache)
     assert miss["cache_hit"] is False
     assert spy.calibrators == 2  # the spy is wired: both runs above calibrated
     assert spy.sessions >= 2
-    assert cache_entries(tmp_path / "cache") == sorted([f"{miss['cache_key']}.json", f"{miss['cache_key']}.key.json"])
+    assert cache_entries(cache.folder) == sorted([f"{miss['cache_key']}.json", f"{miss['cache_key']}.key.json"])
 
     spy.forbid()
-    hit = engine.quantize_lab(fp32, tmp_path / "hit.onnx", SEED, FACTOR, BATCHES, cache=cache)
+    hit = quantize_lab(fp32, tmp_path / "hit.onnx", SEED, FACTOR, BATCHES, cache=cache)
     assert hit["cache_hit"] is True
     assert hit["cache_key"] == miss["cache_key"] == nocache["cache_key"]
     for field in ("input_scale", "input_zero_point", "span", "batches", "ops", "bytes"):
@@ -307,7 +308,7 @@ def test_second_call_is_a_hit_with_identical_results(tmp_path, fp32, spy):
 
 def test_cached_input_range_is_what_the_graph_pins(tmp_path, fp32, lab_model):
     cache = CalibrationCache(tmp_path / "cache")
-    result = engine.quantize_lab(fp32, tmp_path / "int8.onnx", SEED, FACTOR, BATCHES, cache=cache)
+    result = quantize_lab(fp32, tmp_path / "int8.onnx", SEED, FACTOR, BATCHES, cache=cache)
     raw = json.loads(cache.path(result["cache_key"]).read_text())
     name, _ = model_input(lab_model)
     lo = raw["data"][name]["lowest"]["data"][0]
@@ -330,14 +331,14 @@ QUANT_VARIANTS = {
 
 @pytest.mark.parametrize("options", QUANT_VARIANTS.values(), ids=QUANT_VARIANTS.keys())
 def test_quant_options_reuse_the_calibration(tmp_path, fp32, spy, options):
-    reference = engine.quantize_lab(fp32, tmp_path / "ref.onnx", SEED, FACTOR, BATCHES, options=options,
+    reference = quantize_lab(fp32, tmp_path / "ref.onnx", SEED, FACTOR, BATCHES, options=options,
                                     cache=None)
     cache = CalibrationCache(tmp_path / "cache")
-    first = engine.quantize_lab(fp32, tmp_path / "default.onnx", SEED, FACTOR, BATCHES, cache=cache)
+    first = quantize_lab(fp32, tmp_path / "default.onnx", SEED, FACTOR, BATCHES, cache=cache)
     assert first["cache_hit"] is False
 
     spy.forbid()
-    second = engine.quantize_lab(fp32, tmp_path / "variant.onnx", SEED, FACTOR, BATCHES, options=options,
+    second = quantize_lab(fp32, tmp_path / "variant.onnx", SEED, FACTOR, BATCHES, options=options,
                                  cache=cache)
     assert second["cache_hit"] is True
     assert second["cache_key"] == first["cache_key"] == reference["cache_key"]
@@ -362,15 +363,15 @@ MISSES = {
 def test_changing_a_key_input_is_a_miss(tmp_path, fp32, spy, change):
     cache = CalibrationCache(tmp_path / "cache")
     args = {"seed": SEED, "factor": FACTOR, "batches": BATCHES}
-    base = engine.quantize_lab(fp32, tmp_path / "base.onnx", **args, cache=cache)
-    other = engine.quantize_lab(fp32, tmp_path / "other.onnx", **{**args, **change}, cache=cache)
+    base = quantize_lab(fp32, tmp_path / "base.onnx", **args, cache=cache)
+    other = quantize_lab(fp32, tmp_path / "other.onnx", **{**args, **change}, cache=cache)
     assert other["cache_hit"] is False
     assert other["cache_key"] != base["cache_key"]
     assert spy.calibrators == 2
     assert cache.path(other["cache_key"]).is_file()
     assert cache.path(base["cache_key"]).is_file()  # a miss for one key leaves the other alone
     spy.forbid()
-    again = engine.quantize_lab(fp32, tmp_path / "again.onnx", **args, cache=cache)
+    again = quantize_lab(fp32, tmp_path / "again.onnx", **args, cache=cache)
     assert again["cache_hit"] is True
 
 
@@ -378,15 +379,15 @@ def test_changing_a_key_input_is_a_miss(tmp_path, fp32, spy, change):
 def test_calibrating_a_subset_of_op_types_quantises_only_those(tmp_path, fp32, fmt):
     spec = CalibrationSpec(op_types=("MatMul",))
     cache = CalibrationCache(tmp_path / "cache")
-    result = engine.quantize_lab(fp32, tmp_path / "a.onnx", SEED, FACTOR, BATCHES, spec=spec,
+    result = quantize_lab(fp32, tmp_path / "a.onnx", SEED, FACTOR, BATCHES, spec=spec,
                                  options=QuantOptions(format=fmt), cache=cache)
-    explicit = engine.quantize_lab(fp32, tmp_path / "b.onnx", SEED, FACTOR, BATCHES, spec=spec,
+    explicit = quantize_lab(fp32, tmp_path / "b.onnx", SEED, FACTOR, BATCHES, spec=spec,
                                    options=QuantOptions(format=fmt, op_types_to_quantize=("MatMul",)), cache=cache)
     assert explicit["cache_hit"] is True
     assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
     ranges = json.loads(cache.path(result["cache_key"]).read_text())["data"]
     assert "y" not in ranges  # the final Add's output was not calibrated ...
-    full = engine.quantize_lab(fp32, tmp_path / "full.onnx", SEED, FACTOR, BATCHES,
+    full = quantize_lab(fp32, tmp_path / "full.onnx", SEED, FACTOR, BATCHES,
                                options=QuantOptions(format=fmt), cache=None)
     assert result["ops"] != full["ops"]  # ... and only MatMul was quantised:
     assert result["ops"]["Add"] == full["ops"].get("Add", 0) + full["ops"].get("QLinearAdd", 0)  # Adds stay float
@@ -398,7 +399,7 @@ def test_quantising_op_types_that_were_not_calibrated_is_a_clear_error(tmp_path,
     spec = CalibrationSpec(op_types=("MatMul",))
     options = QuantOptions(op_types_to_quantize=("MatMul", "Add"))
     with pytest.raises(CalibrunError, match="not calibrated"):
-        engine.quantize_lab(fp32, tmp_path / "a.onnx", SEED, FACTOR, BATCHES, spec=spec, options=options)
+        quantize_lab(fp32, tmp_path / "a.onnx", SEED, FACTOR, BATCHES, spec=spec, options=options)
     assert not (tmp_path / "a.onnx").exists()
 
 
@@ -411,14 +412,14 @@ def test_model_bytes_decide_the_key_not_the_path(tmp_path, lab_model, spy):
     model.doc_string = "same graph, other bytes"
     onnx.save(model, str(variant))
 
-    first = engine.quantize_lab(engine.open_float_model(lab_model), tmp_path / "a.onnx", SEED, FACTOR, BATCHES,
+    first = quantize_lab(open_float_model(lab_model), tmp_path / "a.onnx", SEED, FACTOR, BATCHES,
                                 cache=cache)
-    other = engine.quantize_lab(engine.open_float_model(variant), tmp_path / "b.onnx", SEED, FACTOR, BATCHES,
+    other = quantize_lab(open_float_model(variant), tmp_path / "b.onnx", SEED, FACTOR, BATCHES,
                                 cache=cache)
     assert other["cache_hit"] is False
     assert other["cache_key"] != first["cache_key"]
     spy.forbid()
-    same = engine.quantize_lab(engine.open_float_model(copy), tmp_path / "c.onnx", SEED, FACTOR, BATCHES,
+    same = quantize_lab(open_float_model(copy), tmp_path / "c.onnx", SEED, FACTOR, BATCHES,
                                cache=cache)
     assert same["cache_hit"] is True
     assert same["cache_key"] == first["cache_key"]
@@ -426,13 +427,13 @@ def test_model_bytes_decide_the_key_not_the_path(tmp_path, lab_model, spy):
 
 def test_onnxruntime_version_change_is_a_miss(tmp_path, fp32, monkeypatch):
     cache = CalibrationCache(tmp_path / "cache")
-    first = engine.quantize_lab(fp32, tmp_path / "a.onnx", SEED, FACTOR, BATCHES, cache=cache)
+    first = quantize_lab(fp32, tmp_path / "a.onnx", SEED, FACTOR, BATCHES, cache=cache)
     other_version = f"{onnxruntime.__version__}+other"
     monkeypatch.setattr(calibrate.onnxruntime, "__version__", other_version)
-    second = engine.quantize_lab(fp32, tmp_path / "b.onnx", SEED, FACTOR, BATCHES, cache=cache)
+    second = quantize_lab(fp32, tmp_path / "b.onnx", SEED, FACTOR, BATCHES, cache=cache)
     assert second["cache_hit"] is False
     assert second["cache_key"] != first["cache_key"]
-    recorded = json.loads((tmp_path / "cache" / f"{second['cache_key']}.key.json").read_text())
+    recorded = json.loads((cache.folder / f"{second['cache_key']}.key.json").read_text())
     assert recorded["onnxruntime"] == other_version
 
 
@@ -443,17 +444,17 @@ def test_onnxruntime_version_change_is_a_miss(tmp_path, fp32, monkeypatch):
 def test_cached_span_is_the_lab_data_span(tmp_path, fp32, lab_model, spy, seed, factor, batches):
     expected = lab_span(lab_model, seed, factor, batches)
     cache = CalibrationCache(tmp_path / "cache")
-    miss = engine.quantize_lab(fp32, tmp_path / "a.onnx", seed, factor, batches, cache=cache)
+    miss = quantize_lab(fp32, tmp_path / "a.onnx", seed, factor, batches, cache=cache)
     key = miss["cache_key"]
     assert miss["span"] == pytest.approx(expected, rel=SPAN_REL)
     assert json.loads(cache.path(key).read_text())["calibrun"]["span"] == pytest.approx(expected, rel=SPAN_REL)
-    assert json.loads((tmp_path / "cache" / f"{key}.key.json").read_text())["span"] == pytest.approx(
+    assert json.loads((cache.folder / f"{key}.key.json").read_text())["span"] == pytest.approx(
         expected, rel=SPAN_REL
     )
     record = json.loads(cache.path(key).read_text())["calibrun"]["record"]
     assert cache.load(key, record, "minmax") == pytest.approx(expected, rel=SPAN_REL)
     spy.forbid()
-    hit = engine.quantize_lab(fp32, tmp_path / "b.onnx", seed, factor, batches, cache=cache)
+    hit = quantize_lab(fp32, tmp_path / "b.onnx", seed, factor, batches, cache=cache)
     assert hit["cache_hit"] is True
     assert hit["span"] == miss["span"]  # the cache returns exactly what it stored
 
@@ -525,14 +526,14 @@ CORRUPTIONS = {
 @pytest.mark.parametrize("corrupt", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
 def test_corrupt_cache_file_warns_recomputes_and_is_replaced(tmp_path, fp32, clean, spy, caplog, corrupt):
     cache = CalibrationCache(tmp_path / "cache")
-    cache.folder.mkdir()
+    cache.folder.mkdir(parents=True)
     path = cache.path(clean["key"])
     bad = corrupt(clean["text"])
     assert bad != clean["text"]
     path.write_text(bad)
 
     caplog.set_level("WARNING", logger="calibrun.calibrate")
-    result = engine.quantize_lab(fp32, tmp_path / "int8.onnx", SEED, FACTOR, BATCHES, cache=cache)
+    result = quantize_lab(fp32, tmp_path / "int8.onnx", SEED, FACTOR, BATCHES, cache=cache)
 
     warnings = calibrun_warnings(caplog)
     assert len(warnings) == 1, warnings
@@ -548,13 +549,14 @@ def test_corrupt_cache_file_warns_recomputes_and_is_replaced(tmp_path, fp32, cle
     assert cache_entries(cache.folder) == sorted([path.name, f"{clean['key']}.key.json"])
     caplog.clear()
     spy.forbid()
-    again = engine.quantize_lab(fp32, tmp_path / "again.onnx", SEED, FACTOR, BATCHES, cache=cache)
+    again = quantize_lab(fp32, tmp_path / "again.onnx", SEED, FACTOR, BATCHES, cache=cache)
     assert again["cache_hit"] is True
     assert calibrun_warnings(caplog) == []
 
 
 def test_clean_cache_file_loads_without_warning(tmp_path, clean, caplog):
     cache = CalibrationCache(tmp_path)
+    cache.folder.mkdir()
     cache.path(clean["key"]).write_text(clean["text"])
     record = json.loads(clean["text"])["calibrun"]["record"]
     caplog.set_level("WARNING", logger="calibrun.calibrate")
@@ -570,7 +572,7 @@ def test_clean_cache_file_loads_without_warning(tmp_path, clean, caplog):
 def test_chunked_minmax_equals_one_pass(lab_model):
     batches = 10
     name, _ = model_input(lab_model)
-    info = engine.open_float_model(lab_model).info
+    info = open_float_model(lab_model).info
     data = lab_batches(info, SEED, FACTOR, batches)
     one_pass, span = run_calibration(lab_model, data, name, CalibrationSpec(chunk=batches))
     reference = ranges_of(one_pass)
@@ -586,7 +588,7 @@ def test_chunked_minmax_equals_one_pass(lab_model):
 @pytest.mark.parametrize("method", ["entropy", "percentile", "distribution"])
 @pytest.mark.parametrize("chunk", [3, 64])
 def test_histogram_methods_are_deterministic_per_chunk(lab_model, method, chunk):
-    info = engine.open_float_model(lab_model).info
+    info = open_float_model(lab_model).info
     data = lab_batches(info, SEED, FACTOR, 7)
     spec = CalibrationSpec(method=method, chunk=chunk)
     first, _ = run_calibration(lab_model, data, info.name, spec)
@@ -604,9 +606,9 @@ def test_histogram_methods_are_deterministic_per_chunk(lab_model, method, chunk)
 def test_histogram_methods_through_the_cache(tmp_path, fp32, spy, method):
     cache = CalibrationCache(tmp_path / "cache")
     spec = CalibrationSpec(method=method, chunk=2)
-    miss = engine.quantize_lab(fp32, tmp_path / "a.onnx", SEED, FACTOR, BATCHES, spec=spec, cache=cache)
+    miss = quantize_lab(fp32, tmp_path / "a.onnx", SEED, FACTOR, BATCHES, spec=spec, cache=cache)
     spy.forbid()
-    hit = engine.quantize_lab(fp32, tmp_path / "b.onnx", SEED, FACTOR, BATCHES, spec=spec, cache=cache)
+    hit = quantize_lab(fp32, tmp_path / "b.onnx", SEED, FACTOR, BATCHES, spec=spec, cache=cache)
     assert (miss["cache_hit"], hit["cache_hit"]) == (False, True)
     assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
 
@@ -626,8 +628,9 @@ def test_calibtool_second_run_reuses_the_cache(tmp_path, lab_model):
         return json.loads(stdout)
 
     first = run()
-    entries = cache_entries(cache_dir)
-    ranges = [cache_dir / e for e in entries if e.endswith(".json") and not e.endswith(".key.json")]
+    folder = cache_dir / "ranges"
+    entries = cache_entries(folder)
+    ranges = [folder / e for e in entries if e.endswith(".json") and not e.endswith(".key.json")]
     assert len(entries) == 2, entries
     assert len(ranges) == 1, entries
     before = ranges[0].stat()
@@ -636,7 +639,7 @@ def test_calibtool_second_run_reuses_the_cache(tmp_path, lab_model):
 
     second = run()
     assert second == first
-    assert cache_entries(cache_dir) == entries
+    assert cache_entries(folder) == entries
     after = ranges[0].stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)  # not rewritten: a hit
     assert ranges[0].read_text() == text
@@ -650,7 +653,8 @@ RACE_SCRIPT = textwrap.dedent(
     """
     import json, sys, time
     from pathlib import Path
-    from calibrun import engine
+    from calibrun.model import open_float_model
+    from calibrun.quantize import quantize_lab
     from calibrun.calibrate import CalibrationCache
 
     model, out, folder, barrier, me = sys.argv[1:6]
@@ -670,8 +674,8 @@ RACE_SCRIPT = textwrap.dedent(
         return found
 
     CalibrationCache.load = load_then_wait
-    fp32 = engine.open_float_model(model)
-    result = engine.quantize_lab(fp32, out, 4242, 1.0, 16, cache=CalibrationCache(folder))
+    fp32 = open_float_model(model)
+    result = quantize_lab(fp32, out, 4242, 1.0, 16, cache=CalibrationCache(folder))
     print(json.dumps({"key": result["cache_key"], "hit": result["cache_hit"], "span": result["span"]}))
     """
 )
@@ -688,7 +692,7 @@ def test_nothing_is_written_beside_the_users_model(tmp_path, lab_model):
     sentinel.write_text("a file of the user's")
     before = cache_entries(folder)
     for method in ("minmax", "entropy"):
-        engine.quantize_lab(engine.open_float_model(model), tmp_path / f"{method}.onnx", SEED, FACTOR, BATCHES,
+        quantize_lab(open_float_model(model), tmp_path / f"{method}.onnx", SEED, FACTOR, BATCHES,
                             spec=CalibrationSpec(method=method), cache=CalibrationCache(tmp_path / "cache"))
     assert cache_entries(folder) == before
     assert sentinel.read_text() == "a file of the user's"
@@ -717,15 +721,15 @@ def test_two_processes_filling_one_key_leave_one_valid_file(tmp_path, fp32, lab_
     assert [o["hit"] for o in outputs] == [False, False]  # both really calibrated and stored
     key = outputs[0]["key"]
     assert outputs[1]["key"] == key
-    assert cache_entries(cache_dir) == sorted([f"{key}.json", f"{key}.key.json"])  # no temp files left
+    assert cache_entries(cache_dir / "ranges") == sorted([f"{key}.json", f"{key}.key.json"])  # no temp files left
     cache = CalibrationCache(cache_dir)
     record = json.loads(cache.path(key).read_text())["calibrun"]["record"]
     expected = lab_span(lab_model, SEED, FACTOR, 16)
     assert cache.load(key, record, "minmax") == pytest.approx(expected, rel=SPAN_REL)
-    assert json.loads((cache_dir / f"{key}.key.json").read_text())["key"] == key
+    assert json.loads((cache.folder / f"{key}.key.json").read_text())["key"] == key
     assert (tmp_path / "int8_0.onnx").read_bytes() == (tmp_path / "int8_1.onnx").read_bytes()
 
     spy.forbid()
-    after = engine.quantize_lab(fp32, tmp_path / "after.onnx", SEED, FACTOR, 16, cache=cache)
+    after = quantize_lab(fp32, tmp_path / "after.onnx", SEED, FACTOR, 16, cache=cache)
     assert after["cache_hit"] is True
     assert (tmp_path / "after.onnx").read_bytes() == (tmp_path / "int8_0.onnx").read_bytes()

@@ -113,7 +113,7 @@ def quantized(request, tmp_path_factory) -> Quantized:
     models = root / "models"
     models.mkdir()
     if case.model is None:
-        from calibrun.model import write_lab_model
+        from calibrun.model.lab import write_lab_model
 
         fp32 = write_lab_model(models / "lab.onnx")
     else:
@@ -285,16 +285,17 @@ class Assets:
     """Files shared by the failure cases (outside every output folder)."""
 
     def __init__(self, root: Path):
-        from calibrun import engine
-        from calibrun.model import write_lab_model
+        from calibrun.model import open_float_model
+        from calibrun.model.lab import write_lab_model
+        from calibrun.quantize import quantize_lab
 
         self.root = root
         self.lab = write_lab_model(root / "lab.onnx")
         self.int8 = root / "int8.onnx"
-        engine.quantize_lab(engine.open_float_model(self.lab), self.int8, 1, 1.0, 2)
+        quantize_lab(open_float_model(self.lab), self.int8, 1, 1.0, 2)
         other = save(mlp(features=5), root / "f5.onnx")  # same input name "x", 5 features
         self.int8_f5 = root / "int8_f5.onnx"
-        engine.quantize_lab(engine.open_float_model(other), self.int8_f5, 1, 1.0, 2)
+        quantize_lab(open_float_model(other), self.int8_f5, 1, 1.0, 2)
         self.missing = root / "missing.onnx"
         self.empty = root / "empty.onnx"
         self.empty.write_bytes(b"")
@@ -307,7 +308,7 @@ class Assets:
         self.folder = root / "a_folder.onnx"
         self.folder.mkdir()
         self.int8_qop = root / "int8_qop.onnx"
-        engine.quantize_lab(engine.open_float_model(self.lab), self.int8_qop, 1, 1.0, 2,
+        quantize_lab(open_float_model(self.lab), self.int8_qop, 1, 1.0, 2,
                             options=QuantOptions(format="qoperator"))
         from onnxruntime.quantization import quantize_dynamic
 
@@ -498,7 +499,7 @@ def _same_file_args(kind: str, folder: Path) -> tuple[list, Path]:
         os.link(model, folder / "hard.onnx")
         return ["quantize", folder / "hard.onnx", model, 1, 1.0, 2], folder
     if kind == "its-data-file":
-        from calibrun.model import build_lab_model
+        from calibrun.model.lab import build_lab_model
 
         onnx.save_model(build_lab_model(), str(model), save_as_external_data=True, location="weights.bin",
                         size_threshold=0)
@@ -512,7 +513,7 @@ def _same_file_args(kind: str, folder: Path) -> tuple[list, Path]:
 @pytest.mark.parametrize("kind", ["same-path", "relative", "dot-dot", "symlink", "hardlink", "linked-folder",
                                   "its-data-file"])
 def test_quantize_onto_its_own_input_is_refused(kind, tmp_path):
-    from calibrun.model import write_lab_model
+    from calibrun.model.lab import write_lab_model
 
     folder = tmp_path / "models"
     folder.mkdir()
@@ -546,9 +547,10 @@ def test_stdout_on_a_full_device_is_one_line_and_exit_1(command, lab_model, tmp_
         pytest.skip("no /dev/full on this system")
     args = ["quantize", lab_model, tmp_path / "q.onnx", 1, 1.0, 2] if command == "quantize" else ["scales", lab_model]
     if command == "scales":
-        from calibrun import engine
+        from calibrun.model import open_float_model
+        from calibrun.quantize import quantize_lab
 
-        engine.quantize_lab(engine.open_float_model(lab_model), tmp_path / "s.onnx", 1, 1.0, 2)
+        quantize_lab(open_float_model(lab_model), tmp_path / "s.onnx", 1, 1.0, 2)
         args = ["scales", tmp_path / "s.onnx"]
     with open("/dev/full", "w") as full:
         proc = _calibtool_proc(args, tmp_path, tmp_path / "cache", stdout=full)

@@ -271,7 +271,7 @@ def test_ray_ran_the_three_jobs_on_workers(ray_sweep):
     assert set(results) == set(CALIBRATIONS)
     assert all(r["params"]["batches"] == 64 for r in results.values())
     cache = sweep.parents[2] / ".calibrun-cache"  # the preset's absolute cache folder, in the driver's cwd
-    assert len(list(cache.glob("*.key.json"))) == 3
+    assert len(list((cache / "ranges").glob("*.key.json"))) == 3
 
 
 @pytest.mark.slow

@@ -412,7 +412,7 @@ def test_values_at_their_bounds_pass(hydra_ctx, overrides):
 
 
 def test_image_mean_and_std_default_to_the_one_imagenet_constant(hydra_ctx):
-    from calibrun.sources import IMAGENET_MEAN, IMAGENET_STD, ImageTransform
+    from calibrun.data.images import IMAGENET_MEAN, IMAGENET_STD, ImageTransform
 
     cfg = make("data=images", "data.path=x", "eval_data=images", "eval_data.path=y")
     for key in ("data", "eval_data"):

@@ -12,10 +12,10 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from calibrun import engine
 from calibrun.calibrate import CalibrationCache
-from calibrun.data import evaluation_rows
-from calibrun.diagnostics import (
+from calibrun.data.lab import evaluation_rows
+from calibrun.errors import CalibrunError
+from calibrun.measure.tensor_stats import (
     CLIP_THRESHOLD,
     COARSE_THRESHOLD,
     as_table,
@@ -24,9 +24,9 @@ from calibrun.diagnostics import (
     tensor_diagnostics,
     worst,
 )
-from calibrun.errors import CalibrunError
-from calibrun.model import LAB_INPUT, write_lab_model
-from calibrun.quantize import QuantOptions
+from calibrun.model import open_float_model
+from calibrun.model.lab import LAB_INPUT, write_lab_model
+from calibrun.quantize import QuantOptions, quantize_lab
 from tests.modelzoo import pinned_input_quant
 
 FACTORS = {"narrow": 0.2, "match": 1.0, "wide": 10.0}
@@ -38,12 +38,12 @@ def lab(tmp_path_factory):
     """The lab model, its narrow/match/wide QDQ models, their ranges files and the evaluation rows."""
     root = tmp_path_factory.mktemp("diag")
     fp32 = write_lab_model(root / "lab.onnx")
-    model = engine.open_float_model(fp32)
+    model = open_float_model(fp32)
     cache = CalibrationCache(root / "cache")
     rows = evaluation_rows(model.info, 777, 256)
     runs = {}
     for name, factor in FACTORS.items():
-        result = engine.quantize_lab(model, root / f"int8_{name}.onnx", seed=4242, factor=factor, batches=64,
+        result = quantize_lab(model, root / f"int8_{name}.onnx", seed=4242, factor=factor, batches=64,
                                      cache=cache)
         ranges = cache.path(result["cache_key"])
         diags = tensor_diagnostics(fp32, result["out"], ranges, [{LAB_INPUT: rows}])
@@ -172,7 +172,7 @@ def test_missing_range_is_null(lab, tmp_path):
 
 def test_qoperator_is_refused(lab):
     out = lab["root"] / "int8_qop.onnx"
-    result = engine.quantize_lab(lab["model"], out, seed=4242, factor=1.0, batches=64, cache=lab["cache"],
+    result = quantize_lab(lab["model"], out, seed=4242, factor=1.0, batches=64, cache=lab["cache"],
                                  options=QuantOptions(format="qoperator"))
     with pytest.raises(CalibrunError, match="QOperator") as info:
         tensor_diagnostics(lab["fp32"], out, lab["cache"].path(result["cache_key"]), [{LAB_INPUT: lab["rows"]}])
@@ -199,7 +199,7 @@ def test_other_integer_types(lab, activation, weight, qtype, qmin, qmax, wide_ve
     rows = lab["rows"].astype(np.float64)
     for factor, verdict in ((1.0, "sound"), (10.0, wide_verdict)):
         out = lab["root"] / f"int8_{activation}_{factor}.onnx"
-        result = engine.quantize_lab(lab["model"], out, seed=4242, factor=factor, batches=64, cache=lab["cache"],
+        result = quantize_lab(lab["model"], out, seed=4242, factor=factor, batches=64, cache=lab["cache"],
                                      options=QuantOptions(activation_type=activation, weight_type=weight))
         diags = tensor_diagnostics(lab["fp32"], out, lab["cache"].path(result["cache_key"]),
                                    [{LAB_INPUT: lab["rows"]}])

@@ -22,12 +22,12 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, HistogramColle
 
 from calibrun import calibrate
 from calibrun.calibrate import CalibrationSpec, run_calibration, write_ranges
-from calibrun.data import lab_batches
-from calibrun.engine import open_float_model
+from calibrun.data.images import ImageTransform, image_calibration
+from calibrun.data.lab import lab_batches
 from calibrun.errors import CalibrunError
 from calibrun.histogram import FastHistogramCollector, bin_counts, entropy_threshold, histogram
-from calibrun.model import write_lab_model
-from calibrun.sources import ImageTransform, image_calibration
+from calibrun.model import open_float_model
+from calibrun.model.lab import write_lab_model
 from tests.conftest import run_python
 from tests.trained import PHOTOS, TEXT_PHOTOS, model_path, photo_folder
 

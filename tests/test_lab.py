@@ -1,14 +1,15 @@
-"""The lab's qualitative results (DESIGN.md section 1) on the lab model, through calibrun.engine."""
+"""The lab's qualitative results (DESIGN.md section 1) on the lab model, through calibrun's functions."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from calibrun import engine
 from calibrun.calibrate import CalibrationCache
-from calibrun.model import write_lab_model
-from calibrun.quantize import QuantOptions
+from calibrun.measure import errors as measure
+from calibrun.model import open_float_model
+from calibrun.model.lab import write_lab_model
+from calibrun.quantize import QuantOptions, quantize_lab
 from tests.modelzoo import evaluation_rows
 
 CALIB_SEED, EVAL_SEED, EVAL_ROWS = 4242, 777, 256
@@ -27,14 +28,14 @@ RUNS = {  # name -> (calibration, batches, format)
 def lab(tmp_path_factory):
     """Quantise every run of the lab once; return fp32 path, per-run quantize result and error."""
     root = tmp_path_factory.mktemp("lab")
-    fp32 = engine.open_float_model(write_lab_model(root / "fp32.onnx"))
+    fp32 = open_float_model(write_lab_model(root / "fp32.onnx"))
     cache = CalibrationCache(root / "cache")
     runs = {}
     for name, (calibration, batches, fmt) in RUNS.items():
         out = root / f"{name}.onnx"
-        result = engine.quantize_lab(fp32, out, CALIB_SEED, FACTORS[calibration], batches,
+        result = quantize_lab(fp32, out, CALIB_SEED, FACTORS[calibration], batches,
                                      options=QuantOptions(format=fmt), cache=cache)
-        result["error"] = engine.error(fp32.path, out, EVAL_SEED, EVAL_ROWS)
+        result["error"] = measure.error(fp32.path, out, EVAL_SEED, EVAL_ROWS)
         runs[name] = result
     return fp32, runs
 
@@ -82,9 +83,9 @@ def test_qdq_and_qoperator_same_scale_similar_error_different_outputs(lab):
     assert qdq["input_zero_point"] == qop["input_zero_point"]
     assert 0.5 <= err(lab, "match_qop") / err(lab, "match") <= 2
     assert qdq["ops"] != qop["ops"]
-    feeds = engine.lab_feeds(fp32, EVAL_SEED, EVAL_ROWS)
-    out_qdq = engine.outputs(qdq["out"], fp32, feeds)
-    out_qop = engine.outputs(qop["out"], fp32, feeds)
+    feeds = measure.lab_feeds(fp32, EVAL_SEED, EVAL_ROWS)
+    out_qdq = measure.outputs(qdq["out"], fp32, feeds)
+    out_qop = measure.outputs(qop["out"], fp32, feeds)
     assert len(out_qdq) == len(out_qop) == 1
     assert out_qdq[0].shape == out_qop[0].shape
     difference = float(np.max(np.abs(out_qdq[0].astype(np.float64) - out_qop[0].astype(np.float64))))

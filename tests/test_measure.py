@@ -11,20 +11,22 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from calibrun import datasets, engine, measure
 from calibrun.calibrate import CalibrationCache
-from calibrun.data import evaluation_pieces, evaluation_rows
-from calibrun.diagnostics import StreamingDiagnostics
-from calibrun.model import write_lab_model
-from calibrun.sources import EvalData
+from calibrun.data import EvalData, lab_evaluation
+from calibrun.data.lab import evaluation_pieces, evaluation_rows
+from calibrun.measure import errors as measure
+from calibrun.measure.tensor_stats import StreamingDiagnostics
+from calibrun.model import open_float_model
+from calibrun.model.lab import write_lab_model
+from calibrun.quantize import quantize_lab, quantize_with
 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     root = tmp_path_factory.mktemp("measure")
-    fp32 = engine.open_float_model(write_lab_model(root / "lab.onnx"))
+    fp32 = open_float_model(write_lab_model(root / "lab.onnx"))
     cache = CalibrationCache(root / "cache")
-    narrow = engine.quantize_lab(fp32, root / "narrow.onnx", seed=4242, factor=0.2, batches=8, cache=cache)
+    narrow = quantize_lab(fp32, root / "narrow.onnx", seed=4242, factor=0.2, batches=8, cache=cache)
     return {"root": root, "fp32": fp32, "int8": narrow["out"], "cache": cache,
             "ranges": cache.path(narrow["cache_key"])}
 
@@ -48,15 +50,15 @@ def test_eval_data_serves_batches_and_labels():
 
 
 def _direct(fp32, int8_path, rows):
-    ref = engine.outputs(fp32.path, fp32, {fp32.info.name: rows})[0].astype(np.float64)
-    got = engine.outputs(int8_path, fp32, {fp32.info.name: rows})[0].astype(np.float64)
+    ref = measure.outputs(fp32.path, fp32, {fp32.info.name: rows})[0].astype(np.float64)
+    got = measure.outputs(int8_path, fp32, {fp32.info.name: rows})[0].astype(np.float64)
     return ref, got
 
 
 @pytest.mark.parametrize("batch_size", [1, 16, 100, 256])
 def test_batch_size_does_not_change_the_numbers(lab, batch_size):
     fp32 = lab["fp32"]
-    evaluation = datasets.lab_evaluation(fp32, 777, 256)
+    evaluation = lab_evaluation(fp32, 777, 256)
     m = measure.evaluate(fp32.path, lab["int8"], evaluation, batch_size=batch_size, progress=None)
     ref, got = _direct(fp32, lab["int8"], evaluation_rows(fp32.info, 777, 256))
     diff = np.abs(ref - got)
@@ -79,7 +81,7 @@ def test_batch_size_does_not_change_the_numbers(lab, batch_size):
 def test_contract_error_unchanged(lab):
     """calibtool's `error`: exactly its four keys, the same numbers as one unbatched run."""
     fp32 = lab["fp32"]
-    result = engine.error(fp32.path, lab["int8"], 777, 256)
+    result = measure.error(fp32.path, lab["int8"], 777, 256)
     assert set(result) == {"rows", "max_abs_error", "mean_abs_error", "max_abs_output"}
     ref, got = _direct(fp32, lab["int8"], evaluation_rows(fp32.info, 777, 256))
     assert result["max_abs_error"] == float(np.abs(ref - got).max())
@@ -87,7 +89,7 @@ def test_contract_error_unchanged(lab):
 
 def test_identical_models_report_no_error(lab):
     fp32 = lab["fp32"]
-    m = measure.evaluate(fp32.path, fp32.path, datasets.lab_evaluation(fp32, 777, 64), progress=None)
+    m = measure.evaluate(fp32.path, fp32.path, lab_evaluation(fp32, 777, 64), progress=None)
     assert m["max_abs_error"] == 0.0
     assert m["out.y.sqnr_db"] == measure.SQNR_CAP
     assert m["out.y.cosine"] == pytest.approx(1.0)
@@ -122,16 +124,16 @@ def _peak(fn) -> int:
 def test_memory_does_not_grow_with_rows_on_a_trained_model(tmp_path):
     """ocr_cls (MobileNetV3, trained) quantised, then evaluated with diagnostics at 8 and 48 rows in batches of 8:
     the peak of Python/numpy allocations stays within 1.3x (a run holding every row would need ~6x)."""
-    from calibrun.data import lab_batches
+    from calibrun.data.lab import lab_batches
     from tests.trained import model_path
 
-    fp32 = engine.open_float_model(model_path("ocr_cls"))
+    fp32 = open_float_model(model_path("ocr_cls"))
     # the lab rule on its symbolic height and width: an input description with them fixed to 48 x 192
     fp32_info = dataclasses.replace(fp32.info, shape=(fp32.info.shape[0], 3, 48, 192))
     data = lab_batches(fp32_info, 4242, 1.0, 2)
     int8 = tmp_path / "int8.onnx"
     cache = CalibrationCache(tmp_path / "cache")
-    quant = engine.quantize_with(fp32, int8, data, cache=cache, ranges_copy=tmp_path / "ranges.json")
+    quant = quantize_with(fp32, int8, data, cache=cache, ranges_copy=tmp_path / "ranges.json")
     assert quant["batches"] == 2
 
     def run(rows):
@@ -173,7 +175,7 @@ def test_lab_job_records_and_diagnostics_off(tmp_path):
     assert on["used"]["eval_batches"] == 3  # 256 rows in batches of 100
     assert on["used"]["calibration_batches"] == 2
     assert on["task"]["name"] == "none"
-    rows = evaluation_rows(engine.open_float_model(tmp_path / "on" / "fp32.onnx").info, 777, 256)
+    rows = evaluation_rows(open_float_model(tmp_path / "on" / "fp32.onnx").info, 777, 256)
     assert on["metrics"]["eval_span"] == float(rows.max()) - float(rows.min())
     assert on["metrics"]["out.y.max_abs_error"] == on["metrics"]["max_abs_error"]
     assert "requested" not in log  # used counts equal the requested ones: no warning
@@ -186,7 +188,7 @@ def test_diagnostics_stop_after_max_rows(lab):
     fp32 = lab["fp32"]
     rows = evaluation_rows(fp32.info, 777, 256)
     with StreamingDiagnostics(fp32.path, lab["int8"], lab["ranges"], max_rows=40) as diag:
-        measure.evaluate(fp32.path, lab["int8"], datasets.lab_evaluation(fp32, 777, 256), batch_size=32,
+        measure.evaluate(fp32.path, lab["int8"], lab_evaluation(fp32, 777, 256), batch_size=32,
                          observers=[diag], progress=None)
         assert diag.rows_seen == 40
         x = diag.rows()[0]

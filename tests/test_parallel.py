@@ -72,7 +72,7 @@ def test_mlflow_has_parent_and_every_child_finished(sweep):
 
 def test_cache_has_one_file_per_calibration(sweep):
     tmp, _ = sweep
-    cache = tmp / "cache"
+    cache = tmp / "cache" / "ranges"
     names = sorted(p.name for p in cache.iterdir())
     ranges = [n for n in names if not n.endswith(".key.json")]
     keys = [n for n in names if n.endswith(".key.json")]

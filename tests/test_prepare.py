@@ -1,4 +1,4 @@
-"""calibrun.prepare: any float ONNX model a user brings is made quantisable before calibration."""
+"""calibrun.model.prepare: any float ONNX model a user brings is made quantisable before calibration."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
 
 from calibrun.errors import CalibrunError
-from calibrun.model import build_lab_model
-from calibrun.prepare import Prepared, constant_nodes, prepare_model
+from calibrun.model.lab import build_lab_model
+from calibrun.model.prepare import Prepared, constant_nodes, prepare_model
 from tests.modelzoo import int_input_model
 
 PRE_PROCESS_KEY = "onnx.quant.pre_process"
@@ -405,7 +405,7 @@ def test_external_data_round_trips_beside_dst(tmp_path):
 def test_large_model_paths_are_path_based():
     """Over 2 GB a model proto cannot be serialised: checker, shape inference and the onnxruntime sessions get
     file paths, and nothing hands a whole in-memory model to a serialising API."""
-    import calibrun.prepare as prepare
+    import calibrun.model.prepare as prepare
 
     source = Path(prepare.__file__).read_text()
     tree = ast.parse(source)
@@ -459,7 +459,7 @@ def test_missing_source_and_output_folder(tmp_path):
 
 
 def test_conversion_failure_is_one_line(tmp_path, monkeypatch):
-    import calibrun.prepare as prepare
+    import calibrun.model.prepare as prepare
 
     def refuse(model, version):
         raise RuntimeError("No adapter for\nop Frob")
@@ -515,11 +515,11 @@ def _job_cfg(src: Path, cache: Path):
 
 
 def _prepare_warnings(cfg, job: Path, caplog) -> tuple[object, list[str]]:
-    from calibrun import runner
+    from calibrun import job as job_module
 
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="calibrun"):
-        fp32, _ = runner.prepare(cfg, job)
+        fp32, _ = job_module.prepare(cfg, job)
     return fp32, [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
@@ -528,7 +528,7 @@ def test_prepared_model_cache_is_verified_before_reuse(tmp_path, caplog, externa
     import shutil
 
     from calibrun.model import file_sha256
-    from calibrun.prepare import external_data_path
+    from calibrun.model.prepare import external_data_path
 
     src = save(conv_net(), tmp_path / "src" / "m.onnx", external=external)
     job = tmp_path / "job"

@@ -23,12 +23,12 @@ import onnx
 import pytest
 from mlflow import MlflowClient
 
-from calibrun import engine
 from calibrun.calibrate import CalibrationCache
-from calibrun.diagnostics import classify, classify_model, tensor_diagnostics
-from calibrun.model import file_sha256
-from calibrun.prepare import prepare_model
-from calibrun.sources import ImageTransform, image_calibration, image_evaluation
+from calibrun.data.images import ImageTransform, image_calibration, image_evaluation
+from calibrun.measure.tensor_stats import classify, classify_model, tensor_diagnostics
+from calibrun.model import FloatModel, file_sha256, open_float_model
+from calibrun.model.prepare import prepare_model
+from calibrun.quantize import quantize_with
 from tests.stores import fresh_mlflow_store
 from tests.trained import PHOTOS, TEXT_PHOTOS, model_path, photo_folder
 
@@ -41,12 +41,12 @@ def photos(tmp_path_factory):
     return photo_folder(folder / "all", PHOTOS + TEXT_PHOTOS)
 
 
-def _prepared(model: str, tmp: Path) -> engine.FloatModel:
+def _prepared(model: str, tmp: Path) -> FloatModel:
     """The model as calibrun prepares it (constants folded, opset >= 13), as the runner would measure it."""
     target = tmp / f"{model}.prepared.onnx"
     if not target.is_file():
         prepare_model(model_path(model), target)
-    return engine.open_float_model(target)
+    return open_float_model(target)
 
 
 def _diagnose(model: str, photos: Path, factor: float, size: int, tmp: Path, per_channel: bool = False, rows=4):
@@ -56,11 +56,11 @@ def _diagnose(model: str, photos: Path, factor: float, size: int, tmp: Path, per
     out = tmp / f"{model}_{factor}_{per_channel}.onnx"
     from calibrun.quantize import QuantOptions
 
-    quant = engine.quantize_with(fp32, out, data, options=QuantOptions(per_channel=per_channel),
+    quant = quantize_with(fp32, out, data, options=QuantOptions(per_channel=per_channel),
                                  cache=CalibrationCache(tmp / "cache"), ranges_copy=tmp / f"{out.stem}.json")
     evaluation = image_evaluation(photos, fp32.inputs, rows, transform)
     diag_feeds = (feeds for feeds, _ in evaluation.batches(2))
-    from calibrun.diagnostics import StreamingDiagnostics
+    from calibrun.measure.tensor_stats import StreamingDiagnostics
 
     with StreamingDiagnostics(fp32.path, out, tmp / f"{out.stem}.json") as diag:
         for feeds in diag_feeds:
@@ -107,7 +107,7 @@ def test_diagnostics_of_a_list_of_feeds_is_the_api_of_old(photos, tmp_path):
     transform = ImageTransform(resize=48, crop=48)
     data = image_calibration(photos, fp32.inputs, 1, 1.0, transform)
     out = tmp_path / "cls.onnx"
-    engine.quantize_with(fp32, out, data, ranges_copy=tmp_path / "r.json")
+    quantize_with(fp32, out, data, ranges_copy=tmp_path / "r.json")
     feeds = (f for f, _ in image_evaluation(photos, fp32.inputs, 4, transform).batches(2))
     rows = tensor_diagnostics(fp32.path, out, tmp_path / "r.json", feeds)
     assert rows[0]["elements"] == 4 * 3 * 48 * 48
@@ -162,7 +162,7 @@ def test_ocr_det_end_to_end_dense(photos, tmp_path):
     assert result["params"]["source_model_sha256"] == file_sha256(model)
     assert result["params"]["model_sha256"] != result["params"]["source_model_sha256"]  # prepared (opset 13)
     # the evaluation span of the input, from the photos themselves
-    fp32 = engine.open_float_model(tmp_path / "det" / result["files"]["fp32"])  # absolute when in the cache
+    fp32 = open_float_model(tmp_path / "det" / result["files"]["fp32"])  # absolute when in the cache
     rows = image_evaluation(photos, fp32.inputs, 6, ImageTransform(resize=128, crop=128)).feeds["x"]
     assert m["eval_span"] == pytest.approx(float(rows.max() - rows.min()), rel=1e-6)
     # the diagnosis names nodes of the prepared model, and MLflow has the same numbers, FINISHED

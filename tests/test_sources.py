@@ -1,4 +1,4 @@
-"""User data sources (calibrun.sources): npy/npz files and folders, image folders."""
+"""User data sources (calibrun.data: npy.py, images.py, batches.py): npy/npz files and folders, image folders."""
 
 from __future__ import annotations
 
@@ -14,18 +14,12 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 from PIL import Image
 
+from calibrun.data import EvalData, FeedBatches
+from calibrun.data.images import ImageTransform, image_calibration, image_evaluation
+from calibrun.data.npy import npy_calibration, npy_evaluation
 from calibrun.errors import CalibrunError
 from calibrun.model import InputInfo
 from calibrun.reader import make_reader
-from calibrun.sources import (
-    EvalData,
-    FeedBatches,
-    ImageTransform,
-    image_calibration,
-    image_evaluation,
-    npy_calibration,
-    npy_evaluation,
-)
 from tests.modelzoo import IR_VERSION, OPSET, save
 
 FLOAT = TensorProto.FLOAT

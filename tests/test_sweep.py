@@ -231,7 +231,7 @@ def test_lab_mlflow_parent_with_24_children(lab):
     # 24 jobs, 12 calibrations: format is post-calibration, so every second job is a cache hit.
     hits = sum(int(c.data.metrics["cache_hit"]) for c in children)
     assert hits == 12
-    assert len([p for p in (tmp / "cache").glob("*.json") if not p.name.endswith(".key.json")]) == 12
+    assert len([p for p in (tmp / "cache" / "ranges").glob("*.json") if not p.name.endswith(".key.json")]) == 12
 
 
 def test_lab_int8_models_are_logged_models_with_metrics_and_datasets(lab):

@@ -1,4 +1,4 @@
-"""Task metrics (calibrun.tasks): the accumulators on arrays with known answers, and what task=auto picks from
+"""Task metrics (calibrun.measure.tasks): the accumulators on arrays with known answers, and what task=auto picks from
 real graphs (Softmax -> Flatten, Softmax -> Reshape, a one-channel map, a multi-part detector output)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from calibrun import tasks
 from calibrun.errors import CalibrunError
-from calibrun.tasks import Classification, Custom, Dense, TaskSpec, resolve
+from calibrun.measure import tasks
+from calibrun.measure.tasks import Classification, Custom, Dense, TaskSpec, resolve
 
 
 def batch_metric(fp32, int8, labels):

@@ -61,9 +61,11 @@ def attach(cfg, job_dir: Path, result: dict) -> dict:
     a = cfg.analysis
     if a.name == "none" and (not a.objective or a.metric in result["metrics"]):
         return result
-    from calibrun import datasets, engine, tasks
+    from calibrun import data as datasets  # calibrun.data (was calibrun/datasets.py)
+    from calibrun import model as engine  # open_float_model lives in calibrun.model (calibrun/engine.py is gone)
     from calibrun.analysis.evaluate import Evaluator, metric_of
-    from calibrun.data import fixed_rows
+    from calibrun.data.lab import fixed_rows
+    from calibrun.measure import tasks
 
     fp32 = engine.open_float_model(result["params"]["model_file"])
     int8_path = job_dir / result["files"]["int8"]

@@ -20,7 +20,7 @@ import numpy as np
 
 from calibrun.errors import CalibrunError
 from calibrun.files import temp_dir
-from calibrun.measure import OutputErrors, session
+from calibrun.measure.errors import OutputErrors, session
 
 Feeds = dict[str, np.ndarray]
 RunFn = Callable[[Feeds], Sequence[np.ndarray]]

@@ -17,7 +17,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization.quant_utils import QUANT_INPUT_SUFFIX, TENSOR_NAME_QUANT_SUFFIX
 
-from calibrun.graph import constant_tensors
+from calibrun.model.graph import constant_tensors
 
 SWITCH_PREFIX = "calibrun_bypass_"
 _QDQ = {"QuantizeLinear", "DequantizeLinear"}

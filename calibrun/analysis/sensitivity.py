@@ -34,7 +34,7 @@ from calibrun.analysis import qdq
 from calibrun.analysis.evaluate import Evaluator, metric_of
 from calibrun.calibrate import Calibration
 from calibrun.errors import CalibrunError
-from calibrun.measure import session
+from calibrun.measure.errors import session
 from calibrun.quantize import QuantOptions, quantize
 
 log = logging.getLogger("calibrun")

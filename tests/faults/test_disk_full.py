@@ -130,7 +130,7 @@ def test_full_sweep_folder_leaves_no_run_running_and_resumes(tmp_path):
 
 
 def test_calibtool_quantize_to_a_full_tmpfs_fails_in_one_line(tmp_path):
-    from calibrun.model import write_lab_model
+    from calibrun.model.lab import write_lab_model
 
     before = calibrun_temp_dirs()
     fp32 = write_lab_model(tmp_path / "lab.onnx")

@@ -1,76 +1,21 @@
-"""The lab model; loading a user's model with clear errors; its graph inputs, external data files and sha256.
+"""A float model: loading a user's model with clear errors, its graph inputs, external data files and sha256,
+`FloatModel` (a model opened once, ready to calibrate) and private copies for onnxruntime's shape inference.
 
-`python -m calibrun.model OUT.onnx` writes the lab model.
+The rooms beside it: lab.py (the lab MLP; `python -m calibrun.model OUT.onnx` writes it), prepare.py (making
+any float model quantisable), graph.py (reading graphs: op counts, the input's scale, constants), digits.py (the
+digits example classifier and its data).
 """
 
 from __future__ import annotations
 
 import hashlib
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 
 from calibrun.errors import CalibrunError, one_line
-from calibrun.files import atomic_path
-
-# The lab's sizes live here and nowhere else.
-LAB_FEATURES = 16
-LAB_HIDDEN = 32
-LAB_OUTPUTS = 8
-LAB_WEIGHT_SEED = 0
-LAB_OPSET = 17
-LAB_INPUT = "x"
-
-
-def build_lab_model() -> onnx.ModelProto:
-    """The lab MLP: MatMul, Add, Relu, MatMul, Add with a symbolic first axis "N"."""
-    rng = np.random.default_rng(LAB_WEIGHT_SEED)
-    w1 = (rng.normal(0, 1, (LAB_FEATURES, LAB_HIDDEN)) / np.sqrt(LAB_FEATURES)).astype(np.float32)
-    b1 = rng.normal(0, 0.1, LAB_HIDDEN).astype(np.float32)
-    w2 = (rng.normal(0, 1, (LAB_HIDDEN, LAB_OUTPUTS)) / np.sqrt(LAB_HIDDEN)).astype(np.float32)
-    b2 = rng.normal(0, 0.1, LAB_OUTPUTS).astype(np.float32)
-    nodes = [
-        helper.make_node("MatMul", [LAB_INPUT, "w1"], ["h_mm"], name="fc1_matmul"),
-        helper.make_node("Add", ["h_mm", "b1"], ["h_add"], name="fc1_add"),
-        helper.make_node("Relu", ["h_add"], ["h"], name="relu"),
-        helper.make_node("MatMul", ["h", "w2"], ["y_mm"], name="fc2_matmul"),
-        helper.make_node("Add", ["y_mm", "b2"], ["y"], name="fc2_add"),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "calibrun_lab_mlp",
-        [helper.make_tensor_value_info(LAB_INPUT, TensorProto.FLOAT, ["N", LAB_FEATURES])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", LAB_OUTPUTS])],
-        initializer=[
-            numpy_helper.from_array(w1, "w1"),
-            numpy_helper.from_array(b1, "b1"),
-            numpy_helper.from_array(w2, "w2"),
-            numpy_helper.from_array(b2, "b2"),
-        ],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", LAB_OPSET)], producer_name="calibrun")
-    model.ir_version = 8
-    onnx.checker.check_model(model, full_check=True)
-    return model
-
-
-def write_lab_model(path: str | Path) -> Path:
-    """Write the lab model atomically and run it once with onnxruntime to prove it loads."""
-    import onnxruntime as ort
-
-    path = Path(path)
-    model = build_lab_model()
-    with atomic_path(path) as tmp:
-        onnx.save_model(model, tmp)
-        sess = ort.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
-        out = sess.run(None, {LAB_INPUT: np.zeros((2, LAB_FEATURES), np.float32)})[0]
-        if out.shape != (2, LAB_OUTPUTS):
-            raise RuntimeError(f"lab model produced shape {out.shape}")
-    return path
 
 
 @dataclass(frozen=True)
@@ -192,19 +137,73 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m calibrun.model OUT.onnx", file=sys.stderr)
-        return 2
+def private_model_copy(model_path: str | Path, folder: str | Path) -> Path:
+    """The model (external data included) saved into `folder`, a private temp dir; returns its path.
+
+    onnxruntime's shape inference (`load_model_with_shape_infer`, used by the calibrators and by
+    quantize_static given a path) writes `<model>-inferred.onnx` beside the file it is given and deletes it
+    afterwards: on the user's file, two jobs on one model (a parallel sweep) delete each other's file and
+    crash, and a read-only model folder fails. On a private copy, neither can happen.
+    """
+    target = Path(folder) / "model.onnx"
+    onnx.save_model(onnx.load(str(model_path)), str(target), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="model.onnx.data")
+    return target
+
+
+@dataclass(frozen=True)
+class FloatModel:
+    """A float model ready to calibrate: its file, its real graph inputs and the hash of its bytes."""
+
+    path: Path
+    inputs: tuple[InputInfo, ...]
+    sha256: str
+
+    @property
+    def info(self) -> InputInfo:
+        """The primary input: the one whose scale the contract reports."""
+        return self.inputs[0]
+
+    def lab_input(self) -> InputInfo:
+        """The input the synthetic lab rule feeds: it serves exactly one float input."""
+        if len(self.inputs) != 1:
+            names = [i.name for i in self.inputs]
+            raise CalibrunError(f"{self.path}: the lab data rule serves a single float input, the model has {names};"
+                                " give a data source for each (data=npy)")
+        if not self.info.is_float:
+            raise CalibrunError(f"{self.path}: input {self.info.name!r} is not float32; the lab data rule needs one")
+        if not self.info.shape:
+            raise CalibrunError(f"{self.path}: input {self.info.name!r} has no known shape (rank 0 or missing); "
+                                "the lab data rule needs [rows, ...]")
+        return self.info
+
+
+def open_float_model(path: str | Path, sha256: str | None = None) -> FloatModel:
+    """A float model to calibrate or evaluate (refused: no input, no output, no float input, already
+    quantised). `sha256`: the file's hash when the caller has just verified it (saves hashing it again)."""
+    path = Path(path)
+    model = load_model(path)
+    inputs = tuple(graph_inputs(model))
+    if not inputs:
+        raise CalibrunError(f"{path} has no graph input")
+    check_outputs(model, path)
+    check_not_quantised(model, path)
+    if not any(i.is_float for i in inputs):
+        described = ", ".join(f"{i.name!r} is {TensorProto.DataType.Name(i.elem_type)}" for i in inputs)
+        raise CalibrunError(f"{path}: no float32 input ({described})")
+    return FloatModel(path, inputs, sha256 or file_sha256(path))
+
+
+def check_loadable(fp32: FloatModel) -> FloatModel:
+    """onnxruntime can build a session of the model (every op known, shapes consistent): checked before any
+    work, so that a broken model is named as the user gave it, not as a temp copy deep in calibration."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # the exception carries the message; nothing else on stderr
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
-        out = write_lab_model(argv[0])
-    except CalibrunError as exc:
-        print(f"calibrun.model: error: {exc}", file=sys.stderr)
-        return 1
-    print(out)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        ort.InferenceSession(str(fp32.path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise CalibrunError(f"onnxruntime cannot load {fp32.path}: {one_line(exc)}") from exc
+    return fp32

@@ -1,4 +1,4 @@
-"""Calibration and evaluation data: the lab rules of DESIGN.md section 1, and the bounds every data source checks.
+"""The lab's data rules (DESIGN.md section 1), and the bounds every data source checks.
 
 Calibration: rng = default_rng(seed); per batch (rng.normal(0, 1, batch_shape) * factor).astype(float32).
 Evaluation:  default_rng(seed).normal(0, 1, (rows, *shape[1:])).astype(float32), never scaled.
@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import numpy as np
 
 from calibrun.errors import CalibrunError
+from calibrun.lab import ROWS_PER_BATCH
 from calibrun.model import InputInfo
 
-ROWS_PER_BATCH = 16
 # Upper bounds of every count a user gives (config and calibtool): beyond them a run would take days, hold
 # more memory than a machine has, or hang; each is named in the message that refuses it.
 MAX_BATCHES = 100_000  # 1.6 million calibration rows

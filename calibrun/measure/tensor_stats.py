@@ -66,12 +66,12 @@ from onnxruntime.quantization.calibrate import load_tensors_data
 from onnxruntime.quantization.quant_utils import QUANT_INPUT_SUFFIX
 
 from calibrun.calibrate import private_model_copy
-from calibrun.data import fixed_rows
+from calibrun.data.lab import fixed_rows
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import temp_dir
-from calibrun.graph import constant_tensors
-from calibrun.measure import session
+from calibrun.measure.errors import session
 from calibrun.model import graph_inputs, load_model
+from calibrun.model.graph import constant_tensors
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,9 @@
 """A job's data, chosen by config: the calibration batches and the evaluation rows (lab rule or user files).
 
 Sources are plain dicts (the `data` / `eval_data` config nodes) so the aggregator can rebuild the evaluation
-rows of a finished job from its result.json.
+rows of a finished job from its result.json. The rooms: lab.py (the lab rule of DESIGN.md and the bounds every
+count is checked against), npy.py (.npy/.npz files), images.py (image folders), batches.py (the batch protocol
+they all serve: FeedBatches for calibration, EvalData for evaluation).
 """
 
 from __future__ import annotations
@@ -9,11 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from calibrun import sources
-from calibrun.data import evaluation_pieces, lab_batches
-from calibrun.engine import FloatModel
+from calibrun.data import images, npy
+from calibrun.data.batches import EvalData, FeedBatches
+from calibrun.data.images import ImageTransform
+from calibrun.data.lab import evaluation_pieces, lab_batches
 from calibrun.errors import CalibrunError
-from calibrun.sources import EvalData, ImageTransform
+from calibrun.model import FloatModel
+
+__all__ = ["EvalData", "FeedBatches", "calibration_data", "evaluation_data", "lab_evaluation"]
 
 
 def _transform(source: Mapping) -> ImageTransform:
@@ -30,9 +35,9 @@ def calibration_data(source: Mapping, fp32: FloatModel, seed: int, factor: float
     if name == "lab":
         return lab_batches(fp32.lab_input(), seed, factor, batches)
     if name == "npy":
-        return sources.npy_calibration(_path(source), fp32.inputs, batches, factor)
+        return npy.npy_calibration(_path(source), fp32.inputs, batches, factor)
     if name == "images":
-        return sources.image_calibration(_path(source), fp32.inputs, batches, factor, _transform(source))
+        return images.image_calibration(_path(source), fp32.inputs, batches, factor, _transform(source))
     raise CalibrunError(f"unknown data source {name!r}")
 
 
@@ -54,7 +59,7 @@ def evaluation_data(source: Mapping, fp32: FloatModel, seed: int, rows: int) -> 
     if name == "lab":
         return lab_evaluation(fp32, seed, rows)
     if name == "npy":
-        return sources.npy_evaluation(_path(source), fp32.inputs, rows)
+        return npy.npy_evaluation(_path(source), fp32.inputs, rows)
     if name == "images":
-        return sources.image_evaluation(_path(source), fp32.inputs, rows, _transform(source))
+        return images.image_evaluation(_path(source), fp32.inputs, rows, _transform(source))
     raise CalibrunError(f"unknown data source {name!r}")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from calibrun.errors import CalibrunError
-from calibrun.model import graph_inputs
+from calibrun.model import graph_inputs, load_model
 
 # QOperator ops whose inputs are (x, x_scale, x_zero_point, ...): where the input scale sits when no
 # QuantizeLinear reads the graph input directly.
@@ -117,3 +118,7 @@ def scales_summary(model: onnx.ModelProto, where: str = "model") -> dict:
         "quantize_nodes": ops.get("QuantizeLinear", 0),
         "dequantize_nodes": ops.get("DequantizeLinear", 0),
     }
+
+
+def scales(path: str | Path) -> dict:
+    return scales_summary(load_model(path), str(path))

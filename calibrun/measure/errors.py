@@ -10,7 +10,7 @@ statistics only (sums, maxima, counts), so memory does not grow with the number 
   and `cosine` (cosine similarity of the flattened outputs); for an output of rank >= 3 whose last axis has
   2..16 entries (a detector's box/score parts), the same per entry as `out.<name>.ch<k>.<metric>`;
 - `eval_min`, `eval_max`, `eval_span` of the primary (first) input's evaluation values;
-- the task's metrics (calibrun.tasks) and any observers (the per-tensor diagnostics) fed the same batches.
+- the task's metrics (calibrun.measure.tasks) and any observers (the per-tensor diagnostics) fed the same batches.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from calibrun.data.lab import MAX_ROWS, check_positive_int, evaluation_rows, fixed_rows
 from calibrun.errors import CalibrunError, one_line
+from calibrun.model import FloatModel, open_float_model
 
 DEFAULT_BATCH = 16  # evaluation rows per run when eval.batch_size is not set and the model does not pin one
 SQNR_CAP = 200.0  # dB reported when the int8 output equals the fp32 one exactly (no noise to divide by)
@@ -226,12 +228,12 @@ def batch_size_for(fixed: int | None, requested: int | None) -> int:
 
 def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batch_size: int | None = None,
              observers: Sequence = (), progress: str | None = "evaluation") -> dict[str, float]:
-    """Run the fp32 and int8 models over `evaluation` (a calibrun.sources.EvalData) batch by batch; return the
+    """Run the fp32 and int8 models over `evaluation` (a calibrun.data.EvalData) batch by batch; return the
     error metrics (module docstring), the primary input's eval_min/eval_max/eval_span, `rows`, `eval_batches`,
     `eval_batch_size` and the task's metrics.
 
-    `task`: a calibrun.tasks.Task (None: no task metrics). `observers`: objects with `update(feeds)` fed every
-    batch (calibrun.diagnostics.StreamingDiagnostics). A model that pins its first axis to b is fed b rows at
+    `task`: a calibrun.measure.tasks.Task (None: no task metrics). `observers`: objects with `update(feeds)` fed every
+    batch (calibrun.measure.tensor_stats.StreamingDiagnostics). A model that pins its first axis to b is fed b rows at
     a time, and the rows must be a multiple of b.
     """
     from calibrun.model import graph_inputs, load_model
@@ -280,3 +282,29 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     if task is not None:
         metrics.update(task.metrics())
     return metrics
+
+
+def lab_feeds(fp32: FloatModel, seed: int, rows: int) -> dict[str, np.ndarray]:
+    info = fp32.lab_input()
+    return {info.name: evaluation_rows(info, seed, rows)}
+
+
+def outputs(path: str | Path, fp32: FloatModel, feeds, threads: int = 0) -> list[np.ndarray]:
+    """Every output of the model at `path` on `feeds` (a dict of arrays, or an EvalData): all rows in memory, for
+    small comparisons (QDQ vs QOperator); the measurement itself streams (`evaluate`)."""
+    if not isinstance(feeds, dict):
+        feeds = feeds.feeds
+    return run_feeds(session(path, threads), feeds, fixed_rows(fp32.info))
+
+
+CONTRACT_KEYS = ("rows", "max_abs_error", "mean_abs_error", "max_abs_output")
+
+
+def error(fp32_path: str | Path, int8_path: str | Path, seed: int, rows: int, threads: int = 0) -> dict:
+    """The `error` contract: |fp32 - int8| over all output elements on the lab evaluation rows."""
+    rows = check_positive_int(rows, "rows", MAX_ROWS)
+    from calibrun.data import lab_evaluation
+
+    fp32 = open_float_model(fp32_path)
+    metrics = evaluate(fp32.path, int8_path, lab_evaluation(fp32, seed, rows), None, threads, progress=None)
+    return {key: metrics[key] for key in CONTRACT_KEYS}

@@ -1,0 +1,51 @@
+"""One content-addressed cache for what calibrun computes once and reuses, with one key scheme: a record dict
+(everything that decides the content, nothing else) -> the sha256 of its canonical JSON (`key_of`), and one
+subfolder of `cache.dir` per kind:
+
+    ranges/<key>.json, <key>.key.json     calibration ranges (calibrun.calibrate.CalibrationCache)
+    models/<key>.onnx, <key>.steps.json   prepared models (calibrun.job.prepare)
+    digits/                               the digits example's model and data (fixed inputs: made once)
+
+An entry is used only once it checks out against what was recorded with it (ranges: their key record and
+checksum; prepared models: the sha256 of their bytes); anything else is a miss and is computed again.
+Entries of the earlier layout (ranges at the top of cache.dir, prepared models named
+`<sha256>-prep<N>-ort<version>.onnx`) are never read: each is computed once more into its subfolder, with a
+log line naming the old file that was left unused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from calibrun.errors import CalibrunError
+
+DEFAULT_DIR = ".calibrun-cache"  # cache.dir (config) and CALIBRUN_CACHE (calibtool) default to it
+KINDS = ("ranges", "models", "digits")
+KEY_CHARS = 32  # hex digits of the sha256 in a key (128 bits)
+
+
+def key_of(record: Mapping) -> str:
+    """The key of a record: sha256 of its canonical JSON (sorted keys, no spaces)."""
+    canonical = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:KEY_CHARS]
+
+
+def folder(root: str | Path, kind: str, create: bool = False) -> Path:
+    """The subfolder of the cache `root` that holds entries of `kind` (created when `create`)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown cache kind {kind!r} (kinds: {', '.join(KINDS)})")
+    path = Path(root) / kind
+    if create:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CalibrunError(f"cannot create cache folder {path}: {exc.strerror or exc}") from exc
+    return path
+
+
+def folders(root: str | Path) -> list[Path]:
+    """The cache root and every subfolder (where a killed run may have left temp files)."""
+    return [Path(root), *(Path(root) / kind for kind in KINDS)]

@@ -1,0 +1,343 @@
+"""Calibration batches and evaluation rows decoded from folders of images (the batch rules: calibrun.data.batches).
+
+- images: `path` is a folder of jpg/jpeg/png/bmp/webp/tif/tiff (any case), searched recursively, sorted by relative
+  path; names starting with "." (and hidden folders) are skipped. When every image lies in a first-level
+  subfolder (`path/<class>/...`), the label of an image is the index of its folder in the sorted folder names
+  (torchvision's ImageFolder rule). See `ImageTransform` for the pixel pipeline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from calibrun.data.batches import (
+    EvalData,
+    FeedBatches,
+    _cap_rows,
+    _check_inputs,
+    _column_pieces,
+    _File,
+    _fmt_shape,
+    _is_fixed,
+    _listed,
+    _to_float32,
+)
+from calibrun.errors import CalibrunError, one_line
+from calibrun.model import InputInfo
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+
+
+# ImageNet's per-channel mean and std (0..1 pixel scale): the image sources' defaults, here and nowhere else
+# (config.DataConf and conf/*/images.yaml take them from here).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+MAX_IMAGE_SIDE = 16384  # resize / crop sides beyond this are a typo, not an image size
+# Pillow modes whose values are not 8-bit, and what 1.0 is in each (None: the values are taken as they are).
+_WIDE_MODES = {"I;16": 65535.0, "I;16L": 65535.0, "I;16B": 65535.0, "I;16N": 65535.0, "I": 65535.0, "F": None}
+
+
+def _side(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not 1 <= value <= MAX_IMAGE_SIDE:
+        raise CalibrunError(f"{name} must be an integer in 1..{MAX_IMAGE_SIDE}, got {value!r}")
+    return int(value)
+
+
+def _crop(value) -> int | tuple[int, int]:
+    """`crop`: an int (a square) or [height, width]; a square given as a pair stays an int."""
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        if len(value) != 2:
+            raise CalibrunError(f"crop must be an integer or [height, width], got {list(value)!r}")
+        height, width = _side(value[0], "crop height"), _side(value[1], "crop width")
+        return height if height == width else (height, width)
+    return _side(value, "crop")
+
+
+@dataclass(frozen=True)
+class ImageTransform:
+    """The image pipeline: PIL open -> pixels in 0..1 -> resize -> crop or letterbox -> (x - mean) / std -> CHW.
+
+    - Pixels: 8-bit modes (1, L, P, RGB, RGBA, LA, PA, CMYK, YCbCr, ...) are converted by Pillow to RGB (L when
+      `grayscale`; alpha is dropped, a palette expanded) and divided by 255. 16-bit grey (I;16*) is divided by
+      65535; 32-bit integer grey (I, as Pillow opens some 16-bit files) too, and values outside 0..65535 are an
+      error; 32-bit float grey (F) is taken as it is (already 0..1). Grey is repeated into 3 channels unless
+      `grayscale`.
+    - Default (`letterbox=false`): the shorter side is resized to `resize` (bilinear, PIL's antialiased filter),
+      then a centre crop of `crop` (an int: a square; or [height, width]: its shorter side must be at most
+      `resize`, and an image whose resized longer side is shorter than the crop is an error naming it). As
+      torchvision does it: the longer
+      side becomes int(resize * long / short) (truncated), the crop starts at round((size - crop) / 2).
+    - `letterbox=true` (as detectors expect): the image is scaled to fit inside `crop` keeping its aspect
+      ratio, centred, and the rest is filled with `pad_value` (0..1 pixel scale, before mean/std; YOLO uses
+      114/255 = 0.447). `resize` is not used.
+
+    EXIF orientation is not applied. With `grayscale`, `mean` and `std` may have 1 value, or 3 that are averaged
+    into one.
+    """
+
+    resize: int = 256
+    crop: int | tuple[int, int] = 224
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    grayscale: bool = False
+    letterbox: bool = False
+    pad_value: float = 0.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "resize", _side(self.resize, "transform resize"))
+        object.__setattr__(self, "crop", _crop(self.crop))
+        if not self.letterbox and min(self.crop_size) > self.resize:
+            shown = self.crop if isinstance(self.crop, int) else list(self.crop)
+            raise CalibrunError(f"transform crop {shown} is larger than resize {self.resize} "
+                                "(the shorter side after resizing); raise resize, or use letterbox")
+        for name in ("grayscale", "letterbox"):
+            if not isinstance(getattr(self, name), bool):
+                raise CalibrunError(f"transform {name} must be true or false, got {getattr(self, name)!r}")
+        try:
+            pad = float(self.pad_value)
+        except (TypeError, ValueError):
+            pad = math.nan
+        if not 0.0 <= pad <= 1.0:
+            raise CalibrunError(f"transform pad_value must be a number in 0..1 (pixel scale), got {self.pad_value!r}")
+        object.__setattr__(self, "pad_value", pad)
+        sizes = (1, 3) if self.grayscale else (3,)
+        for name in ("mean", "std"):
+            value = getattr(self, name)
+            try:
+                values = tuple(float(v) for v in value)
+            except (TypeError, ValueError):
+                raise CalibrunError(f"transform {name} must be a list of numbers, got {value!r}") from None
+            if len(values) not in sizes or not all(np.isfinite(values)):
+                want = "1 or 3" if self.grayscale else "3"
+                raise CalibrunError(f"transform {name} must hold {want} finite numbers, got {value!r}")
+            if name == "std" and min(values) <= 0:
+                raise CalibrunError(f"transform std must be > 0, got {value!r}")
+            object.__setattr__(self, name, values)
+
+    @classmethod
+    def from_config(cls, source: Mapping) -> ImageTransform:
+        """From a `data` / `eval_data` config node (or the dict result.json keeps of it)."""
+        from calibrun.fields import build_from
+
+        return build_from(cls, source)
+
+    @property
+    def crop_size(self) -> tuple[int, int]:
+        """(height, width) of the images it makes."""
+        return (self.crop, self.crop) if isinstance(self.crop, int) else self.crop
+
+    @property
+    def crop_label(self) -> str:
+        height, width = self.crop_size
+        return f"{height}x{width}"
+
+    @property
+    def channels(self) -> int:
+        return 1 if self.grayscale else 3
+
+    def _stats(self) -> tuple[np.ndarray, np.ndarray]:
+        mean, std = np.array(self.mean, np.float64), np.array(self.std, np.float64)
+        if self.grayscale:
+            mean, std = mean.mean(keepdims=True), std.mean(keepdims=True)
+        return mean.astype(np.float32).reshape(-1, 1, 1), std.astype(np.float32).reshape(-1, 1, 1)
+
+    def resized_size(self, width: int, height: int) -> tuple[int, int]:
+        """(width, height) after resizing: the shorter side becomes `resize` (letterbox: fit inside `crop`)."""
+        if self.letterbox:
+            target_h, target_w = self.crop_size
+            scale = min(target_h / height, target_w / width)
+            return (min(target_w, max(1, int(round(width * scale)))), min(target_h, max(1, int(round(height * scale)))))
+        if width <= height:
+            return self.resize, int(self.resize * height / width)
+        return int(self.resize * width / height), self.resize
+
+    def _resized(self, image) -> np.ndarray:
+        """HWC float32 pixels in 0..1 (before cropping or padding), resized."""
+        from PIL import Image
+
+        width, height = image.size
+        if width < 1 or height < 1:
+            raise ValueError(f"image of size {width}x{height}")
+        size = self.resized_size(width, height)
+        if image.mode not in _WIDE_MODES:  # 8-bit: Pillow converts and resizes, then / 255
+            image = image.convert("L" if self.grayscale else "RGB").resize(size, Image.Resampling.BILINEAR)
+            pixels = np.asarray(image, dtype=np.uint8)
+            pixels = pixels[:, :, None] if pixels.ndim == 2 else pixels
+            return pixels.astype(np.float32) / np.float32(255)
+        full = _WIDE_MODES[image.mode]
+        values = np.asarray(image)
+        if image.mode == "I" and values.size and (values.min() < 0 or values.max() > 65535):
+            raise ValueError(f"32-bit integer image with values {values.min()}..{values.max()}, outside the "
+                             "16-bit range 0..65535 it can be scaled from")
+        grey = values.astype(np.float32) if full is None else (values.astype(np.float64) / full).astype(np.float32)
+        if not np.all(np.isfinite(grey)):
+            raise ValueError("float image holds NaN or Inf")
+        grey = np.asarray(Image.fromarray(grey).resize(size, Image.Resampling.BILINEAR), np.float32)  # mode F
+        return np.repeat(grey[:, :, None], self.channels, axis=2)
+
+    def __call__(self, path: str | Path) -> np.ndarray:
+        """One image file -> float32 CHW array."""
+        from PIL import Image
+
+        try:
+            with Image.open(path) as image:
+                image.load()
+                pixels = self._resized(image)
+        except Exception as exc:  # UnidentifiedImageError, OSError (truncated), DecompressionBombError ...
+            raise CalibrunError(f"cannot read image {path}: {one_line(exc)}") from exc
+        crop_h, crop_w = self.crop_size
+        height, width = pixels.shape[:2]
+        if self.letterbox:
+            canvas = np.full((crop_h, crop_w, pixels.shape[2]), self.pad_value, np.float32)
+            top, left = (crop_h - height) // 2, (crop_w - width) // 2
+            canvas[top : top + height, left : left + width] = pixels
+            pixels = canvas
+        else:
+            if height < crop_h or width < crop_w:  # a crop longer than `resize` needs an image long enough
+                raise CalibrunError(f"image {path} resized to {height}x{width} (height x width) is smaller than the "
+                                    f"crop {self.crop_label}; raise resize, or use letterbox")
+            top = int(round((height - crop_h) / 2.0))
+            left = int(round((width - crop_w) / 2.0))
+            pixels = pixels[top : top + crop_h, left : left + crop_w]
+        chw = np.ascontiguousarray(pixels.transpose(2, 0, 1))
+        mean, std = self._stats()
+        return (chw - mean) / std
+
+    def identity(self) -> dict:
+        """Everything that decides the pixels (enters the calibration cache key and result.json)."""
+        identity = dataclasses.asdict(self) | {"mean": list(self.mean), "std": list(self.std)}
+        if isinstance(self.crop, tuple):
+            identity["crop"] = list(self.crop)
+        if not self.letterbox:  # the keys of the crop pipeline as they always were (cache keys stay valid)
+            del identity["letterbox"], identity["pad_value"]
+        return identity
+
+
+def _image_files(root: Path) -> list[tuple[Path, str]]:
+    if not root.exists():
+        raise CalibrunError(f"image folder not found: {root}")
+    if not root.is_dir():
+        raise CalibrunError(f"image data must be a folder of images: {root}")
+    found = []
+    anything = False
+    for path in root.rglob("*"):
+        rel = path.relative_to(root)
+        if any(part.startswith(".") for part in rel.parts):
+            continue
+        anything = True
+        if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file():
+            found.append((path, rel.as_posix()))
+    if not found:
+        if not anything:
+            raise CalibrunError(f"image folder is empty: {root}")
+        raise CalibrunError(f"no images ({'/'.join(s[1:] for s in IMAGE_SUFFIXES)}) in {root}")
+    return sorted(found, key=lambda item: item[1])
+
+
+class _ImageColumn:
+    def __init__(self, root, inputs: Sequence[InputInfo], transform: ImageTransform):
+        if not isinstance(transform, ImageTransform):
+            raise CalibrunError(f"transform must be an ImageTransform, got {type(transform).__name__}")
+        inputs = _check_inputs(inputs)
+        if len(inputs) != 1:
+            names = ", ".join(info.name for info in inputs)
+            raise CalibrunError(f"image sources feed single-input models; this model has inputs {names} (use npz)")
+        info = inputs[0]
+        if len(info.shape) != 4:
+            raise CalibrunError(
+                f"input {info.name!r} has shape {_fmt_shape(info.shape)}; image sources need a 4-D NCHW input"
+            )
+        channels, height, width = info.shape[1:]
+        if _is_fixed(channels) and channels != transform.channels:
+            hint = "set grayscale=false" if transform.grayscale else ("set grayscale=true" if channels == 1 else "")
+            raise CalibrunError(
+                f"input {info.name!r} {_fmt_shape(info.shape)} takes {channels} channels, the image transform "
+                f"gives {transform.channels}" + (f"; {hint}" if hint else "")
+            )
+        crop_h, crop_w = transform.crop_size
+        if (_is_fixed(height) and height != crop_h) or (_is_fixed(width) and width != crop_w):
+            want = [height if _is_fixed(height) else crop_h, width if _is_fixed(width) else crop_w]
+            raise CalibrunError(
+                f"input {info.name!r} {_fmt_shape(info.shape)} takes images of {_fmt_shape(info.shape[2:])}, the "
+                f"image transform makes {transform.crop_label} (height x width); set crop: "
+                f"data.crop=[{want[0]},{want[1]}] (eval_data.crop too; and resize, or letterbox)"
+            )
+        self.info = info
+        self.transform = transform
+        self.root = Path(os.path.expanduser(str(root)))
+        self.files = [_File.scan(p, rel) for p, rel in _image_files(self.root)]
+        self.rows = len(self.files)
+        self.sample_shape = (transform.channels, *transform.crop_size)
+
+    def labels(self) -> tuple[np.ndarray | None, tuple[str, ...] | None]:
+        """Class-folder labels when every image lies in a first-level subfolder."""
+        parts = [f.rel.split("/") for f in self.files]
+        if any(len(p) < 2 for p in parts):
+            return None, None
+        classes = tuple(sorted({p[0] for p in parts}))
+        index = {name: i for i, name in enumerate(classes)}
+        return np.array([index[p[0]] for p in parts], dtype=np.int64), classes
+
+    def files_used(self, rows: int) -> list[_File]:
+        return self.files[:rows]
+
+    def _load(self, file: _File) -> np.ndarray:
+        file.check()
+        return self.transform(file.path)
+
+    def pieces(self, sizes: Sequence[int], factor: float) -> Iterator[np.ndarray]:
+        start = 0
+        for size in sizes:
+            chunk = self.files[start : start + size]
+            block = np.stack([self._load(f) for f in chunk])
+            if factor != 1.0:
+                block = _to_float32(block, factor, f"images {chunk[0].path} .. {chunk[-1].path}", start)
+            start += size
+            yield block
+
+
+def image_calibration(
+    path, inputs: Sequence[InputInfo], batches: int, factor: float = 1.0, transform: ImageTransform | None = None
+) -> FeedBatches:
+    """Calibration batches (NCHW float32) from a folder of images."""
+    transform = ImageTransform() if transform is None else transform
+    column = _ImageColumn(path, inputs, transform)
+    extra = {"transform": transform.identity(), "pillow": _pillow_version()}
+    return FeedBatches("images", {column.info.name: column}, factor, batches, str(column.root), extra)
+
+
+def image_evaluation(
+    path, inputs: Sequence[InputInfo], rows: int | None = None, transform: ImageTransform | None = None
+) -> EvalData:
+    """Evaluation images (NCHW float32), the first `rows` in sorted order, decoded batch by batch;
+    class-folder labels."""
+    transform = ImageTransform() if transform is None else transform
+    column = _ImageColumn(path, inputs, transform)
+    used = _cap_rows(column.rows, rows, str(column.root))
+    labels, classes = column.labels()
+    if labels is not None:
+        labels = labels[:used]
+    identity = {
+        "source": "images",
+        "files": _listed(column.files_used(used)),
+        "transform": transform.identity(),
+        "pillow": _pillow_version(),
+        "rows": used,
+        "classes": list(classes) if classes else None,
+        "inputs": [{"name": column.info.name, "shape": [used, *column.sample_shape]}],
+    }
+    return EvalData(used, _column_pieces({column.info.name: column}, used), labels, classes, identity,
+                    [column.info.name])
+
+
+def _pillow_version() -> str:
+    import PIL
+
+    return PIL.__version__

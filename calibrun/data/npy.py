@@ -1,0 +1,334 @@
+"""Calibration batches and evaluation rows read from .npy/.npz files (the batch rules: calibrun.data.batches).
+
+- npy: `path` is a `.npy` file (the rows of the single input), a `.npz` file (one key per input name, an
+  optional `labels` key), or a folder of them (top level only; every `.npy`/`.npz` sorted by file name and
+  concatenated along the first axis; with several inputs the folder may instead hold one `<input_name>.npy`
+  per input). A `labels.npy` in a folder holds labels. A single-input model also takes an `.npz` whose only
+  (non-`labels`) key has another name (`numpy.savez(f, x)` writes `arr_0`). Extra `.npz` keys are ignored.
+  Files are only ever opened with `allow_pickle=False`; headers are read first, so object, string, bool and
+  complex arrays fail before any data is loaded. A `.npy` file is memory-mapped and an `.npz` member loaded
+  only when a batch needs it, so a pass over a big folder holds one file (one member) per input at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from calibrun.data.batches import (
+    EVAL_CHUNK,
+    EvalData,
+    FeedBatches,
+    _cap_rows,
+    _check_inputs,
+    _column_pieces,
+    _File,
+    _fmt_shape,
+    _is_fixed,
+    _listed,
+    _to_float32,
+)
+from calibrun.errors import CalibrunError, one_line
+from calibrun.model import InputInfo
+
+NPY_SUFFIXES = (".npy", ".npz")
+LABELS = "labels"
+
+
+@dataclass(frozen=True)
+class _Segment:
+    """One array in one file: a .npy file (key None) or an .npz member."""
+
+    file: _File
+    key: str | None
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0]
+
+    @property
+    def where(self) -> str:
+        return str(self.file.path) if self.key is None else f"{self.file.path}[{self.key!r}]"
+
+    def load(self) -> np.ndarray:
+        """The array: memory-mapped for .npy, loaded (this member only) for .npz."""
+        self.file.check()
+        try:
+            if self.key is None:
+                array = np.load(self.file.path, mmap_mode="r", allow_pickle=False)
+            else:
+                with np.load(self.file.path, allow_pickle=False) as archive:
+                    array = archive[self.key]
+        except Exception as exc:  # ValueError, OSError, zipfile.BadZipFile, EOFError ...
+            raise CalibrunError(f"cannot read {self.where}: {one_line(exc)}") from exc
+        if tuple(array.shape) != self.shape or array.dtype != self.dtype:
+            raise CalibrunError(f"{self.where} changed after calibrun scanned it; start again")
+        return array
+
+
+def _read_header(fp, where: str) -> tuple[tuple[int, ...], np.dtype]:
+    try:
+        version = np.lib.format.read_magic(fp)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(fp)
+        elif version == (2, 0):
+            shape, _, dtype = np.lib.format.read_array_header_2_0(fp)
+        else:
+            raise ValueError(f"unsupported .npy format version {version[0]}.{version[1]}")
+    except Exception as exc:
+        raise CalibrunError(f"{where}: not a readable .npy array ({one_line(exc)})") from exc
+    return tuple(int(d) for d in shape), np.dtype(dtype)
+
+
+def _scan_npy(file: _File) -> _Segment:
+    try:
+        with open(file.path, "rb") as fp:
+            shape, dtype = _read_header(fp, str(file.path))
+    except OSError as exc:
+        raise CalibrunError(f"cannot read {file.path}: {one_line(exc)}") from exc
+    return _Segment(file, None, shape, dtype)
+
+
+def _scan_npz(file: _File) -> dict[str, _Segment]:
+    segments = {}
+    try:
+        with zipfile.ZipFile(file.path) as archive:
+            for member in archive.namelist():
+                if not member.endswith(".npy"):
+                    continue
+                key = member[: -len(".npy")]
+                with archive.open(member) as fp:
+                    shape, dtype = _read_header(fp, f"{file.path}[{key!r}]")
+                segments[key] = _Segment(file, key, shape, dtype)
+    except CalibrunError:
+        raise
+    except Exception as exc:
+        raise CalibrunError(f"{file.path}: not a readable .npz archive ({one_line(exc)})") from exc
+    if not segments:
+        raise CalibrunError(f"{file.path}: the .npz archive holds no arrays")
+    return segments
+
+
+def _check_data_dtype(segment: _Segment) -> None:
+    dtype = segment.dtype
+    if dtype.hasobject:
+        raise CalibrunError(f"{segment.where}: object array (dtype {dtype}); calibrun never loads pickled data")
+    if dtype.kind not in "fiu":
+        raise CalibrunError(f"{segment.where}: dtype {dtype} is not numeric; calibrun needs float (or integer) data")
+
+
+def _check_data_shape(segment: _Segment, info: InputInfo) -> None:
+    shape = segment.shape
+    if len(shape) != len(info.shape):
+        raise CalibrunError(
+            f"{segment.where}: array of shape {_fmt_shape(shape)} has rank {len(shape)}, "
+            f"input {info.name!r} {_fmt_shape(info.shape)} has rank {len(info.shape)}"
+        )
+    for axis in range(1, len(shape)):
+        dim = info.shape[axis]
+        if _is_fixed(dim) and shape[axis] != dim:
+            raise CalibrunError(
+                f"{segment.where}: array of shape {_fmt_shape(shape)} does not fit input {info.name!r} "
+                f"{_fmt_shape(info.shape)}: axis {axis} is {shape[axis]}, the model wants {dim}"
+            )
+
+
+def _check_labels(segment: _Segment) -> None:
+    if segment.dtype.hasobject or segment.dtype.kind not in "iu":
+        raise CalibrunError(f"{segment.where}: labels must be integers, got dtype {segment.dtype}")
+    if len(segment.shape) != 1:
+        raise CalibrunError(f"{segment.where}: labels must be 1-D, got shape {_fmt_shape(segment.shape)}")
+
+
+class _ArrayColumn:
+    """The rows of one input: segments concatenated along the first axis."""
+
+    def __init__(self, info: InputInfo, segments: list[_Segment]):
+        self.info = info
+        self.segments = segments
+        for segment in segments:
+            _check_data_dtype(segment)
+            _check_data_shape(segment, info)
+        first = segments[0]
+        for segment in segments[1:]:
+            if segment.shape[1:] != first.shape[1:]:
+                raise CalibrunError(
+                    f"{segment.where}: rows of shape {_fmt_shape(segment.shape[1:])} differ from "
+                    f"{first.where} rows of shape {_fmt_shape(first.shape[1:])}"
+                )
+        self.rows = sum(s.rows for s in segments)
+        self.sample_shape = first.shape[1:]
+
+    def files_used(self, rows: int) -> list[_File]:
+        used, start = [], 0
+        for segment in self.segments:
+            if start >= rows:
+                break
+            if segment.rows:
+                used.append(segment.file)
+            start += segment.rows
+        return used
+
+    def pieces(self, sizes: Sequence[int], factor: float) -> Iterator[np.ndarray]:
+        """Consecutive blocks of rows, sizes[i] rows each, as float32; one segment loaded at a time."""
+        segments = iter(s for s in self.segments if s.rows)
+        segment, array, offset = None, None, 0
+        for size in sizes:
+            parts = []
+            need = size
+            while need:
+                if array is None or offset == segment.rows:
+                    array = None  # drop the previous file before opening the next
+                    segment = next(segments)
+                    array, offset = segment.load(), 0
+                take = min(need, segment.rows - offset)
+                parts.append(_to_float32(array[offset : offset + take], factor, segment.where, offset))
+                offset += take
+                need -= take
+            yield parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _npy_files(root: Path) -> list[Path]:
+    if not root.exists():
+        raise CalibrunError(f"data path not found: {root}")
+    if root.is_file():
+        if root.suffix.lower() not in NPY_SUFFIXES:
+            raise CalibrunError(f"{root}: not a .npy or .npz file (or a folder of them)")
+        return [root]
+    if not root.is_dir():
+        raise CalibrunError(f"data path is neither a file nor a folder: {root}")
+    entries = sorted(p for p in root.iterdir() if not p.name.startswith("."))
+    if not entries:
+        raise CalibrunError(f"data folder is empty: {root}")
+    files = [p for p in entries if p.is_file() and p.suffix.lower() in NPY_SUFFIXES]
+    if not files:
+        raise CalibrunError(f"no .npy or .npz files in {root}")
+    return files
+
+
+class _NpySource:
+    """The layout of an npy source: one column of segments per input, plus optional labels."""
+
+    def __init__(self, path, inputs: Sequence[InputInfo]):
+        self.inputs = _check_inputs(inputs)
+        root = Path(os.path.expanduser(str(path)))
+        self.root = root
+        paths = _npy_files(root)
+        names = [info.name for info in self.inputs]
+        single = len(names) == 1
+        folder = root.is_dir()
+        base = root if folder else root.parent
+        files = {p: _File.scan(p, p.relative_to(base).as_posix()) for p in paths}
+
+        labels_file = None
+        if folder and LABELS not in names:
+            labels_file = next((p for p in paths if p.name == "labels.npy"), None)
+            paths = [p for p in paths if p != labels_file]
+            if not paths:
+                raise CalibrunError(f"no data files beside labels.npy in {root}")
+        npy = [p for p in paths if p.suffix.lower() == ".npy"]
+        npz = [p for p in paths if p.suffix.lower() == ".npz"]
+
+        columns: dict[str, list[_Segment]] = {name: [] for name in names}
+        label_segments: list[_Segment] = []
+        if not single and not folder and npy:
+            raise CalibrunError(
+                f"{root} holds one array, the model has inputs {', '.join(names)}: use an .npz with one key "
+                "per input, or a folder of <input_name>.npy files"
+            )
+        if not single and npy:
+            if npz:
+                raise CalibrunError(f"{root} mixes .npy and .npz files; with several inputs use one layout")
+            # One <input_name>.npy per input.
+            by_name = {p.name[: -len(p.suffix)]: p for p in npy}
+            for name in names:
+                if name not in by_name:
+                    raise CalibrunError(f"no data for input {name!r}: expected {name}.npy in {root}")
+            extra = sorted(p.name for stem, p in by_name.items() if stem not in names)
+            if extra:
+                raise CalibrunError(f"{root}: {', '.join(extra)} name no model input (inputs: {', '.join(names)})")
+            for name in names:
+                columns[name].append(_scan_npy(files[by_name[name]]))
+            rows = {name: columns[name][0].rows for name in names}
+            if len(set(rows.values())) > 1:
+                raise CalibrunError(f"{root}: the inputs' files hold different row counts: {rows}")
+        else:
+            for p in paths:
+                if p.suffix.lower() == ".npy":
+                    columns[names[0]].append(_scan_npy(files[p]))
+                    continue
+                members = _scan_npz(files[p])
+                data_keys = [k for k in members if k != LABELS or LABELS in names]
+                for name in names:
+                    if name in members:
+                        key = name
+                    elif single and len(data_keys) == 1:
+                        key = data_keys[0]
+                    else:
+                        raise CalibrunError(
+                            f"{p}: no array for input {name!r} (keys: {', '.join(sorted(members)) or 'none'})"
+                        )
+                    columns[name].append(members[key])
+                rows = {name: columns[name][-1].rows for name in names}
+                if len(set(rows.values())) > 1:
+                    raise CalibrunError(f"{p}: the inputs' arrays hold different row counts: {rows}")
+                if LABELS in members and LABELS not in names:
+                    label_segments.append(members[LABELS])
+            if label_segments and len(label_segments) != len(paths):
+                lacking = [p.name for p in paths if all(s.file.path != p for s in label_segments)]
+                raise CalibrunError(f"{root}: some data files have labels and some do not ({', '.join(lacking)})")
+
+        self.columns = {info.name: _ArrayColumn(info, columns[info.name]) for info in self.inputs}
+        totals = {name: column.rows for name, column in self.columns.items()}
+        if len(set(totals.values())) > 1:
+            raise CalibrunError(f"{root}: the inputs have different row counts: {totals}")
+        self.rows = next(iter(totals.values()))
+
+        self.labels: list[_Segment] = []
+        if labels_file is not None:
+            self.labels = [_scan_npy(files[labels_file])]
+        elif label_segments:
+            self.labels = label_segments
+        for segment in self.labels:
+            _check_labels(segment)
+        if self.labels and sum(s.rows for s in self.labels) != self.rows:
+            raise CalibrunError(
+                f"{root}: {sum(s.rows for s in self.labels)} labels for {self.rows} rows of data"
+            )
+
+
+def npy_calibration(path, inputs: Sequence[InputInfo], batches: int, factor: float = 1.0) -> FeedBatches:
+    """Calibration batches from a .npy file, an .npz file or a folder of them (see the module docstring)."""
+    source = _NpySource(path, inputs)
+    return FeedBatches("npy", source.columns, factor, batches, str(source.root))
+
+
+def npy_evaluation(path, inputs: Sequence[InputInfo], rows: int | None = None) -> EvalData:
+    """Evaluation rows (float32) of every input, capped at `rows`, read batch by batch; labels from an npz
+    `labels` key or a `labels.npy` in the folder."""
+    source = _NpySource(path, inputs)
+    used = _cap_rows(source.rows, rows, str(source.root))
+    labels = None
+    if source.labels:
+        parts = [segment.load() for segment in source.labels]
+        labels = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])[:used]
+    files = [f for column in source.columns.values() for f in column.files_used(used)]
+    files += [segment.file for segment in source.labels]
+    identity = {
+        "source": "npy",
+        "files": _listed(files),
+        "rows": used,
+        "inputs": [{"name": name, "shape": [used, *column.sample_shape]} for name, column in source.columns.items()],
+    }
+    pieces = _column_pieces(source.columns, used)
+    # One pass that keeps nothing: NaN/Inf in a file fails here, before any work (memory-mapped, so cheap).
+    for _ in pieces([min(EVAL_CHUNK, used - start) for start in range(0, used, EVAL_CHUNK)]):
+        pass
+    return EvalData(used, pieces, labels, None, identity, list(source.columns))

@@ -1,0 +1,257 @@
+"""One job as functions of its config: prepare model -> data -> calibrate (cached) -> quantise -> measure ->
+diagnostics, returning the result record (`compute`). Writes `int8.onnx`, `ranges.json` and `diagnostics.json`
+into the job folder; calibrun.runner wraps it in the Hydra task (validation, resume, tracking, error policy) and
+writes `result.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from pathlib import Path
+
+import onnx
+import onnxruntime
+from omegaconf import DictConfig, OmegaConf
+
+from calibrun import cache as cache_store
+from calibrun import config
+from calibrun.calibrate import CalibrationCache
+from calibrun.data import calibration_data, evaluation_data
+from calibrun.errors import one_line
+from calibrun.files import DIAGNOSTICS_FILE, RANGES_FILE, temp_dir, write_json
+from calibrun.measure import errors as measure
+from calibrun.measure import tasks
+from calibrun.measure.tensor_stats import StreamingDiagnostics, as_table, classify_model
+from calibrun.model import FloatModel, check_model_file, file_sha256, open_float_model
+from calibrun.model.digits import ensure_digits
+from calibrun.model.lab import write_lab_model
+from calibrun.model.prepare import PREPARE_VERSION, external_data_path, prepare_model
+from calibrun.quantize import quantize_with, resolve_exclusions
+
+log = logging.getLogger("calibrun")
+
+TASK_KEYS = ("top1_agreement", "fp32_accuracy", "int8_accuracy")
+METRIC_KEYS = ("span", "input_scale", "input_zero_point", "observed_span", "max_abs_error", "mean_abs_error",
+               "max_abs_output", "calibration_seconds", "quantization_seconds", "model_bytes", "cache_hit",
+               "quantize_nodes", "dequantize_nodes")
+
+
+def job_identity(cfg: DictConfig) -> dict:
+    """Which job this is, as configured (safe to build from an invalid config)."""
+    return {"calibration": cfg.calibration.name, "factor": cfg.calibration.factor, "seed": cfg.calibration.seed,
+            "batches": cfg.batches, "format": cfg.format.name, "method": cfg.method.name, "model": cfg.model.name}
+
+
+def job_params(cfg: DictConfig) -> dict:
+    params = {
+        **job_identity(cfg),
+        "data": cfg.data.name,
+        "eval_data": cfg.eval_data.name,
+        "eval_seed": cfg.eval.seed,
+        "eval_rows": cfg.eval.rows,
+        "onnxruntime_version": onnxruntime.__version__,
+        "onnx_version": onnx.__version__,
+    }
+    params.update({f"method.{k}": v for k, v in config.calibration_spec(cfg).calibrator_options().items()})
+    params.update({f"quant.{k}": v for k, v in OmegaConf.to_container(cfg.quant).items()})
+    for key in ("data", "eval_data"):
+        if cfg[key].path:
+            params[f"{key}.path"] = cfg[key].path
+    return params
+
+
+def eval_source(cfg: DictConfig) -> dict:
+    """Everything that rebuilds the evaluation rows (kept in result.json for the aggregator)."""
+    return {**OmegaConf.to_container(cfg.eval_data, resolve=True), "seed": cfg.eval.seed, "rows": cfg.eval.rows}
+
+
+def prepared_record(source_sha256: str) -> dict:
+    """What decides a prepared model (its cache key, calibrun.cache.key_of)."""
+    return {"kind": "prepared model", "source_sha256": source_sha256, "prepare_version": PREPARE_VERSION,
+            "onnxruntime": onnxruntime.__version__}
+
+
+def prepare(cfg: DictConfig, job_dir: Path) -> tuple[FloatModel, list[str]]:
+    """The prepared float model: the lab model or the user's file made quantisable (calibrun.model.prepare).
+
+    A user's model is prepared once per source file into the cache's `models` folder (calibrun.cache), so a
+    sweep of many jobs shares one prepared copy; without a cache, into the job folder. A cached copy is used
+    only when its bytes (and its external data file's) still have the sha256 recorded beside it when it was
+    made; a truncated or replaced one is reported in one warning line and prepared again.
+    """
+    with temp_dir("src") as tmp:
+        if cfg.model.name == "lab":
+            source = write_lab_model(Path(tmp) / "lab.onnx")
+            target = job_dir / "fp32.onnx"
+        else:
+            if cfg.model.name == "digits":
+                source = ensure_digits(cache_store.folder(cfg.cache.dir, "digits")) / "digits.onnx"
+            else:
+                source = check_model_file(Path(cfg.model.path).expanduser().resolve())
+            target = job_dir / "fp32.onnx"
+            if cfg.cache.enabled:
+                folder = cache_store.folder(cfg.cache.dir, "models", create=True)
+                sha256 = file_sha256(source)
+                target = folder / f"{cache_store.key_of(prepared_record(sha256))}.onnx"
+                old = folder / f"{sha256[:32]}-prep{PREPARE_VERSION}-ort{onnxruntime.__version__}.onnx"
+                if old.is_file() and not target.is_file():
+                    log.info("prepared model cache: %s is of the earlier naming and is not read; preparing the "
+                             "model again as %s", old, target.name)
+        record_file = target.with_suffix(".steps.json")
+        if target.parent != job_dir and target.is_file():
+            reused = _verified_prepared(target, record_file)
+            if reused is not None:
+                log.info("prepared model %s (reused, sha256 verified)", target)
+                return open_float_model(target, sha256=reused["model_sha256"]), list(reused["steps"])
+        prepared = prepare_model(source, target)
+        record = {"steps": list(prepared.steps), "model_sha256": file_sha256(prepared.path),
+                  "data_sha256": file_sha256(prepared.data_path) if prepared.data_path else None}
+        write_json(record_file, record)
+    return open_float_model(prepared.path, sha256=record["model_sha256"]), list(prepared.steps)
+
+
+def _verified_prepared(target: Path, record_file: Path) -> dict | None:
+    """The record of a cached prepared model whose files still match it; None (with one warning line when
+    something is wrong rather than merely missing) when it must be prepared again."""
+    problem = None
+    try:
+        record = json.loads(record_file.read_text())
+        if not isinstance(record, dict) or not isinstance(record.get("model_sha256"), str):
+            problem = "it has no recorded sha256"
+        elif file_sha256(target) != record["model_sha256"]:
+            problem = "its bytes do not match the sha256 recorded when it was made (truncated or replaced?)"
+        else:
+            data = external_data_path(target)
+            want = record.get("data_sha256")
+            if want is not None and (not data.is_file() or file_sha256(data) != want):
+                problem = f"its data file {data.name} is missing or does not match its recorded sha256"
+            elif not isinstance(record.get("steps"), list):
+                problem = "its record has no preparation steps"
+    except FileNotFoundError:
+        # No record yet: another job may have just placed the model and be hashing it (a parallel sweep on a
+        # fresh cache). Preparing again gives the same bytes; nothing is wrong, so no warning.
+        log.info("prepared model %s has no sha256 record beside it (yet); preparing it again", target)
+        return None
+    except (OSError, ValueError) as exc:
+        problem = f"its record is unreadable ({one_line(exc)})"
+    if problem is None:
+        return record
+    log.warning("prepared model cache %s is unusable: %s; preparing it again", target, problem)
+    return None
+
+
+def _used(cfg: DictConfig, data, evaluation, errors: dict) -> dict:
+    """What the job really used (result.json `used`), warning where it differs from what was asked."""
+    identity = data.identity()
+    batches = int(identity.get("batches", len(data)))
+    rows_per_batch = int(identity.get("rows_per_batch", 0))
+    used = {
+        "calibration_batches": batches,
+        "calibration_rows": int(identity.get("rows", batches * rows_per_batch)),
+        "calibration_rows_per_batch": rows_per_batch,
+        "eval_rows": int(errors["rows"]),
+        "eval_batches": int(errors["eval_batches"]),
+        "eval_batch_size": int(errors["eval_batch_size"]),
+        "calibration_source": {k: v for k, v in identity.items() if k != "files"},
+        "calibration_files": len(identity.get("files", [])),
+        "eval_source": {k: v for k, v in evaluation.identity.items() if k != "files"},
+        "eval_files": len(evaluation.identity.get("files", [])),
+    }
+    if batches != cfg.batches:
+        log.warning("calibration used %d batches, %d were requested", batches, cfg.batches)
+    if used["eval_rows"] != cfg.eval.rows:
+        log.warning("evaluation used %d rows, %d were requested", used["eval_rows"], cfg.eval.rows)
+    return used
+
+
+def _source_model(cfg: DictConfig) -> dict:
+    """The user's model file as given (path and sha256), beside the prepared copy the job measured."""
+    if cfg.model.name != "file" or not cfg.model.path:
+        return {}
+    path = Path(cfg.model.path).expanduser().resolve()
+    return {"source_model_path": str(path), "source_model_sha256": file_sha256(path)}
+
+
+def compute(cfg: DictConfig, job_dir: Path) -> dict:
+    """The measurement itself; returns the result record (without status)."""
+    fp32, steps = prepare(cfg, job_dir)
+    options, exclusions = resolve_exclusions(fp32.path, config.quant_options(cfg))  # names checked before any work
+    cache = CalibrationCache(cfg.cache.dir) if cfg.cache.enabled else None
+    int8_path = job_dir / "int8.onnx"
+    data = calibration_data(cfg.data, fp32, cfg.calibration.seed, cfg.calibration.factor, cfg.batches)
+    source = eval_source(cfg)
+    # bad evaluation data (missing files, wrong shapes, unknown task output) fails before any work
+    evaluation = evaluation_data(source, fp32, source["seed"], source["rows"])
+    task = tasks.resolve(tasks.spec_of(cfg.task), fp32.path, labels=evaluation.labels is not None,
+                         classifier=cfg.model.classifier)
+    quant = quantize_with(fp32, int8_path, data, spec=config.calibration_spec(cfg),
+                                 options=options, cache=cache, ranges_copy=job_dir / RANGES_FILE,
+                                 threads=cfg.ort.intra_op_threads,
+                                 input_may_stay_float=bool(exclusions) or cfg.model.name != "lab")
+    diag = None
+    if cfg.format.name == "qdq" and cfg.diagnostics.enabled:
+        diag = StreamingDiagnostics(fp32.path, int8_path, job_dir / RANGES_FILE, cfg.ort.intra_op_threads,
+                                    max_rows=cfg.diagnostics.rows)
+    try:
+        errors = measure.evaluate(fp32.path, int8_path, evaluation, task, cfg.ort.intra_op_threads,
+                                  cfg.eval.batch_size, observers=[diag] if diag is not None else (),
+                                  progress="evaluation" + (" and diagnostics" if diag is not None else ""))
+        rows = diag.rows() if diag is not None else None
+    finally:
+        if diag is not None:
+            diag.close()
+    metrics = {**quant, **errors, **tasks.legacy(errors), "model_bytes": quant["bytes"],
+               "cache_hit": int(quant["cache_hit"])}
+    extra = [k for k in errors if k.startswith(("out.", "task.")) or k in ("eval_min", "eval_max", "eval_span")]
+    result = {
+        "params": {**job_params(cfg), "model_file": str(fp32.path), "model_sha256": fp32.sha256,
+                   "rows_per_batch": data.identity()["rows_per_batch"], **_source_model(cfg)},
+        "metrics": {key: metrics[key] for key in (*METRIC_KEYS, *TASK_KEYS, *extra) if key in metrics},
+        "ops": quant["ops"],
+        "cache_key": quant["cache_key"],
+        "preparation": steps,
+        **exclusions,
+        "eval_source": source,
+        "used": {**_used(cfg, data, evaluation, errors),
+                 "diagnostics_rows": diag.rows_seen if diag is not None else 0},
+        "task": task.describe(),
+        "files": {"fp32": _relative(fp32.path, job_dir), "int8": int8_path.name, "ranges": RANGES_FILE,
+                  "int8_sha256": file_sha256(int8_path), "ranges_sha256": file_sha256(job_dir / RANGES_FILE)},
+    }
+    if rows is not None:
+        write_json(job_dir / DIAGNOSTICS_FILE, as_table(rows))  # column-oriented, strict JSON
+        result["files"]["diagnostics"] = DIAGNOSTICS_FILE
+        outputs = {k[len("out."):-len(".sqnr_db")]: v for k, v in errors.items()
+                   if k.startswith("out.") and k.endswith(".sqnr_db") and not re.search(r"\.ch\d+\.sqnr_db$", k)}
+        result["diagnosis"] = _strict(classify_model(rows, diag.weights, output_sqnr_db=outputs))
+        culprits = result["diagnosis"]["culprits"]
+        if culprits:
+            top = culprits[0]
+            log.info("diagnosis: %s; top culprit %s (node %s, %s, %.0f%% of the added error)",
+                     result["diagnosis"]["overall"], top["tensor"], top["node"], top["verdict"],
+                     100 * (top["noise_share"] or 0))
+    return result
+
+
+def _strict(value):
+    """JSON without inf/NaN (they become null)."""
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _relative(path: Path, folder: Path) -> str:
+    """`path` relative to the job folder when inside it, else absolute (a relative cache path starts from the
+    working directory, which the aggregator may not share)."""
+    path = path.resolve()
+    try:
+        return str(path.relative_to(folder.resolve()))
+    except ValueError:
+        return str(path)

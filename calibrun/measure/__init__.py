@@ -1,0 +1,7 @@
+"""Measuring an int8 model against its fp32 original.
+
+errors.py        the streaming error metrics per output (`evaluate`), the calibtool `error` contract
+tasks.py         task metrics (classification, dense, custom) fed the same batches
+tensor_stats.py  per-tensor diagnostics of one job: streamed statistics of every quantised tensor and its verdict
+verdicts.py      the sweep-level diagnosis the aggregator writes: per run, and would more samples help
+"""

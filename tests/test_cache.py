@@ -1,0 +1,90 @@
+"""calibrun.cache: one key scheme (sha256 of a record's canonical JSON) and one subfolder per kind; entries of the
+earlier flat layout are detected and never read."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+
+import pytest
+
+from calibrun import cache
+from calibrun.calibrate import CalibrationCache
+from calibrun.errors import CalibrunError
+from calibrun.model import open_float_model
+from calibrun.quantize import quantize_lab
+
+
+def test_key_is_the_sha256_of_the_canonical_record():
+    record = {"b": [1, 2.5, None], "a": {"y": "z", "x": True}}
+    canonical = '{"a":{"x":true,"y":"z"},"b":[1,2.5,null]}'
+    assert cache.key_of(record) == hashlib.sha256(canonical.encode()).hexdigest()[: cache.KEY_CHARS]
+    assert cache.key_of(dict(reversed(record.items()))) == cache.key_of(record)  # key order does not matter
+    assert cache.key_of({**record, "b": [1, 2.5]}) != cache.key_of(record)
+
+
+def test_one_subfolder_per_kind(tmp_path):
+    assert cache.folder(tmp_path, "ranges") == tmp_path / "ranges"
+    assert not (tmp_path / "ranges").exists()  # named, not made
+    assert cache.folder(tmp_path, "models", create=True).is_dir()
+    assert cache.folders(tmp_path) == [tmp_path, *(tmp_path / kind for kind in cache.KINDS)]
+    with pytest.raises(ValueError, match="unknown cache kind 'nope'"):
+        cache.folder(tmp_path, "nope")
+
+
+def test_a_folder_that_cannot_be_made_is_one_line(tmp_path):
+    (tmp_path / "root").write_text("a file where the cache folder should be")
+    with pytest.raises(CalibrunError, match="cannot create cache folder .*root/ranges"):
+        cache.folder(tmp_path / "root", "ranges", create=True)
+
+
+def test_ranges_live_in_the_ranges_folder_and_an_old_flat_entry_is_not_read(tmp_path, lab_model, caplog):
+    fp32 = open_float_model(lab_model)
+    root = tmp_path / "cache"
+    first = quantize_lab(fp32, tmp_path / "a.onnx", 4242, 1.0, 4, cache=CalibrationCache(root))
+    key = first["cache_key"]
+    assert sorted(p.name for p in (root / "ranges").iterdir()) == [f"{key}.json", f"{key}.key.json"]
+    assert [p.name for p in root.iterdir()] == ["ranges"]
+    # The same ranges placed where the earlier layout kept them: seen, named in the log, and not read.
+    entry = (root / "ranges" / f"{key}.json").read_text()
+    (root / f"{key}.json").write_text(entry)
+    for path in (root / "ranges").iterdir():
+        path.unlink()
+    caplog.set_level(logging.INFO, logger="calibrun")
+    again = quantize_lab(fp32, tmp_path / "b.onnx", 4242, 1.0, 4, cache=CalibrationCache(root))
+    assert again["cache_hit"] is False
+    assert again["cache_key"] == key
+    assert any("earlier layout" in r.getMessage() and f"{key}.json" in r.getMessage() for r in caplog.records)
+    assert json.loads((root / "ranges" / f"{key}.json").read_text()) == json.loads(entry)
+    third = quantize_lab(fp32, tmp_path / "c.onnx", 4242, 1.0, 4, cache=CalibrationCache(root))
+    assert third["cache_hit"] is True
+
+
+def test_prepared_models_are_keyed_by_their_record(tmp_path, caplog):
+    import onnxruntime
+    from omegaconf import OmegaConf
+
+    from calibrun.config import Config
+    from calibrun.job import prepare, prepared_record
+    from calibrun.model import file_sha256
+    from calibrun.model.lab import write_lab_model
+    from calibrun.model.prepare import PREPARE_VERSION
+
+    src = write_lab_model(tmp_path / "lab.onnx")
+    cfg = OmegaConf.structured(Config)
+    cfg.model.name, cfg.model.path, cfg.cache.dir = "file", str(src), str(tmp_path / "cache")
+    job = tmp_path / "job"
+    job.mkdir()
+    sha256 = file_sha256(src)
+    models = tmp_path / "cache" / "models"
+    old = models / f"{sha256[:32]}-prep{PREPARE_VERSION}-ort{onnxruntime.__version__}.onnx"
+    models.mkdir(parents=True)
+    old.write_bytes(b"an entry of the earlier naming: never read")
+    caplog.set_level(logging.INFO, logger="calibrun")
+    fp32, _ = prepare(cfg, job)
+    assert fp32.path == models / f"{cache.key_of(prepared_record(sha256))}.onnx"
+    assert prepared_record(sha256)["source_sha256"] == sha256
+    assert fp32.path.with_suffix(".steps.json").is_file()
+    assert any("earlier naming" in r.getMessage() and old.name in r.getMessage() for r in caplog.records)
+    assert old.read_bytes().startswith(b"an entry")  # left alone, not read
