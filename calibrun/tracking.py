@@ -162,10 +162,11 @@ def _write_ahead_log(db: Path) -> bool:
 
 def _commit_without_fsync(client) -> None:
     """The store's SQLite connections with `synchronous=NORMAL` (SQLite's recommended setting in WAL mode): a
-    commit no longer waits for an fsync (MLflow commits ~25 times per job: a third of its store time on this
-    machine). The database stays consistent after any crash; only a power loss or OS crash can undo the last
-    commits (a process killed, even with SIGKILL, loses nothing). The setting is per connection: MLflow's cached
-    engine for this URI gets it on every connection it opens, the pooled ones are dropped to reopen with it."""
+    commit no longer waits for an fsync (MLflow commits ~25 times per job; a commit here: 5 ms with the fsync,
+    0.02 ms without, ~3 s of a lab sweep). The database stays consistent after any crash; only a power loss or OS
+    crash can undo the last commits (a process killed, even with SIGKILL, loses nothing). The setting is per
+    connection: MLflow's cached engine for this URI gets it on every connection it opens, the pooled ones are
+    dropped to reopen with it."""
     from sqlalchemy import event
 
     engine = getattr(getattr(getattr(client, "_tracking_client", None), "store", None), "engine", None)
