@@ -582,7 +582,7 @@ def section_cache(bench: Bench, out: list[str]) -> None:
             shutil.rmtree(cache_root, ignore_errors=True)
     miss, hit = best_run(misses), best_run(hits)
     out.append("")
-    out.append(f"(c) Cache: calibrun.quantize.quantize_lab ({args.cache_method}, chunk={args.time_chunk}, {n} batches), "
+    out.append(f"(c) Cache: quantize_lab ({args.cache_method}, chunk={args.time_chunk}, {n} batches), "
                f"open_float_model + quantize_lab, each in a fresh process; best of {args.repeat} run(s)")
     table = [["", "seconds", "calibration s", "quantize_static s", "cache_hit", "peak RSS"]]
     for label, result in (("miss (fresh cache folder)", miss), ("hit (same folder)", hit)):

@@ -129,7 +129,7 @@ def child_bare(work: Path, model: Path, input_name: str, features: int) -> dict:
 
 
 def child_engine(work: Path, model: Path) -> dict:
-    """The 24 combos through calibrun.engine (calibration cache in a fresh folder), no Hydra, no MLflow."""
+    """The 24 combos through calibrun functions (calibration cache in a fresh folder), no Hydra, no MLflow."""
     t0 = time.perf_counter()
     from calibrun.calibrate import CalibrationCache
     from calibrun.measure import errors as measure
@@ -182,12 +182,13 @@ class Bench:
     def run(self, cmd: list[str], what: str, env: dict | None = None) -> dict:
         """Run a child; its wall time, CPU time (user + sys, all its threads, from wait4) and output."""
         with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-            start = time.perf_counter()
+            start, epoch = time.perf_counter(), time.time()
             proc = subprocess.Popen(cmd, cwd=self.root, env=env or self.env(), stdout=out, stderr=err, text=True)
             usage = wait_child(proc, start)
             out.seek(0)
             err.seek(0)
-            result = {"wall": usage.wall, "cpu": usage.cpu, "stdout": out.read(), "stderr": err.read()}
+            result = {"wall": usage.wall, "cpu": usage.cpu, "stdout": out.read(), "stderr": err.read(),
+                      "epoch": epoch}
         if proc.returncode != 0:
             sys.stderr.write(result["stderr"][-4000:])
             raise SystemExit(f"{what} failed with exit code {proc.returncode}: {' '.join(cmd)}")
@@ -212,7 +213,8 @@ class Bench:
         load = loadavg()
         extra = ("+experiment=lab", *more) if tracking else ("+experiment=lab", "tracking=off")
         r = self.run([self.python, "-m", "calibrun", *self.sweep_args(tag, extra)], f"sweep {tag}")
-        return {"wall": r["wall"], "cpu": r["cpu"], "load": load, "results": self.sweep_results(tag)}
+        return {"wall": r["wall"], "cpu": r["cpu"], "load": load, "results": self.sweep_results(tag),
+                "phases": sweep_phases(r["stderr"], r["epoch"], r["wall"])}
 
     def sweep_results(self, tag: str) -> dict:
         sweep_dir = self.tmp / f"sweep-{tag}"
@@ -280,6 +282,28 @@ class Bench:
         return r["wall"], prof
 
 
+LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
+
+
+def sweep_phases(stderr: str, epoch: float, wall: float) -> dict | None:
+    """Wall seconds of a sweep's phases from its log's time stamps (Hydra's format, local time): start (interpreter,
+    imports, master config, tracking store, parent run, Hydra's validation composition of every job) up to
+    'Launching N jobs'; the jobs, up to the last job's result line; the end (report, parent run, interpreter exit)."""
+    from datetime import datetime
+
+    stamps = []
+    for line in stderr.splitlines():
+        match = LOG_TIME.match(line)
+        if match:
+            at = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            stamps.append((at - epoch, line))
+    launch = next((t for t, line in stamps if "Launching" in line), None)
+    last_job = max((t for t, line in stamps if "result.json" in line), default=None)
+    if launch is None or last_job is None:
+        return None
+    return {"start": launch, "jobs": last_job - launch, "end": wall - last_job}
+
+
 IMPORT_LINE = re.compile(r"import time:\s*(\d+)\s*\|\s*(\d+)\s*\|( +)(\S.*)$")
 
 
@@ -331,9 +355,9 @@ def print_main(runs: dict, args) -> None:
             ("(2) bare onnxruntime: process incl. start + imports", "bare", "wall", "cpu"),
             ("    bare onnxruntime: in-process loop", "bare", "loop", "loop_cpu"),
             ("    bare onnxruntime: imports (numpy, onnxruntime.quantization)", "bare", "imports", None),
-            ("(3) calibrun.engine: process incl. start + imports", "engine", "wall", "cpu"),
-            ("    calibrun.engine: in-process loop", "engine", "loop", "loop_cpu"),
-            ("    calibrun.engine: imports (calibrun.engine)", "engine", "imports", None),
+            ("(3) calibrun functions: process incl. start + imports", "engine", "wall", "cpu"),
+            ("    calibrun functions: in-process loop", "engine", "loop", "loop_cpu"),
+            ("    calibrun functions: imports (calibrun functions)", "engine", "imports", None),
             ("      loop part: calibration (12 misses + 12 cache hits)", "engine", "calibration_seconds", None),
             ("      loop part: quantize_static from the cached ranges", "engine", "quantization_seconds", None)]
     for name, kind, key, cpu_key in rows:
@@ -359,12 +383,29 @@ def print_main(runs: dict, args) -> None:
     for name, a, b in [
         ("calibrun sweep / bare onnxruntime process (incl. startup)", "sweep.", "bare."),
         ("calibrun sweep tracking=off / bare onnxruntime process", "notrack.", "bare."),
-        ("calibrun.engine process / bare onnxruntime process", "engine.", "bare."),
-        ("calibrun sweep / calibrun.engine process", "sweep.", "engine."),
+        ("calibrun functions process / bare onnxruntime process", "engine.", "bare."),
+        ("calibrun sweep / calibrun functions process", "sweep.", "engine."),
     ]:
         print(f"{name + ':':<58} {m[a + 'wall'] / m[b + 'wall']:6.2f}x {m[a + 'cpu'] / m[b + 'cpu']:6.2f}x")
-    print(f"{'calibrun.engine loop / bare onnxruntime loop (in-process):':<58} "
+    print(f"{'calibrun functions loop / bare onnxruntime loop (in-process):':<58} "
           f"{m['engine.loop'] / m['bare.loop']:6.2f}x {m['engine.loop_cpu'] / m['bare.loop_cpu']:6.2f}x")
+    jobs = len(COMBOS)
+    print(f"\nper-job overhead over bare onnxruntime ((sweep - bare process) / {jobs}): "
+          f"{1000 * (m['sweep.wall'] - m['bare.wall']) / jobs:.0f} ms wall, "
+          f"{1000 * (m['sweep.cpu'] - m['bare.cpu']) / jobs:.0f} ms cpu; of which MLflow ((sweep - tracking=off) / "
+          f"{jobs}): {1000 * (m['sweep.wall'] - m['notrack.wall']) / jobs:.0f} ms wall, "
+          f"{1000 * (m['sweep.cpu'] - m['notrack.cpu']) / jobs:.0f} ms cpu (process start, imports and the "
+          f"report included: they are fixed costs spread over the {jobs} jobs)")
+    phased = [r["phases"] for kind in ("sweep", "notrack") for r in runs[kind] if r.get("phases")]
+    if phased:
+        print("\nphases of the sweep (wall s, medians, from its log's time stamps):")
+        for kind, name in (("sweep", "(1) tracked"), ("notrack", "(1b) tracking=off")):
+            ph = [r["phases"] for r in runs[kind] if r.get("phases")]
+            if ph:
+                part = {k: statistics.median(p[k] for p in ph) for k in ("start", "jobs", "end")}
+                print(f"  {name:<20} start (imports, store, parent run, Hydra's validation pass) "
+                      f"{part['start']:6.2f}; {jobs} jobs {part['jobs']:6.2f} ({1000 * part['jobs'] / jobs:.0f} ms "
+                      f"a job); end (report, parent run, exit) {part['end']:6.2f}")
     verdict = "MET" if max(ratio, cpu_ratio) <= GOAL else "NOT MET"
     print(f"\ngoal: calibrun sweep <= {GOAL:.0f}x bare onnxruntime process -> {verdict}: {ratio:.2f}x wall, "
           f"{cpu_ratio:.2f}x cpu (the goal means a sweep of <= {GOAL * m['bare.wall']:.2f}s wall here)")
@@ -376,7 +417,7 @@ def print_main(runs: dict, args) -> None:
          "bare.wall", "bare.loop", "bare.cpu", "bare.loop_cpu"),
         ("calibrun engine vs bare onnxruntime (engine loop - bare loop)",
          "engine.loop", "bare.loop", "engine.loop_cpu", "bare.loop_cpu"),
-        ("calibrun.engine imports beyond bare ((engine - bare) process - loop)", "ENGINE_IMPORTS", None, None, None),
+        ("calibrun functions imports beyond bare ((engine - bare) process - loop)", "ENGINE_IMPORTS", None, None, None),
         ("Hydra, job folders, aggregation + report (sweep tracking=off - engine)",
          "notrack.wall", "engine.wall", "notrack.cpu", "engine.cpu"),
         ("MLflow: import, store, 25 runs, artifacts (sweep - sweep tracking=off)",

@@ -3,6 +3,9 @@ installed package as calibrun.conf) drive calibrun.runner.main."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import gc
 import sys
 from importlib import resources
 
@@ -59,7 +62,22 @@ def normalise(argv: list[str]) -> list[str]:
     return [arg[1:] if arg.startswith("+experiment=") else arg for arg in argv]
 
 
+def _quick_exit() -> None:
+    """At exit, after every other exit handler (registered first, so it runs last): close MLflow's pooled SQLite
+    connections (the write-ahead log is checkpointed into the database as before), then freeze the garbage
+    collector. The interpreter's teardown otherwise walks every object of the imported libraries (MLflow,
+    SQLAlchemy, matplotlib, ...) in repeated gc passes: 3-4 s of a 30 s lab sweep here, for memory the OS takes
+    back anyway. Finalizers and exit handlers still run; only the cycle collector's final passes are skipped."""
+    store = sys.modules.get("mlflow.store.tracking.sqlalchemy_store")
+    engines = getattr(getattr(store, "SqlAlchemyStore", None), "_engine_map", None) or {}
+    for engine in list(engines.values()):
+        with contextlib.suppress(Exception):  # exiting: nothing left to report it to
+            engine.dispose()
+    gc.freeze()
+
+
 def main() -> None:
+    atexit.register(_quick_exit)
     sys.argv[1:] = normalise(sys.argv[1:])
     problem = check_preset_mode(sys.argv[1:])
     if problem is not None:
