@@ -61,16 +61,16 @@ def attach(cfg, job_dir: Path, result: dict) -> dict:
     a = cfg.analysis
     if a.name == "none" and (not a.objective or a.metric in result["metrics"]):
         return result
-    from calibrun import data as datasets  # calibrun.data (was calibrun/datasets.py)
-    from calibrun import model as engine  # open_float_model lives in calibrun.model (calibrun/engine.py is gone)
     from calibrun.analysis.evaluate import Evaluator, metric_of
+    from calibrun.data import evaluation_data
     from calibrun.data.lab import fixed_rows
     from calibrun.measure import tasks
+    from calibrun.model import open_float_model
 
-    fp32 = engine.open_float_model(result["params"]["model_file"])
+    fp32 = open_float_model(result["params"]["model_file"])
     int8_path = job_dir / result["files"]["int8"]
     source = result["eval_source"]
-    evaluation = datasets.evaluation_data(source, fp32, source["seed"], source["rows"])
+    evaluation = evaluation_data(source, fp32, source["seed"], source["rows"])
     rows = fixed_rows(fp32.info) or a.batch_rows
     task = tasks.resolve(tasks.spec_of(cfg.task), fp32.path, labels=evaluation.labels is not None,
                          classifier=cfg.model.classifier)

@@ -1,9 +1,9 @@
-"""The metrics the analysis optimises: calibrun.measure's streaming error metrics and calibrun.tasks' task
+"""The metrics the analysis optimises: calibrun.measure.errors' streaming error metrics and calibrun.measure.tasks' task
 metrics, measured on any int8 model (or any session run) against the fp32 model on the evaluation data.
 
 The analysis is written against ONE object, `Evaluator`: `model(path) -> {metric: value}` (an int8 model file ->
 its metrics) and `run(session_run)` for a session the caller already holds (the sensitivity pass keeps one
-session for every trial). The metric names are the run's own (calibrun.measure, calibrun.tasks):
+session for every trial). The metric names are the run's own (calibrun.measure.errors, calibrun.measure.tasks):
 `max_abs_error`, `mean_abs_error`, `out.<output>.<metric>`, `task.<name>` (task=custom: `task.fn`).
 
 The evaluation batches and their fp32 outputs are written once to a temp folder (one .npz per batch), so memory
@@ -30,7 +30,7 @@ class Evaluator:
     """The evaluation batches with their fp32 reference outputs (kept on disk) and the metrics of any int8 run
     against them. Use as a context manager (the temp folder is removed on exit).
 
-    `evaluation`: a calibrun.sources.EvalData, read `rows` rows at a time; `task`: a fresh calibrun.tasks.Task
+    `evaluation`: a calibrun.data.EvalData, read `rows` rows at a time; `task`: a fresh calibrun.measure.tasks.Task
     (None: no task metrics), copied for every measurement.
     """
 
