@@ -243,7 +243,7 @@ def write_ranges(path: Path, tensors: TensorsData, record: dict, span: float, ke
     payload = json.loads(json.dumps(payload, cls=CalibrationCacheEncoder))  # plain JSON, as a reader sees it
     payload["calibrun"] = {"record": record, "span": span, "ranges_sha256": _ranges_sha256(payload)}
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(payload))
+        tmp.write_text(json.dumps(payload, sort_keys=True))  # the same bytes for the same ranges
     if key_file is not None:
         write_json(key_file, {"key": path.stem, **record, "span": span})
     return path

@@ -88,3 +88,19 @@ def test_prepared_models_are_keyed_by_their_record(tmp_path, caplog):
     assert fp32.path.with_suffix(".steps.json").is_file()
     assert any("earlier naming" in r.getMessage() and old.name in r.getMessage() for r in caplog.records)
     assert old.read_bytes().startswith(b"an entry")  # left alone, not read
+
+
+def test_a_ranges_file_has_the_same_bytes_whatever_order_the_tensors_come_in(tmp_path):
+    """onnxruntime collects tensors in set order (it varies with PYTHONHASHSEED): the file must not."""
+    import numpy as np
+    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+
+    from calibrun.calibrate import write_ranges
+
+    ranges = {name: TensorData(lowest=np.float32(-i - 1), highest=np.float32(i + 1))
+              for i, name in enumerate(["x", "h", "relu_out", "y"])}
+    forward = TensorsData(CalibrationMethod.MinMax, dict(ranges))
+    backward = TensorsData(CalibrationMethod.MinMax, dict(reversed(list(ranges.items()))))
+    a = write_ranges(tmp_path / "a.json", forward, {"k": 1}, 2.0).read_bytes()
+    b = write_ranges(tmp_path / "b.json", backward, {"k": 1}, 2.0).read_bytes()
+    assert a == b
