@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -46,8 +45,18 @@ def tmpfs(folder: Path, size: str):
         subprocess.run(["umount", "-l", str(folder)], capture_output=True)
 
 
+@pytest.fixture(autouse=True)
+def private_temp_dir(tmp_path, monkeypatch):
+    """The children's system temp dir is the test's own: other processes' calibrun.* folders (a parallel test
+    worker, another checkout's suite) cannot count as this test's leftovers."""
+    folder = tmp_path / "systemp"
+    folder.mkdir()
+    monkeypatch.setenv("TMPDIR", str(folder))
+    return folder
+
+
 def calibrun_temp_dirs() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob("calibrun.*")
+    return {p.name for p in Path(os.environ["TMPDIR"]).glob("calibrun.*")
             if f".{os.getpid()}." not in p.name}
 
 
