@@ -274,8 +274,7 @@ def _lab_plots(report_dir: Path, facts: dict) -> list[Path]:
 
 
 def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    with atomic_path(path, suffix=".png") as tmp:
+    with atomic_path(path, suffix=".png") as tmp:  # bbox_inches="tight" fits the outside legend and the title
         fig.savefig(tmp, dpi=110, format="png", bbox_inches="tight")
     return path
 
