@@ -18,7 +18,7 @@ import onnx
 import pytest
 
 from tests.conftest import run_calibtool
-from tests.faults.record import SMALL, check_record, fresh, results, run, runs_of, temp_files
+from tests.e2e.faults.record import SMALL, check_record, fresh, results, run, runs_of, temp_files
 
 pytestmark = pytest.mark.slow
 

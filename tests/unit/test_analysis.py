@@ -33,7 +33,7 @@ from calibrun.sources import EvalData
 from calibrun.tasks import Custom, load_function
 from tests.stores import fresh_mlflow_store
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------------------------------ exclusion checks

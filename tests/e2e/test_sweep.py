@@ -20,7 +20,7 @@ from onnx import numpy_helper
 from tests.conftest import Proc, clean_env, run_python
 from tests.stores import fresh_mlflow_store
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CHILD_PARAMS = {"calibration.name", "calibration.factor", "calibration.seed", "batches", "format.name", "method.name",
                 "model.name", "model.sha256", "eval.seed", "eval.rows", "quant.per_channel", "onnxruntime_version",
                 "onnx_version"}
