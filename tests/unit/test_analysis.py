@@ -148,7 +148,7 @@ def test_evaluator_streams_batches_and_matches_whole_set_numbers(narrow):
     got = plain_session(int8, True).run(None, feeds)[0].astype(np.float64)
     labels = np.arange(64)
     with Evaluator(fp32.path, EvalData.from_arrays(feeds, labels), 10,
-                   task=Custom("tests.test_analysis:two_output_task")) as ev:
+                   task=Custom("tests.unit.test_analysis:two_output_task")) as ev:
         metrics = ev.model(int8)
         assert len(list(ev._tmp.iterdir())) == 7  # 64 rows in batches of 10: one reference file each
     assert metrics["max_abs_error"] == pytest.approx(np.abs(ref - got).max(), rel=1e-9)
