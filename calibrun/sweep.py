@@ -200,7 +200,7 @@ def compose_each_job_once() -> None:
 
 def compose_faster() -> None:
     """Two costs of Hydra's composition that repeat for every job without need (the composed configs are the same:
-    tests/test_speed.py composes jobs both ways; 24 lab jobs: 2.76 -> 2.13 CPU s here):
+    tests/unit/test_speed.py composes jobs both ways; 24 lab jobs: 2.76 -> 2.13 CPU s here):
 
     * every composition deep-copies its config repository, and with it the structured config source, which holds
       the whole ConfigStore (every registered dataclass config: ~50 ms here). The store is a process singleton

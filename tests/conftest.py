@@ -8,6 +8,10 @@
   (CALIBRUN_*, MLFLOW_*, HYDRA_FULL_ERROR, PYTHONPATH), plus `extra`. The package is installed (`pip install -e`),
   so the children import it from any folder.
 - `requires_extra(module, extra)`: a skip marker for tests of an optional extra whose module is not installed.
+
+tests/unit holds in-process tests (one file per module, the quick loop); tests/e2e holds subprocess runs, real
+sweeps and trained models, all marked `slow` here. The suite runs on two pytest-xdist workers, one module per worker
+at a time (pyproject.toml); the longest modules are collected first so that they do not end the run alone.
 """
 
 from __future__ import annotations
@@ -26,6 +30,41 @@ REPO = Path(__file__).resolve().parent.parent
 CALIBTOOL = REPO / "calibtool.py"
 DROPPED_PREFIXES = ("CALIBRUN_", "MLFLOW_")
 DROPPED = frozenset({"HYDRA_FULL_ERROR", "PYTHONPATH"})
+TESTS = Path(__file__).resolve().parent
+# Test modules by their seconds in a whole run (2 workers on 2 cores at load ~5), longest first; then the others.
+LONGEST_FIRST = (
+    "e2e/test_fallback_nudenet.py",
+    "e2e/test_histogram_trained.py", "e2e/test_analysis_runs.py", "e2e/faults/test_kills.py",
+    "e2e/test_real_models.py", "e2e/test_bad_inputs.py", "e2e/test_sweep.py", "e2e/test_calibtool.py",
+    "e2e/test_aggregate_sweeps.py", "e2e/test_user_models.py", "e2e/test_resume.py", "e2e/test_parallel.py",
+    "e2e/test_tracking_server.py", "e2e/test_cluster.py", "e2e/faults/test_disk_full.py", "e2e/test_packaging.py",
+    "e2e/faults/test_store_faults.py", "unit/test_config.py", "e2e/test_measure_runs.py",
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A pytest started with SIGINT ignored (`pytest &` from a script) passes that on to every child, and the CLIs
+    # would ignore Ctrl-C. The tests that send SIGINT need its default, as from a terminal (exec resets a handled
+    # signal to its default, not an ignored one).
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """tests/e2e is `slow`; the longest modules first (a stable sort: each module keeps its own order)."""
+    rank = {name: num for num, name in enumerate(LONGEST_FIRST)}
+
+    def where(item: pytest.Item) -> str:
+        try:
+            return item.path.resolve().relative_to(TESTS).as_posix()
+        except ValueError:  # a test file outside tests/ (given on the command line)
+            return ""
+
+    for item in items:
+        if where(item).startswith("e2e/"):
+            item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: rank.get(where(item), len(rank)))
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -48,7 +48,7 @@ INLINE_LIMIT = 1 << 30  # weights above this size are saved as external data eve
 # Level-1 (BASIC) transformers and rewrite rules of onnxruntime that fuse or move nodes. The fold step
 # switches them off so that only constant folding and no-op elimination change the graph. Names as in
 # onnxruntime's graph_transformer_utils.cc, checked against the 1.32 binary; onnxruntime silently ignores names
-# it does not know, so tests/test_prepare.py checks that a folded model keeps Conv+BatchNormalization, MatMul+Add.
+# it does not know, so tests/unit/test_prepare.py checks that a folded model keeps Conv+BatchNormalization, MatMul+Add.
 STRUCTURAL_OPTIMIZERS = (
     "MatMulAddFusion",
     "ConvAddFusion",

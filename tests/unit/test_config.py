@@ -23,7 +23,7 @@ from calibrun.calibrate import CalibrationSpec
 from calibrun.config import calibration_spec, quant_options, tracking_enabled, validate
 from calibrun.errors import CalibrunError
 
-CONF_DIR = str((Path(__file__).resolve().parents[1] / "conf").resolve())
+CONF_DIR = str((Path(__file__).resolve().parents[2] / "conf").resolve())
 NOW_DIR = re.compile(r"^\$\{now:%Y-%m-%d\}/\$\{now:%H-%M-%S\}-\$\{calibrun\.sweep_id:\}$")  # + a unique suffix
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from tests.faults.record import SMALL, env_for, one_line_error, run, store
+from tests.e2e.faults.record import SMALL, env_for, one_line_error, run, store
 
 pytestmark = pytest.mark.slow
 

@@ -3,15 +3,13 @@
 - compose_faster (calibrun.sweep): Hydra's compositions of a sweep's jobs give the same configs with it as without
   it, and a cached config file is never shared between two compositions.
 - commits without fsync (calibrun.tracking): the store's SQLite connections run synchronous=NORMAL, in WAL mode.
-- the quick exit (calibrun.__main__): a real tracked sweep exits 0, leaves no write-ahead log beside the database,
-  and its records are complete.
+The quick exit (calibrun.__main__) on a real tracked sweep: tests/e2e/test_quick_exit.py.
 """
 
 from __future__ import annotations
 
 import copy
 import importlib
-import sqlite3
 
 import pytest
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
@@ -23,7 +21,6 @@ from omegaconf import OmegaConf
 
 from calibrun import sweep, tracking
 from calibrun.config import register
-from tests.conftest import clean_env, run_python
 from tests.stores import fresh_mlflow_store
 
 JOBS = [["calibration=narrow", "batches=1", "format=qdq"], ["calibration=wide", "batches=64", "format=qoperator"],
@@ -103,17 +100,3 @@ def test_tracker_connections_commit_without_fsync(tmp_path):
         assert connection.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
         assert connection.exec_driver_sql("PRAGMA journal_mode").scalar().lower() == "wal"
     assert MlflowClient(uri).get_run(run_id).data.metrics == {"m": 2.0}
-
-
-@pytest.mark.slow
-def test_a_tracked_sweep_exits_quickly_and_leaves_a_complete_store(tmp_path):
-    uri = fresh_mlflow_store(tmp_path)
-    proc = run_python(["-m", "calibrun", "-m", "calibration=narrow,wide", "batches=1", f"cache.dir={tmp_path / 'c'}",
-                       f"hydra.sweep.dir={tmp_path / 'sweep'}"], tmp_path, clean_env(MLFLOW_TRACKING_URI=uri),
-                      timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    db = tmp_path / "mlflow.db"
-    assert not db.with_name("mlflow.db-wal").exists() or db.with_name("mlflow.db-wal").stat().st_size == 0
-    with sqlite3.connect(db) as connection:
-        statuses = sorted(row[0] for row in connection.execute("SELECT status FROM runs"))
-    assert statuses == ["FINISHED"] * 3  # the parent and its two jobs

@@ -1,16 +1,12 @@
 """Sensitivity analysis, automatic fp32 fallback, exclusions that cannot silently fail, Optuna search (issue 11).
 
-Unit tests run in-process on the lab MLP with real onnxruntime; the end-to-end tests (marked slow) run
-`python -m calibrun` on the lab and on a trained YOLOX detector (tests/trained.py) with real photos.
+In-process on the lab MLP with real onnxruntime; the end-to-end runs of `python -m calibrun` (the lab, a trained
+YOLOX detector with real photos) are in tests/e2e/test_analysis_runs.py.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -32,9 +28,8 @@ from calibrun.measure import errors as measure
 from calibrun.measure.tasks import Custom, load_function
 from calibrun.model import open_float_model
 from calibrun.quantize import QuantOptions, check_exclusions, quantize, quantize_lab
-from tests.stores import fresh_mlflow_store
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------------------------------ exclusion checks
@@ -154,7 +149,7 @@ def test_evaluator_streams_batches_and_matches_whole_set_numbers(narrow):
     got = plain_session(int8, True).run(None, feeds)[0].astype(np.float64)
     labels = np.arange(64)
     with Evaluator(fp32.path, EvalData.from_arrays(feeds, labels), 10,
-                   task=Custom("tests.test_analysis:two_output_task")) as ev:
+                   task=Custom("tests.unit.test_analysis:two_output_task")) as ev:
         metrics = ev.model(int8)
         assert len(list(ev._tmp.iterdir())) == 7  # 64 rows in batches of 10: one reference file each
     assert metrics["max_abs_error"] == pytest.approx(np.abs(ref - got).max(), rel=1e-9)
@@ -339,152 +334,3 @@ def test_search_preset_composes(hydra_ctx):
     assert cfg.hydra.sweeper.direction == "minimize"
     assert set(cfg.hydra.sweeper.params) == {"method", "method.percentile", "quant.per_channel", "method.symmetric",
                                              "batches"}
-
-
-# ------------------------------------------------------------------------------------ end to end
-
-
-def calibrun(tmp: Path, *overrides: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    uri = f"sqlite:///{tmp / 'mlflow.db'}" if (tmp / "mlflow.db").exists() else fresh_mlflow_store(tmp)
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "calibrun", *overrides, f"cache.dir={tmp / 'cache'}"], cwd=tmp,
-                          env=env, capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.mark.slow
-def test_unknown_exclusion_fails_before_any_work(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = calibrun(tmp_path, "quant.nodes_to_exclude=[fc2_matmull]", f"hydra.run.dir={run_dir}")
-    assert proc.returncode == 1
-    lines = proc.stderr.strip().splitlines()
-    assert lines[-1].startswith("calibrun: error: quant.nodes_to_exclude: no node named 'fc2_matmull'")
-    assert "fc2_matmul" in lines[-1]
-    assert "Traceback" not in proc.stderr
-    assert not (run_dir / "int8.onnx").exists()
-    assert not (run_dir / "ranges.json").exists()
-    assert not list((tmp_path / "cache").rglob("*.json"))  # nothing was calibrated
-
-
-@pytest.mark.slow
-def test_tensor_name_is_mapped_and_recorded(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = calibrun(tmp_path, "quant.nodes_to_exclude=[y_mm]", f"hydra.run.dir={run_dir}", "tracking=off")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((run_dir / "result.json").read_text())
-    assert result["exclusions"] == {"nodes_to_exclude": ["fc2_matmul"], "mapped": {"y_mm": "fc2_matmul"}}
-    int8 = onnx.load(str(run_dir / "int8.onnx"))
-    assert any(n.op_type == "MatMul" and n.name == "fc2_matmul" for n in int8.graph.node)  # really left in fp32
-    assert "excluding the node that produces it, 'fc2_matmul'" in proc.stderr
-
-
-@pytest.mark.slow
-def test_lab_narrow_sensitivity_and_fallback_end_to_end(tmp_path):
-    from mlflow import MlflowClient
-
-    run_dir = tmp_path / "a"
-    proc = calibrun(tmp_path, "calibration=narrow", "batches=8", "eval.rows=64", "analysis=sensitivity",
-                    "analysis.target=0.31", f"hydra.run.dir={run_dir}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((run_dir / "result.json").read_text())
-    record = json.loads((run_dir / "sensitivity.json").read_text())
-    assert record["ranking"][0]["tensor"] == "x"
-    assert set(record["ranking"][0]) >= {"node", "tensor", "metric", "gain"}
-    assert record["fallback"]["reached"]
-    nodes = record["nodes_to_exclude"]
-    assert 1 <= len(nodes) <= 2
-    assert result["metrics"]["analysis.fallback_metric"] <= 0.31 < result["metrics"]["mean_abs_error"]
-    assert (run_dir / "int8_fallback.onnx").is_file()
-    # the list pasted into quant.nodes_to_exclude reproduces the metric (and the model)
-    again = tmp_path / "b"
-    proc = calibrun(tmp_path, "calibration=narrow", "batches=8", "eval.rows=64",
-                    f"quant.nodes_to_exclude=[{','.join(nodes)}]", f"hydra.run.dir={again}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    second = json.loads((again / "result.json").read_text())
-    # (the job's own mean is taken over all rows at once, the analysis' batch by batch: equal up to rounding)
-    assert second["metrics"]["mean_abs_error"] == pytest.approx(result["metrics"]["analysis.fallback_metric"],
-                                                                rel=1e-12)
-    assert (again / "int8.onnx").read_bytes() == (run_dir / "int8_fallback.onnx").read_bytes()
-    # MLflow: the ranking table, the plot, sensitivity.json and the fallback model on the job's run
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("calibrun").experiment_id])
-    run = next(r for r in runs if r.data.tags["calibrun.job_dir"] == str(run_dir.resolve()))
-    assert run.info.status == "FINISHED"
-    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"sensitivity_ranking.json", "sensitivity.json", "sensitivity.png", "int8_fallback.onnx"} <= artifacts
-    assert run.data.metrics["analysis.tensors"] == len(record["ranking"])
-
-
-@pytest.mark.slow
-def test_optuna_search_returns_the_metric_and_names_the_best_trial(tmp_path):
-    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="the `search` extra")
-    from mlflow import MlflowClient
-
-    sweep = tmp_path / "sweep"
-    proc = calibrun(tmp_path, "-m", "experiment=search", "hydra.sweeper.n_trials=3", "eval.rows=32",
-                    f"hydra.sweep.dir={sweep}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    search = json.loads((sweep / "search.json").read_text())
-    values = [t["value"] for t in search["trials"]]
-    assert len(values) == 3
-    assert all(v is not None for v in values)
-    assert search["best"]["value"] == min(values)
-    assert search["optuna"]["best_value"] == pytest.approx(min(values))
-    best = json.loads((sweep / search["best"]["job"] / "result.json").read_text())
-    assert best["metrics"]["max_abs_error"] == search["best"]["value"]
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("calibrun").experiment_id])
-    parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert len(children) == 3
-    assert parent.data.tags["calibrun.best_trial"] == search["best"]["job"]
-
-
-PIXELS = "[0.00392156862745098,0.00392156862745098,0.00392156862745098]"  # std = 1/255: raw 0..255 pixels
-
-
-@pytest.mark.slow
-def test_fallback_repairs_a_trained_detector_end_to_end(tmp_path):
-    """det_yolox (ddddocr's YOLOX) on two real photos with text and objects: the default int8 model loses
-    detections; the sensitivity of the 24 tensors the diagnostics rank worst (a bounded test: the whole model has
-    275 activation pairs) and the fallback find a short node list that gets the detection agreement to 0.8, and
-    that list pasted into quant.nodes_to_exclude gives the same model and the same agreement."""
-    from calibrun.measure.tensor_stats import worst
-    from tests.trained import model_path, photo_folder
-
-    photos = photo_folder(tmp_path / "photos", ("page.png", "rocket.jpg"))
-    common = ["model=file", f"model.path={model_path('det_yolox')}", "batches=2", "eval.rows=2", "tracking=off",
-              "task=custom", "task.fn=tests.detection:yolox_agreement", "analysis.metric=task.det_agreement",
-              "analysis.goal=max"]
-    for key in ("data", "eval_data"):
-        common += [f"{key}=images", f"{key}.path={photos}", f"{key}.resize=416", f"{key}.crop=416",
-                   f"{key}.mean=[0,0,0]", f"{key}.std={PIXELS}"]
-    proc = calibrun(tmp_path, *common, f"hydra.run.dir={tmp_path / 'a'}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    default = json.loads((tmp_path / "a" / "result.json").read_text())["metrics"]
-    assert default["task.fp32_detections"] > 10  # the photos give the detector something to find
-    assert default["task.det_agreement"] < 0.75  # and the default int8 model misses part of it
-
-    table = json.loads((tmp_path / "a" / "diagnostics.json").read_text())
-    rows = [dict(zip(table, values, strict=True)) for values in zip(*table.values(), strict=True)]
-    candidates = [row["tensor"] for row in worst(rows, 24)]
-    proc = calibrun(tmp_path, *common, "analysis=sensitivity", "analysis.kinds=[activation]",
-                    f"analysis.tensors=[{','.join(candidates)}]", "analysis.target=0.8",
-                    f"hydra.run.dir={tmp_path / 'b'}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    record = json.loads((tmp_path / "b" / "sensitivity.json").read_text())
-    assert record["tensors"] == 24
-    assert record["int8_metric"] == default["task.det_agreement"]
-    assert record["ranking"][0]["gain"] > 0
-    fallback_record = record["fallback"]
-    assert fallback_record["reached"]
-    assert fallback_record["metric"] >= 0.8
-    nodes = record["nodes_to_exclude"]
-    assert 1 <= len(nodes) <= 8  # a short list, not the model
-
-    proc = calibrun(tmp_path, *common, f"quant.nodes_to_exclude=[{','.join(nodes)}]",
-                    f"hydra.run.dir={tmp_path / 'c'}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    fixed = json.loads((tmp_path / "c" / "result.json").read_text())
-    assert fixed["exclusions"]["nodes_to_exclude"] == nodes
-    assert fixed["metrics"]["task.det_agreement"] == fallback_record["metric"]
-    assert (tmp_path / "c" / "int8.onnx").read_bytes() == (tmp_path / "b" / "int8_fallback.onnx").read_bytes()

@@ -17,7 +17,7 @@ import onnx
 import pytest
 
 from tests.conftest import run_calibtool
-from tests.faults.record import SMALL, check_record, fresh, results, run, runs_of, temp_files
+from tests.e2e.faults.record import SMALL, check_record, fresh, results, run, runs_of, temp_files
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +88,7 @@ def one_line(stderr: str, prefix: str) -> str:
 
 # Only the cache folder: with the SWEEP folder full, Hydra itself fails writing a job's .hydra/ config outside the
 # jobs and prints its own traceback (a narrow wrapper of Hydra's run_and_report that made it one line, on branch
-# `faults2`, broke tests/test_resume.py::test_one_ctrl_c_stops_the_sweep and was left out).
+# `faults2`, broke tests/e2e/test_resume.py::test_one_ctrl_c_stops_the_sweep and was left out).
 @pytest.mark.parametrize("full", ["cache"])
 def test_sweep_on_a_full_tmpfs_fails_in_one_line_and_resumes(tmp_path, full):
     """The cache folder on a tmpfs too small for the sweep: the jobs that cannot write fail in one line each."""

@@ -22,7 +22,7 @@ from mlflow import MlflowClient
 
 from tests.conftest import Proc, clean_env, run_python
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "tracking_server.sh"
 CALIBRATIONS = ("narrow", "match", "wide")
 CHILD_PARAMS = {"calibration.name", "calibration.factor", "calibration.seed", "batches", "format.name", "method.name",

@@ -69,7 +69,7 @@ def test_dense_iou_and_agreement():
 
 
 def test_custom_weighted_by_rows():
-    task = Custom("tests.test_tasks:batch_metric")
+    task = Custom("tests.unit.test_tasks:batch_metric")
     ref = np.eye(3)[[0, 1, 2, 0]]
     got = np.eye(3)[[0, 1, 1, 1]]
     task.update({"y": ref[:1]}, {"y": got[:1]}, None)  # 1 row, agree 1.0
@@ -79,7 +79,7 @@ def test_custom_weighted_by_rows():
     assert m["task.rows_seen"] == pytest.approx((1 * 1 + 3 * 3) / 4)
 
 
-@pytest.mark.parametrize(("fn", "message"), [("tests.test_tasks:absent", "no function"),
+@pytest.mark.parametrize(("fn", "message"), [("tests.unit.test_tasks:absent", "no function"),
                                              ("no_such_module_xyz:f", "cannot import"),
                                              ("nocolon", "module:function")])
 def test_custom_bad_function(fn, message):
@@ -88,7 +88,7 @@ def test_custom_bad_function(fn, message):
 
 
 def test_custom_must_return_a_dict():
-    task = Custom("tests.test_tasks:not_a_dict")
+    task = Custom("tests.unit.test_tasks:not_a_dict")
     with pytest.raises(CalibrunError, match="dict of floats"):
         task.update({"y": np.zeros((1, 2))}, {"y": np.zeros((1, 2))}, None)
 

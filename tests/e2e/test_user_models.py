@@ -142,10 +142,11 @@ def test_two_inputs_need_a_source_for_each(tmp_path):
 
 
 def test_post_calibration_options_reuse_the_cache(tmp_path):
-    first = calibrun(tmp_path, f"hydra.run.dir={tmp_path / 'a'}")
+    # tracking=off: the cache is the subject (a tracked lab job is tested in tests/e2e/test_sweep.py)
+    first = calibrun(tmp_path, f"hydra.run.dir={tmp_path / 'a'}", "tracking=off")
     second = calibrun(tmp_path, "quant.per_channel=true", "quant.reduce_range=true", "format=qoperator",
-                      "quant.nodes_to_exclude=[fc2_matmul]", f"hydra.run.dir={tmp_path / 'b'}")
-    third = calibrun(tmp_path, "method=entropy", f"hydra.run.dir={tmp_path / 'c'}")
+                      "quant.nodes_to_exclude=[fc2_matmul]", f"hydra.run.dir={tmp_path / 'b'}", "tracking=off")
+    third = calibrun(tmp_path, "method=entropy", f"hydra.run.dir={tmp_path / 'c'}", "tracking=off")
     for proc in (first, second, third):
         assert proc.returncode == 0, proc.stderr[-3000:]
     hits = [json.loads((tmp_path / d / "result.json").read_text())["metrics"]["cache_hit"] for d in "abc"]
@@ -157,7 +158,8 @@ def test_post_calibration_options_reuse_the_cache(tmp_path):
 def test_digits_example_reports_accuracy_per_calibration(tmp_path):
     pytest.importorskip("sklearn", reason="the digits example needs the `digits` extra (scikit-learn)")
     sweep = tmp_path / "sweep"
-    proc = calibrun(tmp_path, "-m", "+experiment=digits", f"hydra.sweep.dir={sweep}")
+    # tracking=off: the task metrics and the report are the subject (tracked sweeps: tests/e2e/test_sweep.py)
+    proc = calibrun(tmp_path, "-m", "+experiment=digits", f"hydra.sweep.dir={sweep}", "tracking=off")
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = {}
     for path in sweep.glob("*/result.json"):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from tests.faults.record import (
+from tests.e2e.faults.record import (
     SMALL,
     check_record,
     env_for,

@@ -11,7 +11,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = "from tests.trained import model_path; print(model_path('nudenet'))"
 
 

@@ -21,7 +21,7 @@ from tests.conftest import Proc, clean_env, run_cmd
 
 pytestmark = pytest.mark.slow  # subprocesses of the CLIs (multi-second each): `pytest -m "not slow"` leaves them out
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run(args, cwd: Path, timeout: float = 600, env: dict | None = None) -> Proc:

@@ -26,7 +26,7 @@ from calibrun import config as calibrun_config
 from calibrun.errors import CalibrunError
 from tests.conftest import extra_missing, installed, requires_extra, run_python
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONF_DIR = str(REPO / "conf")
 RAY_PLUGIN = "hydra_plugins.hydra_ray_launcher"
 needs_ray = requires_extra(RAY_PLUGIN, "ray")

@@ -1,12 +1,10 @@
 """Streaming evaluation (calibrun.measure.evaluate): the same numbers whatever the batch size, the lab rows
-generated batch by batch bit for bit, per-output metrics checked against a direct computation, and memory that
-does not grow with the evaluation rows (on a trained model)."""
+generated batch by batch bit for bit, per-output metrics checked against a direct computation (memory on a trained
+model and real lab jobs: tests/e2e/test_measure_runs.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -18,7 +16,7 @@ from calibrun.measure import errors as measure
 from calibrun.measure.tensor_stats import StreamingDiagnostics
 from calibrun.model import open_float_model
 from calibrun.model.lab import write_lab_model
-from calibrun.quantize import quantize_lab, quantize_with
+from calibrun.quantize import quantize_lab
 
 
 @pytest.fixture(scope="module")
@@ -110,77 +108,6 @@ def test_multi_part_output_metrics_per_entry():
         assert m[f"out.det.ch{k}.sqnr_db"] == pytest.approx(10 * math.log10((r**2).sum() / ((r - g) ** 2).sum()))
     # the pooled SQNR hides the small part: the last entry's SQNR is far below the whole output's
     assert m["out.det.ch2.sqnr_db"] < m["out.det.sqnr_db"] - 40
-
-
-def _peak(fn) -> int:
-    tracemalloc.start()
-    try:
-        fn()
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-
-
-def test_memory_does_not_grow_with_rows_on_a_trained_model(tmp_path):
-    """ocr_cls (MobileNetV3, trained) quantised, then evaluated with diagnostics at 8 and 48 rows in batches of 8:
-    the peak of Python/numpy allocations stays within 1.3x (a run holding every row would need ~6x)."""
-    from calibrun.data.lab import lab_batches
-    from tests.trained import model_path
-
-    fp32 = open_float_model(model_path("ocr_cls"))
-    # the lab rule on its symbolic height and width: an input description with them fixed to 48 x 192
-    fp32_info = dataclasses.replace(fp32.info, shape=(fp32.info.shape[0], 3, 48, 192))
-    data = lab_batches(fp32_info, 4242, 1.0, 2)
-    int8 = tmp_path / "int8.onnx"
-    cache = CalibrationCache(tmp_path / "cache")
-    quant = quantize_with(fp32, int8, data, cache=cache, ranges_copy=tmp_path / "ranges.json")
-    assert quant["batches"] == 2
-
-    def run(rows):
-        evaluation = EvalData(rows, lambda sizes: ({fp32_info.name: a} for a in
-                                                   evaluation_pieces(fp32_info, 777, rows)(sizes)))
-        with StreamingDiagnostics(fp32.path, int8, tmp_path / "ranges.json") as diag:
-            m = measure.evaluate(fp32.path, int8, evaluation, batch_size=8, observers=[diag], progress=None)
-            assert diag.rows()
-        assert m["rows"] == rows
-
-    run(8)  # warm up onnxruntime and imports
-    small, large = _peak(lambda: run(8)), _peak(lambda: run(48))
-    print(f"peak traced memory: {small / 2**20:.1f} MiB at 8 rows, {large / 2**20:.1f} MiB at 48 rows")
-    assert large < 1.3 * small, (small, large)
-
-
-def test_lab_job_records_and_diagnostics_off(tmp_path):
-    """A real lab job: per-output metrics, the evaluation span and what was used in result.json; with
-    diagnostics=off no diagnostics file and no diagnosis, the same errors."""
-    import json
-    import subprocess
-    import sys
-
-    def job(name, *extra):
-        proc = subprocess.run([sys.executable, "-m", "calibrun", "tracking=off", "batches=2", "eval.batch_size=100",
-                               f"cache.dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / name}", *extra],
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        return json.loads((tmp_path / name / "result.json").read_text()), proc.stderr
-
-    on, _ = job("on")
-    off, log = job("off", "diagnostics=off")
-    assert "diagnosis" in on
-    assert "diagnostics" in on["files"]
-    assert "diagnosis" not in off
-    assert "diagnostics" not in off["files"]
-    assert not (tmp_path / "off" / "diagnostics.json").exists()
-    assert on["metrics"]["max_abs_error"] == off["metrics"]["max_abs_error"]
-    assert on["used"]["eval_batches"] == 3  # 256 rows in batches of 100
-    assert on["used"]["calibration_batches"] == 2
-    assert on["task"]["name"] == "none"
-    rows = evaluation_rows(open_float_model(tmp_path / "on" / "fp32.onnx").info, 777, 256)
-    assert on["metrics"]["eval_span"] == float(rows.max()) - float(rows.min())
-    assert on["metrics"]["out.y.max_abs_error"] == on["metrics"]["max_abs_error"]
-    assert "requested" not in log  # used counts equal the requested ones: no warning
-    culprits = on["diagnosis"]["culprits"]
-    assert culprits[0]["node"] in {"fc1_matmul", "fc1_add", "relu", "fc2_matmul", "fc2_add", None}
 
 
 def test_diagnostics_stop_after_max_rows(lab):

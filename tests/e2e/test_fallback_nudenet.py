@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import clean_env, run_python
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PHOTOS = ("astronaut.png", "camera.png", "color.png", "moon.png", "phantom.png")
 TARGET = 0.9
 

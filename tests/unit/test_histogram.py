@@ -1,0 +1,169 @@
+"""calibrun.histogram against onnxruntime's own HistogramCollector: the same histograms, the same thresholds.
+
+The reference is onnxruntime's code itself (`HistogramCollector`, `get_entropy_threshold`, `np.histogram`), here
+on awkward values and the lab, in-process; the comparisons on a trained detector's activations and the lab's
+int8 bytes per method are in tests/e2e/test_histogram_trained.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnxruntime.quantization import quantize_static
+from onnxruntime.quantization.calibrate import CalibrationMethod, HistogramCollector, create_calibrator
+
+from calibrun.calibrate import CalibrationSpec, run_calibration, write_ranges
+from calibrun.data.lab import lab_batches
+from calibrun.errors import CalibrunError
+from calibrun.histogram import bin_counts, entropy_threshold, histogram
+from calibrun.model import open_float_model
+from calibrun.model.lab import write_lab_model
+
+# ---------------------------------------------------------------------------------------------- binning
+
+
+def numpy_and_ours(data, bins, range_=None):
+    ref = np.histogram(data, bins, range=range_)
+    ours = histogram(data, bins, range=range_)
+    return ref, ours
+
+
+@pytest.mark.parametrize("bins", [1, 2, 7, 128, 2048, 65536])
+def test_binning_equals_numpy_on_awkward_values(bins):
+    rng = np.random.default_rng(3)
+    t = np.float32(3.7)
+    edges = np.histogram_bin_edges(np.empty(0, np.float32), bins, range=(-t, t))
+    tiny = np.array([0.0, -0.0, 1e-30, -1e-30, 1e-45, -1e-45, np.finfo(np.float32).tiny], np.float32)
+    near = np.concatenate([np.nextafter(edges, np.float32(np.inf)), np.nextafter(edges, np.float32(-np.inf)),
+                           edges]).astype(np.float32)
+    data = np.concatenate([rng.normal(0, 1, 200_000).astype(np.float32), tiny, near,
+                           np.zeros(50_000, np.float32), np.float32([-t, t, 9.0, -9.0, np.nan, np.inf])])
+    rng.shuffle(data)
+    (ref_counts, ref_edges), (counts, ours_edges) = numpy_and_ours(data, bins, (-t, t))
+    assert np.array_equal(ref_edges, ours_edges)
+    assert ref_edges.dtype == ours_edges.dtype
+    assert np.array_equal(ref_counts, counts)
+    assert counts.sum() == np.count_nonzero(np.abs(data) <= t)  # NaN, inf and +-9 are outside
+
+
+def test_binning_equals_numpy_for_a_constant_tensor_and_its_auto_range():
+    for data in (np.zeros(1000, np.float32), np.full(1000, 2.5, np.float32)):
+        t = np.array(np.abs(data).max(), np.float32)
+        (ref_counts, ref_edges), (counts, edges) = numpy_and_ours(data, 2048, (-t, t))  # range 0: +-0.5
+        assert np.array_equal(ref_counts, counts)
+        assert np.array_equal(ref_edges, edges)
+        (ref_counts, ref_edges), (counts, edges) = numpy_and_ours(np.abs(data), 2048)
+        assert np.array_equal(ref_counts, counts)
+        assert np.array_equal(ref_edges, edges)
+
+
+def test_binning_with_explicit_edges_equals_numpy():
+    """The percentile merge: edges extended by np.arange (not exactly uniform), data beyond them dropped."""
+    rng = np.random.default_rng(5)
+    first = np.abs(rng.normal(0, 1, 10_000).astype(np.float32))
+    _, edges = np.histogram(first, 2048)
+    edges = edges.astype(np.float32)
+    width = edges[1] - edges[0]
+    edges = np.hstack((edges, np.arange(edges[-1] + width, np.float32(9.0) + width, width)))
+    data = np.abs(rng.normal(0, 3, 300_000).astype(np.float32))
+    data[:100] = edges[:100]
+    assert np.array_equal(np.histogram(data, bins=edges)[0], bin_counts(data, edges))
+
+
+# ---------------------------------------------------------------------------------------------- entropy
+
+
+def reference_threshold(histogram_, q_bins):
+    return HistogramCollector("entropy", False, 0, q_bins, 0, "same").get_entropy_threshold(histogram_, q_bins)
+
+
+@pytest.mark.parametrize("q_bins", [2, 3, 127, 128, 255])
+def test_entropy_thresholds_on_awkward_histograms(q_bins):
+    """Sparse (tiny tensors), one-sided, all-zero, odd-sized and outlier-heavy histograms."""
+    rng = np.random.default_rng(q_bins)
+    cases = []
+    for bins in (256, 257, 300):
+        edges = np.linspace(-2, 2, bins + 1).astype(np.float32)
+        lo, hi = np.float32(-1.7), np.float32(1.9)
+        dense = rng.poisson(rng.uniform(0, 50, bins)).astype(np.int64)
+        sparse = np.zeros(bins, np.int64)
+        sparse[rng.integers(0, bins, 5)] = rng.integers(1, 1000, 5)
+        one_sided = dense.copy()
+        one_sided[: bins // 2] = 0
+        spikes = np.zeros(bins, np.int64)
+        spikes[[0, bins // 2, bins - 1]] = [10**9, 10**7, 3]
+        for hist in (dense, sparse, one_sided, spikes, np.zeros(bins, np.int64)):
+            cases.append((hist, edges, lo, hi))
+    for case in cases:
+        if q_bins // 2 > case[0].size // 2:
+            continue
+        expected, got = reference_threshold(case, q_bins), entropy_threshold(case, q_bins)
+        assert (expected[0], expected[1]) == (got[0], got[1])
+
+
+# ---------------------------------------------------------------------------------------------- the lab
+
+
+def test_entropy_defaults_make_a_model_other_than_minmax(tmp_path):
+    """With onnxruntime's 128/128 entropy is minmax; with calibrun's defaults it chooses narrower ranges."""
+    model = write_lab_model(tmp_path / "lab.onnx")
+    info = open_float_model(model).inputs[0]
+    data = lab_batches(info, 4242, 1.0, 8)
+    entropy, span = run_calibration(model, data, info.name, CalibrationSpec(method="entropy"))
+    minmax, _ = run_calibration(model, data, info.name, CalibrationSpec(method="minmax"))
+    narrower = [n for n in entropy.data if np.max(entropy.data[n].highest) < np.max(minmax.data[n].highest)]
+    assert narrower
+
+
+# ---------------------------------------------------------------------------------------------- settings
+
+
+@pytest.mark.parametrize(
+    ("options", "key"),
+    [
+        ({"method": "entropy", "num_quantized_bins": 0}, "method.num_quantized_bins"),
+        ({"method": "entropy", "num_quantized_bins": -3}, "method.num_quantized_bins"),
+        ({"method": "entropy", "num_quantized_bins": 2048}, "method.num_quantized_bins"),  # one candidate
+        ({"method": "entropy", "num_bins": 128}, "method.num_quantized_bins"),  # onnxruntime's 128/128
+        ({"method": "entropy", "num_quantized_bins": 4096}, "method.num_quantized_bins"),
+        ({"method": "entropy", "num_bins": 65537}, "method.num_bins"),
+        ({"method": "percentile", "num_bins": 0}, "method.num_bins"),
+        ({"method": "percentile", "percentile": 0}, "method.percentile"),
+        ({"method": "percentile", "percentile": 100.5}, "method.percentile"),
+        ({"method": "distribution", "num_bins": 256}, "method.num_bins"),
+        ({"method": "distribution", "scenario": "p4"}, "method.scenario"),
+        ({"method": "minmax", "per_channel": True}, "method.per_channel"),
+        ({"method": "entropy", "per_channel": True}, "method.per_channel"),
+    ],
+)
+def test_degenerate_settings_are_refused_naming_the_key(options, key):
+    with pytest.raises(CalibrunError) as info:
+        CalibrationSpec(**options)
+    assert str(info.value).startswith(f"config {key}:")
+    assert "\n" not in str(info.value)
+
+
+def test_per_channel_activation_ranges_really_break_onnxruntime(tmp_path):
+    """Why method.per_channel is refused: onnxruntime's quantizer fails on the ranges its calibrator makes."""
+    model = write_lab_model(tmp_path / "lab.onnx")
+    info = open_float_model(model).inputs[0]
+    name = onnx.load(str(model)).graph.input[0].name
+    calibrator = create_calibrator(str(model), [], augmented_model_path=str(tmp_path / "aug.onnx"),
+                                   calibrate_method=CalibrationMethod.MinMax, extra_options={"per_channel": True})
+    from calibrun.reader import make_reader
+
+    calibrator.collect_data(make_reader(list(lab_batches(info, 4242, 1.0, 2)), name))
+    tensors = calibrator.compute_data()
+    cache = write_ranges(tmp_path / "ranges.json", tensors, {}, 1.0)
+    with pytest.raises(ValueError, match="truth value of an array"):
+        quantize_static(str(model), str(tmp_path / "int8.onnx"), None, calibration_cache_path=str(cache))
+
+
+def test_histogram_algorithm_is_in_the_key_of_histogram_methods_only():
+    from calibrun.histogram import ALGORITHM
+
+    assert "histogram" not in CalibrationSpec(method="minmax").key_fields()  # minmax cache entries stay valid
+    for method in ("entropy", "percentile", "distribution"):
+        assert CalibrationSpec(method=method).key_fields()["histogram"] == ALGORITHM
+    assert CalibrationSpec(method="entropy").calibrator_options()["num_bins"] == 2048
