@@ -14,11 +14,11 @@ import math
 from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from calibrun.cache import DEFAULT_DIR as DEFAULT_CACHE_DIR
 from calibrun.calibrate import CalibrationSpec
-from calibrun.data.images import MAX_IMAGE_SIDE, ImageTransform
+from calibrun.data.images import ImageTransform, TransformError
 from calibrun.data.lab import MAX_BATCHES, MAX_FACTOR, MAX_ROWS, MAX_SEED, MIN_FACTOR
 from calibrun.errors import CalibrunError
 from calibrun.fields import build_from, schema_of
@@ -244,27 +244,11 @@ def validate(cfg: DictConfig) -> None:
 
 
 def _check_image_source(source: DictConfig, key: str) -> None:
-    crop = OmegaConf.to_container(source.crop) if isinstance(source.crop, ListConfig) else source.crop
-    pair = isinstance(crop, list)
-    sides = crop if pair else [crop]
-    _need((len(sides) == 2 if pair else True) and all(isinstance(v, int) and not isinstance(v, bool) for v in sides),
-          f"{key}.crop", "must be an integer or [height, width] (e.g. [48,192])", crop)
-    _need(all(1 <= v <= MAX_IMAGE_SIDE for v in sides), f"{key}.crop", f"sides must be in 1..{MAX_IMAGE_SIDE}", crop)
-    _need(1 <= source.resize <= MAX_IMAGE_SIDE, f"{key}.resize", f"must be in 1..{MAX_IMAGE_SIDE}", source.resize)
-    if not source.letterbox:
-        _need(min(sides) <= source.resize, f"{key}.crop",
-              f"must fit inside {key}.resize={source.resize} (the shorter side after resizing; "
-              f"or {key}.letterbox=true)",
-              crop)
-    _need(math.isfinite(source.pad_value) and 0 <= source.pad_value <= 1, f"{key}.pad_value",
-          "must be in 0..1 (pixel scale, before mean/std)", source.pad_value)
-    _need(len(source.mean) == len(source.std) == (1 if source.grayscale else 3), f"{key}.mean",
-          "mean and std need one value per channel", list(source.mean))
-    _need(all(math.isfinite(v) for v in [*source.mean, *source.std]), f"{key}.mean", "mean and std must be finite",
-          [*source.mean, *source.std])
-    _need(all(v > 0 for v in source.std), f"{key}.std", "must be > 0", list(source.std))
+    """The image options' checks are ImageTransform's own (data/images.py); here they name the config key."""
     try:
         ImageTransform.from_config(source)
+    except TransformError as exc:
+        raise CalibrunError(exc.in_config(key)) from None
     except CalibrunError as exc:
         raise CalibrunError(f"config {key}: {exc}") from None
 

@@ -44,20 +44,34 @@ MAX_IMAGE_SIDE = 16384  # resize / crop sides beyond this are a typo, not an ima
 _WIDE_MODES = {"I;16": 65535.0, "I;16L": 65535.0, "I;16B": 65535.0, "I;16N": 65535.0, "I": 65535.0, "F": None}
 
 
-def _side(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not 1 <= value <= MAX_IMAGE_SIDE:
-        raise CalibrunError(f"{name} must be an integer in 1..{MAX_IMAGE_SIDE}, got {value!r}")
-    return int(value)
+class TransformError(CalibrunError):
+    """A bad ImageTransform field. It names the field and its rule, so that the config can name its own key
+    (`config data.crop: ...`); `{key}` in a rule stands for that key's prefix (empty outside a config)."""
+
+    def __init__(self, field: str, rule: str, value) -> None:
+        self.field, self.rule, self.value = field, rule, value
+        super().__init__(f"transform {field}: {rule.replace('{key}', '')}, got {value!r}")
+
+    def in_config(self, key: str) -> str:
+        return f"config {key}.{self.field}: {self.rule.replace('{key}', key + '.')}, got {self.value!r}"
+
+
+def _is_side(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | np.integer) and 1 <= value <= MAX_IMAGE_SIDE
 
 
 def _crop(value) -> int | tuple[int, int]:
     """`crop`: an int (a square) or [height, width]; a square given as a pair stays an int."""
-    if isinstance(value, Sequence) and not isinstance(value, str):
-        if len(value) != 2:
-            raise CalibrunError(f"crop must be an integer or [height, width], got {list(value)!r}")
-        height, width = _side(value[0], "crop height"), _side(value[1], "crop width")
-        return height if height == width else (height, width)
-    return _side(value, "crop")
+    pair = isinstance(value, Sequence) and not isinstance(value, str)
+    sides = list(value) if pair else [value]
+    if (pair and len(sides) != 2) or not all(isinstance(v, int | np.integer) and not isinstance(v, bool)
+                                             for v in sides):
+        raise TransformError("crop", "must be an integer or [height, width] (e.g. [48,192])",
+                             sides if pair else value)
+    if not all(_is_side(v) for v in sides):
+        raise TransformError("crop", f"sides must be in 1..{MAX_IMAGE_SIDE}", sides if pair else value)
+    height, width = (int(v) for v in sides) if pair else (int(value),) * 2
+    return height if height == width else (height, width)
 
 
 @dataclass(frozen=True)
@@ -91,21 +105,25 @@ class ImageTransform:
     pad_value: float = 0.0
 
     def __post_init__(self):
-        object.__setattr__(self, "resize", _side(self.resize, "transform resize"))
+        """Every value check of an image transform, for the config and for direct use alike."""
+        if not _is_side(self.resize):
+            raise TransformError("resize", f"must be an integer in 1..{MAX_IMAGE_SIDE}", self.resize)
+        object.__setattr__(self, "resize", int(self.resize))
         object.__setattr__(self, "crop", _crop(self.crop))
         if not self.letterbox and min(self.crop_size) > self.resize:
             shown = self.crop if isinstance(self.crop, int) else list(self.crop)
-            raise CalibrunError(f"transform crop {shown} is larger than resize {self.resize} "
-                                "(the shorter side after resizing); raise resize, or use letterbox")
+            raise TransformError("crop", f"must fit inside {{key}}resize={self.resize} (the shorter side after "
+                                 "resizing; or {key}letterbox=true)", shown)
         for name in ("grayscale", "letterbox"):
             if not isinstance(getattr(self, name), bool):
-                raise CalibrunError(f"transform {name} must be true or false, got {getattr(self, name)!r}")
+                raise TransformError(name, "must be true or false", getattr(self, name))
         try:
             pad = float(self.pad_value)
         except (TypeError, ValueError):
             pad = math.nan
         if not 0.0 <= pad <= 1.0:
-            raise CalibrunError(f"transform pad_value must be a number in 0..1 (pixel scale), got {self.pad_value!r}")
+            raise TransformError("pad_value", "must be a number in 0..1 (pixel scale, before mean/std)",
+                                 self.pad_value)
         object.__setattr__(self, "pad_value", pad)
         sizes = (1, 3) if self.grayscale else (3,)
         for name in ("mean", "std"):
@@ -113,12 +131,12 @@ class ImageTransform:
             try:
                 values = tuple(float(v) for v in value)
             except (TypeError, ValueError):
-                raise CalibrunError(f"transform {name} must be a list of numbers, got {value!r}") from None
+                raise TransformError(name, "must be a list of numbers", value) from None
             if len(values) not in sizes or not all(np.isfinite(values)):
                 want = "1 or 3" if self.grayscale else "3"
-                raise CalibrunError(f"transform {name} must hold {want} finite numbers, got {value!r}")
+                raise TransformError(name, f"must hold {want} finite numbers (one per channel)", list(values))
             if name == "std" and min(values) <= 0:
-                raise CalibrunError(f"transform std must be > 0, got {value!r}")
+                raise TransformError(name, "must be > 0", list(values))
             object.__setattr__(self, name, values)
 
     @classmethod

@@ -364,7 +364,7 @@ def test_percentile_in_range_passes(hydra_ctx, value):
                      "16384", id="resize-huge"),
         pytest.param(["data=images", "data.path=x", "data.letterbox=true", "data.pad_value=2"], "data.pad_value",
                      "0..1", id="pad-value-2"),
-        pytest.param(["data=images", "data.path=x", "data.std=[0.2,nan,0.2]"], "data.mean", "finite",
+        pytest.param(["data=images", "data.path=x", "data.std=[0.2,nan,0.2]"], "data.std", "finite",
                      id="std-nan"),
     ],
 )

@@ -349,7 +349,7 @@ def test_bad_arguments(tmp_path):
         npy_calibration(tmp_path / "d.npy", [vec()], batches=1, factor=-1)
     with pytest.raises(CalibrunError, match="INT64"):
         npy_calibration(tmp_path / "d.npy", [InputInfo("x", TensorProto.INT64, ("N", 4))], batches=1)
-    with pytest.raises(CalibrunError, match="crop 300 is larger"):
+    with pytest.raises(CalibrunError, match="crop: must fit inside resize=256"):
         ImageTransform(resize=256, crop=300)
     with pytest.raises(CalibrunError, match="std"):
         ImageTransform(std=(0.2, 0.0, 0.2))
@@ -638,8 +638,8 @@ def test_square_crop_given_as_a_pair_is_the_int_form():
     ("kwargs", "word"),
     [
         ({"crop": [48]}, "[height, width]"),
-        ({"crop": [48, 0]}, "crop width"),
-        ({"crop": [300, 400]}, "larger than resize"),
+        ({"crop": [48, 0]}, "crop: sides must be in 1..16384, got [48, 0]"),
+        ({"crop": [300, 400]}, "must fit inside resize=256"),
         ({"crop": "48"}, "crop"),
         ({"crop": 10**6}, "16384"),
         ({"resize": 0}, "resize"),
