@@ -255,6 +255,9 @@ def _raise_interrupted(signum, frame) -> None:
     # Further signals are ignored while the runs are closed (bounded: the store's timeouts); SIGKILL still works.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+    # Raised inside an MLflow store query, the interrupt leaves SQLAlchemy a cursor it cannot close; its pool logs
+    # that with a traceback ("Error closing cursor"). The run is being closed and reported in one line: quiet it.
+    logging.getLogger("sqlalchemy.pool").setLevel(logging.CRITICAL)
     raise Interrupted(signum)
 
 

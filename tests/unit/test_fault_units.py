@@ -81,3 +81,25 @@ def test_previous_sweep_with_suffixed_folder_names(tmp_path):
     assert previous_sweep(tmp_path, [*command, "resume=true"]) == newer
     assert previous_sweep(tmp_path, ["format=qdq"]) is None
     assert earlier_jobs(old) == ["multirun.yaml"]
+
+
+def test_an_interrupt_quiets_sqlalchemys_pool_log():
+    """A signal raised inside a store query leaves SQLAlchemy a cursor it cannot close, and its pool logs that with
+    a traceback; after the interrupt that log is quiet, so the sweep's report stays one line."""
+    import logging
+    import signal
+
+    from calibrun.sweep import Interrupted, _raise_interrupted
+
+    pool_log = logging.getLogger("sqlalchemy.pool.impl.QueuePool")
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        assert pool_log.isEnabledFor(logging.ERROR)
+        with pytest.raises(Interrupted):
+            _raise_interrupted(signal.SIGTERM, None)
+        assert not pool_log.isEnabledFor(logging.ERROR)
+        assert pool_log.isEnabledFor(logging.CRITICAL)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        logging.getLogger("sqlalchemy.pool").setLevel(logging.NOTSET)
