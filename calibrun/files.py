@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from calibrun import interrupts
 from calibrun.errors import CalibrunError
 
 # A job folder's files
@@ -150,6 +151,7 @@ def atomic_path(target: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     is chosen before it is created and it is created inside the try, so an interrupt (Ctrl-C) at any point
     removes it (`tempfile.mkstemp` creates the file before returning its name: an interrupt there left it).
     """
+    interrupts.check()  # a Ctrl-C that Python dropped stops here, before new work is written
     target = check_writable(target)
     tmp_path = temp_name(target, suffix + ".tmp")
     owned: Path | None = tmp_path

@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from calibrun import analysis, cache, config
+from calibrun import analysis, cache, config, interrupts
 from calibrun.data import calibration_data
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import (
@@ -235,6 +235,7 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
             tracker.log_artifact(run_id, job_dir / RESULT_FILE)
             tracker.finish(run_id)
     except KeyboardInterrupt:
+        interrupts.acknowledge()
         if run_id is not None:
             with contextlib.suppress(Exception):
                 tracker.finish(run_id, "KILLED")
@@ -317,6 +318,7 @@ def _resumed(cfg: DictConfig, result: dict, job_dir: Path, job: Job, tracker: Tr
                 tracker.log_artifact(run_id, job_dir / RESULT_FILE)
                 tracker.finish(run_id)
             except KeyboardInterrupt:
+                interrupts.acknowledge()
                 with contextlib.suppress(Exception):
                     tracker.finish(run_id, "KILLED")
                 raise
@@ -361,9 +363,11 @@ def main(cfg: DictConfig) -> dict | None:
     job_num = hydra_cfg.job.num if multirun else None
     install_signal_handlers()
     try:
+        interrupts.check()  # an interrupt dropped by Python (in a finaliser) before this job stops the sweep here
         # a float for a search (analysis.objective), else the result record
         return analysis.objective(cfg, run(cfg, job_dir, sweep_dir, job_num, list(hydra_cfg.overrides.task)))
     except KeyboardInterrupt as exc:
+        interrupts.acknowledge()
         if multirun:
             raise
         name = signal.Signals(getattr(exc, "signum", signal.SIGINT)).name

@@ -29,9 +29,11 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from calibrun import interrupts
 from calibrun.config import tracking_enabled, validate
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import write_json
+from calibrun.interrupts import Interrupted
 from calibrun.tracking import PARENT_FILE, Tracker, open_tracker, resolve_uri, ui_url
 
 log = logging.getLogger("calibrun")
@@ -243,14 +245,6 @@ def compose_faster() -> None:
 
 # --- signals: every run ends FINISHED, FAILED or KILLED ----------------------------------------------------------
 
-class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM, raised where the process is, so that the job and the sweep unwind and close their runs."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
 def _raise_interrupted(signum, frame) -> None:
     # Further signals are ignored while the runs are closed (bounded: the store's timeouts); SIGKILL still works.
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -258,6 +252,7 @@ def _raise_interrupted(signum, frame) -> None:
     # Raised inside an MLflow store query, the interrupt leaves SQLAlchemy a cursor it cannot close; its pool logs
     # that with a traceback ("Error closing cursor"). The run is being closed and reported in one line: quiet it.
     logging.getLogger("sqlalchemy.pool").setLevel(logging.CRITICAL)
+    interrupts.record(signum)  # raised again at the next write or job if Python drops it (in a finaliser)
     raise Interrupted(signum)
 
 
@@ -288,6 +283,7 @@ _SWEEP: dict = {}  # the sweep this process runs: folder, and the open parent ru
 def _excepthook(kind, exc, tb) -> None:
     if not issubclass(kind, KeyboardInterrupt) or not _SWEEP:
         return _previous_hook(kind, exc, tb)
+    interrupts.acknowledge()
     name = getattr(exc, "signum", None)
     name = signal.Signals(name).name if name else "SIGINT"
     closed = _close_parent("KILLED")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import time
@@ -100,6 +101,47 @@ def test_an_interrupt_quiets_sqlalchemys_pool_log():
         assert not pool_log.isEnabledFor(logging.ERROR)
         assert pool_log.isEnabledFor(logging.CRITICAL)
     finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        logging.getLogger("sqlalchemy.pool").setLevel(logging.NOTSET)
+
+
+def test_an_interrupt_python_drops_in_a_finaliser_is_raised_at_the_next_write(tmp_path, monkeypatch):
+    """The signal handler's exception, raised inside a __del__, is printed and dropped by Python ("Exception
+    ignored"), and further signals are ignored from then on: without a second chance the sweep would run on to its
+    end. The next atomic write raises it again, once; a handled interrupt is not raised twice."""
+    import gc
+    import os
+    import signal
+    import sys
+
+    from calibrun import interrupts
+    from calibrun.files import atomic_path
+    from calibrun.sweep import Interrupted, install_signal_handlers
+
+    class SignalledWhileCollected:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(100_000):  # the handler runs at one of these steps, inside the finaliser
+                pass
+
+    dropped = []  # what Python prints as "Exception ignored in ..."
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: dropped.append(unraisable.exc_type))
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        install_signal_handlers()
+        SignalledWhileCollected()  # collected at once: the interrupt is raised in __del__ and dropped there
+        gc.collect()
+        assert dropped == [Interrupted]
+        with pytest.raises(Interrupted) as info, atomic_path(tmp_path / "after.json") as tmp:
+            tmp.write_text("{}")
+        assert info.value.signum == signal.SIGTERM
+        assert not (tmp_path / "after.json").exists()
+        with atomic_path(tmp_path / "then.json") as tmp:  # raised once: the write after it goes on
+            tmp.write_text("{}")
+        assert (tmp_path / "then.json").exists()
+    finally:
+        interrupts.acknowledge()
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
         logging.getLogger("sqlalchemy.pool").setLevel(logging.NOTSET)
