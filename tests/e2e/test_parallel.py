@@ -1,6 +1,6 @@
 """End-to-end: a real parallel sweep with the Hydra joblib launcher (loky worker processes).
 
-12 jobs (narrow/match/wide x 8, 64 batches x QDQ/QOperator: enough for every report file except
+6 jobs (narrow/match/wide x QDQ/QOperator at the lab's 64 batches: enough for every report file except
 samples.json) on two workers with one onnxruntime thread each, in a tmp dir, a fresh MLflow SQLite store and
 a fresh calibration cache shared by the workers. Needs the `parallel` extra (it is in `test` too).
 """
@@ -16,9 +16,9 @@ from tests.conftest import clean_env, run_python
 
 pytestmark = pytest.mark.slow
 
-SWEEP = ["calibration=narrow,match,wide", "batches=8,64", "format=qdq,qoperator"]
-JOBS = 12
-CALIBRATIONS = 6  # the format reuses the ranges: one calibration per (calibration, batches)
+SWEEP = ["calibration=narrow,match,wide", "batches=64", "format=qdq,qoperator"]
+JOBS = 6
+CALIBRATIONS = 3  # the format reuses the ranges: one calibration per calibration set
 REPORT_FILES = {"calib_report.json", "match.json", "narrow.json", "wide.json", "format.json", "report.md"}
 BUNDLE_FILES = {"fp32.onnx", "int8_narrow.onnx", "int8_match.onnx", "int8_wide.onnx", "int8_qop.onnx"}
 
@@ -43,7 +43,7 @@ def test_every_job_ok(sweep):
     results = [json.loads((tmp / "sweep" / str(n) / "result.json").read_text()) for n in range(JOBS)]
     assert [r["status"] for r in results] == ["ok"] * JOBS
     assert {(r["params"]["calibration"], r["params"]["batches"], r["params"]["format"]) for r in results} == {
-        (c, b, f) for c in ("narrow", "match", "wide") for b in (8, 64) for f in ("qdq", "qoperator")}
+        (c, 64, f) for c in ("narrow", "match", "wide") for f in ("qdq", "qoperator")}
 
 
 def test_mlflow_has_parent_and_every_child_finished(sweep):
