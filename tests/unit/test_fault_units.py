@@ -84,29 +84,38 @@ def test_previous_sweep_with_suffixed_folder_names(tmp_path):
     assert earlier_jobs(old) == ["multirun.yaml"]
 
 
-def test_an_interrupt_quiets_sqlalchemys_pool_log():
+@pytest.fixture
+def signal_state():
+    """The process's signal handlers, pending interrupt and SQLAlchemy pool log level, restored after the test
+    (calibrun.sweep's handler changes all three)."""
+    import signal
+
+    from calibrun import interrupts
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    interrupts.acknowledge()
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+    logging.getLogger("sqlalchemy.pool").setLevel(logging.NOTSET)
+
+
+def test_an_interrupt_quiets_sqlalchemys_pool_log(signal_state):
     """A signal raised inside a store query leaves SQLAlchemy a cursor it cannot close, and its pool logs that with
     a traceback; after the interrupt that log is quiet, so the sweep's report stays one line."""
-    import logging
     import signal
 
     from calibrun.sweep import Interrupted, _raise_interrupted
 
     pool_log = logging.getLogger("sqlalchemy.pool.impl.QueuePool")
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        assert pool_log.isEnabledFor(logging.ERROR)
-        with pytest.raises(Interrupted):
-            _raise_interrupted(signal.SIGTERM, None)
-        assert not pool_log.isEnabledFor(logging.ERROR)
-        assert pool_log.isEnabledFor(logging.CRITICAL)
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-        logging.getLogger("sqlalchemy.pool").setLevel(logging.NOTSET)
+    assert pool_log.isEnabledFor(logging.ERROR)
+    with pytest.raises(Interrupted):
+        _raise_interrupted(signal.SIGTERM, None)
+    assert not pool_log.isEnabledFor(logging.ERROR)
+    assert pool_log.isEnabledFor(logging.CRITICAL)
 
 
-def test_an_interrupt_python_drops_in_a_finaliser_is_raised_at_the_next_write(tmp_path, monkeypatch):
+def test_an_interrupt_python_drops_in_a_finaliser_is_raised_at_the_next_write(tmp_path, monkeypatch, signal_state):
     """The signal handler's exception, raised inside a __del__, is printed and dropped by Python ("Exception
     ignored"), and further signals are ignored from then on: without a second chance the sweep would run on to its
     end. The next atomic write raises it again, once; a handled interrupt is not raised twice."""
@@ -115,7 +124,6 @@ def test_an_interrupt_python_drops_in_a_finaliser_is_raised_at_the_next_write(tm
     import signal
     import sys
 
-    from calibrun import interrupts
     from calibrun.files import atomic_path
     from calibrun.sweep import Interrupted, install_signal_handlers
 
@@ -127,21 +135,14 @@ def test_an_interrupt_python_drops_in_a_finaliser_is_raised_at_the_next_write(tm
 
     dropped = []  # what Python prints as "Exception ignored in ..."
     monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: dropped.append(unraisable.exc_type))
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        install_signal_handlers()
-        SignalledWhileCollected()  # collected at once: the interrupt is raised in __del__ and dropped there
-        gc.collect()
-        assert dropped == [Interrupted]
-        with pytest.raises(Interrupted) as info, atomic_path(tmp_path / "after.json") as tmp:
-            tmp.write_text("{}")
-        assert info.value.signum == signal.SIGTERM
-        assert not (tmp_path / "after.json").exists()
-        with atomic_path(tmp_path / "then.json") as tmp:  # raised once: the write after it goes on
-            tmp.write_text("{}")
-        assert (tmp_path / "then.json").exists()
-    finally:
-        interrupts.acknowledge()
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-        logging.getLogger("sqlalchemy.pool").setLevel(logging.NOTSET)
+    install_signal_handlers()
+    SignalledWhileCollected()  # collected at once: the interrupt is raised in __del__ and dropped there
+    gc.collect()
+    assert dropped == [Interrupted]
+    with pytest.raises(Interrupted) as info, atomic_path(tmp_path / "after.json") as tmp:
+        tmp.write_text("{}")
+    assert info.value.signum == signal.SIGTERM
+    assert not (tmp_path / "after.json").exists()
+    with atomic_path(tmp_path / "then.json") as tmp:  # raised once: the write after it goes on
+        tmp.write_text("{}")
+    assert (tmp_path / "then.json").exists()
