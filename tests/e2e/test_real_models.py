@@ -179,7 +179,7 @@ def test_ocr_det_end_to_end_dense(photos, tmp_path):
 @pytest.mark.slow
 def test_det_yolox_names_the_mixed_concat_and_excluding_it_helps(photos, tmp_path):
     model = model_path("det_yolox")
-    common = ["model=file", f"model.path={model}", *_images(photos, 416), "batches=4", "eval.rows=4",
+    common = ["model=file", f"model.path={model}", *_images(photos, 416), "batches=2", "eval.rows=2",
               "task=custom", "task.fn=tests.example_task:detections"]
     result = _result(tmp_path, calibrun(tmp_path, *common, "hydra.run.dir=first"), "first")
     m, diagnosis = result["metrics"], result["diagnosis"]

@@ -168,7 +168,7 @@ def test_task_fn_spec_errors_are_clear():
         load_function("no_such_module_xyz:f")
     with pytest.raises(CalibrunError, match="has no function 'nope'"):
         load_function("tests.detection:nope")
-    assert load_function("tests.detection:yolox_agreement") is not None
+    assert load_function("tests.detection:yolov8_agreement") is not None
 
 
 # ------------------------------------------------------------------------------------ sensitivity, fallback
@@ -193,6 +193,25 @@ def test_narrow_lab_ranks_the_input_first(narrow, strategy):
     else:  # simulated quantisation, same scales: close to the real int8 kernels
         assert result["baseline"] == pytest.approx(int8_error, rel=0.02)
         assert result["all_pairs_removed"] == pytest.approx(0, abs=1e-6)  # every pair out: the fp32 model
+
+
+def test_only_the_named_tensors_are_ranked(narrow):
+    """analysis.tensors: the ranking holds exactly the named tensors' pairs (of the analysed kinds); a name that
+    carries no such pair is an error naming it."""
+    fp32, int8, _, feeds = narrow
+    with Evaluator(fp32.path, EvalData.from_arrays(feeds), 64) as ev:
+        everything = rank(fp32.path, int8, ev, "mean_abs_error", "min", kinds=("activation",))
+        names = [r["tensor"] for r in everything["ranking"]]
+        chosen = {names[0], names[-1]}
+        some = rank(fp32.path, int8, ev, "mean_abs_error", "min", kinds=("activation",), only=chosen)
+        with pytest.raises(CalibrunError, match=r"analysis.tensors: \['fc1.weight'\]"):
+            rank(fp32.path, int8, ev, "mean_abs_error", "min", kinds=("activation",), only={"x", "fc1.weight"})
+    assert len(names) > 2
+    assert {r["tensor"] for r in some["ranking"]} == chosen
+    assert some["tensors"] == 2
+    gains = {r["tensor"]: r["gain"] for r in everything["ranking"]}
+    for row in some["ranking"]:  # the same trial as in the full ranking
+        assert row["gain"] == pytest.approx(gains[row["tensor"]], rel=1e-12)
 
 
 def test_goal_max_ranks_by_sqnr(narrow):
