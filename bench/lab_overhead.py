@@ -26,6 +26,10 @@ Timed side by side in one run (repeats interleaved, medians reported):
 (3)  engine   `calibrun.quantize.quantize_lab` + `calibrun.measure.errors.error` for the same 24 combos (fresh cache
               folder: 12 calibrations, 12 cache hits), no Hydra, no MLflow; in-process and whole process.
 
+(4)  floor    a process that only imports what a tracked sweep cannot do without (`calibrun.__main__`, `mlflow`,
+              `mlflow.onnx` and MLflow's SQLAlchemy store) and exits: no config, no job. Its ratio to (2) is the
+              least any tracked sweep can score against the goal.
+
 Each process is timed in wall seconds and in CPU seconds (user + sys of all its threads, from wait4); on a
 shared machine the CPU figures are the steadier ones. Every result is checked: each sweep must produce 24 ok
 jobs, a report, exactly 12 cache misses, and every combo's max_abs_error must be identical across sweep,
@@ -250,9 +254,10 @@ class Bench:
         return {**data, "wall": r["wall"], "cpu": r["cpu"], "load": load}
 
     def measure(self) -> dict:
-        runs: dict[str, list[dict]] = {"sweep": [], "notrack": [], "nomodel": [], "bare": [], "engine": []}
+        runs: dict[str, list[dict]] = {"sweep": [], "notrack": [], "nomodel": [], "bare": [], "engine": [],
+                                       "floor": []}
         kinds = ["sweep", "notrack", "nomodel"]
-        kinds += [] if self.args.sweep_only else ["bare", "engine"]
+        kinds += [] if self.args.sweep_only else ["bare", "engine", "floor"]
         for i in range(self.args.repeat):
             for kind in kinds:
                 log(f"repeat {i + 1}/{self.args.repeat}: {kind} (load {loadavg()})")
@@ -260,12 +265,19 @@ class Bench:
                     r = self.sweep(f"{kind}-{i}", True, "tracking.log_model=false")
                 elif kind in ("sweep", "notrack"):
                     r = self.sweep(f"{kind}-{i}", tracking=kind == "sweep")
+                elif kind == "floor":
+                    r = self.floor()
                 else:
                     r = self.child(kind, f"{i}")
                 runs[kind].append(r)
                 extra = f", in-process loop {r['loop']:.2f}s" if "loop" in r else ""
                 log(f"  {kind}: {r['wall']:.2f}s wall, {r['cpu']:.2f}s cpu{extra}")
         return runs
+
+    def floor(self) -> dict:
+        load = loadavg()
+        r = self.run([self.python, "-c", FLOOR_IMPORTS], "floor imports")
+        return {"wall": r["wall"], "cpu": r["cpu"], "load": load}
 
     # ---- breakdown runs ---------------------------------------------------------------------------
     def importtime(self) -> dict:
@@ -281,6 +293,9 @@ class Bench:
                       *self.sweep_args("cprofile")], "cProfile sweep")
         return r["wall"], prof
 
+
+FLOOR_IMPORTS = ("import calibrun.__main__, mlflow, mlflow.onnx; "
+                 "from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore")
 
 LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
 
@@ -359,7 +374,8 @@ def print_main(runs: dict, args) -> None:
             ("    calibrun functions: in-process loop", "engine", "loop", "loop_cpu"),
             ("    calibrun functions: imports (calibrun functions)", "engine", "imports", None),
             ("      loop part: calibration (12 misses + 12 cache hits)", "engine", "calibration_seconds", None),
-            ("      loop part: quantize_static from the cached ranges", "engine", "quantization_seconds", None)]
+            ("      loop part: quantize_static from the cached ranges", "engine", "quantization_seconds", None),
+            ("(4) floor: imports a tracked sweep needs (calibrun, mlflow), no work", "floor", "wall", "cpu")]
     for name, kind, key, cpu_key in rows:
         rr = runs[kind]
         if rr:
@@ -406,6 +422,10 @@ def print_main(runs: dict, args) -> None:
                 print(f"  {name:<20} start (imports, store, parent run, Hydra's validation pass) "
                       f"{part['start']:6.2f}; {jobs} jobs {part['jobs']:6.2f} ({1000 * part['jobs'] / jobs:.0f} ms "
                       f"a job); end (report, parent run, exit) {part['end']:6.2f}")
+    if runs["floor"]:
+        fw, fc = med(runs["floor"], "wall"), med(runs["floor"], "cpu")
+        print(f"\nfloor: the imports alone / bare onnxruntime process = {fw / m['bare.wall']:.2f}x wall, "
+              f"{fc / m['bare.cpu']:.2f}x cpu: no tracked sweep can score below this, whatever its jobs cost")
     verdict = "MET" if max(ratio, cpu_ratio) <= GOAL else "NOT MET"
     print(f"\ngoal: calibrun sweep <= {GOAL:.0f}x bare onnxruntime process -> {verdict}: {ratio:.2f}x wall, "
           f"{cpu_ratio:.2f}x cpu (the goal means a sweep of <= {GOAL * m['bare.wall']:.2f}s wall here)")
