@@ -55,30 +55,38 @@ def _float(text: str, name: str) -> float:
 
 
 def run(argv: list[str]) -> dict:
-    from calibrun.calibrate import cache_from_env
-    from calibrun.data.lab import MAX_BATCHES, check_factor, check_positive_int, check_seed
-    from calibrun.measure import errors as measure
-    from calibrun.model import check_loadable, open_float_model
-    from calibrun.model.graph import scales
-    from calibrun.quantize import QuantOptions, quantize_lab
+    """The command's JSON result. The numbers are checked before onnx and onnxruntime are imported (calibrun.bounds
+    is light), so that a mistyped argument is refused at once."""
+    from calibrun.bounds import MAX_BATCHES, MAX_ROWS, check_factor, check_positive_int, check_seed
 
     command, args = argv[0], argv[1:]
     if command == "quantize":
         src, out, seed, factor, batches = args[:5]
         check_not_source(src, out)  # before anything else: the input must survive any outcome
         fmt = args[5] if len(args) > 5 else "qdq"
-        options = QuantOptions(format=fmt.lower())
         seed_v = check_seed(_int(seed, "SEED"), "seed")
         factor_v = check_factor(_float(factor, "FACTOR"), "factor")
         batches_v = check_positive_int(_int(batches, "BATCHES"), "batches", MAX_BATCHES)
-        model = check_loadable(open_float_model(src))
-        result = quantize_lab(model, out, seed_v, factor_v, batches_v, options=options,
-                                     cache=cache_from_env())
+        from calibrun.model import check_loadable, open_float_model
+
+        model = open_float_model(src)  # a missing or broken file is named before onnxruntime is imported
+        from calibrun.calibrate import cache_from_env
+        from calibrun.quantize import QuantOptions, quantize_lab
+
+        options = QuantOptions(format=fmt.lower())
+        model = check_loadable(model)
+        result = quantize_lab(model, out, seed_v, factor_v, batches_v, options=options, cache=cache_from_env())
         return {key: result[key] for key in QUANTIZE_KEYS}
     if command == "scales":
+        from calibrun.model.graph import scales
+
         return scales(args[0])
     fp32, int8, seed, rows = args
-    return measure.error(fp32, int8, check_seed(_int(seed, "SEED"), "seed"), _int(rows, "ROWS"))
+    seed_v = check_seed(_int(seed, "SEED"), "seed")
+    rows_v = check_positive_int(_int(rows, "ROWS"), "rows", MAX_ROWS)
+    from calibrun.measure import errors as measure
+
+    return measure.error(fp32, int8, seed_v, rows_v)
 
 
 class _HeldLogs(logging.Handler):

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from calibrun.bounds import MAX_BATCHES, MAX_FACTOR, MAX_ROWS, MAX_SEED, MIN_FACTOR
 from calibrun.cache import DEFAULT_DIR as DEFAULT_CACHE_DIR
 from calibrun.calibrate import CalibrationSpec
 from calibrun.data.images import ImageTransform, TransformError
-from calibrun.data.lab import MAX_BATCHES, MAX_FACTOR, MAX_ROWS, MAX_SEED, MIN_FACTOR
 from calibrun.errors import CalibrunError
 from calibrun.fields import build_from, schema_of
 from calibrun.lab import CALIB_SEED, EVAL_ROWS, EVAL_SEED, MAIN_BATCHES

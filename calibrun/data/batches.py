@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto
 
-from calibrun.data.lab import MAX_BATCHES, check_factor, check_positive_int, fixed_rows
+from calibrun.bounds import MAX_BATCHES, check_factor, check_positive_int
+from calibrun.data.lab import fixed_rows
 from calibrun.errors import CalibrunError
 from calibrun.lab import ROWS_PER_BATCH
 from calibrun.model import InputInfo, file_sha256

@@ -2,28 +2,19 @@
 
 Calibration: rng = default_rng(seed); per batch (rng.normal(0, 1, batch_shape) * factor).astype(float32).
 Evaluation:  default_rng(seed).normal(0, 1, (rows, *shape[1:])).astype(float32), never scaled.
-The validators (check_seed, check_factor, check_positive_int) serve calibtool and the other data sources too;
-the MAX_*/MIN_* bounds are also the config checks'.
+The bounds and their checks (check_seed, check_factor, check_positive_int) are calibrun.bounds'.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 
 import numpy as np
 
+from calibrun.bounds import MAX_BATCHES, MAX_ROWS, check_factor, check_positive_int, check_seed
 from calibrun.errors import CalibrunError
 from calibrun.lab import ROWS_PER_BATCH
 from calibrun.model import InputInfo
-
-# Upper bounds of every count a user gives (config and calibtool): beyond them a run would take days, hold
-# more memory than a machine has, or hang; each is named in the message that refuses it.
-MAX_BATCHES = 100_000  # 1.6 million calibration rows
-MAX_ROWS = 1_000_000  # evaluation rows
-MAX_SEED = 2**32 - 1  # numpy's legacy bound, what most tools accept
-MAX_FACTOR = 1e30  # N(0, 1) * factor must stay far inside float32 (3.4e38)
-MIN_FACTOR = 1e-30  # below this the calibration data is all zeros (or denormal) in float32
 
 
 def sample_shape(info: InputInfo) -> tuple[int, ...]:
@@ -50,40 +41,6 @@ def fixed_rows(info: InputInfo) -> int | None:
 def batch_shape(info: InputInfo) -> tuple[int, ...]:
     """One calibration batch: 16 rows, or `b` rows when the model pins its first axis to `b`."""
     return (fixed_rows(info) or ROWS_PER_BATCH, *sample_shape(info))
-
-
-def check_seed(seed: int, name: str = "seed") -> int:
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not 0 <= seed <= MAX_SEED:
-        raise CalibrunError(f"{name} must be an integer in 0..{MAX_SEED} (2**32 - 1), got {_short(seed)}")
-    return int(seed)
-
-
-def check_positive_int(value: int, name: str, maximum: int | None = None) -> int:
-    """An integer >= 1 (and <= `maximum`); the message names `name` and the bound."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise CalibrunError(f"{name} must be an integer >= 1, got {_short(value)}")
-    if maximum is not None and value > maximum:
-        raise CalibrunError(f"{name} must be at most {maximum}, got {_short(value)}")
-    return int(value)
-
-
-def check_factor(factor: float, name: str = "factor") -> float:
-    try:
-        value = float(factor)
-    except (TypeError, ValueError, OverflowError):
-        raise CalibrunError(f"{name} must be a number > 0, got {_short(factor)}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise CalibrunError(f"{name} must be a finite number > 0, got {_short(factor)}")
-    if not MIN_FACTOR <= value <= MAX_FACTOR:
-        raise CalibrunError(f"{name} must be in {MIN_FACTOR:g}..{MAX_FACTOR:g} (N(0, 1) * factor is cast to "
-                            f"float32), got {_short(factor)}")
-    return value
-
-
-def _short(value) -> str:
-    """A value for a message: never thousands of digits."""
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
 
 
 class LabBatches:

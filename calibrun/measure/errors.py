@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from calibrun.data.lab import MAX_ROWS, check_positive_int, evaluation_rows, fixed_rows
+from calibrun.bounds import MAX_ROWS, check_positive_int
+from calibrun.data.lab import evaluation_rows, fixed_rows
 from calibrun.errors import CalibrunError, one_line
 from calibrun.model import FloatModel, open_float_model
 

@@ -658,3 +658,20 @@ def test_next_start_removes_what_a_killed_calibtool_left(lab_model, tmp_path):
 def run_calibtool_env(args, cwd: Path, cache: Path, env: dict) -> tuple[int, str, str]:
     return run_calibtool(args, cwd, cache, extra_env=env)
 
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["quantize", "m.onnx", "q.onnx", "1", "wide", "2"], "FACTOR must be a number, got 'wide'"),
+    (["error", "a.onnx", "b.onnx", "1", "0"], "rows must be an integer >= 1, got 0"),
+], ids=["quantize-factor", "error-rows"])
+def test_a_bad_number_is_refused_before_onnx_is_imported(tmp_path, args, message):
+    """A mistyped number fails at once: calibrun.bounds checks it before numpy, onnx and onnxruntime are imported."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", str(CALIBTOOL), *args], cwd=tmp_path,
+                          env=clean_env(CALIBRUN_CACHE=str(tmp_path / "cache")), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1
+    timings = [line for line in proc.stderr.splitlines() if line.startswith("import time:")]
+    assert [line for line in proc.stderr.splitlines() if line not in timings] == [f"calibtool: error: {message}"]
+    imported = {line.split("|")[-1].strip() for line in timings}
+    assert "calibrun.bounds" in imported
+    assert not {"numpy", "onnx", "onnxruntime"} & imported
