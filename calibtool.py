@@ -22,7 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run from any working directory
 
-from calibrun.cache import DEFAULT_DIR  # noqa: E402  (light: no onnx or onnxruntime import)
+from calibrun import interrupts  # noqa: E402  (light: no onnx or onnxruntime import)
+from calibrun.cache import DEFAULT_DIR  # noqa: E402  (light too)
 from calibrun.cache import folders as cache_folders  # noqa: E402  (light too)
 from calibrun.errors import one_line  # noqa: E402  (light too)
 from calibrun.files import check_not_source, remove_orphans, remove_temp_orphans  # noqa: E402  (light too)
@@ -107,19 +108,6 @@ class _HeldLogs(logging.Handler):
             print(f"{w.category.__name__}: {one_line(w.message)}", file=sys.stderr)
 
 
-class _Terminated(BaseException):
-    """SIGTERM, turned into an exception so that every temp file is removed on the way out. A BaseException, as
-    KeyboardInterrupt is: library code that catches Exception (a reader, a retry loop) must not swallow it and let
-    the command run on to exit 0."""
-
-    def __str__(self) -> str:
-        return "terminated (SIGTERM)"
-
-
-def _on_sigterm(signum, frame):
-    raise _Terminated()
-
-
 def _clean_orphans(argv: list[str]) -> None:
     """Temp files that killed calibtool or calibrun processes left: beside OUT, in the cache, in /tmp."""
     folders = []
@@ -165,6 +153,12 @@ def _stdout_to_stderr():
         os.close(saved)
 
 
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, KeyboardInterrupt):  # calibrun.interrupts.Interrupted, or Python's own
+        return "terminated (SIGTERM)" if getattr(exc, "signum", None) == signal.SIGTERM else "interrupted"
+    return one_line(exc)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in ARG_COUNTS or len(argv) - 1 not in ARG_COUNTS[argv[0]]:
@@ -172,7 +166,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     held = _HeldLogs()
     logging.basicConfig(handlers=[held], level=logging.WARNING, force=True)
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    # SIGTERM, and SIGINT unless the shell ignores it (a background job), raise an exception where the process is, so
+    # that every temp file is removed on the way out; one that Python drops is raised again (calibrun.interrupts)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig, handler in previous.items():
+        if handler in (signal.SIG_DFL, signal.default_int_handler):
+            signal.signal(sig, interrupts.raise_interrupted)
     try:
         # Python and numpy warnings are held like the logs: shown on success, dropped on failure, so that an
         # error (FACTOR=1e39, a broken model) stays the one line on stderr.
@@ -180,15 +179,16 @@ def main(argv: list[str] | None = None) -> int:
             warnings.simplefilter("default")
             _clean_orphans(argv)
             result = run(argv)
-    except (Exception, KeyboardInterrupt, _Terminated) as exc:  # one line, no traceback, whatever failed
+    except (Exception, KeyboardInterrupt) as exc:  # one line, no traceback, whatever failed
         if os.environ.get("CALIBRUN_DEBUG"):
             held.show()
             raise
-        message = "interrupted" if isinstance(exc, KeyboardInterrupt) else one_line(exc)
-        print(f"calibtool: error: {message}", file=sys.stderr)
+        print(f"calibtool: error: {_message(exc)}", file=sys.stderr)
         return 1
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        interrupts.acknowledge()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if not _print_json(result):
         return 1  # the one line about stdout; the held logs would only bury it
     held.show(caught)

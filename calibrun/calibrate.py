@@ -34,6 +34,7 @@ from onnxruntime.quantization.calibrate import (
 from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
 from calibrun import cache as cache_store
+from calibrun import interrupts
 from calibrun.cache import key_of
 from calibrun.errors import CalibrunError
 from calibrun.files import atomic_path, temp_dir, write_json
@@ -329,6 +330,7 @@ def run_calibration(model_path: str | Path, data, input_name: str, spec: Calibra
             end = min(start + chunk, total)
             reader.set_range(start, end)
             calibrator.collect_data(reader)
+            interrupts.check()
             progress.update(end)
         if spec.method != "minmax":
             search = Progress(f"choosing {spec.method} ranges", len(calibrator.collector.histogram_dict),

@@ -1,11 +1,13 @@
 """SIGINT and SIGTERM as an exception, and never lost.
 
-calibrun.sweep's handler raises `Interrupted` where the process is, so that the job and the sweep unwind and close
-their MLflow runs; it ignores further signals while they close. Raised inside a finaliser (a `__del__`, a weakref
-or gc callback), an exception is printed as "Exception ignored in ..." and dropped by Python: the sweep would then
-run on to its end with Ctrl-C ignored. So the handler also records the signal here, the points where work goes on
-(every atomic write, every job's start) raise it again (`check`), and the places that handle the interrupt clear it
-(`acknowledge`).
+calibrun.sweep's handler (and calibtool's) raises `Interrupted` where the process is, so that the job and the sweep
+unwind and close their MLflow runs; the sweep's ignores further signals while they close. An exception raised in
+some places is dropped without a trace: inside a finaliser (a `__del__`, a weakref or gc callback: printed as
+"Exception ignored in ..."), and inside the init of some compiled modules (numpy.random's, imported on first use at
+the start of a calibration, swallows it silently: calibtool then ran a 100000-batch calibration to its end, 3 times in
+40 Ctrl-Cs). So the handler also records the signal here, the points where work goes on (every atomic write, every
+job's start, every chunk of a calibration pass and every evaluation batch) raise it again (`check`), and the places
+that handle the interrupt clear it (`acknowledge`).
 """
 
 from __future__ import annotations
@@ -40,3 +42,9 @@ def check() -> None:
         signum = _pending
         acknowledge()
         raise Interrupted(signum)
+
+
+def raise_interrupted(signum, frame) -> None:
+    """A signal handler: record the signal and raise `Interrupted` where the process is."""
+    record(signum)
+    raise Interrupted(signum)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from calibrun import interrupts
 from calibrun.bounds import MAX_ROWS, check_positive_int
 from calibrun.data.lab import evaluation_rows, fixed_rows
 from calibrun.errors import CalibrunError, one_line
@@ -284,6 +285,7 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
         del ref, got
         for observer in observers:
             observer.update(feeds)
+        interrupts.check()
         done += 1
         if bar is not None:
             bar.update(done)

@@ -146,3 +146,52 @@ def test_an_interrupt_python_drops_in_a_finaliser_is_raised_at_the_next_write(tm
     with atomic_path(tmp_path / "then.json") as tmp:  # raised once: the write after it goes on
         tmp.write_text("{}")
     assert (tmp_path / "then.json").exists()
+
+
+def test_a_dropped_interrupt_stops_a_calibration_pass_and_an_evaluation_within_one_step(tmp_path, signal_state):
+    """An interrupt that Python dropped (recorded, never raised: numpy.random's first import swallows it at the start
+    of a calibration) stops the calibration pass after its first chunk and the evaluation after its first batch,
+    instead of letting them run to their end."""
+    import signal
+
+    from calibrun import interrupts
+    from calibrun.calibrate import CalibrationSpec, run_calibration
+    from calibrun.data import EvalData
+    from calibrun.data.lab import lab_batches
+    from calibrun.measure import errors as measure
+    from calibrun.model import open_float_model
+    from calibrun.model.lab import write_lab_model
+    from calibrun.quantize import quantize_lab
+
+    model = open_float_model(write_lab_model(tmp_path / "lab.onnx"))
+    int8 = tmp_path / "int8.onnx"
+    quantize_lab(model, int8, 1, 1.0, 2)
+    served = []
+
+    class Counted:  # 10 chunks of 16 batches (minmax's chunk), counting what the pass asked for
+        def __init__(self):
+            self.batches = lab_batches(model.info, 4242, 1.0, 160)
+
+        def __len__(self):
+            return len(self.batches)
+
+        def __iter__(self):
+            for batch in self.batches:
+                served.append(1)
+                yield batch
+
+    interrupts.record(signal.SIGINT)
+    with pytest.raises(interrupts.Interrupted):
+        run_calibration(model.path, Counted(), model.info.name, CalibrationSpec())
+    assert len(served) == 16  # the first chunk, not the 160 batches
+
+    interrupts.record(signal.SIGTERM)
+    feeds = {model.info.name: measure.lab_feeds(model, 777, 64)[model.info.name]}
+    evaluated = []
+    with pytest.raises(interrupts.Interrupted) as info:
+        measure.evaluate(model.path, int8, EvalData.from_arrays(feeds), batch_size=8,
+                         observers=[type("Seen", (), {"update": lambda self, f: evaluated.append(1)})()],
+                         progress=None)
+    assert info.value.signum == signal.SIGTERM
+    assert evaluated == [1]  # one batch of 8, not 8 batches
+    interrupts.check()  # raised once: nothing pending afterwards
