@@ -26,6 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import CALIBTOOL, clean_env, run_python
 from tests.modelzoo import int_input_model, save
+from tests.stores import fresh_mlflow_store
 
 pytestmark = pytest.mark.slow  # subprocesses of the CLIs (multi-second each): `pytest -m "not slow"` leaves them out
 
@@ -342,6 +343,8 @@ def run_case(case: Case, assets: Assets, root: Path) -> Outcome:
             args.append(f"cache.dir={root / 'cache'}")
         if not case.tracking:
             args.append("tracking=off")
+        elif not any(a.startswith("tracking=") for a in args):
+            fresh_mlflow_store(root)  # the env's store, migrated already (MLflow's schema costs a second per new store)
         result = _calibrun(args, root, env, case.timeout)
     return Outcome(case, root, *result, time.monotonic() - start)
 

@@ -13,6 +13,7 @@ import pytest
 from mlflow import MlflowClient
 
 from tests.conftest import clean_env, run_python
+from tests.stores import fresh_mlflow_store
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +29,7 @@ def sweep(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("parallel")
     proc = run_python(["-m", "calibrun", "-m", *SWEEP, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
                        "ort.intra_op_threads=1", f"cache.dir={tmp / 'cache'}", f"hydra.sweep.dir={tmp / 'sweep'}"],
-                      tmp, clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp / 'mlflow.db'}"), timeout=600)
+                      tmp, clean_env(MLFLOW_TRACKING_URI=fresh_mlflow_store(tmp)), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return tmp, proc
 
