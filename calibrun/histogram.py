@@ -41,7 +41,7 @@ _F32 = float(np.finfo(np.float32).eps)
 # The reference computes KL in float32; its value is within _REF_ERR * eps32 * (KL + 4) of the exact one (see
 # `_screen`). Candidates are kept for the exact evaluation with this bound, generously rounded up.
 _REF_ERR = 256
-_BLOCK = 1 << 15  # elements per binning block (temporaries stay in cache)
+_BLOCK = 1 << 17  # elements per binning block (fewer, longer numpy calls let threads overlap)
 # onnxruntime keeps a histogram's bin width when a later batch widens the range, adding bins: a tensor whose first
 # batch is nearly constant (a text detector's sigmoid map on a photo without text: max 5e-7, then 1.0) would need
 # billions of bins (16 GB of edges; numpy then refuses). Beyond this many bins calibrun re-bins instead: the
@@ -84,7 +84,7 @@ def _outer(first, last):
 def _grid(edges: np.ndarray):
     """(origin, scale, margin) of near-uniform float32 edges, or None: the position of x in bins is
     (x - origin) * scale in float32, wrong by less than `margin` bins (edges' distance from an ideal uniform grid
-    plus the float32 rounding of the position, with a factor of 5 to spare)."""
+    plus the float32 rounding of the position, with a factor of 5 to spare). `origin` is the first edge."""
     n = edges.size - 1
     lo_edge, hi_edge = float(edges[0]), float(edges[-1])
     width = (hi_edge - lo_edge) / n
@@ -93,10 +93,25 @@ def _grid(edges: np.ndarray):
     ideal = lo_edge + np.arange(n + 1, dtype=np.float64) * width
     dev = float(np.max(np.abs(edges.astype(np.float64) - ideal))) / width
     margin = dev + (n + 1) * 8 * _F32 + 1e-6
-    scale = np.float32(1.0 / width)
-    if margin > 0.25 or not (abs(float(scale) * width - 1) <= 4 * _F32):
+    with np.errstate(over="ignore"):
+        scale = np.float32(1.0 / width)
+    if margin > 0.2 or not (abs(float(scale) * width - 1) <= 4 * _F32):
         return None
     return np.float32(lo_edge), scale, margin
+
+
+def _shifted(grid):
+    """(origin', scale, band): `bin_counts`' form of a `_grid` (origin, scale, margin). Its positions
+    f = (x - origin') * scale (float32) are those of `_grid` shifted up by S in [margin, 1/2) bins (origin' =
+    origin - S / scale is a float32 at or below origin), so the true position p of x satisfies p < f < p + band
+    with band = S + margin: if the fractional part of f is at least `band`, x is in bin floor(f); otherwise x is
+    in bin j - 1 or j, j = floor(f), whichever side of edges[j] it lies on."""
+    origin, scale, margin = grid
+    shifted = np.float32(float(origin) - margin / float(scale))
+    while (float(origin) - float(shifted)) * float(scale) < margin:  # rounded towards origin: one float lower
+        shifted = np.nextafter(shifted, np.float32(-np.inf))
+    shift = (float(origin) - float(shifted)) * float(scale)
+    return shifted, scale, np.float32(shift + margin + 4 * _F32)
 
 
 def bin_counts(data: np.ndarray, edges: np.ndarray, first=None, last=None, grid=False, inside=False) -> np.ndarray:
@@ -104,25 +119,27 @@ def bin_counts(data: np.ndarray, edges: np.ndarray, first=None, last=None, grid=
 
     A value x is counted in bin k when edges[k] <= x < edges[k+1] (the last bin includes its right edge); values
     outside [first, last] (default: the outer edges) and NaN are not counted: numpy's definition. The bin is
-    computed in float32 arithmetic; values whose computed position lies within a proven error margin of an
-    edge are placed by a binary search over the edges instead, zeros (often most of a ReLU output) at once.
+    computed in float32 arithmetic (`_shifted`); the few values whose computed position lies within a proven
+    error margin of an edge j (zeros on the middle edge of a symmetric range, values equal to the range's ends)
+    are first counted in bin j, then moved to bin j - 1 when x < edges[j].
     `inside`: the caller knows every value is in [first, last] (no NaN), so blocks need no range check.
     """
     n = edges.size - 1
     if first is None:
         first, last = edges[0], edges[-1]
-    counts = np.zeros(n, dtype=np.int64)
+    counts = np.zeros(n + 1, dtype=np.int64)  # bin n: values on the last edge (bin n - 1, below)
     if data.size == 0:
-        return counts
+        return counts[:n]
     if grid is False:
         grid = _grid(edges)
     if grid is None:
         return np.histogram(data, bins=edges)[0]
-    origin, scale, margin = grid
-    zero_bin = None
+    origin, scale, band = _shifted(grid)
+    if not 0 < band < 0.5:
+        return np.histogram(data, bins=edges)[0]
     size = min(_BLOCK, data.size)
-    f_buf, frac_buf, ip_buf = (np.empty(size, dtype=np.float32) for _ in range(3))
-    low_buf, high_buf = np.empty(size, dtype=bool), np.empty(size, dtype=bool)
+    f_buf, frac_buf = np.empty(size, dtype=np.float32), np.empty(size, dtype=np.float32)
+    k_buf, near_buf = np.empty(size, dtype=np.int32), np.empty(size, dtype=bool)
     for start in range(0, data.size, _BLOCK):
         block = data[start:start + _BLOCK]
         # values outside the range, or NaN: dropped as numpy does
@@ -131,36 +148,24 @@ def bin_counts(data: np.ndarray, edges: np.ndarray, first=None, last=None, grid=
             if block.size == 0:
                 continue
         m = block.size
-        f, frac, ip, low, high = f_buf[:m], frac_buf[:m], ip_buf[:m], low_buf[:m], high_buf[:m]
-        np.subtract(block, origin, out=f)
+        f, frac, k, near = f_buf[:m], frac_buf[:m], k_buf[:m], near_buf[:m]
+        np.subtract(block, origin, out=f)  # >= 0: block >= first >= edges[0] >= origin' (float32 block)
         np.multiply(f, scale, out=f)
-        np.floor(f, out=ip)
-        np.subtract(f, ip, out=frac)
-        np.less(frac, margin, out=low)
-        np.greater(frac, 1 - margin, out=high)
-        np.logical_or(low, high, out=low)
-        suspect = np.flatnonzero(low)
-        k = ip.astype(np.intp)
-        if suspect.size:
-            k[suspect] = n  # counted below, exactly
-            xs = block[suspect]
-            zeros = xs == 0
-            nz = int(np.count_nonzero(zeros))
-            if nz:
-                if zero_bin is None:
-                    zero_bin = _exact_bins(np.zeros(1, dtype=data.dtype), edges, n)[0]
-                counts[zero_bin] += nz
-                xs = xs[~zeros]
-            if xs.size:
-                counts += np.bincount(_exact_bins(xs, edges, n), minlength=n)
-        counts += np.bincount(k, minlength=n + 1)[:n]
-    return counts
-
-
-def _exact_bins(values: np.ndarray, edges: np.ndarray, n: int) -> np.ndarray:
-    bins = np.searchsorted(edges, values, side="right") - 1
-    np.minimum(bins, n - 1, out=bins)  # the last edge belongs to the last bin
-    return bins
+        np.floor(f, out=frac)
+        np.copyto(k, frac, casting="unsafe")  # exact: small non-negative integers
+        np.subtract(f, frac, out=frac)
+        np.less(frac, band, out=near)
+        suspect = np.flatnonzero(near)
+        if suspect.size:  # counted in bin j, belong to bin j - 1 when below edge j (j > 0: block >= edges[0])
+            j = k[suspect]
+            j -= block[suspect] < edges[j]
+            k[suspect] = j
+        found = np.bincount(k, minlength=n + 1)
+        if found.size != n + 1:  # a position beyond the last edge: the margin's bound would be wrong
+            raise AssertionError(f"calibrun.histogram: values binned beyond the last of {n} bins")
+        counts += found
+    counts[n - 1] += counts[n]
+    return counts[:n]
 
 
 def histogram(data: np.ndarray, bins, range=None, bounds=None):  # noqa: A002 (numpy's name)
@@ -191,6 +196,10 @@ def _min_max(data: np.ndarray):
     return lo, hi, (lo, hi)
 
 
+def _size(data_arr) -> int:
+    return sum(np.size(a) for a in data_arr) if isinstance(data_arr, list) else np.size(data_arr)
+
+
 def _flat(data_arr) -> np.ndarray:
     """onnxruntime's `np.asarray(list).flatten()`, without a copy when the list holds one contiguous array."""
     if isinstance(data_arr, list) and len(data_arr) == 1:
@@ -218,9 +227,11 @@ class FastHistogramCollector(HistogramCollector):
         items = list(name_to_arr.items())
         if self.threads == 1 or len(items) == 1:
             results = [fn(name, arr) for name, arr in items]
-        else:
+        else:  # largest tensors first: no large one left alone at the end
+            order = sorted(range(len(items)), key=lambda i: -_size(items[i][1]))
             with ThreadPoolExecutor(self.threads) as pool:
-                results = list(pool.map(lambda item: fn(*item), items))
+                done = dict(zip(order, pool.map(lambda i: fn(*items[i]), order), strict=True))
+            results = [done[i] for i in range(len(items))]
         for (name, _), result in zip(items, results, strict=True):
             self.histogram_dict[name] = result
 
