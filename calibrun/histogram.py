@@ -114,7 +114,8 @@ def _shifted(grid):
     return shifted, scale, np.float32(shift + margin + 4 * _F32)
 
 
-def bin_counts(data: np.ndarray, edges: np.ndarray, first=None, last=None, grid=False, inside=False) -> np.ndarray:
+def bin_counts(data: np.ndarray, edges: np.ndarray, first=None, last=None, grid=False, inside=False,
+               absolute=False) -> np.ndarray:
     """`np.histogram(data, bins=edges)[0]` for flat float32 `data` and sorted, near-uniform float32 `edges`.
 
     A value x is counted in bin k when edges[k] <= x < edges[k+1] (the last bin includes its right edge); values
@@ -123,6 +124,7 @@ def bin_counts(data: np.ndarray, edges: np.ndarray, first=None, last=None, grid=
     error margin of an edge j (zeros on the middle edge of a symmetric range, values equal to the range's ends)
     are first counted in bin j, then moved to bin j - 1 when x < edges[j].
     `inside`: the caller knows every value is in [first, last] (no NaN), so blocks need no range check.
+    `absolute`: count |data| (block by block: no copy of the whole of `data`).
     """
     n = edges.size - 1
     if first is None:
@@ -132,16 +134,17 @@ def bin_counts(data: np.ndarray, edges: np.ndarray, first=None, last=None, grid=
         return counts[:n]
     if grid is False:
         grid = _grid(edges)
-    if grid is None:
-        return np.histogram(data, bins=edges)[0]
-    origin, scale, band = _shifted(grid)
+    origin, scale, band = _shifted(grid) if grid is not None else (None, None, 0)
     if not 0 < band < 0.5:
-        return np.histogram(data, bins=edges)[0]
+        return np.histogram(np.absolute(data) if absolute else data, bins=edges)[0]
     size = min(_BLOCK, data.size)
     f_buf, frac_buf = np.empty(size, dtype=np.float32), np.empty(size, dtype=np.float32)
     k_buf, near_buf = np.empty(size, dtype=np.int32), np.empty(size, dtype=bool)
+    abs_buf = np.empty(size, dtype=np.float32) if absolute else None
     for start in range(0, data.size, _BLOCK):
         block = data[start:start + _BLOCK]
+        if absolute:
+            block = np.absolute(block, out=abs_buf[:block.size])
         # values outside the range, or NaN: dropped as numpy does
         if not inside and not (block.min() >= first and block.max() <= last):
             block = block[(block >= first) & (block <= last)]
@@ -168,23 +171,27 @@ def bin_counts(data: np.ndarray, edges: np.ndarray, first=None, last=None, grid=
     return counts[:n]
 
 
-def histogram(data: np.ndarray, bins, range=None, bounds=None):  # noqa: A002 (numpy's name)
+def histogram(data: np.ndarray, bins, range=None, bounds=None, absolute=False):  # noqa: A002 (numpy's name)
     """`np.histogram(data, bins, range)` for a flat array: the same counts and edges (float16 and other dtypes,
-    and non-uniform edges, go to numpy itself). `bounds`: (min, max) of `data` when it holds no NaN."""
+    and non-uniform edges, go to numpy itself). `bounds`: (min, max) of `data` when it holds no NaN.
+    `absolute`: the histogram of |data| (then `bounds` are those of |data|), without a copy of |data|."""
     if data.dtype != np.float32:
-        return np.histogram(data, bins, range=range)
+        return np.histogram(np.absolute(data) if absolute else data, bins, range=range)
     if isinstance(bins, np.ndarray):
-        return bin_counts(data, bins), bins
+        inside = bounds is not None and bounds[0] >= bins[0] and bounds[1] <= bins[-1]
+        return bin_counts(data, bins, inside=inside, absolute=absolute), bins
     if range is None:
         if data.size == 0:
             return np.histogram(data, bins)
+        if absolute:
+            data, absolute = np.absolute(data), False
         range = (data.min(), data.max())  # noqa: A001
         if not (np.isfinite(range[0]) and np.isfinite(range[1])):
             return np.histogram(data, bins)  # numpy's error
     first, last = _outer(*range)
     edges, grid = uniform_edges(data.dtype, bins, *range)
     inside = bounds is not None and bounds[0] >= first and bounds[1] <= last
-    return bin_counts(data, edges, first, last, grid, inside), edges.copy()
+    return bin_counts(data, edges, first, last, grid, inside, absolute), edges.copy()
 
 
 def _min_max(data: np.ndarray):
@@ -194,6 +201,13 @@ def _min_max(data: np.ndarray):
     if np.isnan(lo) or np.isnan(hi):
         return np.nanmin(data), np.nanmax(data), None
     return lo, hi, (lo, hi)
+
+
+def _abs_min(data: np.ndarray):
+    """np.absolute(data).min() for float32 data without NaN, block by block (no copy of the whole)."""
+    buf = np.empty(min(_BLOCK, data.size), dtype=data.dtype)
+    return min(np.absolute(data[i:i + _BLOCK], out=buf[:min(_BLOCK, data.size - i)]).min()
+               for i in range(0, data.size, _BLOCK))
 
 
 def _size(data_arr) -> int:
@@ -290,33 +304,56 @@ class FastHistogramCollector(HistogramCollector):
         if isinstance(data_arr, list):
             dtypes = {a.dtype for a in data_arr}
             assert len(dtypes) == 1, f"The calibration expects only one element type but got {dtypes} for {tensor!r}"
-        data_arr_np = _flat(data_arr)
-        if data_arr_np.size > 0:
-            min_value, max_value, _ = _min_max(data_arr_np)
+        data = _flat(data_arr)
+        bounds = None
+        if data.size > 0:
+            min_value, max_value, bounds = _min_max(data)
         else:
-            min_value = np.array(0, dtype=data_arr_np.dtype)
-            max_value = np.array(0, dtype=data_arr_np.dtype)
-        data_arr_np = np.absolute(data_arr_np)
-        assert data_arr_np.dtype != np.float64, "only float32 or float16 is supported"
+            min_value = np.array(0, dtype=data.dtype)
+            max_value = np.array(0, dtype=data.dtype)
+        assert data.dtype != np.float64, "only float32 or float16 is supported"
+        if bounds is not None and data.dtype == np.float32:
+            # |data| is binned block by block; its max follows from the data's (no NaN), its min too unless the
+            # data straddle zero: then 0 is a lower bound (enough to skip range checks), the exact min (the first
+            # histogram's first edge) is found block by block
+            lo, hi = bounds
+            abs_max = max(np.absolute(lo), np.absolute(hi))
+            if lo >= 0 or hi <= 0:
+                abs_min = min(np.absolute(lo), np.absolute(hi))
+            elif tensor in self.histogram_dict:
+                abs_min = np.float32(0)
+            else:
+                abs_min = _abs_min(data)
+            return self._absolute_merge(tensor, data, min_value, max_value, (abs_min, abs_max), abs_max, True)
+        data = np.absolute(data)
+        return self._absolute_merge(tensor, data, min_value, max_value, None,
+                                    np.nanmax(data) if data.size else None, False)
+
+    def _absolute_merge(self, tensor, data, min_value, max_value, abs_bounds, temp_amax, absolute):
+        dtype = data.dtype
         old = self.histogram_dict.get(tensor)
         if old is None:
-            hist, hist_edges = histogram(data_arr_np, self.num_bins)
-            return hist, hist_edges.astype(data_arr_np.dtype), min_value, max_value
+            if abs_bounds is not None:
+                hist, hist_edges = histogram(data, self.num_bins, range=abs_bounds, bounds=abs_bounds,
+                                             absolute=absolute)
+            else:
+                hist, hist_edges = histogram(data, self.num_bins)
+            return hist, hist_edges.astype(dtype), min_value, max_value
         old_hist, old_hist_edges, old_min, old_max = old
-        if data_arr_np.size == 0:  # onnxruntime fails here (nanmax of nothing); nothing to count
+        if data.size == 0:  # onnxruntime fails here (nanmax of nothing); nothing to count
             return old_hist, old_hist_edges, min(old_min, min_value), max(old_max, max_value)
-        temp_amax = np.nanmax(data_arr_np)
         if temp_amax > old_hist_edges[-1]:
             width = old_hist_edges[1] - old_hist_edges[0]
             if float((temp_amax - old_hist_edges[-1]) / width) + len(old_hist) > MAX_GROWN_BINS:
-                hist, hist_edges = histogram(data_arr_np, len(old_hist), range=(old_hist_edges[0], temp_amax))
-                hist_edges = hist_edges.astype(data_arr_np.dtype)
+                hist, hist_edges = histogram(data, len(old_hist), range=(old_hist_edges[0], temp_amax),
+                                             bounds=abs_bounds, absolute=absolute)
+                hist_edges = hist_edges.astype(dtype)
                 hist += _moved(old_hist, old_hist_edges, hist_edges)
                 return hist, hist_edges, min(old_min, min_value), max(old_max, max_value)
             new_bin_edges = np.arange(old_hist_edges[-1] + width, temp_amax + width, width)
             old_hist_edges = np.hstack((old_hist_edges, new_bin_edges))
-        hist, hist_edges = histogram(data_arr_np, old_hist_edges)
-        hist_edges = hist_edges.astype(data_arr_np.dtype)
+        hist, hist_edges = histogram(data, old_hist_edges, bounds=abs_bounds, absolute=absolute)
+        hist_edges = hist_edges.astype(dtype)
         hist[: len(old_hist)] += old_hist
         return hist, hist_edges, min(old_min, min_value), max(old_max, max_value)
 

@@ -162,6 +162,41 @@ def test_float16_goes_to_numpy_and_the_collector_equals_onnxruntimes():
         assert np.array_equal(r, f)
 
 
+@pytest.mark.parametrize("block", [1000, 1 << 17])
+def test_symmetric_percentile_collector_equals_onnxruntimes(monkeypatch, block):
+    """|data| binned block by block: data straddling zero without a zero (the first edge is min |x|), one-sided
+    data, ranges that grow (edges extended), NaN in a later batch, an all-zero tensor."""
+    from calibrun import histogram as module
+
+    monkeypatch.setattr(module, "_BLOCK", block)
+    rng = np.random.default_rng(12)
+
+    def straddling(scale, size=30_000):
+        values = rng.normal(0.5, scale, size).astype(np.float32)
+        return values[values != 0]
+
+    batches = [
+        {"s": straddling(1.0), "pos": rng.uniform(0.3, 2, 9000).astype(np.float32),
+         "neg": -rng.uniform(0.3, 2, 9000).astype(np.float32), "z": np.zeros(500, np.float32)},
+        {"s": straddling(3.0), "pos": rng.uniform(0.1, 3, 9000).astype(np.float32),
+         "neg": -rng.uniform(0.3, 5, 9000).astype(np.float32), "z": np.zeros(500, np.float32)},
+        {"s": np.concatenate([straddling(2.0), np.float32([np.nan])]),
+         "pos": rng.uniform(0.1, 1, 9000).astype(np.float32),
+         "neg": -rng.uniform(0.3, 1, 9000).astype(np.float32), "z": np.ones(500, np.float32)},
+    ]
+    ref = HistogramCollector("percentile", True, 2048, 128, 99.99, "same")
+    fast = module.FastHistogramCollector("percentile", True, 2048, 128, 99.99, "same", threads=2)
+    for batch in batches:
+        with contextlib.redirect_stdout(io.StringIO()):
+            ref.collect({k: [v] for k, v in batch.items()})
+        fast.collect({k: [v] for k, v in batch.items()})
+    assert ref.histogram_dict["pos"][1].size > 2049  # the range grew: edges extended
+    for name in batches[0]:
+        for r, f in zip(ref.histogram_dict[name], fast.histogram_dict[name], strict=True):
+            assert np.asarray(r).dtype == np.asarray(f).dtype, name
+            assert np.array_equal(r, f, equal_nan=True), name
+
+
 def test_threads_take_the_largest_tensors_first_and_keep_the_order():
     from calibrun.histogram import FastHistogramCollector
 
