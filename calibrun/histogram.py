@@ -10,11 +10,14 @@ onnxruntime (quantization/calibrate.py) spends its time in two places:
   own `smooth_distribution` and `entropy`). The chosen threshold is therefore onnxruntime's own.
 * `np.histogram` per tensor and batch, single-threaded; with explicit bin edges (the percentile merge) it even
   sorts the data. `histogram` here returns the same counts and edges as `np.histogram` (bins are decided by the
-  edges exactly as numpy decides them; only values within a rounding margin of an edge are placed by a binary
-  search), and `FastHistogramCollector` spreads the tensors of a batch over threads (numpy releases the GIL in
-  its loops). Range growth and re-binning (`merge_histogram`) are onnxruntime's code, unchanged in effect, except
-  where onnxruntime breaks: a range growing so far that it would need more than MAX_GROWN_BINS bins (it asks
-  for billions), and an empty tensor in the symmetric percentile histogram (nanmax of nothing).
+  edges exactly as numpy decides them: a float32 position, int32 bins and one `bincount` per block; the values
+  within a rounding margin of an edge, zeros on the middle edge among them, are compared with that edge), and
+  `FastHistogramCollector` spreads the tensors of a batch over threads, largest first (numpy releases the GIL in
+  its loops; blocks of _BLOCK elements keep each call long enough for threads to overlap). The symmetric
+  percentile histogram of |x| is binned block by block, without a copy of |x|. Range growth and re-binning
+  (`merge_histogram`) are onnxruntime's code, unchanged in effect, except where onnxruntime breaks: a range
+  growing so far that it would need more than MAX_GROWN_BINS bins (it asks for billions), and an empty tensor in
+  the symmetric percentile histogram (nanmax of nothing).
 
 Percentile and Distribution thresholds are onnxruntime's own (`compute_percentile`, `compute_distribution`):
 they are O(bins) numpy already.
