@@ -129,6 +129,29 @@ def test_binning_of_many_blocks_of_zeros_and_a_constant(monkeypatch):
     assert counts.sum() == data.size - 3
 
 
+@pytest.mark.parametrize("block", [1000, 1 << 17])
+@pytest.mark.parametrize("t", [62.65438, 62.914524, 3.7])
+def test_zeros_near_but_not_on_the_middle_edge(monkeypatch, block, t):
+    """numpy's middle edge of (-t, t) is not always 0: at t=62.65438 (1000 bins) it is +3.8e-6, so zeros belong
+    to the bin below it; at 62.914524 it is -3.8e-6. ReLU-like tensors (most values zero) over many blocks."""
+    from calibrun import histogram as module
+
+    monkeypatch.setattr(module, "_BLOCK", block)
+    t = np.array(t, np.float32)
+    edges = np.histogram_bin_edges(np.empty(0, np.float32), 1000, range=(-t, t))
+    if float(t) != np.float32(3.7):
+        assert edges[500] != 0  # the situation the test is about
+    rng = np.random.default_rng(4)
+    data = np.maximum(rng.normal(0, 20, 300_000), 0).astype(np.float32)
+    data[:: 5] = -data[:: 5]
+    data[1::7] = -0.0
+    data[-1] = t
+    (ref_counts, _), (counts, _) = numpy_and_ours(data, 1000, (-t, t))
+    assert np.array_equal(ref_counts, counts)
+    bounds = (data.min(), data.max())
+    assert np.array_equal(ref_counts, histogram(data, 1000, range=(-t, t), bounds=bounds)[0])
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_binning_equals_numpy_on_random_ranges_and_scales(seed):
     rng = np.random.default_rng(100 + seed)
