@@ -9,15 +9,15 @@ data scikit-image's photos and pages of text through calibrun's image source (`I
 split into `--batches` batches of `--rows` photos (flipped copies when more are needed). For each method, in
 one process and over the same batches:
 
-* plain:      onnxruntime inference of the model (same session options as the calibration session), the fastest
-              of 3 passes.
+* plain:      onnxruntime inference of the model (same session options as the calibration session).
 * calibrun:   `calibrun.calibrate.run_calibration` as a job runs it (augmented session, collection, thresholds),
               split into collection and threshold search.
 * floor:      the whole calibration split into (a) the augmented session alone over the same batches (every
               output fetched as numpy, then discarded), (b) what collection adds on top of (a), (c) the threshold
-              search, each as a ratio to plain inference ((a): the fastest of 2 passes). (a) / plain is the best
-              any collector can reach with onnxruntime's augmented-model design (every calibrated tensor becomes
-              a graph output).
+              search, each as a ratio to plain inference. (a) / plain is the best any collector can reach with
+              onnxruntime's augmented-model design (every calibrated tensor becomes a graph output). Plain
+              inference (with and without graph optimisation) and (a) are each the fastest of 3 passes, taken
+              in turns; (b) is the calibration's collection (one pass) minus (a).
 * collection: calibrun's FastHistogramCollector.collect vs onnxruntime's HistogramCollector.collect on the same
               augmented-session outputs, batch by batch (histograms checked equal).
 * search:     the threshold search on the SAME histograms: calibrun's vs onnxruntime's compute_entropy /
@@ -74,22 +74,38 @@ def make_batches(size: int, batches: int, rows: int, tmp: Path) -> list[np.ndarr
     return [np.ascontiguousarray(np.stack(picked[i * rows:(i + 1) * rows])) for i in range(batches)]
 
 
-def plain_seconds(model: Path, batches, threads: int, optimize: bool = True, repeats: int = 3) -> float:
-    """The fastest of `repeats` passes over the batches (one session; a shared machine's load only adds)."""
+def _session(model, threads: int, optimize: bool):
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     if not optimize:  # as onnxruntime's calibration session runs (tensor names must survive)
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    session.run(None, {name: batches[0]})  # warm-up, as the calibration session's first run is not free either
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for batch in batches:
-            session.run(None, {name: batch})
-        best = min(best, time.perf_counter() - start)
-    return best
+    return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+
+
+def inference_seconds(model: Path, batches, spec: CalibrationSpec, threads: int, tmp: Path, rounds: int = 3):
+    """(plain, plain without graph optimisation, augmented session alone, values per batch): seconds of one pass
+    over the batches, each the fastest of `rounds` passes taken in turn (a burst of load on a shared machine
+    hits all three alike). The augmented session is the calibration's (`_lean_session`), every output fetched
+    and discarded; values: the elements of the calibrated outputs of a batch (what collection bins)."""
+    calibrator = create_calibrator(private_model_copy(model, tmp), spec.op_types_calibrated(),
+                                   augmented_model_path=str(tmp / "augmented.onnx"),
+                                   calibrate_method=spec.calibrate_method, extra_options=spec.calibrator_options())
+    _lean_session(calibrator, threads)
+    augmented = calibrator.infer_session
+    names = [o.name for o in augmented.get_outputs()]
+    wanted = set(calibrator.tensors_to_calibrate)
+    sessions = [_session(model, threads, True), _session(model, threads, False), augmented]
+    values = sum(v.size for n, v in zip(names, augmented.run(None, {"x": batches[0]}), strict=True) if n in wanted)
+    for session in sessions[:2]:  # warm-up, as the calibration session's first run is not free either
+        session.run(None, {"x": batches[0]})
+    best = [math.inf] * len(sessions)
+    for _ in range(rounds):
+        for i, session in enumerate(sessions):
+            start = time.perf_counter()
+            for batch in batches:
+                session.run(None, {"x": batch})
+            best[i] = min(best[i], time.perf_counter() - start)
+    return (*best, values)
 
 
 class _Reader:
@@ -104,30 +120,6 @@ class _Reader:
 
     def set_range(self, start, end):
         self.pos, self.end = start, end
-
-
-def augmented_seconds(model: Path, batches, spec: CalibrationSpec, threads: int, tmp: Path, repeats: int = 2):
-    """(seconds, values per batch): the calibration's augmented session alone over the batches, as calibrun
-    creates it (`_lean_session`), every output fetched and discarded (the fastest of `repeats` passes); values:
-    the elements of the calibrated outputs of each batch (what collection bins)."""
-    calibrator = create_calibrator(private_model_copy(model, tmp), spec.op_types_calibrated(),
-                                   augmented_model_path=str(tmp / "augmented.onnx"),
-                                   calibrate_method=spec.calibrate_method, extra_options=spec.calibrator_options())
-    _lean_session(calibrator, threads)
-    session = calibrator.infer_session
-    names = [o.name for o in session.get_outputs()]
-    wanted = set(calibrator.tensors_to_calibrate)
-    values = []
-    for batch in batches[:1]:  # warm-up, counted once
-        values.append(sum(v.size for n, v in zip(names, session.run(None, {"x": batch}), strict=True)
-                          if n in wanted))
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for batch in batches:
-            session.run(None, {"x": batch})
-        best = min(best, time.perf_counter() - start)
-    return best, values[0]
 
 
 def calibrun_run(model: Path, batches, spec: CalibrationSpec, threads: int):
@@ -251,16 +243,13 @@ def main(argv=None) -> int:
         batches = make_batches(args.size, args.batches, args.rows, tmp)
         for method in methods:
             spec = CalibrationSpec(method=method)
-            log(f"{method}: plain inference")
-            plain = plain_seconds(model, batches, args.threads)
-            plain_noopt = plain_seconds(model, batches, args.threads, optimize=False)
+            sub = tmp / method
+            (sub / "alone").mkdir(parents=True)
+            log(f"{method}: plain inference and the augmented session alone, in turns")
+            plain, plain_noopt, augmented, per_batch = inference_seconds(model, batches, spec, args.threads,
+                                                                         sub / "alone")
             log(f"{method}: calibrun calibration")
             total, setup, collect, search, collector = calibrun_run(model, batches, spec, args.threads)
-            sub = tmp / method
-            sub.mkdir()
-            log(f"{method}: the augmented session alone")
-            (sub / "alone").mkdir()
-            augmented, per_batch = augmented_seconds(model, batches, spec, args.threads, sub / "alone")
             log(f"{method}: collection, calibrun vs onnxruntime")
             c_ours, c_theirs, c_equal, c_cpu, binned = collection_compare(model, batches, spec, args.threads, sub)
             if c_theirs is None:
