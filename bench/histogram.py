@@ -12,6 +12,12 @@ one process and over the same batches:
 * plain:      onnxruntime inference of the model (same session options as the calibration session).
 * calibrun:   `calibrun.calibrate.run_calibration` as a job runs it (augmented session, collection, thresholds),
               split into collection and threshold search.
+* floor:      the whole calibration split into (a) the augmented session alone over the same batches (every
+              output fetched as numpy, then discarded), (b) what collection adds on top of (a), (c) the threshold
+              search, each as a ratio to plain inference. (a) / plain is the best any collector can reach with
+              onnxruntime's augmented-model design (every calibrated tensor becomes a graph output). Plain
+              inference (with and without graph optimisation) and (a) are each the fastest of 3 passes, taken
+              in turns; (b) is the calibration's collection (one pass) minus (a).
 * collection: calibrun's FastHistogramCollector.collect vs onnxruntime's HistogramCollector.collect on the same
               augmented-session outputs, batch by batch (histograms checked equal).
 * search:     the threshold search on the SAME histograms: calibrun's vs onnxruntime's compute_entropy /
@@ -68,18 +74,38 @@ def make_batches(size: int, batches: int, rows: int, tmp: Path) -> list[np.ndarr
     return [np.ascontiguousarray(np.stack(picked[i * rows:(i + 1) * rows])) for i in range(batches)]
 
 
-def plain_seconds(model: Path, batches, threads: int, optimize: bool = True) -> float:
+def _session(model, threads: int, optimize: bool):
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     if not optimize:  # as onnxruntime's calibration session runs (tensor names must survive)
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    session.run(None, {name: batches[0]})  # warm-up, as the calibration session's first run is not free either
-    start = time.perf_counter()
-    for batch in batches:
-        session.run(None, {name: batch})
-    return time.perf_counter() - start
+    return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+
+
+def inference_seconds(model: Path, batches, spec: CalibrationSpec, threads: int, tmp: Path, rounds: int = 3):
+    """(plain, plain without graph optimisation, augmented session alone, values per batch): seconds of one pass
+    over the batches, each the fastest of `rounds` passes taken in turn (a burst of load on a shared machine
+    hits all three alike). The augmented session is the calibration's (`_lean_session`), every output fetched
+    and discarded; values: the elements of the calibrated outputs of a batch (what collection bins)."""
+    calibrator = create_calibrator(private_model_copy(model, tmp), spec.op_types_calibrated(),
+                                   augmented_model_path=str(tmp / "augmented.onnx"),
+                                   calibrate_method=spec.calibrate_method, extra_options=spec.calibrator_options())
+    _lean_session(calibrator, threads)
+    augmented = calibrator.infer_session
+    names = [o.name for o in augmented.get_outputs()]
+    wanted = set(calibrator.tensors_to_calibrate)
+    sessions = [_session(model, threads, True), _session(model, threads, False), augmented]
+    values = sum(v.size for n, v in zip(names, augmented.run(None, {"x": batches[0]}), strict=True) if n in wanted)
+    for session in sessions[:2]:  # warm-up, as the calibration session's first run is not free either
+        session.run(None, {"x": batches[0]})
+    best = [math.inf] * len(sessions)
+    for _ in range(rounds):
+        for i, session in enumerate(sessions):
+            start = time.perf_counter()
+            for batch in batches:
+                session.run(None, {"x": batch})
+            best[i] = min(best[i], time.perf_counter() - start)
+    return (*best, values)
 
 
 class _Reader:
@@ -121,7 +147,8 @@ def calibrun_run(model: Path, batches, spec: CalibrationSpec, threads: int):
 
 
 def collection_compare(model: Path, batches, spec: CalibrationSpec, threads: int, tmp: Path):
-    """Seconds of calibrun's and onnxruntime's collect on the same outputs; histograms equal?"""
+    """Seconds of calibrun's and onnxruntime's collect on the same outputs; histograms equal?; calibrun's CPU
+    seconds (all threads) and the number of values it binned."""
     calibrator = create_calibrator(private_model_copy(model, tmp), spec.op_types_calibrated(),
                                    augmented_model_path=str(tmp / "augmented.onnx"),
                                    calibrate_method=spec.calibrate_method, extra_options=spec.calibrator_options())
@@ -132,19 +159,22 @@ def collection_compare(model: Path, batches, spec: CalibrationSpec, threads: int
                   num_quantized_bins=calibrator.num_quantized_bins, percentile=calibrator.percentile,
                   scenario=calibrator.scenario)
     ours, theirs = FastHistogramCollector(threads=threads, **kwargs), HistogramCollector(**kwargs)
-    t_ours = t_theirs = 0.0
+    t_ours = t_theirs = cpu_ours = 0.0
+    binned = 0
     for batch in batches:
         values = calibrator.infer_session.run(None, {"x": batch})
         # without the empty tensor the detector has: onnxruntime's symmetric percentile fails on it
         outputs = {n: [v] for n, v in zip(names, values, strict=True) if n in wanted and v.size}
-        start = time.perf_counter()
+        binned += sum(v[0].size for v in outputs.values())
+        start, cpu_start = time.perf_counter(), time.process_time()
         ours.collect(outputs)
         middle = time.perf_counter()
+        cpu_ours += time.process_time() - cpu_start
         try:
             with contextlib.redirect_stdout(io.StringIO()):
                 theirs.collect(outputs)
         except ValueError as exc:  # onnxruntime's re-binning on a range that grew too far
-            return t_ours, None, f"onnxruntime failed: {exc}"
+            return t_ours, None, f"onnxruntime failed: {exc}", cpu_ours, binned
         t_ours += middle - start
         t_theirs += time.perf_counter() - middle
         del values, outputs
@@ -152,7 +182,7 @@ def collection_compare(model: Path, batches, spec: CalibrationSpec, threads: int
         all(np.array_equal(a, b) for a, b in zip(ours.histogram_dict[k], theirs.histogram_dict[k], strict=True))
         for k in theirs.histogram_dict
     )
-    return t_ours, t_theirs, equal
+    return t_ours, t_theirs, equal, cpu_ours, binned
 
 
 def search_compare(collector: FastHistogramCollector, spec: CalibrationSpec, sample: int):
@@ -213,15 +243,15 @@ def main(argv=None) -> int:
         batches = make_batches(args.size, args.batches, args.rows, tmp)
         for method in methods:
             spec = CalibrationSpec(method=method)
-            log(f"{method}: plain inference")
-            plain = plain_seconds(model, batches, args.threads)
-            plain_noopt = plain_seconds(model, batches, args.threads, optimize=False)
+            sub = tmp / method
+            (sub / "alone").mkdir(parents=True)
+            log(f"{method}: plain inference and the augmented session alone, in turns")
+            plain, plain_noopt, augmented, per_batch = inference_seconds(model, batches, spec, args.threads,
+                                                                         sub / "alone")
             log(f"{method}: calibrun calibration")
             total, setup, collect, search, collector = calibrun_run(model, batches, spec, args.threads)
             log(f"{method}: collection, calibrun vs onnxruntime")
-            sub = tmp / method
-            sub.mkdir()
-            c_ours, c_theirs, c_equal = collection_compare(model, batches, spec, args.threads, sub)
+            c_ours, c_theirs, c_equal, c_cpu, binned = collection_compare(model, batches, spec, args.threads, sub)
             if c_theirs is None:
                 print(f"{method}: {c_equal}", flush=True)
                 c_theirs = math.nan
@@ -233,16 +263,25 @@ def main(argv=None) -> int:
             ort_total = total - collect - search + (collect - c_ours + c_theirs) + theirs_all
             rows.append((method, spec.calibrator_options(), plain, plain_noopt, total, setup, collect, search,
                          c_ours, c_theirs, c_equal, s_ours, s_theirs, s_all, tensors, sampled, s_equal,
-                         theirs_all, approx, ort_total))
+                         theirs_all, approx, ort_total, augmented, per_batch, c_cpu, binned))
     print(f"end:   {machine_line()}")
     print()
     for (method, options, plain, plain_noopt, total, setup, collect, search, c_ours, c_theirs, c_equal, s_ours,
-         s_theirs, s_all, tensors, sampled, s_equal, theirs_all, approx, ort_total) in rows:
+         s_theirs, s_all, tensors, sampled, s_equal, theirs_all, approx, ort_total, augmented, per_batch, c_cpu,
+         binned) in rows:
         print(f"## {method} {options}")
         print(f"  plain inference over the batches      {plain:8.2f} s   (without graph optimisation, as the "
               f"calibration session runs: {plain_noopt:.2f} s)")
         print(f"  calibrun calibration (whole)          {total:8.2f} s  = {total / plain:5.2f}x plain   "
               f"(setup {setup:.2f} s, collection {collect:.2f} s, search {search:.2f} s)")
+        adds = collect - augmented
+        print(f"  floor (a) augmented session alone     {augmented:8.2f} s  = {augmented / plain:5.2f}x plain   "
+              f"<- the best any collector can do with onnxruntime's augmented model")
+        print(f"        (b) collection on top of (a)    {adds:8.2f} s  = {adds / plain:5.2f}x plain   "
+              f"({per_batch / 1e6:.0f}M values binned per batch)")
+        print(f"        (c) threshold search            {search:8.2f} s  = {search / plain:5.2f}x plain")
+        print(f"  collection alone                      {c_ours / binned * 1e9:8.2f} ns/value wall, "
+              f"{c_cpu / binned * 1e9:.2f} ns/value CPU (all threads; {binned / 1e6:.0f}M values)")
         print(f"  onnxruntime calibration (estimated)  {approx}{ort_total:8.2f} s  = {ort_total / plain:5.2f}x plain")
         print(f"  collection on the same outputs        calibrun {c_ours:7.2f} s  onnxruntime {c_theirs:7.2f} s  "
               f"= {c_theirs / c_ours:5.1f}x faster   histograms equal: {c_equal}")

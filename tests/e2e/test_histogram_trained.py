@@ -104,6 +104,37 @@ def test_binning_on_real_activations_equals_numpy(det_activations):
     assert checked > 100
 
 
+def test_binning_on_a_second_trained_model_equals_numpy(tmp_path):
+    """NudeNet's YOLOv8n (SiLU activations, a letterboxed photo padded with zeros): every tensor binned over its
+    symmetric range and, for symmetric percentile, |x| over its own range, as numpy bins them."""
+    from calibrun.histogram import histogram
+
+    model = model_path("nudenet")
+    folder = photo_folder(tmp_path / "p", ("astronaut.png", "camera.png"))
+    info = open_float_model(model).inputs
+    source = image_calibration(folder, info, 1, transform=ImageTransform(
+        resize=160, crop=160, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), letterbox=True))
+    (batch,) = [next(iter(feed.values())) for feed in source]
+    checked = 0
+    for name, value in activations(model, [batch], tmp_path)[0].items():
+        flat = value.reshape(-1)
+        if not flat.size:
+            continue
+        lo, hi = flat.min(), flat.max()
+        t = np.array(max(abs(lo), abs(hi)), dtype=flat.dtype)
+        (ref_counts, ref_edges), (counts, edges) = numpy_and_ours(flat, 2048, (-t, t))
+        assert np.array_equal(ref_counts, counts), name
+        assert np.array_equal(ref_edges, edges), name
+        absolute = np.absolute(flat)
+        ref = np.histogram(absolute, 2048)
+        bounds = (absolute.min(), absolute.max())
+        got = histogram(flat, 2048, range=bounds, bounds=bounds, absolute=True)
+        assert np.array_equal(ref[0], got[0]), name
+        assert np.array_equal(ref[1], got[1]), name
+        checked += 1
+    assert checked > 200
+
+
 @pytest.mark.parametrize(("method", "symmetric"), [("entropy", False), ("distribution", False),
                                                    ("percentile", True), ("percentile", False)])
 def test_collector_gives_onnxruntimes_histograms_on_a_trained_detector(det_activations, method, symmetric):

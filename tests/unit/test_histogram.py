@@ -7,6 +7,9 @@ int8 bytes per method are in tests/e2e/test_histogram_trained.py.
 
 from __future__ import annotations
 
+import contextlib
+import io
+
 import numpy as np
 import onnx
 import pytest
@@ -69,6 +72,167 @@ def test_binning_with_explicit_edges_equals_numpy():
     data = np.abs(rng.normal(0, 3, 300_000).astype(np.float32))
     data[:100] = edges[:100]
     assert np.array_equal(np.histogram(data, bins=edges)[0], bin_counts(data, edges))
+
+
+def edge_heavy(edges: np.ndarray, rng, size: int) -> np.ndarray:
+    """Values on and one float beside every edge, zeros and negative zeros, repeated, shuffled."""
+    e = edges.astype(np.float32)
+    near = np.concatenate([e, np.nextafter(e, np.float32(np.inf)), np.nextafter(e, np.float32(-np.inf))])
+    data = np.concatenate([np.repeat(near, 3), np.zeros(size, np.float32), -np.zeros(size // 4, np.float32),
+                           rng.uniform(float(e[0]), float(e[-1]), size).astype(np.float32)])
+    rng.shuffle(data)
+    return data
+
+
+@pytest.mark.parametrize(
+    "range_",
+    [(-1.0, 1.0), (-3.7, 3.7), (-1e-3, 2.5), (-2.0, 1e-7), (0.0, 6.0), (-6.0, 0.0), (1000.0, 1001.5),
+     (-1e30, 1e30), (-1.5e38, 1.5e38), (-1e-37, 1e-37), (-1e-44, 1e-44), (0.1, 0.1 + 2**-20)],
+)
+@pytest.mark.parametrize("bins", [1, 3, 128, 2048, 2049, 65536])
+def test_binning_equals_numpy_on_edges_zeros_and_extreme_ranges(range_, bins):
+    """Zeros on the middle edge of a symmetric range (ReLU outputs), near (not on) an edge of asymmetric ones,
+    values on every edge and one float either side, offset, huge, tiny and subnormal ranges."""
+    rng = np.random.default_rng(bins)
+    first, last = np.float32(range_[0]), np.float32(range_[1])
+    try:
+        edges = np.histogram_bin_edges(np.empty(0, np.float32), bins, range=(first, last))
+    except ValueError as exc:  # numpy refuses bins narrower than a float allows: so does calibrun, the same way
+        with pytest.raises(ValueError, match=str(exc)):
+            histogram(np.zeros(3, np.float32), bins, range=(first, last))
+        return
+    data = edge_heavy(edges, rng, 40_000)
+    inside = data[(data >= first) & (data <= last)]
+    for values in (data, inside):
+        (ref_counts, ref_edges), (counts, edges_) = numpy_and_ours(values, bins, (first, last))
+        assert np.array_equal(ref_edges, edges_)
+        assert np.array_equal(ref_counts, counts)
+    bounds = (inside.min(), inside.max())
+    assert np.array_equal(np.histogram(inside, bins, range=(first, last))[0],
+                          histogram(inside, bins, range=(first, last), bounds=bounds)[0])
+
+
+def test_binning_of_many_blocks_of_zeros_and_a_constant(monkeypatch):
+    """A ReLU-like tensor over many blocks (half zeros, the range's maximum repeated), then NaN in some blocks."""
+    from calibrun import histogram as module
+
+    monkeypatch.setattr(module, "_BLOCK", 1000)
+    rng = np.random.default_rng(11)
+    data = np.maximum(rng.normal(0, 1, 50_000), 0).astype(np.float32)
+    data[::7] = data.max()
+    t = np.array(data.max(), np.float32)
+    (ref_counts, _), (counts, _) = numpy_and_ours(data, 2048, (-t, t))
+    assert np.array_equal(ref_counts, counts)
+    data[[5, 17_000, 49_999]] = np.nan
+    (ref_counts, _), (counts, _) = numpy_and_ours(data, 2048, (-t, t))
+    assert np.array_equal(ref_counts, counts)
+    assert counts.sum() == data.size - 3
+
+
+@pytest.mark.parametrize("block", [1000, 1 << 17])
+@pytest.mark.parametrize("t", [62.65438, 62.914524, 3.7])
+def test_zeros_near_but_not_on_the_middle_edge(monkeypatch, block, t):
+    """numpy's middle edge of (-t, t) is not always 0: at t=62.65438 (1000 bins) it is +3.8e-6, so zeros belong
+    to the bin below it; at 62.914524 it is -3.8e-6. ReLU-like tensors (most values zero) over many blocks."""
+    from calibrun import histogram as module
+
+    monkeypatch.setattr(module, "_BLOCK", block)
+    t = np.array(t, np.float32)
+    edges = np.histogram_bin_edges(np.empty(0, np.float32), 1000, range=(-t, t))
+    if float(t) != np.float32(3.7):
+        assert edges[500] != 0  # the situation the test is about
+    rng = np.random.default_rng(4)
+    data = np.maximum(rng.normal(0, 20, 300_000), 0).astype(np.float32)
+    data[:: 5] = -data[:: 5]
+    data[1::7] = -0.0
+    data[-1] = t
+    (ref_counts, _), (counts, _) = numpy_and_ours(data, 1000, (-t, t))
+    assert np.array_equal(ref_counts, counts)
+    bounds = (data.min(), data.max())
+    assert np.array_equal(ref_counts, histogram(data, 1000, range=(-t, t), bounds=bounds)[0])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_binning_equals_numpy_on_random_ranges_and_scales(seed):
+    rng = np.random.default_rng(100 + seed)
+    bins = int(rng.choice([2, 10, 100, 1000, 2048, 4096, 40_000]))
+    scale = float(10.0 ** rng.uniform(-30, 30))
+    lo, hi = sorted(rng.normal(0, 1, 2) * scale)
+    first, last = np.float32(lo), np.float32(hi)
+    if not first < last:
+        return
+    edges = np.histogram_bin_edges(np.empty(0, np.float32), bins, range=(first, last))
+    data = np.concatenate([edge_heavy(edges, rng, 5_000),
+                           (rng.normal(0, 1, 20_000) * scale).astype(np.float32)])
+    (ref_counts, _), (counts, _) = numpy_and_ours(data, bins, (first, last))
+    assert np.array_equal(ref_counts, counts)
+
+
+def test_float16_goes_to_numpy_and_the_collector_equals_onnxruntimes():
+    rng = np.random.default_rng(8)
+    batches = [{"t": [np.maximum(rng.normal(0, s, 5000), 0).astype(np.float16)]} for s in (1.0, 3.0)]
+    # 128 bins: at 2048 float16 edges are not increasing and numpy (so onnxruntime) refuses
+    ref = HistogramCollector("entropy", False, 128, 64, 99.99, "same")
+    from calibrun.histogram import FastHistogramCollector
+
+    fast = FastHistogramCollector("entropy", False, 128, 64, 99.99, "same", threads=2)
+    for batch in batches:
+        with contextlib.redirect_stdout(io.StringIO()):  # onnxruntime prints on every collect
+            ref.collect(batch)
+        fast.collect(batch)
+    for r, f in zip(ref.histogram_dict["t"], fast.histogram_dict["t"], strict=True):
+        assert np.asarray(r).dtype == np.asarray(f).dtype
+        assert np.array_equal(r, f)
+
+
+@pytest.mark.parametrize("block", [1000, 1 << 17])
+def test_symmetric_percentile_collector_equals_onnxruntimes(monkeypatch, block):
+    """|data| binned block by block: data straddling zero without a zero (the first edge is min |x|), one-sided
+    data, ranges that grow (edges extended), NaN in a later batch, an all-zero tensor."""
+    from calibrun import histogram as module
+
+    monkeypatch.setattr(module, "_BLOCK", block)
+    rng = np.random.default_rng(12)
+
+    def straddling(scale, size=30_000):
+        values = rng.normal(0.5, scale, size).astype(np.float32)
+        return values[values != 0]
+
+    batches = [
+        {"s": straddling(1.0), "pos": rng.uniform(0.3, 2, 9000).astype(np.float32),
+         "neg": -rng.uniform(0.3, 2, 9000).astype(np.float32), "z": np.zeros(500, np.float32)},
+        {"s": straddling(3.0), "pos": rng.uniform(0.1, 3, 9000).astype(np.float32),
+         "neg": -rng.uniform(0.3, 5, 9000).astype(np.float32), "z": np.zeros(500, np.float32)},
+        {"s": np.concatenate([straddling(2.0), np.float32([np.nan])]),
+         "pos": rng.uniform(0.1, 1, 9000).astype(np.float32),
+         "neg": -rng.uniform(0.3, 1, 9000).astype(np.float32), "z": np.ones(500, np.float32)},
+    ]
+    ref = HistogramCollector("percentile", True, 2048, 128, 99.99, "same")
+    fast = module.FastHistogramCollector("percentile", True, 2048, 128, 99.99, "same", threads=2)
+    for batch in batches:
+        with contextlib.redirect_stdout(io.StringIO()):
+            ref.collect({k: [v] for k, v in batch.items()})
+        fast.collect({k: [v] for k, v in batch.items()})
+    assert ref.histogram_dict["pos"][1].size > 2049  # the range grew: edges extended
+    for name in batches[0]:
+        for r, f in zip(ref.histogram_dict[name], fast.histogram_dict[name], strict=True):
+            assert np.asarray(r).dtype == np.asarray(f).dtype, name
+            assert np.array_equal(r, f, equal_nan=True), name
+
+
+def test_threads_take_the_largest_tensors_first_and_keep_the_order():
+    from calibrun.histogram import FastHistogramCollector
+
+    rng = np.random.default_rng(9)
+    outputs = {f"t{i}": [rng.normal(0, 1, size).astype(np.float32)] for i, size in enumerate([10, 70_000, 3, 500])}
+    one = FastHistogramCollector("entropy", False, 256, 128, 99.99, "same", threads=1)
+    two = FastHistogramCollector("entropy", False, 256, 128, 99.99, "same", threads=2)
+    one.collect(outputs)
+    two.collect(outputs)
+    assert list(two.histogram_dict) == list(outputs)
+    for name in outputs:
+        assert all(np.array_equal(a, b) for a, b in zip(one.histogram_dict[name], two.histogram_dict[name],
+                                                         strict=True))
 
 
 # ---------------------------------------------------------------------------------------------- entropy
