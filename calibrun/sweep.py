@@ -33,7 +33,6 @@ from calibrun import interrupts
 from calibrun.config import tracking_enabled, validate
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import write_json
-from calibrun.interrupts import Interrupted
 from calibrun.tracking import PARENT_FILE, Tracker, open_tracker, resolve_uri, ui_url
 
 log = logging.getLogger("calibrun")
@@ -252,8 +251,7 @@ def _raise_interrupted(signum, frame) -> None:
     # Raised inside an MLflow store query, the interrupt leaves SQLAlchemy a cursor it cannot close; its pool logs
     # that with a traceback ("Error closing cursor"). The run is being closed and reported in one line: quiet it.
     logging.getLogger("sqlalchemy.pool").setLevel(logging.CRITICAL)
-    interrupts.record(signum)  # raised again at the next write or job if Python drops it (in a finaliser)
-    raise Interrupted(signum)
+    interrupts.raise_interrupted(signum, frame)  # recorded: raised again at the next check if Python drops it
 
 
 def install_signal_handlers() -> None:

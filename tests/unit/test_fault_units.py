@@ -105,7 +105,8 @@ def test_an_interrupt_quiets_sqlalchemys_pool_log(signal_state):
     a traceback; after the interrupt that log is quiet, so the sweep's report stays one line."""
     import signal
 
-    from calibrun.sweep import Interrupted, _raise_interrupted
+    from calibrun.interrupts import Interrupted
+    from calibrun.sweep import _raise_interrupted
 
     pool_log = logging.getLogger("sqlalchemy.pool.impl.QueuePool")
     assert pool_log.isEnabledFor(logging.ERROR)
@@ -125,7 +126,8 @@ def test_an_interrupt_python_drops_in_a_finaliser_is_raised_at_the_next_write(tm
     import sys
 
     from calibrun.files import atomic_path
-    from calibrun.sweep import Interrupted, install_signal_handlers
+    from calibrun.interrupts import Interrupted
+    from calibrun.sweep import install_signal_handlers
 
     class SignalledWhileCollected:
         def __del__(self):
