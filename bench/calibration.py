@@ -449,7 +449,7 @@ def section_memory(bench: Bench, out: list[str]) -> None:
                 cells[n] = (None, skip_text(estimate))
                 continue
             plan.append((n, label, cells, {"kind": "calibrun", "method": "entropy", "batches": n, "chunk": chunk}))
-        default = " (CalibrationSpec default)" if chunk == 16 else ""
+        default = " (CalibrationSpec default)" if chunk == 1 else ""  # batches_per_collect: 1 for histograms
         rows.append((f"calibrun run_calibration, chunk={chunk}{default}", "calibrun", cells))
     cells = {}
     for n in counts:
