@@ -30,7 +30,7 @@ def calibrun(tmp: Path, *overrides: str, timeout: float = 900) -> subprocess.Com
 
 def test_unknown_exclusion_fails_before_any_work(tmp_path):
     run_dir = tmp_path / "run"
-    proc = calibrun(tmp_path, "quant.nodes_to_exclude=[fc2_matmull]", f"hydra.run.dir={run_dir}")
+    proc = calibrun(tmp_path, "quant.nodes_to_exclude=[fc2_matmull]", f"hydra.run.dir={run_dir}", "tracking=off")
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert lines[-1].startswith("calibrun: error: quant.nodes_to_exclude: no node named 'fc2_matmull'")

@@ -96,7 +96,7 @@ def test_old_conv_classifier_with_npy_data(tmp_path):
     run_dir = tmp_path / "run"
     proc = calibrun(tmp_path, "model=file", f"model.path={model}", "data=npy", f"data.path={tmp_path / 'calib.npz'}",
                     "eval_data=npy", f"eval_data.path={tmp_path / 'eval.npz'}", "batches=100",
-                    f"hydra.run.dir={run_dir}")
+                    f"hydra.run.dir={run_dir}", "tracking=off")  # tracking is test_sweep.py's subject
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "ok"
@@ -130,11 +130,12 @@ def test_two_inputs_need_a_source_for_each(tmp_path):
     np.savez(tmp_path / "eval.npz", a=rng.normal(0, 1, (32, 4)).astype(np.float32),
              b=rng.normal(0, 1, (32, 4)).astype(np.float32))
     run_dir = tmp_path / "run"
-    lab = calibrun(tmp_path, "model=file", f"model.path={model}", f"hydra.run.dir={tmp_path / 'lab'}")
+    lab = calibrun(tmp_path, "model=file", f"model.path={model}", f"hydra.run.dir={tmp_path / 'lab'}", "tracking=off")
     assert lab.returncode == 1
     assert "the lab data rule serves a single float input" in lab.stderr
     proc = calibrun(tmp_path, "model=file", f"model.path={model}", "data=npy", f"data.path={tmp_path / 'calib.npz'}",
-                    "eval_data=npy", f"eval_data.path={tmp_path / 'eval.npz'}", f"hydra.run.dir={run_dir}")
+                    "eval_data=npy", f"eval_data.path={tmp_path / 'eval.npz'}", f"hydra.run.dir={run_dir}",
+                    "tracking=off")
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((run_dir / "result.json").read_text())
     assert result["metrics"]["max_abs_error"] > 0
