@@ -188,7 +188,7 @@ def test_a_dropped_interrupt_stops_a_calibration_pass_and_an_evaluation_within_o
     assert len(served) == 16  # the first chunk, not the 160 batches
 
     interrupts.record(signal.SIGTERM)
-    feeds = {model.info.name: measure.lab_feeds(model, 777, 64)[model.info.name]}
+    feeds = measure.lab_feeds(model, 777, 64)
     evaluated = []
     with pytest.raises(interrupts.Interrupted) as info:
         measure.evaluate(model.path, int8, EvalData.from_arrays(feeds), batch_size=8,
