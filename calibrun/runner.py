@@ -234,9 +234,10 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
         if run_id is not None:
             tracker.log_artifact(run_id, job_dir / RESULT_FILE)
             tracker.finish(run_id)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         interrupts.acknowledge()
         if run_id is not None:
+            interrupts.release(exc)
             with contextlib.suppress(Exception):
                 tracker.finish(run_id, "KILLED")
         raise
@@ -317,8 +318,9 @@ def _resumed(cfg: DictConfig, result: dict, job_dir: Path, job: Job, tracker: Tr
                 write_json(job_dir / RESULT_FILE, result)
                 tracker.log_artifact(run_id, job_dir / RESULT_FILE)
                 tracker.finish(run_id)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as exc:
                 interrupts.acknowledge()
+                interrupts.release(exc)
                 with contextlib.suppress(Exception):
                     tracker.finish(run_id, "KILLED")
                 raise

@@ -282,6 +282,7 @@ def _excepthook(kind, exc, tb) -> None:
     if not issubclass(kind, KeyboardInterrupt) or not _SWEEP:
         return _previous_hook(kind, exc, tb)
     interrupts.acknowledge()
+    interrupts.release(exc)
     name = getattr(exc, "signum", None)
     name = signal.Signals(name).name if name else "SIGINT"
     closed = _close_parent("KILLED")

@@ -246,7 +246,13 @@ CASES = [
     Case("config-unknown-calibration", "calibrun", lambda a, r: ["calibration=foo"], "calibration/foo",
          hydra=True, early=True),
     Case("config-unknown-method", "calibrun", lambda a, r: ["method=nope"], "method/nope", hydra=True, early=True),
-    Case("config-batches-negative", "calibrun", lambda a, r: ["batches=-1"], "batches", early=True),
+    Case("config-batches-zero", "calibrun", lambda a, r: ["batches=0"], "config batches: must be in 1..100000, got 0",
+         early=True),
+    Case("config-batches-not-a-number", "calibrun", lambda a, r: ["batches=abc"], "full_key: batches", hydra=True,
+         early=True),
+    Case("config-tracking-server-without-uri", "calibrun", lambda a, r: ["tracking=server"], "tracking.uri",
+         early=True),
+    Case("config-unknown-format", "calibrun", lambda a, r: ["format=xyz"], "format/xyz", hydra=True, early=True),
     Case("config-factor-negative", "calibrun", lambda a, r: ["calibration.factor=-2"], "calibration.factor",
          early=True),
     Case("config-eval-rows-negative", "calibrun", lambda a, r: ["eval.rows=-5"], "eval.rows", early=True),
@@ -341,7 +347,9 @@ def run_case(case: Case, assets: Assets, root: Path) -> Outcome:
             args.append(f"hydra.run.dir={root / 'run'}")
         if "cache.dir" not in given:
             args.append(f"cache.dir={root / 'cache'}")
-        if not case.tracking:
+        if case.early:
+            pass  # tracked by default, with no store yet: the case must fail before MLflow creates one
+        elif not case.tracking:
             args.append("tracking=off")
         elif not any(a.startswith("tracking=") for a in args):
             fresh_mlflow_store(root)  # the env's store, migrated already (MLflow's schema costs a second per new store)
@@ -437,7 +445,9 @@ def test_bad_input(case: Case, outcomes: dict[str, Outcome]):
         assert not case.early, f"{result} written by a run that should have failed before any work"
         assert json.loads(result.read_text())["status"] == "failed"
     if case.early:
+        assert run.code == 1
         assert not (run.root / "cache").exists()
+        assert not (run.root / "mlflow.db").exists()  # tracking is on by default: the store was not even created
 
 
 def test_calibrun_start_removes_temp_folders_of_killed_runs(tmp_path):

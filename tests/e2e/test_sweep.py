@@ -323,31 +323,6 @@ def test_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert parent.info.status == "FAILED"
 
 
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        (["calibration=foo"], "Could not find 'calibration/foo'"),
-        (["batches=0"], "config batches: must be in 1..100000, got 0"),
-        (["batches=abc"], "full_key: batches"),
-        (["model=file"], "config model.path: is required"),
-        (["calibration.factor=0"], "config calibration.factor"),
-        (["eval.rows=-3"], "config eval.rows"),
-        (["tracking=server"], "config tracking.uri: is required"),
-        (["format=xyz"], "Could not find 'format/xyz'"),
-    ],
-)
-def test_config_errors_fail_fast_with_the_key_named(tmp_path, overrides, message):
-    run_dir = tmp_path / "run"
-    proc = calibrun(tmp_path, *overrides, f"hydra.run.dir={run_dir}", track=False)
-    assert proc.returncode == 1
-    assert message in proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert not (run_dir / "int8.onnx").exists()
-    assert not (run_dir / "result.json").exists()
-    assert not (tmp_path / "mlflow.db").exists()  # failed before any work, tracking included
-    assert not (tmp_path / "cache").exists()  # no calibration happened
-
-
 def test_lab_diagnosis_names_the_cause(lab):
     _, sweep, _ = lab
     diagnosis = json.loads((sweep / "report" / "diagnosis.json").read_text())

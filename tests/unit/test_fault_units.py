@@ -197,3 +197,50 @@ def test_a_dropped_interrupt_stops_a_calibration_pass_and_an_evaluation_within_o
     assert info.value.signum == signal.SIGTERM
     assert evaluated == [1]  # one batch of 8, not 8 batches
     interrupts.check()  # raised once: nothing pending afterwards
+
+
+def test_an_interrupt_inside_a_store_write_does_not_keep_the_lock_that_closing_the_runs_needs(tmp_path):
+    """The interrupt lands in MLflow's set_terminated after its UPDATE and during the SELECT that follows (what a
+    SIGINT'd sweep hit, 1 run in ~30: it then waited minutes on 'database is locked' to close its runs). The
+    interrupted cursor holds SQLite's write lock until `release` frees the exception's frames."""
+    import contextlib
+    import signal
+
+    from mlflow import MlflowClient
+    from sqlalchemy import event
+
+    from calibrun import interrupts
+    from tests.stores import fresh_mlflow_store
+
+    uri = fresh_mlflow_store(tmp_path)
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("e")
+    job, parent = (client.create_run(experiment).info.run_id for _ in range(2))
+    wrote: list[str] = []
+
+    def interrupt_after_the_write(conn, cursor, statement, *args):
+        if statement.lstrip().upper().startswith("UPDATE"):
+            wrote.append(statement)
+        elif wrote and statement.lstrip().upper().startswith("SELECT"):
+            event.remove(client._tracking_client.store.engine, "after_cursor_execute", interrupt_after_the_write)
+            raise interrupts.Interrupted(signal.SIGINT)
+
+    def write_lock_is_free() -> bool:
+        with contextlib.closing(sqlite3.connect(tmp_path / "mlflow.db", timeout=0.2)) as probe:
+            try:
+                probe.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError:
+                return False
+            probe.execute("ROLLBACK")
+            return True
+
+    event.listen(client._tracking_client.store.engine, "after_cursor_execute", interrupt_after_the_write)
+    with pytest.raises(interrupts.Interrupted) as caught:
+        client.set_terminated(job, "FINISHED")
+    assert wrote, "the interrupt did not land after a write"
+    assert not write_lock_is_free()  # what the test reproduces: the interrupted write keeps the lock
+    interrupts.release(caught.value)
+    assert write_lock_is_free()
+    for run_id in (job, parent):
+        client.set_terminated(run_id, "KILLED")
+    assert {client.get_run(r).info.status for r in (job, parent)} == {"KILLED"}
