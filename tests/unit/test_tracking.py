@@ -1,0 +1,48 @@
+"""calibrun.tracking's LoggedModel: the same saved model as mlflow.onnx.log_model, without its serving check."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from calibrun.model.lab import write_lab_model
+from calibrun.tracking import onnx_signature, open_tracker
+from tests.stores import fresh_mlflow_store
+
+VARYING = {"artifact_path", "model_id", "model_uuid", "run_id", "utc_time_created"}  # ids and times
+
+
+def _saved(client, model_id: str) -> tuple[dict, dict[str, bytes]]:
+    """(MLmodel without ids and times, every other file of the LoggedModel's artifacts by name)."""
+    folder = Path(client.get_logged_model(model_id).artifact_location.removeprefix("file://"))
+    mlmodel = yaml.safe_load((folder / "MLmodel").read_text())
+    files = {p.name: p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != "MLmodel"}
+    return {k: v for k, v in mlmodel.items() if k not in VARYING}, files
+
+
+def test_the_logged_model_is_mlflow_onnx_log_models_and_serves_its_example(tmp_path):
+    import mlflow
+    import mlflow.onnx
+    import onnx
+    import onnxruntime
+
+    tracker = open_tracker(fresh_mlflow_store(tmp_path), "calibrun")
+    model = write_lab_model(tmp_path / "lab.onnx")
+    ours = tracker.log_model(tracker.client.create_run(tracker.experiment_id).info.run_id, model, "int8")
+
+    signature, example = onnx_signature(model)
+    theirs = mlflow.onnx.log_model(  # MLflow's own call, serving check included
+        onnx.load(str(model)), name="int8", run_id=tracker.client.create_run(tracker.experiment_id).info.run_id,
+        signature=signature, input_example=example, await_registration_for=0, save_as_external_data=False,
+        pip_requirements=[f"onnx=={onnx.__version__}", f"onnxruntime=={onnxruntime.__version__}"],
+        onnx_execution_providers=["CPUExecutionProvider"]).model_id
+
+    assert _saved(tracker.client, ours) == _saved(tracker.client, theirs)
+    assert tracker.client.get_logged_model(ours).tags == tracker.client.get_logged_model(theirs).tags
+    # what the skipped check would have done: load it as a pyfunc and predict on the serving example
+    served = json.loads(_saved(tracker.client, ours)[1]["serving_input_example.json"])
+    prediction = mlflow.pyfunc.load_model(f"models:/{ours}").predict(np.array(served["inputs"], np.float32))
+    assert np.asarray(prediction["y"]).shape == (1, 8)
