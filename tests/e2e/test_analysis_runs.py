@@ -6,14 +6,12 @@ in-process tests on the lab MLP are in tests/unit/test_analysis.py.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import onnx
 import pytest
 
+from tests.conftest import Proc, clean_env, run_python
 from tests.stores import fresh_mlflow_store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,11 +19,10 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # subprocesses of the CLI
 
 
-def calibrun(tmp: Path, *overrides: str, timeout: float = 900) -> subprocess.CompletedProcess:
+def calibrun(tmp: Path, *overrides: str, timeout: float = 900) -> Proc:
     uri = f"sqlite:///{tmp / 'mlflow.db'}" if (tmp / "mlflow.db").exists() else fresh_mlflow_store(tmp)
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "calibrun", *overrides, f"cache.dir={tmp / 'cache'}"], cwd=tmp,
-                          env=env, capture_output=True, text=True, timeout=timeout)
+    env = clean_env(MLFLOW_TRACKING_URI=uri, PYTHONPATH=str(REPO))  # task functions imported from the repository
+    return run_python(["-m", "calibrun", *overrides, f"cache.dir={tmp / 'cache'}"], tmp, env, timeout)
 
 
 def test_unknown_exclusion_fails_before_any_work(tmp_path):

@@ -62,13 +62,12 @@ def test_lab_job_records_and_diagnostics_off(tmp_path):
     """A real lab job: per-output metrics, the evaluation span and what was used in result.json; with
     diagnostics=off no diagnostics file and no diagnosis, the same errors."""
     import json
-    import subprocess
-    import sys
+
+    from tests.conftest import run_python
 
     def job(name, *extra):
-        proc = subprocess.run([sys.executable, "-m", "calibrun", "tracking=off", "batches=2", "eval.batch_size=100",
-                               f"cache.dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / name}", *extra],
-                              capture_output=True, text=True, timeout=300)
+        proc = run_python(["-m", "calibrun", "tracking=off", "batches=2", "eval.batch_size=100",
+                           f"cache.dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / name}", *extra], tmp_path)
         assert proc.returncode == 0, proc.stderr[-2000:]
         return json.loads((tmp_path / name / "result.json").read_text()), proc.stderr
 

@@ -13,9 +13,6 @@ tell a working int8 model from a broken one, and do the verdicts point at the re
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +26,7 @@ from calibrun.measure.tensor_stats import classify, classify_model, tensor_diagn
 from calibrun.model import FloatModel, file_sha256, open_float_model
 from calibrun.model.prepare import prepare_model
 from calibrun.quantize import quantize_with
+from tests.conftest import Proc, clean_env, run_python
 from tests.stores import fresh_mlflow_store
 from tests.trained import PHOTOS, TEXT_PHOTOS, model_path, photo_folder
 
@@ -117,11 +115,10 @@ def test_diagnostics_of_a_list_of_feeds_is_the_api_of_old(photos, tmp_path):
 # ------------------------------------------------------------------------------------------ end to end
 
 
-def calibrun(tmp: Path, *overrides: str) -> subprocess.CompletedProcess:
+def calibrun(tmp: Path, *overrides: str) -> Proc:
     uri = f"sqlite:///{tmp / 'mlflow.db'}" if (tmp / "mlflow.db").exists() else fresh_mlflow_store(tmp)
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "calibrun", *overrides, f"cache.dir={tmp / 'cache'}"], cwd=tmp,
-                          env=env, capture_output=True, text=True, timeout=900)
+    env = clean_env(MLFLOW_TRACKING_URI=uri, PYTHONPATH=str(ROOT))  # task functions imported from the repository
+    return run_python(["-m", "calibrun", *overrides, f"cache.dir={tmp / 'cache'}"], tmp, env, 900)
 
 
 def _images(photos: Path, size: int) -> list[str]:
@@ -129,7 +126,7 @@ def _images(photos: Path, size: int) -> list[str]:
             for value in ("=images", f".path={photos}", f".resize={size}", f".crop={size}")]
 
 
-def _result(tmp: Path, run: subprocess.CompletedProcess, name: str) -> dict:
+def _result(tmp: Path, run: Proc, name: str) -> dict:
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads((tmp / name / "result.json").read_text())
 

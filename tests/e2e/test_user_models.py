@@ -8,9 +8,6 @@ two-input model is fed from an .npz with one key per input; and the digits examp
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,16 +16,16 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.conftest import Proc, clean_env, run_python
 from tests.stores import fresh_mlflow_store
 
 pytestmark = pytest.mark.slow
 
 
-def calibrun(tmp: Path, *overrides: str) -> subprocess.CompletedProcess:
+def calibrun(tmp: Path, *overrides: str) -> Proc:
     uri = f"sqlite:///{tmp / 'mlflow.db'}" if (tmp / "mlflow.db").exists() else fresh_mlflow_store(tmp)
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
-    return subprocess.run([sys.executable, "-m", "calibrun", *overrides, f"cache.dir={tmp / 'cache'}"], cwd=tmp,
-                          env=env, capture_output=True, text=True, timeout=600)
+    return run_python(["-m", "calibrun", *overrides, f"cache.dir={tmp / 'cache'}"], tmp,
+                      clean_env(MLFLOW_TRACKING_URI=uri), 600)
 
 
 def conv_classifier(path: Path) -> Path:
