@@ -25,6 +25,8 @@ they are O(bins) numpy already.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import os
 from collections.abc import Callable
@@ -234,10 +236,14 @@ def _size(data_arr) -> int:
 
 
 def _flat(data_arr) -> np.ndarray:
-    """onnxruntime's `np.asarray(list).flatten()`, without a copy when the list holds one contiguous array."""
-    if isinstance(data_arr, list) and len(data_arr) == 1:
-        data_arr = data_arr[0]
-    return np.asarray(data_arr).reshape(-1)
+    """onnxruntime's `np.asarray(list).flatten()`: every value of the chunk's batches, in the same order; without a
+    copy when the list holds one contiguous array. Batches of different row counts in one chunk (`method.chunk` >= 2
+    and a smaller last batch), which numpy refuses to stack (onnxruntime's collector fails there), are concatenated."""
+    if not isinstance(data_arr, list):
+        return np.asarray(data_arr).reshape(-1)
+    if len(data_arr) == 1:
+        return np.asarray(data_arr[0]).reshape(-1)
+    return np.concatenate([np.asarray(a).reshape(-1) for a in data_arr])
 
 
 # ---------------------------------------------------------------------------------------------- the collector
@@ -404,13 +410,15 @@ class FastHistogramCollector(HistogramCollector):
         return thresholds
 
     def compute_percentile(self):
-        result = super().compute_percentile()
+        with contextlib.redirect_stdout(io.StringIO()):  # onnxruntime prints its settings to stdout
+            result = super().compute_percentile()
         if self.progress is not None:
             self.progress(len(result))
         return result
 
     def compute_distribution(self):
-        result = super().compute_distribution()
+        with contextlib.redirect_stdout(io.StringIO()):
+            result = super().compute_distribution()
         if self.progress is not None:
             self.progress(len(result))
         return result
