@@ -292,3 +292,31 @@ def test_threshold_search_reports_progress_per_tensor(det_activations):
     fast = collected(FastHistogramCollector, "entropy", det_activations[:1], num_bins=256, progress=calls.append)
     fast.compute_collection_result()
     assert calls == list(range(1, len(fast.histogram_dict) + 1))
+
+
+@pytest.fixture(scope="module")
+def small_det_batches(tmp_path_factory) -> list[np.ndarray]:
+    """Real photos (scenes and pages of text) at 64x64 for the trained text detector: 4 batches of 2 and a last
+    batch of 1 (a shape change; alone in its chunk of 2, as onnxruntime's collector cannot stack a chunk of two
+    shapes). Pages first, as in det_batches (range growth)."""
+    folder = photo_folder(tmp_path_factory.mktemp("photos") / "p", PHOTOS + TEXT_PHOTOS)
+    model = open_float_model(model_path("ocr_det"))
+    source = image_calibration(folder, model.inputs, 1, transform=ImageTransform(resize=64, crop=64))
+    (photos,) = [feed["x"] for feed in source]
+    pages = photos[len(PHOTOS):]
+    ordered = np.concatenate([pages, photos[:5]])
+    return [np.ascontiguousarray(ordered[i:i + 2]) for i in (0, 2, 4, 6)] + [np.ascontiguousarray(ordered[8:9])]
+
+
+def test_reused_outputs_give_the_ranges_of_fresh_outputs(small_det_batches, tmp_path):
+    """calibrun.calibrate.ReusedOutputs on 649 tensors (the graph input and an empty tensor among them), chunks of
+    2 and a shape change: the ranges of onnxruntime's own collect_data on fresh outputs (tests/unit/
+    test_calibration_outputs.py has every method and chunk on the lab model)."""
+    from tests.unit.test_calibration_outputs import assert_identical, reference
+
+    model = model_path("ocr_det")
+    spec = CalibrationSpec(method="percentile", chunk=2, num_bins=512)
+    ours, _ = run_calibration(model, small_det_batches, "x", spec)
+    theirs = reference(model, small_det_batches, "x", spec, tmp_path)
+    assert len(theirs) > 500
+    assert_identical(dict(ours.items()), theirs)
