@@ -229,10 +229,28 @@ def assert_same_ranges(ours, theirs) -> None:
         assert all(same(mine[k], ref[k]) for k in mine if k != "CLS"), name
 
 
+class _FreshOutputs:
+    """The calibration session as onnxruntime uses it: fresh outputs every batch (no calibrate.ReusedOutputs)."""
+
+    def __init__(self, session, sets: int = 1):
+        self.session = session
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+    def rewind(self) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+
 def reference_calibration(monkeypatch, *args, **kwargs):
-    """run_calibration with onnxruntime's own collector (calibrun's is not installed)."""
+    """run_calibration as onnxruntime calibrates: its own collector (calibrun's is not installed), on the
+    session's fresh outputs."""
     with monkeypatch.context() as patch:
         patch.setattr(calibrate, "_fast_collector", lambda calibrator, threads: None)
+        patch.setattr(calibrate, "ReusedOutputs", _FreshOutputs)
         with contextlib.redirect_stdout(io.StringIO()):
             return run_calibration(*args, **kwargs)
 
