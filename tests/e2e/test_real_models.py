@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
 from mlflow import MlflowClient
@@ -198,7 +197,6 @@ def test_det_yolox_names_the_mixed_concat_and_excluding_it_helps(photos, tmp_pat
     # the remedy the diagnosis names works: that part of the output gets better
     worst = min(parts, key=parts.get)
     fixed = _result(tmp_path, calibrun(tmp_path, *common, f"quant.nodes_to_exclude=[{','.join(nodes)}]",
-                                       "hydra.run.dir=fixed"), "fixed")
+                                       "hydra.run.dir=fixed", "tracking=off"), "fixed")  # tracked: the ocr_det test
     assert fixed["metrics"][f"out.output.ch{worst}.sqnr_db"] > parts[worst]
     assert node not in [c["node"] for c in fixed["diagnosis"]["culprits"] if c["verdict"] == "mixed"]
-    np.testing.assert_equal(_mlflow_run(tmp_path, tmp_path / "fixed").info.status, "FINISHED")
