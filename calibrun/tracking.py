@@ -395,10 +395,9 @@ class _OnnxFlavor:
     Model.log checks an input example by loading the saved model as a pyfunc (a new onnxruntime session, and
     `importlib.metadata` lookups of the pip requirements) and predicting on it: a LoggedModel of the lab took 43 ms
     with the check and 33 ms without, side by side. The int8 model it would check was just run by onnxruntime on
-    the evaluation rows. Model.log
-    skips the check for `validate_serving_input=False`, but passes that keyword on to the flavor, and
-    mlflow.onnx.save_model hands its extra keywords to onnx.save_model, which refuses it: dropped here. The saved
-    model (MLmodel, files, LoggedModel) is the same as mlflow.onnx.log_model's."""
+    the evaluation rows. Model.log skips the check for `validate_serving_input=False`, but passes that keyword on
+    to the flavor, and mlflow.onnx.save_model hands its extra keywords to onnx.save_model, which refuses it: dropped
+    here. The saved model (MLmodel, files, LoggedModel) is the same as mlflow.onnx.log_model's."""
 
     @staticmethod
     def save_model(validate_serving_input: bool = False, **kwargs) -> None:
