@@ -31,11 +31,12 @@ def test_the_logged_model_is_mlflow_onnx_log_models_and_serves_its_example(tmp_p
 
     tracker = open_tracker(fresh_mlflow_store(tmp_path), "calibrun")
     model = write_lab_model(tmp_path / "lab.onnx")
-    ours = tracker.log_model(tracker.client.create_run(tracker.experiment_id).info.run_id, model, "int8")
+    runs = [tracker.client.create_run(tracker.experiment_id).info.run_id for _ in range(2)]
+    ours = tracker.log_model(runs[0], model, "int8")
 
     signature, example = onnx_signature(model)
     theirs = mlflow.onnx.log_model(  # MLflow's own call, serving check included
-        onnx.load(str(model)), name="int8", run_id=tracker.client.create_run(tracker.experiment_id).info.run_id,
+        onnx.load(str(model)), name="int8", run_id=runs[1],
         signature=signature, input_example=example, await_registration_for=0, save_as_external_data=False,
         pip_requirements=[f"onnx=={onnx.__version__}", f"onnxruntime=={onnxruntime.__version__}"],
         onnx_execution_providers=["CPUExecutionProvider"]).model_id
@@ -46,3 +47,5 @@ def test_the_logged_model_is_mlflow_onnx_log_models_and_serves_its_example(tmp_p
     served = json.loads(_saved(tracker.client, ours)[1]["serving_input_example.json"])
     prediction = mlflow.pyfunc.load_model(f"models:/{ours}").predict(np.array(served["inputs"], np.float32))
     assert np.asarray(prediction["y"]).shape == (1, 8)
+    for run_id in runs:
+        tracker.finish(run_id)
