@@ -55,7 +55,7 @@ import onnxruntime as ort  # noqa: E402
 from _common import log, machine_line  # noqa: E402
 from onnxruntime.quantization.calibrate import HistogramCollector, create_calibrator  # noqa: E402
 
-from calibrun.calibrate import CalibrationSpec, _fast_collector, _lean_session  # noqa: E402
+from calibrun.calibrate import CalibrationSpec, ReusedOutputs, _fast_collector, _lean_session  # noqa: E402
 from calibrun.data.images import IMAGENET_MEAN, IMAGENET_STD, ImageTransform, image_calibration  # noqa: E402
 from calibrun.histogram import FastHistogramCollector  # noqa: E402
 from calibrun.model import open_float_model, private_model_copy  # noqa: E402
@@ -156,6 +156,7 @@ def calibrun_run(model: Path, batches, spec: CalibrationSpec, threads: int, inpu
                                        extra_options=spec.calibrator_options())
         _lean_session(calibrator, threads)
         _fast_collector(calibrator, threads)
+        calibrator.infer_session = ReusedOutputs(calibrator.infer_session)  # as run_calibration (one batch a chunk)
         reader = _Reader(batches, input_name)
         setup = time.perf_counter() - start
         per_batch = []
