@@ -32,6 +32,16 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # MLflow 3 reports usage over the network otherwise
 
+
+def _not_a_lock(record: logging.LogRecord) -> bool:
+    """MLflow logs every SQLAlchemy OperationalError of its store with a traceback before raising it. A 'database
+    is locked' is calibrun's to report: `_retry` retries it and says so in one line, and one that is not retried
+    ends the job with the one-line error. No traceback on stderr for it."""
+    return "database is locked" not in record.getMessage()
+
+
+logging.getLogger("mlflow.store.db.utils").addFilter(_not_a_lock)
+
 PARENT_FILE = "mlflow_parent.json"
 HTTP_TIMEOUT = 10  # seconds per request to a tracking server (MLflow's own default: 120)
 HTTP_RETRIES = 1  # retries per request (MLflow's own default: 7, about four minutes on a dead server)

@@ -49,3 +49,20 @@ def test_the_logged_model_is_mlflow_onnx_log_models_and_serves_its_example(tmp_p
     assert np.asarray(prediction["y"]).shape == (1, 8)
     for run_id in runs:
         tracker.finish(run_id)
+
+
+def test_mlflow_does_not_print_a_traceback_for_a_lock_calibrun_retries(caplog):
+    """MLflow's store logs each OperationalError with its traceback; 'database is locked' is retried and reported by
+    calibrun in one line (tracking._retry), so MLflow's record of it is dropped; other errors are kept."""
+    import logging
+
+    import calibrun.tracking  # noqa: F401 (installs the filter)
+
+    store_log = logging.getLogger("mlflow.store.db.utils")
+    with caplog.at_level(logging.ERROR, logger="mlflow.store.db.utils"):
+        store_log.error("SQLAlchemy database error. The following exception is caught.\n%s",
+                        "(sqlite3.OperationalError) database is locked")
+        store_log.error("SQLAlchemy database error. The following exception is caught.\n%s",
+                        "(sqlite3.OperationalError) no such table: runs")
+    kept = [r.getMessage().splitlines()[-1] for r in caplog.records]
+    assert kept == ["(sqlite3.OperationalError) no such table: runs"]
