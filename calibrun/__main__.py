@@ -76,8 +76,39 @@ def _quick_exit() -> None:
     gc.freeze()
 
 
+# The config sources of `python -m calibrun` (Hydra's own, calibrun's, the structured schema): none sets hydra.mode.
+_OWN_SOURCES = {("hydra", "pkg://hydra.conf"), ("main", f"pkg://{CONFIG_PACKAGE}"), ("schema", "structured://")}
+
+
+def _sets_mode_or_sources(override: str) -> bool:
+    key = override.partition("=")[0].lstrip("~+")
+    return key == "hydra" or key.startswith(("hydra.mode", "hydra.searchpath"))
+
+
+def compose_once() -> None:
+    """Hydra composes the whole config once only to read hydra.mode (Hydra.get_mode), then again for the run or
+    the sweep: ~0.1 s of every start-up here. No calibrun config sets hydra.mode (tests/unit/test_speed.py checks
+    every preset), so when the command line neither sets it nor adds a config source, it is unset and get_mode's
+    answer is None, which this returns without composing; Hydra then picks the mode from -m as before."""
+    from hydra._internal.hydra import Hydra
+
+    if getattr(Hydra.get_mode, "hydras", None):
+        return
+
+    def get_mode(self, config_name, overrides):
+        search_path = getattr(getattr(self, "config_loader", None), "config_search_path", None)
+        sources = {(e.provider, e.path) for e in search_path.get_path()} if search_path is not None else None
+        if config_name == "config" and sources == _OWN_SOURCES and not any(map(_sets_mode_or_sources, overrides)):
+            return None
+        return get_mode.hydras(self, config_name, overrides)
+
+    get_mode.hydras = Hydra.get_mode
+    Hydra.get_mode = get_mode
+
+
 def main() -> None:
     atexit.register(_quick_exit)
+    compose_once()
     sys.argv[1:] = normalise(sys.argv[1:])
     problem = check_preset_mode(sys.argv[1:])
     if problem is not None:

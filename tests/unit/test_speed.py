@@ -2,6 +2,8 @@
 
 - compose_faster (calibrun.sweep): Hydra's compositions of a sweep's jobs give the same configs with it as without
   it, and a cached config file is never shared between two compositions.
+- compose_once (calibrun.__main__): Hydra's composition only to read hydra.mode is skipped when it cannot be set;
+  the mode Hydra picks is the same.
 - commits without fsync (calibrun.tracking): the store's SQLite connections run synchronous=NORMAL, in WAL mode.
 The quick exit (calibrun.__main__) on a real tracked sweep: tests/e2e/test_quick_exit.py.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+from pathlib import Path
 
 import pytest
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
@@ -19,6 +22,7 @@ from hydra.types import RunMode
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
+from calibrun import __main__ as app
 from calibrun import sweep, tracking
 from calibrun.config import register
 from tests.stores import fresh_mlflow_store
@@ -100,3 +104,62 @@ def test_tracker_connections_commit_without_fsync(tmp_path):
         assert connection.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
         assert connection.exec_driver_sql("PRAGMA journal_mode").scalar().lower() == "wal"
     assert MlflowClient(uri).get_run(run_id).data.metrics == {"m": 2.0}
+
+
+MODE_CASES = [[], ["calibration=wide", "batches=3"], ["experiment=lab"], ["experiment=digits"], ["experiment=search"],
+              ["+experiment=lab", "format=qoperator"], ["hydra.mode=MULTIRUN"], ["hydra.mode=RUN", "batches=2"],
+              ["+hydra.mode=MULTIRUN"], ["calibration=nope"], ["hydra.searchpath=[pkg://calibrun.conf]"]]
+
+
+@pytest.fixture
+def main_hydra(monkeypatch):
+    """The Hydra instance `python -m calibrun` makes (its search path), with Hydra's own get_mode restored after."""
+    from hydra._internal.hydra import Hydra
+
+    register()
+    monkeypatch.setattr(Hydra, "get_mode", Hydra.get_mode)
+    GlobalHydra.instance().clear()
+    hydra = Hydra.create_main_hydra2("calibrun", create_config_search_path(f"pkg://{app.CONFIG_PACKAGE}"))
+    yield hydra
+    GlobalHydra.instance().clear()
+
+
+def test_compose_once_gives_hydras_mode_and_composes_only_when_the_command_line_could_set_it(main_hydra,
+                                                                                              monkeypatch):
+    from hydra._internal.hydra import Hydra
+
+    original = Hydra.get_mode
+    expected = {tuple(case): original(main_hydra, "config", list(case)) for case in MODE_CASES}
+    assert expected[("hydra.mode=MULTIRUN",)] == RunMode.MULTIRUN  # the cases can tell the two answers apart
+    assert expected[("hydra.mode=RUN", "batches=2")] == RunMode.RUN
+    app.compose_once()
+    patched = Hydra.get_mode
+    app.compose_once()  # twice: still one layer
+    assert Hydra.get_mode is patched
+    assert patched.hydras is original
+    composed = []
+
+    def counting(self, config_name, overrides):
+        composed.append(list(overrides))
+        return original(self, config_name, overrides)
+
+    monkeypatch.setattr(patched, "hydras", counting)
+    for case in MODE_CASES:
+        assert patched(main_hydra, "config", list(case)) == expected[tuple(case)], case
+    assert composed == [["hydra.mode=MULTIRUN"], ["hydra.mode=RUN", "batches=2"], ["+hydra.mode=MULTIRUN"],
+                        ["hydra.searchpath=[pkg://calibrun.conf]"]]
+    assert patched(main_hydra, "other", []) == original(main_hydra, "other", [])  # another primary config: Hydra's
+    assert composed[-1] == []
+
+
+def test_no_calibrun_config_sets_the_hydra_mode(main_hydra):
+    """What compose_once relies on: the default and every config that may write Hydra's settings (the presets
+    of the _global_ package: experiments, clusters) leave hydra.mode unset."""
+    conf = Path(app.__file__).parents[1] / "conf"
+    presets = sorted(p for p in conf.rglob("*.yaml") if "@package _global_" in p.read_text())
+    assert {p.parent.name for p in presets} == {"experiment", "cluster"}
+    plus = {"experiment": "", "cluster": "+"}  # experiment is in the defaults list (null), cluster is added
+    for overrides in [[]] + [[f"{plus[p.parent.name]}{p.parent.name}={p.stem}"] for p in presets]:
+        cfg = main_hydra.compose_config("config", overrides, run_mode=RunMode.MULTIRUN, with_log_configuration=False,
+                                        validate_sweep_overrides=False)
+        assert cfg.hydra.mode is None, overrides
