@@ -106,7 +106,8 @@ def _sensitivity(cfg, job_dir: Path, result: dict, fp32, int8_path: Path, evalua
         calibration = Calibration(job_dir / result["files"]["ranges"], cfg.method.name, result["cache_key"], True,
                                   0.0, result["metrics"].get("span", 0.0), int(result["params"].get("batches", 0)))
         done = fallback(fp32.path, calibration, options, ranked["ranking"], evaluator.model, a.metric, a.goal,
-                        float(a.target), job_dir / FALLBACK_MODEL, a.max_steps, ranked["all_pairs_removed"])
+                        float(a.target), job_dir / FALLBACK_MODEL, a.max_steps, ranked["all_pairs_removed"],
+                        start=(int8_path, measured))
         record["fallback"] = done
         record["nodes_to_exclude"] = done["nodes_to_exclude"]
         result["files"]["int8_fallback"] = FALLBACK_MODEL

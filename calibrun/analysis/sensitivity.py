@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -34,6 +35,7 @@ from calibrun.analysis import qdq
 from calibrun.analysis.evaluate import Evaluator, metric_of
 from calibrun.calibrate import Calibration
 from calibrun.errors import CalibrunError
+from calibrun.files import atomic_path
 from calibrun.measure.errors import session
 from calibrun.quantize import QuantOptions, quantize
 
@@ -184,7 +186,7 @@ def _prepass(count: int, groups: int, trial: Callable, metric: str, goal: str,
 
 def fallback(fp32_path: Path, calibration: Calibration, options: QuantOptions, ranking: Sequence[dict],
              measure: Callable[[Path], dict], metric: str, goal: str, target: float, out_path: Path,
-             max_steps: int = 20, best_possible: float | None = None) -> dict:
+             max_steps: int = 20, best_possible: float | None = None, start: tuple[Path, dict] | None = None) -> dict:
     """Greedy fp32 fallback: exclude the nodes of the next most sensitive tensor (kept when the metric does not get
     worse, else undone) until `metric` reaches `target`, then prune what the target does not need. Writes the final
     int8 model to `out_path`; when the target is not reached, the list is the best one measured.
@@ -192,7 +194,10 @@ def fallback(fp32_path: Path, calibration: Calibration, options: QuantOptions, r
     `best_possible`: the metric with every analysed pair out (rank's `all_pairs_removed`); when even that misses
     the target, a warning says the target is probably out of reach (recorded as `out_of_reach`). Only probably: a
     task metric need not be monotone (YOLOX on 12 photos: all 10 top tensors in fp32 0.931, the first alone
-    0.947), so the greedy steps still run."""
+    0.947), so the greedy steps still run.
+
+    `start`: the int8 model quantised with `options` and what `measure` gave for it (the job's own), step 0 without
+    quantising it again. Each model is quantised and measured once: the final one is the kept trial's file."""
     excluded = list(options.nodes_to_exclude)  # the user's own exclusions stay
     steps: list[dict] = []
     out_of_reach = best_possible is not None and not reached(goal, best_possible, target)
@@ -201,47 +206,59 @@ def fallback(fp32_path: Path, calibration: Calibration, options: QuantOptions, r
                     "is probably out of reach of these tensors (other kinds, per-channel weights or another "
                     "calibration may reach it)", metric, best_possible, target)
 
-    def trial(nodes: list[str]) -> float:
-        with tempfile.TemporaryDirectory(prefix="calibrun.fb.") as tmp:
-            path = Path(tmp) / "int8.onnx"
-            quantize(fp32_path, path, calibration, replace(options, nodes_to_exclude=tuple(nodes)))
-            return metric_of(measure(path), metric)
+    with tempfile.TemporaryDirectory(prefix="calibrun.fb.") as tmp:
+        made = iter(range(1 << 30))
 
-    value = trial(excluded)
-    steps.append({"step": 0, "added": [], "tensor": None, "metric": _finite(value), "kept": True})
-    for entry in ranking:
-        if reached(goal, value, target) or len(steps) > max_steps:
-            break
-        # tensors that do not help on their own are tried too, in ranking order: where several clip, only
-        # keeping all of them in fp32 helps. A step that makes the metric worse is measured, recorded and undone
-        # (single-tensor gains do not add up: on YOLOX the second-ranked tensor cost 0.02 after the first).
-        new = [n for n in entry["nodes"] if n and n not in excluded]
-        if not new:
-            if not entry["nodes"] or "" in entry["nodes"]:
-                log.warning("fallback: tensor %r is quantised by an unnamed node; it cannot be excluded by name",
-                            entry["tensor"])
-            continue
-        candidate_value = trial(excluded + new)
-        kept = gain(goal, value, candidate_value) >= 0
-        steps.append({"step": len(steps), "added": new, "tensor": entry["tensor"], "metric": _finite(candidate_value),
-                      "kept": kept})
-        log.info("fallback step %d: + %s (tensor %s) -> %s = %.6g%s", len(steps) - 1, new, entry["tensor"], metric,
-                 candidate_value, "" if kept else " (worse: undone)")
-        if kept:
-            excluded, value = excluded + new, candidate_value
-    ok = reached(goal, value, target)
-    pruned: list[str] = []
-    if ok:
-        user = set(options.nodes_to_exclude)
-        for node in [n for n in reversed(excluded) if n not in user]:
-            candidate = [n for n in excluded if n != node]
-            candidate_value = trial(candidate)
-            if reached(goal, candidate_value, target):
-                excluded, value = candidate, candidate_value
-                pruned.append(node)
-    final = replace(options, nodes_to_exclude=tuple(excluded))
-    quantize(fp32_path, out_path, calibration, final)
-    final_metrics = measure(out_path)
+        def trial(nodes: list[str]) -> tuple[float, Path, dict]:
+            path = Path(tmp) / f"{next(made)}.onnx"
+            quantize(fp32_path, path, calibration, replace(options, nodes_to_exclude=tuple(nodes)))
+            measured = measure(path)
+            return metric_of(measured, metric), path, measured
+
+        def drop(path: Path) -> None:  # a model no longer needed (the folder holds at most two)
+            if path.parent == Path(tmp):
+                path.unlink()
+
+        value, model, measured = (metric_of(start[1], metric), *start) if start is not None else trial(excluded)
+        steps.append({"step": 0, "added": [], "tensor": None, "metric": _finite(value), "kept": True})
+        for entry in ranking:
+            if reached(goal, value, target) or len(steps) > max_steps:
+                break
+            # tensors that do not help on their own are tried too, in ranking order: where several clip, only
+            # keeping all of them in fp32 helps. A step that makes the metric worse is measured, recorded and undone
+            # (single-tensor gains do not add up: on YOLOX the second-ranked tensor cost 0.02 after the first).
+            new = [n for n in entry["nodes"] if n and n not in excluded]
+            if not new:
+                if not entry["nodes"] or "" in entry["nodes"]:
+                    log.warning("fallback: tensor %r is quantised by an unnamed node; it cannot be excluded by name",
+                                entry["tensor"])
+                continue
+            candidate_value, candidate, candidate_measured = trial(excluded + new)
+            kept = gain(goal, value, candidate_value) >= 0
+            steps.append({"step": len(steps), "added": new, "tensor": entry["tensor"],
+                          "metric": _finite(candidate_value), "kept": kept})
+            log.info("fallback step %d: + %s (tensor %s) -> %s = %.6g%s", len(steps) - 1, new, entry["tensor"],
+                     metric, candidate_value, "" if kept else " (worse: undone)")
+            if kept:
+                drop(model)
+                excluded, value, model, measured = excluded + new, candidate_value, candidate, candidate_measured
+            else:
+                drop(candidate)
+        ok = reached(goal, value, target)
+        pruned: list[str] = []
+        if ok:
+            user = set(options.nodes_to_exclude)
+            for node in [n for n in reversed(excluded) if n not in user]:
+                candidate_nodes = [n for n in excluded if n != node]
+                candidate_value, candidate, candidate_measured = trial(candidate_nodes)
+                if reached(goal, candidate_value, target):
+                    drop(model)
+                    excluded, value, model, measured = candidate_nodes, candidate_value, candidate, candidate_measured
+                    pruned.append(node)
+                else:
+                    drop(candidate)
+        with atomic_path(out_path, suffix=".onnx") as written:
+            shutil.copyfile(model, written)
     return {"target": target, "reached": ok, "out_of_reach": out_of_reach, "best_possible": best_possible,
-            "nodes_to_exclude": excluded, "metric": _finite(metric_of(final_metrics, metric)), "steps": steps,
-            "pruned": pruned, "metrics": {k: _finite(v) for k, v in final_metrics.items()}}
+            "nodes_to_exclude": excluded, "metric": _finite(metric_of(measured, metric)), "steps": steps,
+            "pruned": pruned, "metrics": {k: _finite(v) for k, v in measured.items()}}

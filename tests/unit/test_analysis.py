@@ -289,6 +289,34 @@ def test_fallback_list_reproduces_its_metric_with_quantize_static(narrow, tmp_pa
     assert [s["step"] for s in done["steps"]] == list(range(len(done["steps"])))
 
 
+def test_fallback_from_the_jobs_model_quantises_each_model_once_with_the_same_result(narrow, tmp_path, monkeypatch):
+    """`start` (the job's int8 model and its metrics) replaces step 0's quantisation; the final model is the kept
+    trial's file: the record and the model are those of a fallback from scratch, with one quantisation a trial."""
+    from calibrun.analysis import sensitivity
+
+    fp32, int8, _, feeds = narrow
+    data = lab_batches(fp32.lab_input(), 4242, 0.2, 8)
+    quantised = []
+    real = sensitivity.quantize
+    monkeypatch.setattr(sensitivity, "quantize", lambda *a, **k: quantised.append(a[1]) or real(*a, **k))
+    with Evaluator(fp32.path, EvalData.from_arrays(feeds), 16) as ev, \
+            calibrated(fp32.path, fp32.sha256, data, "x", CalibrationSpec(),
+                       CalibrationCache(tmp_path / "cache")) as cal:
+        ranked = rank(fp32.path, int8, ev, "mean_abs_error", "min")
+        args = (fp32.path, cal, QuantOptions(), ranked["ranking"], ev.model, "mean_abs_error", "min",
+                ranked["baseline"] * 0.93)
+        scratch = fallback(*args, tmp_path / "scratch.onnx")
+        from_scratch = len(quantised)
+        started = fallback(*args, tmp_path / "started.onnx", start=(int8, ev.model(int8)))
+    assert started == scratch
+    assert scratch["reached"] and scratch["pruned"] == [] and len(scratch["steps"]) >= 2
+    assert (tmp_path / "started.onnx").read_bytes() == (tmp_path / "scratch.onnx").read_bytes()
+    trials = len(scratch["steps"]) + len(scratch["nodes_to_exclude"])  # the steps and one pruning try per node
+    assert from_scratch == trials
+    assert len(quantised) - from_scratch == trials - 1
+    assert tmp_path / "scratch.onnx" not in quantised  # copied from its trial, not quantised again
+
+
 def test_fallback_warns_when_the_analysed_kinds_cannot_reach_the_target(narrow, tmp_path):
     fp32, int8, _, feeds = narrow
     data = lab_batches(fp32.lab_input(), 4242, 0.2, 8)
