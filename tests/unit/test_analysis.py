@@ -309,7 +309,9 @@ def test_fallback_from_the_jobs_model_quantises_each_model_once_with_the_same_re
         from_scratch = len(quantised)
         started = fallback(*args, tmp_path / "started.onnx", start=(int8, ev.model(int8)))
     assert started == scratch
-    assert scratch["reached"] and scratch["pruned"] == [] and len(scratch["steps"]) >= 2
+    assert scratch["reached"]
+    assert scratch["pruned"] == []
+    assert len(scratch["steps"]) >= 2
     assert (tmp_path / "started.onnx").read_bytes() == (tmp_path / "scratch.onnx").read_bytes()
     trials = len(scratch["steps"]) + len(scratch["nodes_to_exclude"])  # the steps and one pruning try per node
     assert from_scratch == trials
