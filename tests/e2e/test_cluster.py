@@ -25,6 +25,7 @@ from hydra.core.hydra_config import HydraConfig
 from calibrun import config as calibrun_config
 from calibrun.errors import CalibrunError
 from tests.conftest import extra_missing, installed, requires_extra, run_python
+from tests.stores import fresh_mlflow_store
 
 REPO = Path(__file__).resolve().parents[2]
 CONF_DIR = str(REPO / "conf")
@@ -229,6 +230,7 @@ def ray_sweep(tmp_path_factory):
     cwd.mkdir()
     logs.mkdir()
     store = tmp / "mlflow.db"
+    fresh_mlflow_store(tmp)  # migrated already (MLflow's schema costs seconds per new store)
     # Ray's socket paths must stay short (AF_UNIX): its temp dir goes straight under /tmp
     ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "RAY_ADDRESS"}}
