@@ -20,6 +20,7 @@ The list is exactly what `quant.nodes_to_exclude=[...]` takes, and that run buil
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import shutil
@@ -207,7 +208,7 @@ def fallback(fp32_path: Path, calibration: Calibration, options: QuantOptions, r
                     "calibration may reach it)", metric, best_possible, target)
 
     with tempfile.TemporaryDirectory(prefix="calibrun.fb.") as tmp:
-        made = iter(range(1 << 30))
+        made = itertools.count()
 
         def trial(nodes: list[str]) -> tuple[float, Path, dict]:
             path = Path(tmp) / f"{next(made)}.onnx"
@@ -215,7 +216,7 @@ def fallback(fp32_path: Path, calibration: Calibration, options: QuantOptions, r
             measured = measure(path)
             return metric_of(measured, metric), path, measured
 
-        def drop(path: Path) -> None:  # a model no longer needed (the folder holds at most two)
+        def drop(path: Path) -> None:  # a trial's model no longer needed (never `start`'s): at most two are kept
             if path.parent == Path(tmp):
                 path.unlink()
 
