@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
@@ -12,22 +13,19 @@ from mlflow import MlflowClient
 
 from tests.trained import CACHE
 
-_MLFLOW_TEMPLATE: list[Path] = []
 
-
+@functools.cache
 def _template() -> Path:
     """An empty store migrated by this MLflow version, made once per machine in the test cache folder (the
     schema depends only on the version) and renamed into place whole: workers that race both migrate one."""
-    if not _MLFLOW_TEMPLATE:
-        template = CACHE / "mlflow-template" / f"mlflow-{mlflow.__version__}.db"
-        if not template.is_file():
-            template.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=template.parent) as tmp:
-                db = Path(tmp) / "mlflow.db"
-                MlflowClient(f"sqlite:///{db}").search_experiments()
-                os.replace(db, template)
-        _MLFLOW_TEMPLATE.append(template)
-    return _MLFLOW_TEMPLATE[0]
+    template = CACHE / "mlflow-template" / f"mlflow-{mlflow.__version__}.db"
+    if not template.is_file():
+        template.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=template.parent) as tmp:
+            db = Path(tmp) / "mlflow.db"
+            MlflowClient(f"sqlite:///{db}").search_experiments()
+            os.replace(db, template)
+    return template
 
 
 def fresh_mlflow_store(folder: Path) -> str:
