@@ -348,19 +348,11 @@ def _plain_params(cfg: DictConfig) -> dict:
 
 
 def _end_run(tracker: Tracker, run_id: str, status: str) -> None:
-    """End the job's run KILLED or FAILED while an interrupt or an error goes on up. One more attempt after a
-    failure (a store call cut short by an interrupt can spoil the next one: a SIGINT'd sweep once left its job's run
-    RUNNING, ~1 in 40, the error then unrecorded); a store that still refuses is named in a warning, and
-    `resume=true` closes what was left RUNNING."""
-    for attempt in (1, 2):
-        try:
-            tracker.finish(run_id, status)
-            return
-        except Exception as error:
-            if attempt == 2:
-                log.warning("MLflow run %s could not be marked %s: %s", run_id, status, one_line(error))
-            else:
-                log.debug("MLflow run %s not marked %s (%s): once more", run_id, status, one_line(error))
+    """End the job's run KILLED or FAILED while an interrupt or an error goes on up (Tracker.close); a store that
+    refuses twice is named in a warning."""
+    error = tracker.close(run_id, status)
+    if error is not None:
+        log.warning("MLflow run %s could not be marked %s: %s", run_id, status, one_line(error))
 
 
 def main(cfg: DictConfig) -> dict | None:

@@ -296,11 +296,8 @@ def _close_parent(status: str) -> str:
     tracker, run_id = _SWEEP.get("tracker"), _SWEEP.get("run_id")
     if tracker is None:
         return ""
-    try:
-        tracker.finish(run_id, status)
-        return f"MLflow parent run {status}"
-    except Exception as error:
-        return f"MLflow parent run not closed: {one_line(error)}"
+    error = tracker.close(run_id, status)
+    return f"MLflow parent run {status}" if error is None else f"MLflow parent run not closed: {one_line(error)}"
 
 
 def _close_if_open() -> None:
@@ -447,12 +444,12 @@ class SweepCallback(Callback):
                 tracker.log(parent["run_id"], metrics=counts, tags={"calibrun.problems": str(len(problems))})
             except Exception as exc:
                 problems.append(f"MLflow parent run not complete: {one_line(exc)}")
-            try:
-                if tracker is not None:
-                    tracker.finish(parent["run_id"], "FAILED" if problems else "FINISHED")
+            if tracker is not None:
+                error = tracker.close(parent["run_id"], "FAILED" if problems else "FINISHED")
+                if error is None:
                     link = ui_url(tracker.uri, tracker.experiment_id, parent["run_id"])
-            except Exception as exc:
-                problems.append(f"MLflow parent run not closed: {one_line(exc)}")
+                else:
+                    problems.append(f"MLflow parent run not closed: {one_line(error)}")
         _SWEEP.clear()
         if link:
             how = "" if link.startswith(tracker.uri) else f"`mlflow ui --backend-store-uri {tracker.uri}`, then "

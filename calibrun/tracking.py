@@ -398,6 +398,21 @@ class Tracker:
             status = "FAILED" if status else "FINISHED"
         _retry(lambda: self.client.set_terminated(run_id, status), "end run")
 
+    def close(self, run_id: str, status: str) -> Exception | None:
+        """`finish`, once more after a failure, for the closes that must not raise (a job's run while an error or an
+        interrupt goes on up, a sweep's parent run): a store call cut short by an interrupt can spoil the next one
+        (a SIGINT'd sweep once left its job's run RUNNING, ~1 in 40). None when the run is closed, else the last
+        error; `resume=true` closes what was left RUNNING."""
+        error = None
+        for _ in range(2):
+            try:
+                self.finish(run_id, status)
+                return None
+            except Exception as exc:
+                log.debug("MLflow run %s not marked %s: %s", run_id, status, one_line(exc))
+                error = exc
+        return error
+
 
 class _OnnxFlavor:
     """mlflow.onnx as Model.log's flavor, without the serving check of the input example.

@@ -97,3 +97,26 @@ def test_logging_a_model_does_not_map_every_installed_file_and_a_mismatch_still_
         logging.getLogger("mlflow.utils.requirements_utils").removeHandler(handler)
     assert mapped == [1]
     assert any("onnx" in w and "0.0.1" in w for w in warnings), warnings
+
+
+def test_close_takes_a_second_attempt_and_returns_the_error_only_when_both_fail(tmp_path, monkeypatch):
+    """Tracker.close (a job's run ended while an error or an interrupt goes on up, a sweep's parent run): a first
+    store call that fails (e.g. spoiled by an interrupt) is followed by a second; both failing returns the error."""
+    tracker = open_tracker(fresh_mlflow_store(tmp_path), "close")
+    once, twice = (tracker.start_run(name, {}) for name in ("once", "twice"))
+    set_terminated = tracker.client.set_terminated
+    failures = {once: 1, twice: 2}
+
+    def flaky(run_id, status=None, *args, **kwargs):
+        if failures[run_id]:
+            failures[run_id] -= 1
+            raise RuntimeError(f"spoiled connection ({run_id})")
+        return set_terminated(run_id, status, *args, **kwargs)
+
+    monkeypatch.setattr(tracker.client, "set_terminated", flaky)
+    assert tracker.close(once, "KILLED") is None
+    assert tracker.status(once) == "KILLED"
+    error = tracker.close(twice, "FAILED")
+    assert isinstance(error, RuntimeError)
+    assert twice in str(error)
+    assert tracker.status(twice) == "RUNNING"
