@@ -26,7 +26,7 @@ def sample_shape(info: InputInfo) -> tuple[int, ...]:
         else:
             raise CalibrunError(
                 f"input {info.name!r} axis {axis} is symbolic ({dim or '?'}): the lab data rule only makes rows "
-                "of a fixed shape; give the model a fixed size there, or calibrate on your own data "
+                "of a fixed shape; give the model a fixed size there, or calibrate on your own data with calibrun "
                 "(data=npy: the arrays' shape fills it; data=images: data.crop gives height and width)"
             )
     return tuple(shape)
