@@ -83,9 +83,11 @@ def remove_orphans(folder: str | os.PathLike) -> list[Path]:
 
 def temp_dir(kind: str, folder: str | os.PathLike | None = None) -> tempfile.TemporaryDirectory:
     """A private temp folder `calibrun.<kind>.<host>.<pid>.XXXXXXXX` (in the system temp dir unless `folder`),
-    removed when the block ends. The host and process in its name let `remove_orphans` clear it after a
-    SIGKILL."""
-    return tempfile.TemporaryDirectory(prefix=f"calibrun.{kind}.{_HOST}.{os.getpid()}.", dir=folder)
+    removed when the block ends (or at `cleanup()`). The host and process in its name let `remove_temp_orphans`
+    clear it after a SIGKILL. Created as one step with the registration of its removal (`interrupts.deferred`):
+    a Ctrl-C that landed in between left the folder behind (seen once in a whole-suite run of calibtool's test)."""
+    with interrupts.deferred():
+        return tempfile.TemporaryDirectory(prefix=f"calibrun.{kind}.{_HOST}.{os.getpid()}.", dir=folder)
 
 
 def remove_temp_orphans(folder: str | os.PathLike | None = None) -> list[Path]:

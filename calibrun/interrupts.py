@@ -8,16 +8,21 @@ the start of a calibration, swallows it silently: calibtool then ran a 100000-ba
 40 Ctrl-Cs). So the handler also records the signal here, the points where work goes on (every atomic write, every
 job's start, every chunk of a calibration pass and every evaluation batch) raise it again (`check`), and the places
 that handle the interrupt clear it (`acknowledge`), and free what the interrupted code held (`release`) before they
-close the runs.
+close the runs. A few steps must not be cut in two (`deferred`): there the handler only records the signal, and
+it is raised when the step ends.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import signal
+import threading
 import traceback
+from collections.abc import Iterator
 
 _pending: int | None = None
+_deferring = 0
 
 
 class Interrupted(KeyboardInterrupt):
@@ -63,7 +68,27 @@ def check() -> None:
         raise Interrupted(signum)
 
 
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """A step that an interrupt must not cut in two (creating a temp folder and registering its removal): inside it
+    the handler only records the signal, which is raised when the step ends. Only the main thread's steps (where
+    Python runs signal handlers) are deferred."""
+    global _deferring
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1
+    if not _deferring:
+        check()
+
+
 def raise_interrupted(signum, frame) -> None:
-    """A signal handler: record the signal and raise `Interrupted` where the process is."""
+    """A signal handler: record the signal and raise `Interrupted` where the process is (at the end of a `deferred`
+    step when inside one)."""
     record(signum)
-    raise Interrupted(signum)
+    if not _deferring:
+        raise Interrupted(signum)

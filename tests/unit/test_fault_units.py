@@ -180,9 +180,10 @@ def test_a_dropped_interrupt_stops_a_calibration_pass_and_an_evaluation_within_o
         def __iter__(self):
             for batch in self.batches:
                 served.append(1)
+                if len(served) == 1:  # dropped while the first chunk is read
+                    interrupts.record(signal.SIGINT)
                 yield batch
 
-    interrupts.record(signal.SIGINT)
     with pytest.raises(interrupts.Interrupted):
         run_calibration(model.path, Counted(), model.info.name, CalibrationSpec())
     assert len(served) == 16  # the first chunk, not the 160 batches
@@ -244,3 +245,35 @@ def test_an_interrupt_inside_a_store_write_does_not_keep_the_lock_that_closing_t
     for run_id in (job, parent):
         client.set_terminated(run_id, "KILLED")
     assert {client.get_run(r).info.status for r in (job, parent)} == {"KILLED"}
+
+
+def test_an_interrupt_while_a_temp_folder_is_created_removes_it(tmp_path, monkeypatch, signal_state):
+    """SIGINT just after tempfile made the folder and before TemporaryDirectory registered its removal: the
+    interrupt is raised when temp_dir's step ends, and the folder is gone (it was left behind)."""
+    import signal
+    import tempfile
+
+    from calibrun import interrupts
+    from calibrun.files import temp_dir
+
+    made = []
+    mkdtemp = tempfile.mkdtemp
+
+    def signalled_mkdtemp(*args, **kwargs):
+        made.append(mkdtemp(*args, **kwargs))
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(100_000):  # the handler runs at one of these steps
+            pass
+        return made[-1]
+
+    signal.signal(signal.SIGINT, interrupts.raise_interrupted)
+    monkeypatch.setattr(tempfile, "mkdtemp", signalled_mkdtemp)
+    with pytest.raises(interrupts.Interrupted):
+        temp_dir("calib", tmp_path)
+    assert len(made) == 1
+    assert not Path(made[0]).exists()
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    with temp_dir("calib", tmp_path) as folder:  # raised once: the next folder is made and removed as usual
+        assert Path(folder).is_dir()
+    assert list(tmp_path.iterdir()) == []
