@@ -24,7 +24,6 @@ import itertools
 import logging
 import math
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
@@ -36,7 +35,7 @@ from calibrun.analysis import qdq
 from calibrun.analysis.evaluate import Evaluator, metric_of
 from calibrun.calibrate import Calibration
 from calibrun.errors import CalibrunError
-from calibrun.files import atomic_path
+from calibrun.files import atomic_path, temp_dir
 from calibrun.measure.errors import session
 from calibrun.quantize import QuantOptions, quantize
 
@@ -82,7 +81,7 @@ def rank(fp32_path: Path, int8_path: Path, evaluator: Evaluator, metric: str, go
                             "sensitivity analysis needs a QDQ model (format=qdq)")
     names = evaluator.output_names
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="calibrun.sens.") as tmp:
+    with temp_dir("sens") as tmp:
         if strategy == "switch":
             path = Path(tmp) / "switch.onnx"
             onnx.save_model(qdq.switch_model(int8, fp32, pairs), str(path))
@@ -207,7 +206,7 @@ def fallback(fp32_path: Path, calibration: Calibration, options: QuantOptions, r
                     "is probably out of reach of these tensors (other kinds, per-channel weights or another "
                     "calibration may reach it)", metric, best_possible, target)
 
-    with tempfile.TemporaryDirectory(prefix="calibrun.fb.") as tmp:
+    with temp_dir("fb") as tmp:
         made = itertools.count()
 
         def trial(nodes: list[str]) -> tuple[float, Path, dict]:
