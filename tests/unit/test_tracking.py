@@ -120,3 +120,4 @@ def test_close_takes_a_second_attempt_and_returns_the_error_only_when_both_fail(
     assert isinstance(error, RuntimeError)
     assert twice in str(error)
     assert tracker.status(twice) == "RUNNING"
+    set_terminated(twice, "KILLED")  # the store ends with no run RUNNING, as every store calibrun leaves
