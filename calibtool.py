@@ -172,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig, handler in previous.items():
         if handler in (signal.SIG_DFL, signal.default_int_handler):
             signal.signal(sig, interrupts.raise_interrupted)
+    unraisable_hook = interrupts.quiet_dropped()
     try:
         # Python and numpy warnings are held like the logs: shown on success, dropped on failure, so that an
         # error (FACTOR=1e39, a broken model) stays the one line on stderr.
@@ -187,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         interrupts.acknowledge()
+        sys.unraisablehook = unraisable_hook
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if not _print_json(result):

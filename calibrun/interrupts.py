@@ -9,7 +9,8 @@ the start of a calibration, swallows it silently: calibtool then ran a 100000-ba
 job's start, every chunk of a calibration pass and every evaluation batch) raise it again (`check`), and the places
 that handle the interrupt clear it (`acknowledge`), and free what the interrupted code held (`release`) before they
 close the runs. A few steps must not be cut in two (`deferred`): there the handler only records the signal, and
-it is raised when the step ends.
+it is raised when the step ends. Python prints a dropped exception with its traceback; a dropped interrupt is not
+printed (`quiet_dropped`), so that an interrupted run still ends with its one line.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import signal
+import sys
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 _pending: int | None = None
 _deferring = 0
@@ -92,3 +94,23 @@ def raise_interrupted(signum, frame) -> None:
     record(signum)
     if not _deferring:
         raise Interrupted(signum)
+
+
+def quiet_dropped() -> Callable:
+    """Install a `sys.unraisablehook` that does not print a dropped interrupt ("Exception ignored in ..." and a
+    traceback: seen when a SIGTERM landed in SQLAlchemy's weakref cleanup during a sweep) and records it again, so
+    that the next `check` raises it. Every other dropped exception goes to the hook it replaces, which it returns
+    (to be restored by whoever installed it); installed once."""
+    previous = sys.unraisablehook
+    if getattr(previous, "calibrun_quiet", False):
+        return previous
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, Interrupted):
+            record(unraisable.exc_value.signum)
+        else:
+            previous(unraisable)
+
+    hook.calibrun_quiet = True
+    sys.unraisablehook = hook
+    return previous

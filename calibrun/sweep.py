@@ -255,7 +255,9 @@ def _raise_interrupted(signum, frame) -> None:
 
 
 def install_signal_handlers() -> None:
-    """SIGINT and SIGTERM raise Interrupted (a KeyboardInterrupt) in the main thread."""
+    """SIGINT and SIGTERM raise Interrupted (a KeyboardInterrupt) in the main thread; one that Python drops is not
+    printed (it is raised again at the next check)."""
+    interrupts.quiet_dropped()
     with contextlib.suppress(ValueError):  # not the main thread (some launchers): keep the defaults
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, _raise_interrupted)
