@@ -34,9 +34,12 @@ KILLS = {  # scenario: (signal, finished jobs before it is sent)
     "sigint-in-job-1": (signal.SIGINT, 1),
     "sigterm-in-job-2": (signal.SIGTERM, 2),
 }
+# Resumed afterwards: the SIGTERM'd sweep is left as it was killed, since SIGTERM and SIGINT close the record the same
+# way (one handler) and the SIGINT'd sweep's resume checks it; a resume costs a tracked process (~4 CPU s).
+RESUMED = ("sigkill-in-job-1", "sigint-in-job-1")
 
 
-def killed_then_resumed(tmp: Path, sig: int, after: int) -> dict:
+def killed_then_resumed(tmp: Path, sig: int, after: int, resume: bool) -> dict:
     sweep = fresh(tmp)
     proc = start(tmp, *SMALL, sweep=sweep)
     try:
@@ -49,7 +52,7 @@ def killed_then_resumed(tmp: Path, sig: int, after: int) -> dict:
             proc.wait()
     killed = {r.info.run_id: (r.info.status, "mlflow.parentRunId" in r.data.tags) for r in runs_of(tmp)}
     done = {job: r for job, r in results(sweep).items() if r["status"] == "ok"}
-    resumed, _ = run(tmp, *SMALL, "resume=true", sweep=sweep)
+    resumed = run(tmp, *SMALL, "resume=true", sweep=sweep)[0] if resume else None
     return {"tmp": tmp, "sweep": sweep, "code": proc.returncode, "stderr": (tmp / "first.err").read_text(),
             "after_kill": killed, "done": done, "resumed": resumed}
 
@@ -101,7 +104,7 @@ def outcomes(tmp_path_factory) -> dict:
     sigint = signal.getsignal(signal.SIGINT)  # a sweep must get SIGINT's default even if pytest runs with `&`
     if sigint == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    tasks = {name: (killed_then_resumed, sig, after) for name, (sig, after) in KILLS.items()}
+    tasks = {name: (killed_then_resumed, sig, after, name in RESUMED) for name, (sig, after) in KILLS.items()}
     tasks.update({"tracking fails": (tracking_fails_then_resumed,), "same second": (same_second,),
                   "one folder": (one_folder,)})
     try:
@@ -117,7 +120,7 @@ def outcome(outcomes: dict, name: str) -> dict:
     return outcomes[name].result()
 
 
-@pytest.mark.parametrize("name", sorted(KILLS))
+@pytest.mark.parametrize("name", RESUMED)
 def test_kill_then_resume_leaves_a_complete_record(outcomes, name):
     o = outcome(outcomes, name)
     sig, _ = KILLS[name]
