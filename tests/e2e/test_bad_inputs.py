@@ -142,8 +142,9 @@ class Case:
     xfail: str | None = None
 
 
-def ct_quantize(model, out="out/q.onnx", seed="1"):
-    return lambda a, r: ["quantize", model(a) if callable(model) else model, out, seed, "1.0", "2"]
+def ct_quantize(model):
+    """calibtool quantize of `model(assets)` into out/q.onnx."""
+    return lambda a, r: ["quantize", model(a), "out/q.onnx", "1", "1.0", "2"]
 
 
 def file_model(which: str):
