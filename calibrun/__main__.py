@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from calibrun import runner
 from calibrun.config import register
+from calibrun.sweep import compose_faster
 
 register()
 
@@ -114,6 +115,7 @@ def main() -> None:
     if problem is not None:
         print(f"calibrun: error: {problem}", file=sys.stderr)
         sys.exit(1)
+    compose_faster()
     _app()
 
 
