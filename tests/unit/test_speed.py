@@ -93,6 +93,27 @@ def test_the_structured_source_copy_shares_the_config_store(loader):
     assert copied.load_config("hydra/config").config == source.load_config("hydra/config").config
 
 
+def test_compose_faster_before_hydra_discovers_its_plugins_still_holds_after(tmp_path):
+    """calibrun.__main__ applies compose_faster before Hydra runs, and Hydra's plugin discovery defines the config
+    source classes anew: the classes Hydra uses afterwards must be the changed ones (a fresh process: this one has
+    discovered its plugins already)."""
+    import subprocess
+    import sys
+
+    code = ("import importlib\n"
+            "from calibrun.sweep import compose_faster\n"
+            "compose_faster()\n"
+            "from hydra.core.plugins import Plugins\n"
+            "Plugins.instance()\n"
+            "p = 'hydra._internal.core_plugins.'\n"
+            "s = importlib.import_module(p + 'structured_config_source').StructuredConfigSource\n"
+            "f = importlib.import_module(p + 'importlib_resources_config_source').ImportlibResourcesConfigSource\n"
+            "print(hasattr(s, '__deepcopy__'), getattr(f._read_config, 'calibrun_cached', False))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "True"]
+
+
 def test_tracker_connections_commit_without_fsync(tmp_path):
     uri = fresh_mlflow_store(tmp_path)
     tracker = tracking.Tracker(uri, "speed")
