@@ -1,6 +1,6 @@
 """The per-job overhead cuts keep every record the same (issue 14).
 
-- compose_faster (calibrun.sweep): Hydra's compositions of a sweep's jobs give the same configs with it as without
+- compose_faster (calibrun.__main__): Hydra's compositions of a sweep's jobs give the same configs with it as without
   it, and a cached config file is never shared between two compositions.
 - compose_once (calibrun.__main__): Hydra's composition only to read hydra.mode is skipped when it cannot be set;
   the mode Hydra picks is the same.
@@ -23,7 +23,7 @@ from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
 from calibrun import __main__ as app
-from calibrun import sweep, tracking
+from calibrun import tracking
 from calibrun.config import register
 from tests.stores import fresh_mlflow_store
 
@@ -59,12 +59,12 @@ def loader(monkeypatch):
 
 def test_compose_faster_gives_the_same_configs(loader):
     before = _compose_all(loader)
-    sweep.compose_faster()
+    app.compose_faster()
     ImportlibResourcesConfigSource, StructuredConfigSource = _classes()
     assert hasattr(StructuredConfigSource, "__deepcopy__")
     assert getattr(ImportlibResourcesConfigSource._read_config, "calibrun_cached", False)
     patched = ImportlibResourcesConfigSource._read_config
-    sweep.compose_faster()  # twice (a second sweep in the process): still one layer
+    app.compose_faster()  # twice (a second sweep in the process): still one layer
     assert ImportlibResourcesConfigSource._read_config is patched
     after = _compose_all(loader)
     assert after == before
@@ -73,7 +73,7 @@ def test_compose_faster_gives_the_same_configs(loader):
 
 
 def test_a_cached_config_file_is_not_shared_between_compositions(loader):
-    sweep.compose_faster()
+    app.compose_faster()
     source = next(s for s in loader.repository.sources if s.path == "calibrun.conf")
     first = source.load_config("calibration/narrow.yaml")
     first.config.factor = 123.0  # a composition merging into (or editing) what it loaded
@@ -85,7 +85,7 @@ def test_a_cached_config_file_is_not_shared_between_compositions(loader):
 
 
 def test_the_structured_source_copy_shares_the_config_store(loader):
-    sweep.compose_faster()
+    app.compose_faster()
     source = next(s for s in loader.repository.sources if isinstance(s, _classes()[1]))
     copied = copy.deepcopy(source)
     assert copied is not source
@@ -101,7 +101,7 @@ def test_compose_faster_before_hydra_discovers_its_plugins_still_holds_after(tmp
     import sys
 
     code = ("import importlib\n"
-            "from calibrun.sweep import compose_faster\n"
+            "from calibrun.__main__ import compose_faster\n"
             "compose_faster()\n"
             "from hydra.core.plugins import Plugins\n"
             "Plugins.instance()\n"
