@@ -120,9 +120,9 @@ def compose_faster() -> None:
       once per process and handed out as a deep copy, re-read when its size or mtime changes.
 
     Hydra's plugin discovery executes its core plugins' modules again, which defines these classes anew: it is
-    done first (once per process, as Hydra would), so that the classes changed here are the ones Hydra uses. Applied
-    at start-up, it also serves the compositions before the first job and `--help`, which
-    composes every config group (2.2-2.7 -> 0.9 CPU s here).
+    done first (once per process, as Hydra would), so that the classes changed here are the ones Hydra uses.
+    Applied at start-up, it also serves the compositions before the first job and `--help`, which composes every
+    config group (2.2-2.7 -> 0.9 CPU s here).
     """
     try:
         from hydra.core.plugins import Plugins
