@@ -8,7 +8,7 @@
 
 The work: 3 calibrations (narrow 0.2, match 1.0, wide 10.0) x batches 1, 8, 64, 512 x formats QDQ/QOperator =
 24 int8 models of the lab MLP (onnxruntime `quantize_static`, QInt8/QInt8, MinMax), each evaluated against
-fp32 on `default_rng(777).normal(0, 1, (256, 16))` -- the lab rules of DESIGN.md section 1.
+fp32 on `default_rng(777).normal(0, 1, (256, 16))` -- the lab rules of docs/lab.md.
 
 Timed side by side in one run (repeats interleaved, medians reported):
 
@@ -19,7 +19,7 @@ Timed side by side in one run (repeats interleaved, medians reported):
 (1b) notrack  the same sweep with `tracking=off`: splits MLflow from Hydra + aggregation.
 (1c) nomodel  the same sweep with `tracking.log_model=false`: what the 24 MLflow LoggedModels cost.
 (2)  bare     the same 24 quantisations + evaluations with bare onnxruntime in one process (calibration data
-              rebuilt by the DESIGN.md rule, a list-backed CalibrationDataReader, `quantize_static`, two
+              rebuilt by the docs/lab.md rule, a list-backed CalibrationDataReader, `quantize_static`, two
               InferenceSessions per model). No calibrun import in that process: the fp32 model file is
               written beforehand with `calibrun.model.build_lab_model`. Reported twice: the loop in-process,
               and the whole subprocess including interpreter start and imports.

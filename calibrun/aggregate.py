@@ -1,4 +1,4 @@
-"""Sweep -> report files + model bundle (DESIGN.md section 1, "The report files").
+"""Sweep -> report files + model bundle (docs/lab.md, "The report files").
 
     python -m calibrun.aggregate SWEEP_DIR [report.dir=DIR]
 

@@ -19,6 +19,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from calibrun.bounds import MAX_BATCHES, MAX_FACTOR, MAX_ROWS, MAX_SEED, MIN_FACTOR
 from calibrun.cache import DEFAULT_DIR as DEFAULT_CACHE_DIR
 from calibrun.calibrate import CalibrationSpec
+from calibrun.data import SOURCES
 from calibrun.data.images import ImageTransform, TransformError
 from calibrun.errors import CalibrunError
 from calibrun.fields import build_from, schema_of
@@ -56,11 +57,11 @@ class ModelConf:
     classifier: bool | None = None  # None: a classifier when the first output comes from Softmax or labels exist
 
 
-DATA_SOURCES = ("lab", "npy", "images")
+DATA_SOURCES = tuple(SOURCES)
 MODELS = ("lab", "file", "digits")
 
 
-# A data source: `lab` (the rule of DESIGN.md), `npy` (.npy/.npz file or folder), `images` (folder; the pipeline's
+# A data source: `lab` (the rule of docs/lab.md), `npy` (.npy/.npz file or folder), `images` (folder; the pipeline's
 # options are calibrun.data.images.ImageTransform's fields).
 DataConf = schema_of("DataConf", ImageTransform, first=(("name", str, field(default="lab")),
                                                         ("path", str | None, field(default=None))),

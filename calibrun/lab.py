@@ -1,4 +1,4 @@
-"""The lab's constants, once (DESIGN.md section 1), and the test that picks the lab's runs out of any sweep.
+"""The lab's constants, once (docs/lab.md), and the test that picks the lab's runs out of any sweep.
 
 A run belongs to the lab when it ran with the lab's FIXED settings: the lab model on lab data, calibration
 seed 4242 with the factor of its calibration name, evaluation seed 777 on 256 rows, minmax with onnxruntime's

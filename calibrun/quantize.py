@@ -232,6 +232,6 @@ def quantize_with(
 
 def quantize_lab(fp32: FloatModel, out: str | Path, seed: int, factor: float, batches: int, spec=None,
                  options=None, cache=None, ranges_copy=None) -> dict:
-    """Calibrate on the lab rule (DESIGN.md), quantise, and describe the written model."""
+    """Calibrate on the lab rule (docs/lab.md), quantise, and describe the written model."""
     data = lab_batches(fp32.lab_input(), seed, factor, batches)
     return quantize_with(fp32, out, data, spec, options, cache, ranges_copy)

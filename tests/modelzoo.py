@@ -121,7 +121,7 @@ def save_mlp(path: str | Path, **kwargs) -> Path:
     return save(mlp(**kwargs), path)
 
 
-# --- The DESIGN.md data rules and graph reading, rebuilt without calibrun (for independent expectations) ---
+# --- The docs/lab.md data rules and graph reading, rebuilt without calibrun (for independent expectations) ---
 
 ROWS_PER_BATCH = 16
 

@@ -1,14 +1,15 @@
 """A job's data, chosen by config: the calibration batches and the evaluation rows (lab rule or user files).
 
 Sources are plain dicts (the `data` / `eval_data` config nodes) so the aggregator can rebuild the evaluation
-rows of a finished job from its result.json. The rooms: lab.py (the lab rule of DESIGN.md and the bounds every
+rows of a finished job from its result.json. The rooms: lab.py (the lab rule of docs/lab.md and the bounds every
 count is checked against), npy.py (.npy/.npz files), images.py (image folders), batches.py (the batch protocol
 they all serve: FeedBatches for calibration, EvalData for evaluation).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from calibrun.data import images, npy
@@ -18,7 +19,7 @@ from calibrun.data.lab import evaluation_pieces, lab_batches
 from calibrun.errors import CalibrunError
 from calibrun.model import FloatModel
 
-__all__ = ["EvalData", "FeedBatches", "calibration_data", "evaluation_data", "lab_evaluation"]
+__all__ = ["SOURCES", "EvalData", "FeedBatches", "Source", "calibration_data", "evaluation_data", "lab_evaluation"]
 
 
 def _transform(source: Mapping) -> ImageTransform:
@@ -31,14 +32,7 @@ def _path(source: Mapping) -> Path:
 
 def calibration_data(source: Mapping, fp32: FloatModel, seed: int, factor: float, batches: int):
     """A sized, lazy, re-iterable source of calibration batches with identity() (it enters the cache key)."""
-    name = source["name"]
-    if name == "lab":
-        return lab_batches(fp32.lab_input(), seed, factor, batches)
-    if name == "npy":
-        return npy.npy_calibration(_path(source), fp32.inputs, batches, factor)
-    if name == "images":
-        return images.image_calibration(_path(source), fp32.inputs, batches, factor, _transform(source))
-    raise CalibrunError(f"unknown data source {name!r}")
+    return _source(source).calibration(source, fp32, seed, factor, batches)
 
 
 def lab_evaluation(fp32: FloatModel, seed: int, rows: int) -> EvalData:
@@ -55,11 +49,31 @@ def lab_evaluation(fp32: FloatModel, seed: int, rows: int) -> EvalData:
 
 def evaluation_data(source: Mapping, fp32: FloatModel, seed: int, rows: int) -> EvalData:
     """The evaluation rows (the real distribution), served batch by batch, and labels when the source has them."""
-    name = source["name"]
-    if name == "lab":
-        return lab_evaluation(fp32, seed, rows)
-    if name == "npy":
-        return npy.npy_evaluation(_path(source), fp32.inputs, rows)
-    if name == "images":
-        return images.image_evaluation(_path(source), fp32.inputs, rows, _transform(source))
-    raise CalibrunError(f"unknown data source {name!r}")
+    return _source(source).evaluation(source, fp32, seed, rows)
+
+
+@dataclass(frozen=True)
+class Source:
+    """A data source: how it serves calibration batches and evaluation rows from its config node."""
+
+    calibration: Callable[[Mapping, FloatModel, int, float, int], FeedBatches]
+    evaluation: Callable[[Mapping, FloatModel, int, int], EvalData]
+
+
+# name (the `data` / `eval_data` group option) -> source; a new source is an entry here and a conf/data/ yaml
+SOURCES: dict[str, Source] = {
+    "lab": Source(lambda s, fp32, seed, factor, batches: lab_batches(fp32.lab_input(), seed, factor, batches),
+                  lambda s, fp32, seed, rows: lab_evaluation(fp32, seed, rows)),
+    "npy": Source(lambda s, fp32, seed, factor, batches: npy.npy_calibration(_path(s), fp32.inputs, batches, factor),
+                  lambda s, fp32, seed, rows: npy.npy_evaluation(_path(s), fp32.inputs, rows)),
+    "images": Source(lambda s, fp32, seed, factor, batches: images.image_calibration(
+                         _path(s), fp32.inputs, batches, factor, _transform(s)),
+                     lambda s, fp32, seed, rows: images.image_evaluation(_path(s), fp32.inputs, rows, _transform(s))),
+}
+
+
+def _source(source: Mapping) -> Source:
+    try:
+        return SOURCES[source["name"]]
+    except KeyError:
+        raise CalibrunError(f"unknown data source {source['name']!r} (known: {sorted(SOURCES)})") from None

@@ -1,4 +1,4 @@
-"""The lab's data rules (DESIGN.md section 1), and the bounds every data source checks.
+"""The lab's data rules (docs/lab.md), and the bounds every data source checks.
 
 Calibration: rng = default_rng(seed); per batch (rng.normal(0, 1, batch_shape) * factor).astype(float32).
 Evaluation:  default_rng(seed).normal(0, 1, (rows, *shape[1:])).astype(float32), never scaled.

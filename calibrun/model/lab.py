@@ -1,4 +1,4 @@
-"""The lab model (DESIGN.md section 1): an MLP built with onnx.helper, checked, and run once after saving.
+"""The lab model (docs/lab.md): an MLP built with onnx.helper, checked, and run once after saving.
 
 `python -m calibrun.model OUT.onnx` writes it (calibrun/model/__main__.py). Its sizes are calibrun.lab's.
 """

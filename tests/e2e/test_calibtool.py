@@ -1,6 +1,6 @@
 """The contract CLI (`python calibtool.py ...`) as a subprocess from another working directory.
 
-Every expectation is rebuilt here without calibrun: the data from the DESIGN.md rules, the pinned scale and
+Every expectation is rebuilt here without calibrun: the data from the docs/lab.md rules, the pinned scale and
 the op counts with onnx + numpy_helper, the errors with onnxruntime + numpy float64.
 """
 

@@ -35,7 +35,7 @@ from calibrun.model.lab import write_lab_model
 from calibrun.quantize import QuantOptions, quantize_lab
 
 SEED, FACTOR, BATCHES = 4242, 1.0, 4
-LAB_ROWS = 16  # DESIGN.md: one calibration batch is 16 rows
+LAB_ROWS = 16  # docs/lab.md: one calibration batch is 16 rows
 # max - min may be taken in float32 or float64 (both read "max(all batches) - min(all batches)"); anything
 # wrong with the data itself (a batch missed, a value scaled) is far outside this.
 SPAN_REL = 1e-6
@@ -53,7 +53,7 @@ def model_input(path: Path) -> tuple[str, list]:
 
 
 def lab_arrays(model_path: Path, seed: int, factor: float, batches: int) -> list[np.ndarray]:
-    """The lab calibration rule of DESIGN.md, rebuilt independently."""
+    """The lab calibration rule of docs/lab.md, rebuilt independently."""
     _, dims = model_input(model_path)
     features = dims[-1]
     rng = np.random.default_rng(seed)

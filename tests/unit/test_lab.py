@@ -1,4 +1,4 @@
-"""The lab's qualitative results (DESIGN.md section 1) on the lab model, through calibrun's functions."""
+"""The lab's qualitative results (docs/lab.md) on the lab model, through calibrun's functions."""
 
 from __future__ import annotations
 

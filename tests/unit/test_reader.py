@@ -1,4 +1,4 @@
-"""The provider contract of DESIGN.md: calibrun.reader.make_reader(arrays, input_name)."""
+"""The provider contract of docs/lab.md: calibrun.reader.make_reader(arrays, input_name)."""
 
 from __future__ import annotations
 
