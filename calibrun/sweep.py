@@ -28,7 +28,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from calibrun import interrupts
+from calibrun import interrupts, patches
 from calibrun.config import tracking_enabled, validate
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import write_json
@@ -167,36 +167,6 @@ def earlier_jobs(sweep_dir: Path) -> list[str]:
 
 
 # --- each job composed once -----------------------------------------------------------------------------------
-
-COMPOSED_KEEP = 256  # configs kept between Hydra's validation pass and the launch (beyond: composed twice)
-
-
-def compose_each_job_once() -> None:
-    """Hydra's sweeper composes every job to validate the batch (fail before any job), then the launcher composes
-    each job again before running it: ~0.25-0.5 s per job, half of it spent twice. The config the validation pass
-    composed is handed to the launcher instead (the same function, the same master config and overrides: the same
-    config, resolver cache included). Kept only until launched, and at most COMPOSED_KEEP at a time."""
-    try:
-        from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    except ImportError:  # another Hydra: compose twice as before
-        return
-    original = ConfigLoaderImpl.load_sweep_config
-    if getattr(original, "calibrun_once", False):
-        return
-    composed: dict = {}
-
-    def load_sweep_config(self, master_config, sweep_overrides):
-        key = (id(master_config), tuple(sweep_overrides))
-        if key in composed:
-            return composed.pop(key)
-        config = original(self, master_config, sweep_overrides)
-        if len(composed) < COMPOSED_KEEP:
-            composed[key] = config
-        return config
-
-    load_sweep_config.calibrun_once = True
-    ConfigLoaderImpl.load_sweep_config = load_sweep_config
-
 
 # --- signals: every run ends FINISHED, FAILED or KILLED ----------------------------------------------------------
 
@@ -347,7 +317,7 @@ class SweepCallback(Callback):
                   f"{', ...' if len(earlier) > 4 else ''}): add resume=true to continue it, or choose another "
                   f"hydra.sweep.dir")
         install_signal_handlers()
-        compose_each_job_once()
+        patches.compose_each_job_once()
         sys.excepthook = _excepthook  # an interrupt that reaches the top closes the parent run, in one line
         atexit.unregister(_close_if_open)
         atexit.register(_close_if_open)  # any other way out before the end callback closes it FAILED

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlsplit
 
+from calibrun import patches
 from calibrun.errors import CalibrunError, one_line
 
 log = logging.getLogger(__name__)
@@ -170,27 +171,6 @@ def _write_ahead_log(db: Path) -> bool:
         return connection.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal"
 
 
-def _commit_without_fsync(client) -> None:
-    """The store's SQLite connections with `synchronous=NORMAL` (SQLite's recommended setting in WAL mode): a
-    commit no longer waits for an fsync (MLflow commits ~25 times per job; a commit here: 5 ms with the fsync,
-    0.02 ms without, ~3 s of a lab sweep). The database stays consistent after any crash; only a power loss or OS
-    crash can undo the last commits (a process killed, even with SIGKILL, loses nothing). The setting is per
-    connection: MLflow's cached engine for this URI gets it on every connection it opens, the pooled ones are
-    dropped to reopen with it."""
-    from sqlalchemy import event
-
-    engine = getattr(getattr(getattr(client, "_tracking_client", None), "store", None), "engine", None)
-    if engine is None or engine.dialect.name != "sqlite" or getattr(engine, "calibrun_normal_sync", False):
-        return
-
-    def normal_sync(dbapi_connection, record) -> None:
-        dbapi_connection.execute("PRAGMA synchronous=NORMAL")
-
-    event.listen(engine, "connect", normal_sync)
-    engine.calibrun_normal_sync = True
-    engine.dispose()
-
-
 _CONTEXT_TAGS: dict[str, str] = {}
 
 
@@ -273,7 +253,7 @@ class Tracker:
             self.client = MlflowClient(tracking_uri=uri)
             self.experiment_id = _retry(lambda: self._experiment(experiment), "create experiment")
             if uri.startswith("sqlite:///") and _write_ahead_log(Path(uri[len("sqlite:///"):])):
-                _commit_without_fsync(self.client)
+                patches.commit_without_fsync(self.client)
         except Exception as exc:
             raise CalibrunError(f"MLflow tracking store {uri} is not usable: {one_line(exc)}") from None
 
@@ -428,39 +408,8 @@ class _OnnxFlavor:
     def save_model(validate_serving_input: bool = False, **kwargs) -> None:
         import mlflow.onnx
 
-        _check_pins_cheaply()
+        patches.check_pins_cheaply()
         mlflow.onnx.save_model(**kwargs)
-
-
-def _check_pins_cheaply() -> None:
-    """MLflow checks a saved model's pip requirements against the environment and warns on a mismatch
-    (mlflow.utils.environment.warn_dependency_requirement_mismatches). To find a package's module it first maps
-    every installed distribution's files (importlib.metadata.packages_distributions): ~0.3 s, once per process.
-    calibrun's requirements are `name==version` pins of installed distributions; when each one's installed version
-    (one metadata lookup) is the pinned one, nothing can mismatch and MLflow's check is skipped. Anything else
-    goes through MLflow's check as before. Installed once per process, for every caller."""
-    from importlib import metadata
-
-    from mlflow.utils import environment
-
-    check = environment.warn_dependency_requirement_mismatches
-    if getattr(check, "calibrun_pins", False):
-        return
-
-    def installed(requirement: str) -> bool:
-        name, sep, version = requirement.partition("==")
-        try:
-            return bool(sep) and metadata.version(name.strip()) == version.strip()
-        except (metadata.PackageNotFoundError, ValueError):
-            return False
-
-    def warn_mismatches(requirements):
-        if all(isinstance(r, str) and installed(r) for r in requirements):
-            return None
-        return check(requirements)
-
-    warn_mismatches.calibrun_pins = True
-    environment.warn_dependency_requirement_mismatches = warn_mismatches
 
 
 _OPEN: dict[tuple[str, str], Tracker] = {}

@@ -68,37 +68,6 @@ def test_mlflow_does_not_print_a_traceback_for_a_lock_calibrun_retries(caplog):
     assert kept == ["(sqlite3.OperationalError) no such table: runs"]
 
 
-def test_logging_a_model_does_not_map_every_installed_file_and_a_mismatch_still_warns(tmp_path, monkeypatch):
-    """MLflow's requirement check maps every installed distribution's files (~0.3 s); calibrun's pins of installed
-    versions skip it (tracking._check_pins_cheaply); a pin that is not installed still gets MLflow's warning."""
-    import logging
-
-    from mlflow.utils import environment, requirements_utils
-
-    monkeypatch.setattr(requirements_utils, "_MODULES_TO_PACKAGES", None)  # as in a fresh process
-    monkeypatch.setattr(requirements_utils, "_PACKAGES_TO_MODULES", None)
-    mapped = []
-    real = requirements_utils.importlib_metadata.packages_distributions
-    monkeypatch.setattr(requirements_utils.importlib_metadata, "packages_distributions",
-                        lambda: mapped.append(1) or real())
-    tracker = open_tracker(fresh_mlflow_store(tmp_path), "calibrun")
-    run_id = tracker.client.create_run(tracker.experiment_id).info.run_id
-    assert tracker.log_model(run_id, write_lab_model(tmp_path / "lab.onnx"), "int8")
-    tracker.finish(run_id)
-    assert mapped == []
-
-    warnings = []
-    handler = logging.Handler()
-    handler.emit = lambda record: warnings.append(record.getMessage())
-    logging.getLogger("mlflow.utils.requirements_utils").addHandler(handler)
-    try:
-        environment.warn_dependency_requirement_mismatches(["onnx==0.0.1"])
-    finally:
-        logging.getLogger("mlflow.utils.requirements_utils").removeHandler(handler)
-    assert mapped == [1]
-    assert any("onnx" in w and "0.0.1" in w for w in warnings), warnings
-
-
 def test_close_takes_a_second_attempt_and_returns_the_error_only_when_both_fail(tmp_path, monkeypatch):
     """Tracker.close (a job's run ended while an error or an interrupt goes on up, a sweep's parent run): a first
     store call that fails (e.g. spoiled by an interrupt) is followed by a second; both failing returns the error."""

@@ -1,10 +1,11 @@
-"""The per-job overhead cuts keep every record the same (issue 14).
+"""calibrun.patches: each patch of Hydra's or MLflow's internals keeps every record the same, applies only to the
+versions it was written for, and CALIBRUN_PATCHES=off turns them all off.
 
-- compose_faster (calibrun.__main__): Hydra's compositions of a sweep's jobs give the same configs with it as without
+- compose_faster: Hydra's compositions of a sweep's jobs give the same configs with it as without
   it, and a cached config file is never shared between two compositions.
-- compose_once (calibrun.__main__): Hydra's composition only to read hydra.mode is skipped when it cannot be set;
+- compose_once: Hydra's composition only to read hydra.mode is skipped when it cannot be set;
   the mode Hydra picks is the same.
-- commits without fsync (calibrun.tracking): the store's SQLite connections run synchronous=NORMAL, in WAL mode.
+- commit_without_fsync: the store's SQLite connections run synchronous=NORMAL, in WAL mode.
 The quick exit (calibrun.__main__) on a real tracked sweep: tests/e2e/test_quick_exit.py.
 """
 
@@ -23,8 +24,9 @@ from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
 from calibrun import __main__ as app
-from calibrun import tracking
+from calibrun import patches, tracking
 from calibrun.config import register
+from calibrun.model.lab import write_lab_model
 from tests.stores import fresh_mlflow_store
 
 JOBS = [["calibration=narrow", "batches=1", "format=qdq"], ["calibration=wide", "batches=64", "format=qoperator"],
@@ -59,12 +61,12 @@ def loader(monkeypatch):
 
 def test_compose_faster_gives_the_same_configs(loader):
     before = _compose_all(loader)
-    app.compose_faster()
+    patches.compose_faster()
     ImportlibResourcesConfigSource, StructuredConfigSource = _classes()
     assert hasattr(StructuredConfigSource, "__deepcopy__")
     assert getattr(ImportlibResourcesConfigSource._read_config, "calibrun_cached", False)
     patched = ImportlibResourcesConfigSource._read_config
-    app.compose_faster()  # twice (a second sweep in the process): still one layer
+    patches.compose_faster()  # twice (a second sweep in the process): still one layer
     assert ImportlibResourcesConfigSource._read_config is patched
     after = _compose_all(loader)
     assert after == before
@@ -73,7 +75,7 @@ def test_compose_faster_gives_the_same_configs(loader):
 
 
 def test_a_cached_config_file_is_not_shared_between_compositions(loader):
-    app.compose_faster()
+    patches.compose_faster()
     source = next(s for s in loader.repository.sources if s.path == "calibrun.conf")
     first = source.load_config("calibration/narrow.yaml")
     first.config.factor = 123.0  # a composition merging into (or editing) what it loaded
@@ -85,7 +87,7 @@ def test_a_cached_config_file_is_not_shared_between_compositions(loader):
 
 
 def test_the_structured_source_copy_shares_the_config_store(loader):
-    app.compose_faster()
+    patches.compose_faster()
     source = next(s for s in loader.repository.sources if isinstance(s, _classes()[1]))
     copied = copy.deepcopy(source)
     assert copied is not source
@@ -101,7 +103,7 @@ def test_compose_faster_before_hydra_discovers_its_plugins_still_holds_after(tmp
     import sys
 
     code = ("import importlib\n"
-            "from calibrun.__main__ import compose_faster\n"
+            "from calibrun.patches import compose_faster\n"
             "compose_faster()\n"
             "from hydra.core.plugins import Plugins\n"
             "Plugins.instance()\n"
@@ -125,6 +127,99 @@ def test_tracker_connections_commit_without_fsync(tmp_path):
         assert connection.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
         assert connection.exec_driver_sql("PRAGMA journal_mode").scalar().lower() == "wal"
     assert MlflowClient(uri).get_run(run_id).data.metrics == {"m": 2.0}
+
+
+def test_logging_a_model_does_not_map_every_installed_file_and_a_mismatch_still_warns(tmp_path, monkeypatch):
+    """MLflow's requirement check maps every installed distribution's files (~0.3 s); calibrun's pins of installed
+    versions skip it (patches.check_pins_cheaply); a pin that is not installed still gets MLflow's warning."""
+    import logging
+
+    from mlflow.utils import environment, requirements_utils
+
+    monkeypatch.setattr(requirements_utils, "_MODULES_TO_PACKAGES", None)  # as in a fresh process
+    monkeypatch.setattr(requirements_utils, "_PACKAGES_TO_MODULES", None)
+    mapped = []
+    real = requirements_utils.importlib_metadata.packages_distributions
+    monkeypatch.setattr(requirements_utils.importlib_metadata, "packages_distributions",
+                        lambda: mapped.append(1) or real())
+    tracker = tracking.open_tracker(fresh_mlflow_store(tmp_path), "calibrun")
+    run_id = tracker.client.create_run(tracker.experiment_id).info.run_id
+    assert tracker.log_model(run_id, write_lab_model(tmp_path / "lab.onnx"), "int8")
+    tracker.finish(run_id)
+    assert mapped == []
+
+    warnings = []
+    handler = logging.Handler()
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logging.getLogger("mlflow.utils.requirements_utils").addHandler(handler)
+    try:
+        environment.warn_dependency_requirement_mismatches(["onnx==0.0.1"])
+    finally:
+        logging.getLogger("mlflow.utils.requirements_utils").removeHandler(handler)
+    assert mapped == [1]
+    assert any("onnx" in w and "0.0.1" in w for w in warnings), warnings
+
+
+def test_compose_each_job_once_gives_the_same_configs_and_keeps_none_after_launch(loader, monkeypatch):
+    """A sweep's validation pass composes each job and the launcher composes it again; with the patch the second
+    composition is the first one's config (the same yaml), handed out once and then forgotten."""
+    monkeypatch.setattr(ConfigLoaderImpl, "load_sweep_config", ConfigLoaderImpl.load_sweep_config)
+    master = loader.load_configuration("config", ["hydra.sweep.dir=/tmp/x"], RunMode.MULTIRUN)
+    plain = [OmegaConf.to_yaml(loader.load_sweep_config(master, job)) for job in JOBS]
+    patches.compose_each_job_once()
+    patched = ConfigLoaderImpl.load_sweep_config
+    patches.compose_each_job_once()  # twice: still one layer
+    assert ConfigLoaderImpl.load_sweep_config is patched
+    validated = [loader.load_sweep_config(master, job) for job in JOBS]
+    launched = [loader.load_sweep_config(master, job) for job in JOBS]
+    assert [a is b for a, b in zip(validated, launched, strict=True)] == [True] * len(JOBS)
+    assert [OmegaConf.to_yaml(c) for c in launched] == plain
+    again = loader.load_sweep_config(master, JOBS[0])  # handed out once: a third composition is a new config
+    assert again is not launched[0]
+    assert OmegaConf.to_yaml(again) == plain[0]
+
+
+@pytest.mark.parametrize("switch", ["off", "OFF", "0", "false", "no"])
+def test_calibrun_patches_off_leaves_every_library_as_shipped(switch, monkeypatch, loader):
+    from hydra._internal.hydra import Hydra
+    from mlflow.utils import environment
+
+    monkeypatch.setenv("CALIBRUN_PATCHES", switch)
+    monkeypatch.setattr(Hydra, "get_mode", Hydra.get_mode)
+    monkeypatch.setattr(ConfigLoaderImpl, "load_sweep_config", ConfigLoaderImpl.load_sweep_config)
+    monkeypatch.setattr(environment, "warn_dependency_requirement_mismatches",
+                        environment.warn_dependency_requirement_mismatches)
+    before = (Hydra.get_mode, ConfigLoaderImpl.load_sweep_config, *(vars(c).get(a) for c, a in zip(
+        _classes(), ("_read_config", "__deepcopy__"), strict=True)), environment.warn_dependency_requirement_mismatches)
+    patches.compose_once()
+    patches.compose_faster()
+    patches.compose_each_job_once()
+    patches.check_pins_cheaply()
+    after = (Hydra.get_mode, ConfigLoaderImpl.load_sweep_config, *(vars(c).get(a) for c, a in zip(
+        _classes(), ("_read_config", "__deepcopy__"), strict=True)), environment.warn_dependency_requirement_mismatches)
+    assert after == before
+    monkeypatch.setenv("CALIBRUN_PATCHES", "on")
+    patches.compose_each_job_once()
+    assert ConfigLoaderImpl.load_sweep_config is not before[1]  # the same call patches when switched on
+
+
+def test_a_library_version_the_patches_were_not_written_for_is_left_as_shipped(monkeypatch, tmp_path):
+    from hydra._internal.hydra import Hydra
+
+    monkeypatch.delenv("CALIBRUN_PATCHES", raising=False)
+    assert patches.enabled("hydra-core")
+    assert patches.enabled("mlflow")
+    versions = {"hydra-core": "1.4.0", "mlflow": "4.0.0"}
+    monkeypatch.setattr(patches, "_version", versions.get)
+    assert not patches.enabled("hydra-core")
+    assert not patches.enabled("mlflow")
+    monkeypatch.setattr(Hydra, "get_mode", Hydra.get_mode)
+    get_mode = Hydra.get_mode
+    patches.compose_once()
+    assert Hydra.get_mode is get_mode
+    monkeypatch.setattr(patches, "_version", {"hydra-core": "1.3.9"}.get)  # another 1.3 release: patched
+    patches.compose_once()
+    assert Hydra.get_mode is not get_mode
 
 
 MODE_CASES = [[], ["calibration=wide", "batches=3"], ["experiment=lab"], ["experiment=digits"], ["experiment=search"],
@@ -153,9 +248,9 @@ def test_compose_once_gives_hydras_mode_and_composes_only_when_the_command_line_
     expected = {tuple(case): original(main_hydra, "config", list(case)) for case in MODE_CASES}
     assert expected[("hydra.mode=MULTIRUN",)] == RunMode.MULTIRUN  # the cases can tell the two answers apart
     assert expected[("hydra.mode=RUN", "batches=2")] == RunMode.RUN
-    app.compose_once()
+    patches.compose_once()
     patched = Hydra.get_mode
-    app.compose_once()  # twice: still one layer
+    patches.compose_once()  # twice: still one layer
     assert Hydra.get_mode is patched
     assert patched.hydras is original
     composed = []
