@@ -1,7 +1,8 @@
 """SIGINT and SIGTERM as an exception, and never lost.
 
-calibrun.sweep's handler (and calibtool's) raises `Interrupted` where the process is, so that the job and the sweep
-unwind and close their MLflow runs; the sweep's ignores further signals while they close. An exception raised in
+The handler that `install_signal_handlers` installs (for sweeps and jobs; calibtool has its own) raises
+`Interrupted` where the process is, so that the job and the sweep unwind and close their MLflow runs; it ignores
+further signals while they close. An exception raised in
 some places is dropped without a trace: inside a finaliser (a `__del__`, a weakref or gc callback: printed as
 "Exception ignored in ..."), and inside the init of some compiled modules (numpy.random's, imported on first use at
 the start of a calibration, swallows it silently: calibtool then ran a 100000-batch calibration to its end, 3 times in
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
+import os
 import signal
 import sys
 import threading
@@ -114,3 +117,37 @@ def quiet_dropped() -> Callable:
     hook.calibrun_quiet = True
     sys.unraisablehook = hook
     return previous
+
+
+# --- the handlers: every run ends FINISHED, FAILED or KILLED ---------------------------------------------------
+
+def _raise_interrupted(signum, frame) -> None:
+    # Further signals are ignored while the runs are closed (bounded: the store's timeouts); SIGKILL still works.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    # Raised inside an MLflow store query, the interrupt leaves SQLAlchemy a cursor it cannot close; its pool logs
+    # that with a traceback ("Error closing cursor"). The run is being closed and reported in one line: quiet it.
+    logging.getLogger("sqlalchemy.pool").setLevel(logging.CRITICAL)
+    raise_interrupted(signum, frame)  # recorded: raised again at the next check if Python drops it
+
+
+def install_signal_handlers() -> None:
+    """SIGINT and SIGTERM raise Interrupted (a KeyboardInterrupt) in the main thread; one that Python drops is not
+    printed (it is raised again at the next check)."""
+    quiet_dropped()
+    with contextlib.suppress(ValueError):  # not the main thread (some launchers): keep the defaults
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _raise_interrupted)
+
+
+def die_of(exc: BaseException) -> None:
+    """End the process the way the signal would have (exit status 128 + signal number in a shell), after the
+    runs were closed and one line was printed. Plain Ctrl-C (KeyboardInterrupt) counts as SIGINT."""
+    signum = getattr(exc, "signum", signal.SIGINT)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    logging.shutdown()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)  # not reached when the signal kills us

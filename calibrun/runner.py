@@ -31,9 +31,9 @@ from calibrun.files import (
     remove_temp_orphans,
     write_json,
 )
+from calibrun.interrupts import die_of, install_signal_handlers
 from calibrun.job import compute, eval_source, job_identity, job_params
 from calibrun.model import file_sha256, open_float_model
-from calibrun.sweep import die_of, install_signal_handlers  # also registers the sweep folder resolver
 from calibrun.tracking import PARENT_FILE, Tracker, open_tracker, resolve_uri
 
 log = logging.getLogger("calibrun")

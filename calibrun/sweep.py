@@ -170,38 +170,6 @@ def earlier_jobs(sweep_dir: Path) -> list[str]:
 
 # --- signals: every run ends FINISHED, FAILED or KILLED ----------------------------------------------------------
 
-def _raise_interrupted(signum, frame) -> None:
-    # Further signals are ignored while the runs are closed (bounded: the store's timeouts); SIGKILL still works.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
-    # Raised inside an MLflow store query, the interrupt leaves SQLAlchemy a cursor it cannot close; its pool logs
-    # that with a traceback ("Error closing cursor"). The run is being closed and reported in one line: quiet it.
-    logging.getLogger("sqlalchemy.pool").setLevel(logging.CRITICAL)
-    interrupts.raise_interrupted(signum, frame)  # recorded: raised again at the next check if Python drops it
-
-
-def install_signal_handlers() -> None:
-    """SIGINT and SIGTERM raise Interrupted (a KeyboardInterrupt) in the main thread; one that Python drops is not
-    printed (it is raised again at the next check)."""
-    interrupts.quiet_dropped()
-    with contextlib.suppress(ValueError):  # not the main thread (some launchers): keep the defaults
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, _raise_interrupted)
-
-
-def die_of(exc: BaseException) -> None:
-    """End the process the way the signal would have (exit status 128 + signal number in a shell), after the
-    runs were closed and one line was printed. Plain Ctrl-C (KeyboardInterrupt) counts as SIGINT."""
-    signum = getattr(exc, "signum", signal.SIGINT)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    logging.shutdown()
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-    os._exit(128 + signum)  # not reached when the signal kills us
-
-
 _previous_hook = sys.excepthook
 _SWEEP: dict = {}  # the sweep this process runs: folder, and the open parent run (tracker, run id)
 
@@ -216,7 +184,7 @@ def _excepthook(kind, exc, tb) -> None:
     closed = _close_parent("KILLED")
     print(f"calibrun: interrupted by {name}: sweep {_SWEEP['dir']} stopped{closed and ', ' + closed}; the same "
           f"command with resume=true continues it", file=sys.stderr)
-    die_of(exc)
+    interrupts.die_of(exc)
 
 
 def _close_parent(status: str) -> str:
@@ -316,7 +284,7 @@ class SweepCallback(Callback):
             _fail(f"sweep folder {sweep_dir} holds an earlier sweep ({', '.join(earlier[:4])}"
                   f"{', ...' if len(earlier) > 4 else ''}): add resume=true to continue it, or choose another "
                   f"hydra.sweep.dir")
-        install_signal_handlers()
+        interrupts.install_signal_handlers()
         patches.compose_each_job_once()
         sys.excepthook = _excepthook  # an interrupt that reaches the top closes the parent run, in one line
         atexit.unregister(_close_if_open)

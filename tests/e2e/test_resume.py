@@ -269,7 +269,7 @@ def test_kill_leaves_only_whole_files(scenario, runs):
 
 
 # A SIGINT that landed while runner.run wrote config_resolved.yaml was sometimes not acted on (3 of 10 trials) while
-# Python's default handler was in place; calibrun now installs its own (calibrun.sweep.install_signal_handlers).
+# Python's default handler was in place; calibrun now installs its own (calibrun.interrupts.install_signal_handlers).
 def test_one_ctrl_c_stops_the_sweep(runs):
     s: Interrupted = outcome(runs, "sigint")
     assert s.signals == 1

@@ -108,8 +108,7 @@ def test_an_interrupt_quiets_sqlalchemys_pool_log(signal_state):
     a traceback; after the interrupt that log is quiet, so the sweep's report stays one line."""
     import signal
 
-    from calibrun.interrupts import Interrupted
-    from calibrun.sweep import _raise_interrupted
+    from calibrun.interrupts import Interrupted, _raise_interrupted
 
     pool_log = logging.getLogger("sqlalchemy.pool.impl.QueuePool")
     assert pool_log.isEnabledFor(logging.ERROR)
@@ -132,8 +131,7 @@ def test_an_interrupt_python_drops_in_a_finaliser_is_not_printed_and_is_raised_a
     import sys
 
     from calibrun.files import atomic_path
-    from calibrun.interrupts import Interrupted
-    from calibrun.sweep import install_signal_handlers
+    from calibrun.interrupts import Interrupted, install_signal_handlers
 
     class SignalledWhileCollected:
         def __del__(self):
