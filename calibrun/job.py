@@ -1,15 +1,18 @@
-"""One job as functions of its config: prepare model -> data -> calibrate (cached) -> quantise -> measure ->
-diagnostics, returning the result record (`compute`). Writes `int8.onnx`, `ranges.json` and `diagnostics.json`
+"""One job as functions of its config: `context` builds what every stage reads once (the prepared model, the
+calibration and evaluation data, the task: a `JobContext`), and `compute` runs calibrate (cached) -> quantise ->
+measure -> diagnostics on it, returning the result record. Writes `int8.onnx`, `ranges.json` and `diagnostics.json`
 into the job folder; calibrun.runner wraps it in the Hydra task (validation, resume, tracking, error policy) and
 writes `result.json`.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -19,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from calibrun import cache as cache_store
 from calibrun import config
 from calibrun.calibrate import CalibrationCache
-from calibrun.data import calibration_data, evaluation_data
+from calibrun.data import EvalData, calibration_data, evaluation_data
 from calibrun.errors import one_line
 from calibrun.files import DIAGNOSTICS_FILE, RANGES_FILE, temp_dir, write_json
 from calibrun.measure import errors as measure
@@ -29,7 +32,7 @@ from calibrun.model import FloatModel, check_model_file, file_sha256, open_float
 from calibrun.model.digits import ensure_digits
 from calibrun.model.lab import write_lab_model
 from calibrun.model.prepare import PREPARE_VERSION, external_data_path, prepare_model
-from calibrun.quantize import quantize_with, resolve_exclusions
+from calibrun.quantize import QuantOptions, quantize_with, resolve_exclusions
 
 log = logging.getLogger("calibrun")
 
@@ -175,28 +178,54 @@ def _source_model(cfg: DictConfig) -> dict:
     return {"source_model_path": str(path), "source_model_sha256": file_sha256(path)}
 
 
-def compute(cfg: DictConfig, job_dir: Path) -> dict:
-    """The measurement itself; returns the result record (without status)."""
+@dataclass
+class JobContext:
+    """What a job builds once, before any work, and every later stage reads (compute, the analysis, tracking):
+    nothing downstream opens the model, builds the data or resolves the task again."""
+
+    cfg: DictConfig
+    job_dir: Path
+    fp32: FloatModel  # the prepared float model, opened once
+    steps: list[str]  # what preparing it did
+    options: QuantOptions  # post-calibration options, exclusions resolved against the model
+    exclusions: dict  # result.json's {"exclusions": ...} record, or {}
+    data: object  # the calibration batches (calibrun.data.FeedBatches or the lab's): sized, lazy, re-iterable
+    eval_source: dict  # everything that rebuilds the evaluation rows (result.json `eval_source`)
+    evaluation: EvalData  # the evaluation rows, served batch by batch (re-iterable)
+    task: tasks.Task  # the task metric, fresh: each measurement feeds a copy
+
+    def fresh_task(self) -> tasks.Task:
+        return copy.deepcopy(self.task)
+
+
+def context(cfg: DictConfig, job_dir: Path) -> JobContext:
+    """The job's context: the prepared model, its data sources and its task, each checked (a bad exclusion name,
+    evaluation file or task output fails here, before any calibration)."""
     fp32, steps = prepare(cfg, job_dir)
     options, exclusions = resolve_exclusions(fp32.path, config.quant_options(cfg))  # names checked before any work
-    cache = CalibrationCache(cfg.cache.dir) if cfg.cache.enabled else None
-    int8_path = job_dir / "int8.onnx"
     data = calibration_data(cfg.data, fp32, cfg.calibration.seed, cfg.calibration.factor, cfg.batches)
     source = eval_source(cfg)
-    # bad evaluation data (missing files, wrong shapes, unknown task output) fails before any work
     evaluation = evaluation_data(source, fp32, source["seed"], source["rows"])
     task = tasks.resolve(tasks.spec_of(cfg.task), fp32.path, labels=evaluation.labels is not None,
                          classifier=cfg.model.classifier)
+    return JobContext(cfg, job_dir, fp32, steps, options, exclusions, data, source, evaluation, task)
+
+
+def compute(ctx: JobContext) -> dict:
+    """The measurement itself; returns the result record (without status)."""
+    cfg, job_dir, fp32, data, evaluation = ctx.cfg, ctx.job_dir, ctx.fp32, ctx.data, ctx.evaluation
+    cache = CalibrationCache(cfg.cache.dir) if cfg.cache.enabled else None
+    int8_path = job_dir / "int8.onnx"
     quant = quantize_with(fp32, int8_path, data, spec=config.calibration_spec(cfg),
-                                 options=options, cache=cache, ranges_copy=job_dir / RANGES_FILE,
-                                 threads=cfg.ort.intra_op_threads,
-                                 input_may_stay_float=bool(exclusions) or cfg.model.name != "lab")
+                          options=ctx.options, cache=cache, ranges_copy=job_dir / RANGES_FILE,
+                          threads=cfg.ort.intra_op_threads,
+                          input_may_stay_float=bool(ctx.exclusions) or cfg.model.name != "lab")
     diag = None
     if cfg.format.name == "qdq" and cfg.diagnostics.enabled:
         diag = StreamingDiagnostics(fp32.path, int8_path, job_dir / RANGES_FILE, cfg.ort.intra_op_threads,
                                     max_rows=cfg.diagnostics.rows)
     try:
-        errors = measure.evaluate(fp32.path, int8_path, evaluation, task, cfg.ort.intra_op_threads,
+        errors = measure.evaluate(fp32.path, int8_path, evaluation, ctx.fresh_task(), cfg.ort.intra_op_threads,
                                   cfg.eval.batch_size, observers=[diag] if diag is not None else (),
                                   progress="evaluation" + (" and diagnostics" if diag is not None else ""))
         rows = diag.rows() if diag is not None else None
@@ -212,12 +241,12 @@ def compute(cfg: DictConfig, job_dir: Path) -> dict:
         "metrics": {key: metrics[key] for key in (*METRIC_KEYS, *TASK_KEYS, *extra) if key in metrics},
         "ops": quant["ops"],
         "cache_key": quant["cache_key"],
-        "preparation": steps,
-        **exclusions,
-        "eval_source": source,
+        "preparation": ctx.steps,
+        **ctx.exclusions,
+        "eval_source": ctx.eval_source,
         "used": {**_used(cfg, data, evaluation, errors),
                  "diagnostics_rows": diag.rows_seen if diag is not None else 0},
-        "task": task.describe(),
+        "task": ctx.task.describe(),
         "files": {"fp32": _relative(fp32.path, job_dir), "int8": int8_path.name, "ranges": RANGES_FILE,
                   "int8_sha256": file_sha256(int8_path), "ranges_sha256": file_sha256(job_dir / RANGES_FILE)},
     }

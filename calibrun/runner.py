@@ -32,7 +32,7 @@ from calibrun.files import (
     write_json,
 )
 from calibrun.interrupts import die_of, install_signal_handlers
-from calibrun.job import compute, eval_source, job_identity, job_params
+from calibrun.job import JobContext, compute, context, eval_source, job_identity, job_params
 from calibrun.model import file_sha256, open_float_model
 from calibrun.tracking import PARENT_FILE, Tracker, open_tracker, resolve_uri
 
@@ -121,12 +121,16 @@ def _diagnosis_tags(result: dict) -> dict:
             if isinstance(v, str) and k != "input_tensor"}
 
 
-def _datasets(cfg: DictConfig, result: dict) -> dict[str, dict]:
+def _datasets(cfg: DictConfig, result: dict, ctx: JobContext | None = None) -> dict[str, dict]:
     """The calibration and evaluation data by their identity dicts (what decides the arrays; no arrays loaded
-    for the lab rule, file hashes for user files)."""
-    fp32 = open_float_model(Path(result["params"]["model_file"]))
-    calibration = calibration_data(cfg.data, fp32, cfg.calibration.seed, cfg.calibration.factor,
-                                            cfg.batches).identity()
+    for the lab rule, file hashes for user files): the job's own data, or for a resumed job rebuilt from its
+    record."""
+    if ctx is not None:
+        calibration = ctx.data.identity()
+    else:
+        fp32 = open_float_model(Path(result["params"]["model_file"]))
+        calibration = calibration_data(cfg.data, fp32, cfg.calibration.seed, cfg.calibration.factor,
+                                       cfg.batches).identity()
     evaluation = dict(result.get("eval_source") or eval_source(cfg))
     evaluation.setdefault("source", evaluation.get("name"))
     if evaluation.get("name") != "images":
@@ -175,13 +179,14 @@ def _open_tracker(cfg: DictConfig, job: Job, check: bool = False) -> Tracker | N
                    http_retries=cfg.tracking.get("http_retries"))
 
 
-def _track(tracker: Tracker, run_id: str, cfg: DictConfig, result: dict, job_dir: Path, job: Job) -> None:
+def _track(tracker: Tracker, run_id: str, cfg: DictConfig, result: dict, job_dir: Path, job: Job,
+           ctx: JobContext | None = None) -> None:
     """Everything but result.json onto the job's run: params, datasets, the int8 model as a LoggedModel (the
     run's metrics linked to it), metrics, tags, files. Records the ids in result["mlflow"]."""
     tracker.log(run_id, params=mlflow_params(cfg, result),
                 tags={"calibrun.cache_key": result["cache_key"], "calibrun.model_file": result["params"]["model_file"],
                       **_diagnosis_tags(result)})
-    tracker.log_datasets(run_id, _datasets(cfg, result))
+    tracker.log_datasets(run_id, _datasets(cfg, result, ctx))
     model_id = None
     if cfg.tracking.get("log_model", True):
         model_id = tracker.log_model(run_id, job_dir / "int8.onnx", f"int8 {job.name(cfg)}",
@@ -224,10 +229,11 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
             run_id = _start_run(tracker, cfg, job_dir, job)
         if invalid is not None:
             raise invalid
-        result = {"status": "ok", **compute(cfg, job_dir)}
-        analysis.attach(cfg, job_dir, result)
+        ctx = context(cfg, job_dir)
+        result = {"status": "ok", **compute(ctx)}
+        analysis.attach(ctx, result)
         if run_id is not None:
-            _track(tracker, run_id, cfg, result, job_dir, job)
+            _track(tracker, run_id, cfg, result, job_dir, job, ctx)
             analysis.log_to(tracker, run_id, job_dir, result)
         write_json(job_dir / RESULT_FILE, result)
         if run_id is not None:

@@ -55,26 +55,20 @@ def _finite_only(metrics: Mapping[str, float]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(v)}
 
 
-def attach(cfg, job_dir: Path, result: dict) -> dict:
+def attach(ctx, result: dict) -> dict:
     """Measure `analysis.metric` (and the per-output/task metrics) on the job's int8 model, and with
-    analysis=sensitivity rank every QDQ pair and run the fallback; returns `result` with what was added."""
+    analysis=sensitivity rank every QDQ pair and run the fallback; returns `result` with what was added.
+    `ctx`: the job's calibrun.job.JobContext (its model, evaluation rows and task, built once)."""
+    cfg, job_dir, fp32 = ctx.cfg, ctx.job_dir, ctx.fp32
     a = cfg.analysis
     if a.name == "none" and (not a.objective or a.metric in result["metrics"]):
         return result
     from calibrun.analysis.evaluate import Evaluator, metric_of
-    from calibrun.data import evaluation_data
     from calibrun.data.lab import fixed_rows
-    from calibrun.measure import tasks
-    from calibrun.model import open_float_model
 
-    fp32 = open_float_model(result["params"]["model_file"])
     int8_path = job_dir / result["files"]["int8"]
-    source = result["eval_source"]
-    evaluation = evaluation_data(source, fp32, source["seed"], source["rows"])
     rows = fixed_rows(fp32.info) or a.batch_rows
-    task = tasks.resolve(tasks.spec_of(cfg.task), fp32.path, labels=evaluation.labels is not None,
-                         classifier=cfg.model.classifier)
-    with Evaluator(fp32.path, evaluation, rows, cfg.ort.intra_op_threads, task) as evaluator:
+    with Evaluator(fp32.path, ctx.evaluation, rows, cfg.ort.intra_op_threads, ctx.fresh_task()) as evaluator:
         measured = evaluator.model(int8_path)
         metric_of(measured, a.metric)  # a metric name that does not exist fails here, before the long pass
         result["metrics"] = {**_finite_only(measured), **result["metrics"]}
