@@ -31,6 +31,7 @@ from calibrun import lab
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import RESULT_FILE, atomic_path, remove_orphans, temp_name, write_json
 from calibrun.measure.verdicts import run_diagnosis, sample_trend
+from calibrun.result import JobResult
 
 log = logging.getLogger("calibrun")
 
@@ -159,21 +160,11 @@ def _runtime_cwd(job_dir: Path) -> Path | None:
 
 
 def _problem(result) -> str | None:
-    """What makes a result.json unusable, or None."""
-    if not isinstance(result, dict):
-        return "is not a JSON object"
-    if result.get("status") not in ("ok", "failed"):
-        return f"has no valid status (got {result.get('status')!r})"
-    if result["status"] == "failed":
-        return None
-    for key in ("params", "metrics", "files"):
-        if not isinstance(result.get(key), dict):
-            return f"has no {key!r} object"
-    error = result["metrics"].get("max_abs_error")
-    if not isinstance(error, (int, float)) or isinstance(error, bool):
-        return "has no numeric metrics.max_abs_error"
-    if not isinstance(result["files"].get("int8"), str):
-        return "names no int8 model (files.int8)"
+    """What makes a result.json unusable (calibrun.result.JobResult's checks), or None."""
+    try:
+        JobResult.from_json(result)
+    except ValueError as exc:
+        return str(exc)
     return None
 
 

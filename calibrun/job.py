@@ -33,6 +33,7 @@ from calibrun.model.digits import ensure_digits
 from calibrun.model.lab import write_lab_model
 from calibrun.model.prepare import PREPARE_VERSION, external_data_path, prepare_model
 from calibrun.quantize import QuantOptions, quantize_with, resolve_exclusions
+from calibrun.result import JobResult
 
 log = logging.getLogger("calibrun")
 
@@ -211,8 +212,8 @@ def context(cfg: DictConfig, job_dir: Path) -> JobContext:
     return JobContext(cfg, job_dir, fp32, steps, options, exclusions, data, source, evaluation, task)
 
 
-def compute(ctx: JobContext) -> dict:
-    """The measurement itself; returns the result record (without status)."""
+def compute(ctx: JobContext) -> JobResult:
+    """The measurement itself: the job's result (status ok)."""
     cfg, job_dir, fp32, data, evaluation = ctx.cfg, ctx.job_dir, ctx.fp32, ctx.data, ctx.evaluation
     cache = CalibrationCache(cfg.cache.dir) if cfg.cache.enabled else None
     int8_path = job_dir / "int8.onnx"
@@ -235,32 +236,32 @@ def compute(ctx: JobContext) -> dict:
     metrics = {**quant, **errors, **tasks.legacy(errors), "model_bytes": quant["bytes"],
                "cache_hit": int(quant["cache_hit"])}
     extra = [k for k in errors if k.startswith(("out.", "task.")) or k in ("eval_min", "eval_max", "eval_span")]
-    result = {
-        "params": {**job_params(cfg), "model_file": str(fp32.path), "model_sha256": fp32.sha256,
-                   "rows_per_batch": data.identity()["rows_per_batch"], **_source_model(cfg)},
-        "metrics": {key: metrics[key] for key in (*METRIC_KEYS, *TASK_KEYS, *extra) if key in metrics},
-        "ops": quant["ops"],
-        "cache_key": quant["cache_key"],
-        "preparation": ctx.steps,
-        **ctx.exclusions,
-        "eval_source": ctx.eval_source,
-        "used": {**_used(cfg, data, evaluation, errors),
-                 "diagnostics_rows": diag.rows_seen if diag is not None else 0},
-        "task": ctx.task.describe(),
-        "files": {"fp32": _relative(fp32.path, job_dir), "int8": int8_path.name, "ranges": RANGES_FILE,
-                  "int8_sha256": file_sha256(int8_path), "ranges_sha256": file_sha256(job_dir / RANGES_FILE)},
-    }
+    result = JobResult(
+        "ok",
+        params={**job_params(cfg), "model_file": str(fp32.path), "model_sha256": fp32.sha256,
+                "rows_per_batch": data.identity()["rows_per_batch"], **_source_model(cfg)},
+        metrics={key: metrics[key] for key in (*METRIC_KEYS, *TASK_KEYS, *extra) if key in metrics},
+        ops=quant["ops"],
+        cache_key=quant["cache_key"],
+        preparation=ctx.steps,
+        exclusions=ctx.exclusions.get("exclusions"),
+        eval_source=ctx.eval_source,
+        used={**_used(cfg, data, evaluation, errors), "diagnostics_rows": diag.rows_seen if diag is not None else 0},
+        task=ctx.task.describe(),
+        files={"fp32": _relative(fp32.path, job_dir), "int8": int8_path.name, "ranges": RANGES_FILE,
+               "int8_sha256": file_sha256(int8_path), "ranges_sha256": file_sha256(job_dir / RANGES_FILE)},
+    )
     if rows is not None:
         write_json(job_dir / DIAGNOSTICS_FILE, as_table(rows))  # column-oriented, strict JSON
-        result["files"]["diagnostics"] = DIAGNOSTICS_FILE
+        result.files["diagnostics"] = DIAGNOSTICS_FILE
         outputs = {k[len("out."):-len(".sqnr_db")]: v for k, v in errors.items()
                    if k.startswith("out.") and k.endswith(".sqnr_db") and not re.search(r"\.ch\d+\.sqnr_db$", k)}
-        result["diagnosis"] = _strict(classify_model(rows, diag.weights, output_sqnr_db=outputs))
-        culprits = result["diagnosis"]["culprits"]
+        result.diagnosis = _strict(classify_model(rows, diag.weights, output_sqnr_db=outputs))
+        culprits = result.diagnosis["culprits"]
         if culprits:
             top = culprits[0]
             log.info("diagnosis: %s; top culprit %s (node %s, %s, %.0f%% of the added error)",
-                     result["diagnosis"]["overall"], top["tensor"], top["node"], top["verdict"],
+                     result.diagnosis["overall"], top["tensor"], top["node"], top["verdict"],
                      100 * (top["noise_share"] or 0))
     return result
 

@@ -29,11 +29,11 @@ from calibrun.files import (
     atomic_path,
     remove_orphans,
     remove_temp_orphans,
-    write_json,
 )
 from calibrun.interrupts import die_of, install_signal_handlers
 from calibrun.job import JobContext, compute, context, eval_source, job_identity, job_params
 from calibrun.model import file_sha256, open_float_model
+from calibrun.result import JobResult
 from calibrun.tracking import PARENT_FILE, Tracker, open_tracker, resolve_uri
 
 log = logging.getLogger("calibrun")
@@ -95,15 +95,15 @@ def mlflow_params(cfg: DictConfig, result: dict | None = None) -> dict:
     walk(tree, "")
     flat.update({"onnxruntime_version": onnxruntime.__version__, "onnx_version": onnx.__version__})
     if result is not None:
-        flat["model.sha256"] = result["params"].get("model_sha256")
+        flat["model.sha256"] = result.params.get("model_sha256")
     return flat
 
 
-def job_metrics(result: dict) -> dict:
+def job_metrics(result: JobResult) -> dict:
     """Every number of result.json's metrics, and the diagnosis: its numbers, and each verdict as a metric
     `diagnosis.<key>.<verdict>` = 1 (tags carry the words)."""
-    metrics = {k: v for k, v in result.get("metrics", {}).items() if isinstance(v, (int, float))}
-    for key, value in (result.get("diagnosis") or {}).items():
+    metrics = {k: v for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
+    for key, value in (result.diagnosis or {}).items():
         if isinstance(value, bool):
             metrics[f"diagnosis.{key}"] = int(value)
         elif isinstance(value, (int, float)):
@@ -116,22 +116,22 @@ def job_metrics(result: dict) -> dict:
     return metrics
 
 
-def _diagnosis_tags(result: dict) -> dict:
-    return {f"diagnosis.{k}": v for k, v in (result.get("diagnosis") or {}).items()
+def _diagnosis_tags(result: JobResult) -> dict:
+    return {f"diagnosis.{k}": v for k, v in (result.diagnosis or {}).items()
             if isinstance(v, str) and k != "input_tensor"}
 
 
-def _datasets(cfg: DictConfig, result: dict, ctx: JobContext | None = None) -> dict[str, dict]:
+def _datasets(cfg: DictConfig, result: JobResult, ctx: JobContext | None = None) -> dict[str, dict]:
     """The calibration and evaluation data by their identity dicts (what decides the arrays; no arrays loaded
     for the lab rule, file hashes for user files): the job's own data, or for a resumed job rebuilt from its
     record."""
     if ctx is not None:
         calibration = ctx.data.identity()
     else:
-        fp32 = open_float_model(Path(result["params"]["model_file"]))
+        fp32 = open_float_model(Path(result.params["model_file"]))
         calibration = calibration_data(cfg.data, fp32, cfg.calibration.seed, cfg.calibration.factor,
                                        cfg.batches).identity()
-    evaluation = dict(result.get("eval_source") or eval_source(cfg))
+    evaluation = dict(result.eval_source or eval_source(cfg))
     evaluation.setdefault("source", evaluation.get("name"))
     if evaluation.get("name") != "images":
         evaluation = {k: v for k, v in evaluation.items() if k not in ("resize", "crop", "mean", "std", "grayscale")}
@@ -179,12 +179,12 @@ def _open_tracker(cfg: DictConfig, job: Job, check: bool = False) -> Tracker | N
                    http_retries=cfg.tracking.get("http_retries"))
 
 
-def _track(tracker: Tracker, run_id: str, cfg: DictConfig, result: dict, job_dir: Path, job: Job,
+def _track(tracker: Tracker, run_id: str, cfg: DictConfig, result: JobResult, job_dir: Path, job: Job,
            ctx: JobContext | None = None) -> None:
     """Everything but result.json onto the job's run: params, datasets, the int8 model as a LoggedModel (the
-    run's metrics linked to it), metrics, tags, files. Records the ids in result["mlflow"]."""
+    run's metrics linked to it), metrics, tags, files. Records the ids in result.mlflow."""
     tracker.log(run_id, params=mlflow_params(cfg, result),
-                tags={"calibrun.cache_key": result["cache_key"], "calibrun.model_file": result["params"]["model_file"],
+                tags={"calibrun.cache_key": result.cache_key, "calibrun.model_file": result.params["model_file"],
                       **_diagnosis_tags(result)})
     tracker.log_datasets(run_id, _datasets(cfg, result, ctx))
     model_id = None
@@ -194,13 +194,13 @@ def _track(tracker: Tracker, run_id: str, cfg: DictConfig, result: dict, job_dir
     tracker.log(run_id, metrics=job_metrics(result), model_id=model_id)
     for name in (RANGES_FILE, "config_resolved.yaml"):
         tracker.log_artifact(run_id, job_dir / name)
-    if "diagnostics" in result["files"]:
+    if "diagnostics" in result.files:
         tracker.log_table(run_id, json.loads((job_dir / DIAGNOSTICS_FILE).read_text()), DIAGNOSTICS_FILE)
-    result["mlflow"] = {"run_id": run_id, "experiment_id": tracker.experiment_id, "model_id": model_id}
+    result.mlflow = {"run_id": run_id, "experiment_id": tracker.experiment_id, "model_id": model_id}
 
 
 def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: int | None = None,
-        overrides: list[str] | None = None) -> dict:
+        overrides: list[str] | None = None) -> JobResult:
     """Validate, compute, track, write result.json. A failure is recorded (result.json with status failed, a
     FAILED MLflow run when tracking works) and then raised; an interrupt (SIGINT, SIGTERM) ends the run KILLED
     and writes no result. result.json says ok only once tracking succeeded. An invalid config or an unusable
@@ -230,12 +230,12 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
         if invalid is not None:
             raise invalid
         ctx = context(cfg, job_dir)
-        result = {"status": "ok", **compute(ctx)}
+        result = compute(ctx)
         analysis.attach(ctx, result)
         if run_id is not None:
             _track(tracker, run_id, cfg, result, job_dir, job, ctx)
             analysis.log_to(tracker, run_id, job_dir, result)
-        write_json(job_dir / RESULT_FILE, result)
+        result.write(job_dir / RESULT_FILE)
         if run_id is not None:
             tracker.log_artifact(run_id, job_dir / RESULT_FILE)
             tracker.finish(run_id)
@@ -247,11 +247,10 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
         raise
     except Exception as exc:
         message = one_line(exc)
-        record = {"status": "failed", "error": message, "params": _plain_params(cfg)}
-        if run_id is not None:
-            record["mlflow"] = {"run_id": run_id, "experiment_id": tracker.experiment_id}
+        record = JobResult.failed(message, _plain_params(cfg), mlflow=None if run_id is None else
+                                  {"run_id": run_id, "experiment_id": tracker.experiment_id})
         try:
-            write_json(job_dir / RESULT_FILE, record)
+            record.write(job_dir / RESULT_FILE)
         except Exception:  # a full disk: the record cannot be written, the run is closed all the same
             if run_id is not None:
                 _end_run(tracker, run_id, "FAILED")
@@ -265,7 +264,7 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
             finally:
                 _end_run(tracker, run_id, "FAILED")
         raise
-    m = result["metrics"]
+    m = result.metrics
     scale = "fp32 (not quantised)" if m.get("input_scale") is None else f"{m['input_scale']:.6g}"
     log.info("%s factor=%s batches=%s %s: input_scale=%s max_abs_error=%.6g cache_hit=%s -> %s",
              cfg.calibration.name, cfg.calibration.factor, cfg.batches, cfg.format.name, scale,
@@ -281,29 +280,31 @@ def _clear_orphans(cfg: DictConfig, job_dir: Path) -> None:
         log.info("removed %d temp file(s) left by killed runs: %s", len(removed), ", ".join(map(str, removed)))
 
 
-def completed_result(cfg: DictConfig, job_dir: Path) -> dict | None:
+def completed_result(cfg: DictConfig, job_dir: Path) -> JobResult | None:
     """The job's earlier result when it is complete and valid for this config, else None.
 
     Complete: result.json says ok, was made with the same params (this config, these library versions), and the
     int8 model and ranges it names are there with the bytes it recorded. Anything else is recomputed."""
     try:
-        result = json.loads((job_dir / RESULT_FILE).read_text())
-        files = result["files"]
-        same = all(result["params"].get(k) == v for k, v in job_params(cfg).items())
+        result = JobResult.read(job_dir / RESULT_FILE)
+        if not result.ok:
+            return None
+        files = result.files
+        same = all(result.params.get(k) == v for k, v in job_params(cfg).items())
         intact = all(file_sha256(job_dir / files[name]) == files[f"{name}_sha256"] for name in ("int8", "ranges"))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return result if result.get("status") == "ok" and same and intact else None
+    return result if same and intact else None
 
 
-def _resumed(cfg: DictConfig, result: dict, job_dir: Path, job: Job, tracker: Tracker | None) -> dict:
+def _resumed(cfg: DictConfig, result: JobResult, job_dir: Path, job: Job, tracker: Tracker | None) -> JobResult:
     """A reused result: already tracked as a FINISHED run of this sweep's parent, nothing is logged again; else
     (its run was killed, or is in another store or sweep) it is logged as a new run tagged resumed, and
     result.json records that run."""
     if job.sweep_dir is not None:
         tracker = _open_tracker(cfg, job)
     if tracker is not None:
-        previous = (result.get("mlflow") or {}).get("run_id")
+        previous = (result.mlflow or {}).get("run_id")
         tracked = False
         if previous:
             try:
@@ -317,7 +318,7 @@ def _resumed(cfg: DictConfig, result: dict, job_dir: Path, job: Job, tracker: Tr
             try:
                 tracker.log(run_id, tags={"calibrun.resumed": "true"})
                 _track(tracker, run_id, cfg, result, job_dir, job)
-                write_json(job_dir / RESULT_FILE, result)
+                result.write(job_dir / RESULT_FILE)
                 tracker.log_artifact(run_id, job_dir / RESULT_FILE)
                 tracker.finish(run_id)
             except KeyboardInterrupt as exc:
@@ -390,6 +391,6 @@ def main(cfg: DictConfig) -> dict | None:
             log.debug("job failed", exc_info=True)
         if multirun:
             log.error("job %s failed: %s", job_num, message)
-            return analysis.objective(cfg, {"status": "failed", "error": message})
+            return analysis.objective(cfg, JobResult.failed(message, _plain_params(cfg)))
         print(f"calibrun: error: {message}", file=sys.stderr)
         sys.exit(1)

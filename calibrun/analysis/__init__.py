@@ -55,29 +55,30 @@ def _finite_only(metrics: Mapping[str, float]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(v)}
 
 
-def attach(ctx, result: dict) -> dict:
+def attach(ctx, result):
     """Measure `analysis.metric` (and the per-output/task metrics) on the job's int8 model, and with
-    analysis=sensitivity rank every QDQ pair and run the fallback; returns `result` with what was added.
+    analysis=sensitivity rank every QDQ pair and run the fallback; adds what it measured to `result` (a
+    calibrun.result.JobResult) and returns it.
     `ctx`: the job's calibrun.job.JobContext (its model, evaluation rows and task, built once)."""
     cfg, job_dir, fp32 = ctx.cfg, ctx.job_dir, ctx.fp32
     a = cfg.analysis
-    if a.name == "none" and (not a.objective or a.metric in result["metrics"]):
+    if a.name == "none" and (not a.objective or a.metric in result.metrics):
         return result
     from calibrun.analysis.evaluate import Evaluator, metric_of
     from calibrun.data.lab import fixed_rows
 
-    int8_path = job_dir / result["files"]["int8"]
+    int8_path = job_dir / result.files["int8"]
     rows = fixed_rows(fp32.info) or a.batch_rows
     with Evaluator(fp32.path, ctx.evaluation, rows, cfg.ort.intra_op_threads, ctx.fresh_task()) as evaluator:
         measured = evaluator.model(int8_path)
         metric_of(measured, a.metric)  # a metric name that does not exist fails here, before the long pass
-        result["metrics"] = {**_finite_only(measured), **result["metrics"]}
+        result.metrics = {**_finite_only(measured), **result.metrics}
         if a.name == "sensitivity":
             _sensitivity(cfg, job_dir, result, fp32, int8_path, evaluator, measured)
     return result
 
 
-def _sensitivity(cfg, job_dir: Path, result: dict, fp32, int8_path: Path, evaluator, measured: dict) -> None:
+def _sensitivity(cfg, job_dir: Path, result, fp32, int8_path: Path, evaluator, measured: dict) -> None:
     from calibrun import config
     from calibrun.analysis.evaluate import metric_of
     from calibrun.analysis.sensitivity import fallback, rank
@@ -92,22 +93,22 @@ def _sensitivity(cfg, job_dir: Path, result: dict, fp32, int8_path: Path, evalua
              ranked["tensors"], ranked["seconds"], ranked["trials"], ranked["seconds_per_tensor"], a.strategy,
              ", ".join(f"{r['tensor']} ({r['gain']:.4g})" for r in ranked["ranking"][:3] if r["gain"] is not None))
     options = config.quant_options(cfg)
-    excluded = result.get("exclusions", {}).get("nodes_to_exclude")
+    excluded = (result.exclusions or {}).get("nodes_to_exclude")
     if excluded is not None:
         options = replace(options, nodes_to_exclude=tuple(excluded))
     record = {"metric": a.metric, "goal": a.goal, **{k: v for k, v in ranked.items() if k not in ("metric", "goal")}}
     if a.target is not None:
-        calibration = Calibration(job_dir / result["files"]["ranges"], cfg.method.name, result["cache_key"], True,
-                                  0.0, result["metrics"].get("span", 0.0), int(result["params"].get("batches", 0)))
+        calibration = Calibration(job_dir / result.files["ranges"], cfg.method.name, result.cache_key, True,
+                                  0.0, result.metrics.get("span", 0.0), int(result.params.get("batches", 0)))
         done = fallback(fp32.path, calibration, options, ranked["ranking"], evaluator.model, a.metric, a.goal,
                         float(a.target), job_dir / FALLBACK_MODEL, a.max_steps, ranked["all_pairs_removed"],
                         start=(int8_path, measured))
         record["fallback"] = done
         record["nodes_to_exclude"] = done["nodes_to_exclude"]
-        result["files"]["int8_fallback"] = FALLBACK_MODEL
-        result["metrics"]["analysis.fallback_metric"] = done["metric"]
-        result["metrics"]["analysis.target_reached"] = int(done["reached"])
-        result["metrics"]["analysis.excluded_nodes"] = len(done["nodes_to_exclude"])
+        result.files["int8_fallback"] = FALLBACK_MODEL
+        result.metrics["analysis.fallback_metric"] = done["metric"]
+        result.metrics["analysis.target_reached"] = int(done["reached"])
+        result.metrics["analysis.excluded_nodes"] = len(done["nodes_to_exclude"])
         if done["reached"]:
             log.info("fallback: %s = %.6g with quant.nodes_to_exclude=%s -> %s", a.metric, done["metric"],
                      json.dumps(done["nodes_to_exclude"]), job_dir / FALLBACK_MODEL)
@@ -119,18 +120,18 @@ def _sensitivity(cfg, job_dir: Path, result: dict, fp32, int8_path: Path, evalua
         record["nodes_to_exclude"] = list(options.nodes_to_exclude) + [
             n for n in top["nodes"] if n and n not in options.nodes_to_exclude] if (top["gain"] or 0) > 0 else []
     write_json(job_dir / SENSITIVITY_FILE, record)
-    result["files"]["sensitivity"] = SENSITIVITY_FILE
-    result["analysis"] = {"metric": a.metric, "goal": a.goal, "nodes_to_exclude": record["nodes_to_exclude"],
+    result.files["sensitivity"] = SENSITIVITY_FILE
+    result.analysis = {"metric": a.metric, "goal": a.goal, "nodes_to_exclude": record["nodes_to_exclude"],
                           "most_sensitive": [r["tensor"] for r in ranked["ranking"][:5]]}
-    result["metrics"].update(_finite_only({
+    result.metrics.update(_finite_only({
         "analysis.baseline": ranked["baseline"] if ranked["baseline"] is not None else math.nan,
         "analysis.tensors": ranked["tensors"], "analysis.seconds": ranked["seconds"],
         "analysis.seconds_per_tensor": ranked["seconds_per_tensor"], "analysis.trials": ranked["trials"]}))
 
 
-def log_to(tracker, run_id: str, job_dir: Path, result: dict) -> None:
+def log_to(tracker, run_id: str, job_dir: Path, result) -> None:
     """The ranking as an MLflow table and a plot, sensitivity.json and the fallback model as artifacts."""
-    files = result.get("files", {})
+    files = result.files or {}
     if "sensitivity" not in files:
         return
     record = json.loads((job_dir / files["sensitivity"]).read_text())
@@ -168,12 +169,13 @@ def _plot(record: dict, path: Path, top: int = 20) -> Path | None:
 
 
 def objective(cfg, result):
-    """main's return value: the float `analysis.metric` for a search (analysis.objective=true), else `result`.
-    A failed trial returns the worst value (inf for goal=min, -inf for goal=max), so the search goes on."""
+    """main's return value: the float `analysis.metric` for a search (analysis.objective=true), else the result's
+    record (`result`: a calibrun.result.JobResult). A failed trial returns the worst value (inf for goal=min, -inf
+    for goal=max), so the search goes on."""
     if not cfg.analysis.objective:
-        return result
+        return result.to_json()
     worst = math.inf if cfg.analysis.goal == "min" else -math.inf
-    if not isinstance(result, dict) or result.get("status") != "ok":
+    if not result.ok:
         return worst
-    value = result.get("metrics", {}).get(cfg.analysis.metric)
+    value = (result.metrics or {}).get(cfg.analysis.metric)
     return worst if value is None else float(value)
