@@ -185,7 +185,7 @@ def compute(cfg: DictConfig, job_dir: Path) -> dict:
     source = eval_source(cfg)
     # bad evaluation data (missing files, wrong shapes, unknown task output) fails before any work
     evaluation = evaluation_data(source, fp32, source["seed"], source["rows"])
-    task = tasks.resolve(tasks.spec_of(cfg.task), fp32.path, labels=evaluation.labels is not None,
+    task = tasks.resolve(tasks.spec_of(cfg.task), fp32.path, labels=evaluation.labels,
                          classifier=cfg.model.classifier)
     quant = quantize_with(fp32, int8_path, data, spec=config.calibration_spec(cfg),
                                  options=options, cache=cache, ranges_copy=job_dir / RANGES_FILE,

@@ -72,7 +72,7 @@ def attach(cfg, job_dir: Path, result: dict) -> dict:
     source = result["eval_source"]
     evaluation = evaluation_data(source, fp32, source["seed"], source["rows"])
     rows = fixed_rows(fp32.info) or a.batch_rows
-    task = tasks.resolve(tasks.spec_of(cfg.task), fp32.path, labels=evaluation.labels is not None,
+    task = tasks.resolve(tasks.spec_of(cfg.task), fp32.path, labels=evaluation.labels,
                          classifier=cfg.model.classifier)
     with Evaluator(fp32.path, evaluation, rows, cfg.ort.intra_op_threads, task) as evaluator:
         measured = evaluator.model(int8_path)
