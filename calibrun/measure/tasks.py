@@ -360,8 +360,12 @@ class Output:
     producer: str  # the op that writes it, through value-keeping ops ("input" for a graph input)
 
     def __str__(self) -> str:
-        shape = "" if self.shape is None else " [" + ", ".join("?" if d is None else str(d) for d in self.shape) + "]"
+        shape = "" if self.shape is None else f" {_fmt(self.shape)}"
         return f"{self.name!r} ({self.kind}{shape}, from {self.producer})"
+
+
+def _fmt(shape: list) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
 @dataclass
@@ -485,7 +489,7 @@ class _Graph:
         if out.kind != "float" or shape is None:
             return None
         if len(shape) == 4 and shape[1] == 1:
-            return f"is a one-channel map {shape}"
+            return f"is a one-channel map {_fmt(shape)}"
         if out.producer == "Sigmoid" and len(shape) >= 3:
             return f"is a Sigmoid map of rank {len(shape)}"
         return None
