@@ -54,7 +54,7 @@ QuantConf = schema_of("QuantConf", QuantOptions, skip=("format",),
 class ModelConf:
     name: str = "lab"
     path: str | None = None
-    classifier: bool | None = None  # None: a classifier when the first output comes from Softmax or labels exist
+    classifier: bool | None = None  # None: task=auto reads it from the outputs (docs/tasks.md); false: not one
 
 
 DATA_SOURCES = tuple(SOURCES)

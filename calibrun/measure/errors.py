@@ -78,10 +78,19 @@ def split_feeds(feeds: dict[str, np.ndarray], fixed: int | None) -> list[dict[st
     return [{k: v[i : i + fixed] for k, v in feeds.items()} for i in range(0, rows, fixed)]
 
 
+def as_array(value) -> np.ndarray:
+    """One output of a session run as an array: a ZipMap's list of {class: probability} per row (a converted
+    scikit-learn classifier) becomes [rows, classes], the classes in sorted order."""
+    if isinstance(value, list) and all(isinstance(row, dict) for row in value):
+        keys = sorted(value[0]) if value else []
+        return np.array([[row[k] for k in keys] for row in value], dtype=np.float32).reshape(len(value), len(keys))
+    return np.asarray(value)
+
+
 def run_feeds(sess, feeds: dict[str, np.ndarray], fixed: int | None) -> list[np.ndarray]:
     """Run all rows of `feeds`; a model that pins its first axis to `fixed` is fed `fixed` rows at a time."""
     chunks = [sess.run(None, part) for part in split_feeds(feeds, fixed)]
-    return [np.concatenate([np.asarray(c[k]) for c in chunks]) for k in range(len(chunks[0]))]
+    return [np.concatenate([as_array(c[k]) for c in chunks]) for k in range(len(chunks[0]))]
 
 
 def compare(fp32_outputs: list[np.ndarray], int8_outputs: list[np.ndarray]) -> dict:
@@ -273,8 +282,8 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
         if missing:
             raise CalibrunError(f"{int8_path} has no input {missing[0]!r} (inputs: {int8_inputs})")
         try:
-            ref = ref_sess.run(None, feeds)
-            got = got_sess.run(None, feeds)
+            ref = [as_array(v) for v in ref_sess.run(None, feeds)]
+            got = [as_array(v) for v in got_sess.run(None, feeds)]
         except Exception as exc:  # onnxruntime's own Fail/InvalidArgument on bad feeds
             raise CalibrunError(f"running the models on the evaluation data failed: {one_line(exc)}") from exc
         errors.update(ref, got)

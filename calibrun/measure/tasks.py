@@ -15,9 +15,16 @@ batch's labels (or None); `metrics()` gives the floats, keyed `task.<name>`.
   map has a positive element; `task.fp32_positive` says how much there was).
 - custom: `task.fn=module:function`, called once per evaluation batch as `fn(fp32_outputs, int8_outputs, labels)`
   and returning a dict of floats; each metric is the mean over batches weighted by the batch's rows.
-- auto: classification when the output comes from a Softmax (through shape ops), when the evaluation data has
-  labels or `model.classifier=true`; dense when the output is a one-channel map of rank 4 (N, 1, H, W) or comes
-  from a Sigmoid with rank >= 3; else none. The choice and its reason are logged and kept in result.json.
+- auto: looks at every output (docs/tasks.md has the rules and examples). The class output is the one a
+  Softmax/LogSoftmax writes (through shape ops and Cast), or a converted classic model's probabilities (a ZipMap,
+  the probabilities output of an ai.onnx.ml *Classifier op, the scores an integer output takes the ArgMax of).
+  Integer outputs are never scores: one holding a predicted class per row (`label`) is compared directly, and
+  with labels the accuracies come from it. With labels, an output whose class count cannot hold them is not
+  the class output. Without such an output, labels (or `model.classifier=true`) make the one float [N, C] output
+  they fit the logits; then a one-channel map (N, 1, H, W) or a Sigmoid map of rank >= 3 is dense; else none.
+  When two outputs qualify, or labels fit none, it measures none. The pick and why (and why not the other
+  outputs) are one log line, kept in result.json. Labels that turn out not to fit (values beyond the class
+  count) leave the task unmeasured: no task metric is logged.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+from onnx import TensorProto
 
 from calibrun.errors import CalibrunError, one_line
 
@@ -68,15 +76,23 @@ class Task:
 
 
 class Classification(Task):
+    """Top-1/top-k agreement of the class scores in `output` (classes on `axis`) and, with labels and one
+    prediction per row, both accuracies. `predicted`: an integer output holding the predicted class of each row
+    (a converted classic model's `label`): the accuracies compare it with the labels directly; with `output`
+    None it is all there is, and top-1 agreement compares the fp32 and int8 predicted classes."""
+
     name = "classification"
 
-    def __init__(self, output: str, axis: int, top_k: int = 5, reason: str = ""):
+    def __init__(self, output: str | None, axis: int = -1, top_k: int = 5, reason: str = "",
+                 predicted: str | None = None):
         super().__init__(reason)
-        self.output, self.axis, self.top_k = output, axis, top_k
+        self.output, self.axis, self.top_k, self.predicted = output, axis, top_k, predicted
         self.predictions = self.top1 = self.topk = 0
         self.labelled = self.fp32_correct = self.int8_correct = 0
         self.classes: int | None = None
+        self.seen: set[int] = set()  # label values seen (paired with `predicted`: at most `classes` of them)
         self.warned = False
+        self.unfit: str | None = None  # why the labels do not fit the output: then nothing is measured
 
     def _flat(self, array: np.ndarray) -> np.ndarray:
         if array.ndim == 0:
@@ -84,36 +100,66 @@ class Classification(Task):
         axis = self.axis if self.axis >= 0 else array.ndim + self.axis
         if not 0 <= axis < array.ndim:
             raise CalibrunError(f"task.axis {self.axis} is outside output {self.output!r} of shape {array.shape}")
+        if axis == 0:
+            raise CalibrunError(f"classification: the class axis of output {self.output!r} (shape {array.shape}) "
+                                "would be axis 0, the rows: these are not class scores (set task.output or task.axis)")
         moved = np.moveaxis(array, axis, -1)
         return moved.reshape(-1, moved.shape[-1])
 
+    def _labels_fit(self, labels: np.ndarray) -> bool:
+        """Do the labels fit the class count? Once they do not, nothing is measured (said once)."""
+        if self.unfit is None and labels.size and self.classes is not None:
+            if self.predicted is None and (labels.min() < 0 or labels.max() >= self.classes):
+                self.unfit = (f"labels {int(labels.min())}..{int(labels.max())} do not fit the {self.classes} "
+                              f"classes of output {self.output!r}")
+            elif self.predicted is not None:
+                self.seen.update(int(v) for v in np.unique(labels))
+                if len(self.seen) > self.classes:
+                    self.unfit = (f"{len(self.seen)} distinct labels do not fit the {self.classes} classes of "
+                                  f"output {self.output!r}")
+            if self.unfit is not None:
+                log.warning("classification: %s: task metrics not measured", self.unfit)
+        return self.unfit is None
+
+    def _rows(self, fp32, int8, name: str) -> tuple[np.ndarray, np.ndarray]:
+        return np.asarray(fp32[name]).reshape(-1), np.asarray(int8[name]).reshape(-1)
+
     def update(self, fp32, int8, labels) -> None:
-        ref, got = self._flat(np.asarray(fp32[self.output])), self._flat(np.asarray(int8[self.output]))
-        classes = ref.shape[1]
-        if classes < 2:
-            raise CalibrunError(f"classification: output {self.output!r} has {classes} class on axis {self.axis}; "
-                                "set task.axis to the class axis (or task=dense / task=none)")
-        self.classes = classes
-        ref_top = ref.argmax(axis=1)
-        self.predictions += len(ref_top)
-        self.top1 += int(np.count_nonzero(ref_top == got.argmax(axis=1)))
-        if classes > self.top_k:
-            top = np.argpartition(-got, self.top_k - 1, axis=1)[:, : self.top_k]
-            self.topk += int(np.count_nonzero((top == ref_top[:, None]).any(axis=1)))
-        if labels is not None:
-            labels = np.asarray(labels).reshape(-1)
-            if len(labels) != len(ref_top):
-                if not self.warned:
-                    log.warning("classification: %d predictions for %d labels per batch: accuracy not measured "
-                                "(labels need one prediction per row)", len(ref_top), len(labels))
-                    self.warned = True
+        if self.unfit is not None:
+            return
+        labels = None if labels is None else np.asarray(labels).reshape(-1)
+        if self.output is None:  # predicted classes only
+            ref_top, got_top = self._rows(fp32, int8, self.predicted)
+        else:
+            ref, got = self._flat(np.asarray(fp32[self.output])), self._flat(np.asarray(int8[self.output]))
+            classes = ref.shape[1]
+            if classes < 2:
+                raise CalibrunError(f"classification: output {self.output!r} has {classes} class on axis "
+                                    f"{self.axis}; set task.axis to the class axis (or task=dense / task=none)")
+            self.classes = classes
+            if labels is not None and not self._labels_fit(labels):
                 return
-            self.labelled += len(labels)
-            self.fp32_correct += int(np.count_nonzero(ref_top == labels))
-            self.int8_correct += int(np.count_nonzero(got.argmax(axis=1) == labels))
+            ref_top, got_top = ref.argmax(axis=1), got.argmax(axis=1)
+            if classes > self.top_k:
+                top = np.argpartition(-got, self.top_k - 1, axis=1)[:, : self.top_k]
+                self.topk += int(np.count_nonzero((top == ref_top[:, None]).any(axis=1)))
+        self.predictions += len(ref_top)
+        self.top1 += int(np.count_nonzero(ref_top == got_top))
+        if labels is None:
+            return
+        ref_cls, got_cls = (ref_top, got_top) if self.predicted is None else self._rows(fp32, int8, self.predicted)
+        if len(labels) != len(ref_cls):
+            if not self.warned:
+                log.warning("classification: %d predictions for %d labels per batch: accuracy not measured "
+                            "(labels need one prediction per row)", len(ref_cls), len(labels))
+                self.warned = True
+            return
+        self.labelled += len(labels)
+        self.fp32_correct += int(np.count_nonzero(ref_cls == labels))
+        self.int8_correct += int(np.count_nonzero(got_cls == labels))
 
     def metrics(self) -> dict[str, float]:
-        if not self.predictions:
+        if not self.predictions or self.unfit is not None:
             return {}
         out = {"task.top1_agreement": self.top1 / self.predictions}
         if self.classes is not None and self.classes > self.top_k:
@@ -124,7 +170,12 @@ class Classification(Task):
         return out
 
     def describe(self) -> dict:
-        return {**super().describe(), "output": self.output, "axis": self.axis, "top_k": self.top_k}
+        out = {**super().describe(), "output": self.output, "axis": self.axis, "top_k": self.top_k}
+        if self.predicted is not None:
+            out["predicted"] = self.predicted
+        if self.unfit is not None:
+            out["not_measured"] = self.unfit
+        return out
 
 
 class Dense(Task):
@@ -268,9 +319,186 @@ def _producer_op(model: onnx.ModelProto, output: str) -> str | None:
     return None
 
 
-def resolve(spec: TaskSpec, model_path, labels: bool = False, classifier: bool | None = None) -> Task:
-    """The task accumulator for `spec` on the fp32 model at `model_path`; `labels`: the evaluation data has
-    labels; `classifier`: model.classifier (None: not set). Logs what `auto` picked and why."""
+FLOATS = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16}
+INTEGERS = {TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8,
+            TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64}
+PASS_OPS = SHAPE_OPS | {"Cast"}  # ops that keep the values of a tensor (what a class output may pass through)
+ML = "ai.onnx.ml"
+
+
+@dataclass(frozen=True)
+class Labels:
+    """What the task resolution knows of the evaluation labels (None: not known)."""
+
+    low: int | None = None
+    high: int | None = None
+    distinct: int | None = None
+
+    @classmethod
+    def of(cls, labels) -> Labels | None:
+        """From the label array (or True: labels exist, values unknown; None/False: no labels)."""
+        if labels is None or labels is False:
+            return None
+        if labels is True:
+            return cls()
+        values = np.asarray(labels).reshape(-1)
+        if not values.size:
+            return cls()
+        return cls(int(values.min()), int(values.max()), int(len(np.unique(values))))
+
+    def __str__(self) -> str:
+        return "labels" if self.low is None else f"labels {self.low}..{self.high}"
+
+
+@dataclass(frozen=True)
+class Output:
+    """A graph output as the task rules see it."""
+
+    name: str
+    kind: str  # "float", "integer", "zipmap" (a ZipMap's sequence of {class: probability}), "other"
+    shape: list | None  # None: unknown (or not a tensor)
+    producer: str  # the op that writes it, through value-keeping ops ("input" for a graph input)
+
+    def __str__(self) -> str:
+        shape = "" if self.shape is None else f" {_fmt(self.shape)}"
+        return f"{self.name!r} ({self.kind}{shape}, from {self.producer})"
+
+
+def _fmt(shape: list) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+@dataclass
+class Candidate:
+    """An output that holds class scores, and why."""
+
+    output: str
+    why: str
+    axis: int | None  # the class axis (None: cannot be told from the graph)
+    classes: int | None  # the class count when the shape says it
+    predicted: str | None = None  # the integer output holding the predicted class of each row, if any
+    rank: int | None = None
+
+
+class _Graph:
+    """What the rules read from the fp32 graph: producers, outputs, and which outputs hold classes."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.model = model
+        self.producers = {o: (n, i) for n in model.graph.node for i, o in enumerate(n.output) if o}
+        self.outputs = [self._output(o) for o in model.graph.output]
+        self.by_name = {o.name: o for o in self.outputs}
+
+    def _output(self, info: onnx.ValueInfoProto) -> Output:
+        node = self.producers.get(info.name, (None, 0))[0]
+        if info.type.HasField("tensor_type"):
+            elem = info.type.tensor_type.elem_type
+            kind = "float" if elem in FLOATS else "integer" if elem in INTEGERS else "other"
+            shape = _shape(self.model, info.name)
+        else:
+            kind = "zipmap" if node is not None and node.op_type == "ZipMap" else "other"
+            shape = None
+        return Output(info.name, kind, shape, _producer_op(self.model, info.name) or "input")
+
+    def root(self, name: str) -> tuple[str, tuple | None]:
+        """Walk back from `name` through value-keeping ops: the first tensor written by another op (or an
+        input), with its (node, output index)."""
+        while name in self.producers:
+            node, index = self.producers[name]
+            if node.op_type not in PASS_OPS or not node.input:
+                return name, (node, index)
+            name = node.input[0]
+        return name, None
+
+    def _classic(self, name: str, index: int) -> onnx.NodeProto | None:
+        """The ai.onnx.ml classifier op whose output `index` (0: labels, 1: probabilities) `name` is."""
+        _, found = self.root(name)
+        if found is None or found[1] != index:
+            return None
+        node = found[0]
+        return node if node.domain == ML and node.op_type.endswith("Classifier") else None
+
+    def argmaxes(self, name: str) -> list[onnx.NodeProto]:
+        """The ArgMax ops an output is computed from (the nearest on each path)."""
+        found, seen, todo = [], set(), [name]
+        while todo:
+            tensor = todo.pop()
+            if tensor in seen or tensor not in self.producers:
+                continue
+            seen.add(tensor)
+            node = self.producers[tensor][0]
+            if node.op_type == "ArgMax":
+                found.append(node)
+            else:
+                todo.extend(i for i in node.input if i)
+        return found
+
+    def predicted_classes(self, out: Output) -> str | None:
+        """Why an integer output holds one predicted class per row (None: the graph does not say so)."""
+        if out.kind != "integer" or (out.shape is not None and not (len(out.shape) == 1 or out.shape[1:] == [1])):
+            return None
+        node = self._classic(out.name, 0)
+        if node is not None:
+            return f"the labels of {node.op_type} ({ML})"
+        if self.argmaxes(out.name):
+            return "computed from an ArgMax"
+        return None
+
+    def scores(self, out: Output) -> Candidate | None:
+        """The output as class scores, when the graph says it holds them (a Softmax, a classic model's
+        probabilities, the input of an ArgMax that gives an integer output, a ZipMap); else None."""
+        rank = None if out.shape is None else len(out.shape)
+        if out.kind == "zipmap":
+            node = self.producers[out.name][0]
+            return Candidate(out.name, "is a ZipMap of class probabilities", 1, None, self._pair(node.input[0]), 2)
+        if out.kind != "float":
+            return None
+        softmax, why = find_scores(self.model, out.name)
+        if softmax is not None:
+            axis = class_axis(self.model, out.name, softmax)
+            classes = out.shape[axis] if axis is not None and out.shape and axis < len(out.shape) else None
+            return Candidate(out.name, f"comes from {why}", axis, classes, self._pair(out.name), rank)
+        node = self._classic(out.name, 1)
+        if node is not None:
+            why = f"is the probabilities output of {node.op_type} ({ML})"
+        elif self._pair(out.name) is not None:
+            why = f"is what integer output {self._pair(out.name)!r} takes the ArgMax of"
+        else:
+            return None
+        axis = 1 if rank in (None, 2) else None
+        classes = out.shape[1] if axis == 1 and out.shape else None
+        return Candidate(out.name, why, axis, classes or None, self._pair(out.name), rank)
+
+    def _pair(self, name: str) -> str | None:
+        """The integer output that holds the predicted class of the scores `name` (the argmax of the same
+        tensor, or the labels output of the same classic classifier op)."""
+        root, found = self.root(name)
+        for out in self.outputs:
+            if self.predicted_classes(out) is None:
+                continue
+            label = self._classic(out.name, 0)
+            if label is not None and found is not None and found[0] is label:
+                return out.name
+            if any(self.root(a.input[0])[0] == root for a in self.argmaxes(out.name) if a.input):
+                return out.name
+        return None
+
+    def dense(self, out: Output) -> str | None:
+        """Why the output is a probability map (None: it is not one)."""
+        shape = out.shape
+        if out.kind != "float" or shape is None:
+            return None
+        if len(shape) == 4 and shape[1] == 1:
+            return f"is a one-channel map {_fmt(shape)}"
+        if out.producer == "Sigmoid" and len(shape) >= 3:
+            return f"is a Sigmoid map of rank {len(shape)}"
+        return None
+
+
+def resolve(spec: TaskSpec, model_path, labels=None, classifier: bool | None = None) -> Task:
+    """The task accumulator for `spec` on the fp32 model at `model_path`; `labels`: the evaluation labels (an
+    array; True: there are labels; None/False: none); `classifier`: model.classifier (None: not set). Logs what
+    `auto` picked and why, in one line (docs/tasks.md has the rules)."""
     if spec.name not in TASKS:
         raise CalibrunError(f"task.name must be one of {list(TASKS)}, got {spec.name!r}")
     if spec.name == "none":
@@ -279,57 +507,156 @@ def resolve(spec: TaskSpec, model_path, labels: bool = False, classifier: bool |
         if not spec.fn:
             raise CalibrunError("task.fn is required with task=custom (task.fn=module:function)")
         return Custom(spec.fn, f"task.fn={spec.fn}")
-    model = onnx.load(str(model_path), load_external_data=False)
-    outputs = [o.name for o in model.graph.output]
-    output = spec.output or outputs[0]
-    if output not in outputs:
-        raise CalibrunError(f"task.output {output!r} is not a model output (outputs: {outputs})")
-    softmax, why = find_scores(model, output)
+    graph = _Graph(onnx.load(str(model_path), load_external_data=False))
+    names = [o.name for o in graph.outputs]
+    if spec.output is not None and spec.output not in names:
+        raise CalibrunError(f"task.output {spec.output!r} is not a model output (outputs: {names})")
+    facts = Labels.of(labels)
     if spec.name == "auto":
-        if classifier is False:
-            task = _auto_dense_or_none(model, output, spec)
-        elif softmax is not None or labels or classifier:
-            reason = (f"output {output!r} comes from {why}" if softmax is not None
-                      else "the evaluation data has labels" if labels else "model.classifier=true")
-            task = _classification(model, output, softmax, spec, reason, strict=False)
-        else:
-            task = _auto_dense_or_none(model, output, spec)
-        log.info("task=auto picked %s: %s", task.name, task.reason)
+        task, refused = _auto(graph, spec, facts, classifier)
+        (log.warning if refused else log.info)("task=auto picked %s: %s", task.name, task.reason)
         return task
     if spec.name == "classification":
-        reason = f"task=classification; output {output!r} comes from {why}" if softmax is not None else \
-            f"task=classification; {why}"
-        return _classification(model, output, softmax, spec, reason, strict=True)
+        return _explicit_classification(graph, spec)
+    output = spec.output or _single([o.name for o in graph.outputs if graph.dense(o)]) or names[0]
     return Dense(output, spec.threshold, f"task=dense on output {output!r}, threshold {spec.threshold}")
 
 
-def _classification(model, output: str, softmax, spec: TaskSpec, reason: str, strict: bool) -> Task:
+def _single(items: list):
+    return items[0] if len(items) == 1 else None
+
+
+def _names(items) -> str:
+    items = list(items)
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
+
+
+def _fits(candidate: Candidate, facts: Labels | None) -> str | None:
+    """Why the labels do not fit the candidate's class count (None: they fit, or it cannot be told yet)."""
+    if facts is None or facts.low is None or candidate.classes is None:
+        return None
+    if candidate.predicted is not None:  # labels are compared with the predicted classes: values may be any
+        if facts.distinct > candidate.classes:
+            return f"{facts.distinct} distinct labels do not fit its {candidate.classes} classes"
+        return None
+    if facts.low < 0 or facts.high >= candidate.classes:
+        return f"{facts} do not fit its {candidate.classes} classes"
+    return None
+
+
+def _from_candidate(c: Candidate, spec: TaskSpec, facts: Labels | None, reason: str, tail: str = "") -> Task:
+    if c.axis is None:
+        return Task(f"{reason}, but which axis of it holds the classes cannot be told (shapes unknown or "
+                    f"ambiguous after a reshape): no task metrics; set task=classification task.axis=K{tail}")
+    detail = f"{reason}; class axis {c.axis}" + (f" ({c.classes} classes)" if c.classes else "")
+    if c.predicted is not None:
+        detail += f"; integer output {c.predicted!r} is its predicted class (compared with the labels directly)"
+    if facts is not None and c.rank is not None and c.rank > 2 and c.predicted is None:
+        detail += "; one prediction per position, labels are per row: accuracy not measured"
+    task = Classification(c.output, c.axis, spec.top_k, detail + tail, predicted=c.predicted)
+    task.warned = "accuracy not measured" in detail  # said in the pick's line: not again per batch
+    return task
+
+
+def _auto(graph: _Graph, spec: TaskSpec, facts: Labels | None, classifier: bool | None) -> tuple[Task, bool]:
+    """auto's pick and whether it refused (two outputs qualify, or labels fit none of them)."""
+    outputs = [graph.by_name[spec.output]] if spec.output else graph.outputs
+    if classifier is not False:
+        scores = [c for c in map(graph.scores, outputs) if c is not None]
+        if scores:
+            unfit = {c.output: why for c in scores if (why := _fits(c, facts)) is not None}
+            fit = [c for c in scores if c.output not in unfit]
+            dropped = "; ".join(f"not {name!r}: {why}" for name, why in unfit.items())
+            if not fit:
+                return Task(f"class scores found, but the evaluation labels fit none: {dropped}; no task metrics "
+                            "(set task.output, or check the labels)"), True
+            if len(fit) > 1:
+                return Task(f"{len(fit)} outputs hold class scores: "
+                            f"{_names(f'{c.output!r} ({c.why})' for c in fit)}; measuring none of them "
+                            "(set task.output=NAME to choose)"), True
+            c = fit[0]
+            others = [str(o) for o in outputs if o.name not in (c.output, c.predicted)]
+            tail = (f"; {dropped}" if dropped else "") + (f"; not class scores: {_names(others)}" if others else "")
+            return _from_candidate(c, spec, facts, f"output {c.output!r} {c.why}", tail), False
+        predicted = [o for o in outputs if graph.predicted_classes(o)]
+        if len(predicted) > 1:
+            return Task(f"{len(predicted)} integer outputs hold predicted classes: "
+                        f"{_names(repr(o.name) for o in predicted)}; measuring none of them "
+                        "(set task.output=NAME to choose)"), True
+        if predicted:
+            o = predicted[0]
+            return Classification(None, 1, spec.top_k, f"integer output {o.name!r} is {graph.predicted_classes(o)}: "
+                                  "its predicted classes are compared directly", predicted=o.name), False
+        if facts is not None or classifier:
+            task = _guess_scores(graph, outputs, spec, facts, classifier)
+            if task is not None:
+                return task
+    maps = [(o, why) for o in outputs if (why := graph.dense(o))]
+    if len(maps) > 1:
+        return Task(f"{len(maps)} outputs are probability maps: {_names(repr(o.name) for o, _ in maps)}; "
+                    "measuring none of them (set task=dense task.output=NAME to choose)"), True
+    if maps:
+        o, why = maps[0]
+        return Dense(o.name, spec.threshold, f"output {o.name!r} {why}"), False
+    where = f"output {spec.output!r} is neither" if spec.output else "no output is"
+    return Task(f"{where} class scores, predicted classes or a probability map: "
+                f"{_names(str(o) for o in outputs)}"), False
+
+
+def _guess_scores(graph: _Graph, outputs: list[Output], spec: TaskSpec, facts: Labels | None,
+                  classifier: bool | None) -> tuple[Task, bool] | None:
+    """No Softmax and no classic model's probabilities: with labels (or model.classifier=true) the one float
+    output of shape [N, C] whose C classes hold the labels is taken as logits; model.classifier=true on a
+    single float output takes its last axis."""
+    floats = [o for o in outputs if o.kind == "float"]
+    if classifier and len(floats) == 1 and (floats[0].shape is None or len(floats[0].shape) != 2):
+        o = floats[0]
+        return Classification(o.name, -1, spec.top_k, f"model.classifier=true; output {o.name!r} ({o.producer}) "
+                              "is the only float output; no Softmax found, class axis -1 assumed"), False
+    rows = [o for o in floats if o.shape is not None and len(o.shape) == 2 and (o.shape[1] or 2) >= 2]
+    fit = [o for o in rows if _fits(Candidate(o.name, "", 1, o.shape[1]), facts) is None]
+    said = "model.classifier=true" if classifier else f"the evaluation data has {facts}"
+    if len(fit) == 1:
+        o = fit[0]
+        return Classification(o.name, 1, spec.top_k, f"{said} and output {o.name!r} ({o.producer}, "
+                              f"{o.shape}) is the only float [N, C] output they fit; no Softmax: its argmax is the "
+                              "predicted class (logits)"), False
+    if len(fit) > 1:
+        return Task(f"{said}, but no output is marked as class scores (no Softmax, no classifier op) and "
+                    f"{len(fit)} float [N, C] outputs could hold them: {_names(repr(o.name) for o in fit)}; "
+                    "measuring none of them (set task=classification task.output=NAME)"), True
+    return None
+
+
+def _explicit_classification(graph: _Graph, spec: TaskSpec) -> Task:
+    """task=classification: task.output, else the one output the rules find, else the first output."""
+    if spec.output is None:
+        found = [c for c in map(graph.scores, graph.outputs) if c is not None]
+        if len(found) != 1:
+            found = [Candidate(o.name, "", None, None, o.name) for o in graph.outputs if graph.predicted_classes(o)]
+        name = found[0].output if len(found) == 1 else graph.outputs[0].name
+    else:
+        name = spec.output
+    out = graph.by_name[name]
+    if out.kind == "integer":
+        return Classification(None, 1, spec.top_k, f"task=classification; integer output {name!r}: its predicted "
+                              "classes are compared directly (integer outputs are never class scores)", predicted=name)
+    c = graph.scores(out)
     if spec.axis is not None:
-        return Classification(output, spec.axis, spec.top_k, f"{reason}; class axis {spec.axis} (task.axis)")
-    if softmax is None:
+        why = f"output {name!r} {c.why}" if c is not None else f"output {name!r}"
+        return Classification(name, spec.axis, spec.top_k, f"task=classification; {why}; class axis {spec.axis} "
+                              "(task.axis)", predicted=c.predicted if c is not None else None)
+    if c is None:
+        _, why = find_scores(graph.model, name)
         log.warning("classification: %s; cannot find the class scores from the graph: taking the last axis of "
-                    "%r as the class axis (set task.axis to choose another)", reason.split("; ")[-1], output)
-        return Classification(output, -1, spec.top_k, f"{reason}; no Softmax found, class axis -1 assumed")
-    axis = class_axis(model, output, softmax)
-    if axis is None:
-        message = (f"cannot tell which axis of output {output!r} holds the classes of Softmax "
-                   f"{softmax.name or softmax.output[0]!r} (shapes unknown or ambiguous after the reshape): "
-                   "set task.axis")
-        if strict:
-            raise CalibrunError(message)
-        log.warning("task=auto: %s; no task metrics", message)
-        return Task(message)
-    return Classification(output, axis, spec.top_k, f"{reason}; class axis {axis}")
-
-
-def _auto_dense_or_none(model, output: str, spec: TaskSpec) -> Task:
-    shape = _shape(model, output)
-    op = _producer_op(model, output)
-    if shape is not None and len(shape) == 4 and shape[1] == 1:
-        return Dense(output, spec.threshold, f"output {output!r} is a one-channel map {shape}")
-    if op == "Sigmoid" and shape is not None and len(shape) >= 3:
-        return Dense(output, spec.threshold, f"output {output!r} is a Sigmoid map of rank {len(shape)}")
-    return Task(f"output {output!r} ({op or 'input'}, shape {shape}) is neither class scores nor a one-channel map")
+                    "%r as the class axis (set task.axis to choose another)", why, name)
+        return Classification(name, -1, spec.top_k, f"task=classification; {why}; no Softmax found, class axis -1 "
+                              "assumed")
+    if c.axis is None:
+        raise CalibrunError(f"cannot tell which axis of output {name!r} holds the classes ({c.why}; shapes unknown "
+                            "or ambiguous after the reshape): set task.axis")
+    return Classification(name, c.axis, spec.top_k, f"task=classification; output {name!r} {c.why}; class axis "
+                          f"{c.axis}", predicted=c.predicted)
 
 
 def legacy(metrics: Mapping[str, float]) -> dict[str, float]:

@@ -610,7 +610,7 @@ class StreamingDiagnostics:
             raise CalibrunError(f"running {self.int8_where} on the evaluation feeds failed: {one_line(exc)}") from exc
         if self.rows_per_run is None:
             rows = max(1, len(next(iter(feeds.values()))))
-            per_row = (sum(a.nbytes for a in ref.values()) + sum(a.nbytes for a in got.values())) / rows
+            per_row = sum(getattr(a, "nbytes", 0) for a in (*ref.values(), *got.values())) / rows  # a ZipMap's: a list
             self.rows_per_run = max(1, int(OUTPUT_BUDGET // max(per_row, 1)))
         for stats in self.stats:
             pair = stats.pair

@@ -144,7 +144,178 @@ def test_auto_dense_for_a_one_channel_map_and_none_for_boxes(tmp_path):
     picked = resolve(TaskSpec("auto"), boxes)
     assert picked.name == "none"
     assert "Concat" in picked.reason
-    # labels make auto measure classification even without a Softmax (the last axis, said in the reason)
-    assert resolve(TaskSpec("auto"), boxes, labels=True).name == "classification"
+    # labels alone do not make a [N, 10, 6] Concat output class scores: auto does not guess a class axis
+    assert resolve(TaskSpec("auto"), boxes, labels=np.arange(3)).name == "none"
     with pytest.raises(CalibrunError, match="not a model output"):
         resolve(TaskSpec("dense", output="nope"), boxes)
+
+
+# ------------------------------------------------------------------------ multi-output models (issue 29)
+
+
+def _head(name, width, op="Add"):
+    """x [N, 8] -> MatMul -> Add (-> Softmax) named `name`, `width` wide."""
+    w = helper.make_tensor(f"{name}_w", TensorProto.FLOAT, [8, width], np.linspace(-1, 1, 8 * width).tolist())
+    b = helper.make_tensor(f"{name}_b", TensorProto.FLOAT, [width], [0.0] * width)
+    nodes = [helper.make_node("MatMul", ["x", f"{name}_w"], [f"{name}_mm"]),
+             helper.make_node("Add", [f"{name}_mm", f"{name}_b"], [name if op == "Add" else f"{name}_pre"])]
+    if op != "Add":
+        nodes.append(helper.make_node(op, [f"{name}_pre"], [name], axis=1))
+    return nodes, [w, b], helper.make_tensor_value_info(name, TensorProto.FLOAT, ["N", width])
+
+
+def _heads(tmp_path, *heads, extra_nodes=(), extra_outputs=(), name="heads.onnx"):
+    nodes, inits, outs = [], [], []
+    for head in heads:
+        n, i, o = _head(*head)
+        nodes += n
+        inits += i
+        outs.append(o)
+    return _save(tmp_path, nodes + list(extra_nodes), [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                      ["N", 8])],
+                 outs + list(extra_outputs), name, inits)
+
+
+def test_auto_takes_the_softmax_head_of_a_detector_stage_in_one_line(tmp_path, caplog):
+    """boxes [N, 4] first, landmarks [N, 10], then Softmax [N, 2]: the Softmax output is the class output, the
+    other two are named as not class scores, all in one log line."""
+    path = _heads(tmp_path, ("box", 4), ("landmarks", 10), ("prob", 2, "Softmax"))
+    with caplog.at_level("INFO", logger="calibrun"):
+        task = resolve(TaskSpec("auto"), path, labels=np.array([0, 1, 1]))
+    assert isinstance(task, Classification)
+    assert (task.output, task.axis) == ("prob", 1)
+    assert "'prob' comes from Softmax" in task.reason
+    assert "not class scores: 'box'" in task.reason
+    assert "'landmarks'" in task.reason
+    lines = [r for r in caplog.records if r.name == "calibrun"]
+    assert len(lines) == 1
+    assert lines[0].getMessage() == f"task=auto picked classification: {task.reason}"
+
+
+def test_auto_measures_none_when_two_outputs_qualify_unless_the_labels_decide(tmp_path, caplog):
+    path = _heads(tmp_path, ("gender", 2, "Softmax"), ("age", 10, "Softmax"))
+    with caplog.at_level("INFO", logger="calibrun"):
+        task = resolve(TaskSpec("auto"), path)
+    assert task.name == "none"
+    assert "2 outputs hold class scores: 'gender' (comes from Softmax) and 'age'" in task.reason
+    assert "set task.output" in task.reason
+    lines = [r for r in caplog.records if r.name == "calibrun"]
+    assert [r.levelname for r in lines] == ["WARNING"]
+    # labels 0..7 cannot be classes of the 2-class head: the 10-class head is the class output, and it says why
+    task = resolve(TaskSpec("auto"), path, labels=np.array([0, 3, 7]))
+    assert (task.name, task.output) == ("classification", "age")
+    assert "not 'gender': labels 0..7 do not fit its 2 classes" in task.reason
+    # labels fitting both: still two candidates, none measured
+    assert resolve(TaskSpec("auto"), path, labels=np.array([0, 1])).name == "none"
+    # labels fitting neither: none, saying so
+    task = resolve(TaskSpec("auto"), path, labels=np.array([0, 12]))
+    assert task.name == "none"
+    assert "fit none" in task.reason
+    # task.output chooses
+    assert resolve(TaskSpec("auto", output="gender"), path).output == "gender"
+
+
+def _argmax_label(source="prob"):
+    """label = Cast(ArgMax(source)) as int64 [N], the way skl2onnx and exporters write a predicted class."""
+    nodes = [helper.make_node("ArgMax", [source], ["am"], axis=1, keepdims=0),
+             helper.make_node("Cast", ["am"], ["label"], to=TensorProto.INT64)]
+    return nodes, [helper.make_tensor_value_info("label", TensorProto.INT64, ["N"])]
+
+
+def test_integer_label_is_never_scores_but_the_predicted_class(tmp_path):
+    """label int64 [N] first, then probabilities [N, 2] without a Softmax (a classic model's Sigmoid -> Concat):
+    the probabilities are the class output since the label is their ArgMax; the label is compared directly."""
+    w = helper.make_tensor("w", TensorProto.FLOAT, [8, 1], np.linspace(-1, 1, 8).tolist())
+    one = helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["z"]), helper.make_node("Sigmoid", ["z"], ["p1"]),
+             helper.make_node("Sub", ["one", "p1"], ["p0"]),
+             helper.make_node("Concat", ["p0", "p1"], ["probabilities"], axis=1)]
+    label_nodes, label_out = _argmax_label("probabilities")
+    path = _save(tmp_path, nodes + label_nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                 label_out + [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["N", 2])],
+                 "classic.onnx", [w, one])
+    task = resolve(TaskSpec("auto"), path, labels=np.array([0, 1, 1]))
+    assert isinstance(task, Classification)
+    assert (task.output, task.axis, task.predicted) == ("probabilities", 1, "label")
+    assert "integer output 'label' takes the ArgMax of" in task.reason
+    # the explicit task picks the same output (the first one is the label)
+    assert resolve(TaskSpec("classification"), path).output == "probabilities"
+    # an integer output chosen by name is predicted classes, never scores
+    chosen = resolve(TaskSpec("classification", output="label"), path)
+    assert (chosen.output, chosen.predicted) == (None, "label")
+
+
+def test_label_only_model_is_compared_directly(tmp_path):
+    nodes, inits, _ = _head("logits", 3)
+    label_nodes, label_out = _argmax_label("logits")
+    path = _save(tmp_path, nodes + label_nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                 label_out, "label_only.onnx", inits)
+    task = resolve(TaskSpec("auto"), path)
+    assert (task.name, task.output, task.predicted) == ("classification", None, "label")
+    assert "compared directly" in task.reason
+    ref, got = {"label": np.array([0, 1, 2, 2])}, {"label": np.array([0, 1, 1, 2])}
+    task.update(ref, got, np.array([0, 1, 2, 0]))
+    m = task.metrics()
+    assert m["task.top1_agreement"] == pytest.approx(3 / 4)
+    assert m["task.fp32_accuracy"] == pytest.approx(3 / 4)
+    assert m["task.int8_accuracy"] == pytest.approx(2 / 4)
+    assert "task.top5_agreement" not in m
+
+
+def test_logits_with_labels_only_when_one_output_fits(tmp_path):
+    """No Softmax, no classifier op: labels make the one float [N, C] output whose C holds them the logits;
+    with two such outputs auto measures none."""
+    one = _heads(tmp_path, ("box", 4), ("logits", 10), name="one.onnx")
+    task = resolve(TaskSpec("auto"), one, labels=np.array([0, 9]))
+    assert (task.name, task.output, task.axis) == ("classification", "logits", 1)
+    assert "logits" in task.reason
+    assert resolve(TaskSpec("auto"), one).name == "none"  # no labels: nothing says these are classes
+    two = _heads(tmp_path, ("a", 10), ("b", 12), name="two.onnx")
+    task = resolve(TaskSpec("auto"), two, labels=np.array([0, 9]))
+    assert task.name == "none"
+    assert "'a' and 'b'" in task.reason
+
+
+def test_paired_label_gives_the_accuracy():
+    """Scores and the integer label output: agreement from the scores, accuracy from the labels output compared
+    with the labels directly (classes need not be 0..C-1)."""
+    task = Classification("p", axis=1, predicted="label")
+    ref = {"p": np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]]), "label": np.array([3, 7, 3])}
+    got = {"p": np.array([[0.8, 0.2], [0.6, 0.4], [0.6, 0.4]]), "label": np.array([3, 3, 3])}
+    task.update(ref, got, np.array([3, 7, 7]))
+    m = task.metrics()
+    assert m["task.top1_agreement"] == pytest.approx(2 / 3)
+    assert m["task.fp32_accuracy"] == pytest.approx(2 / 3)
+    assert m["task.int8_accuracy"] == pytest.approx(1 / 3)
+
+
+def test_labels_that_do_not_fit_leave_nothing_logged(caplog):
+    """Labels beyond the class count: the output is not what the labels are about; no metric at all (not a
+    top1_agreement beside an unmeasured accuracy), one warning."""
+    task = Classification("p", axis=1)
+    scores = np.array([[0.9, 0.1], [0.2, 0.8]])
+    task.update({"p": scores}, {"p": scores}, np.array([0, 1]))
+    with caplog.at_level("WARNING", logger="calibrun"):
+        task.update({"p": scores}, {"p": scores}, np.array([5, 1]))
+        task.update({"p": scores}, {"p": scores}, np.array([5, 1]))
+    assert task.metrics() == {}
+    assert len(caplog.records) == 1
+    assert "labels 1..5 do not fit the 2 classes" in caplog.records[0].getMessage()
+    assert task.describe()["not_measured"].startswith("labels 1..5")
+
+
+def test_class_axis_zero_is_the_rows():
+    """A rank-1 output with the last axis as classes would make the rows the classes: refused, not measured."""
+    task = Classification("label", axis=-1)
+    with pytest.raises(CalibrunError, match="axis 0, the rows"):
+        task.update({"label": np.array([1, 0, 1])}, {"label": np.array([1, 0, 1])}, None)
+
+
+def test_zipmap_output_is_read_as_an_array():
+    from calibrun.measure.errors import as_array
+
+    rows = [{0: 0.25, 2: 0.5, 1: 0.25}, {1: 1.0, 0: 0.0, 2: 0.0}]
+    assert as_array(rows).tolist() == [[0.25, 0.25, 0.5], [0.0, 1.0, 0.0]]
+    assert as_array([]).shape == (0, 0)
+    plain = np.ones((2, 3))
+    assert as_array(plain) is plain

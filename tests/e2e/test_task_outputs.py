@@ -1,0 +1,236 @@
+"""task=auto on trained models with several outputs (issue 29): which output holds the classes, and why.
+
+- MTCNN's last stage (ONet, tests/trained.py `mtcnn_onet`): box regression `dense_5` [N, 4] first, landmarks
+  `dense_6` [N, 10], face / not-face `softmax_2` [N, 2] last. On real face and non-face crops of scikit-image's
+  photos (labels 1 / 0), auto measures `softmax_2` (its Softmax), names the other two as not class scores, and the
+  fp32 accuracy is the detector's real one. With labels 0..9, which fit no output's classes, it measures nothing
+  and logs no task metric, to result.json or MLflow.
+- MTCNN's first stage (PNet, `mtcnn_pnet`, fully convolutional): a box map and a Softmax face map [N, W, H, 2];
+  every position is a prediction, so per-crop labels give no accuracy (said in the pick's line), agreement is
+  measured over the positions.
+- scikit-learn classifiers converted with skl2onnx, trained on sklearn's bundled real data: a breast-cancer
+  pipeline (StandardScaler + binary MLP, outputs `label` int64 [N] then `probabilities` [N, 2] from a Sigmoid and a
+  Concat, no Softmax) and a digits MLP with a ZipMap output. The probabilities are the class output, the integer
+  `label` is the predicted class compared with the labels directly.
+- The rules on trained models they were not developed on (in process, no quantisation): PP-OCR's classifier,
+  recogniser and text detector (a segmentation net), the YOLO detectors, a converted random forest.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlflow import MlflowClient
+
+from calibrun.measure.tasks import TaskSpec, resolve
+from tests.conftest import Proc, clean_env, run_python
+from tests.stores import fresh_mlflow_store
+from tests.trained import model_path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def calibrun(tmp: Path, *overrides: str, tracked: bool = False) -> Proc:
+    env = clean_env(MLFLOW_TRACKING_URI=fresh_mlflow_store(tmp)) if tracked else clean_env()
+    extra = () if tracked else ("tracking=off",)
+    return run_python(["-m", "calibrun", *overrides, *extra, f"cache.dir={tmp / 'cache'}"], tmp, env, 900)
+
+
+def npy_data(path: Path, name: str, rows: np.ndarray, labels: np.ndarray | None) -> list[str]:
+    """Save the rows (and labels) as one npz; the overrides that calibrate and evaluate on it."""
+    np.savez(path, **{name: rows}, **({} if labels is None else {"labels": labels}))
+    return ["data=npy", f"data.path={path}", "eval_data=npy", f"eval_data.path={path}", f"eval.rows={len(rows)}"]
+
+
+def result_of(tmp: Path, run: Proc, name: str) -> dict:
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr
+    return json.loads((tmp / name / "result.json").read_text())
+
+
+def picks(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "task=auto picked" in line]
+
+
+def task_metrics(metrics: dict) -> set[str]:
+    return {k for k in metrics if k.startswith("task.") or k in ("top1_agreement", "fp32_accuracy", "int8_accuracy")}
+
+
+# ------------------------------------------------------------------------------------------------ MTCNN
+
+
+@pytest.fixture(scope="module")
+def face_crops():
+    """48 x 48 crops as MTCNN feeds them (BGR, (x - 127.5) / 128, width and height swapped): 18 of the astronaut's
+    face (three sizes, small shifts) labelled 1, 24 of other places and photos (a cup, a rocket, a cat, the
+    astronaut's suit and background) labelled 0."""
+    from skimage import data, transform
+
+    def crop(image, y, x, size):
+        patch = transform.resize(image[y : y + size, x : x + size].astype(np.float64), (48, 48), anti_aliasing=True,
+                                 preserve_range=True)[:, :, ::-1]
+        return np.transpose((patch - 127.5) / 128, (1, 0, 2)).astype(np.float32)
+
+    astronaut = data.astronaut()
+    faces = [crop(astronaut, y, x, s) for s in (100, 110, 120) for y in (65, 75, 85) for x in (170, 180)]
+    others = []
+    for image in (data.coffee(), data.rocket(), data.chelsea(), astronaut):
+        height, width = image.shape[:2]
+        for y in np.linspace(0, height - 100, 3).astype(int):
+            for x in np.linspace(0, width - 100, 2).astype(int):
+                if image is astronaut and y < 200 and 100 < x < 300:
+                    continue  # the face
+                others.append(crop(image, y, x, 100))
+    return np.stack(faces + others), np.array([1] * len(faces) + [0] * len(others), np.int64)
+
+
+@pytest.mark.slow
+def test_onet_measures_the_softmax_head_not_the_boxes(tmp_path, face_crops):
+    rows, labels = face_crops
+    data = npy_data(tmp_path / "faces.npz", "input_3", rows, labels)
+    run = calibrun(tmp_path, "model=file", f"model.path={model_path('mtcnn_onet')}", *data, "batches=2",
+                   "hydra.run.dir=onet", tracked=True)
+    result = result_of(tmp_path, run, "onet")
+    task, m = result["task"], result["metrics"]
+    assert (task["name"], task["output"], task["axis"]) == ("classification", "softmax_2", 1)
+    assert "'softmax_2' comes from Softmax" in task["reason"]
+    assert "not class scores: 'dense_5'" in task["reason"]
+    assert "'dense_6'" in task["reason"]
+    assert len(picks(run.stderr)) == 1
+    # the face detector's real accuracy on real crops (box coordinates as classes gave 0.09)
+    assert m["task.fp32_accuracy"] >= 0.9
+    assert m["task.int8_accuracy"] >= 0.8
+    assert "task.top5_agreement" not in m  # 2 classes
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (mlflow_run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert mlflow_run.data.metrics["task.fp32_accuracy"] == pytest.approx(m["task.fp32_accuracy"])
+
+
+@pytest.mark.slow
+def test_onet_labels_that_fit_no_output_log_no_task_metric(tmp_path, face_crops):
+    """Labels 0..9 (not face / not-face): the Softmax head has 2 classes, so auto measures nothing, says so in
+    one warning line, and neither result.json nor the MLflow run has a task metric."""
+    rows, _ = face_crops
+    data = npy_data(tmp_path / "faces.npz", "input_3", rows, np.arange(len(rows)) % 10)
+    run = calibrun(tmp_path, "model=file", f"model.path={model_path('mtcnn_onet')}", *data, "batches=1",
+                   "diagnostics=off", "hydra.run.dir=onet", tracked=True)
+    result = result_of(tmp_path, run, "onet")
+    (line,) = picks(run.stderr)
+    assert "WARNING" in line
+    assert "task=auto picked none" in line
+    assert "labels 0..9 do not fit its 2 classes" in line
+    assert result["task"]["name"] == "none"
+    assert task_metrics(result["metrics"]) == set()
+    assert "accuracy not measured" not in run.stderr
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (mlflow_run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert task_metrics(mlflow_run.data.metrics) == set()
+    assert "out.softmax_2.sqnr_db" in mlflow_run.data.metrics  # the output errors are measured all the same
+
+
+@pytest.mark.slow
+def test_pnet_face_map_agreement_per_position(tmp_path, face_crops):
+    rows, labels = face_crops
+    data = npy_data(tmp_path / "faces.npz", "input_1", rows, labels)
+    run = calibrun(tmp_path, "model=file", f"model.path={model_path('mtcnn_pnet')}", *data, "batches=2",
+                   "diagnostics=off", "hydra.run.dir=pnet")
+    result = result_of(tmp_path, run, "pnet")
+    task, m = result["task"], result["metrics"]
+    assert (task["name"], task["output"], task["axis"]) == ("classification", "softmax", 3)
+    assert "'conv2d_4'" in task["reason"]
+    assert "accuracy not measured" in task["reason"]
+    assert len(picks(run.stderr)) == 1
+    assert "predictions for" not in run.stderr  # said once, in the pick's line
+    assert 0.5 <= m["task.top1_agreement"] <= 1.0
+    assert "task.fp32_accuracy" not in m
+
+
+# ---------------------------------------------------------------------------------------------- skl2onnx
+
+
+def converted(model, rows: np.ndarray, path: Path, zipmap: bool) -> Path:
+    from skl2onnx import to_onnx
+
+    path.write_bytes(to_onnx(model, rows[:1], options={"zipmap": zipmap},
+                             target_opset={"": 17, "ai.onnx.ml": 3}).SerializeToString())
+    return path
+
+
+@pytest.fixture(scope="module")
+def sklearn_split():
+    pytest.importorskip("skl2onnx", reason="skl2onnx is not installed (the `test` extra has it)")
+    from sklearn.model_selection import train_test_split
+
+    def split(loader):
+        x, y = loader(return_X_y=True)
+        return train_test_split(x.astype(np.float32), y.astype(np.int64), test_size=0.3, random_state=0, stratify=y)
+
+    return split
+
+
+@pytest.mark.slow
+def test_sklearn_pipeline_label_and_probabilities(tmp_path, sklearn_split):
+    """The issue's case: `label` int64 [N] first, `probabilities` [N, 2] (no Softmax: a Sigmoid and 1 - p)."""
+    from sklearn.datasets import load_breast_cancer
+    from sklearn.neural_network import MLPClassifier
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    train_x, test_x, train_y, test_y = sklearn_split(load_breast_cancer)
+    model = make_pipeline(StandardScaler(), MLPClassifier((16,), max_iter=500, random_state=0)).fit(train_x, train_y)
+    path = converted(model, train_x, tmp_path / "cancer.onnx", zipmap=False)
+    data = npy_data(tmp_path / "test.npz", "X", test_x, test_y)
+    result = result_of(tmp_path, calibrun(tmp_path, "model=file", f"model.path={path}", *data, "batches=2",
+                                          "hydra.run.dir=cancer"), "cancer")
+    task, m = result["task"], result["metrics"]
+    assert (task["output"], task["axis"], task["predicted"]) == ("probabilities", 1, "label")
+    assert "integer output 'label' takes the ArgMax of" in task["reason"]
+    assert m["task.fp32_accuracy"] == pytest.approx(model.score(test_x, test_y), abs=1 / len(test_y))
+    assert m["task.fp32_accuracy"] > 0.9
+    assert 0.9 <= m["task.top1_agreement"] <= 1.0
+    assert m["task.int8_accuracy"] > 0.85
+
+
+@pytest.mark.slow
+def test_sklearn_zipmap_output_is_the_class_output(tmp_path, sklearn_split):
+    """A digits MLP converted with its ZipMap ({class: probability} per row): read as [N, 10], measured."""
+    from sklearn.datasets import load_digits
+    from sklearn.neural_network import MLPClassifier
+
+    train_x, test_x, train_y, test_y = sklearn_split(load_digits)
+    model = MLPClassifier((32,), max_iter=500, random_state=0).fit(train_x, train_y)
+    path = converted(model, train_x, tmp_path / "digits.onnx", zipmap=True)
+    data = npy_data(tmp_path / "test.npz", "X", test_x[:128], test_y[:128])
+    result = result_of(tmp_path, calibrun(tmp_path, "model=file", f"model.path={path}", *data, "batches=2",
+                                          "hydra.run.dir=digits"), "digits")
+    task, m = result["task"], result["metrics"]
+    assert (task["output"], task["predicted"]) == ("output_probability", "output_label")
+    assert "ZipMap" in task["reason"]
+    assert m["task.fp32_accuracy"] > 0.9
+    assert "task.top5_agreement" in m  # 10 classes
+    assert "out.output_probability.sqnr_db" in m  # the ZipMap's probabilities are compared as an array too
+
+
+# ------------------------------------------------------------------- models the rules were not developed on
+
+
+@pytest.mark.slow
+def test_rules_on_other_trained_models(tmp_path, sklearn_split):
+    from sklearn.datasets import load_iris
+    from sklearn.ensemble import RandomForestClassifier
+
+    expected = {"ocr_cls": ("classification", 1), "ocr_rec": ("classification", 2), "ocr_det": ("dense", None),
+                "det_yolox": ("none", None), "nudenet": ("none", None)}
+    for name, (kind, axis) in expected.items():
+        task = resolve(TaskSpec("auto"), model_path(name))
+        assert task.name == kind, (name, task.reason)
+        assert getattr(task, "axis", None) == axis, (name, task.reason)
+    train_x, _, train_y, _ = sklearn_split(load_iris)
+    forest = RandomForestClassifier(5, random_state=0).fit(train_x, train_y)
+    path = converted(forest, train_x, tmp_path / "forest.onnx", zipmap=False)
+    task = resolve(TaskSpec("auto"), path, labels=train_y)
+    assert (task.output, task.predicted) == ("probabilities", "label")
+    assert "TreeEnsembleClassifier" in task.reason
