@@ -37,6 +37,7 @@ from calibrun import cache as cache_store
 from calibrun import interrupts
 from calibrun.cache import key_of
 from calibrun.errors import CalibrunError
+from calibrun.errors import need as check
 from calibrun.files import atomic_path, temp_dir, write_json
 from calibrun.histogram import ALGORITHM as HISTOGRAM_ALGORITHM
 from calibrun.histogram import FastHistogramCollector
@@ -92,8 +93,7 @@ class CalibrationSpec:
         method silently degenerate; each message names the config key (`method.<option>`)."""
 
         def need(ok: bool, key: str, rule: str, value) -> None:
-            if not ok:
-                raise CalibrunError(f"config method.{key}: {rule}, got {value!r}")
+            check(ok, f"method.{key}", rule, value)
 
         need(self.method in METHODS, "name", f"must be one of {sorted(METHODS)}", self.method)
         need(self.chunk is None or self.chunk >= 1, "chunk", "must be >= 1", self.chunk)

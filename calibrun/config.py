@@ -21,7 +21,7 @@ from calibrun.cache import DEFAULT_DIR as DEFAULT_CACHE_DIR
 from calibrun.calibrate import CalibrationSpec
 from calibrun.data import SOURCES
 from calibrun.data.images import ImageTransform, TransformError
-from calibrun.errors import CalibrunError
+from calibrun.errors import CalibrunError, need
 from calibrun.fields import build_from, schema_of
 from calibrun.lab import CALIB_SEED, EVAL_ROWS, EVAL_SEED, MAIN_BATCHES
 from calibrun.measure import tasks
@@ -171,11 +171,6 @@ def register() -> None:
     register_resolvers()
 
 
-def _need(ok: bool, key: str, rule: str, value) -> None:
-    if not ok:
-        raise CalibrunError(f"config {key}: {rule}, got {value!r}")
-
-
 def _unknown_keys(node: DictConfig, schema: dict, prefix: str = "") -> list[str]:
     unknown = []
     for key in node:
@@ -196,47 +191,47 @@ def validate(cfg: DictConfig) -> None:
     unknown = _unknown_keys(cfg, _SCHEMA_KEYS)  # `+key=...` slips past Hydra's struct mode
     if unknown:
         raise CalibrunError(f"config {unknown[0]}: is not a calibrun setting (a typo?)")
-    _need(1 <= cfg.batches <= MAX_BATCHES, "batches", f"must be in 1..{MAX_BATCHES}", cfg.batches)
+    need(1 <= cfg.batches <= MAX_BATCHES, "batches", f"must be in 1..{MAX_BATCHES}", cfg.batches)
     factor = cfg.calibration.factor
-    _need(math.isfinite(factor) and MIN_FACTOR <= factor <= MAX_FACTOR, "calibration.factor",
+    need(math.isfinite(factor) and MIN_FACTOR <= factor <= MAX_FACTOR, "calibration.factor",
           f"must be a finite number in {MIN_FACTOR:g}..{MAX_FACTOR:g} (N(0, 1) * factor is cast to float32)", factor)
     for key in ("calibration.seed", "eval.seed"):
         seed = OmegaConf.select(cfg, key)
-        _need(0 <= seed <= MAX_SEED, key, f"must be in 0..{MAX_SEED} (2**32 - 1)", seed)
-    _need(1 <= cfg.eval.rows <= MAX_ROWS, "eval.rows", f"must be in 1..{MAX_ROWS}", cfg.eval.rows)
+        need(0 <= seed <= MAX_SEED, key, f"must be in 0..{MAX_SEED} (2**32 - 1)", seed)
+    need(1 <= cfg.eval.rows <= MAX_ROWS, "eval.rows", f"must be in 1..{MAX_ROWS}", cfg.eval.rows)
     if cfg.eval.batch_size is not None:
-        _need(1 <= cfg.eval.batch_size <= MAX_ROWS, "eval.batch_size", f"must be in 1..{MAX_ROWS}", cfg.eval.batch_size)
+        need(1 <= cfg.eval.batch_size <= MAX_ROWS, "eval.batch_size", f"must be in 1..{MAX_ROWS}", cfg.eval.batch_size)
     if cfg.diagnostics.rows is not None:
-        _need(1 <= cfg.diagnostics.rows <= MAX_ROWS, "diagnostics.rows",
+        need(1 <= cfg.diagnostics.rows <= MAX_ROWS, "diagnostics.rows",
               f"must be in 1..{MAX_ROWS} (or null: every row)", cfg.diagnostics.rows)
-    _need(cfg.task.name in TASKS, "task.name", f"must be one of {list(TASKS)}", cfg.task.name)
-    _need(cfg.task.top_k >= 1, "task.top_k", "must be >= 1", cfg.task.top_k)
-    _need(math.isfinite(cfg.task.threshold), "task.threshold", "must be a finite number", cfg.task.threshold)
+    need(cfg.task.name in TASKS, "task.name", f"must be one of {list(TASKS)}", cfg.task.name)
+    need(cfg.task.top_k >= 1, "task.top_k", "must be >= 1", cfg.task.top_k)
+    need(math.isfinite(cfg.task.threshold), "task.threshold", "must be a finite number", cfg.task.threshold)
     if cfg.task.name == "custom":
-        _need(bool(cfg.task.fn) and ":" in cfg.task.fn, "task.fn",
+        need(bool(cfg.task.fn) and ":" in cfg.task.fn, "task.fn",
               "is required with task=custom as module:function", cfg.task.fn)
         try:
             tasks.load_function(cfg.task.fn)  # an import error before any work
         except CalibrunError as exc:
             raise CalibrunError(f"config {exc}") from None
-    _need(cfg.format.name in FORMATS, "format.name", f"must be one of {sorted(FORMATS)}", cfg.format.name)
+    need(cfg.format.name in FORMATS, "format.name", f"must be one of {sorted(FORMATS)}", cfg.format.name)
     calibration_spec(cfg)  # method.<option>: CalibrationSpec.__post_init__ checks each, naming the key
-    _need(cfg.model.name in MODELS, "model.name", f"must be one of {list(MODELS)}", cfg.model.name)
+    need(cfg.model.name in MODELS, "model.name", f"must be one of {list(MODELS)}", cfg.model.name)
     if cfg.model.name == "file":
-        _need(bool(cfg.model.path), "model.path", "is required with model=file (model.path=/path/to/model.onnx)",
+        need(bool(cfg.model.path), "model.path", "is required with model=file (model.path=/path/to/model.onnx)",
               cfg.model.path)
     for key in ("data", "eval_data"):
         source = cfg[key]
-        _need(source.name in DATA_SOURCES, f"{key}.name", f"must be one of {list(DATA_SOURCES)}", source.name)
+        need(source.name in DATA_SOURCES, f"{key}.name", f"must be one of {list(DATA_SOURCES)}", source.name)
         if source.name != "lab":
-            _need(bool(source.path), f"{key}.path", f"is required with {key}={source.name}", source.path)
+            need(bool(source.path), f"{key}.path", f"is required with {key}={source.name}", source.path)
         if source.name == "images":
             _check_image_source(source, key)
-    _need(cfg.tracking.name in TRACKING, "tracking.name", f"must be one of {list(TRACKING)}", cfg.tracking.name)
+    need(cfg.tracking.name in TRACKING, "tracking.name", f"must be one of {list(TRACKING)}", cfg.tracking.name)
     if cfg.tracking.name == "server":
-        _need(bool(cfg.tracking.uri), "tracking.uri", "is required with tracking=server (tracking.uri=http://HOST:PORT)",
+        need(bool(cfg.tracking.uri), "tracking.uri", "is required with tracking=server (tracking.uri=http://HOST:PORT)",
               cfg.tracking.uri)
-    _need(0 <= cfg.ort.intra_op_threads <= MAX_THREADS, "ort.intra_op_threads",
+    need(0 <= cfg.ort.intra_op_threads <= MAX_THREADS, "ort.intra_op_threads",
           f"must be in 0..{MAX_THREADS} (0: onnxruntime's choice, one per core)", cfg.ort.intra_op_threads)
     quant_options(cfg)
     from calibrun.analysis import validate as validate_analysis

@@ -9,3 +9,9 @@ def one_line(exc: BaseException) -> str:
     """The error's message on one line (library messages often continue on the next lines)."""
     text = " ".join(str(exc).split())
     return text or type(exc).__name__
+
+
+def need(ok: bool, key: str, rule: str, value) -> None:
+    """A config value check: CalibrunError `config <key>: <rule>, got <value>` unless `ok`."""
+    if not ok:
+        raise CalibrunError(f"config {key}: {rule}, got {value!r}")

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from calibrun.errors import CalibrunError
+from calibrun.errors import need as check
 
 log = logging.getLogger("calibrun")
 
@@ -29,8 +29,7 @@ def validate(analysis, format_name: str) -> None:
     from calibrun.analysis.sensitivity import GOALS, KINDS, STRATEGIES
 
     def need(ok: bool, key: str, rule: str, value) -> None:
-        if not ok:
-            raise CalibrunError(f"config analysis.{key}: {rule}, got {value!r}")
+        check(ok, f"analysis.{key}", rule, value)
 
     need(analysis.name in NAMES, "name", f"must be one of {list(NAMES)}", analysis.name)
     need(analysis.goal in GOALS, "goal", f"must be one of {list(GOALS)}", analysis.goal)
