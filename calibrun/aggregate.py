@@ -585,3 +585,9 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+# --- config: this concept's options (the `report` node; calibrun.config assembles the schema) ---
+
+@dataclass
+class ReportConf:
+    dir: str | None = None  # None: SWEEP_DIR/report

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from calibrun.errors import CalibrunError
@@ -49,3 +50,10 @@ def folder(root: str | Path, kind: str, create: bool = False) -> Path:
 def folders(root: str | Path) -> list[Path]:
     """The cache root and every subfolder (where a killed run may have left temp files)."""
     return [Path(root), *(Path(root) / kind for kind in KINDS)]
+
+# --- config: this concept's options (the `cache` node; calibrun.config assembles the schema) ---
+
+@dataclass
+class CacheConf:
+    enabled: bool = True
+    dir: str = DEFAULT_DIR

@@ -11,35 +11,31 @@ calibration option is a field of CalibrationSpec (checked in its __post_init__) 
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
+from calibrun.aggregate import ReportConf
+from calibrun.analysis import AnalysisConf
+from calibrun.analysis import validate as validate_analysis
 from calibrun.bounds import MAX_BATCHES, MAX_FACTOR, MAX_ROWS, MAX_SEED, MIN_FACTOR
-from calibrun.cache import DEFAULT_DIR as DEFAULT_CACHE_DIR
+from calibrun.cache import CacheConf
 from calibrun.calibrate import CalibrationSpec
 from calibrun.data import SOURCES
 from calibrun.data.images import ImageTransform, TransformError
+from calibrun.data.lab import CalibrationConf
 from calibrun.errors import CalibrunError, need
 from calibrun.fields import build_from, schema_of
-from calibrun.lab import CALIB_SEED, EVAL_ROWS, EVAL_SEED, MAIN_BATCHES
+from calibrun.lab import MAIN_BATCHES
 from calibrun.measure import tasks
-from calibrun.measure.tasks import TASKS
-from calibrun.quantize import FORMATS, QuantOptions
-
-
-@dataclass
-class CalibrationConf:
-    name: str = MISSING
-    factor: float = MISSING
-    seed: int = CALIB_SEED
-
-
-@dataclass
-class FormatConf:
-    name: str = "qdq"
-
+from calibrun.measure.errors import EvalConf, OrtConf
+from calibrun.measure.tasks import TASKS, TaskConf
+from calibrun.measure.tensor_stats import DiagnosticsConf
+from calibrun.model import MODELS, ModelConf
+from calibrun.quantize import FORMATS, FormatConf, QuantOptions
+from calibrun.tracking import TRACKING, TrackingConf
 
 # method.<option>: CalibrationSpec's fields (its `method` is method.name; op_types is not a config key)
 METHOD_KEYS = {"method": "name"}
@@ -50,15 +46,7 @@ QuantConf = schema_of("QuantConf", QuantOptions, skip=("format",),
                       doc="Post-calibration options (QuantOptions): changing any of them reuses the calibration cache.")
 
 
-@dataclass
-class ModelConf:
-    name: str = "lab"
-    path: str | None = None
-    classifier: bool | None = None  # None: task=auto reads it from the outputs (docs/tasks.md); false: not one
-
-
 DATA_SOURCES = tuple(SOURCES)
-MODELS = ("lab", "file", "digits")
 
 
 # A data source: `lab` (the rule of docs/lab.md), `npy` (.npy/.npz file or folder), `images` (folder; the pipeline's
@@ -67,77 +55,6 @@ DataConf = schema_of("DataConf", ImageTransform, first=(("name", str, field(defa
                                                         ("path", str | None, field(default=None))),
                      doc="A data source: lab, npy or images (with ImageTransform's fields).")
 
-
-@dataclass
-class EvalConf:
-    seed: int = EVAL_SEED
-    rows: int = EVAL_ROWS
-    batch_size: int | None = None  # rows per evaluation run; None: 16 (a model that pins its first axis: its size)
-
-
-@dataclass
-class TaskConf:
-    """Task metrics (calibrun.measure.tasks): auto | none | classification | dense | custom."""
-
-    name: str = "auto"
-    output: str | None = None  # the output judged (default: the first)
-    axis: int | None = None  # classification: class axis (None: from the Softmax, else -1)
-    threshold: float = 0.5  # dense: value > threshold is positive
-    top_k: int = 5
-    fn: str | None = None  # custom: module:function
-
-
-@dataclass
-class DiagnosticsConf:
-    enabled: bool = True  # per-tensor diagnostics of QDQ runs (diagnostics=on|off)
-    rows: int | None = 256  # diagnose the first `rows` evaluation rows (null: all); errors and tasks use every row
-
-
-@dataclass
-class CacheConf:
-    enabled: bool = True
-    dir: str = DEFAULT_CACHE_DIR
-
-
-TRACKING = ("local", "server", "off")
-
-
-@dataclass
-class TrackingConf:
-    name: str = "local"  # local | server | off
-    uri: str | None = None  # local: None means $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working dir
-    experiment: str = "calibrun"
-    register: str | None = None  # a registered model name: each job's int8 model becomes a version of it
-    log_model: bool = True  # the int8 model as an MLflow LoggedModel (False: no model logged)
-    http_timeout: float | None = None  # seconds per request to a server (None: $MLFLOW_HTTP_REQUEST_TIMEOUT or 10)
-    http_retries: int | None = None  # retries per request (None: $MLFLOW_HTTP_REQUEST_MAX_RETRIES or 1)
-
-
-@dataclass
-class ReportConf:
-    dir: str | None = None  # None: SWEEP_DIR/report
-
-
-@dataclass
-class OrtConf:
-    intra_op_threads: int = 0
-
-
-@dataclass
-class AnalysisConf:
-    """Sensitivity analysis / fp32 fallback (calibrun.analysis) and the metric a search optimises."""
-
-    name: str = "none"  # none | sensitivity
-    metric: str = "max_abs_error"  # any metric of the run: max_abs_error, out.<output>.sqnr_db, task.<name>
-    goal: str = "min"  # min | max
-    target: float | None = None  # with sensitivity: keep nodes in fp32 until the metric reaches this value
-    strategy: str = "switch"  # switch (one session, a run-time switch per pair) | edit (one model per pair)
-    kinds: list[str] = field(default_factory=lambda: ["activation", "weight"])
-    tensors: list[str] | None = None  # analyse only the pairs on these tensors (None: every pair of `kinds`)
-    groups: int = 0  # > 1: a coarse pre-pass over that many groups of pairs first (switch strategy), 0: none
-    max_steps: int = 20  # fallback steps at most
-    batch_rows: int = 16  # evaluation rows per batch (a model that pins its first axis: that many)
-    objective: bool = False  # the task returns analysis.metric (hydra/sweeper=optuna)
 
 
 @dataclass
@@ -165,10 +82,21 @@ MAX_THREADS = 256  # onnxruntime intra-op threads: far more than any machine's c
 
 
 def register() -> None:
+    """The schema (`calibrun_schema` in Hydra's ConfigStore) and the resolvers conf/config.yaml uses."""
     ConfigStore.instance().store(name="calibrun_schema", node=Config)
-    from calibrun.sweep import register_resolvers  # ${calibrun.sweep_id:}, the sweep folder's unique suffix
-
     register_resolvers()
+
+
+def _sweep_id() -> str:
+    """A short random suffix for run and sweep folders (`multirun/<date>/<time>-<id>`): two sweeps started in the
+    same second get different folders. Cached per config (use_cache), and Hydra copies that cache into every job's
+    config, so the sweep, its launcher and its jobs see one value."""
+    return secrets.token_hex(3)
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("calibrun.sweep_id"):
+        OmegaConf.register_new_resolver("calibrun.sweep_id", _sweep_id, use_cache=True)
 
 
 def _unknown_keys(node: DictConfig, schema: dict, prefix: str = "") -> list[str]:
@@ -234,8 +162,6 @@ def validate(cfg: DictConfig) -> None:
     need(0 <= cfg.ort.intra_op_threads <= MAX_THREADS, "ort.intra_op_threads",
           f"must be in 0..{MAX_THREADS} (0: onnxruntime's choice, one per core)", cfg.ort.intra_op_threads)
     quant_options(cfg)
-    from calibrun.analysis import validate as validate_analysis
-
     validate_analysis(cfg.analysis, cfg.format.name)
 
 

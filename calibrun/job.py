@@ -189,7 +189,7 @@ class JobContext:
     fp32: FloatModel  # the prepared float model, opened once
     steps: list[str]  # what preparing it did
     options: QuantOptions  # post-calibration options, exclusions resolved against the model
-    exclusions: dict  # result.json's {"exclusions": ...} record, or {}
+    exclusions: dict | None  # result.json's `exclusions` (the names resolved), None without exclusions
     data: object  # the calibration batches (calibrun.data.FeedBatches or the lab's): sized, lazy, re-iterable
     eval_source: dict  # everything that rebuilds the evaluation rows (result.json `eval_source`)
     evaluation: EvalData  # the evaluation rows, served batch by batch (re-iterable)
@@ -203,13 +203,13 @@ def context(cfg: DictConfig, job_dir: Path) -> JobContext:
     """The job's context: the prepared model, its data sources and its task, each checked (a bad exclusion name,
     evaluation file or task output fails here, before any calibration)."""
     fp32, steps = prepare(cfg, job_dir)
-    options, exclusions = resolve_exclusions(fp32.path, config.quant_options(cfg))  # names checked before any work
+    options, record = resolve_exclusions(fp32.path, config.quant_options(cfg))  # names checked before any work
     data = calibration_data(cfg.data, fp32, cfg.calibration.seed, cfg.calibration.factor, cfg.batches)
     source = eval_source(cfg)
     evaluation = evaluation_data(source, fp32, source["seed"], source["rows"])
     task = tasks.resolve(tasks.spec_of(cfg.task), fp32.path, labels=evaluation.labels,
                          classifier=cfg.model.classifier)
-    return JobContext(cfg, job_dir, fp32, steps, options, exclusions, data, source, evaluation, task)
+    return JobContext(cfg, job_dir, fp32, steps, options, record.get("exclusions"), data, source, evaluation, task)
 
 
 def compute(ctx: JobContext) -> JobResult:
@@ -244,7 +244,7 @@ def compute(ctx: JobContext) -> JobResult:
         ops=quant["ops"],
         cache_key=quant["cache_key"],
         preparation=ctx.steps,
-        exclusions=ctx.exclusions.get("exclusions"),
+        exclusions=ctx.exclusions,
         eval_source=ctx.eval_source,
         used={**_used(cfg, data, evaluation, errors), "diagnostics_rows": diag.rows_seen if diag is not None else 0},
         task=ctx.task.describe(),

@@ -235,3 +235,9 @@ def quantize_lab(fp32: FloatModel, out: str | Path, seed: int, factor: float, ba
     """Calibrate on the lab rule (docs/lab.md), quantise, and describe the written model."""
     data = lab_batches(fp32.lab_input(), seed, factor, batches)
     return quantize_with(fp32, out, data, spec, options, cache, ranges_copy)
+
+# --- config: this concept's options (the `format` node; calibrun.config assembles the schema) ---
+
+@dataclass
+class FormatConf:
+    name: str = "qdq"

@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import re
-import secrets
 import signal
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from calibrun import interrupts, patches
-from calibrun.config import tracking_enabled, validate
+from calibrun.config import register_resolvers, tracking_enabled, validate
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import write_json
 from calibrun.tracking import PARENT_FILE, Tracker, open_tracker, resolve_uri, ui_url
@@ -40,21 +39,7 @@ LOCK_FILE = ".calibrun.lock"
 HEADLINE = "max_abs_error"
 
 
-# --- sweep folder names that cannot collide ----------------------------------------------------------------------
-
-def _sweep_id() -> str:
-    """A short random suffix for the sweep folder (`multirun/<date>/<time>-<id>`): two sweeps started in the same
-    second get different folders. Cached per config (use_cache), and Hydra copies that cache into every job's
-    config, so the sweep, its launcher and its jobs see one value."""
-    return secrets.token_hex(3)
-
-
-def register_resolvers() -> None:
-    if not OmegaConf.has_resolver("calibrun.sweep_id"):
-        OmegaConf.register_new_resolver("calibrun.sweep_id", _sweep_id, use_cache=True)
-
-
-register_resolvers()
+register_resolvers()  # ${calibrun.sweep_id:} in the sweep folder, for launchers that import this callback first
 
 
 def swept_keys(config: DictConfig) -> list[str]:

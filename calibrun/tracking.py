@@ -22,6 +22,7 @@ import random
 import sqlite3
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlsplit
@@ -431,3 +432,18 @@ def _model_name(name: str) -> str:
     """A LoggedModel name (MLflow forbids / : . % and quotes)."""
     cleaned = "".join("_" if c in "/:.%\"'" else c for c in name).strip()
     return cleaned or "int8"
+
+# --- config: this concept's options (the `tracking` node; calibrun.config assembles the schema) ---
+
+TRACKING = ("local", "server", "off")
+
+
+@dataclass
+class TrackingConf:
+    name: str = "local"  # local | server | off
+    uri: str | None = None  # local: None means $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working dir
+    experiment: str = "calibrun"
+    register: str | None = None  # a registered model name: each job's int8 model becomes a version of it
+    log_model: bool = True  # the int8 model as an MLflow LoggedModel (False: no model logged)
+    http_timeout: float | None = None  # seconds per request to a server (None: $MLFLOW_HTTP_REQUEST_TIMEOUT or 10)
+    http_retries: int | None = None  # retries per request (None: $MLFLOW_HTTP_REQUEST_MAX_RETRIES or 1)

@@ -11,7 +11,7 @@ import json
 import logging
 import math
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from calibrun.errors import need as check
@@ -73,12 +73,12 @@ def attach(ctx, result):
         metric_of(measured, a.metric)  # a metric name that does not exist fails here, before the long pass
         result.metrics = {**_finite_only(measured), **result.metrics}
         if a.name == "sensitivity":
-            _sensitivity(cfg, job_dir, result, fp32, int8_path, evaluator, measured)
+            _sensitivity(ctx, result, int8_path, evaluator, measured)
     return result
 
 
-def _sensitivity(cfg, job_dir: Path, result, fp32, int8_path: Path, evaluator, measured: dict) -> None:
-    from calibrun import config
+def _sensitivity(ctx, result, int8_path: Path, evaluator, measured: dict) -> None:
+    cfg, job_dir, fp32 = ctx.cfg, ctx.job_dir, ctx.fp32
     from calibrun.analysis.evaluate import metric_of
     from calibrun.analysis.sensitivity import fallback, rank
     from calibrun.calibrate import Calibration
@@ -91,10 +91,7 @@ def _sensitivity(cfg, job_dir: Path, result, fp32, int8_path: Path, evaluator, m
     log.info("sensitivity: %d tensors in %.1f s (%d trials, %.3f s per tensor, %s); most sensitive: %s",
              ranked["tensors"], ranked["seconds"], ranked["trials"], ranked["seconds_per_tensor"], a.strategy,
              ", ".join(f"{r['tensor']} ({r['gain']:.4g})" for r in ranked["ranking"][:3] if r["gain"] is not None))
-    options = config.quant_options(cfg)
-    excluded = (result.exclusions or {}).get("nodes_to_exclude")
-    if excluded is not None:
-        options = replace(options, nodes_to_exclude=tuple(excluded))
+    options = ctx.options  # the job's quantisation options, its exclusions resolved against the model
     record = {"metric": a.metric, "goal": a.goal, **{k: v for k, v in ranked.items() if k not in ("metric", "goal")}}
     if a.target is not None:
         calibration = Calibration(job_dir / result.files["ranges"], cfg.method.name, result.cache_key, True,
@@ -178,3 +175,21 @@ def objective(cfg, result):
         return worst
     value = (result.metrics or {}).get(cfg.analysis.metric)
     return worst if value is None else float(value)
+
+# --- config: this concept's options (the `analysis` node; calibrun.config assembles the schema) ---
+
+@dataclass
+class AnalysisConf:
+    """Sensitivity analysis / fp32 fallback (calibrun.analysis) and the metric a search optimises."""
+
+    name: str = "none"  # none | sensitivity
+    metric: str = "max_abs_error"  # any metric of the run: max_abs_error, out.<output>.sqnr_db, task.<name>
+    goal: str = "min"  # min | max
+    target: float | None = None  # with sensitivity: keep nodes in fp32 until the metric reaches this value
+    strategy: str = "switch"  # switch (one session, a run-time switch per pair) | edit (one model per pair)
+    kinds: list[str] = field(default_factory=lambda: ["activation", "weight"])
+    tensors: list[str] | None = None  # analyse only the pairs on these tensors (None: every pair of `kinds`)
+    groups: int = 0  # > 1: a coarse pre-pass over that many groups of pairs first (switch strategy), 0: none
+    max_steps: int = 20  # fallback steps at most
+    batch_rows: int = 16  # evaluation rows per batch (a model that pins its first axis: that many)
+    objective: bool = False  # the task returns analysis.metric (hydra/sweeper=optuna)

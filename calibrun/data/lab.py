@@ -8,12 +8,14 @@ The bounds and their checks (check_seed, check_factor, check_positive_int) are c
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
+from omegaconf import MISSING
 
 from calibrun.bounds import MAX_BATCHES, MAX_ROWS, check_factor, check_positive_int, check_seed
 from calibrun.errors import CalibrunError
-from calibrun.lab import ROWS_PER_BATCH
+from calibrun.lab import CALIB_SEED, ROWS_PER_BATCH
 from calibrun.model import InputInfo
 
 
@@ -110,3 +112,11 @@ def evaluation_pieces(info: InputInfo, seed: int, rows: int):
             yield rng.normal(0, 1, (size, *shape)).astype(np.float32)
 
     return pieces
+
+# --- config: this concept's options (the `calibration` node; calibrun.config assembles the schema) ---
+
+@dataclass
+class CalibrationConf:
+    name: str = MISSING
+    factor: float = MISSING
+    seed: int = CALIB_SEED

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from calibrun import interrupts
 from calibrun.bounds import MAX_ROWS, check_positive_int
 from calibrun.data.lab import evaluation_rows, fixed_rows
 from calibrun.errors import CalibrunError, one_line
+from calibrun.lab import EVAL_ROWS, EVAL_SEED
 from calibrun.model import FloatModel, open_float_model
 
 DEFAULT_BATCH = 16  # evaluation rows per run when eval.batch_size is not set and the model does not pin one
@@ -330,3 +332,17 @@ def error(fp32_path: str | Path, int8_path: str | Path, seed: int, rows: int, th
     fp32 = open_float_model(fp32_path)
     metrics = evaluate(fp32.path, int8_path, lab_evaluation(fp32, seed, rows), None, threads, progress=None)
     return {key: metrics[key] for key in CONTRACT_KEYS}
+
+# --- config: this concept's options (the `eval` node; calibrun.config assembles the schema) ---
+
+@dataclass
+class EvalConf:
+    seed: int = EVAL_SEED
+    rows: int = EVAL_ROWS
+    batch_size: int | None = None  # rows per evaluation run; None: 16 (a model that pins its first axis: its size)
+
+# --- config: this concept's options (the `ort` node; calibrun.config assembles the schema) ---
+
+@dataclass
+class OrtConf:
+    intra_op_threads: int = 0

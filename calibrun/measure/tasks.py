@@ -673,3 +673,16 @@ def spec_of(cfg_task) -> TaskSpec:
 
 
 __all__: Sequence[str] = ("TASKS", "TaskSpec", "Task", "Classification", "Dense", "Custom", "resolve", "legacy")
+
+# --- config: this concept's options (the `task` node; calibrun.config assembles the schema) ---
+
+@dataclass
+class TaskConf:
+    """Task metrics (calibrun.measure.tasks): auto | none | classification | dense | custom."""
+
+    name: str = "auto"
+    output: str | None = None  # the output judged (default: the first)
+    axis: int | None = None  # classification: class axis (None: from the Softmax, else -1)
+    threshold: float = 0.5  # dense: value > threshold is positive
+    top_k: int = 5
+    fn: str | None = None  # custom: module:function

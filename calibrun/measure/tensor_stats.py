@@ -920,3 +920,10 @@ def as_table(diags: Sequence[Mapping]) -> dict[str, list]:
     table: dict[str, list] = {column: [_json_value(row.get(column)) for row in diags] for column in columns}
     table["verdict"] = [classify(row) for row in diags]
     return table
+
+# --- config: this concept's options (the `diagnostics` node; calibrun.config assembles the schema) ---
+
+@dataclass
+class DiagnosticsConf:
+    enabled: bool = True  # per-tensor diagnostics of QDQ runs (diagnostics=on|off)
+    rows: int | None = 256  # diagnose the first `rows` evaluation rows (null: all); errors and tasks use every row

@@ -207,3 +207,14 @@ def check_loadable(fp32: FloatModel) -> FloatModel:
     except Exception as exc:
         raise CalibrunError(f"onnxruntime cannot load {fp32.path}: {one_line(exc)}") from exc
     return fp32
+
+# --- config: this concept's options (the `model` node; calibrun.config assembles the schema) ---
+
+MODELS = ("lab", "file", "digits")
+
+
+@dataclass
+class ModelConf:
+    name: str = "lab"
+    path: str | None = None
+    classifier: bool | None = None  # None: task=auto reads it from the outputs (docs/tasks.md); false: not one

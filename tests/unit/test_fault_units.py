@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from calibrun.config import register_resolvers
 from calibrun.errors import CalibrunError
-from calibrun.sweep import earlier_jobs, previous_sweep, register_resolvers
+from calibrun.sweep import earlier_jobs, previous_sweep
 from calibrun.tracking import check_sqlite, check_store, digest, ui_url, yaml_value
 
 
