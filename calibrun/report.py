@@ -364,71 +364,28 @@ def write(report_dir: Path, runs: dict, facts: dict, summary) -> list[Path]:
 _STYLE = ("body{font-family:sans-serif;max-width:60em;margin:1em auto;padding:0 1em;line-height:1.4}"
           "table{border-collapse:collapse;margin:.5em 0;display:block;overflow-x:auto}"
           "td,th{border:1px solid #ccc;padding:.2em .5em}"
-          "td.num{text-align:right;font-variant-numeric:tabular-nums}img{max-width:100%;margin:.5em 0}"
+          "td{font-variant-numeric:tabular-nums}img{max-width:100%;margin:.5em 0}"
           "code{background:#f3f3f3;padding:0 .2em}")
 
 
-def _inline(text: str) -> str:
-    text = html.escape(text, quote=False)
-    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
-    text = re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", text)
-    return re.sub(r"(?<![\w*])\*([^*\s][^*]*)\*(?![\w*])", r"<em>\1</em>", text)
-
-
-def _image(alt: str, name: str, folder: Path) -> str:
-    path = folder / name
+def _embedded_image(self, tokens, idx, options, env) -> str:
+    """markdown-it's image rule, with the PNG read from the report folder and embedded as base64."""
+    token = tokens[idx]
+    name, alt = token.attrGet("src") or "", self.renderInlineAsText(token.children or [], options, env)
+    path = Path(env["folder"]) / name
     if not path.is_file():
-        return f"<p>[missing image {html.escape(name)}]</p>"
+        return f"[missing image {html.escape(name)}]"
     data = base64.b64encode(path.read_bytes()).decode("ascii")
-    return f'<p><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></p>'
-
-
-def _cells(line: str) -> list[str]:
-    return [c.strip() for c in line.strip().strip("|").split("|")]
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
 
 def to_html(markdown: str, folder: Path) -> str:
-    """The subset of Markdown report.md uses (headings, paragraphs, lists, tables, images, bold, italics, code),
-    as one self-contained HTML page; images are read from `folder` and embedded as base64."""
-    body: list[str] = []
-    lines = markdown.splitlines()
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        image = re.fullmatch(r"!\[([^\]]*)\]\(([^)]+)\)", line.strip())
-        if not line.strip():
-            i += 1
-        elif line.startswith("#"):
-            level = len(line) - len(line.lstrip("#"))
-            body.append(f"<h{level}>{_inline(line[level:].strip())}</h{level}>")
-            i += 1
-        elif image:
-            body.append(_image(image[1], image[2], folder))
-            i += 1
-        elif line.startswith("|"):
-            block = []
-            while i < len(lines) and lines[i].startswith("|"):
-                block.append(lines[i])
-                i += 1
-            aligns = ["num" if c.endswith(":") else "" for c in _cells(block[1])] if len(block) > 1 else []
-            rows = [f"<tr>{''.join(f'<th>{_inline(c)}</th>' for c in _cells(block[0]))}</tr>"]
-            for row in block[2:]:
-                cells = _cells(row)
-                rows.append("<tr>" + "".join(
-                    f'<td class="{aligns[j] if j < len(aligns) else ""}">{_inline(c)}</td>'
-                    for j, c in enumerate(cells)) + "</tr>")
-            body.append("<table>" + "".join(rows) + "</table>")
-        elif line.startswith("- "):
-            items = []
-            while i < len(lines) and lines[i].startswith("- "):
-                items.append(f"<li>{_inline(lines[i][2:])}</li>")
-                i += 1
-            body.append("<ul>" + "".join(items) + "</ul>")
-        else:
-            block = []
-            while i < len(lines) and lines[i].strip() and not lines[i].startswith(("#", "|", "- ", "![")):
-                block.append(lines[i])
-                i += 1
-            body.append(f"<p>{_inline(' '.join(block))}</p>")
+    """report.md as one self-contained HTML page (CommonMark and tables, rendered by markdown-it-py; raw HTML in
+    the text is escaped); images are read from `folder` and embedded as base64."""
+    from markdown_it import MarkdownIt
+
+    md = MarkdownIt("commonmark", {"html": False}).enable("table")
+    md.add_render_rule("image", _embedded_image)
+    body = md.render(markdown, {"folder": str(folder)})
     return (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>calibrun report</title>'
-            f"<style>{_STYLE}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+            f"<style>{_STYLE}</style></head><body>\n" + body + "</body></html>\n")

@@ -121,13 +121,14 @@ def test_report_html_embeds_every_plot(method_sweep):
     assert "<strong>0.27</strong>" in page
 
 
-def test_to_html_escapes_and_renders_the_markdown_subset(tmp_path):
+def test_to_html_escapes_and_renders_the_markdown_report_md_uses(tmp_path):
     page = report.to_html("# T\n\nA <b> & **bold** `code` *it*\n\n- one\n- two\n\n| a | b |\n|---|---:|\n| x | 1 |\n"
                           "\n![gone](gone.png)\n", tmp_path)
     assert "<h1>T</h1>" in page
     assert "A &lt;b&gt; &amp; <strong>bold</strong> <code>code</code> <em>it</em>" in page
-    assert "<ul><li>one</li><li>two</li></ul>" in page
-    assert '<tr><th>a</th><th>b</th></tr><tr><td class="">x</td><td class="num">1</td></tr>' in page
+    assert "<ul>\n<li>one</li>\n<li>two</li>\n</ul>" in page
+    assert '<th>a</th>\n<th style="text-align:right">b</th>' in page  # numbers right-aligned
+    assert '<td>x</td>\n<td style="text-align:right">1</td>' in page
     assert "[missing image gone.png]" in page
 
 
