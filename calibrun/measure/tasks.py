@@ -21,7 +21,8 @@ batch's labels (or None); `metrics()` gives the floats, keyed `task.<name>`.
   Integer outputs are never scores: one holding a predicted class per row (`label`) is compared directly, and
   with labels the accuracies come from it. With labels, an output whose class count cannot hold them is not
   the class output. Without such an output, labels (or `model.classifier=true`) make the one float [N, C] output
-  they fit the logits; then a one-channel map (N, 1, H, W) or a Sigmoid map of rank >= 3 is dense; else none.
+  they fit the logits; then a one-channel map (N, 1, H, W) or a Sigmoid map of rank >= 3 is dense when it has
+  real spatial extent (every axis after the channels unknown or longer than 1); else none.
   When two outputs qualify, or labels fit none, it measures none. The pick and why (and why not the other
   outputs) are one log line, kept in result.json. Labels that turn out not to fit (values beyond the class
   count) leave the task unmeasured: no task metric is logged.
@@ -484,15 +485,29 @@ class _Graph:
         return None
 
     def dense(self, out: Output) -> str | None:
-        """Why the output is a probability map (None: it is not one)."""
+        """Why the output is a probability map (None: it is not one). A map has real spatial extent: every axis
+        after the channel axis is unknown or longer than 1 (an embedding [N, 1, 1, 96] or a vector [N, 1, 1, 1] is no
+        map, whatever its rank); IoU of values thresholded at task.threshold means something only there."""
         shape = out.shape
-        if out.kind != "float" or shape is None:
+        if out.kind != "float" or shape is None or not _spatial(shape):
             return None
         if len(shape) == 4 and shape[1] == 1:
             return f"is a one-channel map {_fmt(shape)}"
         if out.producer == "Sigmoid" and len(shape) >= 3:
             return f"is a Sigmoid map of rank {len(shape)}"
         return None
+
+    def not_dense(self, out: Output) -> str | None:
+        """Why a 4-D one-channel output is not a map (no real spatial extent), for the reason line; else None."""
+        shape = out.shape
+        if out.kind == "float" and shape is not None and len(shape) == 4 and shape[1] == 1 and not _spatial(shape):
+            return f"{_fmt(shape)} has no spatial extent (an embedding or a vector, not a map)"
+        return None
+
+
+def _spatial(shape: list) -> bool:
+    """Every axis after the first two (rows, channels) is unknown or longer than 1, and there is at least one."""
+    return len(shape) >= 3 and all(d is None or d > 1 for d in shape[2:])
 
 
 def resolve(spec: TaskSpec, model_path, labels=None, classifier: bool | None = None) -> Task:
@@ -599,8 +614,9 @@ def _auto(graph: _Graph, spec: TaskSpec, facts: Labels | None, classifier: bool 
         o, why = maps[0]
         return Dense(o.name, spec.threshold, f"output {o.name!r} {why}"), False
     where = f"output {spec.output!r} is neither" if spec.output else "no output is"
+    flat = [f"{o.name!r} {why}" for o in outputs if (why := graph.not_dense(o))]
     return Task(f"{where} class scores, predicted classes or a probability map: "
-                f"{_names(str(o) for o in outputs)}"), False
+                f"{_names(str(o) for o in outputs)}" + (f"; {'; '.join(flat)}" if flat else "")), False
 
 
 def _guess_scores(graph: _Graph, outputs: list[Output], spec: TaskSpec, facts: Labels | None,

@@ -150,6 +150,27 @@ def test_auto_dense_for_a_one_channel_map_and_none_for_boxes(tmp_path):
         resolve(TaskSpec("dense", output="nope"), boxes)
 
 
+@pytest.mark.parametrize(("shape", "producer", "dense"), [
+    (["N", 1, 8, 8], "Sigmoid", True),  # a probability map
+    (["N", 1, "H", "W"], "Relu", True),  # symbolic height and width: a map
+    (["N", 1, 1, 96], "Relu", False),  # an embedding (an audio net's [N, 1, 1, 96]): no spatial extent
+    (["N", 1, 1, 96], "Sigmoid", False),  # probabilities, but one row of values, not a map
+    (["N", 1, 1, 1], "Sigmoid", False),  # one value per row
+    (["N", 4, 1, 1], "Sigmoid", False),  # a vector per row
+])
+def test_auto_dense_needs_real_spatial_extent(tmp_path, shape, producer, dense):
+    """task=auto measures map IoU only where there is a map: an embedding or a vector gets none, and the reason
+    names why (issue 23: an embedding CNN's [N, 1, 1, 96] output was scored as a map)."""
+    channels = shape[1]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape[:1] + [channels] + shape[2:])
+    path = _save(tmp_path, [helper.make_node(producer, ["x"], ["y"])], [x],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+    picked = resolve(TaskSpec("auto"), path)
+    assert isinstance(picked, Dense) is dense, picked.reason
+    if not dense and channels == 1 and shape[2] == 1:
+        assert "no spatial extent" in picked.reason
+
+
 # ------------------------------------------------------------------------ multi-output models (issue 29)
 
 
