@@ -258,6 +258,16 @@ def _close_parent(status: str) -> str:
     return f"MLflow parent run {status}" if error is None else f"MLflow parent run not closed: {one_line(error)}"
 
 
+def _closed_before_jobs() -> str:
+    """A sweep stopped before any job (its parent run opened, then logging to it failed, e.g. a server answering
+    500): the parent run is closed FAILED while the store still accepts that; what happened, for the one line."""
+    if _SWEEP.get("tracker") is None:
+        return ""
+    closed = _close_parent("FAILED")
+    _SWEEP.pop("tracker", None)
+    return f" ({closed})"
+
+
 def _close_if_open() -> None:
     """At exit: a sweep whose end callback never ran (Hydra failed outside the jobs, e.g. writing a job's .hydra/
     config on a full disk, and exited through its own error report) leaves no parent run RUNNING: it is closed
@@ -304,6 +314,7 @@ def _parent_run(config: DictConfig, tracker: Tracker, sweep_dir: Path, swept: li
     run_id = _earlier_parent(sweep_dir, tracker) if config.resume else None
     if run_id is not None:
         tracker.reopen(run_id)
+        _SWEEP.update(tracker=tracker, run_id=run_id)
         stale = tracker.close_stale(run_id)
         log.info("resume=true: continuing MLflow parent run %s%s", run_id,
                  f" (closed {len(stale)} run(s) a killed sweep left RUNNING)" if stale else "")
@@ -311,6 +322,7 @@ def _parent_run(config: DictConfig, tracker: Tracker, sweep_dir: Path, swept: li
     overrides = _task_overrides(config.hydra.overrides.task)
     run_id = tracker.start_run(sweep_name(config), {"calibrun.sweep_dir": str(sweep_dir.resolve()),
                                                      "calibrun.swept": " ".join(swept)})
+    _SWEEP.update(tracker=tracker, run_id=run_id)  # open from here on: any failure before the jobs closes it
     params = {"overrides": " ".join(overrides) or "(none)"}
     sweeper = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
     params.update({f"sweep.{k}": v for k, v in sweeper.items()})
@@ -359,13 +371,13 @@ class SweepCallback(Callback):
                 return
             swept = swept_keys(config)
             run_id = _parent_run(config, tracker, sweep_dir, swept)
+            write_json(sweep_dir / PARENT_FILE, {"run_id": run_id, "tracking_uri": tracker.uri,
+                                                 "experiment_id": tracker.experiment_id, "swept": swept})
         except CalibrunError as exc:
-            _fail(str(exc))
+            _fail(str(exc) + _closed_before_jobs())
         except Exception as exc:  # the store failed past its check
-            _fail(f"MLflow tracking store {resolve_uri(config.tracking.uri)}: {one_line(exc)}")
-        _SWEEP.update(tracker=tracker, run_id=run_id)
-        write_json(sweep_dir / PARENT_FILE, {"run_id": run_id, "tracking_uri": tracker.uri,
-                                             "experiment_id": tracker.experiment_id, "swept": swept})
+            _fail(f"MLflow tracking store {resolve_uri(config.tracking.uri)}: {one_line(exc)}"
+                  + _closed_before_jobs())
         log.info("MLflow parent run %s in %s", run_id, tracker.uri)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
