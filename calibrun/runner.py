@@ -221,6 +221,8 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
         if sweep_dir is not None:
             tracker = _open_tracker(cfg, job)
         if tracker is not None:
+            if cfg.resume:
+                _close_earlier_runs(tracker, job)
             run_id = _start_run(tracker, cfg, job_dir, job)
         if invalid is not None:
             raise invalid
@@ -307,6 +309,7 @@ def _resumed(cfg: DictConfig, result: dict, job_dir: Path, job: Job, tracker: Tr
             except Exception:
                 tracked = False
         if not tracked:
+            _close_earlier_runs(tracker, job)
             run_id = _start_run(tracker, cfg, job_dir, job)
             try:
                 tracker.log(run_id, tags={"calibrun.resumed": "true"})
@@ -324,6 +327,25 @@ def _resumed(cfg: DictConfig, result: dict, job_dir: Path, job: Job, tracker: Tr
                 raise
     log.info("job %s: complete and valid, skipped (resume=true) -> %s", job.job_num, job_dir / RESULT_FILE)
     return result
+
+
+def _close_earlier_runs(tracker: Tracker, job: Job) -> None:
+    """Before a resumed sweep computes a job again: the job's earlier runs under this parent run, found by the job's
+    identity (parent run, job number) and not by what result.json recorded, that are still FINISHED or RUNNING are
+    closed FAILED (tagged calibrun.superseded). A tracking server dropped while marking a run FINISHED leaves it
+    FINISHED on the server while the job counts as failed: without this, the job had two FINISHED runs."""
+    parent = job.parent.get("run_id")
+    if not parent or job.job_num is None:
+        return
+    found = tracker.client.search_runs(
+        [tracker.experiment_id], f"tags.mlflow.parentRunId = '{parent}' and tags.calibrun.job_num = '{job.job_num}'",
+        max_results=1000)
+    for earlier in found:
+        if earlier.info.status in ("FINISHED", "RUNNING"):
+            tracker.log(earlier.info.run_id, tags={"calibrun.superseded": "true"})
+            tracker.finish(earlier.info.run_id, "FAILED")
+            log.info("resume=true: job %s's earlier MLflow run %s (%s, its job not complete) closed FAILED",
+                     job.job_num, earlier.info.run_id, earlier.info.status)
 
 
 def _validation_error(cfg: DictConfig) -> CalibrunError | None:
