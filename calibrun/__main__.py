@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from calibrun import runner
 from calibrun.config import register
+from calibrun.trust import guard_callbacks
 
 register()
 
@@ -168,6 +169,7 @@ def main() -> None:
         print(f"calibrun: error: {problem}", file=sys.stderr)
         sys.exit(1)
     compose_faster()
+    guard_callbacks()
     _app()
 
 
