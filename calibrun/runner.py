@@ -116,6 +116,15 @@ def job_metrics(result: dict) -> dict:
     return metrics
 
 
+def _output_tags(model: Path) -> dict:
+    """The model's output names that its metric keys do not spell as they are (characters or paths MLflow
+    rejects in a key, calibrun.measure.errors.output_keys): `calibrun.output.<key>` = the original name."""
+    from calibrun.measure.errors import output_keys
+
+    names = [o.name for o in onnx.load(str(model), load_external_data=False).graph.output]
+    return {f"calibrun.output.{key}": name for key, name in output_keys(names).items()}
+
+
 def _diagnosis_tags(result: dict) -> dict:
     return {f"diagnosis.{k}": v for k, v in (result.get("diagnosis") or {}).items()
             if isinstance(v, str) and k != "input_tensor"}
@@ -180,7 +189,7 @@ def _track(tracker: Tracker, run_id: str, cfg: DictConfig, result: dict, job_dir
     run's metrics linked to it), metrics, tags, files. Records the ids in result["mlflow"]."""
     tracker.log(run_id, params=mlflow_params(cfg, result),
                 tags={"calibrun.cache_key": result["cache_key"], "calibrun.model_file": result["params"]["model_file"],
-                      **_diagnosis_tags(result)})
+                      **_diagnosis_tags(result), **_output_tags(job_dir / "int8.onnx")})
     tracker.log_datasets(run_id, _datasets(cfg, result))
     model_id = None
     if cfg.tracking.get("log_model", True):

@@ -42,10 +42,13 @@ HEADLINE = "max_abs_error"
 
 # --- sweep folder names that cannot collide ----------------------------------------------------------------------
 
-def _sweep_id() -> str:
+def _sweep_id(*args) -> str:
     """A short random suffix for the sweep folder (`multirun/<date>/<time>-<id>`): two sweeps started in the same
     second get different folders. Cached per config (use_cache), and Hydra copies that cache into every job's
-    config, so the sweep, its launcher and its jobs see one value."""
+    config, so the sweep, its launcher and its jobs see one value. It takes no argument (`${calibrun.sweep_id:}`);
+    one given is refused in words (the folder callbacks make that one line)."""
+    if args:
+        raise ValueError(f"${{calibrun.sweep_id:}} takes no argument, got {', '.join(map(repr, args))}")
     return secrets.token_hex(3)
 
 
@@ -122,6 +125,16 @@ def _resume_into_previous_sweep(config: DictConfig) -> None:
 def _fail(message: str) -> None:
     print(f"calibrun: error: {message}", file=sys.stderr)
     sys.exit(1)
+
+
+def _folder_of(config: DictConfig, key: str) -> Path:
+    """The output folder `key` (hydra.run.dir, hydra.sweep.dir) resolved: an interpolation that fails (a resolver
+    given a wrong argument, a missing variable) is one line naming the key, not OmegaConf's traceback."""
+    try:
+        return Path(str(OmegaConf.select(config, key, throw_on_resolution_failure=True)))
+    except Exception as exc:
+        text = str(exc).strip()
+        _fail(f"config {key}: {text.splitlines()[0] if text else type(exc).__name__}")
 
 
 def _make_folder(folder: Path, key: str) -> None:
@@ -334,12 +347,12 @@ def _parent_run(config: DictConfig, tracker: Tracker, sweep_dir: Path, swept: li
 
 class SweepCallback(Callback):
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        _make_folder(Path(config.hydra.run.dir), "hydra.run.dir")
+        _make_folder(_folder_of(config, "hydra.run.dir"), "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         if config.resume:
             _resume_into_previous_sweep(config)
-        sweep_dir = Path(config.hydra.sweep.dir)
+        sweep_dir = _folder_of(config, "hydra.sweep.dir")
         created = not sweep_dir.exists()
         _make_folder(sweep_dir, "hydra.sweep.dir")
         claim(sweep_dir)
