@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from calibrun import runner
 from calibrun.config import register
+from calibrun.sweep import report_full_disk
 from calibrun.trust import guard_callbacks
 
 register()
@@ -170,6 +171,7 @@ def main() -> None:
         sys.exit(1)
     compose_faster()
     guard_callbacks()
+    report_full_disk()
     _app()
 
 

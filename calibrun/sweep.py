@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from calibrun import interrupts
 from calibrun.config import tracking_enabled, validate
 from calibrun.errors import CalibrunError, one_line
-from calibrun.files import write_json
+from calibrun.files import full_error, is_full, write_json
 from calibrun.tracking import PARENT_FILE, Tracker, open_tracker, resolve_uri, ui_url
 
 log = logging.getLogger("calibrun")
@@ -284,13 +284,46 @@ def _closed_before_jobs() -> str:
 def _close_if_open() -> None:
     """At exit: a sweep whose end callback never ran (Hydra failed outside the jobs, e.g. writing a job's .hydra/
     config on a full disk, and exited through its own error report) leaves no parent run RUNNING: it is closed
-    FAILED. Interrupts close it KILLED in _excepthook and never get here (the process dies of the signal)."""
-    if _SWEEP.get("tracker") is None:
+    FAILED. Interrupts close it KILLED in _excepthook and never get here (the process dies of the signal). One line,
+    with the reason when calibrun knows it (a full disk, `report_full_disk`)."""
+    reason = _SWEEP.pop("stop", None)
+    if _SWEEP.get("tracker") is None and reason is None:
         return
-    closed = _close_parent("FAILED")
-    print(f"calibrun: sweep {_SWEEP['dir']} stopped before its end: {closed}; the same command with resume=true "
-          f"continues it", file=sys.stderr)
+    closed = _close_parent("FAILED") if _SWEEP.get("tracker") is not None else ""
+    print(f"calibrun: {f'error: {reason}; ' if reason else ''}sweep {_SWEEP['dir']} stopped before its end"
+          f"{f': {closed}' if closed else ''}; the same command with resume=true continues it", file=sys.stderr)
     _SWEEP.clear()
+
+
+def report_full_disk() -> None:
+    """A full disk outside calibrun's code, in one line naming the folder: Hydra writing a job's .hydra/ files
+    (hydra.core.utils._save_config, which it reports with a traceback) stops the run or sweep with calibrun's
+    line (a sweep's through `_close_if_open`, which also closes its parent run); logging's handlers (Hydra's job
+    log file) no longer print a `--- Logging error ---` traceback for each record they cannot write."""
+    logging.raiseExceptions = False
+    try:
+        from hydra.core import utils as hydra_utils
+    except ImportError:
+        return
+    original = hydra_utils._save_config
+    if getattr(original, "calibrun_full", False):
+        return
+
+    def save_config(cfg, filename, output_dir):
+        try:
+            return original(cfg, filename, output_dir)
+        except OSError as exc:
+            if not is_full(exc):
+                raise
+            reason = str(full_error(output_dir, f"cannot write {filename}"))
+        if _SWEEP.get("dir") is not None:
+            _SWEEP["stop"] = reason
+        else:
+            print(f"calibrun: error: {reason}", file=sys.stderr)
+        raise SystemExit(1)
+
+    save_config.calibrun_full = True
+    hydra_utils._save_config = save_config
 
 
 # --- the callback ------------------------------------------------------------------------------------------------
