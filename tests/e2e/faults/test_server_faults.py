@@ -154,7 +154,7 @@ def test_server_dropped_while_a_run_is_marked_finished_resume_leaves_one_finishe
     sweep = tmp_path / "sweep"
     with proxy(server, drop_first_finish) as p:
         options = (*QUICK, f"tracking.uri={p.uri}", "tracking.experiment=dropped", "tracking.http_timeout=5")
-        first, _ = run(tmp_path, *options, sweep=sweep)
+        first, _ = run(tmp_path, *options, "tracking.http_retries=0", sweep=sweep)  # no retries: the same, faster
         assert finished, p.seen
         p.down, p.fault = False, lambda *a: "forward"  # the server is back
         resumed, _ = run(tmp_path, *options, "resume=true", sweep=sweep)
@@ -186,7 +186,7 @@ def test_log_batch_answered_500_leaves_no_parent_run_running(tmp_path, server):
 
     with proxy(server, fail_log_batch) as p:
         proc, _ = run(tmp_path, *QUICK, f"tracking.uri={p.uri}", "tracking.experiment=log-batch-500",
-                      "tracking.http_timeout=5", sweep=tmp_path / "sweep")
+                      "tracking.http_timeout=5", "tracking.http_retries=0", sweep=tmp_path / "sweep")
     runs = runs_in(server, "log-batch-500")
     assert [r.info.status for r in runs] == ["FAILED"]  # the parent; no job ran
     line = one_line_error(proc)
