@@ -14,6 +14,8 @@ from omegaconf import DictConfig
 
 from calibrun import patches, runner
 from calibrun.config import register
+from calibrun.sweep import report_full_disk
+from calibrun.trust import guard_callbacks
 
 register()
 
@@ -85,6 +87,8 @@ def main() -> None:
         print(f"calibrun: error: {problem}", file=sys.stderr)
         sys.exit(1)
     patches.compose_faster()
+    guard_callbacks()
+    report_full_disk()
     _app()
 
 

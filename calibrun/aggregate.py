@@ -86,6 +86,53 @@ class Run:
     def file(self, which: str) -> Path:
         return self.resolve(self.result["files"][which])
 
+    def cache_dir(self) -> Path | None:
+        """The job's cache folder (cache.dir of its config, relative to the folder it ran in), or None."""
+        configured = (self.config.get("cache") or {}).get("dir") if isinstance(self.config, dict) else None
+        if not configured:
+            return None
+        path = Path(str(configured)).expanduser()
+        if not path.is_absolute():
+            if self.cwd is None:
+                return None
+            path = self.cwd / path
+        return path
+
+    def outside(self) -> str | None:
+        """A path of the record that leads outside the job folder (int8 model, ranges, diagnostics) or outside the
+        job folder and its cache (fp32 model): a record that names other files (`../../etc/passwd`) must not get
+        them copied into the report's bundle or read into its files. What is wrong, or None."""
+        allowed = {"int8": False, "ranges": False, "diagnostics": False, "fp32": True}
+        for which, cache_too in allowed.items():
+            value = self.result["files"].get(which)
+            if value is None:
+                continue
+            if not isinstance(value, str):
+                return f"files.{which} is not a path"
+            path = self.file(which).resolve()
+            roots = [self.job_dir.resolve()] + ([self.cache_dir().resolve()] if cache_too and self.cache_dir()
+                                                else [])
+            if not any(path.is_relative_to(root) for root in roots):
+                return (f"files.{which} {value!r} leads outside the job folder"
+                        + (" and its cache" if cache_too else ""))
+        return None
+
+    def tampered(self) -> str | None:
+        """A model the report would copy into its bundle whose bytes are not the ones its record gives (int8:
+        files.int8_sha256, fp32: params.model_sha256). What is wrong, or None."""
+        from calibrun.model import file_sha256
+
+        for which, recorded in (("int8", self.result["files"].get("int8_sha256")),
+                                ("fp32", self.params.get("model_sha256"))):
+            if which not in self.result["files"]:
+                continue
+            if not isinstance(recorded, str):
+                return f"records no sha256 of its {which} model"
+            path = self.file(which)
+            if path.is_file() and file_sha256(path) != recorded:
+                return f"its {which} model {path} does not have the sha256 its {RESULT_FILE} records"
+        return None
+
     def lab_key(self) -> tuple[str, int, str]:
         cfg = self.config
         return cfg["calibration"]["name"], int(cfg["batches"]), cfg["format"]["name"]
@@ -185,6 +232,10 @@ def load_runs(sweep_dir: Path) -> tuple[list[Run], list[str], list[str]]:
             broken.append(f"job {job_dir.name}: {RESULT_FILE} {problem}")
             continue
         run = Run(job_dir, result, _overrides(job_dir, result), _config(job_dir, result), _runtime_cwd(job_dir))
+        outside = run.outside() if run.ok else None
+        if outside is not None:
+            broken.append(f"job {job_dir.name}: {RESULT_FILE} {outside} (run left out)")
+            continue
         if run.ok and not run.file("int8").is_file():
             broken.append(f"job {job_dir.name}: {RESULT_FILE} says ok but its int8 model {run.file('int8')} is "
                           "missing (run skipped)")
@@ -249,7 +300,8 @@ class _Report:
             elif not run.file("fp32").is_file():
                 line = f"job {run.job}: its fp32 model {run.file('fp32')} is missing (left out of the lab files)"
             else:
-                line = None
+                line = run.tampered()
+                line = line and f"job {run.job}: {line} (left out of the lab files)"
             if line is not None:
                 self.summary.failed.append(line)
                 self.summary.broken.append(line)

@@ -87,10 +87,13 @@ def register() -> None:
     register_resolvers()
 
 
-def _sweep_id() -> str:
+def _sweep_id(*args) -> str:
     """A short random suffix for run and sweep folders (`multirun/<date>/<time>-<id>`): two sweeps started in the
     same second get different folders. Cached per config (use_cache), and Hydra copies that cache into every job's
-    config, so the sweep, its launcher and its jobs see one value."""
+    config, so the sweep, its launcher and its jobs see one value. It takes no argument (`${calibrun.sweep_id:}`);
+    one given is refused in words (the folder callbacks make that one line)."""
+    if args:
+        raise ValueError(f"${{calibrun.sweep_id:}} takes no argument, got {', '.join(map(repr, args))}")
     return secrets.token_hex(3)
 
 

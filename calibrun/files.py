@@ -25,6 +25,26 @@ RANGES_FILE = "ranges.json"
 DIAGNOSTICS_FILE = "diagnostics.json"
 
 _FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # the device is full (or the quota, the file size limit)
+FULL_MARGIN = 64 * 1024  # bytes: a device with less free space counts as full (a library that wrote short)
+
+
+def is_full(exc: BaseException) -> bool:
+    """The error is a full device (ENOSPC, a quota, the file size limit)."""
+    return isinstance(exc, OSError) and exc.errno in _FULL
+
+
+def device_full(folder: str | os.PathLike) -> bool:
+    """The device of `folder` has (almost) no space left: for libraries that write a short file without an error
+    (onnx's shape inference), found out when the file is read back."""
+    try:
+        return shutil.disk_usage(folder).free < FULL_MARGIN
+    except OSError:
+        return False
+
+
+def full_error(folder: str | os.PathLike, what: str) -> CalibrunError:
+    """The one line for a full device: the folder that is full, then what could not be done."""
+    return CalibrunError(f"folder {folder} is full (No space left on device): {what}")
 
 
 def _host() -> str:
@@ -162,9 +182,16 @@ def atomic_path(target: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
             os.close(os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # mode as open() gives it
         except OSError as exc:
             owned = None  # not created, or (FileExistsError) someone else's: never remove it
+            if is_full(exc):
+                raise full_error(target.parent, f"cannot write {target.name}") from exc
             raise CalibrunError(f"cannot write {target}: {exc.strerror or exc}") from exc
-        yield tmp_path
-        os.replace(tmp_path, target)
+        try:
+            yield tmp_path
+            os.replace(tmp_path, target)
+        except OSError as exc:  # the block's writes name no path on a full device: say which folder is full
+            if not is_full(exc):
+                raise
+            raise full_error(target.parent, f"cannot write {target.name}") from exc
     finally:
         if owned is not None:
             with contextlib.suppress(FileNotFoundError):
@@ -172,11 +199,5 @@ def atomic_path(target: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
 
 
 def write_json(target: str | os.PathLike, obj, indent: int | None = 2) -> None:
-    try:
-        with atomic_path(target) as tmp:
-            tmp.write_text(json.dumps(obj, indent=indent) + "\n")
-    except OSError as exc:
-        if exc.errno not in _FULL:
-            raise
-        # a full device: the write names no path, say which file could not be written
-        raise CalibrunError(f"cannot write {target}: {exc.strerror}") from exc
+    with atomic_path(target) as tmp:  # a full device: one line naming the folder (atomic_path)
+        tmp.write_text(json.dumps(obj, indent=indent) + "\n")

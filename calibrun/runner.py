@@ -116,6 +116,15 @@ def job_metrics(result: JobResult) -> dict:
     return metrics
 
 
+def _output_tags(model: Path) -> dict:
+    """The model's output names that its metric keys do not spell as they are (characters or paths MLflow
+    rejects in a key, calibrun.measure.errors.output_keys): `calibrun.output.<key>` = the original name."""
+    from calibrun.measure.errors import output_keys
+
+    names = [o.name for o in onnx.load(str(model), load_external_data=False).graph.output]
+    return {f"calibrun.output.{key}": name for key, name in output_keys(names).items()}
+
+
 def _diagnosis_tags(result: JobResult) -> dict:
     return {f"diagnosis.{k}": v for k, v in (result.diagnosis or {}).items()
             if isinstance(v, str) and k != "input_tensor"}
@@ -184,9 +193,9 @@ def _track(tracker: Tracker, run_id: str, cfg: DictConfig, result: JobResult, jo
     """Everything but result.json onto the job's run: params, datasets, the int8 model as a LoggedModel (the
     run's metrics linked to it), metrics, tags, files. Records the ids in result.mlflow."""
     tracker.log(run_id, params=mlflow_params(cfg, result),
-                tags={"calibrun.cache_key": result.cache_key, "calibrun.model_file": result.params["model_file"],
-                      **_diagnosis_tags(result)})
-    tracker.log_datasets(run_id, _datasets(cfg, result, ctx))
+                tags={"calibrun.cache_key": result["cache_key"], "calibrun.model_file": result["params"]["model_file"],
+                      **_diagnosis_tags(result), **_output_tags(job_dir / "int8.onnx")})
+    tracker.log_datasets(run_id, _datasets(cfg, result))
     model_id = None
     if cfg.tracking.get("log_model", True):
         model_id = tracker.log_model(run_id, job_dir / "int8.onnx", f"int8 {job.name(cfg)}",
@@ -226,6 +235,8 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
         if sweep_dir is not None:
             tracker = _open_tracker(cfg, job)
         if tracker is not None:
+            if cfg.resume:
+                _close_earlier_runs(tracker, job)
             run_id = _start_run(tracker, cfg, job_dir, job)
         if invalid is not None:
             raise invalid
@@ -314,6 +325,7 @@ def _resumed(cfg: DictConfig, result: JobResult, job_dir: Path, job: Job, tracke
             except Exception:
                 tracked = False
         if not tracked:
+            _close_earlier_runs(tracker, job)
             run_id = _start_run(tracker, cfg, job_dir, job)
             try:
                 tracker.log(run_id, tags={"calibrun.resumed": "true"})
@@ -331,6 +343,25 @@ def _resumed(cfg: DictConfig, result: JobResult, job_dir: Path, job: Job, tracke
                 raise
     log.info("job %s: complete and valid, skipped (resume=true) -> %s", job.job_num, job_dir / RESULT_FILE)
     return result
+
+
+def _close_earlier_runs(tracker: Tracker, job: Job) -> None:
+    """Before a resumed sweep computes a job again: the job's earlier runs under this parent run, found by the job's
+    identity (parent run, job number) and not by what result.json recorded, that are still FINISHED or RUNNING are
+    closed FAILED (tagged calibrun.superseded). A tracking server dropped while marking a run FINISHED leaves it
+    FINISHED on the server while the job counts as failed: without this, the job had two FINISHED runs."""
+    parent = job.parent.get("run_id")
+    if not parent or job.job_num is None:
+        return
+    found = tracker.client.search_runs(
+        [tracker.experiment_id], f"tags.mlflow.parentRunId = '{parent}' and tags.calibrun.job_num = '{job.job_num}'",
+        max_results=1000)
+    for earlier in found:
+        if earlier.info.status in ("FINISHED", "RUNNING"):
+            tracker.log(earlier.info.run_id, tags={"calibrun.superseded": "true"})
+            tracker.finish(earlier.info.run_id, "FAILED")
+            log.info("resume=true: job %s's earlier MLflow run %s (%s, its job not complete) closed FAILED",
+                     job.job_num, earlier.info.run_id, earlier.info.status)
 
 
 def _validation_error(cfg: DictConfig) -> CalibrunError | None:

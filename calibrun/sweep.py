@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from calibrun import interrupts, patches
 from calibrun.config import register_resolvers, tracking_enabled, validate
 from calibrun.errors import CalibrunError, one_line
-from calibrun.files import write_json
+from calibrun.files import full_error, is_full, write_json
 from calibrun.tracking import PARENT_FILE, Tracker, open_tracker, resolve_uri, ui_url
 
 log = logging.getLogger("calibrun")
@@ -109,6 +109,16 @@ def _fail(message: str) -> None:
     sys.exit(1)
 
 
+def _folder_of(config: DictConfig, key: str) -> Path:
+    """The output folder `key` (hydra.run.dir, hydra.sweep.dir) resolved: an interpolation that fails (a resolver
+    given a wrong argument, a missing variable) is one line naming the key, not OmegaConf's traceback."""
+    try:
+        return Path(str(OmegaConf.select(config, key, throw_on_resolution_failure=True)))
+    except Exception as exc:
+        text = str(exc).strip()
+        _fail(f"config {key}: {text.splitlines()[0] if text else type(exc).__name__}")
+
+
 def _make_folder(folder: Path, key: str) -> None:
     """Create Hydra's output folder now, so that a bad one is one line, not Hydra's traceback later."""
     try:
@@ -181,16 +191,59 @@ def _close_parent(status: str) -> str:
     return f"MLflow parent run {status}" if error is None else f"MLflow parent run not closed: {one_line(error)}"
 
 
+def _closed_before_jobs() -> str:
+    """A sweep stopped before any job (its parent run opened, then logging to it failed, e.g. a server answering
+    500): the parent run is closed FAILED while the store still accepts that; what happened, for the one line."""
+    if _SWEEP.get("tracker") is None:
+        return ""
+    closed = _close_parent("FAILED")
+    _SWEEP.pop("tracker", None)
+    return f" ({closed})"
+
+
 def _close_if_open() -> None:
     """At exit: a sweep whose end callback never ran (Hydra failed outside the jobs, e.g. writing a job's .hydra/
     config on a full disk, and exited through its own error report) leaves no parent run RUNNING: it is closed
-    FAILED. Interrupts close it KILLED in _excepthook and never get here (the process dies of the signal)."""
-    if _SWEEP.get("tracker") is None:
+    FAILED. Interrupts close it KILLED in _excepthook and never get here (the process dies of the signal). One line,
+    with the reason when calibrun knows it (a full disk, `report_full_disk`)."""
+    reason = _SWEEP.pop("stop", None)
+    if _SWEEP.get("tracker") is None and reason is None:
         return
-    closed = _close_parent("FAILED")
-    print(f"calibrun: sweep {_SWEEP['dir']} stopped before its end: {closed}; the same command with resume=true "
-          f"continues it", file=sys.stderr)
+    closed = _close_parent("FAILED") if _SWEEP.get("tracker") is not None else ""
+    print(f"calibrun: {f'error: {reason}; ' if reason else ''}sweep {_SWEEP['dir']} stopped before its end"
+          f"{f': {closed}' if closed else ''}; the same command with resume=true continues it", file=sys.stderr)
     _SWEEP.clear()
+
+
+def report_full_disk() -> None:
+    """A full disk outside calibrun's code, in one line naming the folder: Hydra writing a job's .hydra/ files
+    (hydra.core.utils._save_config, which it reports with a traceback) stops the run or sweep with calibrun's
+    line (a sweep's through `_close_if_open`, which also closes its parent run); logging's handlers (Hydra's job
+    log file) no longer print a `--- Logging error ---` traceback for each record they cannot write."""
+    logging.raiseExceptions = False
+    try:
+        from hydra.core import utils as hydra_utils
+    except ImportError:
+        return
+    original = hydra_utils._save_config
+    if getattr(original, "calibrun_full", False):
+        return
+
+    def save_config(cfg, filename, output_dir):
+        try:
+            return original(cfg, filename, output_dir)
+        except OSError as exc:
+            if not is_full(exc):
+                raise
+            reason = str(full_error(output_dir, f"cannot write {filename}"))
+        if _SWEEP.get("dir") is not None:
+            _SWEEP["stop"] = reason
+        else:
+            print(f"calibrun: error: {reason}", file=sys.stderr)
+        raise SystemExit(1)
+
+    save_config.calibrun_full = True
+    hydra_utils._save_config = save_config
 
 
 # --- the callback ------------------------------------------------------------------------------------------------
@@ -227,6 +280,7 @@ def _parent_run(config: DictConfig, tracker: Tracker, sweep_dir: Path, swept: li
     run_id = _earlier_parent(sweep_dir, tracker) if config.resume else None
     if run_id is not None:
         tracker.reopen(run_id)
+        _SWEEP.update(tracker=tracker, run_id=run_id)
         stale = tracker.close_stale(run_id)
         log.info("resume=true: continuing MLflow parent run %s%s", run_id,
                  f" (closed {len(stale)} run(s) a killed sweep left RUNNING)" if stale else "")
@@ -234,6 +288,7 @@ def _parent_run(config: DictConfig, tracker: Tracker, sweep_dir: Path, swept: li
     overrides = _task_overrides(config.hydra.overrides.task)
     run_id = tracker.start_run(sweep_name(config), {"calibrun.sweep_dir": str(sweep_dir.resolve()),
                                                      "calibrun.swept": " ".join(swept)})
+    _SWEEP.update(tracker=tracker, run_id=run_id)  # open from here on: any failure before the jobs closes it
     params = {"overrides": " ".join(overrides) or "(none)"}
     sweeper = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
     params.update({f"sweep.{k}": v for k, v in sweeper.items()})
@@ -245,12 +300,12 @@ def _parent_run(config: DictConfig, tracker: Tracker, sweep_dir: Path, swept: li
 
 class SweepCallback(Callback):
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        _make_folder(Path(config.hydra.run.dir), "hydra.run.dir")
+        _make_folder(_folder_of(config, "hydra.run.dir"), "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         if config.resume:
             _resume_into_previous_sweep(config)
-        sweep_dir = Path(config.hydra.sweep.dir)
+        sweep_dir = _folder_of(config, "hydra.sweep.dir")
         created = not sweep_dir.exists()
         _make_folder(sweep_dir, "hydra.sweep.dir")
         claim(sweep_dir)
@@ -282,13 +337,13 @@ class SweepCallback(Callback):
                 return
             swept = swept_keys(config)
             run_id = _parent_run(config, tracker, sweep_dir, swept)
+            write_json(sweep_dir / PARENT_FILE, {"run_id": run_id, "tracking_uri": tracker.uri,
+                                                 "experiment_id": tracker.experiment_id, "swept": swept})
         except CalibrunError as exc:
-            _fail(str(exc))
+            _fail(str(exc) + _closed_before_jobs())
         except Exception as exc:  # the store failed past its check
-            _fail(f"MLflow tracking store {resolve_uri(config.tracking.uri)}: {one_line(exc)}")
-        _SWEEP.update(tracker=tracker, run_id=run_id)
-        write_json(sweep_dir / PARENT_FILE, {"run_id": run_id, "tracking_uri": tracker.uri,
-                                             "experiment_id": tracker.experiment_id, "swept": swept})
+            _fail(f"MLflow tracking store {resolve_uri(config.tracking.uri)}: {one_line(exc)}"
+                  + _closed_before_jobs())
         log.info("MLflow parent run %s in %s", run_id, tracker.uri)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:

@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import random
+import shutil
 import sqlite3
 import time
 from collections.abc import Callable, Mapping
@@ -138,7 +139,7 @@ def check_sqlite(db: Path) -> None:
         with contextlib.closing(sqlite3.connect(f"file:{db}?mode=rw", uri=True, timeout=30,
                                                 isolation_level=None)) as connection:
             tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-            if tables and not {"experiments", "runs"} <= tables:
+            if tables and not tables & {"experiments", "runs", "alembic_version"}:  # (a half-created store passes)
                 raise CalibrunError(f"{db} is an SQLite database but not an MLflow store")
             problem = connection.execute("PRAGMA quick_check(1)").fetchone()[0]
             if problem != "ok":
@@ -160,6 +161,87 @@ def check_store(uri: str, timeout: float) -> None:
     if scheme == "sqlite":
         check_sqlite(Path(uri[len("sqlite:///"):]))
     check_server(uri, timeout=min(timeout, 5.0))
+
+
+STORE_LOCK_TIMEOUT = 600  # seconds a process waits for another one creating or migrating the store
+
+
+def store_lock(db: Path):
+    """The cross-process lock (filelock, `DB.lock` beside the store) under which a process creates the SQLite store,
+    recreates a half-created one, and opens it (MLflow's schema check, the experiment, the journal mode): two
+    processes started together on a new store no longer race on MLflow's migration."""
+    from filelock import FileLock
+
+    return FileLock(f"{db}.lock", timeout=STORE_LOCK_TIMEOUT)
+
+
+def _schema_head() -> str:
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    return _get_latest_schema_revision()
+
+
+def half_created(db: Path) -> str | None:
+    """Why the SQLite store at `db` is a half-created MLflow store holding nothing (MLflow's table creation and
+    migration killed part-way, e.g. by SIGKILL: every later open fails with `table ... already exists`), or None
+    when it is complete, holds runs or experiments, or is not MLflow's (left to MLflow and `check_sqlite`)."""
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)) as connection:
+        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if not tables:
+            return "an empty database"
+        if not tables & {"experiments", "runs", "alembic_version"}:
+            return None  # not MLflow's
+        if "runs" in tables and connection.execute("SELECT count(*) FROM runs").fetchone()[0]:
+            return None
+        if "experiments" in tables and connection.execute(
+                "SELECT count(*) FROM experiments WHERE experiment_id != 0").fetchone()[0]:
+            return None
+        revision = None
+        if "alembic_version" in tables:
+            row = connection.execute("SELECT version_num FROM alembic_version").fetchone()
+            revision = row[0] if row else None
+    if revision == _schema_head():
+        return None
+    return f"its schema is at {revision or 'no'} migration, not {_schema_head()}"
+
+
+def _create_store(db: Path) -> None:
+    """Create and migrate a new MLflow store under a temp name beside `db`, then rename it onto `db`: the store
+    appears whole or not at all (a kill leaves only the temp folder, which the next creation removes)."""
+    from mlflow.store.tracking import DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    from calibrun.files import remove_orphans, temp_name
+
+    remove_orphans(db.parent)  # the temp folder of a creation that was killed
+    work = temp_name(db, ".tmp")
+    work.mkdir()
+    try:
+        fresh = work / db.name
+        uri = f"sqlite:///{fresh}"
+        store = SqlAlchemyStore(uri, DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH)  # MLflow's tables, migrations, Default
+        store.engine.dispose()
+        SqlAlchemyStore._engine_map.pop(uri, None)
+        with open(fresh, "rb+") as handle:
+            os.fsync(handle.fileno())
+        for suffix in ("-wal", "-shm", "-journal"):  # an old store's journal must not be applied to the new one
+            Path(f"{db}{suffix}").unlink(missing_ok=True)
+        os.replace(fresh, db)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def ensure_store(db: Path) -> None:
+    """Under `store_lock`: create the store at `db` when there is none, recreate a half-created one (with a
+    warning); leave any other alone."""
+    if db.exists():
+        reason = half_created(db)
+        if reason is None:
+            return
+        if reason != "an empty database":
+            log.warning("MLflow store %s was left half-created (%s) and holds no runs: creating it again", db,
+                        reason)
+    _create_store(db)
 
 
 def _write_ahead_log(db: Path) -> bool:
@@ -249,14 +331,30 @@ class Tracker:
         try:
             if check:
                 check_store(uri, timeout)
-            from mlflow import MlflowClient
-
-            self.client = MlflowClient(tracking_uri=uri)
-            self.experiment_id = _retry(lambda: self._experiment(experiment), "create experiment")
-            if uri.startswith("sqlite:///") and _write_ahead_log(Path(uri[len("sqlite:///"):])):
-                patches.commit_without_fsync(self.client)
+            if uri.startswith("sqlite:///"):
+                db = Path(uri[len("sqlite:///"):])
+                try:
+                    lock = store_lock(db)
+                    lock.acquire()
+                except Exception as exc:
+                    raise CalibrunError(f"cannot lock {db}.lock: {getattr(exc, 'strerror', None) or exc}") from None
+                try:
+                    ensure_store(db)
+                    self._open(experiment)
+                    if _write_ahead_log(db):
+                        patches.commit_without_fsync(self.client)
+                finally:
+                    lock.release()
+            else:
+                self._open(experiment)
         except Exception as exc:
             raise CalibrunError(f"MLflow tracking store {uri} is not usable: {one_line(exc)}") from None
+
+    def _open(self, experiment: str) -> None:
+        from mlflow import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=self.uri)
+        self.experiment_id = _retry(lambda: self._experiment(experiment), "create experiment")
 
     def _experiment(self, name: str) -> str:
         found = self.client.get_experiment_by_name(name)

@@ -15,7 +15,9 @@ statistics only (sums, maxima, counts), so memory does not grow with the number 
 
 from __future__ import annotations
 
+import hashlib
 import math
+import posixpath
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -119,9 +121,28 @@ def max_abs_difference(a_outputs: list[np.ndarray], b_outputs: list[np.ndarray])
     return compare(a_outputs, b_outputs)["max_abs_error"]
 
 
+KEY_PART_MAX = 120  # characters of an output name in a metric key (MLflow's keys: 250 at most)
+
+
 def _metric_name(name: str) -> str:
-    """An output name as an MLflow metric name part (alphanumerics, _ - . / and spaces)."""
-    return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", name)
+    """An output name as an MLflow metric name part (alphanumerics, _ - . / and spaces). A name that would still
+    make a key MLflow rejects (one that is a path leading elsewhere, `a/../b`, `a//b`, `./a`; or too long) has its
+    slashes replaced, is shortened in the middle, and gets a short hash of the original name, so that two outputs
+    never share a key; the original name is kept in the run's tags (`calibrun.output.<key>`)."""
+    key = re.sub(r"[^A-Za-z0-9_\-./ ]", "_", name)
+    probe = f"out.{key}.x"
+    if posixpath.normpath(probe) == probe and len(key) <= KEY_PART_MAX:
+        return key
+    key = key.replace("/", "_")
+    if len(key) > KEY_PART_MAX - 7:
+        half = (KEY_PART_MAX - 10) // 2
+        key = f"{key[:half]}...{key[-half:]}"
+    return f"{key}-{hashlib.sha256(name.encode()).hexdigest()[:6]}"
+
+
+def output_keys(names) -> dict[str, str]:
+    """The metric key part of each output name that is not the name itself: {key: original name}."""
+    return {key: name for name in names if (key := _metric_name(name)) != name}
 
 
 def _sqnr(signal: float, noise: float) -> float:

@@ -34,7 +34,7 @@ import onnx
 from onnx import AttributeProto, GraphProto, TensorProto, helper, version_converter
 
 from calibrun.errors import CalibrunError, one_line
-from calibrun.files import atomic_path, check_writable, temp_name
+from calibrun.files import atomic_path, check_writable, device_full, full_error, is_full, temp_name
 from calibrun.model import InputInfo, check_not_quantised, check_outputs, float_input, graph_inputs, load_model
 
 log = logging.getLogger("calibrun")
@@ -128,14 +128,21 @@ def prepare_model(src: str | Path, dst: str | Path) -> Prepared:
 
     steps: list[str] = []
     with _workspace(dst) as work:
-        current = _strip_initializer_inputs(model, work / "given.onnx", external, steps)
-        del model  # the file holds it now; big models should not stay in memory twice
-        _check(current, src)
-        current = _convert_opset(current, work / "converted.onnx", src, steps)
-        current = _fold_constants(current, work / "folded.onnx", external, src, steps)
-        _prune(work, keep=current)
-        current = _infer_shapes(current, work / "shaped.onnx", external, steps)
-        external, inputs = _write_result(current, work, dst, external, src)
+        try:
+            current = _strip_initializer_inputs(model, work / "given.onnx", external, steps)
+            del model  # the file holds it now; big models should not stay in memory twice
+            _check(current, src)
+            current = _convert_opset(current, work / "converted.onnx", src, steps)
+            current = _fold_constants(current, work / "folded.onnx", external, src, steps)
+            _prune(work, keep=current)
+            current = _infer_shapes(current, work / "shaped.onnx", external, steps)
+            external, inputs = _write_result(current, work, dst, external, src)
+        except (CalibrunError, OSError) as exc:
+            # A full device: onnx and onnxruntime write short files without an error (the checker then finds "no
+            # ir_version"), or raise ENOSPC naming no path. Either way, one line naming the folder that is full.
+            if is_full(exc) or device_full(work):
+                raise full_error(dst.parent, f"cannot prepare the model from {src}") from exc
+            raise
     return Prepared(path=dst, inputs=tuple(inputs), steps=tuple(steps), external_data=external)
 
 

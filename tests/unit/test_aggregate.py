@@ -9,6 +9,7 @@ These tests build sweep folders by hand (job folders as Hydra and calibrun.runne
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -42,6 +43,10 @@ def job_config(**changes) -> dict:
     return cfg
 
 
+FP32_BYTES = b"fp32 placeholder"
+INT8_BYTES = b"not read by the aggregator for a run outside the lab"
+
+
 def fake_job(sweep: Path, num: int, overrides: dict[str, str], error: float, *, config: dict | None = None,
              status: str = "ok", int8: bool = True, metrics: dict | None = None) -> Path:
     """A job folder: .hydra/overrides.yaml, config_resolved.yaml, result.json (and an int8.onnx placeholder)."""
@@ -56,18 +61,19 @@ def fake_job(sweep: Path, num: int, overrides: dict[str, str], error: float, *, 
         return job
     result = {
         "status": "ok",
-        "params": {"calibration": cfg["calibration"]["name"], "batches": cfg["batches"]},
+        "params": {"calibration": cfg["calibration"]["name"], "batches": cfg["batches"],
+                   "model_sha256": hashlib.sha256(FP32_BYTES).hexdigest()},
         "metrics": {"max_abs_error": error, "mean_abs_error": error / 4, "input_scale": 0.01, "span": 2.0,
                     "eval_span": 7.0, "input_zero_point": 0, "observed_span": 2.55, "quantize_nodes": 3,
                     "dequantize_nodes": 5, "model_bytes": 100, **(metrics or {})},
-        "files": {"int8": "int8.onnx", "fp32": "fp32.onnx"},
+        "files": {"int8": "int8.onnx", "fp32": "fp32.onnx", "int8_sha256": hashlib.sha256(INT8_BYTES).hexdigest()},
         "eval_source": {"name": "lab", "seed": 777, "rows": 256},
         "ops": {"MatMul": 2},
     }
     (job / "result.json").write_text(json.dumps(result))
-    (job / "fp32.onnx").write_bytes(b"fp32 placeholder")
+    (job / "fp32.onnx").write_bytes(FP32_BYTES)
     if int8:
-        (job / "int8.onnx").write_bytes(b"not read by the aggregator for a run outside the lab")
+        (job / "int8.onnx").write_bytes(INT8_BYTES)
     return job
 
 

@@ -80,15 +80,15 @@ def complete(path: Path) -> None:
 def one_line(stderr: str, prefix: str) -> str:
     """The one line that reports the failure (the MLflow UI link of a sweep that ran to its end is not one)."""
     assert "Traceback" not in stderr, stderr[-3000:]
+    assert "--- Logging error ---" not in stderr, stderr[-3000:]
     lines = [line for line in stderr.splitlines()
              if line.startswith(prefix) and not line.startswith("calibrun: MLflow:")]
     assert len(lines) == 1, stderr[-3000:]
     return lines[0]
 
 
-# Only the cache folder: with the SWEEP folder full, Hydra itself fails writing a job's .hydra/ config outside the
-# jobs and prints its own traceback (a narrow wrapper of Hydra's run_and_report that made it one line, on branch
-# `faults2`, broke tests/e2e/test_resume.py::test_one_ctrl_c_stops_the_sweep and was left out).
+# Only the cache folder here: with the SWEEP folder full, Hydra fails writing a job's .hydra/ config outside the jobs
+# (test_full_sweep_folder_leaves_no_run_running_and_resumes).
 @pytest.mark.parametrize("full", ["cache"])
 def test_sweep_on_a_full_tmpfs_fails_in_one_line_and_resumes(tmp_path, full):
     """The cache folder on a tmpfs too small for the sweep: the jobs that cannot write fail in one line each."""
@@ -111,8 +111,7 @@ def test_sweep_on_a_full_tmpfs_fails_in_one_line_and_resumes(tmp_path, full):
     assert first.returncode != 0
     line = one_line(first.stderr, "calibrun:")
     assert FULL in line, line
-    if full == "sweep":  # NOT YET for the cache: its files are written by atomic_path, which does not name them
-        assert str(disk) in line, line
+    assert f"folder {disk}" in line, line  # the folder that is full
     assert [r.info.run_name for r in runs if r.info.status == "RUNNING"] == []
     assert leftovers == []
     assert len([r for r in on_disk.values() if r["status"] == "ok"]) < JOBS  # it did not finish
@@ -134,7 +133,10 @@ def test_full_sweep_folder_leaves_no_run_running_and_resumes(tmp_path):
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         check_record(tmp_path, sweep, JOBS)
     assert first.returncode != 0
-    assert f"calibrun: sweep {sweep} stopped before its end: MLflow parent run FAILED" in first.stderr, first.stderr
+    line = one_line(first.stderr, "calibrun:")
+    assert line.startswith(f"calibrun: error: folder {sweep}/"), line  # the folder that is full, in one line
+    assert FULL in line, line
+    assert f"sweep {sweep} stopped before its end: MLflow parent run FAILED" in line, line
     assert [r.info.run_name for r in runs if r.info.status == "RUNNING"] == []
 
 
@@ -155,8 +157,38 @@ def test_calibtool_quantize_to_a_full_tmpfs_fails_in_one_line(tmp_path):
     assert code != 0
     line = one_line(stderr, "calibtool: error:")
     assert FULL in line, line
-    # NOT YET: the path of OUT is not in the line (atomic_path would have to name it, see the report)
+    assert f"folder {out_dir} is full" in line, line
     assert stdout == ""
     assert listing == ["filler", "filler2"]  # no int8.onnx, no temp file
     assert temp_files(tmp_path) == []
     assert calibrun_temp_dirs() <= before
+
+
+def test_model_preparation_on_a_full_cache_names_the_folder_and_runs_after_space_is_freed(tmp_path):
+    """A user's model is prepared into the cache (cache.dir/models): on a full device, one line naming that
+    folder (not the ONNX checker's "no ir_version" on the short file onnx wrote), nothing left in it; after space
+    is freed the same command completes."""
+    from calibrun.model.lab import write_lab_model
+
+    model = write_lab_model(tmp_path / "mine.onnx")
+    fresh(tmp_path)
+    cache = tmp_path / "cache"
+    args = ("model=file", f"model.path={model}", "batches=2", "eval.rows=32", "diagnostics=off",
+            f"hydra.run.dir={tmp_path / 'run'}")
+    with tmpfs(cache, "64k"):
+        (cache / "models").mkdir()
+        fill(cache)
+        first, _ = run(tmp_path, *args, multirun=False)
+        left = sorted(p.name for p in (cache / "models").iterdir())
+        runs = runs_of(tmp_path)
+        (cache / "filler").unlink()
+        (cache / "filler2").unlink()
+        again, _ = run(tmp_path, *args, multirun=False)
+    assert first.returncode == 1
+    line = one_line(first.stderr, "calibrun:")
+    assert line.startswith(f"calibrun: error: folder {cache / 'models'} is full ({FULL})"), line
+    assert "checker" not in line
+    assert left == []  # no temp folder, no half-written model
+    assert [r.info.status for r in runs] == ["FAILED"]
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["status"] == "ok"
