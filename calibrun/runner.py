@@ -201,7 +201,7 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
     and writes no result. result.json says ok only once tracking succeeded. An invalid config or an unusable
     tracking store of a single run fails before anything is written."""
     job = Job(sweep_dir, job_num, overrides)
-    invalid = _validation_error(cfg)
+    invalid = _validation_error(cfg, sweep_job=sweep_dir is not None)
     if invalid is not None and sweep_dir is None:
         raise invalid  # a single run fails fast: nothing ran, nothing to track
     job_dir = job_dir.resolve()
@@ -326,9 +326,9 @@ def _resumed(cfg: DictConfig, result: dict, job_dir: Path, job: Job, tracker: Tr
     return result
 
 
-def _validation_error(cfg: DictConfig) -> CalibrunError | None:
+def _validation_error(cfg: DictConfig, sweep_job: bool = False) -> CalibrunError | None:
     try:
-        config.validate(cfg)
+        config.validate(cfg, sweep_job=sweep_job)
     except CalibrunError as exc:
         return exc
     return None

@@ -29,7 +29,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from calibrun import interrupts
-from calibrun.config import tracking_enabled, validate
+from calibrun.config import PATH_KEYS, check_readable, tracking_enabled, validate
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import write_json
 from calibrun.tracking import PARENT_FILE, Tracker, open_tracker, resolve_uri, ui_url
@@ -71,6 +71,34 @@ def swept_keys(config: DictConfig) -> list[str]:
     params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
     keys += [str(k) for k in params if str(k) not in keys]
     return keys
+
+
+def sweep_values(config: DictConfig) -> dict[str, list[str]]:
+    """Each swept key's values as the command line and the preset's hydra.sweeper.params list them (choice
+    sweeps: `data.path=a.npy,b.npy`; ranges and intervals are left out: they hold no paths)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep
+
+    params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
+    lines = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    values: dict[str, list[str]] = {}
+    try:
+        parsed = OverridesParser.create().parse_overrides(lines)
+    except Exception:  # Hydra reports a bad override itself
+        return values
+    for override in parsed:
+        if override.is_sweep_override() and isinstance(override.value(), ChoiceSweep):
+            key = override.get_key_element().lstrip("+~")
+            values[key] = [str(v) for v in override.sweep_string_iterator()]
+    return values
+
+
+def check_swept_paths(config: DictConfig) -> None:
+    """Every model and data path a sweep lists exists and is readable, before any job (calibrun.config)."""
+    for key, values in sweep_values(config).items():
+        if key in PATH_KEYS:
+            for value in values:
+                check_readable(value, key, folder_ok=key != "model.path")
 
 
 def _task_overrides(overrides) -> list[str]:
@@ -322,6 +350,10 @@ def _parent_run(config: DictConfig, tracker: Tracker, sweep_dir: Path, swept: li
 
 class SweepCallback(Callback):
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        try:  # before Hydra makes the run's folder: a bad setting or a missing file leaves nothing behind
+            validate(config)
+        except CalibrunError as exc:
+            _fail(str(exc))
         _make_folder(Path(config.hydra.run.dir), "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
@@ -353,11 +385,13 @@ class SweepCallback(Callback):
         atexit.register(_close_if_open)  # any other way out before the end callback closes it FAILED
         _SWEEP.update(dir=sweep_dir)
         try:
-            validate(config)  # the settings every job shares: a wrong one stops the sweep before any job
+            swept = swept_keys(config)
+            # the settings every job shares, and every path the sweep names: a wrong one stops it before any job
+            validate(config, swept)
+            check_swept_paths(config)
             tracker = _tracker(config, check=True)  # the store opened for real, once: a bad one stops here
             if tracker is None:
                 return
-            swept = swept_keys(config)
             run_id = _parent_run(config, tracker, sweep_dir, swept)
         except CalibrunError as exc:
             _fail(str(exc))
