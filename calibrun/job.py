@@ -187,6 +187,11 @@ def compute(cfg: DictConfig, job_dir: Path) -> dict:
     evaluation = evaluation_data(source, fp32, source["seed"], source["rows"])
     task = tasks.resolve(tasks.spec_of(cfg.task), fp32.path, labels=evaluation.labels is not None,
                          classifier=cfg.model.classifier)
+    if isinstance(task, tasks.Classification) and evaluation.labels is not None:
+        task.evaluation = evaluation
+        classes = task.static_classes(fp32.path)
+        if classes:
+            evaluation.check_labels(classes, task.output)  # before any work when the graph states the classes
     quant = quantize_with(fp32, int8_path, data, spec=config.calibration_spec(cfg),
                                  options=options, cache=cache, ranges_copy=job_dir / RANGES_FILE,
                                  threads=cfg.ort.intra_op_threads,

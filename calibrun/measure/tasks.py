@@ -77,6 +77,15 @@ class Classification(Task):
         self.labelled = self.fp32_correct = self.int8_correct = 0
         self.classes: int | None = None
         self.warned = False
+        self.evaluation = None  # the EvalData whose labels are judged (names the file of a bad label)
+
+    def static_classes(self, model_path) -> int | None:
+        """The number of classes when the graph states the class axis' size, else None (known when run)."""
+        shape = _shape(onnx.load(str(model_path), load_external_data=False), self.output)
+        if not shape:
+            return None
+        axis = self.axis if self.axis >= 0 else len(shape) + self.axis
+        return shape[axis] if 0 <= axis < len(shape) and shape[axis] else None
 
     def _flat(self, array: np.ndarray) -> np.ndarray:
         if array.ndim == 0:
@@ -108,6 +117,12 @@ class Classification(Task):
                                 "(labels need one prediction per row)", len(ref_top), len(labels))
                     self.warned = True
                 return
+            if labels.size and (labels.min() < 0 or labels.max() >= classes):
+                if self.evaluation is not None:
+                    self.evaluation.check_labels(classes, self.output)
+                bad = labels[(labels < 0) | (labels >= classes)][0]
+                raise CalibrunError(f"evaluation labels: label {int(bad)} is not a class of output {self.output!r}, "
+                                    f"which has {classes} classes (0..{classes - 1})")
             self.labelled += len(labels)
             self.fp32_correct += int(np.count_nonzero(ref_top == labels))
             self.int8_correct += int(np.count_nonzero(got.argmax(axis=1) == labels))

@@ -148,3 +148,33 @@ def test_auto_dense_for_a_one_channel_map_and_none_for_boxes(tmp_path):
     assert resolve(TaskSpec("auto"), boxes, labels=True).name == "classification"
     with pytest.raises(CalibrunError, match="not a model output"):
         resolve(TaskSpec("dense", output="nope"), boxes)
+
+
+# --- issue 25, item 3: labels out of range ---
+
+
+def test_labels_outside_the_classes_are_refused_naming_file_row_and_value():
+    import numpy as np
+
+    from calibrun.data.batches import EvalData
+    from calibrun.errors import CalibrunError
+    from calibrun.measure.tasks import Classification
+
+    rows = np.zeros((6, 4), np.float32)
+    for labels, value in (([0, 1, 2, 3, 99, 0], 99), ([0, -1, 2, 3, 1, 0], -1)):
+        data = EvalData.from_arrays({"x": rows}, labels=np.array(labels, np.int64))
+        data.label_sources = [(0, "a.npz['labels']"), (3, "b.npz['labels']")]
+        with pytest.raises(CalibrunError) as info:
+            data.check_labels(4, "y")
+        message = str(info.value)
+        row = labels.index(value)
+        assert message.startswith("a.npz" if row < 3 else "b.npz"), message
+        assert f"label {value} (row {row})" in message
+        assert "4 classes" in message
+        task = Classification("y", -1)  # the classes are known only when the model runs: refused in update
+        task.evaluation = data
+        scores = np.eye(4, dtype=np.float32)[[0, 1, 2, 3, 0, 1]]
+        with pytest.raises(CalibrunError, match=f"label {value} "):
+            task.update({"y": scores}, {"y": scores}, np.array(labels))
+    ok = EvalData.from_arrays({"x": rows}, labels=np.array([0, 1, 2, 3, 3, 0]))
+    ok.check_labels(4, "y")  # every label a class: nothing to say
