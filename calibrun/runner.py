@@ -7,8 +7,10 @@ ranges beside them) and, with tracking on, one MLflow run (a child of the sweep'
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -34,7 +36,7 @@ from calibrun.files import (
 from calibrun.job import compute, eval_source, job_identity, job_params
 from calibrun.model import file_sha256, open_float_model
 from calibrun.sweep import die_of, install_signal_handlers  # also registers the sweep folder resolver
-from calibrun.tracking import PARENT_FILE, Tracker, open_tracker, resolve_uri
+from calibrun.tracking import MAX_RUN_NAME, PARENT_FILE, Tracker, open_tracker, resolve_uri, shorten_middle
 
 log = logging.getLogger("calibrun")
 
@@ -49,24 +51,64 @@ def _parent(sweep_dir: Path | None) -> dict:
 GROUPS = ("calibration", "format", "method", "model", "data", "eval_data", "cache", "tracking", "experiment")
 
 
-def run_name(cfg: DictConfig, overrides: list[str] | None, swept: list[str] | None) -> str:
-    """A readable run name from the job's swept overrides (`narrow batches=8 qdq`; config groups by their
-    choice, paths by their file name); outside a sweep, from what the job is."""
-    values = {}
+NAME_VALUE_WIDTH = 60  # characters of one swept value in a run name before it is shortened (in the middle)
+
+
+def _common_ends(values: list[str]) -> tuple[int, int]:
+    """The lengths of the prefix and suffix that every value shares (0, 0 for fewer than two values)."""
+    if len(values) < 2:
+        return 0, 0
+    prefix = len(os.path.commonprefix(values))
+    shortest = min(len(v) for v in values)
+    suffix = len(os.path.commonprefix([v[::-1] for v in values]))
+    suffix = min(suffix, shortest - prefix)
+    return prefix, max(suffix, 0)
+
+
+def faithful(value: str, values: list[str] | None = None, width: int = NAME_VALUE_WIDTH) -> str:
+    """`value` as a run name shows it: whole when it fits `width`; else shortened in the middle of what all the
+    sweep's `values` of that key share, so that the part that tells them apart stays whole (`.../a/calib.npz`,
+    `.../b/calib.npz`). A distinguishing part longer than `width` itself is cut in its middle and marked with a
+    short hash of the whole value: two values never get the same text."""
+    if len(value) <= width:
+        return value
+    pool = sorted({*(values or []), value})
+    prefix, suffix = _common_ends(pool)
+    middle = value[prefix:len(value) - suffix]
+    if len(middle) > width:
+        tag = "#" + hashlib.sha256(value.encode()).hexdigest()[:6]
+        return shorten_middle(middle, width - len(tag)) + tag
+    room = width - len(middle)
+    tail = value[len(value) - suffix:]
+    head = value[:prefix]
+    right = tail[:room] if len(tail) <= room else tail[:max(room - 1, 0)] + "…"
+    room -= len(right)
+    left = head if len(head) <= room else ("…" + head[len(head) - room + 1:] if room > 1 else "…")
+    return left + middle + right
+
+
+def run_name(cfg: DictConfig, overrides: list[str] | None, swept: list[str] | None,
+             values: dict[str, list[str]] | None = None) -> str:
+    """A readable run name from the job's swept overrides (`narrow batches=8 qdq`: config groups by their choice,
+    every other key by its full name), each value whole or shortened in the middle (faithful: `values`, the
+    sweep's values per key, tell which part distinguishes it); outside a sweep, from what the job is. At most
+    MLflow's 250 characters."""
+    chosen = {}
     for override in overrides or []:
         key, _, value = override.partition("=")
         key = key.lstrip("+~")
         if key in (swept or []):
-            values[key] = value
-    if not values:
-        return (f"{cfg.calibration.name} batches={cfg.batches} {cfg.format.name} {cfg.method.name}"
-                + ("" if cfg.model.name == "lab" else f" {Path(str(cfg.model.path or cfg.model.name)).name}"))
+            chosen[key] = value
+    if not chosen:
+        name = f"{cfg.calibration.name} batches={cfg.batches} {cfg.format.name} {cfg.method.name}"
+        if cfg.model.name != "lab":
+            name += f" {faithful(str(cfg.model.path or cfg.model.name))}"
+        return shorten_middle(name, MAX_RUN_NAME)
     parts = []
-    for key, value in values.items():
-        if "/" in value:
-            value = Path(value).name
-        parts.append(value if key in GROUPS else f"{key.rsplit('.', 1)[-1] if key.endswith('.path') else key}={value}")
-    return " ".join(parts)
+    for key, value in chosen.items():
+        shown = faithful(value, (values or {}).get(key))
+        parts.append(shown if key in GROUPS else f"{key}={shown}")
+    return shorten_middle(" ".join(parts), MAX_RUN_NAME)
 
 
 def mlflow_params(cfg: DictConfig, result: dict | None = None) -> dict:
@@ -157,7 +199,7 @@ class Job:
         return tags
 
     def name(self, cfg: DictConfig) -> str:
-        return run_name(cfg, self.overrides, self.parent.get("swept"))
+        return run_name(cfg, self.overrides, self.parent.get("swept"), self.parent.get("values"))
 
 
 def _start_run(tracker: Tracker, cfg: DictConfig, job_dir: Path, job: Job) -> str:

@@ -399,7 +399,8 @@ class SweepCallback(Callback):
             _fail(f"MLflow tracking store {resolve_uri(config.tracking.uri)}: {one_line(exc)}")
         _SWEEP.update(tracker=tracker, run_id=run_id)
         write_json(sweep_dir / PARENT_FILE, {"run_id": run_id, "tracking_uri": tracker.uri,
-                                             "experiment_id": tracker.experiment_id, "swept": swept})
+                                             "experiment_id": tracker.experiment_id, "swept": swept,
+                                             "values": sweep_values(config)})
         log.info("MLflow parent run %s in %s", run_id, tracker.uri)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
