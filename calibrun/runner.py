@@ -36,7 +36,16 @@ from calibrun.files import (
 from calibrun.job import compute, eval_source, job_identity, job_params
 from calibrun.model import file_sha256, open_float_model
 from calibrun.sweep import die_of, install_signal_handlers  # also registers the sweep folder resolver
-from calibrun.tracking import MAX_RUN_NAME, PARENT_FILE, Tracker, open_tracker, resolve_uri, shorten_middle
+from calibrun.tracking import (
+    MAX_RUN_NAME,
+    PARENT_FILE,
+    Tracker,
+    link_line,
+    open_tracker,
+    resolve_uri,
+    run_filter,
+    shorten_middle,
+)
 
 log = logging.getLogger("calibrun")
 
@@ -141,20 +150,35 @@ def mlflow_params(cfg: DictConfig, result: dict | None = None) -> dict:
     return flat
 
 
+# result.json's names -> the MLflow metric's: the three spans of the input told apart (the calibrated range, the
+# range the int8 grid covers, the evaluation data's)
+MLFLOW_METRIC_NAMES = {"span": "input.calibrated_span", "observed_span": "input.int8_grid_span",
+                       "eval_span": "input.eval_span"}
+
+
 def job_metrics(result: dict) -> dict:
-    """Every number of result.json's metrics, and the diagnosis: its numbers, and each verdict as a metric
-    `diagnosis.<key>.<verdict>` = 1 (tags carry the words)."""
-    metrics = {k: v for k, v in result.get("metrics", {}).items() if isinstance(v, (int, float))}
+    """Every number of result.json's metrics, headline first (the report's: task accuracy or agreement when the
+    run has it, else max_abs_error), the spans by unambiguous names (MLFLOW_METRIC_NAMES), and the diagnosis'
+    numbers: the count of tensors of every verdict, 0 included (so that runs compare). The verdicts themselves
+    are words: tags (`diagnosis.input`, `diagnosis.overall`), not one-hot metrics that are NaN in every other
+    run."""
+    from calibrun.aggregate import HEADLINES
+    from calibrun.measure.tensor_stats import VERDICTS
+
+    numbers = {k: v for k, v in result.get("metrics", {}).items() if isinstance(v, (int, float))}
+    first = next((m for m, _ in HEADLINES if m in numbers), None)
+    order = ([first] if first else []) + [k for k in numbers if k != first]
+    metrics = {MLFLOW_METRIC_NAMES.get(k, k): numbers[k] for k in order}
     for key, value in (result.get("diagnosis") or {}).items():
         if isinstance(value, bool):
             metrics[f"diagnosis.{key}"] = int(value)
         elif isinstance(value, (int, float)):
             metrics[f"diagnosis.{key}"] = value
-        elif isinstance(value, str) and key != "input_tensor":
-            metrics[f"diagnosis.{key}.{value}"] = 1
         elif isinstance(value, dict):
-            metrics.update({f"diagnosis.{key}.{k}": v for k, v in value.items()
-                            if isinstance(v, (int, float)) and not isinstance(v, bool)})
+            counts = {k: v for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            if key == "counts":
+                counts = {verdict: counts.get(verdict, 0) for verdict in (*VERDICTS, *counts)}
+            metrics.update({f"diagnosis.{key}.{k}": v for k, v in counts.items()})
     return metrics
 
 
@@ -306,6 +330,8 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
     log.info("%s factor=%s batches=%s %s: input_scale=%s max_abs_error=%.6g cache_hit=%s -> %s",
              cfg.calibration.name, cfg.calibration.factor, cfg.batches, cfg.format.name, scale,
              m["max_abs_error"], bool(m["cache_hit"]), job_dir / RESULT_FILE)
+    if run_id is not None and sweep_dir is None:  # a sweep prints its parent run's link at its end
+        print(link_line(tracker.uri, tracker.experiment_id, run_filter(run_id)), file=sys.stderr)
     return result
 
 

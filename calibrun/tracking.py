@@ -241,11 +241,45 @@ def digest(identity: Mapping) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def ui_url(uri: str, experiment_id: str, run_id: str | None = None) -> str:
-    """Where the MLflow UI shows the run (the server's address, or `mlflow ui`'s default for a local store)."""
+def ui_url(uri: str, experiment_id: str, search: str | None = None, order_by: str | None = None,
+           ascending: bool = True) -> str:
+    """The experiment's training-runs page in the MLflow UI (the server's address, or `mlflow ui`'s default for a
+    local store), the runs filtered by `search` (MLflow's search syntax) and sorted by the metric `order_by`.
+
+    MLflow 3's UI keeps its sidebar's workflow (GenAI or model training) in the browser's storage, GenAI by default,
+    and an experiment's page without a tab opens the GenAI overview: the link names the runs tab and
+    `workflowType=machine_learning`, which the UI reads before its storage (mlflow/server/js: the workflow type
+    provider takes the URL's value; the runs tab reads `searchFilter`, `orderByKey` and `orderByAsc`)."""
+    from urllib.parse import quote, urlencode
+
     base = uri.rstrip("/") if uri.lower().startswith(("http://", "https://")) else "http://127.0.0.1:5000"
-    page = f"/#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "/runs")
-    return f"{base}{page}?workflowType=machine_learning"
+    params = {"workflowType": "machine_learning"}
+    if search:
+        params["searchFilter"] = search
+    if order_by:
+        params.update(orderByKey=f"metrics.`{order_by}`", orderByAsc="true" if ascending else "false")
+    return f"{base}/#/experiments/{experiment_id}/runs?{urlencode(params, quote_via=quote)}"
+
+
+def run_filter(run_id: str) -> str:
+    return f"attributes.run_id = '{run_id}'"
+
+
+def sweep_filter(sweep_dir: str, parent_id: str) -> str:
+    """The sweep's parent and children (by the tag both carry), or its children when the folder's name cannot be
+    quoted in MLflow's search syntax."""
+    if "'" in sweep_dir or "\\" in sweep_dir:
+        return f"tags.`mlflow.parentRunId` = '{parent_id}'"
+    return f"tags.`calibrun.sweep_dir` = '{sweep_dir}'"
+
+
+def link_line(uri: str, experiment_id: str, search: str | None = None, order_by: str | None = None,
+              ascending: bool = True) -> str:
+    """The line calibrun prints after a tracked run or sweep: its runs on the training-runs page of the MLflow UI
+    (and, for a local store, the command that serves it)."""
+    link = ui_url(uri, experiment_id, search, order_by, ascending)
+    how = "" if link.startswith(uri) else f"`mlflow ui --backend-store-uri {uri}`, then "
+    return f"calibrun: MLflow: {how}{link}"
 
 
 def onnx_signature(path: Path):
