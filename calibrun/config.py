@@ -286,12 +286,25 @@ def check_readable(path: str, key: str, folder_ok: bool = True) -> None:
         raise CalibrunError(f"config {key}: {p} is not readable (permission denied)")
 
 
+def _made_by_calibrun(cfg: DictConfig, path: str) -> bool:
+    """model=digits exports its model and data into the cache's digits folder on first use (calibrun.model.digits):
+    those files need not be there before the job."""
+    if cfg.model.name != "digits":
+        return False
+    from calibrun.cache import folder
+
+    made = Path(folder(cfg.cache.dir, "digits")).expanduser().resolve()
+    return Path(str(path)).expanduser().resolve().parent == made
+
+
 def _check_sources(cfg: DictConfig, swept: Iterable[str]) -> None:
     if cfg.model.name == "file" and cfg.model.path and not _swept_group("model.path", swept):
         check_readable(cfg.model.path, "model.path", folder_ok=False)
     for key in ("data", "eval_data"):
-        if cfg[key].name != "lab" and cfg[key].path and not _swept_group(f"{key}.path", swept):
-            check_readable(cfg[key].path, f"{key}.path")
+        path = cfg[key].path
+        if cfg[key].name != "lab" and path and not _swept_group(f"{key}.path", swept) \
+                and not _made_by_calibrun(cfg, path):
+            check_readable(path, f"{key}.path")
 
 
 def validate(cfg: DictConfig, swept: Iterable[str] = (), sweep_job: bool = False) -> None:

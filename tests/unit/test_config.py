@@ -508,3 +508,9 @@ def test_an_option_of_a_method_that_is_not_selected_is_refused(hydra_ctx):
     # ... but a swept option of a method the sweep does not select is refused before any job
     with pytest.raises(CalibrunError, match="method.percentile"):
         validate(make("method=entropy"), swept=["method.percentile"])
+
+
+def test_the_digits_data_calibrun_makes_on_first_use_need_not_exist_yet(hydra_ctx, tmp_path):
+    validate(make("experiment=digits", f"cache.dir={tmp_path / 'cache'}"))  # exported by the job (model=digits)
+    with pytest.raises(CalibrunError, match="data.path"):
+        validate(make("experiment=digits", f"cache.dir={tmp_path / 'cache'}", f"data.path={tmp_path / 'x.npz'}"))
