@@ -271,7 +271,6 @@ class _Report:
         self.summary = Summary(final_dir, ok=len(self.runs), failed=failed + broken, broken=broken)
         self.dir = work_dir
         self.lab: dict[tuple, Run] = {}
-        self.lab_sweep = any(run.overrides.get("experiment") == "lab" for run in every)
         for run in self.runs.values():
             if lab.difference(run.config) is not None:
                 continue
@@ -300,10 +299,7 @@ class _Report:
             return None
         if missing:
             self.summary.missing[name] = missing
-            # a warning for the lab sweep (experiment=lab) only: another sweep that holds some lab runs (the
-            # default calibrations, say) never asked for the lab's files (the report names what is missing)
-            level = logging.WARNING if self.lab_sweep else logging.DEBUG
-            log.log(level, "report: skipping %s, missing runs: %s", name, "; ".join(missing))
+            log.warning("report: skipping %s, missing runs: %s", name, "; ".join(missing))
             return None
         return [self.lab[k] for k in keys]
 
