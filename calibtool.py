@@ -29,10 +29,17 @@ from calibrun.errors import one_line  # noqa: E402  (light too)
 from calibrun.files import check_not_source, remove_orphans, remove_temp_orphans  # noqa: E402  (light too)
 
 USAGE = (
-    "usage: calibtool.py quantize IN OUT SEED FACTOR BATCHES [qdq|qoperator]\n"
-    "       calibtool.py scales MODEL\n"
-    "       calibtool.py error FP32 INT8 SEED ROWS"
+    "usage: {prog} quantize IN OUT SEED FACTOR BATCHES [qdq|qoperator]\n"
+    "       {prog} scales MODEL\n"
+    "       {prog} error FP32 INT8 SEED ROWS"
 )
+HELP_FLAGS = ("-h", "--help")
+
+
+def usage(prog: str | None = None) -> str:
+    """The usage lines, naming the command as it was called (`calibtool`, `calibtool.py`, a path to either)."""
+    prog = os.path.basename(prog if prog is not None else (sys.argv[0] if sys.argv and sys.argv[0] else ""))
+    return USAGE.format(prog=prog or "calibtool")
 ARG_COUNTS = {"quantize": (5, 6), "scales": (1,), "error": (4,)}
 QUANTIZE_KEYS = ("out", "bytes", "batches", "span", "format", "ops", "input_scale", "input_zero_point")
 
@@ -161,8 +168,11 @@ def _message(exc: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in HELP_FLAGS:
+        print(usage() + "\n\n" + __doc__.strip().split("\n\n", 2)[2], file=sys.stdout)
+        return 0
     if not argv or argv[0] not in ARG_COUNTS or len(argv) - 1 not in ARG_COUNTS[argv[0]]:
-        print(USAGE, file=sys.stderr)
+        print(usage(), file=sys.stderr)
         return 2
     held = _HeldLogs()
     logging.basicConfig(handlers=[held], level=logging.WARNING, force=True)

@@ -58,6 +58,29 @@ def check_preset_mode(argv: list[str]) -> str | None:
     return None
 
 
+def check_keys(argv: list[str]) -> str | None:
+    """An override whose key is not a calibrun setting: the one line naming it and the closest valid keys, or None.
+
+    Hydra's own error for `batchs=3` advises `+batchs=3`, which only leads into calibrun's refusal of a key that is
+    not a setting: the mistake is named here, before Hydra composes anything."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from calibrun.config import is_setting, unknown_key_message
+
+    overrides = [a for a in argv if not a.startswith("-") and "=" in a]
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception:  # Hydra names a malformed override itself
+        return None
+    for override in parsed:
+        key = override.key_or_group
+        if override.package or "/" in key:  # `group@package=...`, `hydra/launcher=...`: Hydra's to judge
+            continue
+        if not is_setting(key):
+            return unknown_key_message(key)
+    return None
+
+
 def normalise(argv: list[str]) -> list[str]:
     """`+experiment=NAME` (the form before `experiment` had a default) means `experiment=NAME`: Hydra refuses to
     add a group that the defaults list already holds."""
@@ -82,7 +105,7 @@ def main() -> None:
     atexit.register(_quick_exit)
     patches.compose_once()
     sys.argv[1:] = normalise(sys.argv[1:])
-    problem = check_preset_mode(sys.argv[1:])
+    problem = check_preset_mode(sys.argv[1:]) or check_keys(sys.argv[1:])
     if problem is not None:
         print(f"calibrun: error: {problem}", file=sys.stderr)
         sys.exit(1)

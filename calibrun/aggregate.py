@@ -273,10 +273,32 @@ def _set_labels(runs: list[Run], axes: dict[str, list[str]]) -> None:
 
 def headline(runs: list[Run]) -> tuple[str, str]:
     """(metric, 'lower'|'higher'): the task metric when every completed run has it, else max_abs_error."""
+    return headline_of([run.metrics for run in runs])
+
+
+def headline_of(metrics: list[dict]) -> tuple[str, str]:
+    """headline() from the runs' metric dicts (result.json's, or the MLflow runs' of the parent run's summary)."""
     for metric, better in HEADLINES:
-        if runs and all(isinstance(run.metrics.get(metric), (int, float)) for run in runs):
+        if metrics and all(isinstance(m.get(metric), (int, float)) for m in metrics):
             return metric, better
     return "max_abs_error", "lower"
+
+
+def job_key(job) -> tuple:
+    """A job's place in the sweep: by its number (Hydra's job folder `0`, `1`, ...), names after numbers."""
+    job = str(job)
+    return (0, int(job), "") if job.isdigit() else (1, 0, job)
+
+
+def best_of(candidates, better: str):
+    """The one rule for "best" (the report's runs.json and the parent run's tags): the best finite headline
+    value; on a tie, the first job of the sweep (the lowest job number). `candidates`: (value, job, item);
+    returns the item, or None when no value is finite."""
+    scored = [c for c in candidates if _finite(c[0]) is not None]
+    if not scored:
+        return None
+    sign = -1.0 if better == "higher" else 1.0
+    return min(scored, key=lambda c: (sign * c[0], job_key(c[1])))[2]
 
 
 # --- the report -------------------------------------------------------------------------------------------------
@@ -315,8 +337,8 @@ class _Report:
 
     def need(self, name: str, keys: list[tuple]) -> list[Run] | None:
         missing = [lab.label(*k) for k in keys if k not in self.lab]
-        if missing and not self.lab:  # not a lab sweep at all: the report says so once
-            log.info("report: no lab runs in this sweep, %s not written", name)
+        if missing and not self.lab:  # not a lab sweep at all: nothing to say at info level
+            log.debug("report: no lab runs in this sweep, %s not written", name)
             return None
         if missing:
             self.summary.missing[name] = missing
@@ -504,8 +526,7 @@ def _runs_table(r: _Report, metric: str, better: str) -> dict:
         else:
             row["error"] = run.result.get("error", "failed")
         rows.append(row)
-    scored = [(run.metrics[metric], run.label) for run in r.runs.values() if _finite(run.metrics.get(metric))]
-    best = (max if better == "higher" else min)(scored)[1] if scored else None
+    best = best_of([(run.metrics.get(metric), run.job, run.label) for run in r.runs.values()], better)
     return {"axes": r.axes, "headline": {"metric": metric, "better": better}, "best": best, "runs": rows}
 
 

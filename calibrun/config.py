@@ -10,9 +10,14 @@ calibration option is a field of CalibrationSpec (checked in its __post_init__) 
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import math
+import os
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -22,11 +27,12 @@ from calibrun.analysis import AnalysisConf
 from calibrun.analysis import validate as validate_analysis
 from calibrun.bounds import MAX_BATCHES, MAX_FACTOR, MAX_ROWS, MAX_SEED, MIN_FACTOR
 from calibrun.cache import CacheConf
-from calibrun.calibrate import CalibrationSpec
+from calibrun.calibrate import METHODS, CalibrationSpec
 from calibrun.data import SOURCES
 from calibrun.data.images import ImageTransform, TransformError
 from calibrun.data.lab import CalibrationConf
-from calibrun.errors import CalibrunError, need
+from calibrun.errors import CalibrunError
+from calibrun.errors import need as _need
 from calibrun.fields import build_from, schema_of
 from calibrun.lab import MAIN_BATCHES
 from calibrun.measure import tasks
@@ -117,15 +123,139 @@ def _unknown_keys(node: DictConfig, schema: dict, prefix: str = "") -> list[str]
 _SCHEMA_KEYS = OmegaConf.to_container(OmegaConf.structured(Config))
 
 
-def validate(cfg: DictConfig) -> None:
-    """Value checks the schema's types cannot express. Raises CalibrunError naming the key."""
+def _dotted(schema: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in schema.items():
+        keys.append(prefix + key)
+        if isinstance(value, dict):
+            keys += _dotted(value, f"{prefix}{key}.")
+    return keys
+
+
+SETTINGS = tuple(_dotted(_SCHEMA_KEYS))  # every config key, nodes included (`data`, `data.path`, ...)
+# config groups that are not schema nodes (conf/experiment, conf/cluster): `experiment=lab` is a setting too
+GROUPS_ONLY = ("experiment", "cluster")
+
+
+def close_keys(key: str) -> list[str]:
+    """The valid config keys closest to a mistyped one (difflib), best first: `batchs` -> [batches]."""
+    parent, _, last = key.rpartition(".")
+    found = []
+    if parent:  # the same node first: `data.pth` -> data.path
+        siblings = [k.rpartition(".")[2] for k in SETTINGS if k.rpartition(".")[0] == parent]
+        found += [f"{parent}.{k}" for k in difflib.get_close_matches(last, siblings, n=3, cutoff=0.6)]
+    found += [k for k in difflib.get_close_matches(key, SETTINGS + GROUPS_ONLY, n=3, cutoff=0.6) if k not in found]
+    if not found:  # a right name under the wrong node: `factor` -> calibration.factor
+        found = [k for k in SETTINGS if k.rpartition(".")[2] == last]
+    return found[:3]
+
+
+def unknown_key_message(key: str) -> str:
+    """The one line for a key that is not a calibrun setting, with the closest valid keys."""
+    close = close_keys(key)
+    hint = f"did you mean {' or '.join(close)}?" if close else "see `python -m calibrun --help` for the settings"
+    return f"config {key}: is not a calibrun setting; {hint}"
+
+
+def is_setting(key: str) -> bool:
+    """Whether an override's key (`+`, `++`, `~` already stripped) names a calibrun setting or config group."""
+    return key in SETTINGS or key.split(".")[0].split("/")[0] in ("hydra", *GROUPS_ONLY)
+
+
+def _swept_group(key: str, swept: Iterable[str]) -> bool:
+    """A check of `key` waits for the jobs when the sweep varies anything under the key's top-level node (the
+    sweep's own config holds the node's defaults there: `data.path=a.npy,b.npy` leaves data.path unset)."""
+    top = key.split(".")[0]
+    return any(s.split(".")[0].split("/")[0] == top for s in swept)
+
+
+# method.<option> that only some methods read (CalibrationSpec.calibrator_options); the others apply to every one
+_METHOD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(CalibrationSpec)}
+
+
+def method_options(method: str) -> set[str]:
+    """The method.<option> keys that `method` reads."""
+    if method not in METHODS:
+        return set()
+    spec = CalibrationSpec(method=method, moving_average=method == "minmax")
+    return {"name", "chunk", "per_channel", "symmetric", *spec.calibrator_options()}
+
+
+def _check_method_options(cfg: DictConfig, swept: Iterable[str]) -> None:
+    """An option of another method (`method=entropy method.percentile=200`) is refused: it would be ignored."""
+    swept = list(swept)
+    if "method" in swept or cfg.method.name not in METHODS:
+        return
+    applies = method_options(cfg.method.name)
+    given = [k for k in cfg.method if k in _METHOD_DEFAULTS and cfg.method[k] != _METHOD_DEFAULTS[k]]
+    given += [k.split(".", 1)[1] for k in swept if k.startswith("method.")]
+    for key in given:
+        if key not in applies:
+            users = [m for m in METHODS if key in method_options(m)]
+            raise CalibrunError(f"config method.{key}: is not an option of method={cfg.method.name} (only of "
+                                f"method={' or method='.join(users)}): drop it or choose that method")
+
+
+PATH_KEYS = ("model.path", "data.path", "eval_data.path")
+
+
+def check_readable(path: str, key: str, folder_ok: bool = True) -> None:
+    """A data source or model exists and can be read, before any work (no folder, model or run is made for a path
+    that cannot be used). Named as the config key and the path."""
+    p = Path(str(path)).expanduser()
+    if not p.exists():
+        raise CalibrunError(f"config {key}: {p} not found")
+    if p.is_dir():
+        if not folder_ok:
+            raise CalibrunError(f"config {key}: {p} is not a file (a folder)")
+        if not os.access(p, os.R_OK | os.X_OK):
+            raise CalibrunError(f"config {key}: folder {p} is not readable (permission denied)")
+    elif not os.access(p, os.R_OK):
+        raise CalibrunError(f"config {key}: {p} is not readable (permission denied)")
+
+
+def _made_by_calibrun(cfg: DictConfig, path: str) -> bool:
+    """model=digits exports its model and data into the cache's digits folder on first use (calibrun.model.digits):
+    those files need not be there before the job."""
+    if cfg.model.name != "digits":
+        return False
+    from calibrun.cache import folder
+
+    made = Path(folder(cfg.cache.dir, "digits")).expanduser().resolve()
+    return Path(str(path)).expanduser().resolve().parent == made
+
+
+def _check_sources(cfg: DictConfig, swept: Iterable[str]) -> None:
+    if cfg.model.name == "file" and cfg.model.path and not _swept_group("model.path", swept):
+        check_readable(cfg.model.path, "model.path", folder_ok=False)
+    for key in ("data", "eval_data"):
+        path = cfg[key].path
+        if cfg[key].name != "lab" and path and not _swept_group(f"{key}.path", swept) \
+                and not _made_by_calibrun(cfg, path):
+            check_readable(path, f"{key}.path")
+
+
+def validate(cfg: DictConfig, swept: Iterable[str] = (), sweep_job: bool = False) -> None:
+    """Value checks the schema's types cannot express, and that every data source and model file is there and
+    readable. Raises CalibrunError naming the key.
+
+    `swept`: the keys a sweep varies, when `cfg` is the sweep's own config (each job's value is not applied
+    there): the checks of their nodes wait for the jobs. `sweep_job`: `cfg` is one job of a sweep (the sweep's
+    config was checked: an option of a method that is not selected is the sweep's choice, `method=a,b
+    method.percentile=90`)."""
+    swept = list(swept)
     unknown = _unknown_keys(cfg, _SCHEMA_KEYS)  # `+key=...` slips past Hydra's struct mode
     if unknown:
-        raise CalibrunError(f"config {unknown[0]}: is not a calibrun setting (a typo?)")
+        raise CalibrunError(unknown_key_message(unknown[0]))
+
+    def need(ok: bool, key: str, rule: str, value) -> None:
+        if not _swept_group(key, swept):
+            _need(ok, key, rule, value)
+
     need(1 <= cfg.batches <= MAX_BATCHES, "batches", f"must be in 1..{MAX_BATCHES}", cfg.batches)
     factor = cfg.calibration.factor
     need(math.isfinite(factor) and MIN_FACTOR <= factor <= MAX_FACTOR, "calibration.factor",
-          f"must be a finite number in {MIN_FACTOR:g}..{MAX_FACTOR:g} (N(0, 1) * factor is cast to float32)", factor)
+         f"must be a finite number in {MIN_FACTOR:g}..{MAX_FACTOR:g} (N(0, 1) * factor is cast to float32)", factor)
     for key in ("calibration.seed", "eval.seed"):
         seed = OmegaConf.select(cfg, key)
         need(0 <= seed <= MAX_SEED, key, f"must be in 0..{MAX_SEED} (2**32 - 1)", seed)
@@ -134,24 +264,30 @@ def validate(cfg: DictConfig) -> None:
         need(1 <= cfg.eval.batch_size <= MAX_ROWS, "eval.batch_size", f"must be in 1..{MAX_ROWS}", cfg.eval.batch_size)
     if cfg.diagnostics.rows is not None:
         need(1 <= cfg.diagnostics.rows <= MAX_ROWS, "diagnostics.rows",
-              f"must be in 1..{MAX_ROWS} (or null: every row)", cfg.diagnostics.rows)
-    need(cfg.task.name in TASKS, "task.name", f"must be one of {list(TASKS)}", cfg.task.name)
-    need(cfg.task.top_k >= 1, "task.top_k", "must be >= 1", cfg.task.top_k)
-    need(math.isfinite(cfg.task.threshold), "task.threshold", "must be a finite number", cfg.task.threshold)
-    if cfg.task.name == "custom":
-        need(bool(cfg.task.fn) and ":" in cfg.task.fn, "task.fn",
-              "is required with task=custom as module:function", cfg.task.fn)
-        try:
-            tasks.load_function(cfg.task.fn)  # an import error before any work
-        except CalibrunError as exc:
-            raise CalibrunError(f"config {exc}") from None
+             f"must be in 1..{MAX_ROWS} (or null: every row)", cfg.diagnostics.rows)
+    if not _swept_group("task", swept):
+        _need(cfg.task.name in TASKS, "task.name", f"must be one of {list(TASKS)}", cfg.task.name)
+        _need(cfg.task.top_k >= 1, "task.top_k", "must be >= 1", cfg.task.top_k)
+        _need(math.isfinite(cfg.task.threshold), "task.threshold", "must be a finite number", cfg.task.threshold)
+        if cfg.task.name == "custom":
+            _need(bool(cfg.task.fn) and ":" in cfg.task.fn, "task.fn",
+                  "is required with task=custom as module:function", cfg.task.fn)
+            try:
+                tasks.load_function(cfg.task.fn)  # an import error before any work
+            except CalibrunError as exc:
+                raise CalibrunError(f"config {exc}") from None
     need(cfg.format.name in FORMATS, "format.name", f"must be one of {sorted(FORMATS)}", cfg.format.name)
-    calibration_spec(cfg)  # method.<option>: CalibrationSpec.__post_init__ checks each, naming the key
+    if not _swept_group("method", swept):
+        calibration_spec(cfg)  # method.<option>: CalibrationSpec.__post_init__ checks each, naming the key
+    if not sweep_job:
+        _check_method_options(cfg, swept)
     need(cfg.model.name in MODELS, "model.name", f"must be one of {list(MODELS)}", cfg.model.name)
     if cfg.model.name == "file":
         need(bool(cfg.model.path), "model.path", "is required with model=file (model.path=/path/to/model.onnx)",
-              cfg.model.path)
+             cfg.model.path)
     for key in ("data", "eval_data"):
+        if _swept_group(key, swept):
+            continue
         source = cfg[key]
         need(source.name in DATA_SOURCES, f"{key}.name", f"must be one of {list(DATA_SOURCES)}", source.name)
         if source.name != "lab":
@@ -161,11 +297,14 @@ def validate(cfg: DictConfig) -> None:
     need(cfg.tracking.name in TRACKING, "tracking.name", f"must be one of {list(TRACKING)}", cfg.tracking.name)
     if cfg.tracking.name == "server":
         need(bool(cfg.tracking.uri), "tracking.uri", "is required with tracking=server (tracking.uri=http://HOST:PORT)",
-              cfg.tracking.uri)
+             cfg.tracking.uri)
     need(0 <= cfg.ort.intra_op_threads <= MAX_THREADS, "ort.intra_op_threads",
-          f"must be in 0..{MAX_THREADS} (0: onnxruntime's choice, one per core)", cfg.ort.intra_op_threads)
-    quant_options(cfg)
-    validate_analysis(cfg.analysis, cfg.format.name)
+         f"must be in 0..{MAX_THREADS} (0: onnxruntime's choice, one per core)", cfg.ort.intra_op_threads)
+    if not _swept_group("quant", swept) and not _swept_group("format", swept):
+        quant_options(cfg)
+    if not _swept_group("analysis", swept):
+        validate_analysis(cfg.analysis, cfg.format.name)
+    _check_sources(cfg, swept)
 
 
 def _check_image_source(source: DictConfig, key: str) -> None:

@@ -196,7 +196,7 @@ class JobContext:
     task: tasks.Task  # the task metric, fresh: each measurement feeds a copy
 
     def fresh_task(self) -> tasks.Task:
-        return copy.deepcopy(self.task)
+        return copy.deepcopy(self.task, {id(self.evaluation): self.evaluation})  # the rows are shared, not copied
 
 
 def context(cfg: DictConfig, job_dir: Path) -> JobContext:
@@ -207,8 +207,17 @@ def context(cfg: DictConfig, job_dir: Path) -> JobContext:
     data = calibration_data(cfg.data, fp32, cfg.calibration.seed, cfg.calibration.factor, cfg.batches)
     source = eval_source(cfg)
     evaluation = evaluation_data(source, fp32, source["seed"], source["rows"])
-    task = tasks.resolve(tasks.spec_of(cfg.task), fp32.path, labels=evaluation.labels,
-                         classifier=cfg.model.classifier)
+    try:
+        task = tasks.resolve(tasks.spec_of(cfg.task), fp32.path, labels=evaluation.labels,
+                             classifier=cfg.model.classifier)
+    except tasks.LabelsDoNotFit as exc:  # name the labels' file, row and value
+        evaluation.check_labels(exc.classes, exc.output)
+        raise
+    if isinstance(task, tasks.Classification) and evaluation.labels is not None:
+        task.evaluation = evaluation
+        classes = task.static_classes(fp32.path)
+        if classes:
+            evaluation.check_labels(classes, task.output)  # before any work when the graph states the classes
     return JobContext(cfg, job_dir, fp32, steps, options, record.get("exclusions"), data, source, evaluation, task)
 
 

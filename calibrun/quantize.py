@@ -5,6 +5,7 @@ Everything here is post-calibration: changing any of these options reuses the ca
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 from collections.abc import Callable
@@ -49,6 +50,37 @@ class QuantOptions:
             raise CalibrunError("onnxruntime does not support QInt8 activations with QUInt8 weights")
 
 
+
+class _AdviceOnce(logging.Filter):
+    """onnxruntime logs the same advice on the root logger for every QOperator model it writes ("Please use
+    QuantFormat.QDQ for activation type QInt8 ..."): shown once per process (a sweep's jobs run in its process, or
+    in a few workers), not once per job."""
+
+    PREFIX = "Please use QuantFormat.QDQ"
+
+    def __init__(self):
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith(self.PREFIX):
+            return True
+        if message in self.seen:
+            return False
+        self.seen.add(message)
+        return True
+
+
+ADVICE_ONCE = _AdviceOnce()
+
+
+def advice_once() -> None:
+    """Install the filter on the root logger (idempotent: Hydra's logging set-up may run again per job)."""
+    root = logging.getLogger()
+    if ADVICE_ONCE not in root.filters:
+        root.addFilter(ADVICE_ONCE)
+
 def quantize(
     model_path: str | Path,
     out_path: str | Path,
@@ -62,6 +94,7 @@ def quantize(
     nothing is left at `out_path`.
     """
     out_path = Path(out_path)
+    advice_once()
     start = time.perf_counter()
     with atomic_path(out_path, suffix=".onnx") as tmp, temp_dir("q") as private:
         quantize_static(

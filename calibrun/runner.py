@@ -7,8 +7,10 @@ ranges beside them) and, with tracking on, one MLflow run (a child of the sweep'
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -34,7 +36,16 @@ from calibrun.interrupts import die_of, install_signal_handlers
 from calibrun.job import JobContext, compute, context, eval_source, job_identity, job_params
 from calibrun.model import file_sha256, open_float_model
 from calibrun.result import JobResult
-from calibrun.tracking import PARENT_FILE, Tracker, open_tracker, resolve_uri
+from calibrun.tracking import (
+    MAX_RUN_NAME,
+    PARENT_FILE,
+    Tracker,
+    link_line,
+    open_tracker,
+    resolve_uri,
+    run_filter,
+    shorten_middle,
+)
 
 log = logging.getLogger("calibrun")
 
@@ -49,24 +60,64 @@ def _parent(sweep_dir: Path | None) -> dict:
 GROUPS = ("calibration", "format", "method", "model", "data", "eval_data", "cache", "tracking", "experiment")
 
 
-def run_name(cfg: DictConfig, overrides: list[str] | None, swept: list[str] | None) -> str:
-    """A readable run name from the job's swept overrides (`narrow batches=8 qdq`; config groups by their
-    choice, paths by their file name); outside a sweep, from what the job is."""
-    values = {}
+NAME_VALUE_WIDTH = 60  # characters of one swept value in a run name before it is shortened (in the middle)
+
+
+def _common_ends(values: list[str]) -> tuple[int, int]:
+    """The lengths of the prefix and suffix that every value shares (0, 0 for fewer than two values)."""
+    if len(values) < 2:
+        return 0, 0
+    prefix = len(os.path.commonprefix(values))
+    shortest = min(len(v) for v in values)
+    suffix = len(os.path.commonprefix([v[::-1] for v in values]))
+    suffix = min(suffix, shortest - prefix)
+    return prefix, max(suffix, 0)
+
+
+def faithful(value: str, values: list[str] | None = None, width: int = NAME_VALUE_WIDTH) -> str:
+    """`value` as a run name shows it: whole when it fits `width`; else shortened in the middle of what all the
+    sweep's `values` of that key share, so that the part that tells them apart stays whole (`.../a/calib.npz`,
+    `.../b/calib.npz`). A distinguishing part longer than `width` itself is cut in its middle and marked with a
+    short hash of the whole value: two values never get the same text."""
+    if len(value) <= width:
+        return value
+    pool = sorted({*(values or []), value})
+    prefix, suffix = _common_ends(pool)
+    middle = value[prefix:len(value) - suffix]
+    if len(middle) > width:
+        tag = "#" + hashlib.sha256(value.encode()).hexdigest()[:6]
+        return shorten_middle(middle, width - len(tag)) + tag
+    room = width - len(middle)
+    tail = value[len(value) - suffix:]
+    head = value[:prefix]
+    right = tail[:room] if len(tail) <= room else tail[:max(room - 1, 0)] + "…"
+    room -= len(right)
+    left = head if len(head) <= room else ("…" + head[len(head) - room + 1:] if room > 1 else "…")
+    return left + middle + right
+
+
+def run_name(cfg: DictConfig, overrides: list[str] | None, swept: list[str] | None,
+             values: dict[str, list[str]] | None = None) -> str:
+    """A readable run name from the job's swept overrides (`narrow batches=8 qdq`: config groups by their choice,
+    every other key by its full name), each value whole or shortened in the middle (faithful: `values`, the
+    sweep's values per key, tell which part distinguishes it); outside a sweep, from what the job is. At most
+    MLflow's 250 characters."""
+    chosen = {}
     for override in overrides or []:
         key, _, value = override.partition("=")
         key = key.lstrip("+~")
         if key in (swept or []):
-            values[key] = value
-    if not values:
-        return (f"{cfg.calibration.name} batches={cfg.batches} {cfg.format.name} {cfg.method.name}"
-                + ("" if cfg.model.name == "lab" else f" {Path(str(cfg.model.path or cfg.model.name)).name}"))
+            chosen[key] = value
+    if not chosen:
+        name = f"{cfg.calibration.name} batches={cfg.batches} {cfg.format.name} {cfg.method.name}"
+        if cfg.model.name != "lab":
+            name += f" {faithful(str(cfg.model.path or cfg.model.name))}"
+        return shorten_middle(name, MAX_RUN_NAME)
     parts = []
-    for key, value in values.items():
-        if "/" in value:
-            value = Path(value).name
-        parts.append(value if key in GROUPS else f"{key.rsplit('.', 1)[-1] if key.endswith('.path') else key}={value}")
-    return " ".join(parts)
+    for key, value in chosen.items():
+        shown = faithful(value, (values or {}).get(key))
+        parts.append(shown if key in GROUPS else f"{key}={shown}")
+    return shorten_middle(" ".join(parts), MAX_RUN_NAME)
 
 
 def mlflow_params(cfg: DictConfig, result: dict | None = None) -> dict:
@@ -99,20 +150,35 @@ def mlflow_params(cfg: DictConfig, result: dict | None = None) -> dict:
     return flat
 
 
+# result.json's names -> the MLflow metric's: the three spans of the input told apart (the calibrated range, the
+# range the int8 grid covers, the evaluation data's)
+MLFLOW_METRIC_NAMES = {"span": "input.calibrated_span", "observed_span": "input.int8_grid_span",
+                       "eval_span": "input.eval_span"}
+
+
 def job_metrics(result: JobResult) -> dict:
-    """Every number of result.json's metrics, and the diagnosis: its numbers, and each verdict as a metric
-    `diagnosis.<key>.<verdict>` = 1 (tags carry the words)."""
-    metrics = {k: v for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
+    """Every number of result.json's metrics, headline first (the report's: task accuracy or agreement when the
+    run has it, else max_abs_error), the spans by unambiguous names (MLFLOW_METRIC_NAMES), and the diagnosis'
+    numbers: the count of tensors of every verdict, 0 included (so that runs compare). The verdicts themselves
+    are words: tags (`diagnosis.input`, `diagnosis.overall`), not one-hot metrics that are NaN in every other
+    run."""
+    from calibrun.aggregate import HEADLINES
+    from calibrun.measure.tensor_stats import VERDICTS
+
+    numbers = {k: v for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
+    first = next((m for m, _ in HEADLINES if m in numbers), None)
+    order = ([first] if first else []) + [k for k in numbers if k != first]
+    metrics = {MLFLOW_METRIC_NAMES.get(k, k): numbers[k] for k in order}
     for key, value in (result.diagnosis or {}).items():
         if isinstance(value, bool):
             metrics[f"diagnosis.{key}"] = int(value)
         elif isinstance(value, (int, float)):
             metrics[f"diagnosis.{key}"] = value
-        elif isinstance(value, str) and key != "input_tensor":
-            metrics[f"diagnosis.{key}.{value}"] = 1
         elif isinstance(value, dict):
-            metrics.update({f"diagnosis.{key}.{k}": v for k, v in value.items()
-                            if isinstance(v, (int, float)) and not isinstance(v, bool)})
+            counts = {k: v for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            if key == "counts":
+                counts = {verdict: counts.get(verdict, 0) for verdict in (*VERDICTS, *counts)}
+            metrics.update({f"diagnosis.{key}.{k}": v for k, v in counts.items()})
     return metrics
 
 
@@ -170,7 +236,7 @@ class Job:
         return tags
 
     def name(self, cfg: DictConfig) -> str:
-        return run_name(cfg, self.overrides, self.parent.get("swept"))
+        return run_name(cfg, self.overrides, self.parent.get("swept"), self.parent.get("values"))
 
 
 def _start_run(tracker: Tracker, cfg: DictConfig, job_dir: Path, job: Job) -> str:
@@ -193,9 +259,9 @@ def _track(tracker: Tracker, run_id: str, cfg: DictConfig, result: JobResult, jo
     """Everything but result.json onto the job's run: params, datasets, the int8 model as a LoggedModel (the
     run's metrics linked to it), metrics, tags, files. Records the ids in result.mlflow."""
     tracker.log(run_id, params=mlflow_params(cfg, result),
-                tags={"calibrun.cache_key": result["cache_key"], "calibrun.model_file": result["params"]["model_file"],
+                tags={"calibrun.cache_key": result.cache_key, "calibrun.model_file": result.params["model_file"],
                       **_diagnosis_tags(result), **_output_tags(job_dir / "int8.onnx")})
-    tracker.log_datasets(run_id, _datasets(cfg, result))
+    tracker.log_datasets(run_id, _datasets(cfg, result, ctx))
     model_id = None
     if cfg.tracking.get("log_model", True):
         model_id = tracker.log_model(run_id, job_dir / "int8.onnx", f"int8 {job.name(cfg)}",
@@ -215,7 +281,7 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
     and writes no result. result.json says ok only once tracking succeeded. An invalid config or an unusable
     tracking store of a single run fails before anything is written."""
     job = Job(sweep_dir, job_num, overrides)
-    invalid = _validation_error(cfg)
+    invalid = _validation_error(cfg, sweep_job=sweep_dir is not None)
     if invalid is not None and sweep_dir is None:
         raise invalid  # a single run fails fast: nothing ran, nothing to track
     job_dir = job_dir.resolve()
@@ -280,6 +346,8 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
     log.info("%s factor=%s batches=%s %s: input_scale=%s max_abs_error=%.6g cache_hit=%s -> %s",
              cfg.calibration.name, cfg.calibration.factor, cfg.batches, cfg.format.name, scale,
              m["max_abs_error"], bool(m["cache_hit"]), job_dir / RESULT_FILE)
+    if run_id is not None and sweep_dir is None:  # a sweep prints its parent run's link at its end
+        print(link_line(tracker.uri, tracker.experiment_id, run_filter(run_id)), file=sys.stderr)
     return result
 
 
@@ -364,9 +432,9 @@ def _close_earlier_runs(tracker: Tracker, job: Job) -> None:
                      job.job_num, earlier.info.run_id, earlier.info.status)
 
 
-def _validation_error(cfg: DictConfig) -> CalibrunError | None:
+def _validation_error(cfg: DictConfig, sweep_job: bool = False) -> CalibrunError | None:
     try:
-        config.validate(cfg)
+        config.validate(cfg, sweep_job=sweep_job)
     except CalibrunError as exc:
         return exc
     return None

@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -28,10 +29,11 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from calibrun import interrupts, patches
-from calibrun.config import register_resolvers, tracking_enabled, validate
+from calibrun.config import PATH_KEYS, check_readable, register_resolvers, tracking_enabled, validate
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import full_error, is_full, write_json
-from calibrun.tracking import PARENT_FILE, Tracker, open_tracker, resolve_uri, ui_url
+from calibrun.progress import SweepProgress
+from calibrun.tracking import PARENT_FILE, Tracker, link_line, open_tracker, resolve_uri, sweep_filter
 
 log = logging.getLogger("calibrun")
 
@@ -56,6 +58,53 @@ def swept_keys(config: DictConfig) -> list[str]:
     params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
     keys += [str(k) for k in params if str(k) not in keys]
     return keys
+
+
+def sweep_values(config: DictConfig) -> dict[str, list[str]]:
+    """Each swept key's values as the command line and the preset's hydra.sweeper.params list them (choice
+    sweeps: `data.path=a.npy,b.npy`; ranges and intervals are left out: they hold no paths)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep
+
+    params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
+    lines = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    values: dict[str, list[str]] = {}
+    try:
+        parsed = OverridesParser.create().parse_overrides(lines)
+    except Exception:  # Hydra reports a bad override itself
+        return values
+    for override in parsed:
+        if override.is_sweep_override() and isinstance(override.value(), ChoiceSweep):
+            key = override.get_key_element().lstrip("+~")
+            values[key] = [str(v) for v in override.sweep_string_iterator()]
+    return values
+
+
+def sweep_total(config: DictConfig) -> int | None:
+    """How many jobs the sweep runs: the product of the choice lists (Hydra's basic sweeper, presets' params
+    included), a search's n_trials, else None (unknown)."""
+    sweeper = str(OmegaConf.select(config, "hydra.sweeper._target_", default="") or "")
+    if not sweeper.endswith("BasicSweeper"):
+        trials = OmegaConf.select(config, "hydra.sweeper.n_trials", default=None)
+        return int(trials) if isinstance(trials, int) else None
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
+    lines = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    try:
+        batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(lines), None)
+    except Exception:  # Hydra reports a bad override itself
+        return None
+    return sum(len(batch) for batch in batches)
+
+
+def check_swept_paths(config: DictConfig) -> None:
+    """Every model and data path a sweep lists exists and is readable, before any job (calibrun.config)."""
+    for key, values in sweep_values(config).items():
+        if key in PATH_KEYS:
+            for value in values:
+                check_readable(value, key, folder_ok=key != "model.path")
 
 
 def _task_overrides(overrides) -> list[str]:
@@ -300,7 +349,21 @@ def _parent_run(config: DictConfig, tracker: Tracker, sweep_dir: Path, swept: li
 
 class SweepCallback(Callback):
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        try:  # before Hydra makes the run's folder: a bad setting or a missing file leaves nothing behind
+            validate(config)
+        except CalibrunError as exc:
+            _fail(str(exc))
         _make_folder(_folder_of(config, "hydra.run.dir"), "hydra.run.dir")
+
+    def on_job_start(self, config: DictConfig, **kwargs) -> None:
+        progress = _SWEEP.get("progress")
+        if progress is not None:
+            progress.job_started()
+
+    def on_job_end(self, config: DictConfig, job_return, **kwargs) -> None:
+        progress = _SWEEP.get("progress")  # in the sweep's process (a launcher's workers have none)
+        if progress is not None:
+            progress.job_done()
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         if config.resume:
@@ -329,16 +392,19 @@ class SweepCallback(Callback):
         sys.excepthook = _excepthook  # an interrupt that reaches the top closes the parent run, in one line
         atexit.unregister(_close_if_open)
         atexit.register(_close_if_open)  # any other way out before the end callback closes it FAILED
-        _SWEEP.update(dir=sweep_dir)
+        _SWEEP.update(dir=sweep_dir, progress=SweepProgress(sweep_total(config)))
         try:
-            validate(config)  # the settings every job shares: a wrong one stops the sweep before any job
+            swept = swept_keys(config)
+            # the settings every job shares, and every path the sweep names: a wrong one stops it before any job
+            validate(config, swept)
+            check_swept_paths(config)
             tracker = _tracker(config, check=True)  # the store opened for real, once: a bad one stops here
             if tracker is None:
                 return
-            swept = swept_keys(config)
             run_id = _parent_run(config, tracker, sweep_dir, swept)
             write_json(sweep_dir / PARENT_FILE, {"run_id": run_id, "tracking_uri": tracker.uri,
-                                                 "experiment_id": tracker.experiment_id, "swept": swept})
+                                                 "experiment_id": tracker.experiment_id, "swept": swept,
+                                                 "values": sweep_values(config)})
         except CalibrunError as exc:
             _fail(str(exc) + _closed_before_jobs())
         except Exception as exc:  # the store failed past its check
@@ -368,6 +434,7 @@ class SweepCallback(Callback):
             problems.append(f"report not built: {one_line(exc)}")
         parent_file = sweep_dir / PARENT_FILE
         link = None
+        headline = None
         if tracking_enabled(config) and parent_file.is_file():
             tracker = None
             try:
@@ -375,20 +442,23 @@ class SweepCallback(Callback):
                 tracker = _SWEEP.get("tracker") or Tracker(parent["tracking_uri"], config.tracking.experiment)
                 for path in files:  # the report files and plots; the model bundle stays on disk
                     tracker.log_artifact(parent["run_id"], path, "report")
-                summarise(tracker, parent["run_id"], sweep_dir, parent.get("swept", []))
                 tracker.log(parent["run_id"], metrics=counts, tags={"calibrun.problems": str(len(problems))})
+                headline = summarise(tracker, parent["run_id"], sweep_dir, parent.get("swept", []), counts,
+                                     problems)
             except Exception as exc:
                 problems.append(f"MLflow parent run not complete: {one_line(exc)}")
             if tracker is not None:
                 error = tracker.close(parent["run_id"], "FAILED" if problems else "FINISHED")
                 if error is None:
-                    link = ui_url(tracker.uri, tracker.experiment_id, parent["run_id"])
+                    metric, better = headline or (HEADLINE, "lower")
+                    link = link_line(tracker.uri, tracker.experiment_id,
+                                     sweep_filter(str(sweep_dir.resolve()), parent["run_id"]), metric,
+                                     ascending=better == "lower")
                 else:
                     problems.append(f"MLflow parent run not closed: {one_line(error)}")
         _SWEEP.clear()
         if link:
-            how = "" if link.startswith(tracker.uri) else f"`mlflow ui --backend-store-uri {tracker.uri}`, then "
-            print(f"calibrun: MLflow: {how}{link}", file=sys.stderr)
+            print(link, file=sys.stderr)
         if problems:
             print(f"calibrun: sweep {sweep_dir} had {len(problems)} problem(s): " + "; ".join(problems),
                   file=sys.stderr)
@@ -399,31 +469,82 @@ def _metric_part(text: str) -> str:
     return re.sub(r"[^\w.\- ]", "_", str(text))[:120]
 
 
-def summarise(tracker: Tracker, parent_id: str, sweep_dir: Path, swept: list[str]) -> None:
-    """On the parent run: the params every finished child shares, the best run (smallest max_abs_error) and the
-    best error per value of each swept key."""
+def summarise(tracker: Tracker, parent_id: str, sweep_dir: Path, swept: list[str], counts: dict | None = None,
+              problems: list[str] | None = None) -> tuple[str, str] | None:
+    """On the parent run: the params every finished child shares, the best run (the report's headline metric and
+    tie-break: calibrun.aggregate.best_of) and the best value per value of each swept key, and a description
+    (`mlflow.note.content`, shown on the run's page) that sums the sweep up in Markdown. Returns the headline
+    (metric, 'lower'|'higher'), or None without a finished child."""
+    from calibrun.aggregate import best_of, headline_of
+
     children = [r for r in tracker.client.search_runs(
         [tracker.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}' and attributes.status = 'FINISHED'",
         max_results=10000) if HEADLINE in r.data.metrics]
+    counts = counts or {}
     if not children:
-        return
+        tracker.log(parent_id, tags={"mlflow.note.content": _note(None, [], swept, {}, counts, problems)})
+        return None
+    metric, better = headline_of([c.data.metrics for c in children])
     first = children[0].data.params
     common = {k: v for k, v in first.items() if all(c.data.params.get(k) == v for c in children)}
     existing = tracker.client.get_run(parent_id).data.params
     common = {k: v for k, v in common.items() if k not in existing or existing[k] == v}
-    best = min(children, key=lambda r: r.data.metrics[HEADLINE])
-    metrics = {f"best_{HEADLINE}": best.data.metrics[HEADLINE]}
+    best = best_of([(c.data.metrics.get(metric), c.data.tags.get("calibrun.job_num", ""), c) for c in children],
+                   better)
+    metrics = {f"best_{metric}": best.data.metrics[metric]}
+    per_value: dict[str, dict[str, float]] = {}
+    pick = max if better == "higher" else min
     for key in swept:
         values: dict[str, float] = {}
         for child in children:
             value = child.data.tags.get(f"calibrun.swept.{key}")
-            if value is not None:
-                values[value] = min(values.get(value, float("inf")), child.data.metrics[HEADLINE])
-        metrics.update({f"best_{HEADLINE}/{_metric_part(key)}:{_metric_part(v)}": e for v, e in values.items()})
+            if value is not None and metric in child.data.metrics:
+                seen = values.get(value)
+                values[value] = child.data.metrics[metric] if seen is None else pick(seen, child.data.metrics[metric])
+        per_value[key] = values
+        metrics.update({f"best_{metric}/{_metric_part(key)}:{_metric_part(v)}": e for v, e in values.items()})
     from mlflow.entities import Param
 
     params = [Param(k, v) for k, v in common.items() if k not in existing]
     for start in range(0, len(params), 100):
         tracker.client.log_batch(parent_id, params=params[start:start + 100])
-    tracker.log(parent_id, metrics=metrics, tags={"calibrun.best_run": best.info.run_name,
-                                                  "calibrun.best_run_id": best.info.run_id})
+    tracker.log(parent_id, metrics=metrics, tags={
+        "calibrun.best_run": best.info.run_name, "calibrun.best_run_id": best.info.run_id,
+        "calibrun.headline": f"{metric} ({better} is better)",
+        "mlflow.note.content": _note((metric, better, best), children, swept, per_value, counts, problems)})
+    return metric, better
+
+
+def _cell(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _note(best, children: list, swept: list[str], per_value: dict, counts: dict,
+          problems: list[str] | None) -> str:
+    """The parent run's description in Markdown: the jobs, the headline metric and best run, the best value per
+    swept value, and the runs ranked."""
+    ok, failed = counts.get("jobs_ok", len(children)), counts.get("jobs_failed", 0)
+    lines = ["## calibrun sweep", "", f"{ok} job(s) finished, {failed} failed."
+             + (f" Swept: {', '.join(f'`{k}`' for k in swept)}." if swept else "")]
+    if problems:
+        lines += ["", "**Problems:** " + _cell("; ".join(problems))]
+    if best is None:
+        return "\n".join(lines)
+    metric, better, run = best
+    lines += ["", f"Headline metric: **{metric}** ({better} is better). Best run: **{_cell(run.info.run_name)}** "
+              f"(job {run.data.tags.get('calibrun.job_num', '?')}), {metric} = {run.data.metrics[metric]:.6g}; "
+              "on a tie, the first job of the sweep."]
+    for key, values in per_value.items():
+        if values:
+            lines += ["", f"| `{_cell(key)}` | best {metric} |", "|---|---|"]
+            lines += [f"| {_cell(v)} | {e:.6g} |" for v, e in values.items()]
+    from calibrun.aggregate import job_key
+
+    ranked = sorted(children, key=lambda c: ((-1 if better == "higher" else 1) * c.data.metrics.get(metric, math.inf),
+                                             job_key(c.data.tags.get("calibrun.job_num", ""))))
+    lines += ["", f"| rank | run | job | {metric} |", "|---|---|---|---|"]
+    lines += [f"| {i} | {_cell(c.info.run_name)} | {c.data.tags.get('calibrun.job_num', '?')} | "
+              f"{c.data.metrics.get(metric, math.nan):.6g} |" for i, c in enumerate(ranked[:50], 1)]
+    if len(ranked) > 50:
+        lines.append(f"\n... and {len(ranked) - 50} more: sort the runs table by {metric}.")
+    return "\n".join(lines)

@@ -52,6 +52,25 @@ EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")  # the U
 SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "databricks", "databricks-uc", "uc")
 
 
+# MLflow's limits (mlflow/utils/validation.py): run names 250 characters, param values 6000; tag values 5000 (8000
+# since MLflow 2.x's later releases; a server of an older version still refuses more than 5000)
+MAX_RUN_NAME = 250
+MAX_PARAM_VALUE = 6000
+MAX_TAG_VALUE = 5000
+FULL_VALUES = "full_values"  # artifact folder: the whole text of each value shortened to fit
+
+
+def shorten_middle(text: str, limit: int) -> str:
+    """`text` in at most `limit` characters: cut in the middle (`…`), beginning and end kept."""
+    if len(text) <= limit:
+        return text
+    if limit <= 1:
+        return text[:limit]
+    head = (limit - 1 + 1) // 2
+    tail = limit - 1 - head
+    return text[:head] + "…" + (text[len(text) - tail:] if tail else "")
+
+
 def resolve_uri(configured: str | None) -> str:
     """Config first, then $MLFLOW_TRACKING_URI, then the embedded store sqlite:///mlflow.db (made absolute)."""
     uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
@@ -285,11 +304,45 @@ def digest(identity: Mapping) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def ui_url(uri: str, experiment_id: str, run_id: str | None = None) -> str:
-    """Where the MLflow UI shows the run (the server's address, or `mlflow ui`'s default for a local store)."""
+def ui_url(uri: str, experiment_id: str, search: str | None = None, order_by: str | None = None,
+           ascending: bool = True) -> str:
+    """The experiment's training-runs page in the MLflow UI (the server's address, or `mlflow ui`'s default for a
+    local store), the runs filtered by `search` (MLflow's search syntax) and sorted by the metric `order_by`.
+
+    MLflow 3's UI keeps its sidebar's workflow (GenAI or model training) in the browser's storage, GenAI by default,
+    and an experiment's page without a tab opens the GenAI overview: the link names the runs tab and
+    `workflowType=machine_learning`, which the UI reads before its storage (mlflow/server/js: the workflow type
+    provider takes the URL's value; the runs tab reads `searchFilter`, `orderByKey` and `orderByAsc`)."""
+    from urllib.parse import quote, urlencode
+
     base = uri.rstrip("/") if uri.lower().startswith(("http://", "https://")) else "http://127.0.0.1:5000"
-    page = f"/#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "/runs")
-    return f"{base}{page}?workflowType=machine_learning"
+    params = {"workflowType": "machine_learning"}
+    if search:
+        params["searchFilter"] = search
+    if order_by:
+        params.update(orderByKey=f"metrics.`{order_by}`", orderByAsc="true" if ascending else "false")
+    return f"{base}/#/experiments/{experiment_id}/runs?{urlencode(params, quote_via=quote)}"
+
+
+def run_filter(run_id: str) -> str:
+    return f"attributes.run_id = '{run_id}'"
+
+
+def sweep_filter(sweep_dir: str, parent_id: str) -> str:
+    """The sweep's parent and children (by the tag both carry), or its children when the folder's name cannot be
+    quoted in MLflow's search syntax."""
+    if "'" in sweep_dir or "\\" in sweep_dir:
+        return f"tags.`mlflow.parentRunId` = '{parent_id}'"
+    return f"tags.`calibrun.sweep_dir` = '{sweep_dir}'"
+
+
+def link_line(uri: str, experiment_id: str, search: str | None = None, order_by: str | None = None,
+              ascending: bool = True) -> str:
+    """The line calibrun prints after a tracked run or sweep: its runs on the training-runs page of the MLflow UI
+    (and, for a local store, the command that serves it)."""
+    link = ui_url(uri, experiment_id, search, order_by, ascending)
+    how = "" if link.startswith(uri) else f"`mlflow ui --backend-store-uri {uri}`, then "
+    return f"calibrun: MLflow: {how}{link}"
 
 
 def onnx_signature(path: Path):
@@ -315,6 +368,16 @@ def onnx_signature(path: Path):
     signature = ModelSignature(Schema([s for s, _ in inputs]), Schema(outputs))
     example = {s.name: a for s, a in inputs}
     return signature, (example if len(example) > 1 else next(iter(example.values()), None))
+
+
+def _fit(values: dict[str, str], limit: int) -> tuple[dict[str, str], dict[str, str]]:
+    """Values cut to MLflow's `limit` in the middle, and the whole text of those that were cut."""
+    fitted, full = {}, {}
+    for key, value in values.items():
+        fitted[key] = shorten_middle(value, limit)
+        if fitted[key] != value:
+            full[key] = value
+    return fitted, full
 
 
 class Tracker:
@@ -383,8 +446,18 @@ class Tracker:
         tags = {**context_tags(), **tags}
         if parent_id:
             tags["mlflow.parentRunId"] = parent_id
+        tags, full = _fit(tags, MAX_TAG_VALUE)
+        name = shorten_middle(name, MAX_RUN_NAME)
         run = _retry(lambda: self.client.create_run(self.experiment_id, tags=tags, run_name=name), "create run")
+        self._keep_full(run.info.run_id, "tags", full)
         return run.info.run_id
+
+    def _keep_full(self, run_id: str, kind: str, full: dict[str, str]) -> None:
+        """The whole text of each shortened value, as an artifact of the run: full_values/<kind>/<key>.txt."""
+        for key, value in full.items():
+            safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in key)[:200]
+            _retry(lambda k=safe, v=value: self.client.log_text(run_id, v, f"{FULL_VALUES}/{kind}/{k}.txt"),
+                   "log full value")
 
     def log(self, run_id: str, params: dict | None = None, metrics: dict | None = None,
             tags: dict | None = None, model_id: str | None = None) -> None:
@@ -393,10 +466,14 @@ class Tracker:
         from mlflow.entities import Metric, Param, RunTag
 
         now = int(time.time() * 1000)
-        batch_params = [Param(k, yaml_value(v)) for k, v in (params or {}).items()]
+        params, full_params = _fit({k: yaml_value(v) for k, v in (params or {}).items()}, MAX_PARAM_VALUE)
+        tags, full_tags = _fit({k: str(v) for k, v in (tags or {}).items()}, MAX_TAG_VALUE)
+        batch_params = [Param(k, v) for k, v in params.items()]
         batch_metrics = [Metric(k, float(v), now, 0, model_id=model_id) for k, v in (metrics or {}).items()
                          if isinstance(v, (int, float))]
-        batch_tags = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
+        batch_tags = [RunTag(k, v) for k, v in tags.items()]
+        self._keep_full(run_id, "params", full_params)
+        self._keep_full(run_id, "tags", full_tags)
         for start in range(0, max(len(batch_params), len(batch_metrics), len(batch_tags), 1), 100):
             _retry(lambda s=start: self.client.log_batch(run_id, metrics=batch_metrics[s:s + 100],
                                                           params=batch_params[s:s + 100],

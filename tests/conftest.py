@@ -41,7 +41,8 @@ TESTS = Path(__file__).resolve().parent
 LONGEST_FIRST = (
     "e2e/test_fallback_nudenet.py",
     "e2e/test_histogram_trained.py", "e2e/test_analysis_runs.py", "e2e/faults/test_kills.py",
-    "e2e/test_real_models.py", "e2e/test_bad_inputs.py", "e2e/test_sweep.py", "e2e/test_calibtool.py",
+    "e2e/test_real_models.py", "e2e/test_bad_inputs.py", "e2e/test_sweep_record.py", "e2e/test_sweep.py",
+    "e2e/test_calibtool.py",
     "e2e/test_aggregate_sweeps.py", "e2e/test_user_models.py", "e2e/test_resume.py", "e2e/test_parallel.py",
     "e2e/faults/test_server_faults.py", "e2e/test_tracking_server.py", "e2e/faults/test_store_creation.py",
     "e2e/test_cluster.py", "e2e/faults/test_disk_full.py", "e2e/test_packaging.py",

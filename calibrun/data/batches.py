@@ -269,6 +269,27 @@ class EvalData:
         self.classes = classes  # class folder names, for image class folders
         self.identity = identity if identity is not None else {}  # source kind, files, transform, rows
         self.inputs = list(inputs)
+        # where the labels come from, as (first row, where) spans in row order: an error names the file
+        self.label_sources: list[tuple[int, str]] = []
+
+    def label_where(self, row: int) -> str:
+        """The file (or folder) that holds the label of evaluation row `row`."""
+        found = "the evaluation labels"
+        for start, where in self.label_sources:
+            if start <= row:
+                found = where
+        return found
+
+    def check_labels(self, classes: int, output: str) -> None:
+        """Every label is a class of the model's output (0..classes-1): one outside is refused naming its file,
+        row and value (accuracy against it would be silently wrong)."""
+        if self.labels is None:
+            return
+        bad = np.flatnonzero((self.labels < 0) | (self.labels >= classes))
+        if bad.size:
+            row = int(bad[0])
+            raise CalibrunError(f"{self.label_where(row)}: label {int(self.labels[row])} (row {row}) is not a class "
+                                f"of output {output!r}, which has {classes} classes (0..{classes - 1})")
 
     @classmethod
     def from_arrays(cls, feeds: dict[str, np.ndarray], labels=None, classes=None, identity=None) -> EvalData:

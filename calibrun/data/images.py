@@ -351,8 +351,12 @@ def image_evaluation(
         "classes": list(classes) if classes else None,
         "inputs": [{"name": column.info.name, "shape": [used, *column.sample_shape]}],
     }
-    return EvalData(used, _column_pieces({column.info.name: column}, used), labels, classes, identity,
+    data = EvalData(used, _column_pieces({column.info.name: column}, used), labels, classes, identity,
                     [column.info.name])
+    if classes:  # a label is a class folder's index: too many folders for the model's classes
+        shown = ", ".join(classes[:3]) + (", ..." if len(classes) > 3 else "")
+        data.label_sources = [(0, f"{column.root} (class folders {shown})")]
+    return data
 
 
 def _pillow_version() -> str:

@@ -316,9 +316,14 @@ def npy_evaluation(path, inputs: Sequence[InputInfo], rows: int | None = None) -
     source = _NpySource(path, inputs)
     used = _cap_rows(source.rows, rows, str(source.root))
     labels = None
+    spans = []
     if source.labels:
         parts = [segment.load() for segment in source.labels]
         labels = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])[:used]
+        start = 0
+        for segment, part in zip(source.labels, parts, strict=True):
+            spans.append((start, segment.where))
+            start += len(part)
     files = [f for column in source.columns.values() for f in column.files_used(used)]
     files += [segment.file for segment in source.labels]
     identity = {
@@ -331,4 +336,6 @@ def npy_evaluation(path, inputs: Sequence[InputInfo], rows: int | None = None) -
     # One pass that keeps nothing: NaN/Inf in a file fails here, before any work (memory-mapped, so cheap).
     for _ in pieces([min(EVAL_CHUNK, used - start) for start in range(0, used, EVAL_CHUNK)]):
         pass
-    return EvalData(used, pieces, labels, None, identity, list(source.columns))
+    data = EvalData(used, pieces, labels, None, identity, list(source.columns))
+    data.label_sources = spans
+    return data

@@ -94,6 +94,15 @@ class Classification(Task):
         self.seen: set[int] = set()  # label values seen (paired with `predicted`: at most `classes` of them)
         self.warned = False
         self.unfit: str | None = None  # why the labels do not fit the output: then nothing is measured
+        self.evaluation = None  # the EvalData whose labels are judged (names the file of a bad label)
+
+    def static_classes(self, model_path) -> int | None:
+        """The number of classes when the graph states the class axis' size, else None (known when run)."""
+        shape = _shape(onnx.load(str(model_path), load_external_data=False), self.output)
+        if not shape:
+            return None
+        axis = self.axis if self.axis >= 0 else len(shape) + self.axis
+        return shape[axis] if 0 <= axis < len(shape) and shape[axis] else None
 
     def _flat(self, array: np.ndarray) -> np.ndarray:
         if array.ndim == 0:
@@ -108,11 +117,12 @@ class Classification(Task):
         return moved.reshape(-1, moved.shape[-1])
 
     def _labels_fit(self, labels: np.ndarray) -> bool:
-        """Do the labels fit the class count? Once they do not, nothing is measured (said once)."""
+        """Do the labels fit the class count? A label outside the classes of a scores output is refused
+        (refuse_labels); labels compared with a predicted-class output may be any values, but more distinct ones
+        than classes leave the task unmeasured (said once)."""
         if self.unfit is None and labels.size and self.classes is not None:
             if self.predicted is None and (labels.min() < 0 or labels.max() >= self.classes):
-                self.unfit = (f"labels {int(labels.min())}..{int(labels.max())} do not fit the {self.classes} "
-                              f"classes of output {self.output!r}")
+                refuse_labels(labels, self.classes, self.output, self.evaluation)
             elif self.predicted is not None:
                 self.seen.update(int(v) for v in np.unique(labels))
                 if len(self.seen) > self.classes:
@@ -546,6 +556,25 @@ def _names(items) -> str:
     return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
 
 
+class LabelsDoNotFit(CalibrunError):
+    """The evaluation labels fit no output's classes (task=auto): a data error, refused before any work. `classes`
+    and `output`: the candidate with the most classes, for the message that names the labels' file and value."""
+
+    def __init__(self, message: str, classes: int, output: str):
+        super().__init__(message)
+        self.classes, self.output = classes, output
+
+
+def refuse_labels(labels: np.ndarray, classes: int, output: str | None, evaluation=None) -> None:
+    """Labels outside 0..classes-1 are a data error: refused in one line naming the labels' file, row and value
+    (`evaluation`: the EvalData they came from), never measured as if they were right."""
+    if evaluation is not None:
+        evaluation.check_labels(classes, output)
+    bad = labels[(labels < 0) | (labels >= classes)][0]
+    raise CalibrunError(f"evaluation labels: label {int(bad)} is not a class of output {output!r}, which has "
+                        f"{classes} classes (0..{classes - 1})")
+
+
 def _fits(candidate: Candidate, facts: Labels | None) -> str | None:
     """Why the labels do not fit the candidate's class count (None: they fit, or it cannot be told yet)."""
     if facts is None or facts.low is None or candidate.classes is None:
@@ -583,8 +612,12 @@ def _auto(graph: _Graph, spec: TaskSpec, facts: Labels | None, classifier: bool 
             fit = [c for c in scores if c.output not in unfit]
             dropped = "; ".join(f"not {name!r}: {why}" for name, why in unfit.items())
             if not fit:
-                return Task(f"class scores found, but the evaluation labels fit none: {dropped}; no task metrics "
-                            "(set task.output, or check the labels)"), True
+                widest = max((c for c in scores if c.classes), key=lambda c: c.classes, default=None)
+                if widest is None:
+                    return Task(f"class scores found, but the evaluation labels fit none: {dropped}; no task "
+                                "metrics (set task.output, or check the labels)"), True
+                raise LabelsDoNotFit(f"evaluation {facts} fit no output's classes ({dropped})", widest.classes,
+                                     widest.output)
             if len(fit) > 1:
                 return Task(f"{len(fit)} outputs hold class scores: "
                             f"{_names(f'{c.output!r} ({c.why})' for c in fit)}; measuring none of them "
@@ -631,6 +664,11 @@ def _guess_scores(graph: _Graph, outputs: list[Output], spec: TaskSpec, facts: L
                               "is the only float output; no Softmax found, class axis -1 assumed"), False
     rows = [o for o in floats if o.shape is not None and len(o.shape) == 2 and (o.shape[1] or 2) >= 2]
     fit = [o for o in rows if _fits(Candidate(o.name, "", 1, o.shape[1]), facts) is None]
+    sized = [o for o in rows if o.shape[1]]
+    if not fit and sized and facts is not None and facts.low is not None:  # labels no [N, C] output can hold
+        widest = max(sized, key=lambda o: o.shape[1])
+        raise LabelsDoNotFit(f"evaluation {facts} fit no float [N, C] output: {_names(str(o) for o in sized)}",
+                             widest.shape[1], widest.name)
     said = "model.classifier=true" if classifier else f"the evaluation data has {facts}"
     if len(fit) == 1:
         o = fit[0]

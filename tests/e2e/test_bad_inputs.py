@@ -111,6 +111,17 @@ class Assets:
         no_outputs = onnx.load(str(self.lab))
         del no_outputs.graph.output[:]
         self.no_outputs = save(no_outputs, root / "no_outputs.onnx")
+        self.missing_npy = root / "missing.npy"
+        self.missing_dir = root / "missing_images"
+        self.rows_npy = root / "rows.npy"  # 64 good rows for the lab model
+        np.save(self.rows_npy, rows)
+        labels = np.zeros(64, np.int64)  # the lab model's output has 8 classes: 0..7
+        labels[40] = 99
+        self.labels_99 = root / "labels_99.npz"
+        np.savez(self.labels_99, x=rows, labels=labels)
+        labels[40] = -1
+        self.labels_minus_1 = root / "labels_minus_1.npz"
+        np.savez(self.labels_minus_1, x=rows, labels=labels)
         symbolic = onnx.load(str(self.lab))
         symbolic.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "F"
         self.symbolic = save(symbolic, root / "symbolic.onnx")
@@ -266,6 +277,33 @@ CASES = [
     Case("data-images-crop-does-not-fit-the-model", "calibrun",
          lambda a, r: ["model=file", f"model.path={a.conv}", "data=images", f"data.path={a.images}",
                        "data.resize=8", "data.crop=[8,6]", "batches=1"], "data.crop=[8,8]"),
+    # issue 25: config typos name the closest valid keys, and Hydra's "+key" advice leads nowhere worse
+    Case("config-typo-names-the-closest-key", "calibrun", lambda a, r: ["batchs=3"],
+         "config batchs: is not a calibrun setting; did you mean batches?", early=True),
+    Case("config-typo-with-plus-names-the-closest-key", "calibrun", lambda a, r: ["+batchs=3"],
+         "did you mean batches?", early=True),
+    Case("config-typo-nested-key", "calibrun", lambda a, r: ["calibration.factr=2"],
+         "did you mean calibration.factor", early=True),
+    Case("config-typo-right-name-wrong-node", "calibrun", lambda a, r: ["factor=2"],
+         "did you mean calibration.factor", early=True),
+    Case("config-option-of-another-method", "calibrun", lambda a, r: ["method=entropy", "method.percentile=200"],
+         "method.percentile: is not an option of method=entropy", early=True),
+    # issue 25: every data source is checked before any work (no folder, no fp32.onnx, no run)
+    Case("data-npy-missing-file-tracked", "calibrun", npy_data("missing_npy"), "missing.npy not found", early=True),
+    Case("eval-data-npy-missing-file", "calibrun", npy_data("missing_npy", "eval_data"), "eval_data.path",
+         early=True),
+    Case("data-images-missing-folder", "calibrun",
+         lambda a, r: ["model=file", f"model.path={a.conv}", "data=images", f"data.path={a.missing_dir}"],
+         "missing_images not found", early=True),
+    Case("sweep-data-path-one-missing", "calibrun",
+         lambda a, r: ["-m", "data=npy", f"data.path={a.rows_npy},{a.missing_npy}", f"hydra.sweep.dir={r / 'run'}"],
+         "missing.npy not found", early=True),
+    Case("sweep-model-path-one-missing", "calibrun",
+         lambda a, r: ["-m", "model=file", f"model.path={a.lab},{a.missing}", f"hydra.sweep.dir={r / 'run'}"],
+         "missing.onnx not found", early=True),
+    # issue 25: evaluation labels outside the model's classes, named with their file and value
+    Case("eval-labels-99-for-8-classes", "calibrun", npy_data("labels_99", "eval_data"), "label 99 (row 40)"),
+    Case("eval-labels-minus-1", "calibrun", npy_data("labels_minus_1", "eval_data"), "labels_minus_1.npz"),
 ]
 assert len({c.id for c in CASES}) == len(CASES)
 
@@ -422,6 +460,8 @@ def test_bad_input(case: Case, outcomes: dict[str, Outcome]):
         assert json.loads(result.read_text())["status"] == "failed"
     if case.early:
         assert run.code == 1
+        assert not (run.root / "run").exists(), "a run (or sweep) folder made by a run that failed before any work"
+        assert not list(run.root.rglob("fp32.onnx"))
         assert not (run.root / "cache").exists()
         assert not (run.root / "mlflow.db").exists()  # tracking is on by default: the store was not even created
 

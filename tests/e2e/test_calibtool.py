@@ -675,3 +675,26 @@ def test_a_bad_number_is_refused_before_onnx_is_imported(tmp_path, args, message
     imported = {line.split("|")[-1].strip() for line in timings}
     assert "calibrun.bounds" in imported
     assert not {"numpy", "onnx", "onnxruntime"} & imported
+
+
+# --- issue 25, item 11: --help ---
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_exits_0_and_names_the_command_as_called(flag, tmp_path):
+    """`calibtool.py --help` and the installed `calibtool --help`: exit 0, the usage on stdout naming the command
+    as it was typed."""
+    script = run_calibtool_help([sys.executable, str(CALIBTOOL), flag], tmp_path)
+    assert script.returncode == 0, script.stderr
+    assert script.stdout.startswith("usage: calibtool.py quantize IN OUT"), script.stdout
+    assert "Traceback" not in script.stderr
+    installed = Path(sys.executable).parent / "calibtool"
+    if installed.exists():
+        command = run_calibtool_help([str(installed), flag], tmp_path)
+        assert command.returncode == 0, command.stderr
+        assert command.stdout.startswith("usage: calibtool quantize IN OUT"), command.stdout
+        assert "calibtool.py" not in command.stdout
+
+
+def run_calibtool_help(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=60)

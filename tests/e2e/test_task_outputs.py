@@ -3,8 +3,8 @@
 - MTCNN's last stage (ONet, tests/trained.py `mtcnn_onet`): box regression `dense_5` [N, 4] first, landmarks
   `dense_6` [N, 10], face / not-face `softmax_2` [N, 2] last. On real face and non-face crops of scikit-image's
   photos (labels 1 / 0), auto measures `softmax_2` (its Softmax), names the other two as not class scores, and the
-  fp32 accuracy is the detector's real one. With labels 0..9, which fit no output's classes, it measures nothing
-  and logs no task metric, to result.json or MLflow.
+  fp32 accuracy is the detector's real one. Labels 0..9, which fit no output's classes, are refused before
+  calibration, naming the labels file, the row and the value.
 - MTCNN's first stage (PNet, `mtcnn_pnet`, fully convolutional): a box map and a Softmax face map [N, W, H, 2];
   every position is a prediction, so per-crop labels give no accuracy (said in the pick's line), agreement is
   measured over the positions.
@@ -110,25 +110,24 @@ def test_onet_measures_the_softmax_head_not_the_boxes(tmp_path, face_crops):
 
 
 @pytest.mark.slow
-def test_onet_labels_that_fit_no_output_log_no_task_metric(tmp_path, face_crops):
-    """Labels 0..9 (not face / not-face): the Softmax head has 2 classes, so auto measures nothing, says so in
-    one warning line, and neither result.json nor the MLflow run has a task metric."""
+def test_onet_labels_that_fit_no_output_are_refused_naming_the_file(tmp_path, face_crops):
+    """Labels 0..9 (not face / not-face): the Softmax head has 2 classes, so the labels are not this model's
+    classes: a data error, refused before calibration in one line naming the labels file, the row and the value;
+    the tracked run ends FAILED with that line."""
     rows, _ = face_crops
     data = npy_data(tmp_path / "faces.npz", "input_3", rows, np.arange(len(rows)) % 10)
     run = calibrun(tmp_path, "model=file", f"model.path={model_path('mtcnn_onet')}", *data, "batches=1",
                    "diagnostics=off", "hydra.run.dir=onet", tracked=True)
-    result = result_of(tmp_path, run, "onet")
-    (line,) = picks(run.stderr)
-    assert "WARNING" in line
-    assert "task=auto picked none" in line
-    assert "labels 0..9 do not fit its 2 classes" in line
-    assert result["task"]["name"] == "none"
-    assert task_metrics(result["metrics"]) == set()
-    assert "accuracy not measured" not in run.stderr
+    assert run.returncode == 1
+    (line,) = [x for x in run.stderr.splitlines() if x.startswith("calibrun: error:")]
+    assert "faces.npz" in line
+    assert "label 2 (row 2) is not a class of output 'softmax_2', which has 2 classes (0..1)" in line
+    assert "Traceback" not in run.stderr
+    assert not (tmp_path / "onet" / "int8.onnx").exists()  # refused before calibration
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (mlflow_run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
-    assert task_metrics(mlflow_run.data.metrics) == set()
-    assert "out.softmax_2.sqnr_db" in mlflow_run.data.metrics  # the output errors are measured all the same
+    assert mlflow_run.info.status == "FAILED"
+    assert "label 2 (row 2)" in mlflow_run.data.tags["calibrun.error"]
 
 
 @pytest.mark.slow

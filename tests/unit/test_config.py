@@ -7,6 +7,7 @@ Uses Hydra's compose API only (no app run, no onnxruntime work); each test initi
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from pathlib import Path
 
@@ -190,6 +191,7 @@ def test_model_file_without_path_fails_validate(hydra_ctx, path):
 
 def test_model_file_with_path_passes(hydra_ctx, tmp_path):
     path = str(tmp_path / "model.onnx")
+    Path(path).write_bytes(b"")  # validate checks that it is there (what it holds is checked when it is opened)
     cfg = make("model=file", f"model.path={path}")
     assert cfg.model.name == "file"
     assert cfg.model.path == path
@@ -353,18 +355,18 @@ def test_percentile_in_range_passes(hydra_ctx, value):
         pytest.param(["eval.seed=99999999999999999999"], "eval.seed", "4294967295", id="eval.seed-huge"),
         pytest.param(["calibration.factor=1e39"], "calibration.factor", "1e+30", id="factor=1e39"),
         pytest.param(["calibration.factor=1e-40"], "calibration.factor", "1e-30", id="factor=1e-40"),
-        pytest.param(["data=images", "data.path=x", "data.crop=[48]"], "data.crop", "[height, width]",
+        pytest.param(["data=images", "data.path=.", "data.crop=[48]"], "data.crop", "[height, width]",
                      id="crop-one-value"),
-        pytest.param(["data=images", "data.path=x", "data.crop=[0,192]"], "data.crop", "16384", id="crop-zero"),
-        pytest.param(["data=images", "data.path=x", "data.crop=abc"], "data.crop", "[height, width]",
+        pytest.param(["data=images", "data.path=.", "data.crop=[0,192]"], "data.crop", "16384", id="crop-zero"),
+        pytest.param(["data=images", "data.path=.", "data.crop=abc"], "data.crop", "[height, width]",
                      id="crop-word"),
-        pytest.param(["data=images", "data.path=x", "data.crop=[300,400]"], "data.crop", "data.resize=256",
+        pytest.param(["data=images", "data.path=.", "data.crop=[300,400]"], "data.crop", "data.resize=256",
                      id="crop-wider-than-resize"),
-        pytest.param(["eval_data=images", "eval_data.path=x", "eval_data.resize=100000"], "eval_data.resize",
+        pytest.param(["eval_data=images", "eval_data.path=.", "eval_data.resize=100000"], "eval_data.resize",
                      "16384", id="resize-huge"),
-        pytest.param(["data=images", "data.path=x", "data.letterbox=true", "data.pad_value=2"], "data.pad_value",
+        pytest.param(["data=images", "data.path=.", "data.letterbox=true", "data.pad_value=2"], "data.pad_value",
                      "0..1", id="pad-value-2"),
-        pytest.param(["data=images", "data.path=x", "data.std=[0.2,nan,0.2]"], "data.std", "finite",
+        pytest.param(["data=images", "data.path=.", "data.std=[0.2,nan,0.2]"], "data.std", "finite",
                      id="std-nan"),
     ],
 )
@@ -400,9 +402,9 @@ def test_huge_counts_written_as_floats_never_reach_the_work(hydra_ctx, override)
         ["batches=100000", "eval.rows=1000000", "ort.intra_op_threads=256", "calibration.seed=4294967295",
          "eval.seed=0", "calibration.factor=1e30"],
         ["calibration.factor=1e-30"],
-        ["data=images", "data.path=x", "data.crop=[48,192]"],
-        ["data=images", "data.path=x", "data.crop=[48,48]", "data.resize=48"],
-        ["eval_data=images", "eval_data.path=x", "eval_data.crop=[416,416]", "eval_data.letterbox=true",
+        ["data=images", "data.path=.", "data.crop=[48,192]"],
+        ["data=images", "data.path=.", "data.crop=[48,48]", "data.resize=48"],
+        ["eval_data=images", "eval_data.path=.", "eval_data.crop=[416,416]", "eval_data.letterbox=true",
          "eval_data.pad_value=0.447", "eval_data.resize=1"],
     ],
     ids=["every-bound-itself", "smallest-factor", "crop-pair", "square-pair", "letterbox"],
@@ -414,7 +416,7 @@ def test_values_at_their_bounds_pass(hydra_ctx, overrides):
 def test_image_mean_and_std_default_to_the_one_imagenet_constant(hydra_ctx):
     from calibrun.data.images import IMAGENET_MEAN, IMAGENET_STD, ImageTransform
 
-    cfg = make("data=images", "data.path=x", "eval_data=images", "eval_data.path=y")
+    cfg = make("data=images", "data.path=.", "eval_data=images", "eval_data.path=y")
     for key in ("data", "eval_data"):
         assert list(cfg[key].mean) == list(IMAGENET_MEAN)
         assert list(cfg[key].std) == list(IMAGENET_STD)
@@ -424,4 +426,91 @@ def test_image_mean_and_std_default_to_the_one_imagenet_constant(hydra_ctx):
     for path in [*conf.glob("data/*.yaml"), *conf.glob("eval_data/*.yaml")]:  # not repeated in the yaml files
         assert "0.485" not in path.read_text()
         assert "0.229" not in path.read_text()
-    assert list(make("data=images", "data.path=x", "data.mean=[0.5,0.5,0.5]").data.mean) == [0.5, 0.5, 0.5]
+    assert list(make("data=images", "data.path=.", "data.mean=[0.5,0.5,0.5]").data.mean) == [0.5, 0.5, 0.5]
+
+
+# --- issue 25: sweeps over paths, sources checked before any work, typos, options of another method ---
+
+
+@pytest.mark.parametrize(("overrides", "swept"), [
+    (["data=npy"], ["data.path"]),
+    (["eval_data=images"], ["eval_data.path"]),
+    (["model=file"], ["model.path"]),
+])
+def test_the_sweeps_config_waits_for_the_jobs_on_a_swept_path(hydra_ctx, overrides, swept):
+    """`data.path=a.npy,b.npy` leaves data.path unset in the sweep's own config (Hydra applies a swept value to
+    each job only): the sweep's check must not refuse it; each job's config is checked in full."""
+    cfg = make(*overrides)
+    with pytest.raises(CalibrunError, match=re.escape(swept[0])):
+        validate(cfg)
+    validate(cfg, swept)
+
+
+def test_a_missing_or_unreadable_source_is_refused_before_any_work(hydra_ctx, tmp_path):
+    with pytest.raises(CalibrunError, match=r"^config data\.path: .*nothere\.npy not found$"):
+        validate(make("data=npy", f"data.path={tmp_path / 'nothere.npy'}"))
+    with pytest.raises(CalibrunError, match=r"^config eval_data\.path: .*nothere not found$"):
+        validate(make("eval_data=images", f"eval_data.path={tmp_path / 'nothere'}"))
+    with pytest.raises(CalibrunError, match=r"^config model\.path: .* is not a file"):
+        validate(make("model=file", f"model.path={tmp_path}"))
+    if os.geteuid() != 0:  # root reads everything
+        locked = tmp_path / "locked.npy"
+        locked.write_bytes(b"")
+        locked.chmod(0)
+        with pytest.raises(CalibrunError, match="not readable"):
+            validate(make("data=npy", f"data.path={locked}"))
+
+
+def test_a_sweeps_missing_path_is_refused_before_any_job(hydra_ctx, tmp_path):
+    from calibrun.sweep import check_swept_paths, sweep_values
+
+    here = tmp_path / "a.npy"
+    here.write_bytes(b"")
+    cfg = make("data=npy", hydra_config=True)
+    cfg.hydra.overrides.task = ["data=npy", f"data.path={here},{tmp_path / 'b.npy'}"]
+    assert sweep_values(cfg) == {"data.path": [str(here), str(tmp_path / "b.npy")]}
+    with pytest.raises(CalibrunError, match=r"^config data\.path: .*b\.npy not found$"):
+        check_swept_paths(cfg)
+
+
+@pytest.mark.parametrize(("typo", "meant"), [
+    ("batchs", "batches"), ("calibration.factr", "calibration.factor"), ("data.pth", "data.path"),
+    ("methd", "method"), ("factor", "calibration.factor"), ("eval.row", "eval.rows"),
+])
+def test_a_typo_names_the_closest_valid_keys(typo, meant):
+    from calibrun.__main__ import check_keys
+
+    assert calibrun_config.close_keys(typo)[0] == meant
+    for override in (f"{typo}=3", f"+{typo}=3", f"++{typo}=3"):  # Hydra's "+key" advice ends here too
+        message = check_keys(["-m", override])
+        assert message.startswith(f"config {typo}: is not a calibrun setting; did you mean {meant}"), message
+
+
+def test_settings_groups_and_hydra_keys_pass_the_typo_check():
+    from calibrun.__main__ import check_keys
+
+    assert check_keys(["-m", "batches=1,2", "data.path=x", "+experiment=lab", "experiment=lab", "hydra.job.chdir=true",
+                       "hydra/launcher=joblib", "method=entropy", "method.num_bins=512", "cluster=ray",
+                       "eval_data.resize=8", "--cfg", "job"]) is None
+
+
+def test_an_option_of_a_method_that_is_not_selected_is_refused(hydra_ctx):
+    with pytest.raises(CalibrunError, match=r"^config method\.percentile: is not an option of method=entropy "
+                                            r"\(only of method=percentile\)"):
+        validate(make("method=entropy", "method.percentile=200"))
+    with pytest.raises(CalibrunError, match=r"method\.num_bins: is not an option of method=minmax"):
+        validate(make("method.num_bins=512"))
+    validate(make("method=percentile", "method.percentile=99.9"))
+    validate(make("method=entropy", "method.num_bins=512", "method.symmetric=true"))
+    # a sweep over methods (`method=entropy,percentile method.percentile=99.9`) sets it for the methods that read it
+    validate(make("method.percentile=99.9"), swept=["method"])
+    validate(make("method=entropy", "method.percentile=99.9"), sweep_job=True)
+    # ... but a swept option of a method the sweep does not select is refused before any job
+    with pytest.raises(CalibrunError, match="method.percentile"):
+        validate(make("method=entropy"), swept=["method.percentile"])
+
+
+def test_the_digits_data_calibrun_makes_on_first_use_need_not_exist_yet(hydra_ctx, tmp_path):
+    validate(make("experiment=digits", f"cache.dir={tmp_path / 'cache'}"))  # exported by the job (model=digits)
+    with pytest.raises(CalibrunError, match="data.path"):
+        validate(make("experiment=digits", f"cache.dir={tmp_path / 'cache'}", f"data.path={tmp_path / 'x.npz'}"))

@@ -31,10 +31,12 @@ def test_dataset_digest_follows_the_identity():
     assert len(digest(a)) == 16
 
 
-def test_ui_url_opens_the_machine_learning_page():
-    assert ui_url("http://host:5000/", "3", "abc") == \
-        "http://host:5000/#/experiments/3/runs/abc?workflowType=machine_learning"
-    assert ui_url("sqlite:////x/mlflow.db", "1").startswith("http://127.0.0.1:5000/#/experiments/1/runs?")
+def test_ui_url_opens_the_machine_learning_runs_page():
+    assert ui_url("http://host:5000/", "3", "attributes.run_id = 'abc'", "max_abs_error") == (
+        "http://host:5000/#/experiments/3/runs?workflowType=machine_learning&searchFilter=attributes.run_id%20%3D"
+        "%20%27abc%27&orderByKey=metrics.%60max_abs_error%60&orderByAsc=true")
+    assert ui_url("sqlite:////x/mlflow.db", "1") == \
+        "http://127.0.0.1:5000/#/experiments/1/runs?workflowType=machine_learning"
 
 
 def test_sweep_id_is_one_value_per_config_and_differs_between_configs():

@@ -1,4 +1,5 @@
-"""Progress on stderr: silent for short passes, `done/total batches (rate)` for long ones."""
+"""Progress on stderr: silent for short passes; for long ones tqdm's line (percent, done/total,
+elapsed<remaining, rate); a sweep's jobs done / total with the time left."""
 
 from __future__ import annotations
 
@@ -37,8 +38,9 @@ def test_a_long_pass_reports_batches_and_rate_at_most_once_a_second(monkeypatch)
         clock.now = done * 0.5  # 2 batches a second, 5 s in all
         bar.update(done)
     lines = stream.getvalue().splitlines()
-    assert lines[0] == "calibrating: 4/10 batches (2.0 batches/s)"  # first report once 2 s have passed
-    assert lines[-1] == "calibrating: 10/10 batches (2.0 batches/s)"  # the end is always reported
+    # first report once 2 s have passed: percent, count, elapsed<remaining (ETA), rate
+    assert lines[0] == "calibrating:  40%|####      | 4/10 [00:02<00:03,  2.00batches/s]"
+    assert lines[-1] == "calibrating: 100%|##########| 10/10 [00:05<00:00,  2.00batches/s]"  # the end, always
     assert len(lines) == 4  # 4, 6, 8, 10: throttled to one line a second
 
 
@@ -51,6 +53,23 @@ def test_the_unit_word_names_what_is_counted(monkeypatch):
         clock.now = done * 0.05  # 20 tensors a second, 20 s in all
         bar.update(done)
     lines = stream.getvalue().splitlines()
-    assert lines[0] == "choosing entropy ranges: 40/400 tensors (20.0 tensors/s)"
-    assert lines[-1] == "choosing entropy ranges: 400/400 tensors (20.0 tensors/s)"
+    assert lines[0] == "choosing entropy ranges:  10%|#         | 40/400 [00:02<00:18, 20.00tensors/s]"
+    assert lines[-1] == "choosing entropy ranges: 100%|##########| 400/400 [00:20<00:00, 20.00tensors/s]"
     assert len(lines) == 5  # at 2 s, then every 5 s (7, 12, 17), and the end
+
+
+def test_a_sweep_reports_jobs_done_of_the_total_and_the_time_left(monkeypatch):
+    from calibrun.progress import SweepProgress
+
+    clock = Clock()
+    monkeypatch.setattr(progress_module.time, "perf_counter", clock)
+    stream = io.StringIO()
+    sweep = SweepProgress(4, stream=stream)
+    clock.now = 100.0  # the store's set-up before the first job does not count
+    sweep.job_started()
+    for done in range(1, 5):
+        clock.now = 100.0 + 3 * done
+        sweep.job_done()
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "calibrun: sweep:  25%|##5       | 1/4 [00:03<00:09,  3.00s/job]"
+    assert lines[-1] == "calibrun: sweep: 100%|##########| 4/4 [00:12<00:00,  3.00s/job]"

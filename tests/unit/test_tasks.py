@@ -228,10 +228,11 @@ def test_auto_measures_none_when_two_outputs_qualify_unless_the_labels_decide(tm
     assert "not 'gender': labels 0..7 do not fit its 2 classes" in task.reason
     # labels fitting both: still two candidates, none measured
     assert resolve(TaskSpec("auto"), path, labels=np.array([0, 1])).name == "none"
-    # labels fitting neither: none, saying so
-    task = resolve(TaskSpec("auto"), path, labels=np.array([0, 12]))
-    assert task.name == "none"
-    assert "fit none" in task.reason
+    # labels fitting neither: a data error, refused (the job names the labels' file, row and value), with the
+    # widest candidate for that message
+    with pytest.raises(tasks.LabelsDoNotFit, match="labels 0..12 fit no output's classes") as info:
+        resolve(TaskSpec("auto"), path, labels=np.array([0, 12]))
+    assert (info.value.classes, info.value.output) == (10, "age")
     # task.output chooses
     assert resolve(TaskSpec("auto", output="gender"), path).output == "gender"
 
@@ -310,19 +311,46 @@ def test_paired_label_gives_the_accuracy():
     assert m["task.int8_accuracy"] == pytest.approx(1 / 3)
 
 
-def test_labels_that_do_not_fit_leave_nothing_logged(caplog):
-    """Labels beyond the class count: the output is not what the labels are about; no metric at all (not a
-    top1_agreement beside an unmeasured accuracy), one warning."""
+def test_labels_outside_the_classes_found_only_when_run_are_refused():
+    """Labels beyond the class count, known only once the model runs: refused (a wrong accuracy would be logged
+    otherwise), naming the value; labels compared with a predicted-class output may be any values."""
     task = Classification("p", axis=1)
     scores = np.array([[0.9, 0.1], [0.2, 0.8]])
     task.update({"p": scores}, {"p": scores}, np.array([0, 1]))
-    with caplog.at_level("WARNING", logger="calibrun"):
+    with pytest.raises(CalibrunError, match=r"label 5 is not a class of output 'p', which has 2 classes \(0..1\)"):
         task.update({"p": scores}, {"p": scores}, np.array([5, 1]))
-        task.update({"p": scores}, {"p": scores}, np.array([5, 1]))
-    assert task.metrics() == {}
-    assert len(caplog.records) == 1
-    assert "labels 1..5 do not fit the 2 classes" in caplog.records[0].getMessage()
-    assert task.describe()["not_measured"].startswith("labels 1..5")
+    paired = Classification("p", axis=1, predicted="label")
+    labels = {"p": scores, "label": np.array([3, 7])}
+    paired.update(labels, labels, np.array([3, 7]))
+    assert paired.metrics()["task.fp32_accuracy"] == 1.0
+
+
+def test_labels_that_fit_no_output_are_refused_before_any_work_naming_the_file(tmp_path):
+    """The lab-like model (no Softmax, one float [N, 8] output) with labels 0..9: task=auto refuses them in one
+    line naming the labels file, the row and the value (job.context), not a run that measures nothing."""
+    from omegaconf import OmegaConf
+
+    from calibrun import job
+    from tests.modelzoo import mlp, save
+
+    model = save(mlp(features=4, outputs=8), tmp_path / "m.onnx")
+    rows = np.random.default_rng(0).normal(size=(12, 4)).astype(np.float32)
+    np.savez(tmp_path / "eval.npz", x=rows, labels=np.arange(12) % 10)
+    cfg = OmegaConf.merge(_job_config(), {"model": {"name": "file", "path": str(model)}, "cache": {"enabled": False},
+                                          "eval_data": {"name": "npy", "path": str(tmp_path / "eval.npz")}})
+    with pytest.raises(CalibrunError, match=r"eval.npz.*label 8 \(row 8\) is not a class of output 'y', which has "
+                                            r"8 classes"):
+        job.context(cfg, tmp_path)
+
+
+def _job_config():
+    from hydra import compose, initialize_config_module
+
+    from calibrun.config import register
+
+    register()
+    with initialize_config_module("calibrun.conf", version_base=None):
+        return compose("config", ["tracking=off"])
 
 
 def test_class_axis_zero_is_the_rows():
@@ -340,3 +368,33 @@ def test_zipmap_output_is_read_as_an_array():
     assert as_array([]).shape == (0, 0)
     plain = np.ones((2, 3))
     assert as_array(plain) is plain
+
+
+# --- issue 25, item 3: labels out of range ---
+
+
+def test_labels_outside_the_classes_are_refused_naming_file_row_and_value():
+    import numpy as np
+
+    from calibrun.data.batches import EvalData
+    from calibrun.errors import CalibrunError
+    from calibrun.measure.tasks import Classification
+
+    rows = np.zeros((6, 4), np.float32)
+    for labels, value in (([0, 1, 2, 3, 99, 0], 99), ([0, -1, 2, 3, 1, 0], -1)):
+        data = EvalData.from_arrays({"x": rows}, labels=np.array(labels, np.int64))
+        data.label_sources = [(0, "a.npz['labels']"), (3, "b.npz['labels']")]
+        with pytest.raises(CalibrunError) as info:
+            data.check_labels(4, "y")
+        message = str(info.value)
+        row = labels.index(value)
+        assert message.startswith("a.npz" if row < 3 else "b.npz"), message
+        assert f"label {value} (row {row})" in message
+        assert "4 classes" in message
+        task = Classification("y", -1)  # the classes are known only when the model runs: refused in update
+        task.evaluation = data
+        scores = np.eye(4, dtype=np.float32)[[0, 1, 2, 3, 0, 1]]
+        with pytest.raises(CalibrunError, match=f"label {value} "):
+            task.update({"y": scores}, {"y": scores}, np.array(labels))
+    ok = EvalData.from_arrays({"x": rows}, labels=np.array([0, 1, 2, 3, 3, 0]))
+    ok.check_labels(4, "y")  # every label a class: nothing to say

@@ -1,0 +1,43 @@
+"""Issue 25, items 6 and 8: the MLflow record made for comparing (job metrics) and one rule for "best"."""
+
+from __future__ import annotations
+
+from calibrun.result import JobResult
+from calibrun.runner import job_metrics
+
+RESULT = JobResult(
+    "ok",
+    metrics={"span": 4.0, "input_scale": 0.02, "observed_span": 5.1, "max_abs_error": 0.5, "cache_hit": True,
+             "eval_span": 6.0},
+    diagnosis={"input": "clipping", "overall": "mixed", "input_tensor": "x",
+               "counts": {"clipping": 1, "mixed": 2}, "shares": {"clipping": 0.5, "mixed": 0.5}},
+)
+
+
+def test_verdicts_are_no_one_hot_metrics_and_every_count_is_there():
+    metrics = job_metrics(RESULT)
+    assert "diagnosis.input.clipping" not in metrics  # a word: the tag diagnosis.input carries it
+    assert "diagnosis.overall.mixed" not in metrics
+    assert {k: v for k, v in metrics.items() if k.startswith("diagnosis.counts.")} == {
+        "diagnosis.counts.clipping": 1, "diagnosis.counts.mixed": 2, "diagnosis.counts.coarse": 0,
+        "diagnosis.counts.sound": 0}
+
+
+def test_the_headline_comes_first_and_spans_are_named_unambiguously():
+    metrics = job_metrics(RESULT)
+    assert next(iter(metrics)) == "max_abs_error"
+    assert metrics["input.calibrated_span"] == 4.0
+    assert metrics["input.int8_grid_span"] == 5.1
+    assert metrics["input.eval_span"] == 6.0
+    assert not {"span", "observed_span", "eval_span"} & set(metrics)
+    with_task = JobResult("ok", metrics={**RESULT.metrics, "top1_agreement": 0.9, "int8_accuracy": 0.8})
+    assert next(iter(job_metrics(with_task))) == "int8_accuracy"
+
+
+def test_best_is_the_best_value_and_on_a_tie_the_first_job():
+    from calibrun.aggregate import best_of
+
+    candidates = [(0.5, "10", "j10"), (0.5, "2", "j2"), (0.7, "0", "j0"), (float("nan"), "1", "j1")]
+    assert best_of(candidates, "lower") == "j2"  # 2 before 10: job numbers, not text
+    assert best_of(candidates, "higher") == "j0"
+    assert best_of([(float("nan"), "0", "x")], "lower") is None
