@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -179,3 +180,10 @@ def calibtool(tmp_path: Path, workdir: Path):
     run.cache = cache
     return run
 
+
+PROGRESS_LINE = re.compile(r"^calibrun: [\w ]+: +\d+%\|")  # a progress meter (calibrun.progress), not a message
+
+
+def message_lines(stderr: str) -> list[str]:
+    """calibrun's own lines on stderr (`calibrun: ...`), progress meters left out: what a user reads as messages."""
+    return [line for line in stderr.splitlines() if line.startswith("calibrun:") and not PROGRESS_LINE.match(line)]

@@ -16,7 +16,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from tests.conftest import run_calibtool
+from tests.conftest import PROGRESS_LINE, run_calibtool
 from tests.e2e.faults.record import SMALL, check_record, fresh, results, run, runs_of, temp_files
 
 pytestmark = pytest.mark.slow
@@ -82,7 +82,7 @@ def one_line(stderr: str, prefix: str) -> str:
     assert "Traceback" not in stderr, stderr[-3000:]
     assert "--- Logging error ---" not in stderr, stderr[-3000:]
     lines = [line for line in stderr.splitlines()
-             if line.startswith(prefix) and not line.startswith("calibrun: MLflow:")]
+             if line.startswith(prefix) and not PROGRESS_LINE.match(line) and not line.startswith("calibrun: MLflow:")]
     assert len(lines) == 1, stderr[-3000:]
     return lines[0]
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from tests.conftest import message_lines
 from tests.e2e.faults.record import (
     SMALL,
     check_record,
@@ -142,7 +143,7 @@ def test_sigint_and_sigterm_close_every_run_with_one_line(outcomes, name):
     o = outcome(outcomes, name)
     sig, _ = KILLS[name]
     assert "Traceback" not in o["stderr"]
-    lines = [line for line in o["stderr"].splitlines() if line.startswith("calibrun:")]
+    lines = message_lines(o["stderr"])
     assert lines == [f"calibrun: interrupted by {signal.Signals(sig).name}: sweep {o['sweep']} stopped, MLflow parent "
                      f"run KILLED; the same command with resume=true continues it"]
     statuses = [status for status, _ in o["after_kill"].values()]
@@ -229,7 +230,7 @@ def test_sigterm_during_a_single_run_ends_its_run_killed(tmp_path):
     stderr = (tmp_path / "single.err").read_text()
     assert proc.returncode == -signal.SIGTERM, stderr[-3000:]
     assert "Traceback" not in stderr
-    assert [line for line in stderr.splitlines() if line.startswith("calibrun:")] == [
+    assert message_lines(stderr) == [
         "calibrun: interrupted by SIGTERM: nothing written for this run, its MLflow run (if started) KILLED"]
     assert [r.info.status for r in runs_of(tmp_path)] == ["KILLED"]
     assert not (run_dir / "result.json").exists()
