@@ -1,5 +1,5 @@
-"""The Hydra task around one job (calibrun.job computes it): config validation, resume, the MLflow run and
-the error policy.
+"""The Hydra task around one job: validate -> compute (calibrun.job) -> track (calibrun.tracking.job) -> write
+result.json, with resume and the error policy (every run ends FINISHED, FAILED or KILLED).
 
 Writes `result.json` and `config_resolved.yaml` into the Hydra job folder (calibrun.job writes the models and
 ranges beside them) and, with tracking on, one MLflow run (a child of the sweep's parent run in a multirun).
@@ -7,271 +7,43 @@ ranges beside them) and, with tracking on, one MLflow run (a child of the sweep'
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
 
-import onnx
-import onnxruntime
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from calibrun import analysis, cache, config, interrupts
-from calibrun.data import calibration_data
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import (
-    DIAGNOSTICS_FILE,
-    RANGES_FILE,
     RESULT_FILE,
     atomic_path,
     remove_orphans,
     remove_temp_orphans,
 )
 from calibrun.interrupts import die_of, install_signal_handlers
-from calibrun.job import JobContext, compute, context, eval_source, job_identity, job_params
-from calibrun.model import file_sha256, open_float_model
+from calibrun.job import compute, context, job_identity, job_params
+from calibrun.model import file_sha256
 from calibrun.result import JobResult
 from calibrun.tracking import (
-    MAX_RUN_NAME,
-    PARENT_FILE,
     Tracker,
     link_line,
-    open_tracker,
-    resolve_uri,
     run_filter,
-    shorten_middle,
+)
+from calibrun.tracking.job import (
+    Job,
+    close_earlier_runs,
+    end_run,
+    failed_params,
+    open_job_tracker,
+    start_run,
+    track,
 )
 
 log = logging.getLogger("calibrun")
-
-
-def _parent(sweep_dir: Path | None) -> dict:
-    """The sweep's parent run as the sweep callback recorded it ({} outside a tracked sweep)."""
-    if sweep_dir is None or not (sweep_dir / PARENT_FILE).is_file():
-        return {}
-    return json.loads((sweep_dir / PARENT_FILE).read_text())
-
-
-GROUPS = ("calibration", "format", "method", "model", "data", "eval_data", "cache", "tracking", "experiment")
-
-
-NAME_VALUE_WIDTH = 60  # characters of one swept value in a run name before it is shortened (in the middle)
-
-
-def _common_ends(values: list[str]) -> tuple[int, int]:
-    """The lengths of the prefix and suffix that every value shares (0, 0 for fewer than two values)."""
-    if len(values) < 2:
-        return 0, 0
-    prefix = len(os.path.commonprefix(values))
-    shortest = min(len(v) for v in values)
-    suffix = len(os.path.commonprefix([v[::-1] for v in values]))
-    suffix = min(suffix, shortest - prefix)
-    return prefix, max(suffix, 0)
-
-
-def faithful(value: str, values: list[str] | None = None, width: int = NAME_VALUE_WIDTH) -> str:
-    """`value` as a run name shows it: whole when it fits `width`; else shortened in the middle of what all the
-    sweep's `values` of that key share, so that the part that tells them apart stays whole (`.../a/calib.npz`,
-    `.../b/calib.npz`). A distinguishing part longer than `width` itself is cut in its middle and marked with a
-    short hash of the whole value: two values never get the same text."""
-    if len(value) <= width:
-        return value
-    pool = sorted({*(values or []), value})
-    prefix, suffix = _common_ends(pool)
-    middle = value[prefix:len(value) - suffix]
-    if len(middle) > width:
-        tag = "#" + hashlib.sha256(value.encode()).hexdigest()[:6]
-        return shorten_middle(middle, width - len(tag)) + tag
-    room = width - len(middle)
-    tail = value[len(value) - suffix:]
-    head = value[:prefix]
-    right = tail[:room] if len(tail) <= room else tail[:max(room - 1, 0)] + "…"
-    room -= len(right)
-    left = head if len(head) <= room else ("…" + head[len(head) - room + 1:] if room > 1 else "…")
-    return left + middle + right
-
-
-def run_name(cfg: DictConfig, overrides: list[str] | None, swept: list[str] | None,
-             values: dict[str, list[str]] | None = None) -> str:
-    """A readable run name from the job's swept overrides (`narrow batches=8 qdq`: config groups by their choice,
-    every other key by its full name), each value whole or shortened in the middle (faithful: `values`, the
-    sweep's values per key, tell which part distinguishes it); outside a sweep, from what the job is. At most
-    MLflow's 250 characters."""
-    chosen = {}
-    for override in overrides or []:
-        key, _, value = override.partition("=")
-        key = key.lstrip("+~")
-        if key in (swept or []):
-            chosen[key] = value
-    if not chosen:
-        name = f"{cfg.calibration.name} batches={cfg.batches} {cfg.format.name} {cfg.method.name}"
-        if cfg.model.name != "lab":
-            name += f" {faithful(str(cfg.model.path or cfg.model.name))}"
-        return shorten_middle(name, MAX_RUN_NAME)
-    parts = []
-    for key, value in chosen.items():
-        shown = faithful(value, (values or {}).get(key))
-        parts.append(shown if key in GROUPS else f"{key}={shown}")
-    return shorten_middle(" ".join(parts), MAX_RUN_NAME)
-
-
-def mlflow_params(cfg: DictConfig, result: dict | None = None) -> dict:
-    """The job's params named as config keys (`calibration.factor`, `eval.seed`, `quant.per_channel`, ...) with the
-    values the config has (Tracker writes them YAML-style), the library versions and the model's hash. Keys that
-    do not apply are left out (image options of a non-image source, the options of other methods)."""
-    tree = OmegaConf.to_container(cfg, resolve=True)
-    for key in ("hydra", "report", "resume", "tracking"):
-        tree.pop(key, None)
-    for key in ("data", "eval_data"):
-        if tree[key]["name"] != "images":
-            tree[key] = {k: v for k, v in tree[key].items() if k in ("name", "path")}
-    method = tree["method"]
-    used = set(config.calibration_spec(cfg).calibrator_options())
-    tree["method"] = {k: v for k, v in method.items()
-                      if k in ("name", "chunk", "per_channel", "symmetric") or k in used}
-    flat: dict = {}
-
-    def walk(node, prefix: str) -> None:
-        for k, v in node.items():
-            if isinstance(v, dict):
-                walk(v, f"{prefix}{k}.")
-            else:
-                flat[f"{prefix}{k}"] = v
-
-    walk(tree, "")
-    flat.update({"onnxruntime_version": onnxruntime.__version__, "onnx_version": onnx.__version__})
-    if result is not None:
-        flat["model.sha256"] = result.params.get("model_sha256")
-    return flat
-
-
-# result.json's names -> the MLflow metric's: the three spans of the input told apart (the calibrated range, the
-# range the int8 grid covers, the evaluation data's)
-MLFLOW_METRIC_NAMES = {"span": "input.calibrated_span", "observed_span": "input.int8_grid_span",
-                       "eval_span": "input.eval_span"}
-
-
-def job_metrics(result: JobResult) -> dict:
-    """Every number of result.json's metrics, headline first (the report's: task accuracy or agreement when the
-    run has it, else max_abs_error), the spans by unambiguous names (MLFLOW_METRIC_NAMES), and the diagnosis'
-    numbers: the count of tensors of every verdict, 0 included (so that runs compare). The verdicts themselves
-    are words: tags (`diagnosis.input`, `diagnosis.overall`), not one-hot metrics that are NaN in every other
-    run."""
-    from calibrun.aggregate import HEADLINES
-    from calibrun.measure.tensor_stats import VERDICTS
-
-    numbers = {k: v for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
-    first = next((m for m, _ in HEADLINES if m in numbers), None)
-    order = ([first] if first else []) + [k for k in numbers if k != first]
-    metrics = {MLFLOW_METRIC_NAMES.get(k, k): numbers[k] for k in order}
-    for key, value in (result.diagnosis or {}).items():
-        if isinstance(value, bool):
-            metrics[f"diagnosis.{key}"] = int(value)
-        elif isinstance(value, (int, float)):
-            metrics[f"diagnosis.{key}"] = value
-        elif isinstance(value, dict):
-            counts = {k: v for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-            if key == "counts":
-                counts = {verdict: counts.get(verdict, 0) for verdict in (*VERDICTS, *counts)}
-            metrics.update({f"diagnosis.{key}.{k}": v for k, v in counts.items()})
-    return metrics
-
-
-def _output_tags(model: Path) -> dict:
-    """The model's output names that its metric keys do not spell as they are (characters or paths MLflow
-    rejects in a key, calibrun.measure.errors.output_keys): `calibrun.output.<key>` = the original name."""
-    from calibrun.measure.errors import output_keys
-
-    names = [o.name for o in onnx.load(str(model), load_external_data=False).graph.output]
-    return {f"calibrun.output.{key}": name for key, name in output_keys(names).items()}
-
-
-def _diagnosis_tags(result: JobResult) -> dict:
-    return {f"diagnosis.{k}": v for k, v in (result.diagnosis or {}).items()
-            if isinstance(v, str) and k != "input_tensor"}
-
-
-def _datasets(cfg: DictConfig, result: JobResult, ctx: JobContext | None = None) -> dict[str, dict]:
-    """The calibration and evaluation data by their identity dicts (what decides the arrays; no arrays loaded
-    for the lab rule, file hashes for user files): the job's own data, or for a resumed job rebuilt from its
-    record."""
-    if ctx is not None:
-        calibration = ctx.data.identity()
-    else:
-        fp32 = open_float_model(Path(result.params["model_file"]))
-        calibration = calibration_data(cfg.data, fp32, cfg.calibration.seed, cfg.calibration.factor,
-                                       cfg.batches).identity()
-    evaluation = dict(result.eval_source or eval_source(cfg))
-    evaluation.setdefault("source", evaluation.get("name"))
-    if evaluation.get("name") != "images":
-        evaluation = {k: v for k, v in evaluation.items() if k not in ("resize", "crop", "mean", "std", "grayscale")}
-    path = Path(str(evaluation.get("path") or ""))
-    if evaluation.get("path") and path.is_file():
-        evaluation["sha256"] = file_sha256(path)  # the rows' content, not only where they were
-    return {"calibration": calibration, "evaluation": evaluation}
-
-
-class Job:
-    """Where a job's run lives and what it is called (built once per job by main)."""
-
-    def __init__(self, sweep_dir: Path | None = None, job_num: int | None = None,
-                 overrides: list[str] | None = None):
-        self.sweep_dir, self.job_num, self.overrides = sweep_dir, job_num, list(overrides or [])
-        self.parent = _parent(sweep_dir)
-
-    def tags(self, cfg: DictConfig, job_dir: Path) -> dict:
-        tags = {"calibrun.job_dir": str(job_dir)}
-        if self.sweep_dir is not None:
-            tags.update({"calibrun.sweep_dir": str(self.sweep_dir.resolve()), "calibrun.job_num": str(self.job_num)})
-        swept = self.parent.get("swept", [])
-        for override in self.overrides:
-            key, _, value = override.partition("=")
-            if key.lstrip("+~") in swept:
-                tags[f"calibrun.swept.{key.lstrip('+~')}"] = value
-        return tags
-
-    def name(self, cfg: DictConfig) -> str:
-        return run_name(cfg, self.overrides, self.parent.get("swept"), self.parent.get("values"))
-
-
-def _start_run(tracker: Tracker, cfg: DictConfig, job_dir: Path, job: Job) -> str:
-    """The job's MLflow run: a child of the sweep's parent run in a multirun."""
-    return tracker.start_run(job.name(cfg), job.tags(cfg, job_dir), parent_id=job.parent.get("run_id"))
-
-
-def _open_tracker(cfg: DictConfig, job: Job, check: bool = False) -> Tracker | None:
-    """The job's tracking store: in a sweep, the one its parent run lives in (so workers on other machines or
-    in other folders reach the same store); else the configured one."""
-    if not config.tracking_enabled(cfg) or (cfg.tracking.name == "server" and not cfg.tracking.uri):
-        return None
-    uri = job.parent.get("tracking_uri") or resolve_uri(cfg.tracking.uri)
-    return open_tracker(uri, cfg.tracking.experiment, check=check, http_timeout=cfg.tracking.get("http_timeout"),
-                   http_retries=cfg.tracking.get("http_retries"))
-
-
-def _track(tracker: Tracker, run_id: str, cfg: DictConfig, result: JobResult, job_dir: Path, job: Job,
-           ctx: JobContext | None = None) -> None:
-    """Everything but result.json onto the job's run: params, datasets, the int8 model as a LoggedModel (the
-    run's metrics linked to it), metrics, tags, files. Records the ids in result.mlflow."""
-    tracker.log(run_id, params=mlflow_params(cfg, result),
-                tags={"calibrun.cache_key": result.cache_key, "calibrun.model_file": result.params["model_file"],
-                      **_diagnosis_tags(result), **_output_tags(job_dir / "int8.onnx")})
-    tracker.log_datasets(run_id, _datasets(cfg, result, ctx))
-    model_id = None
-    if cfg.tracking.get("log_model", True):
-        model_id = tracker.log_model(run_id, job_dir / "int8.onnx", f"int8 {job.name(cfg)}",
-                                     register=cfg.tracking.get("register"))
-    tracker.log(run_id, metrics=job_metrics(result), model_id=model_id)
-    for name in (RANGES_FILE, "config_resolved.yaml"):
-        tracker.log_artifact(run_id, job_dir / name)
-    if "diagnostics" in result.files:
-        tracker.log_table(run_id, json.loads((job_dir / DIAGNOSTICS_FILE).read_text()), DIAGNOSTICS_FILE)
-    result.mlflow = {"run_id": run_id, "experiment_id": tracker.experiment_id, "model_id": model_id}
 
 
 def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: int | None = None,
@@ -287,7 +59,7 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
     job_dir = job_dir.resolve()
     tracker = None
     if sweep_dir is None:
-        tracker = _open_tracker(cfg, job, check=True)  # the sweep callback checked the store of a sweep
+        tracker = open_job_tracker(cfg, job, check=True)  # the sweep callback checked the store of a sweep
     if cfg.resume:
         done = completed_result(cfg, job_dir)
         if done is not None:
@@ -299,18 +71,18 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
     run_id = None
     try:
         if sweep_dir is not None:
-            tracker = _open_tracker(cfg, job)
+            tracker = open_job_tracker(cfg, job)
         if tracker is not None:
             if cfg.resume:
-                _close_earlier_runs(tracker, job)
-            run_id = _start_run(tracker, cfg, job_dir, job)
+                close_earlier_runs(tracker, job)
+            run_id = start_run(tracker, cfg, job_dir, job)
         if invalid is not None:
             raise invalid
         ctx = context(cfg, job_dir)
         result = compute(ctx)
         analysis.attach(ctx, result)
         if run_id is not None:
-            _track(tracker, run_id, cfg, result, job_dir, job, ctx)
+            track(tracker, run_id, cfg, result, job_dir, job, ctx)
             analysis.log_to(tracker, run_id, job_dir, result)
         result.write(job_dir / RESULT_FILE)
         if run_id is not None:
@@ -320,7 +92,7 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
         interrupts.acknowledge()
         if run_id is not None:
             interrupts.release(exc)
-            _end_run(tracker, run_id, "KILLED")
+            end_run(tracker, run_id, "KILLED")
         raise
     except Exception as exc:
         message = one_line(exc)
@@ -330,16 +102,16 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
             record.write(job_dir / RESULT_FILE)
         except Exception:  # a full disk: the record cannot be written, the run is closed all the same
             if run_id is not None:
-                _end_run(tracker, run_id, "FAILED")
+                end_run(tracker, run_id, "FAILED")
             raise
         if run_id is not None:
             try:
-                tracker.log(run_id, params=_failed_params(cfg), tags={"calibrun.error": message[:5000]})
+                tracker.log(run_id, params=failed_params(cfg), tags={"calibrun.error": message[:5000]})
                 tracker.log_artifact(run_id, job_dir / RESULT_FILE)
             except Exception as error:
                 log.warning("job %s: the error could not be logged to MLflow: %s", job_num, one_line(error))
             finally:
-                _end_run(tracker, run_id, "FAILED")
+                end_run(tracker, run_id, "FAILED")
         raise
     m = result.metrics
     scale = "fp32 (not quantised)" if m.get("input_scale") is None else f"{m['input_scale']:.6g}"
@@ -381,7 +153,7 @@ def _resumed(cfg: DictConfig, result: JobResult, job_dir: Path, job: Job, tracke
     (its run was killed, or is in another store or sweep) it is logged as a new run tagged resumed, and
     result.json records that run."""
     if job.sweep_dir is not None:
-        tracker = _open_tracker(cfg, job)
+        tracker = open_job_tracker(cfg, job)
     if tracker is not None:
         previous = (result.mlflow or {}).get("run_id")
         tracked = False
@@ -393,43 +165,24 @@ def _resumed(cfg: DictConfig, result: JobResult, job_dir: Path, job: Job, tracke
             except Exception:
                 tracked = False
         if not tracked:
-            _close_earlier_runs(tracker, job)
-            run_id = _start_run(tracker, cfg, job_dir, job)
+            close_earlier_runs(tracker, job)
+            run_id = start_run(tracker, cfg, job_dir, job)
             try:
                 tracker.log(run_id, tags={"calibrun.resumed": "true"})
-                _track(tracker, run_id, cfg, result, job_dir, job)
+                track(tracker, run_id, cfg, result, job_dir, job)
                 result.write(job_dir / RESULT_FILE)
                 tracker.log_artifact(run_id, job_dir / RESULT_FILE)
                 tracker.finish(run_id)
             except KeyboardInterrupt as exc:
                 interrupts.acknowledge()
                 interrupts.release(exc)
-                _end_run(tracker, run_id, "KILLED")
+                end_run(tracker, run_id, "KILLED")
                 raise
             except Exception:
-                _end_run(tracker, run_id, "FAILED")
+                end_run(tracker, run_id, "FAILED")
                 raise
     log.info("job %s: complete and valid, skipped (resume=true) -> %s", job.job_num, job_dir / RESULT_FILE)
     return result
-
-
-def _close_earlier_runs(tracker: Tracker, job: Job) -> None:
-    """Before a resumed sweep computes a job again: the job's earlier runs under this parent run, found by the job's
-    identity (parent run, job number) and not by what result.json recorded, that are still FINISHED or RUNNING are
-    closed FAILED (tagged calibrun.superseded). A tracking server dropped while marking a run FINISHED leaves it
-    FINISHED on the server while the job counts as failed: without this, the job had two FINISHED runs."""
-    parent = job.parent.get("run_id")
-    if not parent or job.job_num is None:
-        return
-    found = tracker.client.search_runs(
-        [tracker.experiment_id], f"tags.mlflow.parentRunId = '{parent}' and tags.calibrun.job_num = '{job.job_num}'",
-        max_results=1000)
-    for earlier in found:
-        if earlier.info.status in ("FINISHED", "RUNNING"):
-            tracker.log(earlier.info.run_id, tags={"calibrun.superseded": "true"})
-            tracker.finish(earlier.info.run_id, "FAILED")
-            log.info("resume=true: job %s's earlier MLflow run %s (%s, its job not complete) closed FAILED",
-                     job.job_num, earlier.info.run_id, earlier.info.status)
 
 
 def _validation_error(cfg: DictConfig, sweep_job: bool = False) -> CalibrunError | None:
@@ -440,25 +193,9 @@ def _validation_error(cfg: DictConfig, sweep_job: bool = False) -> CalibrunError
     return None
 
 
-def _failed_params(cfg: DictConfig) -> dict:
-    """A failed job's MLflow params: the config keys when the config allows building them."""
-    try:
-        return mlflow_params(cfg)
-    except Exception:
-        return {f"{k}.name" if k in GROUPS else k: v for k, v in job_identity(cfg).items()}
-
-
 def _plain_params(cfg: DictConfig) -> dict:
     """What a failed job records: its identity and the model it was given."""
     return {**job_identity(cfg), "model_path": cfg.model.path}
-
-
-def _end_run(tracker: Tracker, run_id: str, status: str) -> None:
-    """End the job's run KILLED or FAILED while an interrupt or an error goes on up (Tracker.close); a store that
-    refuses twice is named in a warning."""
-    error = tracker.close(run_id, status)
-    if error is not None:
-        log.warning("MLflow run %s could not be marked %s: %s", run_id, status, one_line(error))
 
 
 def main(cfg: DictConfig) -> dict | None:

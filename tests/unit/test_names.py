@@ -6,8 +6,8 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from calibrun.runner import run_name
 from calibrun.tracking import Tracker
+from calibrun.tracking.job import run_name
 from tests.stores import fresh_mlflow_store
 
 # MLflow's limits (mlflow/utils/validation.py; tag values: 5000 on older servers)
