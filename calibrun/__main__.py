@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
+import logging
 import sys
 from importlib import resources
 
@@ -15,7 +16,7 @@ from omegaconf import DictConfig
 from calibrun import patches, runner
 from calibrun.config import register
 from calibrun.sweep import report_full_disk
-from calibrun.trust import guard_callbacks
+from calibrun.trust import check_callbacks
 
 register()
 
@@ -110,8 +111,9 @@ def main() -> None:
         print(f"calibrun: error: {problem}", file=sys.stderr)
         sys.exit(1)
     patches.compose_faster()
-    guard_callbacks()
-    report_full_disk()
+    logging.raiseExceptions = False  # a handler that cannot write (a full disk) prints no traceback per record
+    patches.guard_callbacks(check_callbacks)
+    patches.on_full_disk(report_full_disk)
     _app()
 
 

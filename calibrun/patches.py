@@ -9,9 +9,18 @@ the same (tests/unit/test_patches.py checks each against the library's own behav
 | `commit_without_fsync` | MLflow 3 (its engine) | an fsync per SQLite commit (WAL mode, `synchronous=NORMAL`) |
 | `check_pins_cheaply` | MLflow 3 | mapping every installed distribution's files to check calibrun's own pins |
 
+Two more wrap Hydra's internals to keep calibrun's guarantees rather than to save time; the policy they apply
+lives with its concept, passed in:
+
+| guard | library | what it does |
+|---|---|---|
+| `guard_callbacks(check)` | Hydra 1.3 | runs `check(config)` (calibrun.trust) before Hydra instantiates any callback |
+| `on_full_disk(handler)` | Hydra 1.3 | a full disk as Hydra writes `.hydra/` goes to `handler` (calibrun.sweep) |
+
 Each applies only to the library versions it was written against (`SUPPORTED`) and does nothing on another
-version. `CALIBRUN_PATCHES=off` in the environment turns them all off: the libraries then run as shipped.
-Each is idempotent (applied once per process, however often it is called).
+version. `CALIBRUN_PATCHES=off` in the environment turns the speed patches off (the libraries then run as
+shipped); the guards stay, since turning them off would run configs' callbacks unchecked. Each is idempotent
+(applied once per process, however often it is called).
 """
 
 from __future__ import annotations
@@ -19,16 +28,26 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import sys
+from collections.abc import Callable
 from importlib import metadata
+
+from calibrun.errors import CalibrunError
+from calibrun.files import is_full
 
 # distribution -> the version prefixes each patch was written against (checked against the installed version)
 SUPPORTED = {"hydra-core": ("1.3.",), "mlflow": ("3.",)}
 
 
 def enabled(distribution: str) -> bool:
-    """Patches of `distribution` apply: not switched off, and its installed version is one they were written for."""
+    """Speed patches of `distribution` apply: not switched off, and its installed version is supported."""
     if os.environ.get("CALIBRUN_PATCHES", "on").strip().lower() in ("off", "0", "false", "no"):
         return False
+    return supported(distribution)
+
+
+def supported(distribution: str) -> bool:
+    """The installed version of `distribution` is one the patches were written for."""
     version = _version(distribution)
     return version is not None and version.startswith(SUPPORTED[distribution])
 
@@ -210,3 +229,57 @@ def check_pins_cheaply() -> None:
 
     warn_mismatches.calibrun_pins = True
     environment.warn_dependency_requirement_mismatches = warn_mismatches
+
+
+# --- guards -----------------------------------------------------------------------------------------------------
+
+def guard_callbacks(check: Callable) -> None:
+    """`check(config)` runs where Hydra instantiates a run's or a sweep's callbacks (hydra._internal.callbacks
+    .Callbacks), before any is instantiated; a CalibrunError it raises is one line on stderr and exit status 1."""
+    if not supported("hydra-core"):
+        return
+    try:
+        from hydra._internal.callbacks import Callbacks
+    except ImportError:  # another Hydra: nothing to guard with
+        return
+    original = Callbacks.__init__
+    if getattr(original, "calibrun_guard", False):
+        return
+
+    def init(self, config=None, *args, **kwargs):
+        try:
+            check(config)
+        except CalibrunError as exc:
+            print(f"calibrun: error: {exc}", file=sys.stderr)
+            sys.exit(1)
+        original(self, config, *args, **kwargs)
+
+    init.calibrun_guard = True
+    Callbacks.__init__ = init
+
+
+def on_full_disk(handler: Callable) -> None:
+    """A full disk while Hydra writes a job's `.hydra/` files (hydra.core.utils._save_config, which reports it with
+    a traceback) goes to `handler(exc, output_dir, filename)`, which reports it and ends the process; any other
+    error is Hydra's as before."""
+    if not supported("hydra-core"):
+        return
+    try:
+        from hydra.core import utils as hydra_utils
+    except ImportError:
+        return
+    original = hydra_utils._save_config
+    if getattr(original, "calibrun_full", False):
+        return
+
+    def save_config(cfg, filename, output_dir):
+        try:
+            return original(cfg, filename, output_dir)
+        except OSError as exc:
+            if not is_full(exc):
+                raise
+            handler(exc, output_dir, filename)
+            raise
+
+    save_config.calibrun_full = True
+    hydra_utils._save_config = save_config

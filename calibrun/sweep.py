@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from calibrun import interrupts, patches
 from calibrun.config import PATH_KEYS, check_readable, register_resolvers, tracking_enabled, validate
 from calibrun.errors import CalibrunError, one_line
-from calibrun.files import full_error, is_full, write_json
+from calibrun.files import full_error, write_json
 from calibrun.progress import SweepProgress
 from calibrun.tracking import PARENT_FILE, Tracker, link_line, open_tracker, resolve_uri, sweep_filter
 
@@ -264,35 +264,16 @@ def _close_if_open() -> None:
     _SWEEP.clear()
 
 
-def report_full_disk() -> None:
-    """A full disk outside calibrun's code, in one line naming the folder: Hydra writing a job's .hydra/ files
-    (hydra.core.utils._save_config, which it reports with a traceback) stops the run or sweep with calibrun's
-    line (a sweep's through `_close_if_open`, which also closes its parent run); logging's handlers (Hydra's job
-    log file) no longer print a `--- Logging error ---` traceback for each record they cannot write."""
-    logging.raiseExceptions = False
-    try:
-        from hydra.core import utils as hydra_utils
-    except ImportError:
-        return
-    original = hydra_utils._save_config
-    if getattr(original, "calibrun_full", False):
-        return
-
-    def save_config(cfg, filename, output_dir):
-        try:
-            return original(cfg, filename, output_dir)
-        except OSError as exc:
-            if not is_full(exc):
-                raise
-            reason = str(full_error(output_dir, f"cannot write {filename}"))
-        if _SWEEP.get("dir") is not None:
-            _SWEEP["stop"] = reason
-        else:
-            print(f"calibrun: error: {reason}", file=sys.stderr)
-        raise SystemExit(1)
-
-    save_config.calibrun_full = True
-    hydra_utils._save_config = save_config
+def report_full_disk(exc: OSError, output_dir, filename: str) -> None:
+    """A full disk outside calibrun's code, in one line naming the folder (calibrun.patches.on_full_disk hands it
+    here: Hydra writing a job's .hydra/ files): the run or sweep stops with calibrun's line (a sweep's through
+    `_close_if_open`, which also closes its parent run)."""
+    reason = str(full_error(output_dir, f"cannot write {filename}"))
+    if _SWEEP.get("dir") is not None:
+        _SWEEP["stop"] = reason
+    else:
+        print(f"calibrun: error: {reason}", file=sys.stderr)
+    raise SystemExit(1)
 
 
 # --- the callback ------------------------------------------------------------------------------------------------

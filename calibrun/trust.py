@@ -7,7 +7,6 @@ refuses any other before it is instantiated, unless the user names it in $CALIBR
 from __future__ import annotations
 
 import os
-import sys
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -40,26 +39,3 @@ def check_callbacks(config: DictConfig | None) -> None:
             continue
         raise CalibrunError(f"hydra.callbacks.{name}: {target!r} is not a callback calibrun knows, and a config "
                             f"can run any code through one; to run it, allow it: {ALLOW_ENV}={target}")
-
-
-def guard_callbacks() -> None:
-    """Check the callbacks where Hydra instantiates them (hydra._internal.callbacks.Callbacks, for a run and a
-    sweep), before any is instantiated: a refused one is one line on stderr and exit status 1."""
-    try:
-        from hydra._internal.callbacks import Callbacks
-    except ImportError:  # another Hydra: nothing to guard with
-        return
-    original = Callbacks.__init__
-    if getattr(original, "calibrun_guard", False):
-        return
-
-    def init(self, config=None, *args, **kwargs):
-        try:
-            check_callbacks(config)
-        except CalibrunError as exc:
-            print(f"calibrun: error: {exc}", file=sys.stderr)
-            sys.exit(1)
-        original(self, config, *args, **kwargs)
-
-    init.calibrun_guard = True
-    Callbacks.__init__ = init

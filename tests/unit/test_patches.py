@@ -279,3 +279,41 @@ def test_no_calibrun_config_sets_the_hydra_mode(main_hydra):
         cfg = main_hydra.compose_config("config", overrides, run_mode=RunMode.MULTIRUN, with_log_configuration=False,
                                         validate_sweep_overrides=False)
         assert cfg.hydra.mode is None, overrides
+
+
+def test_the_guards_stay_with_the_speed_patches_off_and_leave_other_hydra_versions_alone(monkeypatch):
+    """guard_callbacks and on_full_disk keep guarantees (no unknown callback runs; a full disk is one line): the
+    CALIBRUN_PATCHES switch does not turn them off; a Hydra they were not written for is left as shipped."""
+    import errno
+
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core import utils as hydra_utils
+
+    monkeypatch.setattr(Callbacks, "__init__", Callbacks.__init__)
+    monkeypatch.setattr(hydra_utils, "_save_config", hydra_utils._save_config)
+    shipped = (Callbacks.__init__, hydra_utils._save_config)
+    monkeypatch.setattr(patches, "_version", {"hydra-core": "1.4.0"}.get)
+    patches.guard_callbacks(lambda config: None)
+    patches.on_full_disk(lambda exc, folder, name: None)
+    assert (Callbacks.__init__, hydra_utils._save_config) == shipped
+    monkeypatch.setattr(patches, "_version", {"hydra-core": "1.3.2"}.get)
+    monkeypatch.setenv("CALIBRUN_PATCHES", "off")
+    checked, full = [], []
+    patches.guard_callbacks(checked.append)
+    patches.on_full_disk(lambda exc, folder, name: full.append((exc.errno, folder, name)))
+    assert Callbacks.__init__ is not shipped[0]
+    Callbacks(None)
+    assert checked == [None]
+
+    def write(errno_value):
+        def save(cfg, filename, output_dir):
+            raise OSError(errno_value, "x")
+        return save
+
+    for code, reported in ((errno.ENOSPC, True), (errno.EACCES, False)):
+        monkeypatch.setattr(hydra_utils, "_save_config", write(code))
+        patches.on_full_disk(lambda exc, folder, name: full.append((exc.errno, folder, name)))
+        with pytest.raises(OSError, match="x"):
+            hydra_utils._save_config({}, "config.yaml", "/out")
+        assert bool(full) is reported
+        full.clear()
