@@ -124,6 +124,13 @@ class OrtConf:
 
 
 @dataclass
+class MemoryConf:
+    """How many bytes of activations may leave onnxruntime at a time (calibrun.memory, docs/memory.md)."""
+
+    budget: str = "auto"  # auto, or a size: 512MB, 1GiB, or a number of MiB
+
+
+@dataclass
 class AnalysisConf:
     """Sensitivity analysis / fp32 fallback (calibrun.analysis) and the metric a search optimises."""
 
@@ -157,6 +164,7 @@ class Config:
     task: TaskConf = field(default_factory=TaskConf)
     diagnostics: DiagnosticsConf = field(default_factory=DiagnosticsConf)
     analysis: AnalysisConf = field(default_factory=AnalysisConf)
+    memory: MemoryConf = field(default_factory=MemoryConf)
     batches: int = MAIN_BATCHES
     resume: bool = False  # skip jobs whose result.json is complete and valid (same sweep folder)
 
@@ -220,6 +228,7 @@ def validate(cfg: DictConfig) -> None:
         except CalibrunError as exc:
             raise CalibrunError(f"config {exc}") from None
     _need(cfg.format.name in FORMATS, "format.name", f"must be one of {sorted(FORMATS)}", cfg.format.name)
+    memory_budget(cfg)  # memory.budget: auto or a size
     calibration_spec(cfg)  # method.<option>: CalibrationSpec.__post_init__ checks each, naming the key
     _need(cfg.model.name in MODELS, "model.name", f"must be one of {list(MODELS)}", cfg.model.name)
     if cfg.model.name == "file":
@@ -264,3 +273,10 @@ def calibration_spec(cfg: DictConfig) -> CalibrationSpec:
 
 def quant_options(cfg: DictConfig) -> QuantOptions:
     return build_from(QuantOptions, cfg.quant, format=cfg.format.name)
+
+
+def memory_budget(cfg: DictConfig) -> int | None:
+    """memory.budget in bytes (None: auto), calibrun.memory.parse_budget; a bad value names the key."""
+    from calibrun.memory import parse_budget
+
+    return parse_budget(cfg.memory.budget)
