@@ -309,9 +309,9 @@ def run_calibration(model_path: str | Path, data, input_name: str, spec: Calibra
 
     `threads`: onnxruntime intra-op threads of the calibration session (0: onnxruntime's default, every core);
     parallel jobs set 1 so that workers do not fight over the cores. It does not change the ranges.
-    `budget`: memory.budget in bytes (None: auto, calibrun.memory): MinMax runs each batch in runs of as many rows
-    as keep one run's activations (all of them, by shape inference) under it; the ranges do not change (exact
-    minima and maxima). `used` (a dict) receives `calibration_rows_per_run` and `budget_bytes`."""
+    `budget`: memory.budget in bytes (None: auto, calibrun.memory): MinMax runs a batch in runs of as many rows as
+    keep twice one run's live activations (calibrun.memory.live_bytes, plus kernels' workspace) under it; a batch
+    that fits runs whole. `used` (a dict) receives `calibration_rows_per_run` and `budget_bytes`."""
     tracked = _SpanTracker(data, input_name)
     reader = make_reader(tracked, input_name)
     total = len(reader)
@@ -386,10 +386,13 @@ class RowRuns:
     """The MinMax calibrator's session, running a batch in runs of at most `rows` rows (calibrun.memory): the
     outputs of onnxruntime's ReduceMin/ReduceMax nodes (`<tensor>_ReduceMin`, `<tensor>_ReduceMax`, one value
     each) are combined with minimum/maximum, which is exact, so the ranges are bit-identical to one run of the
-    whole batch; the model's own outputs (which the calibrator drops) are concatenated. The rows per run come from
-    the first batch: the bytes of all of one row's activations (shape inference) against the budget."""
+    whole batch's minima and maxima (onnxruntime's kernels may round a row differently in a smaller batch: then
+    within float32 rounding); the model's own outputs (which the calibrator drops) are concatenated. The rows per
+    run come from the first batch: one row's live activations (calibrun.memory.live_bytes) against the budget, so
+    a batch that fits runs whole, as before."""
 
     def __init__(self, session, model_path, budget: int | None, used: dict | None = None):
+        """`model_path`: the fp32 model (its activations are sized with shape inference)."""
         self.session, self.model_path, self.setting = session, model_path, budget
         self.used = used if used is not None else {}
         self.output_names = [node.name for node in session.get_outputs()]
@@ -405,11 +408,11 @@ class RowRuns:
     def _plan(self, feeds, total: int) -> int:
         sizes = memory.row_bytes(self.model_path, feeds)
         budget = memory.resolve(self.setting, sizes)
-        per_row = sum(sizes.values())
+        per_row = 2 * memory.live_bytes(self.model_path, feeds)  # activations and kernels' workspace
         rows = total if self.fixed else memory.rows_for(budget, per_row, total)
         self.used.update(budget_bytes=budget, calibration_rows_per_run=rows)
         if rows < total:
-            log.info("calibration: %d of %d rows per run (%.0f MB of activations per row, memory.budget %.0f MB)",
+            log.info("calibration: %d of %d rows per run (%.0f MB of live activations per row, memory.budget %.0f MB)",
                      rows, total, per_row / 1e6, budget / 1e6)
         return rows
 

@@ -4,8 +4,10 @@ A model with large activations (a 1024x1024 segmentation net, a detector at 1280
 inside onnxruntime and, in an augmented session that returns every intermediate tensor, as much again per copy
 outside it. calibrun bounds what it asks for per run (docs/memory.md):
 
-- calibration (MinMax): a batch is run in runs of `rows_for(budget, row_bytes)` rows (ranges are exact minima and
-  maxima, so they do not depend on the split);
+- calibration (MinMax): a batch whose rows' live activations (`live_bytes`, counted twice for the kernels'
+  workspace) exceed the budget is run in runs of `rows_for(budget, 2 * live_bytes)` rows (the minima and maxima
+  merge exactly; onnxruntime's kernels may round a row differently in a smaller batch, so the ranges then match
+  one run's within float32 rounding);
 - evaluation: each evaluation batch is run in runs of as many rows;
 - per-tensor diagnostics: the diagnosed tensors are split into groups whose outputs for one run stay under the
   budget, one pair of augmented sessions per group (calibrun.measure.tensor_stats).
@@ -77,6 +79,31 @@ def rows_for(budget: int, per_row: int, rows: int) -> int:
     if per_row <= 0:
         return rows
     return max(1, min(rows, budget // per_row))
+
+
+def live_bytes(model: str | Path | onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> int:
+    """The most bytes of one row's activations alive at once when the nodes run in graph order, each tensor freed
+    after its last consumer (what an inference session holds at its peak, roughly; 0 when sizes are unknown)."""
+    if not isinstance(model, onnx.ModelProto):
+        model = onnx.load(str(model), load_external_data=False)
+    sizes = row_bytes(model, feeds)
+    if not sizes:
+        return 0
+    nodes = list(model.graph.node)
+    last: dict[str, int] = {}
+    for index, node in enumerate(nodes):
+        for name in node.input:
+            last[name] = index
+    keep = {o.name for o in model.graph.output}
+    live = sum(sizes.get(i.name, 0) for i in model.graph.input)
+    peak = live
+    for index, node in enumerate(nodes):
+        live += sum(sizes.get(out, 0) for out in node.output)
+        peak = max(peak, live)
+        for name in {*node.input, *node.output}:
+            if name and name not in keep and last.get(name, index) <= index and name not in feeds:
+                live -= sizes.get(name, 0)
+    return peak
 
 
 def row_bytes(model: str | Path | onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, int]:

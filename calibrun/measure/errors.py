@@ -249,9 +249,10 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     batch (calibrun.measure.tensor_stats.StreamingDiagnostics). A model that pins its first axis to b is fed b rows at
     a time, and the rows must be a multiple of b.
 
-    `budget` (memory.budget in bytes, None: auto; calibrun.memory): a batch whose rows hold more activations (all of
-    one row's, by shape inference) than the budget is run in runs of fewer rows (the same outputs; the running sums
-    then add per run, equal to one run's within float64 rounding). `used` (a dict) receives `eval_rows_per_run`.
+    `budget` (memory.budget in bytes, None: auto; calibrun.memory): a batch whose rows' live activations, twice
+    (calibrun.memory.live_bytes, and kernels' workspace), exceed the budget is run in runs of fewer rows
+    (onnxruntime may round a row differently in a smaller batch, and the running sums add per run: equal to one
+    run's within float rounding). `used` (a dict) receives `eval_rows_per_run`.
     """
     from calibrun.model import graph_inputs, load_model
     from calibrun.progress import Progress
@@ -317,7 +318,7 @@ def _rows_per_run(fp32_path, feeds, fixed: int | None, size: int, budget: int | 
         return size
     sizes = memory.row_bytes(fp32_path, feeds)
     resolved = memory.resolve(budget, sizes)
-    rows = memory.rows_for(resolved, sum(sizes.values()), size)
+    rows = memory.rows_for(resolved, 2 * memory.live_bytes(fp32_path, feeds), size)  # and kernels' workspace
     if used is not None:
         used.update(budget_bytes=resolved, eval_rows_per_run=rows)
     return rows
