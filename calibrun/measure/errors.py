@@ -314,7 +314,9 @@ def _rows_per_run(fp32_path, feeds, fixed: int | None, size: int, budget: int | 
     """Evaluation rows per run under the memory budget (calibrun.memory), from the first batch's shapes."""
     from calibrun import memory
 
-    if fixed is not None:
+    if fixed is not None:  # a model that pins its first axis takes its batch as it is
+        if used is not None:
+            used.update(eval_rows_per_run=size)
         return size
     sizes = memory.row_bytes(fp32_path, feeds)
     resolved = memory.resolve(budget, sizes)
