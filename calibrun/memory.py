@@ -75,10 +75,13 @@ def describe(setting: int | None, resolved: int | None) -> dict:
 
 
 def rows_for(budget: int, per_row: int, rows: int) -> int:
-    """Rows per run so that `per_row` bytes per row stay under `budget` (at least 1, at most `rows`)."""
+    """Rows per run so that `per_row` bytes per row stay under `budget` (at least 1, at most `rows`), the `rows` of a
+    batch shared evenly among the fewest runs (16 rows at most 13 per run: 2 runs of 8, not 13 and 3)."""
     if per_row <= 0:
         return rows
-    return max(1, min(rows, budget // per_row))
+    most = max(1, min(rows, budget // per_row))
+    runs = -(-rows // most)
+    return -(-rows // runs)
 
 
 def live_bytes(model: str | Path | onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> int:

@@ -254,6 +254,8 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     (onnxruntime may round a row differently in a smaller batch, and the running sums add per run: equal to one
     run's within float rounding). `used` (a dict) receives `eval_rows_per_run`.
     """
+    import onnxruntime as ort
+
     from calibrun.model import graph_inputs, load_model
     from calibrun.progress import Progress
 
@@ -275,6 +277,7 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     bar = Progress(f"{progress} ({size} rows per batch)", len(batches)) if progress else None
     done = 0
     per_run = None
+    shrink = None  # onnxruntime RunOptions
     for feeds, labels in evaluation.batches(size):
         missing = [name for name in feeds if name not in int8_inputs]
         if missing:
@@ -282,11 +285,14 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
         rows = len(next(iter(feeds.values())))
         if per_run is None:
             per_run = _rows_per_run(fp32_path, feeds, fixed, size, budget, used)
+            if per_run < size:  # large rows: give the arenas' memory back after each run (the diagnostics run next)
+                shrink = ort.RunOptions()
+                shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         for start in range(0, rows, per_run):
             part = feeds if per_run >= rows else {k: v[start : start + per_run] for k, v in feeds.items()}
             try:
-                ref = ref_sess.run(None, part)
-                got = got_sess.run(None, part)
+                ref = ref_sess.run(None, part, shrink)
+                got = got_sess.run(None, part, shrink)
             except Exception as exc:  # onnxruntime's own Fail/InvalidArgument on bad feeds
                 raise CalibrunError(f"running the models on the evaluation data failed: {one_line(exc)}") from exc
             errors.update(ref, got)
