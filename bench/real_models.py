@@ -4,6 +4,7 @@ onnxruntime. Ratios measured side by side on this machine (not a test).
     python bench/real_models.py                      # ResNet-50-sized model (bench/resnet.py), then ocr_det
     python bench/real_models.py --quick              # small ResNet, few rows: a smoke run
     python bench/real_models.py --models ocr_det     # one of: resnet, ocr_det
+    python bench/real_models.py --memory ocr_det1024 nudenet1280 resnet [--baseline CHECKOUT]   # see 3.
 
 1. Peak RSS of a whole `python -m calibrun` job (diagnostics on, the default) at eval.rows=SMALL vs eval.rows=LARGE
    (16 vs 256). The calibration ranges are cached by a warm-up job first, so both measured jobs differ only in
@@ -13,6 +14,14 @@ onnxruntime. Ratios measured side by side on this machine (not a test).
    metrics and per-tensor diagnostics, result.json) vs plain onnxruntime doing the minimum: quantize_static with
    its MinMax calibrator over the same calibration batches, then fp32 and int8 inference over the evaluation
    rows in batches of 16. Goal: ratio <= 2.5.
+
+3. `--memory` (issue 28, docs/memory.md): peak RSS (os.wait4) of plain fp32 onnxruntime inference of the evaluation
+   rows one at a time, of calibrun's calibration pass alone (MinMax) and of the default job (calibration,
+   quantisation, evaluation, diagnostics; cache and tracking off), each a fresh child capped at --limit-gib of
+   address space. Models with large activations: ocr_det (DBNet text segmentation) at 1024x1024 and nudenet
+   (YOLOv8n) at 1280x1280, 3 calibration and 3 evaluation photos; ResNet-50 at 224 (lab rows: 4 batches of 16,
+   16 evaluation rows). Goals: calibration <= 1.5x plain inference, default job <= 2x. `--baseline DIR` also runs
+   the job with the calibrun code checked out in DIR (e.g. `git worktree add /tmp/old <commit>`).
 
 Data: ResNet takes the lab rule (normal(0, 1) rows, calibration and evaluation); ocr_det takes scikit-image's
 photos resized/cropped to 320 (calibration: the 12 photos; evaluation: a folder of LARGE images cycling through

@@ -327,6 +327,10 @@ def run_calibration(model_path: str | Path, data, input_name: str, spec: Calibra
             calibrate_method=spec.calibrate_method,
             extra_options=spec.calibrator_options(),
         )
+        if spec.method == "minmax":
+            # onnxruntime's MinMax calibrator needs its model only to augment it: the augmented copy is on disk
+            # and in the session, so the proto (weights included) need not stay in memory through the pass
+            calibrator.model = None
         _lean_session(calibrator, threads)
         if spec.method == "minmax" and not spec.moving_average:
             calibrator.infer_session = RowRuns(calibrator.infer_session, copy, budget, used)
@@ -378,6 +382,7 @@ def _lean_session(calibrator, threads: int) -> None:
     options.execution_order = onnxruntime.ExecutionOrder.PRIORITY_BASED
     options.intra_op_num_threads = threads
     no_spinning(options)
+    calibrator.infer_session = None  # onnxruntime's own session goes first: two copies of the weights otherwise
     calibrator.infer_session = onnxruntime.InferenceSession(
         calibrator.augmented_model_path, sess_options=options, providers=calibrator.execution_providers)
 
