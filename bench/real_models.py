@@ -4,6 +4,7 @@ onnxruntime. Ratios measured side by side on this machine (not a test).
     python bench/real_models.py                      # ResNet-50-sized model (bench/resnet.py), then ocr_det
     python bench/real_models.py --quick              # small ResNet, few rows: a smoke run
     python bench/real_models.py --models ocr_det     # one of: resnet, ocr_det
+    python bench/real_models.py --memory ocr_det1024 nudenet1280 resnet [--baseline CHECKOUT]   # see 3.
 
 1. Peak RSS of a whole `python -m calibrun` job (diagnostics on, the default) at eval.rows=SMALL vs eval.rows=LARGE
    (16 vs 256). The calibration ranges are cached by a warm-up job first, so both measured jobs differ only in
@@ -13,6 +14,14 @@ onnxruntime. Ratios measured side by side on this machine (not a test).
    metrics and per-tensor diagnostics, result.json) vs plain onnxruntime doing the minimum: quantize_static with
    its MinMax calibrator over the same calibration batches, then fp32 and int8 inference over the evaluation
    rows in batches of 16. Goal: ratio <= 2.5.
+
+3. `--memory` (issue 28, docs/memory.md): peak RSS (os.wait4) of plain fp32 onnxruntime inference of the evaluation
+   rows one at a time, of calibrun's calibration pass alone (MinMax) and of the default job (calibration,
+   quantisation, evaluation, diagnostics; cache and tracking off), each a fresh child capped at --limit-gib of
+   address space. Models with large activations: ocr_det (DBNet text segmentation) at 1024x1024 and nudenet
+   (YOLOv8n) at 1280x1280, 3 calibration and 3 evaluation photos; ResNet-50 at 224 (lab rows: 4 batches of 16,
+   16 evaluation rows). Goals: calibration <= 1.5x plain inference, default job <= 2x. `--baseline DIR` also runs
+   the job with the calibrun code checked out in DIR (e.g. `git worktree add /tmp/old <commit>`).
 
 Data: ResNet takes the lab rule (normal(0, 1) rows, calibration and evaluation); ocr_det takes scikit-image's
 photos resized/cropped to 320 (calibration: the 12 photos; evaluation: a folder of LARGE images cycling through
@@ -198,12 +207,153 @@ def bench_model(name: str, quick: bool, small: int, large: int, threads: int, di
     }
 
 
+# --- memory against plain inference (issue 28): large activations -------------------------------------------------
+# name -> (model, image size, letterbox); each: 3 calibration and 3 evaluation photos of scikit-image at that size
+LARGE = {
+    "ocr_det1024": ("ocr_det", 1024, False),  # DBNet text segmentation (dense probability map) at 1024x1024
+    "nudenet1280": ("nudenet", 1280, True),  # YOLOv8n detector at 1280x1280
+}
+GOAL_CALIBRATION, GOAL_JOB = 1.5, 2.0
+
+
+def _usage(argv: list[str], cwd: Path, env: dict | None = None, limit: int | None = None) -> dict:
+    """Run a child; its peak RSS (os.wait4) and wall seconds; `limit`: RLIMIT_AS bytes (prlimit), so that a run
+    that would take the machine's memory fails instead."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from _common import wait_child
+
+    if limit:
+        argv = ["prlimit", f"--as={limit}", *argv]
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err = proc.stderr.read()
+    usage = wait_child(proc, start)
+    return {"code": usage.returncode, "seconds": usage.wall, "peak_rss_mb": usage.peak_rss / 2**20,
+            "stderr": err[-2000:]}
+
+
+def plain_rows_child(spec: dict) -> int:
+    """Plain onnxruntime: the fp32 model (default session options) over the evaluation rows, one row at a time."""
+    import numpy as np
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(spec["model"], providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    for array in _rows(spec, "evaluation"):
+        for row in array:
+            np.asarray(sess.run(None, {name: row[None]})[0])
+    return 0
+
+
+def calibrate_child(spec: dict) -> int:
+    """calibrun's calibration pass alone (calibrun.calibrate.run_calibration, MinMax, memory.budget auto) over the
+    calibration rows the job reads."""
+    from calibrun.calibrate import CalibrationSpec, run_calibration
+
+    batches = list(_rows(spec, "calibration"))
+    run_calibration(spec["model"], batches, spec["input"], CalibrationSpec())
+    return 0
+
+
+def _rows(spec: dict, kind: str):
+    """The rows a job reads: the lab rule (ResNet) or the photos through calibrun's image pipeline, in batches of 16."""
+    import numpy as np
+
+    if spec["data"] == "lab":
+        return _batches({**spec, "rows": spec["rows"]}, kind)
+    from calibrun.data.images import ImageTransform
+
+    transform = ImageTransform(resize=spec["size"], crop=spec["size"], letterbox=spec["letterbox"])
+    files = sorted(Path(spec[f"{kind}_dir"]).iterdir())
+    return (np.stack([transform(f) for f in files[s : s + 16]]) for s in range(0, len(files), 16))
+
+
+def bench_memory(name: str, threads: int, baseline: Path | None, limit: int) -> dict:
+    """Peak RSS and wall time of plain fp32 inference of the evaluation rows (one at a time), calibrun's calibration
+    pass alone, and the default job (calibration, quantisation, evaluation, diagnostics; cache and tracking off),
+    each a fresh child, side by side; with `baseline` (a checkout of earlier calibrun code) its job too."""
+    from tests.trained import PHOTOS, TEXT_PHOTOS, model_path, photo_folder
+
+    work = Path(tempfile.mkdtemp(prefix=f"calibrun-memory-{name}-"))
+    common = ["tracking=off", "cache=off", f"ort.intra_op_threads={threads}"]
+    if name == "resnet":
+        sys.path.insert(0, str(ROOT / "bench"))
+        from resnet import RESNET50, cached_resnet
+
+        model = cached_resnet(RESNET50)
+        spec = {"data": "lab", "shape": [3, 224, 224], "batches": 4, "rows": 16, "input": "x"}
+        job = ["model=file", f"model.path={model}", "batches=4", "eval.rows=16"]
+    else:
+        base, size, letterbox = LARGE[name]
+        model = model_path(base)
+        photos = TEXT_PHOTOS[:3] if base == "ocr_det" else PHOTOS[:3]
+        calib = photo_folder(work / "calib", photos)
+        evaluation = photo_folder(work / "eval", PHOTOS[3:6])
+        import onnx
+
+        input_name = onnx.load(str(model), load_external_data=False).graph.input[0].name
+        spec = {"data": "images", "calibration_dir": str(calib), "evaluation_dir": str(evaluation), "size": size,
+                "letterbox": letterbox, "input": input_name}
+        pipeline = [f"resize={size}", f"crop={size}", f"letterbox={str(letterbox).lower()}"]
+        job = ["model=file", f"model.path={model}", "batches=1", "data=images", f"data.path={calib}",
+               *[f"data.{p}" for p in pipeline], "eval_data=images", f"eval_data.path={evaluation}",
+               *[f"eval_data.{p}" for p in pipeline], "eval.rows=3"]
+    spec["model"] = str(model)
+    me = [sys.executable, __file__]
+    print(f"{name}: {model} ({os.path.getsize(model) / 1e6:.0f} MB), load {os.getloadavg()}", file=sys.stderr)
+    plain = _usage([*me, "--plain-rows", json.dumps(spec)], work, limit=limit)
+    calib_run = _usage([*me, "--calibrate", json.dumps(spec)], work, limit=limit)
+    job_run = _usage([sys.executable, "-m", "calibrun", *job, *common, f"hydra.run.dir={work / 'job'}"], ROOT,
+                     limit=limit)
+    for label, run in (("plain", plain), ("calibration", calib_run), ("job", job_run)):
+        if run["code"]:
+            raise SystemExit(f"{name}: {label} failed\n{run['stderr']}")
+    used = json.loads((work / "job" / "result.json").read_text())["used"].get("memory")
+    row = {
+        "model": name, "plain_peak_rss_mb": round(plain["peak_rss_mb"]),
+        "calibration_peak_rss_mb": round(calib_run["peak_rss_mb"]),
+        "calibration_ratio": round(calib_run["peak_rss_mb"] / plain["peak_rss_mb"], 2),
+        "job_peak_rss_mb": round(job_run["peak_rss_mb"]),
+        "job_ratio": round(job_run["peak_rss_mb"] / plain["peak_rss_mb"], 2),
+        "calibration_time_ratio": round(calib_run["seconds"] / plain["seconds"], 2),
+        "job_time_ratio": round(job_run["seconds"] / plain["seconds"], 2),
+        "plain_seconds": round(plain["seconds"], 1), "used_memory": used,
+    }
+    if baseline is not None:
+        env = {**os.environ, "PYTHONPATH": str(baseline)}
+        old = _usage([sys.executable, "-m", "calibrun", "-cp", str(baseline / "conf"), *job, *common,
+                      f"hydra.run.dir={work / 'baseline'}"], baseline, env=env, limit=limit)
+        row["baseline_job_peak_rss_mb"] = round(old["peak_rss_mb"]) if not old["code"] else None
+        row["baseline_job_ratio"] = (round(old["peak_rss_mb"] / plain["peak_rss_mb"], 2) if not old["code"]
+                                     else f"failed under the {limit / 2**30:.0f} GiB limit")
+        row["baseline_job_time_ratio"] = round(old["seconds"] / plain["seconds"], 2)
+    row["load_after"] = [round(v, 2) for v in os.getloadavg()]
+    row["folder"] = str(work)
+    return row
+
+
+def memory_main(args) -> int:
+    for name in args.memory:
+        row = bench_memory(name, args.threads, args.baseline, int(args.limit_gib * 2**30))
+        print(json.dumps(row), flush=True)
+        ok = row["calibration_ratio"] <= GOAL_CALIBRATION and row["job_ratio"] <= GOAL_JOB
+        print(f"{name}: plain inference {row['plain_peak_rss_mb']} MB; calibration {row['calibration_peak_rss_mb']} MB "
+              f"= {row['calibration_ratio']}x (goal <= {GOAL_CALIBRATION}); default job {row['job_peak_rss_mb']} MB = "
+              f"{row['job_ratio']}x (goal <= {GOAL_JOB}); time vs plain: calibration {row['calibration_time_ratio']}x, "
+              f"job {row['job_time_ratio']}x; {'met' if ok else 'NOT met'}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
         return child(argv[1:])
     if argv[:1] == ["--plain"]:
         return plain_child(json.loads(argv[1]))
+    if argv[:1] == ["--plain-rows"]:
+        return plain_rows_child(json.loads(argv[1]))
+    if argv[:1] == ["--calibrate"]:
+        return calibrate_child(json.loads(argv[1]))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--models", nargs="+", default=["resnet", "ocr_det"], choices=["resnet", "ocr_det"])
@@ -213,7 +363,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="diagnostics.rows for the calibrun jobs (default: calibrun's, 256)")
     parser.add_argument("--rows", type=int, nargs=2, metavar=("SMALL", "LARGE"), default=None,
                         help="evaluation rows of the two memory runs (default 16 256; --quick 16 48)")
+    parser.add_argument("--memory", nargs="+", choices=["resnet", *LARGE], default=None,
+                        help="instead: peak RSS of calibration and of the default job against plain inference")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="with --memory: also the job of this checkout of earlier calibrun code")
+    parser.add_argument("--limit-gib", type=float, default=14.0, help="with --memory: RLIMIT_AS of every child")
     args = parser.parse_args(argv)
+    if args.memory:
+        return memory_main(args)
     small, large = (16, 48) if args.quick else (16, 256)  # eval.batch_size 16 in both: only the rows differ
     if args.rows:
         small, large = args.rows

@@ -34,7 +34,7 @@ from onnxruntime.quantization.calibrate import (
 from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
 from calibrun import cache as cache_store
-from calibrun import interrupts
+from calibrun import interrupts, memory
 from calibrun.cache import key_of
 from calibrun.errors import CalibrunError
 from calibrun.errors import need as check
@@ -302,12 +302,16 @@ class _SpanTracker:
 
 
 def run_calibration(model_path: str | Path, data, input_name: str, spec: CalibrationSpec,
-                    threads: int = 0) -> tuple[TensorsData, float]:
+                    threads: int = 0, budget: int | None = None,
+                    used: dict | None = None) -> tuple[TensorsData, float]:
     """One calibration pass, fed `spec.batches_per_collect` batches at a time so peak memory does not grow with
     the number of batches.
 
     `threads`: onnxruntime intra-op threads of the calibration session (0: onnxruntime's default, every core);
-    parallel jobs set 1 so that workers do not fight over the cores. It does not change the ranges."""
+    parallel jobs set 1 so that workers do not fight over the cores. It does not change the ranges.
+    `budget`: memory.budget in bytes (None: auto, calibrun.memory): MinMax runs a batch in runs of as many rows as
+    keep twice one run's live activations (calibrun.memory.live_bytes, plus kernels' workspace) under it; a batch
+    that fits runs whole. `used` (a dict) receives `calibration_rows_per_run` and `budget_bytes`."""
     tracked = _SpanTracker(data, input_name)
     reader = make_reader(tracked, input_name)
     total = len(reader)
@@ -315,14 +319,21 @@ def run_calibration(model_path: str | Path, data, input_name: str, spec: Calibra
         raise CalibrunError("calibration data is empty")
     progress = Progress("calibrating", total)
     with temp_dir("calib") as tmp:
+        copy = private_model_copy(model_path, tmp)
         calibrator = create_calibrator(
-            private_model_copy(model_path, tmp),
+            copy,
             spec.op_types_calibrated(),
             augmented_model_path=str(Path(tmp) / "augmented.onnx"),
             calibrate_method=spec.calibrate_method,
             extra_options=spec.calibrator_options(),
         )
+        if spec.method == "minmax":
+            # onnxruntime's MinMax calibrator needs its model only to augment it: the augmented copy is on disk
+            # and in the session, so the proto (weights included) need not stay in memory through the pass
+            calibrator.model = None
         _lean_session(calibrator, threads)
+        if spec.method == "minmax" and not spec.moving_average:
+            calibrator.infer_session = RowRuns(calibrator.infer_session, copy, budget, used)
         chunk = spec.batches_per_collect
         outputs = None
         if spec.method != "minmax":
@@ -371,8 +382,66 @@ def _lean_session(calibrator, threads: int) -> None:
     options.execution_order = onnxruntime.ExecutionOrder.PRIORITY_BASED
     options.intra_op_num_threads = threads
     no_spinning(options)
+    calibrator.infer_session = None  # onnxruntime's own session goes first: two copies of the weights otherwise
     calibrator.infer_session = onnxruntime.InferenceSession(
         calibrator.augmented_model_path, sess_options=options, providers=calibrator.execution_providers)
+
+
+class RowRuns:
+    """The MinMax calibrator's session, running a batch in runs of at most `rows` rows (calibrun.memory): the
+    outputs of onnxruntime's ReduceMin/ReduceMax nodes (`<tensor>_ReduceMin`, `<tensor>_ReduceMax`, one value
+    each) are combined with minimum/maximum, which is exact, so the ranges are bit-identical to one run of the
+    whole batch's minima and maxima (onnxruntime's kernels may round a row differently in a smaller batch: then
+    within float32 rounding); the model's own outputs (which the calibrator drops) are concatenated. The rows per
+    run come from the first batch: one row's live activations (calibrun.memory.live_bytes) against the budget, so
+    a batch that fits runs whole, as before."""
+
+    def __init__(self, session, model_path, budget: int | None, used: dict | None = None):
+        """`model_path`: the fp32 model (its activations are sized with shape inference)."""
+        self.session, self.model_path, self.setting = session, model_path, budget
+        self.used = used if used is not None else {}
+        self.output_names = [node.name for node in session.get_outputs()]
+        self.rows: int | None = None
+        self.fixed = any(isinstance(node.shape[0], int) for node in session.get_inputs() if node.shape)
+
+    def get_inputs(self):
+        return self.session.get_inputs()
+
+    def get_outputs(self):
+        return self.session.get_outputs()
+
+    def _plan(self, feeds, total: int) -> int:
+        sizes = memory.row_bytes(self.model_path, feeds)
+        budget = memory.resolve(self.setting, sizes)
+        per_row = 2 * memory.live_bytes(self.model_path, feeds)  # activations and kernels' workspace
+        rows = total if self.fixed else memory.rows_for(budget, per_row, total)
+        self.used.update(budget_bytes=budget, calibration_rows_per_run=rows)
+        if rows < total:
+            log.info("calibration: %d of %d rows per run (%.0f MB of live activations per row, memory.budget %.0f MB)",
+                     rows, total, per_row / 1e6, budget / 1e6)
+        return rows
+
+    def run(self, output_names, input_feed, run_options=None):
+        total = len(next(iter(input_feed.values())))
+        if self.rows is None:
+            self.rows = self._plan(input_feed, total)
+        if output_names is not None or self.rows >= total:
+            return self.session.run(output_names, input_feed, run_options)
+        merged = None
+        for start in range(0, total, self.rows):
+            part = {name: value[start : start + self.rows] for name, value in input_feed.items()}
+            outputs = self.session.run(None, part, run_options)
+            if merged is None:
+                merged = [[array] for array in outputs]
+                continue
+            for index, (name, array) in enumerate(zip(self.output_names, outputs, strict=True)):
+                if name.endswith("_ReduceMin"):
+                    merged[index] = [np.minimum(merged[index][0], array)]
+                elif name.endswith("_ReduceMax"):
+                    merged[index] = [np.maximum(merged[index][0], array)]
+                else:
+                    merged[index].append(array)
+        return [parts[0] if len(parts) == 1 else np.concatenate(parts) for parts in merged]
 
 
 class ReusedOutputs:
@@ -453,6 +522,8 @@ def calibrated(
     spec: CalibrationSpec,
     cache: CalibrationCache | None,
     threads: int = 0,
+    budget: int | None = None,
+    used: dict | None = None,
 ) -> Iterator[Calibration]:
     """Ranges for (model, data, spec): from the cache on a hit, else a calibration pass (stored in the cache).
 
@@ -467,7 +538,7 @@ def calibrated(
             yield Calibration(cache.path(key), spec.method, key, True, time.perf_counter() - start, span,
                               len(data), spec.op_types or None)
             return
-    tensors, span = run_calibration(model_path, data, input_name, spec, threads)
+    tensors, span = run_calibration(model_path, data, input_name, spec, threads, budget, used)
     if cache is not None:
         path = cache.store(key, record, tensors, span)
         yield Calibration(path, spec.method, key, False, time.perf_counter() - start, span, len(data),

@@ -39,6 +39,7 @@ from calibrun.measure import tasks
 from calibrun.measure.errors import EvalConf, OrtConf
 from calibrun.measure.tasks import TASKS, TaskConf
 from calibrun.measure.tensor_stats import DiagnosticsConf
+from calibrun.memory import MemoryConf, parse_budget
 from calibrun.model import MODELS, ModelConf
 from calibrun.quantize import FORMATS, FormatConf, QuantOptions
 from calibrun.tracking import TRACKING, TrackingConf
@@ -80,6 +81,7 @@ class Config:
     task: TaskConf = field(default_factory=TaskConf)
     diagnostics: DiagnosticsConf = field(default_factory=DiagnosticsConf)
     analysis: AnalysisConf = field(default_factory=AnalysisConf)
+    memory: MemoryConf = field(default_factory=MemoryConf)
     batches: int = MAIN_BATCHES
     resume: bool = False  # skip jobs whose result.json is complete and valid (same sweep folder)
 
@@ -277,6 +279,7 @@ def validate(cfg: DictConfig, swept: Iterable[str] = (), sweep_job: bool = False
             except CalibrunError as exc:
                 raise CalibrunError(f"config {exc}") from None
     need(cfg.format.name in FORMATS, "format.name", f"must be one of {sorted(FORMATS)}", cfg.format.name)
+    memory_budget(cfg)  # memory.budget: auto or a size
     if not _swept_group("method", swept):
         calibration_spec(cfg)  # method.<option>: CalibrationSpec.__post_init__ checks each, naming the key
     if not sweep_job:
@@ -327,3 +330,8 @@ def calibration_spec(cfg: DictConfig) -> CalibrationSpec:
 
 def quant_options(cfg: DictConfig) -> QuantOptions:
     return build_from(QuantOptions, cfg.quant, format=cfg.format.name)
+
+
+def memory_budget(cfg: DictConfig) -> int | None:
+    """memory.budget in bytes (None: auto), calibrun.memory.parse_budget; a bad value names the key."""
+    return parse_budget(cfg.memory.budget)

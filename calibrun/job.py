@@ -171,6 +171,23 @@ def _used(cfg: DictConfig, data, evaluation, errors: dict) -> dict:
     return used
 
 
+def _memory_used(budget: int | None, calibration: dict, evaluation: dict, diag) -> dict:
+    """result.json `used.memory`: memory.budget as set (`auto` or bytes) and the bytes it came to, and how each
+    stage kept to it: calibration rows per run (null on a cache hit, or for a method that runs whole batches),
+    evaluation rows per run, diagnostics groups of tensors (1: one pass) and rows per run (docs/memory.md)."""
+    resolved = evaluation.get("budget_bytes") or calibration.get("budget_bytes")
+    if diag is not None and diag.budget is not None:
+        resolved = diag.budget
+    return {
+        "budget": "auto" if budget is None else budget,
+        "budget_bytes": resolved,
+        "calibration_rows_per_run": calibration.get("calibration_rows_per_run"),
+        "eval_rows_per_run": evaluation.get("eval_rows_per_run"),
+        "diagnostics_groups": len(diag.groups) if diag is not None and diag.groups is not None else None,
+        "diagnostics_rows_per_run": diag.rows_per_run if diag is not None else None,
+    }
+
+
 def _source_model(cfg: DictConfig) -> dict:
     """The user's model file as given (path and sha256), beside the prepared copy the job measured."""
     if cfg.model.name != "file" or not cfg.model.path:
@@ -226,18 +243,23 @@ def compute(ctx: JobContext) -> JobResult:
     cfg, job_dir, fp32, data, evaluation = ctx.cfg, ctx.job_dir, ctx.fp32, ctx.data, ctx.evaluation
     cache = CalibrationCache(cfg.cache.dir) if cfg.cache.enabled else None
     int8_path = job_dir / "int8.onnx"
+    budget = config.memory_budget(cfg)
+    calibration_memory: dict = {}
+    eval_memory: dict = {}
     quant = quantize_with(fp32, int8_path, data, spec=config.calibration_spec(cfg),
                           options=ctx.options, cache=cache, ranges_copy=job_dir / RANGES_FILE,
                           threads=cfg.ort.intra_op_threads,
-                          input_may_stay_float=bool(ctx.exclusions) or cfg.model.name != "lab")
+                          input_may_stay_float=bool(ctx.exclusions) or cfg.model.name != "lab",
+                          budget=budget, used=calibration_memory)
     diag = None
     if cfg.format.name == "qdq" and cfg.diagnostics.enabled:
         diag = StreamingDiagnostics(fp32.path, int8_path, job_dir / RANGES_FILE, cfg.ort.intra_op_threads,
-                                    max_rows=cfg.diagnostics.rows)
+                                    max_rows=cfg.diagnostics.rows, budget=budget)
     try:
         errors = measure.evaluate(fp32.path, int8_path, evaluation, ctx.fresh_task(), cfg.ort.intra_op_threads,
                                   cfg.eval.batch_size, observers=[diag] if diag is not None else (),
-                                  progress="evaluation" + (" and diagnostics" if diag is not None else ""))
+                                  progress="evaluation" + (" and diagnostics" if diag is not None else ""),
+                                  budget=budget, used=eval_memory)
         rows = diag.rows() if diag is not None else None
     finally:
         if diag is not None:
@@ -255,7 +277,8 @@ def compute(ctx: JobContext) -> JobResult:
         preparation=ctx.steps,
         exclusions=ctx.exclusions,
         eval_source=ctx.eval_source,
-        used={**_used(cfg, data, evaluation, errors), "diagnostics_rows": diag.rows_seen if diag is not None else 0},
+        used={**_used(cfg, data, evaluation, errors), "diagnostics_rows": diag.rows_seen if diag is not None else 0,
+              "memory": _memory_used(budget, calibration_memory, eval_memory, diag)},
         task=ctx.task.describe(),
         files={"fp32": _relative(fp32.path, job_dir), "int8": int8_path.name, "ranges": RANGES_FILE,
                "int8_sha256": file_sha256(int8_path), "ranges_sha256": file_sha256(job_dir / RANGES_FILE)},

@@ -219,11 +219,15 @@ def quantize_with(
     ranges_copy: str | Path | None = None,
     threads: int = 0,
     input_may_stay_float: bool = False,
+    budget: int | None = None,
+    used: dict | None = None,
 ) -> dict:
     """Calibrate (cached) on `data` (a sized, re-iterable source with identity()), quantise, describe the model.
 
     `ranges_copy`: also keep the calibration ranges there (onnxruntime's cache format).
     `input_may_stay_float`: excluded nodes may leave the graph input in fp32 (its scale fields are then None).
+    `budget`, `used`: memory.budget in bytes (None: auto) and a dict for what the calibration pass used
+    (calibrun.calibrate.run_calibration).
     """
     spec = spec or CalibrationSpec()
     options = options or QuantOptions()
@@ -234,7 +238,7 @@ def quantize_with(
         if not input_may_stay_float:
             input_quant(onnx.load(str(tmp)), where=f"quantised {fp32.path.name}")
 
-    with calibrated(fp32.path, fp32.sha256, data, fp32.info.name, spec, cache, threads) as cal:
+    with calibrated(fp32.path, fp32.sha256, data, fp32.info.name, spec, cache, threads, budget, used) as cal:
         quant_seconds = quantize(fp32.path, out, cal, options, check=check)
         if ranges_copy is not None:
             with atomic_path(ranges_copy) as tmp:

@@ -271,7 +271,8 @@ def batch_size_for(fixed: int | None, requested: int | None) -> int:
 
 
 def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batch_size: int | None = None,
-             observers: Sequence = (), progress: str | None = "evaluation") -> dict[str, float]:
+             observers: Sequence = (), progress: str | None = "evaluation", budget: int | None = None,
+             used: dict | None = None) -> dict[str, float]:
     """Run the fp32 and int8 models over `evaluation` (a calibrun.data.EvalData) batch by batch; return the
     error metrics (module docstring), the primary input's eval_min/eval_max/eval_span, `rows`, `eval_batches`,
     `eval_batch_size` and the task's metrics.
@@ -279,7 +280,14 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     `task`: a calibrun.measure.tasks.Task (None: no task metrics). `observers`: objects with `update(feeds)` fed every
     batch (calibrun.measure.tensor_stats.StreamingDiagnostics). A model that pins its first axis to b is fed b rows at
     a time, and the rows must be a multiple of b.
+
+    `budget` (memory.budget in bytes, None: auto; calibrun.memory): a batch whose rows' live activations, twice
+    (calibrun.memory.live_bytes, and kernels' workspace), exceed the budget is run in runs of fewer rows
+    (onnxruntime may round a row differently in a smaller batch, and the running sums add per run: equal to one
+    run's within float rounding). `used` (a dict) receives `eval_rows_per_run`.
     """
+    import onnxruntime as ort
+
     from calibrun.model import graph_inputs, load_model
     from calibrun.progress import Progress
 
@@ -300,21 +308,32 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     batches = evaluation.sizes(size)
     bar = Progress(f"{progress} ({size} rows per batch)", len(batches)) if progress else None
     done = 0
+    per_run = None
+    shrink = None  # onnxruntime RunOptions
     for feeds, labels in evaluation.batches(size):
         missing = [name for name in feeds if name not in int8_inputs]
         if missing:
             raise CalibrunError(f"{int8_path} has no input {missing[0]!r} (inputs: {int8_inputs})")
-        try:
-            ref = [as_array(v) for v in ref_sess.run(None, feeds)]
-            got = [as_array(v) for v in got_sess.run(None, feeds)]
-        except Exception as exc:  # onnxruntime's own Fail/InvalidArgument on bad feeds
-            raise CalibrunError(f"running the models on the evaluation data failed: {one_line(exc)}") from exc
-        errors.update(ref, got)
+        rows = len(next(iter(feeds.values())))
+        if per_run is None:
+            per_run = _rows_per_run(fp32_path, feeds, fixed, size, budget, used)
+            if per_run < size:  # large rows: give the arenas' memory back after each run (the diagnostics run next)
+                shrink = ort.RunOptions()
+                shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        for start in range(0, rows, per_run):
+            part = feeds if per_run >= rows else {k: v[start : start + per_run] for k, v in feeds.items()}
+            try:
+                ref = [as_array(v) for v in ref_sess.run(None, part, shrink)]
+                got = [as_array(v) for v in got_sess.run(None, part, shrink)]
+            except Exception as exc:  # onnxruntime's own Fail/InvalidArgument on bad feeds
+                raise CalibrunError(f"running the models on the evaluation data failed: {one_line(exc)}") from exc
+            errors.update(ref, got)
+            if task is not None:
+                part_labels = labels if labels is None or per_run >= rows else labels[start : start + per_run]
+                task.update(dict(zip(names, ref, strict=True)), dict(zip(names, got, strict=True)), part_labels)
+            del ref, got
         if primary in feeds:
             span.update(feeds[primary])
-        if task is not None:
-            task.update(dict(zip(names, ref, strict=True)), dict(zip(names, got, strict=True)), labels)
-        del ref, got
         for observer in observers:
             observer.update(feeds)
         interrupts.check()
@@ -327,6 +346,22 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     if task is not None:
         metrics.update(task.metrics())
     return metrics
+
+
+def _rows_per_run(fp32_path, feeds, fixed: int | None, size: int, budget: int | None, used: dict | None) -> int:
+    """Evaluation rows per run under the memory budget (calibrun.memory), from the first batch's shapes."""
+    from calibrun import memory
+
+    if fixed is not None:  # a model that pins its first axis takes its batch as it is
+        if used is not None:
+            used.update(eval_rows_per_run=size)
+        return size
+    sizes = memory.row_bytes(fp32_path, feeds)
+    resolved = memory.resolve(budget, sizes)
+    rows = memory.rows_for(resolved, 2 * memory.live_bytes(fp32_path, feeds), size)  # and kernels' workspace
+    if used is not None:
+        used.update(budget_bytes=resolved, eval_rows_per_run=rows)
+    return rows
 
 
 def lab_feeds(fp32: FloatModel, seed: int, rows: int) -> dict[str, np.ndarray]:

@@ -106,7 +106,8 @@ OVERALL_SHARE = 1 / 3  # a problem verdict holding this share of the added error
 ACCUMULATED_DB = 20.0  # an output under this SQNR with only sound tensors: the error accumulates
 DISTINCT_SAMPLE = 16384  # distinct fp32 values are counted on at most about this many values per batch
 # The augmented sessions return every diagnosed tensor (the int8 one twice: before and after its pair): a batch
-# is split into runs of as many rows as keep those outputs under this many bytes (measured on the first row).
+# is split into runs of as many rows as keep those outputs under memory.budget (measured on the first row), and
+# when one row's outputs alone exceed it, the tensors into groups (calibrun.memory; `auto` is at least this).
 OUTPUT_BUDGET = 256 * 2**20
 
 VERDICTS = ("clipping", "mixed", "coarse", "sound")
@@ -520,7 +521,7 @@ class StreamingDiagnostics:
     """
 
     def __init__(self, fp32_path: str | Path, int8_qdq_path: str | Path, ranges_path: str | Path, threads: int = 0,
-                 max_rows: int | None = None):
+                 max_rows: int | None = None, budget: int | None = None):
         int8_model = load_model(int8_qdq_path)
         self.pairs = qdq_pairs(int8_model)
         if not self.pairs:
@@ -569,6 +570,11 @@ class StreamingDiagnostics:
             self._tmp.cleanup()
             raise
         self.fp32_where, self.int8_where = fp32_path, int8_qdq_path
+        self.threads = threads
+        self.setting = budget  # memory.budget in bytes (None: auto), resolved on the first batch
+        self.budget: int | None = None
+        self.groups: list[list[TensorStats]] | None = None  # set on the first batch; > 1 group: several passes
+        self.group_files: list[tuple[Path, list[str], Path, list[str]]] = []
         self.batches = 0
         self.rows_per_run: int | None = None  # set from the first run's output bytes (one row)
         self.max_rows = max_rows  # diagnose the first max_rows evaluation rows (None: all)
@@ -585,14 +591,21 @@ class StreamingDiagnostics:
         self._tmp.cleanup()
 
     def update(self, feeds: Mapping[str, np.ndarray]) -> None:
-        """One evaluation batch, run in pieces of `self.rows_per_run` rows (bounded output memory)."""
+        """One evaluation batch, run in pieces of `self.rows_per_run` rows (bounded output memory); when one row's
+        diagnosed tensors exceed the memory budget, in groups of tensors, one pass over the batch per group."""
         rows = len(next(iter(feeds.values())))
         if self.max_rows is not None:
             if self.rows_seen >= self.max_rows:
                 return
             if self.fixed is None:
                 rows = min(rows, self.max_rows - self.rows_seen)
+        if self.groups is None:
+            self._plan(feeds)
         self.rows_seen += rows
+        if len(self.groups) > 1:
+            self._grouped(feeds, rows)
+            self.batches += 1
+            return
         start = 0
         while start < rows:
             size = min(rows - start, self.rows_per_run or 1)
@@ -602,16 +615,73 @@ class StreamingDiagnostics:
             start += size
         self.batches += 1
 
-    def _run(self, feeds: dict[str, np.ndarray]) -> None:
+    def _plan(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """Resolve the budget from the first batch's shapes (calibrun.memory) and split the diagnosed tensors into
+        groups whose outputs for one row (fp32, and before and after the pair) stay under it, in graph order."""
+        from calibrun import memory
+
+        sizes = memory.row_bytes(self.fp32_where, feeds)
+        self.budget = memory.resolve(self.setting, sizes)
+        groups: list[list[TensorStats]] = [[]]
+        held = 0
+        for stats in self.stats:
+            tensor = stats.pair.tensor
+            size = sizes.get(tensor, 0) * (3 if tensor in self.fp32_wanted else 2)
+            if groups[-1] and held + size > self.budget:
+                groups.append([])
+                held = 0
+            groups[-1].append(stats)
+            held += size
+        self.groups = groups
+        if len(groups) == 1:
+            return
+        log.info("diagnostics: %d groups of tensors (%.0f MB of diagnosed tensors per row, memory.budget %.0f MB): "
+                 "one pass over each evaluation batch per group", len(groups),
+                 sum(sizes.get(s.pair.tensor, 0) * (3 if s.pair.tensor in self.fp32_wanted else 2)
+                     for s in self.stats) / 1e6, self.budget / 1e6)
+        self.fp32_sess = self.int8_sess = None  # the sessions returning every tensor are not used
+        root = Path(self._tmp.name)
+        for index, group in enumerate(groups):
+            fp32_file, fp32_names = _augmented(Path(self.fp32_where), root / f"fp32-{index}",
+                                               [s.pair.tensor for s in group if s.pair.tensor in self.fp32_wanted])
+            int8_file, int8_names = _augmented(Path(self.int8_where), root / f"int8-{index}",
+                                               [n for s in group for n in (s.pair.pre, s.pair.post)])
+            self.group_files.append((fp32_file, fp32_names, int8_file, int8_names))
+
+    def _grouped(self, feeds: Mapping[str, np.ndarray], rows: int) -> None:
+        """One batch, group by group: each group's pair of sessions exists only for its pass (one pair at a time),
+        rows one run at a time (`rows_per_run` is 1: one row's tensors exceed the budget) or the batch as it comes
+        for a model that pins its first axis. Each tensor sees the same runs in the same order as in one pass."""
+        self.rows_per_run = 1
+        size = rows if self.fixed is not None else 1
+        for group, (fp32_file, fp32_names, int8_file, int8_names) in zip(self.groups, self.group_files,
+                                                                         strict=True):
+            fp32_sess = _session(fp32_file, self.threads, Path(self.fp32_where), optimize=True)
+            int8_sess = _session(int8_file, self.threads, Path(self.int8_where))
+            for start in range(0, rows, size):
+                part = {name: array[start : start + size] for name, array in feeds.items()}
+                ref, got = self._outputs(fp32_sess, fp32_names, int8_sess, int8_names, part)
+                for stats in group:
+                    pair = stats.pair
+                    stats.update(ref.get(pair.tensor) if pair.tensor in self.fp32_wanted else None, got[pair.pre],
+                                 got[pair.post])
+                del ref, got
+            del fp32_sess, int8_sess
+
+    def _outputs(self, fp32_sess, fp32_names, int8_sess, int8_names, feeds) -> tuple[dict, dict]:
         try:
-            ref = dict(zip(self.fp32_names, self.fp32_sess.run(self.fp32_names, feeds), strict=True))
-            got = dict(zip(self.int8_names, self.int8_sess.run(self.int8_names, feeds), strict=True))
+            ref = dict(zip(fp32_names, fp32_sess.run(fp32_names, feeds), strict=True))
+            got = dict(zip(int8_names, int8_sess.run(int8_names, feeds), strict=True))
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidArgument types on bad feeds
             raise CalibrunError(f"running {self.int8_where} on the evaluation feeds failed: {one_line(exc)}") from exc
+        return ref, got
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> None:
+        ref, got = self._outputs(self.fp32_sess, self.fp32_names, self.int8_sess, self.int8_names, feeds)
         if self.rows_per_run is None:
             rows = max(1, len(next(iter(feeds.values()))))
             per_row = sum(getattr(a, "nbytes", 0) for a in (*ref.values(), *got.values())) / rows  # a ZipMap's: a list
-            self.rows_per_run = max(1, int(OUTPUT_BUDGET // max(per_row, 1)))
+            self.rows_per_run = max(1, int(self.budget // max(per_row, 1)))
         for stats in self.stats:
             pair = stats.pair
             stats.update(ref.get(pair.tensor) if pair.tensor in self.fp32_wanted else None, got[pair.pre],
