@@ -19,6 +19,38 @@ def test_pillow_is_a_dependency():
     assert "pillow" in names
 
 
+def test_every_package_calibrun_imports_is_a_declared_dependency():
+    """Each third-party module the package and calibtool import (at any depth, lazily too) comes from a declared
+    dependency or from the optional extra that needs it: a clean install must not find it by luck (tqdm did)."""
+    import ast
+    import sys
+    from importlib import metadata
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+    def names(specs):
+        return {re.split(r"[<>=!~ \[;]", d, maxsplit=1)[0].strip().lower().replace("_", "-") for d in specs}
+
+    declared = names(project["dependencies"])
+    optional = {extra: names(specs) for extra, specs in project["optional-dependencies"].items()}
+    modules = set()
+    for path in [REPO / "calibtool.py", *sorted((REPO / "calibrun").rglob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                modules.add(node.module.split(".")[0])
+    distributions = metadata.packages_distributions()
+    missing = {}
+    for module in sorted(modules - set(sys.stdlib_module_names) - {"calibrun", "calibtool", "__future__"}):
+        provided = {d.lower().replace("_", "-") for d in distributions.get(module, [module])}
+        if not provided & declared:
+            extras = [extra for extra, deps in optional.items() if provided & deps and extra not in ("test", "dev")]
+            if not extras:
+                missing[module] = sorted(provided)
+    assert missing == {}, f"imported but not declared (module: distributions): {missing}"
+
+
 def test_qoperator_advice_is_shown_once_per_process(caplog):
     """onnxruntime logs "Please use QuantFormat.QDQ ..." on the root logger for every QOperator model: the
     filter calibrun installs lets the first through and drops the repeats; other messages pass."""
