@@ -213,7 +213,7 @@ class JobContext:
     task: tasks.Task  # the task metric, fresh: each measurement feeds a copy
 
     def fresh_task(self) -> tasks.Task:
-        return copy.deepcopy(self.task, {id(self.evaluation): self.evaluation})  # the rows are shared, not copied
+        return copy.deepcopy(self.task)
 
 
 def context(cfg: DictConfig, job_dir: Path) -> JobContext:

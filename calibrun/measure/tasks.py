@@ -30,6 +30,7 @@ batch's labels (or None); `metrics()` gives the floats, keyed `task.<name>`.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import logging
 from collections.abc import Mapping, Sequence
@@ -103,6 +104,14 @@ class Classification(Task):
             return None
         axis = self.axis if self.axis >= 0 else len(shape) + self.axis
         return shape[axis] if 0 <= axis < len(shape) and shape[axis] else None
+
+    def __deepcopy__(self, memo):
+        """A fresh copy for another measurement: its counts copied, the evaluation rows it names shared."""
+        clone = copy.copy(self)
+        for key, value in vars(self).items():
+            if key != "evaluation":
+                setattr(clone, key, copy.deepcopy(value, memo))
+        return clone
 
     def _flat(self, array: np.ndarray) -> np.ndarray:
         if array.ndim == 0:

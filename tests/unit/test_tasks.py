@@ -398,3 +398,19 @@ def test_labels_outside_the_classes_are_refused_naming_file_row_and_value():
             task.update({"y": scores}, {"y": scores}, np.array(labels))
     ok = EvalData.from_arrays({"x": rows}, labels=np.array([0, 1, 2, 3, 3, 0]))
     ok.check_labels(4, "y")  # every label a class: nothing to say
+
+
+def test_a_copy_for_another_measurement_shares_the_evaluation_rows_and_not_the_counts():
+    """The analysis copies the job's task for every trial: the counts are its own, the EvalData it names for label
+    messages is shared, not copied with its rows."""
+    import copy
+
+    from calibrun.data.batches import EvalData
+
+    task = Classification("p", axis=1)
+    task.evaluation = EvalData.from_arrays({"x": np.zeros((4, 2), np.float32)}, labels=np.array([0, 1, 0, 1]))
+    clone = copy.deepcopy(task)
+    assert clone.evaluation is task.evaluation
+    scores = np.array([[0.9, 0.1], [0.2, 0.8]])
+    clone.update({"p": scores}, {"p": scores}, None)
+    assert (clone.predictions, task.predictions) == (2, 0)
