@@ -232,9 +232,8 @@ def context(cfg: DictConfig, job_dir: Path) -> JobContext:
         raise
     if isinstance(task, tasks.Classification) and evaluation.labels is not None:
         task.evaluation = evaluation
-        classes = task.static_classes(fp32.path)
-        if classes:
-            evaluation.check_labels(classes, task.output)  # before any work when the graph states the classes
+        if task.static_classes:  # before any work when the graph states the classes
+            evaluation.check_labels(task.static_classes, task.output)
     return JobContext(cfg, job_dir, fp32, steps, options, record.get("exclusions"), data, source, evaluation, task)
 
 

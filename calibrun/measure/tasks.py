@@ -96,14 +96,13 @@ class Classification(Task):
         self.warned = False
         self.unfit: str | None = None  # why the labels do not fit the output: then nothing is measured
         self.evaluation = None  # the EvalData whose labels are judged (names the file of a bad label)
+        self.static_classes: int | None = None  # the class axis' size when the graph states it (set by resolve)
 
-    def static_classes(self, model_path) -> int | None:
-        """The number of classes when the graph states the class axis' size, else None (known when run)."""
-        shape = _shape(onnx.load(str(model_path), load_external_data=False), self.output)
-        if not shape:
-            return None
-        axis = self.axis if self.axis >= 0 else len(shape) + self.axis
-        return shape[axis] if 0 <= axis < len(shape) and shape[axis] else None
+    def read_classes(self, model: onnx.ModelProto) -> None:
+        """`static_classes` from the graph (None when its shape does not say: known when the model runs)."""
+        shape = _shape(model, self.output) if self.output is not None else None
+        axis = None if not shape else self.axis if self.axis >= 0 else len(shape) + self.axis
+        self.static_classes = shape[axis] if axis is not None and 0 <= axis < len(shape) and shape[axis] else None
 
     def __deepcopy__(self, memo):
         """A fresh copy for another measurement: its counts copied, the evaluation rows it names shared."""
@@ -549,9 +548,14 @@ def resolve(spec: TaskSpec, model_path, labels=None, classifier: bool | None = N
     if spec.name == "auto":
         task, refused = _auto(graph, spec, facts, classifier)
         (log.warning if refused else log.info)("task=auto picked %s: %s", task.name, task.reason)
+    elif spec.name == "classification":
+        task = _explicit_classification(graph, spec)
+    else:
+        task = None
+    if task is not None:
+        if isinstance(task, Classification):
+            task.read_classes(graph.model)
         return task
-    if spec.name == "classification":
-        return _explicit_classification(graph, spec)
     output = spec.output or _single([o.name for o in graph.outputs if graph.dense(o)]) or names[0]
     return Dense(output, spec.threshold, f"task=dense on output {output!r}, threshold {spec.threshold}")
 
