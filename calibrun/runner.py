@@ -1,4 +1,4 @@
-"""The Hydra task around one job: validate -> compute (calibrun.job) -> track (calibrun.tracking.job) -> write
+"""The Hydra task around one job: validate -> compute (calibrun.job) -> track (calibrun.tracking.record) -> write
 result.json, with resume and the error policy (every run ends FINISHED, FAILED or KILLED).
 
 Writes `result.json` and `config_resolved.yaml` into the Hydra job folder (calibrun.job writes the models and
@@ -33,7 +33,7 @@ from calibrun.tracking import (
     link_line,
     run_filter,
 )
-from calibrun.tracking.job import (
+from calibrun.tracking.record import (
     Job,
     close_earlier_runs,
     end_run,

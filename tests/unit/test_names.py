@@ -7,7 +7,7 @@ import itertools
 from pathlib import Path
 
 from calibrun.tracking import Tracker
-from calibrun.tracking.job import run_name
+from calibrun.tracking.record import run_name
 from tests.stores import fresh_mlflow_store
 
 # MLflow's limits (mlflow/utils/validation.py; tag values: 5000 on older servers)

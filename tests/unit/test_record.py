@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from calibrun.result import JobResult
-from calibrun.tracking.job import job_metrics
+from calibrun.tracking.record import job_metrics
 
 RESULT = JobResult(
     "ok",
