@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
 import os
 import sys
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from calibrun.errors import CalibrunError
 from calibrun.files import is_full
 
 # distribution -> the version prefixes each patch was written against (checked against the installed version)
+PATCHED = "calibrun_patched"  # the marker on a function a patch installed (a patch is applied once)
 SUPPORTED = {"hydra-core": ("1.3.",), "mlflow": ("3.",)}
 
 
@@ -50,6 +52,29 @@ def supported(distribution: str) -> bool:
     """The installed version of `distribution` is one the patches were written for."""
     version = _version(distribution)
     return version is not None and version.startswith(SUPPORTED[distribution])
+
+
+def _unpatched(distribution: str, module: str, owner: str | None, attr: str, guard: bool = False):
+    """(what holds `attr`, its value) for a patch of `module`'s `attr` (on class `owner`, else the module itself) that
+    should be applied: the distribution's version is supported (and, unless `guard`, the speed patches are on), the
+    module and attribute exist, and the attribute is not patched already. Else None."""
+    if not (supported(distribution) if guard else enabled(distribution)):
+        return None
+    try:
+        holder = importlib.import_module(module)
+    except ImportError:  # another version of the library: left as it is
+        return None
+    if owner is not None:
+        holder = getattr(holder, owner, None)
+    original = getattr(holder, attr, None)
+    if original is None or getattr(original, PATCHED, False):
+        return None
+    return holder, original
+
+
+def _install(holder, attr: str, replacement) -> None:
+    setattr(replacement, PATCHED, True)
+    setattr(holder, attr, replacement)
 
 
 @functools.cache
@@ -153,15 +178,10 @@ def compose_each_job_once() -> None:
     each job again before running it: ~0.25-0.5 s per job, half of it spent twice. The config the validation pass
     composed is handed to the launcher instead (the same function, the same master config and overrides: the same
     config, resolver cache included). Kept only until launched, and at most COMPOSED_KEEP at a time."""
-    if not enabled("hydra-core"):
+    found = _unpatched("hydra-core", "hydra._internal.config_loader_impl", "ConfigLoaderImpl", "load_sweep_config")
+    if found is None:
         return
-    try:
-        from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    except ImportError:  # another Hydra: compose twice as before
-        return
-    original = ConfigLoaderImpl.load_sweep_config
-    if getattr(original, "calibrun_once", False):
-        return
+    loader, original = found
     composed: dict = {}
 
     def load_sweep_config(self, master_config, sweep_overrides):
@@ -173,8 +193,7 @@ def compose_each_job_once() -> None:
             composed[key] = config
         return config
 
-    load_sweep_config.calibrun_once = True
-    ConfigLoaderImpl.load_sweep_config = load_sweep_config
+    _install(loader, "load_sweep_config", load_sweep_config)
 
 
 def commit_without_fsync(client) -> None:
@@ -207,13 +226,10 @@ def check_pins_cheaply() -> None:
     calibrun's requirements are `name==version` pins of installed distributions; when each one's installed version
     (one metadata lookup) is the pinned one, nothing can mismatch and MLflow's check is skipped. Anything else
     goes through MLflow's check as before. Installed once per process, for every caller."""
-    if not enabled("mlflow"):
+    found = _unpatched("mlflow", "mlflow.utils.environment", None, "warn_dependency_requirement_mismatches")
+    if found is None:
         return
-    from mlflow.utils import environment
-
-    check = environment.warn_dependency_requirement_mismatches
-    if getattr(check, "calibrun_pins", False):
-        return
+    environment, check = found
 
     def installed(requirement: str) -> bool:
         name, sep, version = requirement.partition("==")
@@ -227,8 +243,7 @@ def check_pins_cheaply() -> None:
             return None
         return check(requirements)
 
-    warn_mismatches.calibrun_pins = True
-    environment.warn_dependency_requirement_mismatches = warn_mismatches
+    _install(environment, "warn_dependency_requirement_mismatches", warn_mismatches)
 
 
 # --- guards -----------------------------------------------------------------------------------------------------
@@ -236,15 +251,10 @@ def check_pins_cheaply() -> None:
 def guard_callbacks(check: Callable) -> None:
     """`check(config)` runs where Hydra instantiates a run's or a sweep's callbacks (hydra._internal.callbacks
     .Callbacks), before any is instantiated; a CalibrunError it raises is one line on stderr and exit status 1."""
-    if not supported("hydra-core"):
+    found = _unpatched("hydra-core", "hydra._internal.callbacks", "Callbacks", "__init__", guard=True)
+    if found is None:
         return
-    try:
-        from hydra._internal.callbacks import Callbacks
-    except ImportError:  # another Hydra: nothing to guard with
-        return
-    original = Callbacks.__init__
-    if getattr(original, "calibrun_guard", False):
-        return
+    callbacks, original = found
 
     def init(self, config=None, *args, **kwargs):
         try:
@@ -254,23 +264,17 @@ def guard_callbacks(check: Callable) -> None:
             sys.exit(1)
         original(self, config, *args, **kwargs)
 
-    init.calibrun_guard = True
-    Callbacks.__init__ = init
+    _install(callbacks, "__init__", init)
 
 
 def on_full_disk(handler: Callable) -> None:
     """A full disk while Hydra writes a job's `.hydra/` files (hydra.core.utils._save_config, which reports it with
     a traceback) goes to `handler(exc, output_dir, filename)`, which reports it and ends the process; any other
     error is Hydra's as before."""
-    if not supported("hydra-core"):
+    found = _unpatched("hydra-core", "hydra.core.utils", None, "_save_config", guard=True)
+    if found is None:
         return
-    try:
-        from hydra.core import utils as hydra_utils
-    except ImportError:
-        return
-    original = hydra_utils._save_config
-    if getattr(original, "calibrun_full", False):
-        return
+    hydra_utils, original = found
 
     def save_config(cfg, filename, output_dir):
         try:
@@ -281,5 +285,4 @@ def on_full_disk(handler: Callable) -> None:
             handler(exc, output_dir, filename)
             raise
 
-    save_config.calibrun_full = True
-    hydra_utils._save_config = save_config
+    _install(hydra_utils, "_save_config", save_config)
