@@ -520,6 +520,8 @@ def _runs_table(r: _Report, metric: str, better: str) -> dict:
         swept = {k: v for k, v in run.overrides.items() if k in r.axes}  # (the rest: the job's .hydra/overrides.yaml)
         row = {"job": run.job, "label": run.label, "overrides": swept, "status": run.result["status"],
                "lab": run.ok and lab.difference(run.config) is None}
+        if run.ok:
+            row["verdict"] = (run.result.get("verdict") or {}).get("status")  # ok | degraded | broken | None
         if run.ok:  # what the run measured; timings and cache hits (not the model's) stay in result.json and MLflow
             row["metrics"] = {k: v for k, v in run.metrics.items()
                               if isinstance(v, (int, float)) and not k.endswith("_seconds") and k != "cache_hit"}

@@ -25,6 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 from calibrun.aggregate import ReportConf
 from calibrun.analysis import AnalysisConf
 from calibrun.analysis import validate as validate_analysis
+from calibrun.analysis.recommend import RecommendConf
+from calibrun.analysis.recommend import validate as validate_recommend
 from calibrun.bounds import MAX_BATCHES, MAX_FACTOR, MAX_ROWS, MAX_SEED, MIN_FACTOR
 from calibrun.cache import CacheConf
 from calibrun.calibrate import METHODS, CalibrationSpec
@@ -39,6 +41,8 @@ from calibrun.measure import tasks
 from calibrun.measure.errors import EvalConf, OrtConf
 from calibrun.measure.tasks import TASKS, TaskConf
 from calibrun.measure.tensor_stats import DiagnosticsConf
+from calibrun.measure.verdict import VerdictConf
+from calibrun.measure.verdict import validate as validate_verdict
 from calibrun.memory import MemoryConf, parse_budget
 from calibrun.model import MODELS, ModelConf
 from calibrun.quantize import FORMATS, FormatConf, QuantOptions
@@ -81,6 +85,8 @@ class Config:
     task: TaskConf = field(default_factory=TaskConf)
     diagnostics: DiagnosticsConf = field(default_factory=DiagnosticsConf)
     analysis: AnalysisConf = field(default_factory=AnalysisConf)
+    verdict: VerdictConf = field(default_factory=VerdictConf)
+    recommend: RecommendConf = field(default_factory=RecommendConf)
     memory: MemoryConf = field(default_factory=MemoryConf)
     batches: int = MAIN_BATCHES
     resume: bool = False  # skip jobs whose result.json is complete and valid (same sweep folder)
@@ -307,6 +313,10 @@ def validate(cfg: DictConfig, swept: Iterable[str] = (), sweep_job: bool = False
         quant_options(cfg)
     if not _swept_group("analysis", swept):
         validate_analysis(cfg.analysis, cfg.format.name)
+    if not _swept_group("verdict", swept):
+        validate_verdict(cfg.verdict)
+    if not _swept_group("recommend", swept):
+        validate_recommend(cfg.recommend)
     _check_sources(cfg, swept)
 
 

@@ -21,12 +21,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from calibrun import cache as cache_store
 from calibrun import config
-from calibrun.calibrate import CalibrationCache
+from calibrun.calibrate import Calibration, CalibrationCache
 from calibrun.data import EvalData, calibration_data, evaluation_data
-from calibrun.errors import one_line
+from calibrun.errors import CalibrunError, one_line
 from calibrun.files import DIAGNOSTICS_FILE, RANGES_FILE, temp_dir, write_json
 from calibrun.measure import errors as measure
-from calibrun.measure import tasks
+from calibrun.measure import tasks, verdict
 from calibrun.measure.tensor_stats import StreamingDiagnostics, as_table, classify_model
 from calibrun.model import FloatModel, check_model_file, file_sha256, open_float_model
 from calibrun.model.digits import ensure_digits
@@ -215,6 +215,14 @@ class JobContext:
     def fresh_task(self) -> tasks.Task:
         return copy.deepcopy(self.task)
 
+    def calibration_of(self, result: JobResult) -> Calibration:
+        """The job's own calibration (its ranges file, in the job folder): what a change of post-calibration options
+        is quantised from again, without calibrating."""
+        spec = config.calibration_spec(self.cfg)
+        return Calibration(self.job_dir / result.files["ranges"], spec.method, result.cache_key, True, 0.0,
+                           result.metrics.get("span", 0.0), int(result.params.get("batches", 0)),
+                           spec.op_types or None)
+
 
 def context(cfg: DictConfig, job_dir: Path) -> JobContext:
     """The job's context: the prepared model, its data sources and its task, each checked (a bad exclusion name,
@@ -282,6 +290,10 @@ def compute(ctx: JobContext) -> JobResult:
         files={"fp32": _relative(fp32.path, job_dir), "int8": int8_path.name, "ranges": RANGES_FILE,
                "int8_sha256": file_sha256(int8_path), "ranges_sha256": file_sha256(job_dir / RANGES_FILE)},
     )
+    try:
+        result.verdict = verdict.decide(result.metrics, cfg.verdict, rows=int(errors["rows"]))
+    except ValueError as exc:  # verdict.metric names no metric of this run
+        raise CalibrunError(f"config {exc}") from None
     if rows is not None:
         write_json(job_dir / DIAGNOSTICS_FILE, as_table(rows))  # column-oriented, strict JSON
         result.files["diagnostics"] = DIAGNOSTICS_FILE

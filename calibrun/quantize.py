@@ -53,10 +53,11 @@ class QuantOptions:
 
 class _AdviceOnce(logging.Filter):
     """onnxruntime logs the same advice on the root logger for every QOperator model it writes ("Please use
-    QuantFormat.QDQ for activation type QInt8 ..."): shown once per process (a sweep's jobs run in its process, or
-    in a few workers), not once per job."""
+    QuantFormat.QDQ for activation type QInt8 ...") and every 16-bit model of an older opset ("The original model
+    opset version is 17, which does not support 16-bit ..."): shown once per process (a sweep's jobs run in its
+    process, or in a few workers), not once per model."""
 
-    PREFIX = "Please use QuantFormat.QDQ"
+    PREFIX = ("Please use QuantFormat.QDQ", "The original model opset version is")
 
     def __init__(self):
         super().__init__()

@@ -135,7 +135,8 @@ def _diagnosis_section(diagnosis: dict) -> str:
         lines.append(f"| {label} | **{run['verdict']}** | {_pct(inp.get('clipped_fraction'))} | "
                      f"{_pct(inp.get('grid_used'))} | {_db(inp.get('sqnr_db'))} | {culprit} | "
                      f"{run['max_abs_error']:.4g} |")
-        advice += [f"- {label}: {text}" for text in run.get("recommendations") or []]
+        advice += [f"- {label}: `{r['change']}`: {r['metric']} {_fmt(r['before'])} -> {_fmt(r['after'])} "
+                   f"({r['status_after']})" for r in run.get("recommendations") or []]
     if len(lines) == 2:
         lines = ["No QDQ run in this sweep: per-tensor diagnostics are measured on QDQ models."]
     lines += ["", "*clipping*: values cut off beyond half a step add more error than all the tensor's rounding; "
@@ -145,7 +146,7 @@ def _diagnosis_section(diagnosis: dict) -> str:
               "these. A culprit's share is its part of the error added tensor by tensor "
               "(its noise against fp32 minus what its inputs carried in)."]
     if advice:
-        lines += ["", "Recommended:", *advice]
+        lines += ["", "Recommended (each change measured on the evaluation rows, best first):", *advice]
     for calibration, trend in diagnosis["samples"].items():
         lines += ["", f"**More samples for {calibration}?** {trend['verdict']}: {trend['reason']}."]
     return "\n".join(lines)
@@ -285,14 +286,29 @@ def _fmt(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def verdict_line(table: dict) -> str:
+    """The report's first line: how many runs are ok, degraded, broken (each run's verdict, calibrun.measure.verdict),
+    and the best run's."""
+    rows = table["runs"]
+    counts = {s: sum(1 for r in rows if r.get("verdict") == s) for s in ("ok", "degraded", "broken")}
+    said = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no run has a verdict"
+    failed = sum(1 for r in rows if r["status"] != "ok")
+    best = next((r for r in rows if r["label"] == table["best"]), None)
+    line = f"**Verdict:** {said} of {len(rows)} run(s)" + (f" ({failed} failed)" if failed else "")
+    if best is not None and best.get("verdict"):
+        line += f"; the best run by `{table['headline']['metric']}`, {best['label']}, is **{best['verdict']}**"
+    return line + "."
+
+
 def _runs_section(table: dict) -> str:
     """Every run of the sweep: its swept overrides, the headline metric and the main numbers."""
     axes = list(table["axes"])
     metric = table["headline"]["metric"]
     columns = [metric] + [m for m in ("max_abs_error", "mean_abs_error", "input_scale", "span", "model_bytes")
                           if m != metric]
-    head = (axes or ["run"]) + columns + ["status"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(axes or ["run"]) + "---:|" * len(columns) + "---|"]
+    head = (axes or ["run"]) + ["verdict"] + columns + ["status"]
+    lines = ["| " + " | ".join(head) + " |",
+             "|" + "---|" * (len(axes or ["run"]) + 1) + "---:|" * len(columns) + "---|"]
     for row in table["runs"]:
         keys = [row["overrides"].get(a, "-") for a in axes] if axes else [row["label"]]
         metrics = row.get("metrics", {})
@@ -300,7 +316,8 @@ def _runs_section(table: dict) -> str:
         if row["label"] == table["best"]:
             cells[0] = f"**{cells[0]}**"
         status = row["status"] if row["status"] == "ok" else f"failed: {row.get('error', '')}"
-        lines.append("| " + " | ".join(str(c).replace("|", "/") for c in [*keys, *cells, status]) + " |")
+        said = row.get("verdict") or "-"
+        lines.append("| " + " | ".join(str(c).replace("|", "/") for c in [*keys, said, *cells, status]) + " |")
     ok = sum(1 for row in table["runs"] if row["status"] == "ok")
     intro = (f"{len(table['runs'])} run(s), {ok} completed; swept: "
              + (", ".join(f"`{a}` ({len(v)} values)" for a, v in table["axes"].items()) or "nothing")
@@ -320,6 +337,8 @@ def write(report_dir: Path, runs: dict, facts: dict, summary) -> list[Path]:
     lab_plots = _lab_plots(report_dir, facts)
     calib = facts.get("calib")
     parts = ["# calibrun report", ""]
+    if "table" in facts:
+        parts += [verdict_line(facts["table"]), ""]
     if "table" in facts:
         parts += ["## Runs", "", _runs_section(facts["table"]), ""]
         parts += [f"![{p.stem}]({p.name})" for p in axis_plots] + [""]

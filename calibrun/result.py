@@ -19,6 +19,8 @@ STATUSES = ("ok", "failed")
 class JobResult:
     status: str  # "ok" | "failed"
     error: str | None = None  # a failed job: its one line
+    verdict: dict | None = None  # the headline: status ok|degraded|broken, metric, value, because (measure/verdict.py)
+    recommendations: list | None = None  # measured changes that made the model better, best first (analysis/recommend)
     params: dict = field(default_factory=dict)  # what decides the job (its identity, options, model hash)
     metrics: dict | None = None  # every number measured
     ops: dict | None = None  # op type -> node count of the int8 model

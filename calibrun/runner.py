@@ -17,6 +17,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from calibrun import analysis, cache, config, interrupts
+from calibrun.analysis import recommend
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import (
     RESULT_FILE,
@@ -26,6 +27,7 @@ from calibrun.files import (
 )
 from calibrun.interrupts import die_of, install_signal_handlers
 from calibrun.job import compute, context, job_identity, job_params
+from calibrun.measure import verdict
 from calibrun.model import file_sha256
 from calibrun.result import JobResult
 from calibrun.tracking import (
@@ -81,6 +83,8 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
         ctx = context(cfg, job_dir)
         result = compute(ctx)
         analysis.attach(ctx, result)
+        if recommend.enabled(cfg, multirun=sweep_dir is not None):
+            recommend.attach(ctx, result)
         if run_id is not None:
             track(tracker, run_id, cfg, result, job_dir, job, ctx)
             analysis.log_to(tracker, run_id, job_dir, result)
@@ -118,6 +122,7 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
     log.info("%s factor=%s batches=%s %s: input_scale=%s max_abs_error=%.6g cache_hit=%s -> %s",
              cfg.calibration.name, cfg.calibration.factor, cfg.batches, cfg.format.name, scale,
              m["max_abs_error"], bool(m["cache_hit"]), job_dir / RESULT_FILE)
+    log.info(verdict.line(result.verdict))  # the job's last line: the headline
     if run_id is not None and sweep_dir is None:  # a sweep prints its parent run's link at its end
         print(link_line(tracker.uri, tracker.experiment_id, run_filter(run_id)), file=sys.stderr)
     return result
@@ -182,6 +187,7 @@ def _resumed(cfg: DictConfig, result: JobResult, job_dir: Path, job: Job, tracke
                 end_run(tracker, run_id, "FAILED")
                 raise
     log.info("job %s: complete and valid, skipped (resume=true) -> %s", job.job_num, job_dir / RESULT_FILE)
+    log.info(verdict.line(result.verdict))
     return result
 
 

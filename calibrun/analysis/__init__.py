@@ -81,7 +81,6 @@ def _sensitivity(ctx, result, int8_path: Path, evaluator, measured: dict) -> Non
     cfg, job_dir, fp32 = ctx.cfg, ctx.job_dir, ctx.fp32
     from calibrun.analysis.evaluate import metric_of
     from calibrun.analysis.sensitivity import fallback, rank
-    from calibrun.calibrate import Calibration
     from calibrun.files import write_json
 
     a = cfg.analysis
@@ -94,8 +93,7 @@ def _sensitivity(ctx, result, int8_path: Path, evaluator, measured: dict) -> Non
     options = ctx.options  # the job's quantisation options, its exclusions resolved against the model
     record = {"metric": a.metric, "goal": a.goal, **{k: v for k, v in ranked.items() if k not in ("metric", "goal")}}
     if a.target is not None:
-        calibration = Calibration(job_dir / result.files["ranges"], cfg.method.name, result.cache_key, True,
-                                  0.0, result.metrics.get("span", 0.0), int(result.params.get("batches", 0)))
+        calibration = ctx.calibration_of(result)
         done = fallback(fp32.path, calibration, options, ranked["ranking"], evaluator.model, a.metric, a.goal,
                         float(a.target), job_dir / FALLBACK_MODEL, a.max_steps, ranked["all_pairs_removed"],
                         start=(int8_path, measured))

@@ -304,6 +304,15 @@ class EvalData:
 
         return cls(rows, pieces, labels, classes, identity, list(feeds))
 
+    def head(self, rows: int) -> EvalData:
+        """The first `rows` rows (all of them when there are fewer), served the same way."""
+        if rows >= self.rows:
+            return self
+        labels = None if self.labels is None else self.labels[:rows]
+        head = EvalData(rows, self._pieces, labels, self.classes, {**self.identity, "rows": rows}, self.inputs)
+        head.label_sources = self.label_sources
+        return head
+
     def sizes(self, size: int) -> list[int]:
         size = check_positive_int(size, "batch size")
         return [min(size, self.rows - start) for start in range(0, self.rows, size)]

@@ -70,6 +70,7 @@ from calibrun.data.lab import fixed_rows
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import temp_dir
 from calibrun.measure.errors import session
+from calibrun.measure.verdict import SQNR_OK_DB
 from calibrun.model import graph_inputs, load_model
 from calibrun.model.graph import constant_tensors
 
@@ -103,7 +104,7 @@ COARSE_SQNR_DB = 20.0
 WEIGHT_RATIO = 8.0
 CULPRITS = 5  # tensors named in every run's diagnosis
 OVERALL_SHARE = 1 / 3  # a problem verdict holding this share of the added error is the model's verdict
-ACCUMULATED_DB = 20.0  # an output under this SQNR with only sound tensors: the error accumulates
+ACCUMULATED_DB = SQNR_OK_DB  # an output under the verdict's ok SQNR with only sound tensors: the error accumulates
 DISTINCT_SAMPLE = 16384  # distinct fp32 values are counted on at most about this many values per batch
 # The augmented sessions return every diagnosed tensor (the int8 one twice: before and after its pair): a batch
 # is split into runs of as many rows as keep those outputs under memory.budget (measured on the first row), and
@@ -853,7 +854,7 @@ def classify(diag_row: Mapping) -> str:
     return "coarse" if coarse else "sound"
 
 
-def _float_nodes(rows: Sequence[Mapping]) -> list[str]:
+def float_nodes(rows: Sequence[Mapping]) -> list[str]:
     """The nodes to exclude so that each row's tensor stays in float: onnxruntime keeps a Q/DQ pair on a tensor
     while its producer or any consumer is quantised, and data-movement ops pass the scale on, so the producer
     and the path to the next computation (`float_nodes`) are named."""
@@ -885,7 +886,6 @@ def classify_model(diags: Sequence[Mapping], weights: Sequence[Mapping] = (), n:
     - `overall`: the problem verdict (clipping, mixed, coarse) whose tensors hold the largest summed noise_share
       (`noise_by_verdict`) when that is at least OVERALL_SHARE of it all, else the top culprit's verdict;
     - `clipping_tensors`, `mixed_tensors`, `coarse_tensors`; `mixed_weights` (weights to quantise per channel);
-    - `recommendations`: config changes the verdicts point to;
     - with `output_sqnr_db` (output name -> SQNR of int8 vs fp32): `output_sqnr_db` (the lowest) and
       `accumulated`: true when sound tensors hold most of the noise yet an output is under ACCUMULATED_DB: no
       tensor is badly quantised on its own, the error builds up over many of them.
@@ -921,38 +921,11 @@ def classify_model(diags: Sequence[Mapping], weights: Sequence[Mapping] = (), n:
     else:
         overall = next((v for v in VERDICTS if counts[v]), None)
     mixed_weights = [w for w in weights if w.get("verdict") == "mixed"]
-    recommendations = []
-    if mixed_weights:
-        recommendations.append(f"quant.per_channel=true: {len(mixed_weights)} weight(s) quantised per tensor have "
-                               f"output channels whose ranges differ by >= {WEIGHT_RATIO:g}x (e.g. "
-                               f"{mixed_weights[0]['node'] or mixed_weights[0]['weight']}, "
-                               f"{mixed_weights[0]['ratio']:.3g}x)")
-    mixed = [row for row in diags if verdicts[row["tensor"]] == "mixed" and row.get("node")]
-    if mixed:
-        recommendations.append(f"quant.nodes_to_exclude=[{','.join(_float_nodes(mixed))}]: one scale cannot serve "
-                               "the parts of their outputs (their producers and the Reshape/Concat/Transpose "
-                               "path to the next computation, so the values stay float until used)")
-    if first_input is not None and verdicts.get(first_input) == "clipping":
-        recommendations.append("the input clips: calibrate on data that covers the real input range")
-    if overall == "coarse" and not (first_input is not None and verdicts.get(first_input) == "coarse"):
-        top = next((c for c in culprits if c["verdict"] == "coarse"), None)
-        where = f" (e.g. {top['node'] or top['tensor']})" if top else ""
-        recommendations.append(f"coarse tensors hold most of the noise{where}: outliers stretch their ranges; try "
-                               "method=percentile or method=entropy, or keep those nodes in float")
-    elif overall == "clipping" and first_input is not None and verdicts.get(first_input) != "clipping":
-        recommendations.append("clipping tensors hold most of the noise: calibrate on more representative data")
     accumulated = None
     lowest = None
     if output_sqnr_db:
         lowest = min(output_sqnr_db.values())
         accumulated = bool(overall == "sound" and lowest < ACCUMULATED_DB)
-        if accumulated:
-            nodes = _float_nodes([c for c in culprits if c.get("node")][:2])
-            recommendations.append(
-                f"the output is at {lowest:.1f} dB SQNR while no tensor is badly quantised on its own: the error "
-                f"builds up over {len(diags)} quantised tensors; keep the largest contributors in float "
-                f"(quant.nodes_to_exclude=[{','.join(nodes)}]), quant.per_channel=true, or 16-bit activations "
-                "(quant.activation_type=QInt16)")
     return {
         "input_tensor": first_input,
         "output_sqnr_db": lowest,
@@ -967,7 +940,6 @@ def classify_model(diags: Sequence[Mapping], weights: Sequence[Mapping] = (), n:
         "mixed_tensors": [name for name, v in verdicts.items() if v == "mixed"],
         "coarse_tensors": [name for name, v in verdicts.items() if v == "coarse"],
         "mixed_weights": [{k: w[k] for k in ("weight", "node", "op_type", "channels", "ratio")} for w in mixed_weights],
-        "recommendations": recommendations,
     }
 
 

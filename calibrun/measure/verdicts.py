@@ -3,7 +3,7 @@
 Per run (QDQ runs carry per-tensor diagnostics): the input tensor's and the model's verdict (clipping / mixed /
 coarse / sound, calibrun.measure.tensor_stats.classify) with the numbers behind it, the worst tensors by SQNR, the
 culprits (the tensors with the largest share of the noise, with the node that produces each, as every run's
-result.json records them) and the recommended config changes.
+result.json records them) and the measured recommendations of the run.
 
 Per calibration with several batch counts: would more samples help? The observed range of n samples of a
 light-tailed distribution grows like a + b * sqrt(2 ln n) (the expected maximum of n normal draws). A
@@ -51,7 +51,7 @@ def run_diagnosis(result: Mapping, table: Mapping[str, list] | None, n_worst: in
     entry["worst_tensors"] = [{k: row.get(k) for k in ("tensor", "node", "verdict", "sqnr_db", "clipped_fraction",
                                                          "clip_cost", "grid_used")} for row in worst(rows, n_worst)]
     entry["culprits"] = list(verdict.get("culprits", []))[:n_worst]
-    entry["recommendations"] = list(verdict.get("recommendations", []))
+    entry["recommendations"] = list(result.get("recommendations") or [])  # measured (calibrun.analysis.recommend)
     return entry
 
 

@@ -173,6 +173,16 @@ def diagnosis_tags(result: JobResult) -> dict:
             if isinstance(v, str) and k != "input_tensor"}
 
 
+def verdict_tags(result: JobResult) -> dict:
+    """The headline as tags: `calibrun.verdict` (ok|degraded|broken), why, and the best measured change."""
+    tags = {}
+    if result.verdict:
+        tags = {"calibrun.verdict": result.verdict["status"], "calibrun.verdict.because": result.verdict["because"]}
+    if result.recommendations:
+        tags["calibrun.recommendation"] = result.recommendations[0]["change"]
+    return tags
+
+
 def datasets(cfg: DictConfig, result: JobResult, ctx: JobContext | None = None) -> dict[str, dict]:
     """The calibration and evaluation data by their identity dicts (what decides the arrays; no arrays loaded
     for the lab rule, file hashes for user files): the job's own data, or for a resumed job rebuilt from its
@@ -237,7 +247,7 @@ def track(tracker: Tracker, run_id: str, cfg: DictConfig, result: JobResult, job
     run's metrics linked to it), metrics, tags, files. Records the ids in result.mlflow."""
     tracker.log(run_id, params=mlflow_params(cfg, result),
                 tags={"calibrun.cache_key": result.cache_key, "calibrun.model_file": result.params["model_file"],
-                      **diagnosis_tags(result), **output_tags(job_dir / "int8.onnx")})
+                      **diagnosis_tags(result), **verdict_tags(result), **output_tags(job_dir / "int8.onnx")})
     tracker.log_datasets(run_id, datasets(cfg, result, ctx))
     model_id = None
     if cfg.tracking.get("log_model", True):
@@ -248,6 +258,8 @@ def track(tracker: Tracker, run_id: str, cfg: DictConfig, result: JobResult, job
         tracker.log_artifact(run_id, job_dir / name)
     if "diagnostics" in result.files:
         tracker.log_table(run_id, json.loads((job_dir / DIAGNOSTICS_FILE).read_text()), DIAGNOSTICS_FILE)
+    if "recommendations" in result.files:
+        tracker.log_artifact(run_id, job_dir / result.files["recommendations"])
     result.mlflow = {"run_id": run_id, "experiment_id": tracker.experiment_id, "model_id": model_id}
 
 

@@ -1,0 +1,204 @@
+"""Measured recommendations (`recommend=on`, the default of a single run): each candidate change is applied, the
+model quantised again and re-measured on the first `recommend.rows` evaluation rows with the verdict's metric
+(calibrun.measure.verdict); only a change that makes the model better is offered, best first.
+
+Candidates, each written as the override a user types:
+- post-calibration changes, quantised from the job's own ranges (no calibration): `quant.per_channel=true`,
+  16-bit activations `quant.activation_type=QInt16` and weights `quant.weight_type=QInt16` (QDQ only: onnxruntime's
+  QOperator has no 16-bit kernels), and `quant.nodes_to_exclude=[...]` with the nodes that keep the top culprits
+  of the diagnosis in float (QDQ with diagnostics);
+- other calibration methods (`recommend.methods`), calibrated through the calibration cache (a later run with that
+  method reuses the ranges);
+- the changes that each helped, together (one more quantisation).
+
+Cost: one quantisation and one evaluation pass over `recommend.rows` rows a candidate (plus a calibration for a
+method), reported in result.json `used.recommend`; every candidate, better or not, is in `recommendations.json`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from calibrun.errors import need, one_line
+from calibrun.measure.tensor_stats import float_nodes
+
+log = logging.getLogger("calibrun")
+
+RECOMMEND_FILE = "recommendations.json"
+SIXTEEN = {"QInt8": "QInt16", "QUInt8": "QUInt16"}
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+MOSTLY_INT8 = 0.25  # a nodes_to_exclude candidate keeps at least 3/4 of the model's nodes out of it
+
+
+@dataclass
+class Candidate:
+    changes: tuple[str, ...]  # overrides, as typed
+    options: object  # calibrun.quantize.QuantOptions
+    method: str | None = None  # another calibration method, None: the job's ranges
+
+    @property
+    def change(self) -> str:
+        return " ".join(self.changes)
+
+
+def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, graph_nodes: int) -> list[Candidate]:
+    """The single changes worth measuring for a job quantised with `options` by `method` (`graph_nodes`: the fp32
+    model's node count). Keeping nodes in float is a candidate only while the model stays mostly integer: at most
+    MOSTLY_INT8 of its nodes excluded (on a small model the top culprits are the whole model, and "keep it all in
+    fp32" is no int8 recommendation)."""
+    found = []
+    if not options.per_channel:
+        found.append(Candidate(("quant.per_channel=true",), replace(options, per_channel=True)))
+    if fmt == "qdq":
+        for key in ("activation_type", "weight_type"):
+            current = getattr(options, key)
+            if current in SIXTEEN:
+                found.append(Candidate((f"quant.{key}={SIXTEEN[current]}",),
+                                       replace(options, **{key: SIXTEEN[current]})))
+        culprits = (diagnosis or {}).get("culprits") or []
+        nodes = [n for n in float_nodes(culprits[: conf.culprits]) if n not in options.nodes_to_exclude]
+        if nodes and len(options.nodes_to_exclude) + len(nodes) <= MOSTLY_INT8 * graph_nodes:
+            every = [*options.nodes_to_exclude, *nodes]
+            found.append(Candidate((f"quant.nodes_to_exclude=[{','.join(every)}]",),
+                                   replace(options, nodes_to_exclude=tuple(every))))
+    for other in conf.methods:
+        if other != method:
+            found.append(Candidate((f"method={other}",), options, method=other))
+    return found
+
+
+def combined(helped: list[Candidate], options) -> Candidate | None:
+    """The changes that each helped, together (the best method's ranges with every quant change), when >= 2."""
+    quant = [c for c in helped if c.method is None]
+    methods = [c for c in helped if c.method is not None][:1]  # `helped` is best first
+    if len(quant) + len(methods) < 2:
+        return None
+    merged = options
+    for c in quant:
+        diff = {k: getattr(c.options, k) for k in ("per_channel", "activation_type", "weight_type",
+                                                   "nodes_to_exclude") if getattr(c.options, k) != getattr(options, k)}
+        merged = replace(merged, **diff)
+    return Candidate(tuple(ch for c in (*methods, *quant) for ch in c.changes), merged,
+                     methods[0].method if methods else None)
+
+
+def attach(ctx, result) -> None:
+    """Measure every candidate on the job of `ctx` (calibrun.job.JobContext) and add `recommendations` (the ones
+    that helped, best first) and `used.recommend` to `result`; writes recommendations.json."""
+    from calibrun import config
+    from calibrun.analysis.evaluate import Evaluator
+    from calibrun.calibrate import CalibrationCache
+    from calibrun.data.lab import fixed_rows
+    from calibrun.files import temp_dir, write_json
+    from calibrun.measure import verdict
+    from calibrun.quantize import quantize, quantize_with
+
+    cfg, fp32 = ctx.cfg, ctx.fp32
+    conf = cfg.recommend
+    if result.verdict is None:
+        return
+    start = time.perf_counter()
+    rule = verdict.rule_for(result.metrics, cfg.verdict)
+    better = 1.0 if rule.goal == "max" else -1.0
+    evaluation = ctx.evaluation if conf.rows is None else ctx.evaluation.head(conf.rows)
+    spec = config.calibration_spec(cfg)
+    cache = CalibrationCache(cfg.cache.dir) if cfg.cache.enabled else None
+    own = ctx.calibration_of(result)
+    measured: list[dict] = []
+    helped: list[Candidate] = []
+    rows = fixed_rows(fp32.info) or cfg.analysis.batch_rows
+    with Evaluator(fp32.path, evaluation, rows, cfg.ort.intra_op_threads, ctx.fresh_task()) as evaluator, \
+            temp_dir("rec") as tmp:
+        if evaluation is ctx.evaluation:  # every row: the verdict's own value
+            before = float(result.verdict["value"]) if result.verdict["value"] is not None else math.nan
+        else:
+            before = rule.value(evaluator.model(ctx.job_dir / result.files["int8"]))
+
+        def measure(candidate: Candidate, index: int) -> dict:
+            path = Path(tmp) / f"{index}.onnx"
+            began = time.perf_counter()
+            entry = {"change": candidate.change, "metric": rule.metric, "before": _finite(before)}
+            try:
+                if candidate.method is None:
+                    quantize(fp32.path, path, own, candidate.options)
+                else:
+                    quantize_with(fp32, path, ctx.data, spec=replace(spec, method=candidate.method),
+                                  options=candidate.options, cache=cache, threads=cfg.ort.intra_op_threads,
+                                  input_may_stay_float=True, budget=config.memory_budget(cfg))
+                after_metrics = evaluator.model(path)
+            except Exception as exc:  # a change onnxruntime cannot make or run is reported, never offered
+                entry.update(after=None, status_after=None, error=one_line(exc),
+                             seconds=round(time.perf_counter() - began, 3))
+                log.info("recommend: %s: could not be measured: %s", candidate.change, entry["error"])
+                return entry
+            after = rule.value(after_metrics)
+            decided = verdict.decide(after_metrics, cfg.verdict)
+            entry.update(after=_finite(after), status_after=decided["status"] if decided else None,
+                         seconds=round(time.perf_counter() - began, 3))
+            entry["helps"] = bool(math.isfinite(after) and (not math.isfinite(before)
+                                                            or better * (after - before) > 0))
+            log.info("recommend: %s: %s %.6g -> %.6g (%s)%s", candidate.change, rule.metric, before, after,
+                     entry["status_after"], "" if entry["helps"] else ": not better, not offered")
+            return entry
+
+        graph_nodes = sum(n for op, n in (result.ops or {}).items() if op not in QDQ_OPS)
+        singles = candidates(ctx.options, cfg.format.name, spec.method, result.diagnosis, conf, graph_nodes)
+        for i, candidate in enumerate(singles):
+            entry = measure(candidate, i)
+            measured.append(entry)
+            if entry.get("helps"):
+                helped.append(candidate)
+        helped.sort(key=lambda c: -better * next(e["after"] for e in measured if e["change"] == c.change))
+        both = combined(helped, ctx.options)
+        if both is not None:
+            measured.append(measure(both, len(singles)))
+    offered = sorted((e for e in measured if e.get("helps")), key=lambda e: -better * e["after"])
+    seconds = time.perf_counter() - start
+    result.recommendations = [{k: e[k] for k in ("change", "metric", "before", "after", "status_after")}
+                              for e in offered]
+    result.used = {**(result.used or {}), "recommend": {
+        "rows": evaluation.rows, "candidates": len(measured), "seconds": round(seconds, 3),
+        "before": _finite(before)}}
+    write_json(ctx.job_dir / RECOMMEND_FILE, {"metric": rule.metric, "goal": rule.goal, "rows": evaluation.rows,
+                                               "before": _finite(before), "measured": measured})
+    result.files[RECOMMEND_FILE.removesuffix(".json")] = RECOMMEND_FILE
+    if offered:
+        log.info("recommend: best: %s (%s %.6g -> %.6g, %s); %d candidates in %.1f s", offered[0]["change"],
+                 rule.metric, before, offered[0]["after"], offered[0]["status_after"], len(measured), seconds)
+    else:
+        log.info("recommend: none of %d candidates made %s better (%.1f s)", len(measured), rule.metric, seconds)
+
+
+def _finite(value):
+    return value if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def enabled(cfg, multirun: bool) -> bool:
+    """recommend.enabled, auto (null): on for a single run, off in a sweep (each candidate costs an evaluation)."""
+    return cfg.recommend.enabled if cfg.recommend.enabled is not None else not multirun
+
+
+# --- config: this concept's options (the `recommend` node; calibrun.config assembles the schema) ---
+
+@dataclass
+class RecommendConf:
+    """Measured recommendations (recommend=auto|on|off)."""
+
+    enabled: bool | None = None  # null (auto): on for a single run, off in a sweep
+    rows: int | None = None  # each candidate is measured on the first `rows` evaluation rows (null: all of them)
+    methods: list[str] = field(default_factory=lambda: ["percentile", "entropy"])  # calibration methods tried
+    culprits: int = 3  # quant.nodes_to_exclude candidate: the nodes of this many top culprits
+
+
+def validate(conf) -> None:
+    from calibrun.calibrate import METHODS
+
+    need(conf.rows is None or conf.rows >= 1, "recommend.rows", "must be >= 1 (or null: every evaluation row)",
+         conf.rows)
+    need(conf.culprits >= 1, "recommend.culprits", "must be >= 1", conf.culprits)
+    need(set(conf.methods) <= set(METHODS), "recommend.methods", f"must be a subset of {sorted(METHODS)}",
+         list(conf.methods))

@@ -1,0 +1,157 @@
+"""The headline verdict of a job: is the int8 model ok, degraded or broken? Decided from what the int8 model does
+(result.json `verdict`, the MLflow tag `calibrun.verdict`, the job's last log line, the report's first line).
+
+One rule for every built-in metric: count the model's decisions that quantisation changed.
+
+- A task metric decides when the run has one. Classification: `task.top1_agreement`, the share of rows (or
+  positions) whose int8 top-1 class is fp32's. Dense map: `task.iou`, int8's positive pixels against fp32's:
+  1 - IoU is the share of the pixels that matter (the union of both masks) that changed side. In both, ok means at
+  most 1 decision in 20 changed (>= 0.95), broken more than 1 in 5 (< 0.80), degraded in between.
+- A custom metric decides with `verdict.metric`, `verdict.goal` (max|min), `verdict.ok`, `verdict.broken`.
+- Without a task metric, the worst model output's SQNR (int8 against fp32, in dB; outputs made of parts, like a
+  detector's boxes and scores in one tensor, count each part, so a part the whole's energy hides is seen): ok at
+  >= 20 dB (the error's RMS is at most 10% of the signal's), broken under 10 dB (over 32%). An int8 tensor on its own
+  reaches about 40-50 dB (6 dB a bit); a network adds the noise of every quantised tensor, so a sound one lands
+  some 15-25 dB lower, above 20 dB; under 10 dB the error is a third of the signal, more than decisions survive.
+
+The per-tensor diagnosis (calibrun.measure.tensor_stats) is the explanation beneath the verdict, never the
+headline: a model whose tensors are each sound can still be broken at its outputs (the error builds up).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from calibrun.errors import need
+
+STATUSES = ("ok", "degraded", "broken")
+GOALS = ("max", "min")
+
+
+@dataclass(frozen=True)
+class Rule:
+    metric: str
+    goal: str  # max | min: which way is better
+    ok: float  # at least (goal max) / at most (goal min) this is ok
+    broken: float  # below (goal max) / above (goal min) this is broken
+    says: str  # the measurement in words, for `because`: "{value}" is filled in
+    worst: bool = False  # the worst output's SQNR: re-found in each run's metrics (the worst output may move)
+
+    def value(self, metrics: Mapping[str, float]) -> float:
+        """This rule's metric in `metrics` (NaN when missing)."""
+        if self.worst:
+            found = worst_output(metrics)
+            return found[1] if found is not None else math.nan
+        return float(metrics.get(self.metric, math.nan))
+
+    def status(self, value: float) -> str:
+        if not math.isfinite(value):
+            return "broken"
+        sign = 1.0 if self.goal == "max" else -1.0
+        if sign * value >= sign * self.ok:
+            return "ok"
+        return "broken" if sign * value < sign * self.broken else "degraded"
+
+    def bounds(self) -> str:
+        if self.goal == "max":
+            return f"ok >= {self.ok:g}, broken < {self.broken:g}"
+        return f"ok <= {self.ok:g}, broken > {self.broken:g}"
+
+
+AGREEMENT = Rule("task.top1_agreement", "max", 0.95, 0.80, "int8's top-1 class is fp32's on {value:.1%} of the "
+                 "predictions")
+IOU = Rule("task.iou", "max", 0.95, 0.80, "int8's and fp32's maps share {value:.1%} of the pixels either marks "
+                                          "(IoU)")
+TASK_RULES = (AGREEMENT, IOU)
+SQNR_OK_DB = 20.0
+SQNR_BROKEN_DB = 10.0
+_PART = re.compile(r"^out\.(?P<output>.+?)(?:\.ch(?P<part>\d+))?\.sqnr_db$")
+
+
+def worst_output(metrics: Mapping[str, float]) -> tuple[str, float] | None:
+    """(metric key, value) of the lowest output SQNR, over every output and every part of one (`out.X.chK.sqnr_db`);
+    None when the run measured none."""
+    found = [(value, key) for key, value in metrics.items()
+             if _PART.match(key) and isinstance(value, int | float) and not isinstance(value, bool)]
+    if not found:
+        return None
+    value, key = min(found, key=lambda p: (p[0] if math.isfinite(p[0]) else -math.inf, p[1]))
+    return key, float(value)
+
+
+def _sqnr_rule(key: str) -> Rule:
+    match = _PART.match(key)
+    where = f"output {match['output']!r}" + (f" (part {match['part']})" if match["part"] is not None else "")
+    return Rule(key, "max", SQNR_OK_DB, SQNR_BROKEN_DB,
+                f"the worst output, {where}, is at {{value:.1f}} dB SQNR against fp32 (error RMS {{rms:.0%}} of the "
+                "signal's)", worst=True)
+
+
+def rule_for(metrics: Mapping[str, float], conf=None) -> Rule | None:
+    """The rule that decides a run with these metrics: `verdict.metric` when set, else the task's, else the worst
+    output's SQNR; None when the run measured nothing to decide on."""
+    if conf is not None and conf.metric:
+        return Rule(conf.metric, conf.goal, float(conf.ok), float(conf.broken),
+                    f"{conf.metric} = {{value:.6g}} (set by verdict.metric)")
+    for rule in TASK_RULES:
+        if rule.metric in metrics:
+            return rule
+    worst = worst_output(metrics)
+    return _sqnr_rule(worst[0]) if worst is not None else None
+
+
+def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None) -> dict | None:
+    """result.json `verdict`: {status, metric, value, because}; None without anything to decide on. A verdict.metric
+    the run did not measure is an error (the run's metric names listed)."""
+    rule = rule_for(metrics, conf)
+    if rule is None:
+        return None
+    if rule.metric not in metrics:
+        raise ValueError(f"verdict.metric {rule.metric!r} is not a metric of this run "
+                         f"(metrics: {', '.join(sorted(metrics))})")
+    value = float(metrics[rule.metric])
+    status = rule.status(value)
+    rms = 10 ** (-value / 20) if math.isfinite(value) else math.inf
+    said = rule.says.format(value=value, rms=rms)
+    on = f" ({rows} evaluation rows)" if rows else ""
+    because = f"{said}{on}: {status} ({rule.bounds()})"
+    return {"status": status, "metric": rule.metric, "value": value if math.isfinite(value) else None,
+            "because": because}
+
+
+def line(verdict: Mapping | None) -> str:
+    """The job's last log line."""
+    if verdict is None:
+        return "verdict: none (the run measured no output or task metric)"
+    return f"verdict: {verdict['status'].upper()}: {verdict['because']}"
+
+
+# --- config: this concept's options (the `verdict` node; calibrun.config assembles the schema) ---
+
+@dataclass
+class VerdictConf:
+    """A custom verdict metric (task=custom): all four keys together; unset, the built-in rules decide."""
+
+    metric: str | None = None  # a metric of the run, e.g. task.f1
+    goal: str = "max"  # max | min
+    ok: float | None = None  # ok at or beyond this value
+    broken: float | None = None  # broken beyond this value the other way
+
+
+def validate(conf) -> None:
+    """Value checks of the `verdict` node, naming the key."""
+    need(conf.goal in GOALS, "verdict.goal", f"must be one of {list(GOALS)}", conf.goal)
+    if not conf.metric:
+        need(conf.ok is None and conf.broken is None, "verdict.ok", "needs verdict.metric (the metric it is a "
+             "threshold of)", conf.ok if conf.ok is not None else conf.broken)
+        return
+    for key in ("ok", "broken"):
+        value = getattr(conf, key)
+        need(value is not None and math.isfinite(value), f"verdict.{key}",
+             "is required with verdict.metric, a finite number", value)
+    better = conf.ok >= conf.broken if conf.goal == "max" else conf.ok <= conf.broken
+    need(better, "verdict.ok", f"must be {'>=' if conf.goal == 'max' else '<='} verdict.broken with "
+         f"verdict.goal={conf.goal}", conf.ok)

@@ -1,0 +1,53 @@
+"""Which changes calibrun.analysis.recommend measures, written as the overrides a user types."""
+
+from types import SimpleNamespace
+
+from calibrun.analysis.recommend import candidates, combined
+from calibrun.quantize import QuantOptions
+
+CONF = SimpleNamespace(methods=["percentile", "entropy"], culprits=2)
+DIAGNOSIS = {"culprits": [{"tensor": "a", "node": "Concat_1", "float_nodes": ["Reshape_2"]},
+                          {"tensor": "b", "node": "Conv_3", "consumers": ["Relu_4"]},
+                          {"tensor": "c", "node": "Conv_9", "float_nodes": []}]}
+
+
+def changes(found):
+    return [c.change for c in found]
+
+
+def test_qdq_candidates_from_the_same_ranges_and_other_methods():
+    found = candidates(QuantOptions(), "qdq", "minmax", DIAGNOSIS, CONF, graph_nodes=100)
+    assert changes(found) == ["quant.per_channel=true", "quant.activation_type=QInt16", "quant.weight_type=QInt16",
+                              "quant.nodes_to_exclude=[Concat_1,Reshape_2,Conv_3,Relu_4]",
+                              "method=percentile", "method=entropy"]
+    assert found[1].options.activation_type == "QInt16" and found[1].method is None
+    assert found[3].options.nodes_to_exclude == ("Concat_1", "Reshape_2", "Conv_3", "Relu_4")
+    assert found[4].method == "percentile" and found[4].options == QuantOptions()
+
+
+def test_qoperator_has_no_16_bit_and_a_set_option_is_not_proposed_again():
+    options = QuantOptions(format="qoperator", per_channel=True)
+    found = candidates(options, "qoperator", "entropy", DIAGNOSIS, CONF, graph_nodes=100)
+    assert changes(found) == ["method=percentile"]
+    uint = candidates(QuantOptions(activation_type="QUInt8"), "qdq", "minmax", None, CONF, graph_nodes=100)
+    assert "quant.activation_type=QUInt16" in changes(uint)
+
+
+def test_user_exclusions_are_kept_and_a_model_that_would_be_mostly_float_gets_no_exclusion():
+    options = QuantOptions(nodes_to_exclude=("Conv_3",))
+    found = candidates(options, "qdq", "minmax", DIAGNOSIS, CONF, graph_nodes=100)
+    assert "quant.nodes_to_exclude=[Conv_3,Concat_1,Reshape_2,Relu_4]" in changes(found)
+    small = candidates(QuantOptions(), "qdq", "minmax", DIAGNOSIS, CONF, graph_nodes=8)  # 4 of 8 nodes: half
+    assert not [c for c in changes(small) if c.startswith("quant.nodes_to_exclude")]
+
+
+def test_the_changes_that_helped_are_measured_together():
+    found = candidates(QuantOptions(), "qdq", "minmax", DIAGNOSIS, CONF, graph_nodes=100)
+    by = {c.change: c for c in found}
+    helped = [by["method=entropy"], by["quant.activation_type=QInt16"], by["method=percentile"],
+              by["quant.per_channel=true"]]  # best first
+    both = combined(helped, QuantOptions())
+    assert both.change == "method=entropy quant.activation_type=QInt16 quant.per_channel=true"
+    assert both.method == "entropy"
+    assert both.options == QuantOptions(activation_type="QInt16", per_channel=True)
+    assert combined(helped[:1], QuantOptions()) is None
