@@ -298,7 +298,7 @@ def compute(ctx: JobContext) -> JobResult:
         write_json(job_dir / DIAGNOSTICS_FILE, as_table(rows))  # column-oriented, strict JSON
         result.files["diagnostics"] = DIAGNOSTICS_FILE
         outputs = {k[len("out."):-len(".sqnr_db")]: v for k, v in errors.items()
-                   if k.startswith("out.") and k.endswith(".sqnr_db") and not re.search(r"\.ch\d+\.sqnr_db$", k)}
+                   if k.startswith("out.") and k.endswith(".sqnr_db") and not re.search(r"\.(ch|concat)\d+\.sqnr_db$", k)}
         result.diagnosis = _strict(classify_model(rows, diag.weights, output_sqnr_db=outputs))
         culprits = result.diagnosis["culprits"]
         if culprits:

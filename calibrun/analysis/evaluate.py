@@ -21,6 +21,7 @@ import numpy as np
 from calibrun.errors import CalibrunError
 from calibrun.files import temp_dir
 from calibrun.measure.errors import OutputErrors, as_array, session
+from calibrun.model.graph import blocks_of
 
 Feeds = dict[str, np.ndarray]
 RunFn = Callable[[Feeds], Sequence[np.ndarray]]
@@ -37,6 +38,7 @@ class Evaluator:
     def __init__(self, fp32_path: str | Path, evaluation, rows: int, threads: int = 0, task=None):
         self.threads = threads
         self.task = task
+        self.blocks = blocks_of(fp32_path)  # outputs a Concat joins: measured per Concat input too
         self._dir = temp_dir("eval")
         self._tmp = Path(self._dir.name)
         self.count = 0
@@ -78,7 +80,7 @@ class Evaluator:
 
     def run(self, run: RunFn) -> dict[str, float]:
         """Metrics of `run(feeds) -> outputs` (outputs in the fp32 model's order) over every evaluation batch."""
-        errors = OutputErrors(self.output_names)
+        errors = OutputErrors(self.output_names, self.blocks)
         task = copy.deepcopy(self.task)
         for i in range(self.count):
             feeds, ref, labels = self._batch(i)

@@ -8,7 +8,8 @@ statistics only (sums, maxima, counts), so memory does not grow with the number 
 - per output `out.<name>.<metric>`: `max_abs_error`, `mean_abs_error`, `relative_error` (max abs error / the
   output's fp32 range max - min), `sqnr_db` (10 log10 of fp32 energy / error energy; SQNR_CAP when identical)
   and `cosine` (cosine similarity of the flattened outputs); for an output of rank >= 3 whose last axis has
-  2..16 entries (a detector's box/score parts), the same per entry as `out.<name>.ch<k>.<metric>`;
+  2..16 entries (a detector's box/score parts), the same per entry as `out.<name>.ch<k>.<metric>`; for an output a
+  Concat joins (calibrun.model.graph.output_blocks), the same per Concat input as `out.<name>.concat<j>.<metric>`;
 - `eval_min`, `eval_max`, `eval_span` of the primary (first) input's evaluation values;
 - the task's metrics (calibrun.measure.tasks) and any observers (the per-tensor diagnostics) fed the same batches.
 """
@@ -210,12 +211,15 @@ class ErrorStats:
 
 
 class OutputErrors:
-    """The error metrics of every output, streamed (see the module docstring)."""
+    """The error metrics of every output, streamed (see the module docstring). `blocks`: the outputs a Concat joins
+    (calibrun.model.graph.output_blocks), measured per Concat input too."""
 
-    def __init__(self, names: Sequence[str]):
+    def __init__(self, names: Sequence[str], blocks: dict | None = None):
         self.names = list(names)
         self.stats: dict[str, ErrorStats] = {name: ErrorStats() for name in self.names}
         self.parts: dict[str, ErrorStats] = {}
+        self.blocks = {name: (axis, [(start, end, ErrorStats()) for start, end in spans])
+                       for name, (axis, spans) in (blocks or {}).items() if name in self.stats}
 
     def update(self, ref_outputs: Sequence[np.ndarray], got_outputs: Sequence[np.ndarray]) -> None:
         if len(ref_outputs) != len(got_outputs):
@@ -227,6 +231,12 @@ class OutputErrors:
             self.stats[name].update(ref, got)
             if ref.ndim >= 3 and 2 <= ref.shape[-1] <= SEGMENTS_MAX:
                 self.parts.setdefault(name, ErrorStats(ref.shape[-1])).update(ref, got)
+            if name in self.blocks:
+                axis, spans = self.blocks[name]
+                if axis < ref.ndim and ref.shape[axis] == spans[-1][1]:
+                    for start, end, stats in spans:
+                        where = (slice(None),) * axis + (slice(start, end),)
+                        stats.update(ref[where], got[where])
 
     def metrics(self) -> dict[str, float]:
         stats = list(self.stats.values())
@@ -245,6 +255,8 @@ class OutputErrors:
                 for k in range(self.parts[name].parts):
                     out.update({f"out.{key}.ch{k}.{metric}": value
                                 for metric, value in self.parts[name].metrics(k).items()})
+            for j, (_, _, stats) in enumerate(self.blocks.get(name, (0, []))[1]):
+                out.update({f"out.{key}.concat{j}.{metric}": value for metric, value in stats.metrics().items()})
         return out
 
 
@@ -289,6 +301,7 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     import onnxruntime as ort
 
     from calibrun.model import graph_inputs, load_model
+    from calibrun.model.graph import blocks_of
     from calibrun.progress import Progress
 
     fp32_model = load_model(fp32_path)
@@ -302,7 +315,7 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     int8_inputs = [i.name for i in load_model(int8_path).graph.input]  # a clear error for a missing file
     ref_sess, got_sess = session(fp32_path, threads), session(int8_path, threads)
     names = [o.name for o in ref_sess.get_outputs()]
-    errors = OutputErrors(names)
+    errors = OutputErrors(names, blocks_of(fp32_path))
     primary = infos[0].name if infos else None
     span = InputRange()
     batches = evaluation.sizes(size)

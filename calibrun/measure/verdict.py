@@ -8,8 +8,9 @@ One rule for every built-in metric: count the model's decisions that quantisatio
   1 - IoU is the share of the pixels that matter (the union of both masks) that changed side. In both, ok means at
   most 1 decision in 20 changed (>= 0.95), broken more than 1 in 5 (< 0.80), degraded in between.
 - A custom metric decides with `verdict.metric`, `verdict.goal` (max|min), `verdict.ok`, `verdict.broken`.
-- Without a task metric, the worst model output's SQNR (int8 against fp32, in dB; outputs made of parts, like a
-  detector's boxes and scores in one tensor, count each part, so a part the whole's energy hides is seen): ok at
+- Without a task metric, the worst model output's SQNR (int8 against fp32, in dB; an output a Concat joins, like a
+  detector's boxes and scores in one tensor, counts each Concat input's part, so a part the whole's energy hides
+  is seen, while the values of one part, one branch's, pool their energy): ok at
   >= 20 dB (the error's RMS is at most 10% of the signal's), broken under 10 dB (over 32%). An int8 tensor on its own
   reaches about 40-50 dB (6 dB a bit); a network adds the noise of every quantised tensor, so a sound one lands
   some 15-25 dB lower, above 20 dB; under 10 dB the error is a third of the signal, more than decisions survive.
@@ -68,14 +69,16 @@ IOU = Rule("task.iou", "max", 0.95, 0.80, "int8's and fp32's maps share {value:.
 TASK_RULES = (AGREEMENT, IOU)
 SQNR_OK_DB = 20.0
 SQNR_BROKEN_DB = 10.0
-_PART = re.compile(r"^out\.(?P<output>.+?)(?:\.ch(?P<part>\d+))?\.sqnr_db$")
+_PART = re.compile(r"^out\.(?P<output>.+?)(?:\.concat(?P<part>\d+))?\.sqnr_db$")
+_ENTRY = re.compile(r"\.ch\d+\.sqnr_db$")  # one entry of a last axis: an explanation, not a decision
 
 
 def worst_output(metrics: Mapping[str, float]) -> tuple[str, float] | None:
-    """(metric key, value) of the lowest output SQNR, over every output and every part of one (`out.X.chK.sqnr_db`);
-    None when the run measured none."""
+    """(metric key, value) of the lowest output SQNR, over every output and, for an output a Concat joins, every
+    Concat input's part of it (`out.X.concatJ.sqnr_db`); None when the run measured none."""
     found = [(value, key) for key, value in metrics.items()
-             if _PART.match(key) and isinstance(value, int | float) and not isinstance(value, bool)]
+             if _PART.match(key) and not _ENTRY.search(key) and isinstance(value, int | float)
+             and not isinstance(value, bool)]
     if not found:
         return None
     value, key = min(found, key=lambda p: (p[0] if math.isfinite(p[0]) else -math.inf, p[1]))
@@ -84,7 +87,8 @@ def worst_output(metrics: Mapping[str, float]) -> tuple[str, float] | None:
 
 def _sqnr_rule(key: str) -> Rule:
     match = _PART.match(key)
-    where = f"output {match['output']!r}" + (f" (part {match['part']})" if match["part"] is not None else "")
+    where = f"output {match['output']!r}" + (f" (the part its Concat's input {match['part']} fills)"
+                                              if match["part"] is not None else "")
     return Rule(key, "max", SQNR_OK_DB, SQNR_BROKEN_DB,
                 f"the worst output, {where}, is at {{value:.1f}} dB SQNR against fp32 (error RMS {{rms:.0%}} of the "
                 "signal's)", worst=True)

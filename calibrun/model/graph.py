@@ -1,4 +1,5 @@
-"""Reading a quantised graph: the input's scale and zero point, node counts, op histogram."""
+"""Reading a graph: a quantised graph's input scale and zero point, node counts, op histogram; the Concat blocks of a
+float graph's outputs."""
 
 from __future__ import annotations
 
@@ -90,6 +91,55 @@ def _through_data_movement(model: onnx.ModelProto, name: str) -> onnx.NodeProto 
                     seen.add(out)
                     frontier.append(out)
     return None
+
+
+def output_blocks(model: onnx.ModelProto) -> dict[str, tuple[int, list[tuple[int, int]]]]:
+    """The outputs that a Concat joins, directly or through Identity/Transpose: output name -> (the output's axis
+    the Concat joined on, the index range (start, end) each Concat input fills along it). A detector's boxes and
+    scores, computed by different branches on ranges of their own, are told apart this way. Outputs whose Concat
+    inputs have no static size along the axis are left out, as are Concats of one input."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    dims = {}
+    for info in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
+        shape = info.type.tensor_type.shape
+        dims[info.name] = [d.dim_value if d.HasField("dim_value") else None for d in shape.dim]
+    producer = {out: node for node in model.graph.node for out in node.output}
+    blocks = {}
+    for output in model.graph.output:
+        perms, node = [], producer.get(output.name)
+        while node is not None and node.op_type in ("Identity", "Transpose"):
+            if node.op_type == "Transpose":
+                perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+                rank = len(dims.get(node.input[0]) or [])
+                perms.append(perm if perm is not None else list(range(rank))[::-1])
+            node = producer.get(node.input[0])
+        if node is None or node.op_type != "Concat" or len(node.input) < 2:
+            continue
+        shapes = [dims.get(name) for name in node.input]
+        if any(not shape for shape in shapes):
+            continue
+        axis = next(a.i for a in node.attribute if a.name == "axis")
+        axis = axis + len(shapes[0]) if axis < 0 else axis
+        sizes = [shape[axis] if axis < len(shape) else None for shape in shapes]
+        if any(not size for size in sizes):
+            continue
+        for perm in reversed(perms):  # the innermost Transpose first: input axis a lands at perm.index(a)
+            if axis not in perm:
+                break
+            axis = perm.index(axis)
+        else:
+            ends = np.cumsum(sizes).tolist()
+            blocks[output.name] = (axis, [(int(e - s), int(e)) for s, e in zip(sizes, ends, strict=True)])
+    return blocks
+
+
+def blocks_of(path: str | Path) -> dict[str, tuple[int, list[tuple[int, int]]]]:
+    """output_blocks of the model file at `path` (its weights are not read); {} when shape inference cannot run on
+    it (the per-Concat-input metrics are then left out, nothing else changes)."""
+    try:
+        return output_blocks(onnx.load(str(path), load_external_data=False))
+    except Exception:  # onnx's shape inference refuses some graphs: no blocks, the whole outputs are still measured
+        return {}
 
 
 def _read(constants: dict[str, onnx.TensorProto], scale_name: str, zp_name: str, where: str) -> InputQuant:

@@ -38,13 +38,15 @@ def test_without_a_task_the_worst_output_sqnr_decides(db, status):
     assert "'prob'" in got["because"]
 
 
-def test_a_part_of_an_output_counts_on_its_own():
-    """A detector's objectness (part 4) is what breaks; the whole output's energy is the boxes'."""
-    metrics = {"out.output.sqnr_db": 35.0, "out.output.ch0.sqnr_db": 36.0, "out.output.ch4.sqnr_db": 4.0}
+def test_a_concat_part_of_an_output_counts_on_its_own_and_one_entry_does_not():
+    """A detector's objectness (the Concat's input 1) is what breaks; the whole output's energy is the boxes'. One
+    entry of the last axis (`ch<k>`) explains, it does not decide."""
+    metrics = {"out.output.sqnr_db": 35.0, "out.output.concat0.sqnr_db": 36.0, "out.output.concat1.sqnr_db": 4.0,
+               "out.output.ch5.sqnr_db": -20.0}
     got = verdict.decide(metrics)
-    assert got["metric"] == "out.output.ch4.sqnr_db"
+    assert got["metric"] == "out.output.concat1.sqnr_db"
     assert got["status"] == "broken"
-    assert "part 4" in got["because"]
+    assert "Concat's input 1" in got["because"]
 
 
 def test_the_worst_output_is_found_again_in_other_metrics():
@@ -86,3 +88,49 @@ def test_the_line_is_the_status_and_the_reason():
 def test_bad_verdict_config_names_the_key(c, message):
     with pytest.raises(CalibrunError, match=message):
         verdict.validate(c)
+
+
+
+def _yolo_like(transpose: bool):
+    """x [1, 8, 5] -> boxes (4 channels, *320) and scores (Sigmoid, 3 channels) joined by a Concat on axis 1,
+    optionally transposed to [1, 5, 7] (anchors first, as YOLOX)."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Slice", ["x", "s0", "e0", "ax"], ["b"]), helper.make_node("Mul", ["b", "k"], ["boxes"]),
+             helper.make_node("Slice", ["x", "s1", "e1", "ax"], ["c"]), helper.make_node("Sigmoid", ["c"], ["scores"]),
+             helper.make_node("Concat", ["boxes", "scores"], ["joined" if transpose else "y"], axis=1)]
+    if transpose:
+        nodes.append(helper.make_node("Transpose", ["joined"], ["y"], perm=[0, 2, 1]))
+    inits = [helper.make_tensor(n, TensorProto.INT64, [1], [v]) for n, v in
+             (("s0", 0), ("e0", 4), ("s1", 4), ("e1", 7), ("ax", 1))]
+    inits.append(helper.make_tensor("k", TensorProto.FLOAT, [], [320.0]))
+    shape = [1, 5, 7] if transpose else [1, 7, 5]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("transpose,axis", [(False, 1), (True, 2)])
+def test_output_blocks_find_the_concat_inputs_through_a_transpose(transpose, axis):
+    from calibrun.model.graph import output_blocks
+
+    assert output_blocks(_yolo_like(transpose)) == {"y": (axis, [(0, 4), (4, 7)])}
+
+
+def test_a_crushed_concat_part_is_measured_on_its_own():
+    """The scores on the boxes' int8 grid: the whole output's SQNR (the boxes' energy) does not show it."""
+    import numpy as np
+
+    from calibrun.measure.errors import OutputErrors
+
+    rng = np.random.default_rng(0)
+    ref = np.concatenate([rng.uniform(0, 320, (2, 4, 500)), rng.uniform(0, 1, (2, 18, 500))], axis=1)
+    got = ref.copy()
+    got[:, 4:] = np.round(got[:, 4:] / 1.25) * 1.25
+    errors = OutputErrors(["output0"], {"output0": (1, [(0, 4), (4, 22)])})
+    errors.update([ref], [got])
+    metrics = errors.metrics()
+    assert metrics["out.output0.sqnr_db"] > 30
+    assert metrics["out.output0.concat0.sqnr_db"] == 200.0  # the boxes: untouched
+    assert metrics["out.output0.concat1.sqnr_db"] < 5
+    assert verdict.decide(metrics)["metric"] == "out.output0.concat1.sqnr_db"
