@@ -291,10 +291,11 @@ def verdict_line(table: dict) -> str:
     and the best run's."""
     rows = table["runs"]
     counts = {s: sum(1 for r in rows if r.get("verdict") == s) for s in ("ok", "degraded", "broken")}
-    said = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no run has a verdict"
+    said = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     failed = sum(1 for r in rows if r["status"] != "ok")
     best = next((r for r in rows if r["label"] == table["best"]), None)
-    line = f"**Verdict:** {said} of {len(rows)} run(s)" + (f" ({failed} failed)" if failed else "")
+    line = (f"**Verdict:** {said} of {len(rows)} run(s)" if said else
+            f"**Verdict:** none of the {len(rows)} run(s) has a verdict") + (f" ({failed} failed)" if failed else "")
     if best is not None and best.get("verdict"):
         line += f"; the best run by `{table['headline']['metric']}`, {best['label']}, is **{best['verdict']}**"
     return line + "."

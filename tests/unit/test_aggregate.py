@@ -105,7 +105,9 @@ def test_method_sweep_report_holds_every_run_by_its_overrides(method_sweep):
     text = (out / "report.md").read_text()
     table = [line for line in text.splitlines() if line.startswith("| ") and line.endswith(" ok |")]
     assert [line.split(" | ")[0] for line in table] == ["| minmax", "| entropy", "| percentile"]
-    assert "| entropy | **0.27** |" in text
+    assert "| entropy | - | **0.27** |" in text  # these fixtures' results hold no verdict: "-"
+    assert [r["verdict"] for r in runs["runs"]] == [None, None, None]
+    assert text.splitlines()[2] == "**Verdict:** none of the 3 run(s) has a verdict."
     plot = out / "max_abs_error_vs_method.png"
     assert plot.read_bytes()[:8] == PNG
     assert f"![{plot.stem}]({plot.name})" in text
@@ -314,7 +316,7 @@ def test_failed_jobs_are_listed_and_not_plotted(method_sweep):
     assert runs["runs"][3] == {"job": "3", "label": "method=distribution", "status": "failed", "lab": False,
                                "overrides": {"method": "distribution"},  # the swept ones
                                "error": "boom"}
-    assert "| distribution | n/a |" in (method_sweep / "report" / "report.md").read_text()
+    assert "| distribution | - | n/a |" in (method_sweep / "report" / "report.md").read_text()  # no verdict, no number
 
 
 def test_missing_sweep_and_usage(tmp_path, capsys):
