@@ -21,6 +21,7 @@ headline: a model whose tensors are each sound can still be broken at its output
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from collections.abc import Mapping
@@ -114,8 +115,10 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None) -> 
     if rule is None:
         return None
     if rule.metric not in metrics:
-        raise ValueError(f"verdict.metric {rule.metric!r} is not a metric of this run "
-                         f"(metrics: {', '.join(sorted(metrics))})")
+        close = difflib.get_close_matches(rule.metric, list(metrics), n=3, cutoff=0.6)
+        hint = f"did you mean {' or '.join(close)}?" if close else \
+            f"its metrics: {', '.join(sorted(k for k in metrics if k.startswith('task.')) or sorted(metrics)[:12])}"
+        raise ValueError(f"verdict.metric: {rule.metric!r} is not a metric of this run; {hint}")
     value = float(metrics[rule.metric])
     status = rule.status(value)
     rms = 10 ** (-value / 20) if math.isfinite(value) else math.inf

@@ -68,8 +68,11 @@ def test_a_custom_metric_with_its_thresholds():
     assert verdict.decide({"task.cer": 0.01}, lower)["status"] == "ok"
     assert verdict.decide({"task.cer": 0.3}, lower)["status"] == "broken"
     assert verdict.decide({"task.cer": math.nan}, lower)["status"] == "broken"
-    with pytest.raises(ValueError, match="'task.f1' is not a metric of this run"):
+    with pytest.raises(ValueError, match="verdict.metric: 'task.f1' is not a metric of this run; its metrics: "
+                                         "task.other$"):
         verdict.decide({"task.other": 1.0}, c)
+    with pytest.raises(ValueError, match="did you mean task.f2?"):
+        verdict.decide({"task.f2": 1.0, "max_abs_error": 0.1}, c)
 
 
 def test_the_line_is_the_status_and_the_reason():

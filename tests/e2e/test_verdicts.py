@@ -1,0 +1,130 @@
+"""The headline verdict and the measured recommendations, end to end on trained models (`python -m calibrun`,
+real onnxruntime, Hydra and MLflow): each path that decides a verdict, and a recommendation that is what it says.
+
+- The text detector ocr_det (PP-OCRv4, a dense map) at 160x160 on pages of text: its int8 map is broken (task.iou);
+  the measured recommendations are better than before, best first, and the best one, appended to the command line
+  as it is written, gives the model it measured.
+- scikit-learn's digits classifier on the real test split: ok (task.top1_agreement).
+- NudeNet's YOLOv8n on photos, no task: its class scores, one Concat input of output0, are crushed on the boxes'
+  int8 grid: broken on that part's SQNR, though the whole output's SQNR looks fine. Tracked: the MLflow tag.
+- det_yolox with the README's custom detection task: `verdict.metric` decides with its thresholds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from tests.conftest import Proc, clean_env, run_python
+from tests.stores import fresh_mlflow_store
+from tests.trained import PHOTOS, TEXT_PHOTOS, model_path, photo_folder
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    return photo_folder(tmp_path_factory.mktemp("photos"), PHOTOS)
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory):
+    return photo_folder(tmp_path_factory.mktemp("pages"), TEXT_PHOTOS)
+
+
+def calibrun(tmp: Path, *overrides: str, store: str | None = None) -> Proc:
+    env = clean_env(PYTHONPATH=str(ROOT))  # the custom task is imported from the repository
+    if store:
+        env["MLFLOW_TRACKING_URI"] = store
+    else:
+        overrides = (*overrides, "tracking=off")
+    return run_python(["-m", "calibrun", *overrides, f"cache.dir={tmp / 'cache'}"], tmp, env, 900)
+
+
+def _images(folder: Path, size: int) -> list[str]:
+    return [f"{key}{value}" for key in ("data", "eval_data")
+            for value in ("=images", f".path={folder}", f".resize={size}", f".crop={size}")]
+
+
+def _done(tmp: Path, run: Proc, name: str) -> dict:
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads((tmp / name / "result.json").read_text())
+
+
+def _last_line(run: Proc) -> str:
+    lines = [line for line in run.stderr.splitlines() if "[calibrun]" in line]
+    return lines[-1].split(" - ", 1)[1]
+
+
+def test_a_broken_detector_gets_measured_recommendations_and_the_best_one_is_what_it_says(pages, tmp_path):
+    common = ["model=file", f"model.path={model_path('ocr_det')}", *_images(pages, 160), "batches=4"]
+    first = calibrun(tmp_path, *common, "hydra.run.dir=first")
+    result = _done(tmp_path, first, "first")
+    verdict = result["verdict"]
+    assert (verdict["status"], verdict["metric"]) == ("broken", "task.iou")
+    assert verdict["value"] == result["metrics"]["task.iou"] < 0.8
+    assert _last_line(first) == f"verdict: BROKEN: {verdict['because']}"
+    offered = result["recommendations"]
+    assert offered, "no candidate helped"
+    assert all(r["after"] > r["before"] == verdict["value"] for r in offered)  # only what is better is offered
+    assert [r["after"] for r in offered] == sorted((r["after"] for r in offered), reverse=True)  # best first
+    measured = json.loads((tmp_path / "first" / "recommendations.json").read_text())["measured"]
+    assert len(measured) == result["used"]["recommend"]["candidates"] > len(offered)
+    for entry in measured:  # every candidate measured, the ones not offered among them, and why
+        assert (entry["change"] in [r["change"] for r in offered]) == bool(entry.get("helps")), entry
+        if entry.get("helps") is False:
+            assert entry["after"] <= entry["before"]
+    best = offered[0]
+    again = calibrun(tmp_path, *common, *best["change"].split(" "), "recommend=off", "hydra.run.dir=best")
+    redone = _done(tmp_path, again, "best")
+    assert redone["verdict"]["value"] == pytest.approx(best["after"], abs=1e-9)
+    assert redone["verdict"]["status"] == best["status_after"]
+    assert "recommendations" not in redone  # recommend=off
+
+
+def test_a_sound_classifier_is_ok(tmp_path):
+    pytest.importorskip("sklearn", reason="the digits model needs scikit-learn (the `test` extra has it)")
+    digits = tmp_path / "cache" / "digits"
+    run = calibrun(tmp_path, "model=digits", "data=npy", "eval_data=npy", f"data.path={digits / 'calib.npz'}",
+                   f"eval_data.path={digits / 'eval.npz'}", "batches=25", "eval.rows=397", "recommend=off",
+                   "hydra.run.dir=digits")
+    verdict = _done(tmp_path, run, "digits")["verdict"]
+    assert (verdict["status"], verdict["metric"]) == ("ok", "task.top1_agreement")
+    assert verdict["value"] >= 0.95
+    assert "397 evaluation rows" in verdict["because"]
+
+
+def test_a_detector_whose_scores_are_crushed_is_broken_on_that_part_and_tagged(photos, tmp_path):
+    store = fresh_mlflow_store(tmp_path)
+    run = calibrun(tmp_path, "model=file", f"model.path={model_path('nudenet')}", *_images(photos, 320),
+                   "batches=1", "eval.rows=8", "recommend=off", "hydra.run.dir=nude", store=store)
+    result = _done(tmp_path, run, "nude")
+    verdict, m = result["verdict"], result["metrics"]
+    assert result["task"]["name"] == "none"
+    assert verdict["metric"] == "out.output0.concat1.sqnr_db"  # the Sigmoid class scores, output0[:, 4:22]
+    assert verdict["status"] == "broken"
+    assert m["out.output0.sqnr_db"] > m["out.output0.concat1.sqnr_db"] + 10  # the whole tensor hides it
+    tags = MlflowClient(store).get_run(result["mlflow"]["run_id"]).data.tags
+    assert tags["calibrun.verdict"] == "broken"
+    assert tags["calibrun.verdict.because"] == verdict["because"]
+
+
+def test_a_custom_task_decides_with_its_own_metric_and_thresholds(photos, tmp_path):
+    common = ["model=file", f"model.path={model_path('det_yolox')}", *_images(photos, 416), "batches=2",
+              "eval.rows=2", "task=custom", "task.fn=tests.example_task:detections", "recommend=off"]
+    run = calibrun(tmp_path, *common, "verdict.metric=task.kept_agreement", "verdict.ok=0.9", "verdict.broken=0.5",
+                   "hydra.run.dir=custom")
+    result = _done(tmp_path, run, "custom")
+    verdict = result["verdict"]
+    value = result["metrics"]["task.kept_agreement"]
+    assert (verdict["metric"], verdict["value"]) == ("task.kept_agreement", value)
+    assert verdict["status"] == ("ok" if value >= 0.9 else "broken" if value < 0.5 else "degraded")
+    assert "set by verdict.metric" in verdict["because"]
+    wrong = calibrun(tmp_path, *common, "verdict.metric=task.kept_agreemnt", "verdict.ok=0.9", "verdict.broken=0.5",
+                     "hydra.run.dir=wrong")
+    assert wrong.returncode == 1
+    assert wrong.stderr.strip().splitlines()[-1] == ("calibrun: error: config verdict.metric: 'task.kept_agreemnt' is "
+                                                     "not a metric of this run; did you mean task.kept_agreement?")
