@@ -9,7 +9,10 @@ Candidates, each written as the override a user types:
   of the diagnosis in float (QDQ with diagnostics);
 - other calibration methods (`recommend.methods`), calibrated through the calibration cache (a later run with that
   method reuses the ranges);
-- the changes that each helped, together (one more quantisation).
+- the changes that each helped, together (one more quantisation), then with each one left out in turn, the
+  weakest first, while the fewer changes keep what the combination reached.
+
+Best first: the best status after the change, then the fewest changes, then the best value.
 
 Cost: one quantisation and one evaluation pass over `recommend.rows` rows a candidate (plus a calibration for a
 method), reported in result.json `used.recommend`; every candidate, better or not, is in `recommendations.json`.
@@ -31,6 +34,7 @@ log = logging.getLogger("calibrun")
 RECOMMEND_FILE = "recommendations.json"
 SIXTEEN = {"QInt8": "QInt16", "QUInt8": "QUInt16"}
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+STATUS_RANK = {"broken": 0, "degraded": 1, "ok": 2}
 MOSTLY_INT8 = 0.25  # a nodes_to_exclude candidate keeps at least 3/4 of the model's nodes out of it
 
 
@@ -153,10 +157,22 @@ def attach(ctx, result) -> None:
             if entry.get("helps"):
                 helped.append(candidate)
         helped.sort(key=lambda c: -better * next(e["after"] for e in measured if e["change"] == c.change))
-        both = combined(helped, ctx.options)
+        members = [c for c in helped if c.method is None] + [c for c in helped if c.method is not None][:1]
+        both = combined(members, ctx.options)
         if both is not None:
-            measured.append(measure(both, len(singles)))
-    offered = sorted((e for e in measured if e.get("helps")), key=lambda e: -better * e["after"])
+            current = measure(both, len(measured))
+            measured.append(current)
+            # the fewest changes that keep what the combination reached: each member tried out, the weakest first
+            for member in sorted(members, key=lambda c: better * next(e["after"] for e in measured
+                                                                      if e["change"] == c.change)):
+                if len(members) <= 2 or not current.get("helps"):
+                    break
+                fewer = [c for c in members if c is not member]
+                trial = measure(combined(fewer, ctx.options), len(measured))
+                measured.append(trial)
+                if _keeps(trial, current, better):
+                    members, current = fewer, trial
+    offered = sorted((e for e in measured if e.get("helps")), key=lambda e: _rank(e, better))
     seconds = time.perf_counter() - start
     result.recommendations = [{k: e[k] for k in ("change", "metric", "before", "after", "status_after")}
                               for e in offered]
@@ -171,6 +187,22 @@ def attach(ctx, result) -> None:
                  rule.metric, before, offered[0]["after"], offered[0]["status_after"], len(measured), seconds)
     else:
         log.info("recommend: none of %d candidates made %s better (%.1f s)", len(measured), rule.metric, seconds)
+
+
+def _rank(entry: dict, better: float) -> tuple:
+    """Best first: the best status after the change, then the fewest changes, then the best value."""
+    return (-STATUS_RANK.get(entry["status_after"], -1), len(entry["change"].split(" ")), -better * entry["after"])
+
+
+def _keeps(fewer: dict, more: dict, better: float) -> bool:
+    """Whether a combination with one change fewer keeps what the fuller one reached: a status as good, and when
+    that status is not ok, a value as good (any ok is ok; short of it, every bit of the metric counts)."""
+    if not fewer.get("helps"):
+        return False
+    have, had = STATUS_RANK.get(fewer["status_after"], -1), STATUS_RANK.get(more["status_after"], -1)
+    if have != had:
+        return have > had
+    return fewer["status_after"] == "ok" or better * (fewer["after"] - more["after"]) >= 0
 
 
 def _finite(value):

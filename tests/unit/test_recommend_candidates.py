@@ -51,3 +51,19 @@ def test_the_changes_that_helped_are_measured_together():
     assert both.method == "entropy"
     assert both.options == QuantOptions(activation_type="QInt16", per_channel=True)
     assert combined(helped[:1], QuantOptions()) is None
+
+
+def test_best_first_is_the_best_status_then_the_fewest_changes_then_the_value():
+    from calibrun.analysis.recommend import _keeps, _rank
+
+    entries = [{"change": "a b c", "status_after": "ok", "after": 0.99},
+               {"change": "a b", "status_after": "ok", "after": 0.97},
+               {"change": "d", "status_after": "degraded", "after": 0.93},
+               {"change": "e", "status_after": "degraded", "after": 0.94}]
+    assert [e["change"] for e in sorted(entries, key=lambda e: _rank(e, 1.0))] == ["a b", "a b c", "e", "d"]
+    ok, fuller = {**entries[1], "helps": True}, {**entries[0], "helps": True}
+    assert _keeps(ok, fuller, 1.0)  # any ok is ok: one change fewer wins
+    worse = {"change": "x", "status_after": "degraded", "after": 0.9, "helps": True}
+    assert not _keeps(worse, {**worse, "after": 0.91}, 1.0)  # short of ok, every bit counts
+    assert _keeps({**worse, "after": 0.92}, {**worse, "after": 0.91}, 1.0)
+    assert not _keeps({**ok, "helps": False}, fuller, 1.0)
