@@ -559,7 +559,30 @@ def _diagnosis(r: _Report) -> dict:
             samples[name] = sample_trend(points, _eval_span(group[0]))
         except Exception as exc:  # the evaluation data moved or is gone: the trend needs its span
             log.warning("report: no sample trend for %s: %s", name, one_line(exc))
+            continue
+        if samples[name]["more_samples_help"]:
+            advice = _more_batches(group)
+            if advice is not None:
+                samples[name]["recommendation"] = advice
     return {"runs": runs, "samples": samples}
+
+
+def _more_batches(group: list[Run]) -> dict | None:
+    """When the trend says more samples help: the sweep's own measurement of it, the verdict's metric of the run
+    with the most batches against the one with the fewest, offered only when it is better."""
+    from calibrun.measure import verdict
+
+    ordered = sorted(group, key=lambda run: int(run.config["batches"]))
+    fewest, most = ordered[0], ordered[-1]
+    rule = verdict.rule_for(most.metrics)
+    if rule is None:
+        return None
+    before, after = rule.value(fewest.metrics), rule.value(most.metrics)
+    sign = 1.0 if rule.goal == "max" else -1.0
+    if not (math.isfinite(before) and math.isfinite(after)) or sign * (after - before) <= 0:
+        return None
+    return {"change": f"batches={most.config['batches']}", "metric": rule.metric, "before": before, "after": after,
+            "status_after": rule.status(after), "measured_by": [fewest.label, most.label]}
 
 
 def _evaluation(run: Run):

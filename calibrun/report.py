@@ -149,6 +149,11 @@ def _diagnosis_section(diagnosis: dict) -> str:
         lines += ["", "Recommended (each change measured on the evaluation rows, best first):", *advice]
     for calibration, trend in diagnosis["samples"].items():
         lines += ["", f"**More samples for {calibration}?** {trend['verdict']}: {trend['reason']}."]
+        advice = trend.get("recommendation")
+        if advice:
+            lines[-1] += (f" Measured by this sweep: `{advice['change']}` takes {advice['metric']} from "
+                          f"{_fmt(advice['before'])} ({advice['measured_by'][0]}) to {_fmt(advice['after'])} "
+                          f"({advice['status_after']}).")
     return "\n".join(lines)
 
 

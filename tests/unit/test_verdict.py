@@ -137,3 +137,16 @@ def test_a_crushed_concat_part_is_measured_on_its_own():
     assert metrics["out.output0.concat0.sqnr_db"] == 200.0  # the boxes: untouched
     assert metrics["out.output0.concat1.sqnr_db"] < 5
     assert verdict.decide(metrics)["metric"] == "out.output0.concat1.sqnr_db"
+
+
+def test_a_batch_sweep_measures_more_calibration_data_itself():
+    from calibrun.aggregate import _more_batches
+
+    def run(batches, agreement):
+        return SimpleNamespace(config={"batches": batches}, metrics={"task.top1_agreement": agreement},
+                               label=f"batches={batches}")
+
+    advice = _more_batches([run(64, 0.9), run(8, 0.7), run(512, 0.97)])
+    assert advice == {"change": "batches=512", "metric": "task.top1_agreement", "before": 0.7, "after": 0.97,
+                      "status_after": "ok", "measured_by": ["batches=8", "batches=512"]}
+    assert _more_batches([run(8, 0.9), run(512, 0.85)]) is None  # more data measured worse: not offered
