@@ -97,7 +97,10 @@ MAX_THREADS = 256  # onnxruntime intra-op threads: far more than any machine's c
 
 def register() -> None:
     """The schema (`calibrun_schema` in Hydra's ConfigStore) and the resolvers conf/config.yaml uses."""
-    ConfigStore.instance().store(name="calibrun_schema", node=Config)
+    schema = OmegaConf.structured(Config)
+    for key in OPEN_NODES:  # `quant.tensor_types={t:QInt16}` sets keys the schema cannot know
+        OmegaConf.set_struct(OmegaConf.select(schema, key), False)
+    ConfigStore.instance().store(name="calibrun_schema", node=schema)
     register_resolvers()
 
 
@@ -116,6 +119,9 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("calibrun.sweep_id", _sweep_id, use_cache=True)
 
 
+OPEN_NODES = ("quant.tensor_types",)  # nodes whose keys are the user's (tensor names), not settings
+
+
 def _unknown_keys(node: DictConfig, schema: dict, prefix: str = "") -> list[str]:
     unknown = []
     for key in node:
@@ -123,7 +129,7 @@ def _unknown_keys(node: DictConfig, schema: dict, prefix: str = "") -> list[str]
             continue
         if key not in schema:
             unknown.append(prefix + str(key))
-        elif isinstance(schema[key], dict):
+        elif isinstance(schema[key], dict) and f"{prefix}{key}" not in OPEN_NODES:
             unknown += _unknown_keys(node[key], schema[key], f"{prefix}{key}.")
     return unknown
 

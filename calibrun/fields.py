@@ -16,6 +16,8 @@ def _schema_type(hint):
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     if typing.get_origin(hint) is tuple:
         return list[args[0]]
+    if typing.get_origin(hint) is dict:
+        return dict[args[0], args[1]]
     if len(args) < len(typing.get_args(hint)):  # Optional
         inner = _schema_type(args[0]) if len(args) == 1 else Any
         return Any if inner is Any else inner | None
@@ -27,6 +29,8 @@ def _schema_type(hint):
 def _schema_field(value) -> dataclasses.Field:
     if isinstance(value, tuple):
         return field(default_factory=lambda: list(value))
+    if isinstance(value, dict):
+        return field(default_factory=lambda: dict(value))
     return field(default=value)
 
 
@@ -59,7 +63,9 @@ def build_from(cls: type, node: Mapping, rename: Mapping[str, str] | None = None
         if name not in hints or name in given or name not in {f.name for f in dataclasses.fields(cls)}:
             continue
         value = node[key]
-        if isinstance(value, Sequence) and not isinstance(value, str):
+        if isinstance(value, Mapping):
+            value = dict(value)
+        elif isinstance(value, Sequence) and not isinstance(value, str):
             value = tuple(value) if len(value) or type(None) not in typing.get_args(hints[name]) else None
         kwargs[name] = value
     return cls(**kwargs, **given)

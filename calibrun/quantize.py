@@ -9,7 +9,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -36,10 +36,19 @@ class QuantOptions:
     activation_symmetric: bool = False
     nodes_to_exclude: tuple[str, ...] = ()
     op_types_to_quantize: tuple[str, ...] | None = None
+    # tensor -> its own quantisation type (onnxruntime's TensorQuantOverrides `quant_type`), e.g. {conv1_out: QInt16}:
+    # mixed precision in one QDQ model, onnxruntime converting the type at the region's edges
+    tensor_types: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.format not in FORMATS:
             raise CalibrunError(f"format must be one of {sorted(FORMATS)}, got {self.format!r}")
+        object.__setattr__(self, "tensor_types", {str(k): str(v) for k, v in dict(self.tensor_types or {}).items()})
+        for tensor, kind in self.tensor_types.items():
+            if kind not in QUANT_TYPES:
+                raise CalibrunError(f"tensor_types: {tensor!r}: must be one of {sorted(QUANT_TYPES)}, got {kind!r}")
+        if self.tensor_types and self.format != "qdq":
+            raise CalibrunError("tensor_types needs format=qdq (onnxruntime's TensorQuantOverrides are QDQ's)")
         for key in ("activation_type", "weight_type"):
             if getattr(self, key) not in QUANT_TYPES:
                 raise CalibrunError(f"{key} must be one of {sorted(QUANT_TYPES)}, got {getattr(self, key)!r}")
@@ -110,13 +119,19 @@ def quantize(
             weight_type=QUANT_TYPES[options.weight_type],
             nodes_to_exclude=list(options.nodes_to_exclude),
             calibrate_method=METHODS[calibration.method],
-            extra_options={"ActivationSymmetric": options.activation_symmetric},
+            extra_options={"ActivationSymmetric": options.activation_symmetric,
+                           **({"TensorQuantOverrides": overrides(options)} if options.tensor_types else {})},
             calibration_cache_path=calibration.ranges_path,
         )
         seconds = time.perf_counter() - start
         if check is not None:
             check(tmp)
     return seconds
+
+
+def overrides(options: QuantOptions) -> dict:
+    """quant.tensor_types as onnxruntime's TensorQuantOverrides, in name order."""
+    return {tensor: [{"quant_type": QUANT_TYPES[kind]}] for tensor, kind in sorted(options.tensor_types.items())}
 
 
 def _op_types_to_quantize(options: QuantOptions, calibration: Calibration) -> list[str]:
@@ -186,6 +201,12 @@ def check_exclusions(model, options: QuantOptions) -> Exclusions:
         hint = f"closest node names: {close}" if close else f"the model has {len(names)} named nodes, e.g. " \
             f"{sorted(names)[:3]}"
         raise CalibrunError(f"quant.nodes_to_exclude: no node named {given!r} in the model ({hint})")
+    values = set(producer) | graph_tensors
+    for tensor in options.tensor_types:
+        if tensor not in values:
+            close = difflib.get_close_matches(tensor, sorted(values), n=3, cutoff=0.5)
+            hint = f"closest: {close}" if close else f"the model has {len(values)} tensors"
+            raise CalibrunError(f"quant.tensor_types: no tensor named {tensor!r} in the model ({hint})")
     if options.op_types_to_quantize:
         present = sorted({n.op_type for n in nodes})
         for op_type in options.op_types_to_quantize:
@@ -199,13 +220,15 @@ def check_exclusions(model, options: QuantOptions) -> Exclusions:
 def resolve_exclusions(model_path: str | Path, options: QuantOptions) -> tuple[QuantOptions, dict]:
     """`options` with `nodes_to_exclude` checked and resolved against the model file (check_exclusions), and
     what to record in result.json: {"exclusions": {"nodes_to_exclude": [...], "mapped": {tensor: node}}}, or {}."""
-    if not options.nodes_to_exclude and not options.op_types_to_quantize:
+    if not options.nodes_to_exclude and not options.op_types_to_quantize and not options.tensor_types:
         return options, {}
     import dataclasses
 
     import onnx
 
     resolved = check_exclusions(onnx.load(str(model_path), load_external_data=False), options)
+    if not options.nodes_to_exclude and not options.op_types_to_quantize:
+        return options, {}  # tensor_types only: checked, nothing to resolve
     record = {"exclusions": {"nodes_to_exclude": list(resolved.nodes), "mapped": resolved.mapped}}
     return dataclasses.replace(options, nodes_to_exclude=resolved.nodes), record
 

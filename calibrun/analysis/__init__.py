@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from calibrun.errors import CalibrunError
 from calibrun.errors import need as check
 
 log = logging.getLogger("calibrun")
@@ -21,7 +22,8 @@ log = logging.getLogger("calibrun")
 SENSITIVITY_FILE = "sensitivity.json"
 PLOT_FILE = "sensitivity.png"
 FALLBACK_MODEL = "int8_fallback.onnx"
-NAMES = ("none", "sensitivity")
+FRONT_PLOT = "repair_front.png"
+NAMES = ("none", "sensitivity", "repair")
 
 
 def validate(analysis, format_name: str) -> None:
@@ -41,13 +43,21 @@ def validate(analysis, format_name: str) -> None:
     need(analysis.groups >= 0, "groups", "must be >= 0 (0: no pre-pass)", analysis.groups)
     need(analysis.groups == 0 or analysis.strategy == "switch", "groups", "needs analysis.strategy=switch",
          analysis.groups)
-    need(bool(str(analysis.metric).strip()), "metric", "must name a metric of the run", analysis.metric)
+    need(analysis.metric is None and analysis.name == "repair" or bool(str(analysis.metric).strip()), "metric",
+         "must name a metric of the run (null only with analysis=repair: the verdict's)", analysis.metric)
     if analysis.target is not None:
         need(math.isfinite(analysis.target), "target", "must be a finite number", analysis.target)
-        need(analysis.name == "sensitivity", "target", "needs analysis=sensitivity (the fallback follows the "
-             "ranking)", analysis.target)
-    if analysis.name == "sensitivity":
-        need(format_name == "qdq", "name", "sensitivity needs format=qdq (it edits QDQ pairs)", analysis.name)
+        need(analysis.name in ("sensitivity", "repair"), "target", "needs analysis=sensitivity or analysis=repair "
+             "(they follow the ranking)", analysis.target)
+    if analysis.name in ("sensitivity", "repair"):
+        need(format_name == "qdq", "name", f"{analysis.name} needs format=qdq (it edits QDQ pairs)", analysis.name)
+    if analysis.name == "repair":
+        from calibrun.analysis.repair import PRECISIONS
+
+        need(bool(analysis.precisions) and set(analysis.precisions) <= set(PRECISIONS), "precisions",
+             f"must be a non-empty subset of {list(PRECISIONS)}", list(analysis.precisions or []))
+        need(analysis.metric is not None or analysis.target is None, "target", "needs analysis.metric (null: the "
+             "verdict's metric and its ok threshold)", analysis.target)
 
 
 def _finite_only(metrics: Mapping[str, float]) -> dict[str, float]:
@@ -64,63 +74,146 @@ def attach(ctx, result):
     if a.name == "none" and (not a.objective or a.metric in result.metrics):
         return result
     from calibrun.analysis.evaluate import Evaluator, metric_of
+    from calibrun.analysis.repair import timed
     from calibrun.data.lab import fixed_rows
 
     int8_path = job_dir / result.files["int8"]
     rows = fixed_rows(fp32.info) or a.batch_rows
+    goal = Goal.of(cfg, result)
     with Evaluator(fp32.path, ctx.evaluation, rows, cfg.ort.intra_op_threads, ctx.fresh_task()) as evaluator:
-        measured = evaluator.model(int8_path)
-        metric_of(measured, a.metric)  # a metric name that does not exist fails here, before the long pass
+        measured, seconds = timed(evaluator.model)(int8_path)
+        metric_of(measured, goal.metric)  # a metric name that does not exist fails here, before the long pass
         result.metrics = {**_finite_only(measured), **result.metrics}
-        if a.name == "sensitivity":
-            _sensitivity(ctx, result, int8_path, evaluator, measured)
+        if a.name in ("sensitivity", "repair"):
+            _sensitivity(ctx, result, int8_path, evaluator, measured, goal, seconds)
     return result
 
 
-def _sensitivity(ctx, result, int8_path: Path, evaluator, measured: dict) -> None:
+@dataclass(frozen=True)
+class Goal:
+    """What the analysis optimises: analysis.metric/goal/target, or with analysis=repair and no metric, the
+    verdict's metric, which way it is better and its ok threshold (calibrun.measure.verdict)."""
+
+    metric: str
+    goal: str
+    target: float | None
+
+    @classmethod
+    def of(cls, cfg, result) -> Goal:
+        a = cfg.analysis
+        if a.metric is not None:
+            return cls(a.metric, a.goal, a.target)
+        from calibrun.measure import verdict
+
+        if not result.verdict:
+            raise CalibrunError("analysis=repair: the run has no verdict to repair to (no output or task metric); "
+                                "set analysis.metric and analysis.target")
+        rule = verdict.rule_for(result.metrics, cfg.verdict)
+        return cls(result.verdict["metric"], rule.goal, rule.ok)
+
+
+def _sensitivity(ctx, result, int8_path: Path, evaluator, measured: dict, goal: Goal, seconds: float) -> None:
+    """The ranking (sensitivity.json), then the fp32 fallback (analysis=sensitivity with a target) or the
+    mixed-precision repair (analysis=repair)."""
     cfg, job_dir, fp32 = ctx.cfg, ctx.job_dir, ctx.fp32
     from calibrun.analysis.evaluate import metric_of
-    from calibrun.analysis.sensitivity import fallback, rank
+    from calibrun.analysis.sensitivity import rank
     from calibrun.files import write_json
 
     a = cfg.analysis
-    ranked = rank(fp32.path, int8_path, evaluator, a.metric, a.goal, a.strategy, tuple(a.kinds),
+    ranked = rank(fp32.path, int8_path, evaluator, goal.metric, goal.goal, a.strategy, tuple(a.kinds),
                   cfg.ort.intra_op_threads, only=set(a.tensors) if a.tensors else None, groups=a.groups)
-    ranked["int8_metric"] = metric_of(measured, a.metric)
+    ranked["int8_metric"] = metric_of(measured, goal.metric)
     log.info("sensitivity: %d tensors in %.1f s (%d trials, %.3f s per tensor, %s); most sensitive: %s",
              ranked["tensors"], ranked["seconds"], ranked["trials"], ranked["seconds_per_tensor"], a.strategy,
              ", ".join(f"{r['tensor']} ({r['gain']:.4g})" for r in ranked["ranking"][:3] if r["gain"] is not None))
     options = ctx.options  # the job's quantisation options, its exclusions resolved against the model
-    record = {"metric": a.metric, "goal": a.goal, **{k: v for k, v in ranked.items() if k not in ("metric", "goal")}}
-    if a.target is not None:
-        calibration = ctx.calibration_of(result)
-        done = fallback(fp32.path, calibration, options, ranked["ranking"], evaluator.model, a.metric, a.goal,
-                        float(a.target), job_dir / FALLBACK_MODEL, a.max_steps, ranked["all_pairs_removed"],
-                        start=(int8_path, measured))
-        record["fallback"] = done
-        record["nodes_to_exclude"] = done["nodes_to_exclude"]
-        result.files["int8_fallback"] = FALLBACK_MODEL
-        result.metrics["analysis.fallback_metric"] = done["metric"]
-        result.metrics["analysis.target_reached"] = int(done["reached"])
-        result.metrics["analysis.excluded_nodes"] = len(done["nodes_to_exclude"])
-        if done["reached"]:
-            log.info("fallback: %s = %.6g with quant.nodes_to_exclude=%s -> %s", a.metric, done["metric"],
-                     json.dumps(done["nodes_to_exclude"]), job_dir / FALLBACK_MODEL)
-        else:
-            log.warning("fallback: %s did not reach %s in %d steps (%.6g); best list: %s", a.metric, a.target,
-                        a.max_steps, done["metric"], json.dumps(done["nodes_to_exclude"]))
+    record = {"metric": goal.metric, "goal": goal.goal,
+              **{k: v for k, v in ranked.items() if k not in ("metric", "goal")}}
+    if a.name == "repair":
+        _repair(ctx, result, int8_path, evaluator, measured, goal, seconds, ranked)
+        record["nodes_to_exclude"] = list(ctx.options.nodes_to_exclude)
+    elif goal.target is not None:
+        _fallback(ctx, result, int8_path, evaluator, measured, goal, ranked, record)
     else:  # no target: the suggestion is the nodes of the most sensitive tensor (when removing it helps)
         top = ranked["ranking"][0]
         record["nodes_to_exclude"] = list(options.nodes_to_exclude) + [
             n for n in top["nodes"] if n and n not in options.nodes_to_exclude] if (top["gain"] or 0) > 0 else []
     write_json(job_dir / SENSITIVITY_FILE, record)
     result.files["sensitivity"] = SENSITIVITY_FILE
-    result.analysis = {"metric": a.metric, "goal": a.goal, "nodes_to_exclude": record["nodes_to_exclude"],
-                          "most_sensitive": [r["tensor"] for r in ranked["ranking"][:5]]}
+    result.analysis = {**(result.analysis or {}), "metric": goal.metric, "goal": goal.goal,
+                       "nodes_to_exclude": record["nodes_to_exclude"],
+                       "most_sensitive": [r["tensor"] for r in ranked["ranking"][:5]]}
     result.metrics.update(_finite_only({
         "analysis.baseline": ranked["baseline"] if ranked["baseline"] is not None else math.nan,
         "analysis.tensors": ranked["tensors"], "analysis.seconds": ranked["seconds"],
         "analysis.seconds_per_tensor": ranked["seconds_per_tensor"], "analysis.trials": ranked["trials"]}))
+
+
+def _fallback(ctx, result, int8_path: Path, evaluator, measured: dict, goal: Goal, ranked: dict,
+              record: dict) -> None:
+    """analysis=sensitivity with a target: nodes kept in fp32 in ranking order (calibrun.analysis.sensitivity)."""
+    from calibrun.analysis.sensitivity import fallback
+
+    cfg, job_dir = ctx.cfg, ctx.job_dir
+    done = fallback(ctx.fp32.path, ctx.calibration_of(result), ctx.options, ranked["ranking"], evaluator.model,
+                    goal.metric, goal.goal, float(goal.target), job_dir / FALLBACK_MODEL, cfg.analysis.max_steps,
+                    ranked["all_pairs_removed"], start=(int8_path, measured))
+    record["fallback"] = done
+    record["nodes_to_exclude"] = done["nodes_to_exclude"]
+    result.files["int8_fallback"] = FALLBACK_MODEL
+    result.metrics["analysis.fallback_metric"] = done["metric"]
+    result.metrics["analysis.target_reached"] = int(done["reached"])
+    result.metrics["analysis.excluded_nodes"] = len(done["nodes_to_exclude"])
+    if done["reached"]:
+        log.info("fallback: %s = %.6g with quant.nodes_to_exclude=%s -> %s", goal.metric, done["metric"],
+                 json.dumps(done["nodes_to_exclude"]), job_dir / FALLBACK_MODEL)
+    else:
+        log.warning("fallback: %s did not reach %s in %d steps (%.6g); best list: %s", goal.metric, goal.target,
+                    cfg.analysis.max_steps, done["metric"], json.dumps(done["nodes_to_exclude"]))
+
+
+def _repair(ctx, result, int8_path: Path, evaluator, measured: dict, goal: Goal, seconds: float,
+            ranked: dict) -> None:
+    """analysis=repair: mixed precision to the target (calibrun.analysis.repair); repair.json, the repaired model."""
+    from calibrun.analysis.repair import REPAIR_FILE, REPAIRED_MODEL, repair, timed
+    from calibrun.files import write_json
+
+    cfg, job_dir = ctx.cfg, ctx.job_dir
+    if goal.target is None:
+        raise CalibrunError("analysis=repair needs analysis.target (with analysis.metric set)")
+    done = repair(ctx.fp32.path, ctx.calibration_of(result), ctx.options, ranked["ranking"], timed(evaluator.model),
+                  goal.metric, goal.goal, float(goal.target), job_dir / REPAIRED_MODEL, tuple(cfg.analysis.precisions),
+                  cfg.analysis.max_steps, start=(int8_path, measured, seconds))
+    done["metrics"] = _finite_only(done["metrics"])
+    write_json(job_dir / REPAIR_FILE, _strict(done))
+    result.files["repair"] = REPAIR_FILE
+    result.files["int8_repaired"] = REPAIRED_MODEL
+    promoted = done["promoted"]
+    result.analysis = {"repair": {"target": done["target"], "reached": done["reached"], "value": _strict(done["value"]),
+                                  "promoted": promoted, "overrides": done["overrides"]}}
+    result.metrics.update(_finite_only({
+        "analysis.repair_metric": done["value"], "analysis.target_reached": int(done["reached"]),
+        "analysis.promoted_int16": sum(p == "int16" for p in promoted.values()),
+        "analysis.promoted_fp32": sum(p == "fp32" for p in promoted.values())}))
+    if done["reached"]:
+        log.info("repair: %s = %.6g with %d tensors promoted (%s) -> %s; rebuild it with %s", goal.metric,
+                 done["value"], len(promoted), ", ".join(f"{t}: {p}" for t, p in promoted.items()),
+                 job_dir / REPAIRED_MODEL, " ".join(done["overrides"]))
+    else:
+        log.warning("repair: %s did not reach %s in %d steps (%.6g); the best model measured is %s", goal.metric,
+                    goal.target, cfg.analysis.max_steps, done["value"], job_dir / REPAIRED_MODEL)
+
+
+def _strict(value):
+    """JSON without inf/NaN (they become null)."""
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def log_to(tracker, run_id: str, job_dir: Path, result) -> None:
@@ -138,6 +231,51 @@ def log_to(tracker, run_id: str, job_dir: Path, result) -> None:
         tracker.log_artifact(run_id, plot)
     if "int8_fallback" in files:
         tracker.log_artifact(run_id, job_dir / files["int8_fallback"])
+    if "repair" in files:
+        _log_repair(tracker, run_id, job_dir, files)
+
+
+def _log_repair(tracker, run_id: str, job_dir: Path, files: dict) -> None:
+    """repair.json, its Pareto front as a table and a plot, and the repaired model as a LoggedModel."""
+    record = json.loads((job_dir / files["repair"]).read_text())
+    front = record["front"]
+    columns = ("promoted", "int16", "fp32", "metric", "seconds", "pareto_promoted", "pareto_seconds")
+    tracker.log_table(run_id, {c: [p[c] for p in front] for c in columns}, "repair_front.json")
+    tracker.log_artifact(run_id, job_dir / files["repair"])
+    plot = _front_plot(record, job_dir / FRONT_PLOT)
+    if plot is not None:
+        tracker.log_artifact(run_id, plot)
+    tracker.log_model(run_id, job_dir / files["int8_repaired"], f"repaired {record['metric']}")
+
+
+def _front_plot(record: dict, path: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from calibrun.files import atomic_path
+
+    front = [p for p in record["front"] if p["metric"] is not None]
+    if not front:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for ax, cost, label in ((axes[0], "promoted", "tensors promoted (int16 or fp32)"),
+                            (axes[1], "seconds", "inference seconds on the evaluation rows")):
+        on = [p for p in front if p[f"pareto_{cost}"]]
+        ax.scatter([p[cost] for p in front], [p["metric"] for p in front], color="0.7", label="measured")
+        ax.plot([p[cost] for p in sorted(on, key=lambda p: p[cost])],
+                [p["metric"] for p in sorted(on, key=lambda p: p[cost])], "o-", label="Pareto front")
+        ax.axhline(record["target"], linestyle="--", color="tab:red", label=f"target {record['target']:g}")
+        ax.set_xlabel(label)
+        ax.set_ylabel(record["metric"])
+        ax.legend(fontsize=8)
+    fig.suptitle(f"repair: {record['metric']} against what it costs (goal {record['goal']})")
+    fig.tight_layout()
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, format="png", dpi=90)
+    plt.close(fig)
+    return path
 
 
 def _plot(record: dict, path: Path, top: int = 20) -> Path | None:
@@ -180,14 +318,16 @@ def objective(cfg, result):
 class AnalysisConf:
     """Sensitivity analysis / fp32 fallback (calibrun.analysis) and the metric a search optimises."""
 
-    name: str = "none"  # none | sensitivity
-    metric: str = "max_abs_error"  # any metric of the run: max_abs_error, out.<output>.sqnr_db, task.<name>
+    name: str = "none"  # none | sensitivity | repair
+    # any metric of the run: max_abs_error, out.<output>.sqnr_db, task.<name>; null (analysis=repair): the verdict's
+    metric: str | None = "max_abs_error"
     goal: str = "min"  # min | max
     target: float | None = None  # with sensitivity: keep nodes in fp32 until the metric reaches this value
     strategy: str = "switch"  # switch (one session, a run-time switch per pair) | edit (one model per pair)
     kinds: list[str] = field(default_factory=lambda: ["activation", "weight"])
     tensors: list[str] | None = None  # analyse only the pairs on these tensors (None: every pair of `kinds`)
     groups: int = 0  # > 1: a coarse pre-pass over that many groups of pairs first (switch strategy), 0: none
-    max_steps: int = 20  # fallback steps at most
+    max_steps: int = 20  # fallback / repair steps at most
+    precisions: list[str] = field(default_factory=lambda: ["int16", "fp32"])  # repair: what a tensor may become
     batch_rows: int = 16  # evaluation rows per batch (a model that pins its first axis: that many)
     objective: bool = False  # the task returns analysis.metric (hydra/sweeper=optuna)
