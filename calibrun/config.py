@@ -30,6 +30,7 @@ from calibrun.cache import CacheConf
 from calibrun.calibrate import METHODS, CalibrationSpec
 from calibrun.data import SOURCES
 from calibrun.data.images import ImageTransform, TransformError
+from calibrun.data.inputs import InputConf
 from calibrun.data.lab import CalibrationConf
 from calibrun.errors import CalibrunError
 from calibrun.errors import need as _need
@@ -57,10 +58,14 @@ DATA_SOURCES = tuple(SOURCES)
 
 
 # A data source: `lab` (the rule of docs/lab.md), `npy` (.npy/.npz file or folder), `images` (folder; the pipeline's
-# options are calibrun.data.images.ImageTransform's fields).
+# options are calibrun.data.images.ImageTransform's fields); `inputs`: each model input's constant value and batch
+# axis (calibrun.data.inputs.InputConf, docs/data.md).
 DataConf = schema_of("DataConf", ImageTransform, first=(("name", str, field(default="lab")),
-                                                        ("path", str | None, field(default=None))),
-                     doc="A data source: lab, npy or images (with ImageTransform's fields).")
+                                                        ("path", str | None, field(default=None)),
+                                                        ("inputs", dict[str, InputConf], field(default_factory=dict))),
+                     doc="A data source: lab, npy or images (with ImageTransform's fields), and its inputs.")
+# keys under a `<data>.inputs.<input name>` node (the names are the model's, checked when the model is open)
+INPUT_KEYS = tuple(f.name for f in dataclasses.fields(InputConf))
 
 
 
@@ -117,7 +122,7 @@ def _unknown_keys(node: DictConfig, schema: dict, prefix: str = "") -> list[str]
             continue
         if key not in schema:
             unknown.append(prefix + str(key))
-        elif isinstance(schema[key], dict):
+        elif isinstance(schema[key], dict) and not _is_inputs(prefix + str(key)):  # input names: the model's
             unknown += _unknown_keys(node[key], schema[key], f"{prefix}{key}.")
     return unknown
 
@@ -159,9 +164,20 @@ def unknown_key_message(key: str) -> str:
     return f"config {key}: is not a calibrun setting; {hint}"
 
 
+def _is_inputs(key: str) -> bool:
+    return key in ("data.inputs", "eval_data.inputs")
+
+
+def is_input_key(key: str) -> bool:
+    """`data.inputs.<name>.<value|batch_axis>` (or eval_data's): a key under an input's node (any input name)."""
+    node, _, rest = key.partition(".inputs.")
+    name, _, option = rest.rpartition(".")
+    return node in ("data", "eval_data") and bool(name) and option in INPUT_KEYS
+
+
 def is_setting(key: str) -> bool:
     """Whether an override's key (`+`, `++`, `~` already stripped) names a calibrun setting or config group."""
-    return key in SETTINGS or key.split(".")[0].split("/")[0] in ("hydra", *GROUPS_ONLY)
+    return key in SETTINGS or is_input_key(key) or key.split(".")[0].split("/")[0] in ("hydra", *GROUPS_ONLY)
 
 
 def _swept_group(key: str, swept: Iterable[str]) -> bool:

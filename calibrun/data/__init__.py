@@ -64,16 +64,23 @@ class Source:
 SOURCES: dict[str, Source] = {
     "lab": Source(lambda s, fp32, seed, factor, batches: lab_batches(fp32.lab_input(), seed, factor, batches),
                   lambda s, fp32, seed, rows: lab_evaluation(fp32, seed, rows)),
-    "npy": Source(lambda s, fp32, seed, factor, batches: npy.npy_calibration(_path(s), fp32.inputs, batches, factor),
-                  lambda s, fp32, seed, rows: npy.npy_evaluation(_path(s), fp32.inputs, rows)),
+    "npy": Source(lambda s, fp32, seed, factor, batches: npy.npy_calibration(
+                      _path(s), fp32.inputs, batches, factor, s.get("inputs"), "data"),
+                  lambda s, fp32, seed, rows: npy.npy_evaluation(
+                      _path(s), fp32.inputs, rows, s.get("inputs"), "eval_data")),
     "images": Source(lambda s, fp32, seed, factor, batches: images.image_calibration(
-                         _path(s), fp32.inputs, batches, factor, _transform(s)),
-                     lambda s, fp32, seed, rows: images.image_evaluation(_path(s), fp32.inputs, rows, _transform(s))),
+                         _path(s), fp32.inputs, batches, factor, _transform(s), s.get("inputs"), "data"),
+                     lambda s, fp32, seed, rows: images.image_evaluation(
+                         _path(s), fp32.inputs, rows, _transform(s), s.get("inputs"), "eval_data")),
 }
 
 
 def _source(source: Mapping) -> Source:
     try:
-        return SOURCES[source["name"]]
+        found = SOURCES[source["name"]]
     except KeyError:
         raise CalibrunError(f"unknown data source {source['name']!r} (known: {sorted(SOURCES)})") from None
+    if source["name"] == "lab" and source.get("inputs"):
+        raise CalibrunError("config data.inputs / eval_data.inputs: the lab data rule feeds one float input; "
+                            "inputs' values and batch axes need data=npy or data=images")
+    return found
