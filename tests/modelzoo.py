@@ -146,8 +146,8 @@ def stateful_model(features: int = 8, hidden: int = 4, outputs: int = 3) -> onnx
 
 
 def typed_inputs_model(features: int = 4, outputs: int = 3) -> onnx.ModelProto:
-    """Inputs of three types: `x` float16 [N, features], `mask` bool [N, features], `offset` int32 [N, 1]; the
-    output is MatMul(float(x) * float(mask) + float(offset), w)."""
+    """Inputs of four types: `a` float32 [N, features], `x` float16 [N, features], `mask` bool [N, features],
+    `offset` int32 [N, 1]; the output is MatMul(a + float(x) * float(mask) + float(offset), w)."""
     w = np.random.default_rng(6).normal(0, 1, (features, outputs)).astype(np.float32)
     nodes = [
         helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT, name="x_cast"),
@@ -155,12 +155,14 @@ def typed_inputs_model(features: int = 4, outputs: int = 3) -> onnx.ModelProto:
         helper.make_node("Cast", ["offset"], ["of"], to=TensorProto.FLOAT, name="offset_cast"),
         helper.make_node("Mul", ["xf", "mf"], ["masked"], name="mask"),
         helper.make_node("Add", ["masked", "of"], ["shifted"], name="shift"),
-        helper.make_node("MatMul", ["shifted", "w"], ["y"], name="matmul"),
+        helper.make_node("Add", ["shifted", "a"], ["summed"], name="sum"),
+        helper.make_node("MatMul", ["summed", "w"], ["y"], name="matmul"),
     ]
     return _finish(
         nodes,
         "tests_typed_inputs",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["N", features]),
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", features]),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["N", features]),
          helper.make_tensor_value_info("mask", TensorProto.BOOL, ["N", features]),
          helper.make_tensor_value_info("offset", TensorProto.INT32, ["N", 1])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", outputs])],
