@@ -18,6 +18,7 @@ import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -59,10 +60,11 @@ DATA_SOURCES = tuple(SOURCES)
 
 # A data source: `lab` (the rule of docs/lab.md), `npy` (.npy/.npz file or folder), `images` (folder; the pipeline's
 # options are calibrun.data.images.ImageTransform's fields); `inputs`: each model input's constant value and batch
-# axis (calibrun.data.inputs.InputConf, docs/data.md).
+# axis (calibrun.data.inputs.InputConf, docs/data.md). Its values are untyped in the schema (Hydra's `++` builds a
+# new input's node as a plain dict, which a typed dict refuses); InputConf checks them when the model is open.
 DataConf = schema_of("DataConf", ImageTransform, first=(("name", str, field(default="lab")),
                                                         ("path", str | None, field(default=None)),
-                                                        ("inputs", dict[str, InputConf], field(default_factory=dict))),
+                                                        ("inputs", dict[str, Any], field(default_factory=dict))),
                      doc="A data source: lab, npy or images (with ImageTransform's fields), and its inputs.")
 # keys under a `<data>.inputs.<input name>` node (the names are the model's, checked when the model is open)
 INPUT_KEYS = tuple(f.name for f in dataclasses.fields(InputConf))

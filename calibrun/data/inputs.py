@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -157,7 +158,8 @@ def constant(info: InputInfo, array, axis: int | None, where: str) -> Constant:
 
 
 def overrides(node: Mapping | None, inputs: Sequence[InputInfo], key: str) -> dict[str, Mapping]:
-    """`<key>.inputs` as {name: {value, batch_axis}}, every name checked against the model's inputs."""
+    """`<key>.inputs` as {name: {value, batch_axis}} (InputConf's fields, its defaults filled in), every name
+    checked against the model's inputs and every option against InputConf's."""
     node = dict(node or {})
     names = [info.name for info in inputs]
     unknown = [name for name in node if name not in names]
@@ -165,7 +167,18 @@ def overrides(node: Mapping | None, inputs: Sequence[InputInfo], key: str) -> di
         raise CalibrunError(f"config {key}.inputs: {', '.join(map(repr, unknown))} "
                             f"{'is not an input' if len(unknown) == 1 else 'are not inputs'} of the model "
                             f"(inputs: {', '.join(names)})")
-    return {name: dict(value or {}) for name, value in node.items()}
+    options = {f.name: f.default for f in dataclasses.fields(InputConf)}
+    out = {}
+    for name, given in node.items():
+        if not isinstance(given, Mapping):
+            raise CalibrunError(f"config {key}.inputs.{name}: must hold {' and/or '.join(options)} "
+                                f"({key}.inputs.{name}.value=...), got {given!r}")
+        bad = [option for option in given if option not in options]
+        if bad:
+            raise CalibrunError(f"config {key}.inputs.{name}.{bad[0]}: is not an option of an input "
+                                f"(options: {', '.join(options)})")
+        out[name] = {**options, **given}
+    return out
 
 
 def batch_axes(inputs: Sequence[InputInfo], given: Mapping[str, Mapping], key: str) -> dict[str, int | None]:
