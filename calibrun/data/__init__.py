@@ -3,7 +3,8 @@
 Sources are plain dicts (the `data` / `eval_data` config nodes) so the aggregator can rebuild the evaluation
 rows of a finished job from its result.json. The rooms: lab.py (the lab rule of docs/lab.md and the bounds every
 count is checked against), npy.py (.npy/.npz files), images.py (image folders), batches.py (the batch protocol
-they all serve: FeedBatches for calibration, EvalData for evaluation).
+they all serve: FeedBatches for calibration, EvalData for evaluation), inputs.py (each input's type, batch axis and
+constants: `data.inputs.<name>.*`), rows.py (counting and splitting rows along the batch axes; docs/data.md).
 """
 
 from __future__ import annotations
