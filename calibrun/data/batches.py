@@ -181,8 +181,7 @@ class FeedBatches:
         self.columns = columns
         self.constants = constants or {}
         self.order = list(order) if order is not None else [*columns, *self.constants]
-        self.axes = {name: column.axis for name, column in columns.items()}
-        self.axes.update({name: constant.axis for name, constant in self.constants.items()})
+        self.axes = source_axes(columns, self.constants)
         self.factor = check_factor(factor)
         self.requested = check_positive_int(batches, "batches", MAX_BATCHES)
         infos = [column.info for column in columns.values()]
