@@ -433,7 +433,8 @@ class RowRuns:
             return self.session.run(output_names, input_feed, run_options)
         merged = None
         for start in range(0, total, self.rows):
-            outputs = self.session.run(None, feed_rows.take(input_feed, self.axes, start, start + self.rows), run_options)
+            part = feed_rows.take(input_feed, self.axes, start, start + self.rows)
+            outputs = self.session.run(None, part, run_options)
             if merged is None:
                 merged = list(outputs)
                 continue

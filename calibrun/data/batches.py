@@ -32,7 +32,7 @@ import numpy as np
 
 from calibrun.bounds import MAX_BATCHES, check_factor, check_positive_int
 from calibrun.data import rows as rowsmod
-from calibrun.data.inputs import Constant, declared, fmt_shape, input_dtype
+from calibrun.data.inputs import Constant, declared, input_dtype
 from calibrun.errors import CalibrunError
 from calibrun.lab import ROWS_PER_BATCH
 from calibrun.model import InputInfo, file_sha256

@@ -1,16 +1,18 @@
 """Calibration batches and evaluation rows read from .npy/.npz files (the batch rules: calibrun.data.batches).
 
-- npy: `path` is a `.npy` file (the rows of the single input), a `.npz` file (one key per input name, an
-  optional `labels` key), or a folder of them (top level only; every `.npy`/`.npz` sorted by file name and
-  concatenated along the first axis; with several inputs the folder may instead hold one `<input_name>.npy`
-  per input). A `labels.npy` in a folder holds labels. A single-input model also takes an `.npz` whose only
-  (non-`labels`) key has another name (`numpy.savez(f, x)` writes `arr_0`). Extra `.npz` keys are ignored.
+- npy: `path` is a `.npy` file (the rows of the single input the files feed), a `.npz` file (one key per input
+  name, an optional `labels` key), or a folder of them (top level only; every `.npy`/`.npz` sorted by file name and
+  concatenated along each input's batch axis; with several inputs the folder may instead hold one
+  `<input_name>.npy` per input). A `labels.npy` in a folder holds labels. A single-input model also takes an
+  `.npz` whose only (non-`labels`) key has another name (`numpy.savez(f, x)` writes `arr_0`). Extra `.npz` keys
+  are ignored.
   Rows are counted and joined along each input's batch axis (calibrun.data.rows). An array with no batch axis
   (0-d for a scalar input, or one axis fewer than the input) is a constant fed with every batch (the same in
   every file); `data.inputs.<name>.value` sets one instead of the files. Each input is fed in its declared type
   (calibrun.data.inputs). Files are only ever opened with `allow_pickle=False`; headers are read first, so
-  object, string and complex arrays fail before any data is loaded. A `.npy` file is memory-mapped and an `.npz` member loaded
-  only when a batch needs it, so a pass over a big folder holds one file (one member) per input at a time.
+  object, string and complex arrays fail before any data is loaded. A `.npy` file is memory-mapped and an `.npz`
+  member loaded only when a batch needs it, so a pass over a big folder holds one file (one member) per input at a
+  time.
 """
 
 from __future__ import annotations

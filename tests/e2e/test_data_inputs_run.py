@@ -35,13 +35,19 @@ def test_a_stateful_model_with_an_int64_scalar_quantises_and_the_scalar_enters_t
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["status"] == "ok"
     used = result["used"]
-    assert used["calibration_rows"] == ROWS and used["calibration_batches"] == 3 and used["eval_rows"] == ROWS and used["eval_batches"] == 3
+    assert used["calibration_rows"] == ROWS
+    assert used["calibration_batches"] == 3
+    assert used["eval_rows"] == ROWS
+    assert used["eval_batches"] == 3
     inputs = {entry["name"]: entry for entry in used["calibration_source"]["inputs"]}
-    assert inputs["state"]["batch_shape"] == [2, 16, 4] and inputs["state"]["batch_axis"] == 1
-    assert inputs["sr"]["dtype"] == "int64" and inputs["sr"]["constant"]["value"] == 16000
+    assert inputs["state"]["batch_shape"] == [2, 16, 4]
+    assert inputs["state"]["batch_axis"] == 1
+    assert inputs["sr"]["dtype"] == "int64"
+    assert inputs["sr"]["constant"]["value"] == 16000
     assert used["diagnostics_rows"] == ROWS  # the diagnostics split the state's rows on axis 1 too
     metrics = result["metrics"]
-    assert "out.stateN.sqnr_db" in metrics and "out.output.sqnr_db" in metrics
+    assert "out.stateN.sqnr_db" in metrics
+    assert "out.output.sqnr_db" in metrics
     assert 0 < metrics["input_scale"] < 0.1  # the float input `input` (N(0, 1) rows) is the primary input
     int8 = onnx.load(str(tmp_path / "run" / "int8.onnx"))
     assert [i.name for i in int8.graph.input] == ["input", "state", "sr"]  # no graph surgery
@@ -52,5 +58,7 @@ def test_a_stateful_model_with_an_int64_scalar_quantises_and_the_scalar_enters_t
                         f"hydra.sweep.dir={tmp_path / 'sweep'}"], tmp_path)
     assert sweep.returncode == 0, sweep.stderr[-3000:]
     same, other = (json.loads((tmp_path / "sweep" / job / "result.json").read_text()) for job in ("0", "1"))
-    assert same["metrics"]["cache_hit"] == 1 and same["cache_key"] == result["cache_key"]
-    assert other["metrics"]["cache_hit"] == 0 and other["cache_key"] != result["cache_key"]
+    assert same["metrics"]["cache_hit"] == 1
+    assert same["cache_key"] == result["cache_key"]
+    assert other["metrics"]["cache_hit"] == 0
+    assert other["cache_key"] != result["cache_key"]

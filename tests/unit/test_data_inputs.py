@@ -63,10 +63,13 @@ def test_batch_axis_and_constants_enter_the_identity(stateful, tmp_path):
     fp32, path = stateful
     base = calibration_data(npy(path), fp32, 0, 1.0, 2).identity()
     entries = {e["name"]: e for e in base["inputs"]}
-    assert entries["state"]["batch_axis"] == 1 and entries["sr"]["constant"]["value"] == 16000
-    assert "batch_axis" not in entries["input"] and "dtype" not in entries["input"]  # as before: keys stay valid
+    assert entries["state"]["batch_axis"] == 1
+    assert entries["sr"]["constant"]["value"] == 16000
+    assert "batch_axis" not in entries["input"]
+    assert "dtype" not in entries["input"]
     other = calibration_data(npy(path, {"sr": {"value": 8000}}), fp32, 0, 1.0, 2).identity()
-    assert other != base and {e["name"]: e for e in other["inputs"]}["sr"]["constant"]["value"] == 8000
+    assert other != base
+    assert {e["name"]: e for e in other["inputs"]}["sr"]["constant"]["value"] == 8000
 
 
 def test_a_set_batch_axis_counts_rows_along_it(tmp_path):
@@ -74,7 +77,8 @@ def test_a_set_batch_axis_counts_rows_along_it(tmp_path):
     np.savez(tmp_path / "d.npz", input=np.ones((4, 8), np.float32), state=np.ones((2, 4, 4), np.float32))
     data = calibration_data(npy(tmp_path / "d.npz", {"sr": {"value": 16000}, "state": {"batch_axis": -2}}),
                             fp32, 0, 1.0, 1)
-    assert data.axes["state"] == 1 and data.rows == 4
+    assert data.axes["state"] == 1
+    assert data.rows == 4
     with pytest.raises(CalibrunError, match=re.escape("config data.inputs.state.batch_axis: must be an axis of "
                                                       "input 'state' (FLOAT [2, N, 4]) (0..2), got 3")):
         calibration_data(npy(tmp_path / "d.npz", {"sr": {"value": 1}, "state": {"batch_axis": 3}}), fp32, 0, 1.0, 1)
@@ -104,7 +108,8 @@ def test_a_config_value_feeds_a_scalar_and_wins_over_the_file(stateful):
     fp32, path = stateful
     evaluation = evaluation_data(npy(path, {"sr": {"value": 8000}}), fp32, 0, ROWS)
     feeds, _ = next(evaluation.batches(16))
-    assert feeds["sr"].dtype == np.int64 and int(feeds["sr"]) == 8000
+    assert feeds["sr"].dtype == np.int64
+    assert int(feeds["sr"]) == 8000
     assert list(feeds) == ["input", "state", "sr"]  # the model's input order
 
 
@@ -140,8 +145,8 @@ def typed(tmp_path):
 
 def typed_data(path, **change):
     rng = np.random.default_rng(1)
-    arrays = {"a": rng.normal(size=(20, 4)).astype(np.float32), "x": rng.normal(size=(20, 4)), "mask": rng.random((20, 4)) > 0.5,
-              "offset": np.arange(20, dtype=np.int64).reshape(20, 1)}
+    arrays = {"a": rng.normal(size=(20, 4)).astype(np.float32), "x": rng.normal(size=(20, 4)),
+              "mask": rng.random((20, 4)) > 0.5, "offset": np.arange(20, dtype=np.int64).reshape(20, 1)}
     arrays.update(change)
     np.savez(path, **arrays)
     return path
@@ -198,9 +203,30 @@ def test_evaluation_runs_split_the_state_along_its_batch_axis(stateful, tmp_path
     split: dict = {}
     one = evaluate(fp32.path, int8, evaluation, progress=None, budget=1, used=split)
     full = evaluate(fp32.path, int8, evaluation, progress=None)
-    assert split["eval_rows_per_run"] == 1 and one["rows"] == ROWS
+    assert split["eval_rows_per_run"] == 1
+    assert one["rows"] == ROWS
     assert one["out.stateN.max_abs_error"] == pytest.approx(full["out.stateN.max_abs_error"], rel=1e-6)
     assert one["out.output.sqnr_db"] == pytest.approx(full["out.output.sqnr_db"], rel=1e-6)
+
+
+def test_diagnostics_split_the_state_along_its_batch_axis(stateful, tmp_path):
+    from calibrun.measure.tensor_stats import StreamingDiagnostics
+
+    fp32, path = stateful
+    int8, ranges = tmp_path / "int8.onnx", tmp_path / "ranges.json"
+    quantize_with(fp32, int8, calibration_data(npy(path), fp32, 0, 1.0, 2), ranges_copy=ranges)
+    evaluation = evaluation_data(npy(path), fp32, 0, ROWS)
+    found = {}
+    for budget in (None, 1):  # 1 byte: one group per tensor, one row per run
+        with StreamingDiagnostics(fp32.path, int8, ranges, max_rows=8, budget=budget, axes=evaluation.axes) as diag:
+            for feeds, _ in evaluation.batches(16):
+                diag.update(feeds)
+            found[budget] = {row["tensor"]: row["sqnr_db"] for row in diag.rows()}
+            assert diag.rows_seen == 8
+    assert len(diag.groups) > 1
+    assert diag.rows_per_run == 1
+    assert found[1] == pytest.approx(found[None], rel=1e-6)
+    assert "s0" in found[1]  # the state's first slice: its rows came from axis 1
 
 
 def test_memory_sizes_one_row_on_the_batch_axis(tmp_path):
@@ -208,14 +234,17 @@ def test_memory_sizes_one_row_on_the_batch_axis(tmp_path):
     feeds = {"input": np.zeros((16, 8), np.float32), "state": np.zeros((2, 16, 4), np.float32),
              "sr": np.array(16000)}
     sizes = memory.row_bytes(model, feeds, {"input": 0, "state": 1, "sr": None})
-    assert sizes["state"] == 2 * 1 * 4 * 4 and sizes["stateN"] == 2 * 4 * 4 and sizes["h"] == 4 * 4
+    assert sizes["state"] == 2 * 1 * 4 * 4
+    assert sizes["stateN"] == 2 * 4 * 4
+    assert sizes["h"] == 4 * 4
 
 
 # ---------------------------------------------------------------------------------------------- config keys
 
 
 def test_input_keys_are_settings_and_set_whether_a_yaml_set_them_or_not():
-    assert is_setting("data.inputs.sr.value") and is_setting("eval_data.inputs.state.batch_axis")
+    assert is_setting("data.inputs.sr.value")
+    assert is_setting("eval_data.inputs.state.batch_axis")
     assert not is_setting("data.inputs.sr.bogus")
     assert normalise(["data.inputs.sr.value=16000", "+eval_data.inputs.state.batch_axis=1", "batches=2"]) == [
         "++data.inputs.sr.value=16000", "++eval_data.inputs.state.batch_axis=1", "batches=2"]
@@ -239,5 +268,6 @@ def test_a_model_with_float16_bool_and_int_inputs_quantises_and_evaluates(typed,
     int8 = tmp_path / "int8.onnx"
     quantize_with(typed, int8, calibration_data(npy(path), typed, 0, 1.0, 2))
     metrics = evaluate(typed.path, int8, evaluation_data(npy(path), typed, 0, 20), progress=None)
-    assert metrics["rows"] == 20 and 0 < metrics["out.y.relative_error"] < 0.05
+    assert metrics["rows"] == 20
+    assert 0 < metrics["out.y.relative_error"] < 0.05
     assert metrics["eval_min"] == pytest.approx(float(np.load(path)["a"].min()))  # the primary input: `a`, float32

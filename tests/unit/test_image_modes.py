@@ -66,7 +66,8 @@ def test_the_layout_is_inferred_from_the_input_shape_unless_set(folder, shape, l
 def test_letterbox_pads_with_ultralytics_grey_by_default_and_is_a_resize_mode(folder):
     assert ImageTransform().pad_value == YOLO_PAD == 114 / 255
     by_mode = plain(resize_mode="letterbox", crop=8)
-    assert by_mode == plain(letterbox=True, crop=8) and by_mode.letterbox
+    assert by_mode == plain(letterbox=True, crop=8)
+    assert by_mode.letterbox
     got = one(folder, ("N", 3, 8, 8), by_mode)
     np.testing.assert_array_equal(got[:, :2], np.float32(114 / 255))  # the 20x10 image fills 8x4: 2 rows above
     assert by_mode.identity()["pad_value"] == 114 / 255
@@ -107,7 +108,9 @@ def test_the_other_inputs_of_an_image_model_come_from_config_values(folder):
     (feed,) = image_calibration(folder, inputs, 1, 2.0, plain(resize=4, crop=4), given)
     assert list(feed) == ["img", "size", "scale"]
     np.testing.assert_array_equal(feed["size"], [[10, 20]])  # one row, repeated to the batch's rows
-    assert feed["size"].dtype == np.int64 and feed["scale"].dtype == np.float32 and feed["scale"] == 0.5
+    assert feed["size"].dtype == np.int64
+    assert feed["scale"].dtype == np.float32
+    assert feed["scale"] == 0.5
     evaluation = image_evaluation(folder, inputs, None, plain(resize=4, crop=4), given)
     assert evaluation.axes == {"img": 0, "size": 0, "scale": None}
     with pytest.raises(CalibrunError, match=re.escape("input 'scale' (FLOAT []) is a scalar: it has no rows; give "
