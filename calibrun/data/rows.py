@@ -45,7 +45,7 @@ def count(feeds: Mapping[str, np.ndarray], axes: Axes | None = None) -> int:
     for name, array in feeds.items():
         axis = axis_of(axes, name)
         if axis is not None:
-            return int(np.shape(array)[axis]) if np.ndim(array) else len(array)
+            return int(np.shape(array)[axis])
     raise CalibrunError(f"no input of the feed has rows: {', '.join(feeds)} are all constants")
 
 
