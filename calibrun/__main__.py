@@ -84,8 +84,18 @@ def check_keys(argv: list[str]) -> str | None:
 
 def normalise(argv: list[str]) -> list[str]:
     """`+experiment=NAME` (the form before `experiment` had a default) means `experiment=NAME`: Hydra refuses to
-    add a group that the defaults list already holds."""
-    return [arg[1:] if arg.startswith("+experiment=") else arg for arg in argv]
+    add a group that the defaults list already holds. `data.inputs.<name>.value=...` (an input name is no key of
+    the schema) is `++data.inputs.<name>.value=...`: set, whether a yaml already set it or not."""
+    from calibrun.config import is_input_key
+
+    out = []
+    for arg in argv:
+        if arg.startswith("+experiment="):
+            arg = arg[1:]
+        elif "=" in arg and is_input_key(arg.split("=", 1)[0].lstrip("+")):
+            arg = "++" + arg.lstrip("+")
+        out.append(arg)
+    return out
 
 
 def _quick_exit() -> None:

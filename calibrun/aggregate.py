@@ -614,8 +614,9 @@ def _format_difference(qdq: Run, qop: Run) -> float:
     from calibrun.measure.errors import max_abs_difference
 
     fp32, evaluation = _evaluation(qdq)
-    a = measure.outputs(qdq.file("int8"), fp32, evaluation.feeds)
-    b = measure.outputs(qop.file("int8"), fp32, evaluation.feeds)
+    feeds = evaluation.feeds
+    a = measure.outputs(qdq.file("int8"), fp32, feeds, axes=evaluation.axes)
+    b = measure.outputs(qop.file("int8"), fp32, feeds, axes=evaluation.axes)
     return max_abs_difference(a, b)
 
 

@@ -36,6 +36,7 @@ from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 from calibrun import cache as cache_store
 from calibrun import interrupts, memory
 from calibrun.cache import key_of
+from calibrun.data import rows as feed_rows
 from calibrun.errors import CalibrunError
 from calibrun.errors import need as check
 from calibrun.files import atomic_path, temp_dir, write_json
@@ -288,7 +289,7 @@ class _SpanTracker:
         for item in self.source:
             arrays = item if isinstance(item, Mapping) else {self.input_name: item}
             for name, array in arrays.items():
-                if not np.all(np.isfinite(array)):
+                if np.asarray(array).dtype.kind == "f" and not np.all(np.isfinite(array)):
                     raise CalibrunError(f"calibration data for input {name!r} contains NaN or Inf")
             array = arrays[self.input_name]
             self.lo = min(self.lo, np.min(array))
@@ -333,7 +334,8 @@ def run_calibration(model_path: str | Path, data, input_name: str, spec: Calibra
             calibrator.model = None
         _lean_session(calibrator, threads)
         if spec.method == "minmax" and not spec.moving_average:
-            calibrator.infer_session = RowRuns(calibrator.infer_session, copy, budget, used)
+            calibrator.infer_session = RowRuns(calibrator.infer_session, copy, budget, used,
+                                               getattr(data, "axes", None))
         chunk = spec.batches_per_collect
         outputs = None
         if spec.method != "minmax":
@@ -392,17 +394,19 @@ class RowRuns:
     outputs of onnxruntime's ReduceMin/ReduceMax nodes (`<tensor>_ReduceMin`, `<tensor>_ReduceMax`, one value
     each) are combined with minimum/maximum, which is exact, so the ranges are bit-identical to one run of the
     whole batch's minima and maxima (onnxruntime's kernels may round a row differently in a smaller batch: then
-    within float32 rounding); the model's own outputs (which the calibrator drops) are concatenated. The rows per
-    run come from the first batch: one row's live activations (calibrun.memory.live_bytes) against the budget, so
-    a batch that fits runs whole, as before."""
+    within float32 rounding); of the model's own outputs (which the calibrator drops) the first run's are returned.
+    Rows are split along each input's batch axis (`axes`, calibrun.data.rows; constants are fed whole to every
+    run). The rows per run come from the first batch: one row's live activations (calibrun.memory.live_bytes)
+    against the budget, so a batch that fits runs whole, as before."""
 
-    def __init__(self, session, model_path, budget: int | None, used: dict | None = None):
+    def __init__(self, session, model_path, budget: int | None, used: dict | None = None, axes=None):
         """`model_path`: the fp32 model (its activations are sized with shape inference)."""
-        self.session, self.model_path, self.setting = session, model_path, budget
+        self.session, self.model_path, self.setting, self.axes = session, model_path, budget, axes
         self.used = used if used is not None else {}
         self.output_names = [node.name for node in session.get_outputs()]
         self.rows: int | None = None
-        self.fixed = any(isinstance(node.shape[0], int) for node in session.get_inputs() if node.shape)
+        shapes = {node.name: node.shape for node in session.get_inputs()}
+        self.fixed = feed_rows.pinned_rows(shapes, axes) is not None
 
     def get_inputs(self):
         return self.session.get_inputs()
@@ -411,9 +415,9 @@ class RowRuns:
         return self.session.get_outputs()
 
     def _plan(self, feeds, total: int) -> int:
-        sizes = memory.row_bytes(self.model_path, feeds)
+        sizes = memory.row_bytes(self.model_path, feeds, self.axes)
         budget = memory.resolve(self.setting, sizes)
-        per_row = 2 * memory.live_bytes(self.model_path, feeds)  # activations and kernels' workspace
+        per_row = 2 * memory.live_bytes(self.model_path, feeds, self.axes)  # activations and kernels' workspace
         rows = total if self.fixed else memory.rows_for(budget, per_row, total)
         self.used.update(budget_bytes=budget, calibration_rows_per_run=rows)
         if rows < total:
@@ -422,26 +426,24 @@ class RowRuns:
         return rows
 
     def run(self, output_names, input_feed, run_options=None):
-        total = len(next(iter(input_feed.values())))
+        total = feed_rows.count(input_feed, self.axes)
         if self.rows is None:
             self.rows = self._plan(input_feed, total)
         if output_names is not None or self.rows >= total:
             return self.session.run(output_names, input_feed, run_options)
         merged = None
         for start in range(0, total, self.rows):
-            part = {name: value[start : start + self.rows] for name, value in input_feed.items()}
+            part = feed_rows.take(input_feed, self.axes, start, start + self.rows)
             outputs = self.session.run(None, part, run_options)
             if merged is None:
-                merged = [[array] for array in outputs]
+                merged = list(outputs)
                 continue
             for index, (name, array) in enumerate(zip(self.output_names, outputs, strict=True)):
                 if name.endswith("_ReduceMin"):
-                    merged[index] = [np.minimum(merged[index][0], array)]
+                    merged[index] = np.minimum(merged[index], array)
                 elif name.endswith("_ReduceMax"):
-                    merged[index] = [np.maximum(merged[index][0], array)]
-                else:
-                    merged[index].append(array)
-        return [parts[0] if len(parts) == 1 else np.concatenate(parts) for parts in merged]
+                    merged[index] = np.maximum(merged[index], array)
+        return merged
 
 
 class ReusedOutputs:

@@ -18,6 +18,7 @@ import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -32,6 +33,7 @@ from calibrun.cache import CacheConf
 from calibrun.calibrate import METHODS, CalibrationSpec
 from calibrun.data import SOURCES
 from calibrun.data.images import ImageTransform, TransformError
+from calibrun.data.inputs import InputConf
 from calibrun.data.lab import CalibrationConf
 from calibrun.errors import CalibrunError
 from calibrun.errors import need as _need
@@ -61,10 +63,15 @@ DATA_SOURCES = tuple(SOURCES)
 
 
 # A data source: `lab` (the rule of docs/lab.md), `npy` (.npy/.npz file or folder), `images` (folder; the pipeline's
-# options are calibrun.data.images.ImageTransform's fields).
+# options are calibrun.data.images.ImageTransform's fields); `inputs`: each model input's constant value and batch
+# axis (calibrun.data.inputs.InputConf, docs/data.md). Its values are untyped in the schema (Hydra's `++` builds a
+# new input's node as a plain dict, which a typed dict refuses); InputConf checks them when the model is open.
 DataConf = schema_of("DataConf", ImageTransform, first=(("name", str, field(default="lab")),
-                                                        ("path", str | None, field(default=None))),
-                     doc="A data source: lab, npy or images (with ImageTransform's fields).")
+                                                        ("path", str | None, field(default=None)),
+                                                        ("inputs", dict[str, Any], field(default_factory=dict))),
+                     doc="A data source: lab, npy or images (with ImageTransform's fields), and its inputs.")
+# keys under a `<data>.inputs.<input name>` node (the names are the model's, checked when the model is open)
+INPUT_KEYS = tuple(f.name for f in dataclasses.fields(InputConf))
 
 
 
@@ -129,7 +136,7 @@ def _unknown_keys(node: DictConfig, schema: dict, prefix: str = "") -> list[str]
             continue
         if key not in schema:
             unknown.append(prefix + str(key))
-        elif isinstance(schema[key], dict) and f"{prefix}{key}" not in OPEN_NODES:
+        elif isinstance(schema[key], dict) and f"{prefix}{key}" not in OPEN_NODES and not _is_inputs(prefix + str(key)):
             unknown += _unknown_keys(node[key], schema[key], f"{prefix}{key}.")
     return unknown
 
@@ -171,9 +178,20 @@ def unknown_key_message(key: str) -> str:
     return f"config {key}: is not a calibrun setting; {hint}"
 
 
+def _is_inputs(key: str) -> bool:
+    return key in ("data.inputs", "eval_data.inputs")
+
+
+def is_input_key(key: str) -> bool:
+    """`data.inputs.<name>.<value|batch_axis>` (or eval_data's): a key under an input's node (any input name)."""
+    node, _, rest = key.partition(".inputs.")
+    name, _, option = rest.rpartition(".")
+    return node in ("data", "eval_data") and bool(name) and option in INPUT_KEYS
+
+
 def is_setting(key: str) -> bool:
     """Whether an override's key (`+`, `++`, `~` already stripped) names a calibrun setting or config group."""
-    return key in SETTINGS or key.split(".")[0].split("/")[0] in ("hydra", *GROUPS_ONLY)
+    return key in SETTINGS or is_input_key(key) or key.split(".")[0].split("/")[0] in ("hydra", *GROUPS_ONLY)
 
 
 def _swept_group(key: str, swept: Iterable[str]) -> bool:

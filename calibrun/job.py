@@ -261,7 +261,7 @@ def compute(ctx: JobContext) -> JobResult:
     diag = None
     if cfg.format.name == "qdq" and cfg.diagnostics.enabled:
         diag = StreamingDiagnostics(fp32.path, int8_path, job_dir / RANGES_FILE, cfg.ort.intra_op_threads,
-                                    max_rows=cfg.diagnostics.rows, budget=budget)
+                                    max_rows=cfg.diagnostics.rows, budget=budget, axes=evaluation.axes)
     try:
         errors = measure.evaluate(fp32.path, int8_path, evaluation, ctx.fresh_task(), cfg.ort.intra_op_threads,
                                   cfg.eval.batch_size, observers=[diag] if diag is not None else (),

@@ -85,12 +85,12 @@ def rows_for(budget: int, per_row: int, rows: int) -> int:
     return -(-rows // runs)
 
 
-def live_bytes(model: str | Path | onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> int:
+def live_bytes(model: str | Path | onnx.ModelProto, feeds: Mapping[str, np.ndarray], axes=None) -> int:
     """The most bytes of one row's activations alive at once when the nodes run in graph order, each tensor freed
     after its last consumer (what an inference session holds at its peak, roughly; 0 when sizes are unknown)."""
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(str(model), load_external_data=False)
-    sizes = row_bytes(model, feeds)
+    sizes = row_bytes(model, feeds, axes)
     if not sizes:
         return 0
     nodes = list(model.graph.node)
@@ -110,10 +110,13 @@ def live_bytes(model: str | Path | onnx.ModelProto, feeds: Mapping[str, np.ndarr
     return peak
 
 
-def row_bytes(model: str | Path | onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, int]:
+def row_bytes(model: str | Path | onnx.ModelProto, feeds: Mapping[str, np.ndarray], axes=None) -> dict[str, int]:
     """Bytes of one row of every float tensor a node of `model` produces (and of the graph inputs), from ONNX shape
-    inference with the inputs pinned to the shapes of `feeds` with a first axis of 1. Tensors whose shape or type
-    stays unknown are left out. Never raises: a model shape inference cannot handle gives {}."""
+    inference with the inputs pinned to the shapes of `feeds` with one row on their batch axes (`axes`,
+    calibrun.data.rows: axis 0 by default; a constant keeps its whole shape). Tensors whose shape or type stays
+    unknown are left out. Never raises: a model shape inference cannot handle gives {}."""
+    from calibrun.data.rows import axis_of, one_row_shape
+
     try:
         if not isinstance(model, onnx.ModelProto):
             model = onnx.load(str(model), load_external_data=False)
@@ -125,7 +128,7 @@ def row_bytes(model: str | Path | onnx.ModelProto, feeds: Mapping[str, np.ndarra
         for info in model.graph.input:
             if info.name in initializers or info.name not in feeds:
                 continue
-            shape = (1, *np.shape(feeds[info.name])[1:])
+            shape = one_row_shape(np.shape(feeds[info.name]), axis_of(axes, info.name))
             elem = info.type.tensor_type.elem_type or TensorProto.FLOAT
             info.CopyFrom(helper.make_tensor_value_info(info.name, elem, list(shape)))
         del model.graph.value_info[:]

@@ -109,6 +109,68 @@ def unquantised_input_model(features: int = 4, outputs: int = 3, op: str = "Cos"
         OPSET,
     )
 
+def stateful_model(features: int = 8, hidden: int = 4, outputs: int = 3) -> onnx.ModelProto:
+    """A recurrent step as Silero VAD's: `input` [N, features] float32, `state` [2, N, hidden] float32 (rows on
+    axis 1), `sr` an int64 scalar (the sample rate, scaling the step by sr / 16000) -> `output` [N, outputs] and
+    `stateN` [2, N, hidden]."""
+    rng = np.random.default_rng(5)
+    w = (rng.normal(0, 1, (features, hidden)) / np.sqrt(features)).astype(np.float32)
+    u = (rng.normal(0, 1, (hidden, hidden)) / np.sqrt(hidden)).astype(np.float32)
+    v = (rng.normal(0, 1, (hidden, outputs)) / np.sqrt(hidden)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["input", "w"], ["xw"], name="input_proj"),
+        helper.make_node("Gather", ["state", "zero"], ["s0"], axis=0, name="state_first"),
+        helper.make_node("MatMul", ["s0", "u"], ["su"], name="state_proj"),
+        helper.make_node("Add", ["xw", "su"], ["pre"], name="add"),
+        helper.make_node("Cast", ["sr"], ["srf"], to=TensorProto.FLOAT, name="sr_cast"),
+        helper.make_node("Div", ["srf", "base"], ["scale"], name="sr_scale"),
+        helper.make_node("Mul", ["pre", "scale"], ["scaled"], name="scale"),
+        helper.make_node("Tanh", ["scaled"], ["h"], name="tanh"),
+        helper.make_node("MatMul", ["h", "v"], ["output"], name="head"),
+        helper.make_node("Unsqueeze", ["h", "axis0"], ["hu"], name="unsqueeze"),
+        helper.make_node("Concat", ["hu", "hu"], ["stateN"], axis=0, name="new_state"),
+    ]
+    return _finish(
+        nodes,
+        "tests_stateful",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", features]),
+         helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "N", hidden]),
+         helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", outputs]),
+         helper.make_tensor_value_info("stateN", TensorProto.FLOAT, [2, "N", hidden])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(u, "u"), numpy_helper.from_array(v, "v"),
+         numpy_helper.from_array(np.array(0, np.int64), "zero"), numpy_helper.from_array(np.float32(16000), "base"),
+         numpy_helper.from_array(np.array([0], np.int64), "axis0")],
+        OPSET,
+    )
+
+
+def typed_inputs_model(features: int = 4, outputs: int = 3) -> onnx.ModelProto:
+    """Inputs of four types: `a` float32 [N, features], `x` float16 [N, features], `mask` bool [N, features],
+    `offset` int32 [N, 1]; the output is MatMul(a + float(x) * float(mask) + float(offset), w)."""
+    w = np.random.default_rng(6).normal(0, 1, (features, outputs)).astype(np.float32)
+    nodes = [
+        helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT, name="x_cast"),
+        helper.make_node("Cast", ["mask"], ["mf"], to=TensorProto.FLOAT, name="mask_cast"),
+        helper.make_node("Cast", ["offset"], ["of"], to=TensorProto.FLOAT, name="offset_cast"),
+        helper.make_node("Mul", ["xf", "mf"], ["masked"], name="mask"),
+        helper.make_node("Add", ["masked", "of"], ["shifted"], name="shift"),
+        helper.make_node("Add", ["shifted", "a"], ["summed"], name="sum"),
+        helper.make_node("MatMul", ["summed", "w"], ["y"], name="matmul"),
+    ]
+    return _finish(
+        nodes,
+        "tests_typed_inputs",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", features]),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["N", features]),
+         helper.make_tensor_value_info("mask", TensorProto.BOOL, ["N", features]),
+         helper.make_tensor_value_info("offset", TensorProto.INT32, ["N", 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", outputs])],
+        [numpy_helper.from_array(w, "w")],
+        OPSET,
+    )
+
+
 def save(model: onnx.ModelProto, path: str | Path) -> Path:
     """Save `model` to `path` (parent folders created) and return the path."""
     path = Path(path)

@@ -75,10 +75,10 @@ def attach(ctx, result):
         return result
     from calibrun.analysis.evaluate import Evaluator, metric_of
     from calibrun.analysis.repair import timed
-    from calibrun.data.lab import fixed_rows
+    from calibrun.data.rows import pinned_rows
 
     int8_path = job_dir / result.files["int8"]
-    rows = fixed_rows(fp32.info) or a.batch_rows
+    rows = pinned_rows({i.name: i.shape for i in fp32.inputs}, ctx.evaluation.axes) or a.batch_rows
     goal = Goal.of(cfg, result)
     with Evaluator(fp32.path, ctx.evaluation, rows, cfg.ort.intra_op_threads, ctx.fresh_task()) as evaluator:
         measured, seconds = timed(evaluator.model)(int8_path)

@@ -96,7 +96,7 @@ def attach(ctx, result) -> None:
     from calibrun import config
     from calibrun.analysis.evaluate import Evaluator
     from calibrun.calibrate import CalibrationCache
-    from calibrun.data.lab import fixed_rows
+    from calibrun.data.rows import pinned_rows
     from calibrun.files import temp_dir, write_json
     from calibrun.measure import verdict
     from calibrun.quantize import quantize, quantize_with
@@ -114,7 +114,7 @@ def attach(ctx, result) -> None:
     own = ctx.calibration_of(result)
     measured: list[dict] = []
     helped: list[Candidate] = []
-    rows = fixed_rows(fp32.info) or cfg.analysis.batch_rows
+    rows = pinned_rows({i.name: i.shape for i in fp32.inputs}, ctx.evaluation.axes) or cfg.analysis.batch_rows
     with Evaluator(fp32.path, evaluation, rows, cfg.ort.intra_op_threads, ctx.fresh_task()) as evaluator, \
             temp_dir("rec") as tmp:
         if evaluation is ctx.evaluation:  # every row: the verdict's own value

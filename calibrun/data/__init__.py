@@ -3,7 +3,8 @@
 Sources are plain dicts (the `data` / `eval_data` config nodes) so the aggregator can rebuild the evaluation
 rows of a finished job from its result.json. The rooms: lab.py (the lab rule of docs/lab.md and the bounds every
 count is checked against), npy.py (.npy/.npz files), images.py (image folders), batches.py (the batch protocol
-they all serve: FeedBatches for calibration, EvalData for evaluation).
+they all serve: FeedBatches for calibration, EvalData for evaluation), inputs.py (each input's type, batch axis and
+constants: `data.inputs.<name>.*`), rows.py (counting and splitting rows along the batch axes; docs/data.md).
 """
 
 from __future__ import annotations
@@ -64,16 +65,23 @@ class Source:
 SOURCES: dict[str, Source] = {
     "lab": Source(lambda s, fp32, seed, factor, batches: lab_batches(fp32.lab_input(), seed, factor, batches),
                   lambda s, fp32, seed, rows: lab_evaluation(fp32, seed, rows)),
-    "npy": Source(lambda s, fp32, seed, factor, batches: npy.npy_calibration(_path(s), fp32.inputs, batches, factor),
-                  lambda s, fp32, seed, rows: npy.npy_evaluation(_path(s), fp32.inputs, rows)),
+    "npy": Source(lambda s, fp32, seed, factor, batches: npy.npy_calibration(
+                      _path(s), fp32.inputs, batches, factor, s.get("inputs"), "data"),
+                  lambda s, fp32, seed, rows: npy.npy_evaluation(
+                      _path(s), fp32.inputs, rows, s.get("inputs"), "eval_data")),
     "images": Source(lambda s, fp32, seed, factor, batches: images.image_calibration(
-                         _path(s), fp32.inputs, batches, factor, _transform(s)),
-                     lambda s, fp32, seed, rows: images.image_evaluation(_path(s), fp32.inputs, rows, _transform(s))),
+                         _path(s), fp32.inputs, batches, factor, _transform(s), s.get("inputs"), "data"),
+                     lambda s, fp32, seed, rows: images.image_evaluation(
+                         _path(s), fp32.inputs, rows, _transform(s), s.get("inputs"), "eval_data")),
 }
 
 
 def _source(source: Mapping) -> Source:
     try:
-        return SOURCES[source["name"]]
+        found = SOURCES[source["name"]]
     except KeyError:
         raise CalibrunError(f"unknown data source {source['name']!r} (known: {sorted(SOURCES)})") from None
+    if source["name"] == "lab" and source.get("inputs"):
+        raise CalibrunError("config data.inputs / eval_data.inputs: the lab data rule feeds one float input; "
+                            "inputs' values and batch axes need data=npy or data=images")
+    return found

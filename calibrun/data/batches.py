@@ -3,20 +3,22 @@
 User data sources: calibration batches and evaluation rows read from .npy/.npz files or image folders.
 
 Calibration (`npy_calibration`, `image_calibration`) gives a `FeedBatches`: sized, lazy, re-iterable and
-deterministic, one feed `{input_name: float32 batch}` per batch, with an `identity()` for the calibration
-cache. Evaluation (`npy_evaluation`, `image_evaluation`) gives an `EvalData` that serves the evaluation rows
-batch by batch (never all at once), plus class labels when the source has them.
+deterministic, one feed `{input_name: batch}` per batch, with an `identity()` for the calibration cache.
+Evaluation (`npy_evaluation`, `image_evaluation`) gives an `EvalData` that serves the evaluation rows batch by
+batch (never all at once), plus class labels when the source has them. Both carry `axes`, each input's batch axis
+(calibrun.data.rows; None: a constant), which every consumer uses to count and split rows.
 
-The rules every source follows
-- batches: 16 rows (calibrun.lab.ROWS_PER_BATCH), or `b` when the model pins its first axis to `b`; the first
-  `batches` batches are used. With too few rows for `batches` full batches, what there is is used and a
+The rules every source follows (docs/data.md)
+- batches: 16 rows (calibrun.lab.ROWS_PER_BATCH), or `b` when the model pins its inputs' batch axis to `b`; the
+  first `batches` batches are used. With too few rows for `batches` full batches, what there is is used and a
   warning goes to the "calibrun" logger. A trailing partial batch is KEPT (as a smaller last batch) when the
-  first axis is symbolic, and DROPPED when the model pins it (the model cannot take another batch size).
-- values: each batch is multiplied by `factor` in float64, then cast to float32 (the lab rule's
-  cast-after-multiply; with factor 1 this is exactly `astype(float32)`). Float and integer data are accepted;
-  NaN/Inf in a file, or values that overflow float32 after the factor, fail naming the file.
-- model inputs must be float32 with a known rank; the data's rank and every non-symbolic axis beyond the first
-  must match; symbolic axes beyond the first take the data's size (the same in every file).
+  batch axis is symbolic, and DROPPED when the model pins it (the model cannot take another batch size).
+- values: each input is fed in the type the model declares (calibrun.data.inputs: lossless casts only); float
+  inputs are multiplied by `factor` in float64, then cast (with factor 1 this is exactly `astype`). NaN/Inf in a
+  file, or values that overflow after the factor, fail naming the file.
+- shapes: the data's rank and every fixed axis beside the batch axis must match the model's; symbolic axes take
+  the data's size (the same in every file). Constants (`data.inputs.<name>.value`, a 0-d array) are fed with every
+  batch and never split.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from onnx import TensorProto
 
 from calibrun.bounds import MAX_BATCHES, check_factor, check_positive_int
-from calibrun.data.lab import fixed_rows
+from calibrun.data import rows as rowsmod
+from calibrun.data.inputs import Constant, declared, input_dtype
 from calibrun.errors import CalibrunError
 from calibrun.lab import ROWS_PER_BATCH
 from calibrun.model import InputInfo, file_sha256
@@ -40,38 +42,54 @@ logger = logging.getLogger("calibrun")
 EVAL_CHUNK = 1024  # rows converted at a time when evaluation data is read
 
 
-def _fmt_shape(shape: Sequence) -> str:
-    return "[" + ", ".join("?" if d is None or d == "" else str(d) for d in shape) + "]"
-
-
-def _is_fixed(dim) -> bool:
-    return isinstance(dim, int) and not isinstance(dim, bool) and dim > 0
-
-
-def _check_inputs(inputs: Sequence[InputInfo]) -> list[InputInfo]:
+def check_inputs(inputs: Sequence[InputInfo], constants: dict[str, Constant],
+                 axes: dict[str, int | None]) -> list[InputInfo]:
+    """The inputs the data must give rows for (every input that is not a constant), each one that calibrun can
+    feed: a known shape and a numeric or bool type. A scalar input without a constant is an error."""
     inputs = list(inputs)
     if not inputs:
         raise CalibrunError("the model has no graph input to feed")
     names = [info.name for info in inputs]
     if len(set(names)) != len(names):
         raise CalibrunError(f"the model's input names are not unique: {names}")
+    batched = []
     for info in inputs:
-        if info.elem_type != TensorProto.FLOAT:
-            type_name = TensorProto.DataType.Name(info.elem_type) if info.elem_type else "unknown"
-            raise CalibrunError(f"input {info.name!r} is {type_name}; calibrun data sources feed float32 inputs only")
-        if not info.shape:
-            raise CalibrunError(f"input {info.name!r} has no known shape (rank 0 or missing)")
-    return inputs
+        input_dtype(info)
+        if not info.has_shape:
+            raise CalibrunError(f"input {declared(info)} has no known shape (not even a rank)")
+        if info.name in constants:
+            continue
+        if axes[info.name] is None:
+            raise CalibrunError(f"input {declared(info)} is a scalar: it has no rows; give it a constant "
+                                f"(data.inputs.{info.name}.value=..., or a 0-d array in the .npz)")
+        batched.append(info)
+    if not batched:
+        raise CalibrunError(f"every input is a constant ({', '.join(names)}): no input has rows to calibrate on")
+    return batched
 
 
-def _rows_per_batch(inputs: Sequence[InputInfo]) -> tuple[int, bool]:
-    """(rows per batch, pinned): every pinned first axis must agree (all inputs share one batch)."""
-    pinned = {info.name: fixed_rows(info) for info in inputs if fixed_rows(info) is not None}
-    if len(set(pinned.values())) > 1:
-        raise CalibrunError(f"the model pins different first axes on its inputs: {pinned}")
-    if pinned:
-        return next(iter(pinned.values())), True
-    return ROWS_PER_BATCH, False
+def _rows_per_batch(inputs: Sequence[InputInfo], axes) -> tuple[int, bool]:
+    """(rows per batch, pinned): every pinned batch axis must agree (all inputs share one batch)."""
+    pinned = rowsmod.pinned_rows({info.name: info.shape for info in inputs}, axes)
+    return (pinned, True) if pinned is not None else (ROWS_PER_BATCH, False)
+
+
+def batch_shape(sample_shape: Sequence[int], axis: int, rows: int) -> tuple[int, ...]:
+    """The shape of `rows` rows of an input whose one row (without the batch axis) is `sample_shape`."""
+    return (*sample_shape[:axis], rows, *sample_shape[axis:])
+
+
+def input_identity(name: str, shape: Sequence[int], dtype, axis: int | None, constant: Constant | None) -> dict:
+    """One input in a source's identity: its name and shape, and (only when they differ from a float32 input
+    with rows on axis 0, so that earlier cache keys stay valid) its dtype, batch axis and constant."""
+    entry = {"name": name, "batch_shape": list(shape)}
+    if np.dtype(dtype) != np.float32:
+        entry["dtype"] = str(np.dtype(dtype))
+    if axis != 0:
+        entry["batch_axis"] = axis
+    if constant is not None:
+        entry["constant"] = constant.identity()
+    return entry
 
 
 @dataclass(frozen=True)
@@ -114,23 +132,6 @@ def _listed(files: Sequence[_File]) -> list[dict]:
     return [{"path": rel} for rel in sorted({f.rel for f in files})]
 
 
-def _to_float32(raw: np.ndarray, factor: float, where: str, first_row: int) -> np.ndarray:
-    """(raw * factor) computed in float64, then cast to float32; NaN/Inf/overflow name the file and row."""
-    values = np.asarray(raw, dtype=np.float64)
-    bad = ~np.isfinite(values)
-    if bad.any():
-        row = first_row + int(np.argwhere(bad)[0][0])
-        raise CalibrunError(f"{where}: NaN or Inf in row {row}")
-    with np.errstate(over="ignore"):  # overflow is reported below, naming the file
-        out = (values * factor).astype(np.float32) if factor != 1.0 else values.astype(np.float32)
-    bad = ~np.isfinite(out)
-    if bad.any():
-        row = first_row + int(np.argwhere(bad)[0][0])
-        scaled = f" multiplied by {factor}" if factor != 1.0 else ""
-        raise CalibrunError(f"{where}: row {row}{scaled} overflows float32")
-    return out
-
-
 def _plan(total: int, per_batch: int, pinned: bool, requested: int, where: str) -> tuple[int, int]:
     """(batches served, rows used) for `requested` batches over `total` rows; warns when short."""
     full, rest = divmod(total, per_batch)
@@ -168,17 +169,23 @@ def _cap_rows(total: int, rows: int | None, where: str) -> int:
 class FeedBatches:
     """Calibration batches from user files: sized, lazy, re-iterable and deterministic.
 
-    Each iteration reopens the files and yields one feed `{input_name: float32 batch}` per batch, in model
-    input order; nothing is held between batches beyond the file (or .npz member) currently being read.
+    Each iteration reopens the files and yields one feed `{input_name: batch}` per batch, in model input order
+    (constants included); nothing is held between batches beyond the file (or .npz member) currently being read.
+    `columns`: name -> a column (`info`, `axis`, `rows`, `sample_shape`, `pieces(sizes, factor)`, `files_used`);
+    `constants`: name -> calibrun.data.inputs.Constant; `order`: the model's input names.
     """
 
-    def __init__(self, kind: str, columns: dict, factor: float, batches: int, where: str, extra: dict | None = None):
+    def __init__(self, kind: str, columns: dict, factor: float, batches: int, where: str, extra: dict | None = None,
+                 constants: dict[str, Constant] | None = None, order: Sequence[str] | None = None):
         self.kind = kind
         self.columns = columns
+        self.constants = constants or {}
+        self.order = list(order) if order is not None else [*columns, *self.constants]
+        self.axes = source_axes(columns, self.constants)
         self.factor = check_factor(factor)
         self.requested = check_positive_int(batches, "batches", MAX_BATCHES)
         infos = [column.info for column in columns.values()]
-        self.rows_per_batch, pinned = _rows_per_batch(infos)
+        self.rows_per_batch, pinned = _rows_per_batch(infos, self.axes)
         first = next(iter(columns.values()))
         self.batches, self.rows = _plan(first.rows, self.rows_per_batch, pinned, self.requested, where)
         self.sizes = [min(self.rows_per_batch, self.rows - i * self.rows_per_batch) for i in range(self.batches)]
@@ -187,25 +194,30 @@ class FeedBatches:
 
     @property
     def input_names(self) -> list[str]:
-        return list(self.columns)
+        return list(self.order)
 
     def batch_shapes(self) -> dict[str, tuple[int, ...]]:
-        return {name: (self.rows_per_batch, *col.sample_shape) for name, col in self.columns.items()}
+        shapes = {name: batch_shape(col.sample_shape, col.axis, self.rows_per_batch)
+                  for name, col in self.columns.items()}
+        shapes.update({name: c.fed(self.rows_per_batch).shape for name, c in self.constants.items()})
+        return {name: shapes[name] for name in self.order}
 
     def __len__(self) -> int:
         return self.batches
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         streams = {name: column.pieces(self.sizes, self.factor) for name, column in self.columns.items()}
-        for _ in self.sizes:
-            yield {name: next(stream) for name, stream in streams.items()}
+        for size in self.sizes:
+            feeds = {name: next(stream) for name, stream in streams.items()}
+            feeds.update({name: c.fed(size) for name, c in self.constants.items()})
+            yield {name: feeds[name] for name in self.order}
 
     def arrays(self, name: str | None = None) -> _InputArrays:
         """A sized, re-iterable view of one input's batches (plain arrays; same identity), for the
         single-input pipeline `make_reader(arrays, input_name)`. `name` defaults to the only input."""
         if name is None:
-            if len(self.columns) != 1:
-                raise CalibrunError(f"this source feeds several inputs ({', '.join(self.columns)}); name one")
+            if len(self.columns) != 1 or self.constants:
+                raise CalibrunError(f"this source feeds several inputs ({', '.join(self.order)}); name one")
             name = next(iter(self.columns))
         if name not in self.columns:
             raise CalibrunError(f"this source feeds no input {name!r} (inputs: {', '.join(self.columns)})")
@@ -216,6 +228,8 @@ class FeedBatches:
         used once and remembers the answer."""
         if self._identity is None:
             files = [f for column in self.columns.values() for f in column.files_used(self.rows)]
+            dtypes = {name: input_dtype(column.info) for name, column in self.columns.items()}
+            dtypes.update({name: c.array.dtype for name, c in self.constants.items()})
             identity = {
                 "source": self.kind,
                 "files": _hashes(files),
@@ -225,7 +239,8 @@ class FeedBatches:
                 "batches": self.batches,
                 "rows_per_batch": self.rows_per_batch,
                 "rows": self.rows,
-                "inputs": [{"name": name, "batch_shape": list(shape)} for name, shape in self.batch_shapes().items()],
+                "inputs": [input_identity(name, shape, dtypes[name], self.axes[name], self.constants.get(name))
+                           for name, shape in self.batch_shapes().items()],
             }
             if self.sizes and self.sizes[-1] != self.rows_per_batch:
                 identity["last_batch_rows"] = self.sizes[-1]
@@ -253,7 +268,7 @@ class _InputArrays:
 
 
 class EvalData:
-    """The evaluation rows of every input (float32, never scaled), served batch by batch, plus int64 class
+    """The evaluation rows of every input (in its declared type, never scaled), served batch by batch, plus int64 class
     labels when the source has them (labels are small: they are held).
 
     `batches(size)` yields `(feeds, labels)` with `size` rows per batch (the last one shorter), reading only
@@ -262,8 +277,9 @@ class EvalData:
     """
 
     def __init__(self, rows: int, pieces, labels: np.ndarray | None = None, classes: tuple[str, ...] | None = None,
-                 identity: dict | None = None, inputs: Sequence[str] = ()):
+                 identity: dict | None = None, inputs: Sequence[str] = (), axes: dict | None = None):
         self.rows = int(rows)
+        self.axes = dict(axes or {})  # input name -> batch axis (None: a constant); a name not here: axis 0
         self._pieces = pieces  # sizes -> iterator of feeds dicts
         self.labels = labels
         self.classes = classes  # class folder names, for image class folders
@@ -292,24 +308,26 @@ class EvalData:
                                 f"of output {output!r}, which has {classes} classes (0..{classes - 1})")
 
     @classmethod
-    def from_arrays(cls, feeds: dict[str, np.ndarray], labels=None, classes=None, identity=None) -> EvalData:
-        """Rows already in memory (small data, tests)."""
-        rows = len(next(iter(feeds.values())))
+    def from_arrays(cls, feeds: dict[str, np.ndarray], labels=None, classes=None, identity=None,
+                    axes: dict | None = None) -> EvalData:
+        """Rows already in memory (small data, tests); `axes`: each input's batch axis (default 0)."""
+        rows = rowsmod.count(feeds, axes)
 
         def pieces(sizes):
             start = 0
             for size in sizes:
-                yield {name: array[start : start + size] for name, array in feeds.items()}
+                yield rowsmod.take(feeds, axes, start, start + size)
                 start += size
 
-        return cls(rows, pieces, labels, classes, identity, list(feeds))
+        return cls(rows, pieces, labels, classes, identity, list(feeds), axes)
 
     def head(self, rows: int) -> EvalData:
         """The first `rows` rows (all of them when there are fewer), served the same way."""
         if rows >= self.rows:
             return self
         labels = None if self.labels is None else self.labels[:rows]
-        head = EvalData(rows, self._pieces, labels, self.classes, {**self.identity, "rows": rows}, self.inputs)
+        head = EvalData(rows, self._pieces, labels, self.classes, {**self.identity, "rows": rows}, self.inputs,
+                        self.axes)
         head.label_sources = self.label_sources
         return head
 
@@ -320,7 +338,7 @@ class EvalData:
     def batches(self, size: int) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray | None]]:
         start = 0
         for feeds in self._pieces(self.sizes(size)):
-            rows = len(next(iter(feeds.values())))
+            rows = rowsmod.count(feeds, self.axes)
             labels = None if self.labels is None else self.labels[start : start + rows]
             start += rows
             yield feeds, labels
@@ -328,21 +346,29 @@ class EvalData:
     @property
     def feeds(self) -> dict[str, np.ndarray]:
         """Every row of every input in memory (see the class docstring: not for big data)."""
-        parts: dict[str, list[np.ndarray]] = {}
-        for feeds, _ in self.batches(EVAL_CHUNK):
-            for name, array in feeds.items():
-                parts.setdefault(name, []).append(array)
-        return {name: p[0] if len(p) == 1 else np.concatenate(p) for name, p in parts.items()}
+        return rowsmod.join([feeds for feeds, _ in self.batches(EVAL_CHUNK)], self.axes)
 
 
-def _column_pieces(columns: dict, rows: int):
-    """sizes -> feeds, reading the first `rows` rows of each column batch by batch (one file at a time)."""
+def _column_pieces(columns: dict, rows: int, constants: dict[str, Constant] | None = None,
+                   order: Sequence[str] | None = None):
+    """sizes -> feeds, reading the first `rows` rows of each column batch by batch (one file at a time), the
+    constants fed with each."""
+    constants = constants or {}
+    order = list(order) if order is not None else [*columns, *constants]
 
     def pieces(sizes):
         if sum(sizes) > rows:
             raise CalibrunError(f"{sum(sizes)} evaluation rows asked of {rows}")
         streams = {name: column.pieces(sizes, 1.0) for name, column in columns.items()}
-        for _ in sizes:
-            yield {name: next(stream) for name, stream in streams.items()}
+        for size in sizes:
+            feeds = {name: next(stream) for name, stream in streams.items()}
+            feeds.update({name: c.fed(size) for name, c in constants.items()})
+            yield {name: feeds[name] for name in order}
 
     return pieces
+
+
+def source_axes(columns: dict, constants: dict[str, Constant]) -> dict[str, int | None]:
+    """Each fed input's batch axis: its column's, or its constant's (None: fed whole)."""
+    return {**{name: column.axis for name, column in columns.items()},
+            **{name: c.axis for name, c in constants.items()}}

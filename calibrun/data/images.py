@@ -17,18 +17,20 @@ from pathlib import Path
 
 import numpy as np
 
+from calibrun.data import inputs as feeding
 from calibrun.data.batches import (
     EvalData,
     FeedBatches,
     _cap_rows,
-    _check_inputs,
     _column_pieces,
     _File,
-    _fmt_shape,
-    _is_fixed,
     _listed,
-    _to_float32,
+    check_inputs,
+    source_axes,
 )
+from calibrun.data.inputs import declared
+from calibrun.data.inputs import fmt_shape as _fmt_shape
+from calibrun.data.rows import is_fixed as _is_fixed
 from calibrun.errors import CalibrunError, one_line
 from calibrun.model import InputInfo
 
@@ -40,6 +42,10 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 MAX_IMAGE_SIDE = 16384  # resize / crop sides beyond this are a typo, not an image size
+YOLO_PAD = 114 / 255  # the grey Ultralytics' YOLOv5/v8 (and YOLOX) letterbox pads with, on the 0..1 scale
+RESIZE_MODES = ("shorter", "stretch", "letterbox")
+CHANNEL_ORDERS = ("rgb", "bgr")
+LAYOUTS = ("nchw", "nhwc")
 # Pillow modes whose values are not 8-bit, and what 1.0 is in each (None: the values are taken as they are).
 _WIDE_MODES = {"I;16": 65535.0, "I;16L": 65535.0, "I;16B": 65535.0, "I;16N": 65535.0, "I": 65535.0, "F": None}
 
@@ -76,21 +82,26 @@ def _crop(value) -> int | tuple[int, int]:
 
 @dataclass(frozen=True)
 class ImageTransform:
-    """The image pipeline: PIL open -> pixels in 0..1 -> resize -> crop or letterbox -> (x - mean) / std -> CHW.
+    """The image pipeline: PIL open -> pixels in 0..1 -> resize -> crop or pad -> RGB or BGR -> (x - mean) / std ->
+    CHW (the image source makes it HWC for an NHWC input: `layout`, inferred from the input's shape when null).
 
     - Pixels: 8-bit modes (1, L, P, RGB, RGBA, LA, PA, CMYK, YCbCr, ...) are converted by Pillow to RGB (L when
       `grayscale`; alpha is dropped, a palette expanded) and divided by 255. 16-bit grey (I;16*) is divided by
       65535; 32-bit integer grey (I, as Pillow opens some 16-bit files) too, and values outside 0..65535 are an
       error; 32-bit float grey (F) is taken as it is (already 0..1). Grey is repeated into 3 channels unless
       `grayscale`.
-    - Default (`letterbox=false`): the shorter side is resized to `resize` (bilinear, PIL's antialiased filter),
+    - `resize_mode=shorter` (the default): the shorter side is resized to `resize` (bilinear, PIL's antialiased filter),
       then a centre crop of `crop` (an int: a square; or [height, width]: its shorter side must be at most
       `resize`, and an image whose resized longer side is shorter than the crop is an error naming it). As
       torchvision does it: the longer
       side becomes int(resize * long / short) (truncated), the crop starts at round((size - crop) / 2).
-    - `letterbox=true` (as detectors expect): the image is scaled to fit inside `crop` keeping its aspect
-      ratio, centred, and the rest is filled with `pad_value` (0..1 pixel scale, before mean/std; YOLO uses
-      114/255 = 0.447). `resize` is not used.
+    - `resize_mode=letterbox` (or `letterbox=true`, as detectors expect): the image is scaled to fit inside `crop`
+      keeping its aspect ratio, centred, and the rest is filled with `pad_value` (0..1 pixel scale, before
+      mean/std; default 114/255, Ultralytics' grey). `resize` is not used.
+    - `resize_mode=stretch`: the image is resized to `crop` exactly ([height, width]; the aspect ratio is not
+      kept). `resize` is not used.
+    - `channels=bgr`: the channels are reversed after decoding (OpenCV's order: PaddleOCR, Caffe models);
+      `mean` and `std` are in the order of the channels fed.
 
     EXIF orientation is not applied. With `grayscale`, `mean` and `std` may have 1 value, or 3 that are averaged
     into one.
@@ -101,8 +112,11 @@ class ImageTransform:
     mean: tuple[float, ...] = IMAGENET_MEAN
     std: tuple[float, ...] = IMAGENET_STD
     grayscale: bool = False
-    letterbox: bool = False
-    pad_value: float = 0.0
+    letterbox: bool = False  # the same as resize_mode=letterbox (kept: the older name)
+    pad_value: float = YOLO_PAD
+    resize_mode: str = "shorter"
+    channels: str = "rgb"
+    layout: str | None = None  # nchw or nhwc; null: from the model input's shape (docs/data.md)
 
     def __post_init__(self):
         """Every value check of an image transform, for the config and for direct use alike."""
@@ -110,10 +124,24 @@ class ImageTransform:
             raise TransformError("resize", f"must be an integer in 1..{MAX_IMAGE_SIDE}", self.resize)
         object.__setattr__(self, "resize", int(self.resize))
         object.__setattr__(self, "crop", _crop(self.crop))
-        if not self.letterbox and min(self.crop_size) > self.resize:
+        for name, allowed in (("resize_mode", RESIZE_MODES), ("channels", CHANNEL_ORDERS),
+                              ("layout", (*LAYOUTS, None))):
+            if getattr(self, name) not in allowed:
+                raise TransformError(name, f"must be one of {', '.join(str(a).lower() for a in allowed)}",
+                                     getattr(self, name))
+        if self.letterbox is True:
+            if self.resize_mode == "stretch":
+                raise TransformError("letterbox", "contradicts {key}resize_mode=stretch (letterbox=true is "
+                                     "resize_mode=letterbox); drop one", self.letterbox)
+            object.__setattr__(self, "resize_mode", "letterbox")
+        if self.resize_mode == "letterbox":
+            object.__setattr__(self, "letterbox", True)
+        if self.channels == "bgr" and self.grayscale:
+            raise TransformError("channels", "bgr orders 3 channels; {key}grayscale=true makes one", self.channels)
+        if self.resize_mode == "shorter" and min(self.crop_size) > self.resize:
             shown = self.crop if isinstance(self.crop, int) else list(self.crop)
             raise TransformError("crop", f"must fit inside {{key}}resize={self.resize} (the shorter side after "
-                                 "resizing; or {key}letterbox=true)", shown)
+                                 "resizing; or {key}resize_mode=letterbox or stretch)", shown)
         for name in ("grayscale", "letterbox"):
             if not isinstance(getattr(self, name), bool):
                 raise TransformError(name, "must be true or false", getattr(self, name))
@@ -157,7 +185,7 @@ class ImageTransform:
         return f"{height}x{width}"
 
     @property
-    def channels(self) -> int:
+    def channel_count(self) -> int:
         return 1 if self.grayscale else 3
 
     def _stats(self) -> tuple[np.ndarray, np.ndarray]:
@@ -167,7 +195,11 @@ class ImageTransform:
         return mean.astype(np.float32).reshape(-1, 1, 1), std.astype(np.float32).reshape(-1, 1, 1)
 
     def resized_size(self, width: int, height: int) -> tuple[int, int]:
-        """(width, height) after resizing: the shorter side becomes `resize` (letterbox: fit inside `crop`)."""
+        """(width, height) after resizing: the shorter side becomes `resize` (letterbox: fit inside `crop`;
+        stretch: `crop`)."""
+        if self.resize_mode == "stretch":
+            height, width = self.crop_size
+            return width, height
         if self.letterbox:
             target_h, target_w = self.crop_size
             scale = min(target_h / height, target_w / width)
@@ -198,7 +230,7 @@ class ImageTransform:
         if not np.all(np.isfinite(grey)):
             raise ValueError("float image holds NaN or Inf")
         grey = np.asarray(Image.fromarray(grey).resize(size, Image.Resampling.BILINEAR), np.float32)  # mode F
-        return np.repeat(grey[:, :, None], self.channels, axis=2)
+        return np.repeat(grey[:, :, None], self.channel_count, axis=2)
 
     def __call__(self, path: str | Path) -> np.ndarray:
         """One image file -> float32 CHW array."""
@@ -220,10 +252,12 @@ class ImageTransform:
         else:
             if height < crop_h or width < crop_w:  # a crop longer than `resize` needs an image long enough
                 raise CalibrunError(f"image {path} resized to {height}x{width} (height x width) is smaller than the "
-                                    f"crop {self.crop_label}; raise resize, or use letterbox")
+                                    f"crop {self.crop_label}; raise resize, or use resize_mode=letterbox")
             top = int(round((height - crop_h) / 2.0))
             left = int(round((width - crop_w) / 2.0))
             pixels = pixels[top : top + crop_h, left : left + crop_w]
+        if self.channels == "bgr":
+            pixels = pixels[:, :, ::-1]
         chw = np.ascontiguousarray(pixels.transpose(2, 0, 1))
         mean, std = self._stats()
         return (chw - mean) / std
@@ -233,8 +267,15 @@ class ImageTransform:
         identity = dataclasses.asdict(self) | {"mean": list(self.mean), "std": list(self.std)}
         if isinstance(self.crop, tuple):
             identity["crop"] = list(self.crop)
-        if not self.letterbox:  # the keys of the crop pipeline as they always were (cache keys stay valid)
+        # only what differs from the crop pipeline as it always was is added (earlier cache keys stay valid); the
+        # layout is the source's (resolved against the model), not the transform's
+        del identity["resize_mode"], identity["layout"]
+        if not self.letterbox:
             del identity["letterbox"], identity["pad_value"]
+        if self.resize_mode == "stretch":
+            identity["resize_mode"] = "stretch"
+        if self.channels == "rgb":
+            del identity["channels"]
         return identity
 
 
@@ -259,40 +300,76 @@ def _image_files(root: Path) -> list[tuple[Path, str]]:
     return sorted(found, key=lambda item: item[1])
 
 
+def image_layout(shape: Sequence, given: str | None) -> str:
+    """`nchw` or `nhwc`: `given`, else NHWC when axis 3 is fixed to 1 or 3 and axis 1 is not, else NCHW."""
+    if given is not None:
+        return given
+    last_is_channels = _is_fixed(shape[3]) and shape[3] in (1, 3)
+    first_is_channels = _is_fixed(shape[1]) and shape[1] in (1, 3)
+    return "nhwc" if last_is_channels and not first_is_channels else "nchw"
+
+
 class _ImageColumn:
-    def __init__(self, root, inputs: Sequence[InputInfo], transform: ImageTransform):
+    """The image input's rows (NCHW or NHWC, batch axis 0); the model's other inputs are constants set in the
+    config (`data.inputs.<name>.value`)."""
+
+    axis = 0
+
+    def __init__(self, root, inputs: Sequence[InputInfo], transform: ImageTransform, given: dict | None = None,
+                 key: str = "data"):
         if not isinstance(transform, ImageTransform):
             raise CalibrunError(f"transform must be an ImageTransform, got {type(transform).__name__}")
-        inputs = _check_inputs(inputs)
-        if len(inputs) != 1:
-            names = ", ".join(info.name for info in inputs)
-            raise CalibrunError(f"image sources feed single-input models; this model has inputs {names} (use npz)")
-        info = inputs[0]
-        if len(info.shape) != 4:
-            raise CalibrunError(
-                f"input {info.name!r} has shape {_fmt_shape(info.shape)}; image sources need a 4-D NCHW input"
-            )
-        channels, height, width = info.shape[1:]
-        if _is_fixed(channels) and channels != transform.channels:
+        inputs = list(inputs)
+        given = feeding.overrides(given, inputs, key)
+        axes = feeding.batch_axes(inputs, given, key)
+        self.constants = feeding.config_constants(inputs, given, axes, key)
+        self.order = [info.name for info in inputs]
+        images = check_inputs(inputs, self.constants, axes)
+        if len(images) != 1:
+            names = ", ".join(info.name for info in images)
+            raise CalibrunError(f"image sources feed one image input; inputs {names} have no value: set the others' "
+                                f"{key}.inputs.<name>.value, or use data=npy")
+        info = images[0]
+        if not feeding.is_float(info) or len(info.shape) != 4:
+            raise CalibrunError(f"input {declared(info)}: image sources feed a 4-D float input (NCHW or NHWC)")
+        if axes[info.name] != 0:
+            raise CalibrunError(f"config {key}.inputs.{info.name}.batch_axis: image rows are on axis 0, got "
+                                f"{axes[info.name]}")
+        self.layout = image_layout(info.shape, transform.layout)
+        if self.layout == "nchw":
+            channels, height, width = info.shape[1:]
+        else:
+            height, width, channels = info.shape[1:]
+        if _is_fixed(channels) and channels != transform.channel_count:
             hint = "set grayscale=false" if transform.grayscale else ("set grayscale=true" if channels == 1 else "")
             raise CalibrunError(
-                f"input {info.name!r} {_fmt_shape(info.shape)} takes {channels} channels, the image transform "
-                f"gives {transform.channels}" + (f"; {hint}" if hint else "")
+                f"input {info.name!r} {_fmt_shape(info.shape)} ({self.layout}) takes {channels} channels, the image "
+                f"transform gives {transform.channel_count}" + (f"; {hint}" if hint else "")
             )
         crop_h, crop_w = transform.crop_size
         if (_is_fixed(height) and height != crop_h) or (_is_fixed(width) and width != crop_w):
             want = [height if _is_fixed(height) else crop_h, width if _is_fixed(width) else crop_w]
             raise CalibrunError(
-                f"input {info.name!r} {_fmt_shape(info.shape)} takes images of {_fmt_shape(info.shape[2:])}, the "
-                f"image transform makes {transform.crop_label} (height x width); set crop: "
-                f"data.crop=[{want[0]},{want[1]}] (eval_data.crop too; and resize, or letterbox)"
+                f"input {info.name!r} {_fmt_shape(info.shape)} ({self.layout}) takes images of {want[0]}x{want[1]} "
+                f"(height x width), the image transform makes {transform.crop_label}; set crop: "
+                f"data.crop=[{want[0]},{want[1]}] (eval_data.crop too; and resize, or resize_mode)"
             )
         self.info = info
         self.transform = transform
         self.root = Path(os.path.expanduser(str(root)))
         self.files = [_File.scan(p, rel) for p, rel in _image_files(self.root)]
         self.rows = len(self.files)
-        self.sample_shape = (transform.channels, *transform.crop_size)
+        chw = (transform.channel_count, *transform.crop_size)
+        self.sample_shape = chw if self.layout == "nchw" else (*transform.crop_size, transform.channel_count)
+        self.columns = {info.name: self}
+        self.axes = source_axes(self.columns, self.constants)
+
+    def identity(self) -> dict:
+        """The transform's identity, and the layout when it is not the NCHW every earlier key assumed."""
+        identity = self.transform.identity()
+        if self.layout != "nchw":
+            identity["layout"] = self.layout
+        return identity
 
     def labels(self) -> tuple[np.ndarray | None, tuple[str, ...] | None]:
         """Class-folder labels when every image lies in a first-level subfolder."""
@@ -308,36 +385,41 @@ class _ImageColumn:
 
     def _load(self, file: _File) -> np.ndarray:
         file.check()
-        return self.transform(file.path)
+        chw = self.transform(file.path)
+        return chw if self.layout == "nchw" else np.ascontiguousarray(chw.transpose(1, 2, 0))
 
     def pieces(self, sizes: Sequence[int], factor: float) -> Iterator[np.ndarray]:
         start = 0
         for size in sizes:
             chunk = self.files[start : start + size]
             block = np.stack([self._load(f) for f in chunk])
-            if factor != 1.0:
-                block = _to_float32(block, factor, f"images {chunk[0].path} .. {chunk[-1].path}", start)
+            if factor != 1.0 or block.dtype != feeding.input_dtype(self.info):
+                block = feeding.cast(block, self.info, factor, f"images {chunk[0].path} .. {chunk[-1].path}", start)
             start += size
             yield block
 
 
 def image_calibration(
-    path, inputs: Sequence[InputInfo], batches: int, factor: float = 1.0, transform: ImageTransform | None = None
+    path, inputs: Sequence[InputInfo], batches: int, factor: float = 1.0, transform: ImageTransform | None = None,
+    given: dict | None = None, key: str = "data",
 ) -> FeedBatches:
-    """Calibration batches (NCHW float32) from a folder of images."""
+    """Calibration batches (NCHW or NHWC) from a folder of images; `given`: the `data.inputs` node (the other
+    inputs' constants)."""
     transform = ImageTransform() if transform is None else transform
-    column = _ImageColumn(path, inputs, transform)
-    extra = {"transform": transform.identity(), "pillow": _pillow_version()}
-    return FeedBatches("images", {column.info.name: column}, factor, batches, str(column.root), extra)
+    column = _ImageColumn(path, inputs, transform, given, key)
+    extra = {"transform": column.identity(), "pillow": _pillow_version()}
+    return FeedBatches("images", column.columns, factor, batches, str(column.root), extra, column.constants,
+                       column.order)
 
 
 def image_evaluation(
-    path, inputs: Sequence[InputInfo], rows: int | None = None, transform: ImageTransform | None = None
+    path, inputs: Sequence[InputInfo], rows: int | None = None, transform: ImageTransform | None = None,
+    given: dict | None = None, key: str = "eval_data",
 ) -> EvalData:
-    """Evaluation images (NCHW float32), the first `rows` in sorted order, decoded batch by batch;
+    """Evaluation images (NCHW or NHWC), the first `rows` in sorted order, decoded batch by batch;
     class-folder labels."""
     transform = ImageTransform() if transform is None else transform
-    column = _ImageColumn(path, inputs, transform)
+    column = _ImageColumn(path, inputs, transform, given, key)
     used = _cap_rows(column.rows, rows, str(column.root))
     labels, classes = column.labels()
     if labels is not None:
@@ -345,14 +427,15 @@ def image_evaluation(
     identity = {
         "source": "images",
         "files": _listed(column.files_used(used)),
-        "transform": transform.identity(),
+        "transform": column.identity(),
         "pillow": _pillow_version(),
         "rows": used,
         "classes": list(classes) if classes else None,
-        "inputs": [{"name": column.info.name, "shape": [used, *column.sample_shape]}],
+        "inputs": [{"name": column.info.name, "shape": [used, *column.sample_shape]},
+                   *[{"name": name, "constant": c.identity()} for name, c in column.constants.items()]],
     }
-    data = EvalData(used, _column_pieces({column.info.name: column}, used), labels, classes, identity,
-                    [column.info.name])
+    data = EvalData(used, _column_pieces(column.columns, used, column.constants, column.order), labels, classes,
+                    identity, column.order, column.axes)
     if classes:  # a label is a class folder's index: too many folders for the model's classes
         shown = ", ".join(classes[:3]) + (", ..." if len(classes) > 3 else "")
         data.label_sources = [(0, f"{column.root} (class folders {shown})")]

@@ -1,13 +1,18 @@
 """Calibration batches and evaluation rows read from .npy/.npz files (the batch rules: calibrun.data.batches).
 
-- npy: `path` is a `.npy` file (the rows of the single input), a `.npz` file (one key per input name, an
-  optional `labels` key), or a folder of them (top level only; every `.npy`/`.npz` sorted by file name and
-  concatenated along the first axis; with several inputs the folder may instead hold one `<input_name>.npy`
-  per input). A `labels.npy` in a folder holds labels. A single-input model also takes an `.npz` whose only
-  (non-`labels`) key has another name (`numpy.savez(f, x)` writes `arr_0`). Extra `.npz` keys are ignored.
-  Files are only ever opened with `allow_pickle=False`; headers are read first, so object, string, bool and
-  complex arrays fail before any data is loaded. A `.npy` file is memory-mapped and an `.npz` member loaded
-  only when a batch needs it, so a pass over a big folder holds one file (one member) per input at a time.
+- npy: `path` is a `.npy` file (the rows of the single input the files feed), a `.npz` file (one key per input
+  name, an optional `labels` key), or a folder of them (top level only; every `.npy`/`.npz` sorted by file name and
+  concatenated along each input's batch axis; with several inputs the folder may instead hold one
+  `<input_name>.npy` per input). A `labels.npy` in a folder holds labels. A single-input model also takes an
+  `.npz` whose only (non-`labels`) key has another name (`numpy.savez(f, x)` writes `arr_0`). Extra `.npz` keys
+  are ignored.
+  Rows are counted and joined along each input's batch axis (calibrun.data.rows). An array with no batch axis
+  (0-d for a scalar input, or one axis fewer than the input) is a constant fed with every batch (the same in
+  every file); `data.inputs.<name>.value` sets one instead of the files. Each input is fed in its declared type
+  (calibrun.data.inputs). Files are only ever opened with `allow_pickle=False`; headers are read first, so
+  object, string and complex arrays fail before any data is loaded. A `.npy` file is memory-mapped and an `.npz`
+  member loaded only when a batch needs it, so a pass over a big folder holds one file (one member) per input at a
+  time.
 """
 
 from __future__ import annotations
@@ -20,19 +25,22 @@ from pathlib import Path
 
 import numpy as np
 
+from calibrun.data import inputs as feeding
 from calibrun.data.batches import (
     EVAL_CHUNK,
     EvalData,
     FeedBatches,
     _cap_rows,
-    _check_inputs,
     _column_pieces,
     _File,
-    _fmt_shape,
-    _is_fixed,
     _listed,
-    _to_float32,
+    batch_shape,
+    check_inputs,
+    source_axes,
 )
+from calibrun.data.inputs import Constant, declared
+from calibrun.data.inputs import fmt_shape as _fmt_shape
+from calibrun.data.rows import along, is_fixed
 from calibrun.errors import CalibrunError, one_line
 from calibrun.model import InputInfo
 
@@ -48,10 +56,6 @@ class _Segment:
     key: str | None
     shape: tuple[int, ...]
     dtype: np.dtype
-
-    @property
-    def rows(self) -> int:
-        return self.shape[0]
 
     @property
     def where(self) -> str:
@@ -116,27 +120,18 @@ def _scan_npz(file: _File) -> dict[str, _Segment]:
     return segments
 
 
-def _check_data_dtype(segment: _Segment) -> None:
-    dtype = segment.dtype
-    if dtype.hasobject:
-        raise CalibrunError(f"{segment.where}: object array (dtype {dtype}); calibrun never loads pickled data")
-    if dtype.kind not in "fiu":
-        raise CalibrunError(f"{segment.where}: dtype {dtype} is not numeric; calibrun needs float (or integer) data")
-
-
-def _check_data_shape(segment: _Segment, info: InputInfo) -> None:
+def _check_data_shape(segment: _Segment, info: InputInfo, axis: int) -> None:
     shape = segment.shape
     if len(shape) != len(info.shape):
         raise CalibrunError(
-            f"{segment.where}: array of shape {_fmt_shape(shape)} has rank {len(shape)}, "
-            f"input {info.name!r} {_fmt_shape(info.shape)} has rank {len(info.shape)}"
+            f"input {declared(info)}: {segment.where} has shape {_fmt_shape(shape)} (rank {len(shape)}); the input "
+            f"has rank {len(info.shape)}" + (" (or one axis fewer, for a constant row)" if info.shape else "")
         )
-    for axis in range(1, len(shape)):
-        dim = info.shape[axis]
-        if _is_fixed(dim) and shape[axis] != dim:
+    for index, dim in enumerate(info.shape):
+        if index != axis and is_fixed(dim) and shape[index] != dim:
             raise CalibrunError(
-                f"{segment.where}: array of shape {_fmt_shape(shape)} does not fit input {info.name!r} "
-                f"{_fmt_shape(info.shape)}: axis {axis} is {shape[axis]}, the model wants {dim}"
+                f"input {declared(info)}: {segment.where} has shape {_fmt_shape(shape)}: axis {index} is "
+                f"{shape[index]}, the model wants {dim} (rows are on axis {axis})"
             )
 
 
@@ -148,51 +143,72 @@ def _check_labels(segment: _Segment) -> None:
 
 
 class _ArrayColumn:
-    """The rows of one input: segments concatenated along the first axis."""
+    """The rows of one input: segments concatenated along its batch axis, cast to the input's type."""
 
-    def __init__(self, info: InputInfo, segments: list[_Segment]):
+    def __init__(self, info: InputInfo, segments: list[_Segment], axis: int):
         self.info = info
+        self.axis = axis
         self.segments = segments
+        self.float = feeding.is_float(info)
         for segment in segments:
-            _check_data_dtype(segment)
-            _check_data_shape(segment, info)
+            feeding.check_dtype(segment.dtype, info, segment.where)
+            _check_data_shape(segment, info, axis)
         first = segments[0]
+        sample = _drop(first.shape, axis)
         for segment in segments[1:]:
-            if segment.shape[1:] != first.shape[1:]:
+            if _drop(segment.shape, axis) != sample:
                 raise CalibrunError(
-                    f"{segment.where}: rows of shape {_fmt_shape(segment.shape[1:])} differ from "
-                    f"{first.where} rows of shape {_fmt_shape(first.shape[1:])}"
+                    f"input {declared(info)}: {segment.where} rows of shape {_fmt_shape(_drop(segment.shape, axis))} "
+                    f"differ from {first.where} rows of shape {_fmt_shape(sample)}"
                 )
-        self.rows = sum(s.rows for s in segments)
-        self.sample_shape = first.shape[1:]
+        self.rows = sum(s.shape[axis] for s in segments)
+        self.sample_shape = sample
 
     def files_used(self, rows: int) -> list[_File]:
         used, start = [], 0
         for segment in self.segments:
             if start >= rows:
                 break
-            if segment.rows:
+            if segment.shape[self.axis]:
                 used.append(segment.file)
-            start += segment.rows
+            start += segment.shape[self.axis]
         return used
 
     def pieces(self, sizes: Sequence[int], factor: float) -> Iterator[np.ndarray]:
-        """Consecutive blocks of rows, sizes[i] rows each, as float32; one segment loaded at a time."""
-        segments = iter(s for s in self.segments if s.rows)
+        """Consecutive blocks of rows along the batch axis, sizes[i] rows each, in the input's type (`factor`
+        multiplies float inputs only); one segment loaded at a time."""
+        factor = factor if self.float else 1.0
+        axis = self.axis
+        segments = iter(s for s in self.segments if s.shape[axis])
         segment, array, offset = None, None, 0
         for size in sizes:
             parts = []
             need = size
             while need:
-                if array is None or offset == segment.rows:
+                if array is None or offset == segment.shape[axis]:
                     array = None  # drop the previous file before opening the next
                     segment = next(segments)
                     array, offset = segment.load(), 0
-                take = min(need, segment.rows - offset)
-                parts.append(_to_float32(array[offset : offset + take], factor, segment.where, offset))
+                take = min(need, segment.shape[axis] - offset)
+                parts.append(feeding.cast(along(array, axis, offset, offset + take), self.info, factor,
+                                          segment.where, offset))
                 offset += take
                 need -= take
-            yield parts[0] if len(parts) == 1 else np.concatenate(parts)
+            yield parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
+
+
+def _drop(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
+    return shape[:axis] + shape[axis + 1:]
+
+
+def _file_constant(info: InputInfo, segments: list[_Segment], axis: int | None) -> Constant:
+    """An input whose arrays have no batch axis: the same constant in every file."""
+    first = segments[0].load()
+    for segment in segments[1:]:
+        if not np.array_equal(segment.load(), first):
+            raise CalibrunError(f"input {declared(info)}: {segment.where} differs from {segments[0].where}; a "
+                                "constant (an array without the batch axis) must be the same in every file")
+    return feeding.constant(info, first, axis, segments[0].where)
 
 
 def _npy_files(root: Path) -> list[Path]:
@@ -216,12 +232,23 @@ def _npy_files(root: Path) -> list[Path]:
 class _NpySource:
     """The layout of an npy source: one column of segments per input, plus optional labels."""
 
-    def __init__(self, path, inputs: Sequence[InputInfo]):
-        self.inputs = _check_inputs(inputs)
+    def __init__(self, path, inputs: Sequence[InputInfo], given: dict | None = None, key: str = "data"):
+        inputs = list(inputs)
+        given = feeding.overrides(given, inputs, key)
+        self.axes = feeding.batch_axes(inputs, given, key)
+        self.order = [info.name for info in inputs]
+        self.constants = feeding.config_constants(inputs, given, self.axes, key)
+        from_files = [info for info in inputs if info.name not in self.constants]
+        for info in from_files:  # the type and shape are checked before any file is read
+            feeding.input_dtype(info)
+            if not info.has_shape:
+                raise CalibrunError(f"input {declared(info)} has no known shape (not even a rank)")
         root = Path(os.path.expanduser(str(path)))
         self.root = root
         paths = _npy_files(root)
-        names = [info.name for info in self.inputs]
+        names = [info.name for info in from_files]
+        if not names:
+            raise CalibrunError(f"config {key}.inputs: every input is a constant; the data at {root} feeds none")
         single = len(names) == 1
         folder = root.is_dir()
         base = root if folder else root.parent
@@ -256,9 +283,6 @@ class _NpySource:
                 raise CalibrunError(f"{root}: {', '.join(extra)} name no model input (inputs: {', '.join(names)})")
             for name in names:
                 columns[name].append(_scan_npy(files[by_name[name]]))
-            rows = {name: columns[name][0].rows for name in names}
-            if len(set(rows.values())) > 1:
-                raise CalibrunError(f"{root}: the inputs' files hold different row counts: {rows}")
         else:
             for p in paths:
                 if p.suffix.lower() == ".npy":
@@ -272,24 +296,30 @@ class _NpySource:
                     elif single and len(data_keys) == 1:
                         key = data_keys[0]
                     else:
-                        raise CalibrunError(
-                            f"{p}: no array for input {name!r} (keys: {', '.join(sorted(members)) or 'none'})"
-                        )
+                        info = next(i for i in from_files if i.name == name)
+                        hint = f"; or set data.inputs.{name}.value=..." if not info.shape else ""
+                        raise CalibrunError(f"{p}: no array for input {declared(info)} (keys: "
+                                            f"{', '.join(sorted(members)) or 'none'}){hint}")
                     columns[name].append(members[key])
-                rows = {name: columns[name][-1].rows for name in names}
-                if len(set(rows.values())) > 1:
-                    raise CalibrunError(f"{p}: the inputs' arrays hold different row counts: {rows}")
                 if LABELS in members and LABELS not in names:
                     label_segments.append(members[LABELS])
             if label_segments and len(label_segments) != len(paths):
                 lacking = [p.name for p in paths if all(s.file.path != p for s in label_segments)]
                 raise CalibrunError(f"{root}: some data files have labels and some do not ({', '.join(lacking)})")
 
-        self.columns = {info.name: _ArrayColumn(info, columns[info.name]) for info in self.inputs}
-        totals = {name: column.rows for name, column in self.columns.items()}
-        if len(set(totals.values())) > 1:
-            raise CalibrunError(f"{root}: the inputs have different row counts: {totals}")
-        self.rows = next(iter(totals.values()))
+        self.columns = {}
+        for info in from_files:
+            segments = columns[info.name]
+            axis = self.axes[info.name]
+            if axis is None or len(segments[0].shape) < len(info.shape):  # no batch axis in the data: a constant
+                self.constants[info.name] = _file_constant(info, segments, axis)
+            else:
+                self.columns[info.name] = _ArrayColumn(info, segments, axis)
+        self.inputs = [info for info in inputs if info.name in self.columns or info.name in self.constants]
+        check_inputs(self.inputs, self.constants, self.axes)
+        self.axes = source_axes(self.columns, self.constants)
+        _check_row_counts(self.columns, root)
+        self.rows = next(iter(self.columns.values())).rows
 
         self.labels: list[_Segment] = []
         if labels_file is not None:
@@ -298,22 +328,43 @@ class _NpySource:
             self.labels = label_segments
         for segment in self.labels:
             _check_labels(segment)
-        if self.labels and sum(s.rows for s in self.labels) != self.rows:
-            raise CalibrunError(
-                f"{root}: {sum(s.rows for s in self.labels)} labels for {self.rows} rows of data"
-            )
+        labelled = sum(s.shape[0] for s in self.labels)
+        if self.labels and labelled != self.rows:
+            raise CalibrunError(f"{root}: {labelled} labels for {self.rows} rows of data")
 
 
-def npy_calibration(path, inputs: Sequence[InputInfo], batches: int, factor: float = 1.0) -> FeedBatches:
-    """Calibration batches from a .npy file, an .npz file or a folder of them (see the module docstring)."""
-    source = _NpySource(path, inputs)
-    return FeedBatches("npy", source.columns, factor, batches, str(source.root))
+def _check_row_counts(columns: dict[str, _ArrayColumn], root: Path) -> None:
+    """The batched inputs hold as many rows in each file (rows are matched file by file) and in all."""
+    if len(columns) < 2:
+        return
+    per_file: dict[Path, dict[str, int]] = {}
+    for name, column in columns.items():
+        for segment in column.segments:
+            counts = per_file.setdefault(segment.file.path, {})
+            counts[name] = counts.get(name, 0) + segment.shape[column.axis]
+    for path, counts in per_file.items():
+        if len(counts) == len(columns) and len(set(counts.values())) > 1:
+            raise CalibrunError(f"{path}: the inputs' arrays hold different row counts (along their batch axes): "
+                                f"{counts}")
+    totals = {name: column.rows for name, column in columns.items()}
+    if len(set(totals.values())) > 1:
+        raise CalibrunError(f"{root}: the inputs have different row counts (along their batch axes): {totals}")
 
 
-def npy_evaluation(path, inputs: Sequence[InputInfo], rows: int | None = None) -> EvalData:
-    """Evaluation rows (float32) of every input, capped at `rows`, read batch by batch; labels from an npz
-    `labels` key or a `labels.npy` in the folder."""
-    source = _NpySource(path, inputs)
+def npy_calibration(path, inputs: Sequence[InputInfo], batches: int, factor: float = 1.0,
+                    given: dict | None = None, key: str = "data") -> FeedBatches:
+    """Calibration batches from a .npy file, an .npz file or a folder of them (see the module docstring);
+    `given`: the `data.inputs` node (constants, batch axes)."""
+    source = _NpySource(path, inputs, given, key)
+    return FeedBatches("npy", source.columns, factor, batches, str(source.root), constants=source.constants,
+                       order=source.order)
+
+
+def npy_evaluation(path, inputs: Sequence[InputInfo], rows: int | None = None, given: dict | None = None,
+                   key: str = "eval_data") -> EvalData:
+    """Evaluation rows of every input (in its declared type), capped at `rows`, read batch by batch; labels from
+    an npz `labels` key or a `labels.npy` in the folder."""
+    source = _NpySource(path, inputs, given, key)
     used = _cap_rows(source.rows, rows, str(source.root))
     labels = None
     spans = []
@@ -330,12 +381,28 @@ def npy_evaluation(path, inputs: Sequence[InputInfo], rows: int | None = None) -
         "source": "npy",
         "files": _listed(files),
         "rows": used,
-        "inputs": [{"name": name, "shape": [used, *column.sample_shape]} for name, column in source.columns.items()],
+        "inputs": _eval_inputs(source, used),
     }
-    pieces = _column_pieces(source.columns, used)
+    order = source.order
+    pieces = _column_pieces(source.columns, used, source.constants, order)
     # One pass that keeps nothing: NaN/Inf in a file fails here, before any work (memory-mapped, so cheap).
     for _ in pieces([min(EVAL_CHUNK, used - start) for start in range(0, used, EVAL_CHUNK)]):
         pass
-    data = EvalData(used, pieces, labels, None, identity, list(source.columns))
+    data = EvalData(used, pieces, labels, None, identity, order, source.axes)
     data.label_sources = spans
     return data
+
+
+def _eval_inputs(source: _NpySource, used: int) -> list[dict]:
+    """The evaluation inputs in result.json: name and shape (rows at the batch axis), and what differs from a
+    float32 input with rows on axis 0."""
+    entries = []
+    for name, column in source.columns.items():
+        entry = {"name": name, "shape": list(batch_shape(column.sample_shape, column.axis, used))}
+        if column.axis != 0:
+            entry["batch_axis"] = column.axis
+        if feeding.input_dtype(column.info) != np.float32:
+            entry["dtype"] = str(feeding.input_dtype(column.info))
+        entries.append(entry)
+    entries += [{"name": name, "constant": c.identity()} for name, c in source.constants.items()]
+    return entries

@@ -10,7 +10,7 @@ statistics only (sums, maxima, counts), so memory does not grow with the number 
   and `cosine` (cosine similarity of the flattened outputs); for an output of rank >= 3 whose last axis has
   2..16 entries (a detector's box/score parts), the same per entry as `out.<name>.ch<k>.<metric>`; for an output a
   Concat joins (calibrun.model.graph.output_blocks), the same per Concat input as `out.<name>.concat<j>.<metric>`;
-- `eval_min`, `eval_max`, `eval_span` of the primary (first) input's evaluation values;
+- `eval_min`, `eval_max`, `eval_span` of the primary (first float) input's evaluation values;
 - the task's metrics (calibrun.measure.tasks) and any observers (the per-tensor diagnostics) fed the same batches.
 """
 
@@ -28,10 +28,11 @@ import numpy as np
 
 from calibrun import interrupts
 from calibrun.bounds import MAX_ROWS, check_positive_int
-from calibrun.data.lab import evaluation_rows, fixed_rows
+from calibrun.data import rows as feed_rows
+from calibrun.data.lab import evaluation_rows
 from calibrun.errors import CalibrunError, one_line
 from calibrun.lab import EVAL_ROWS, EVAL_SEED
-from calibrun.model import FloatModel, open_float_model
+from calibrun.model import FloatModel, open_float_model, primary
 
 DEFAULT_BATCH = 16  # evaluation rows per run when eval.batch_size is not set and the model does not pin one
 SQNR_CAP = 200.0  # dB reported when the int8 output equals the fp32 one exactly (no noise to divide by)
@@ -73,14 +74,15 @@ def session(path: str | Path, intra_op_threads: int = 0, *, optimize: bool = Tru
         raise CalibrunError(f"onnxruntime cannot load {shown or path}: {one_line(exc)}") from exc
 
 
-def split_feeds(feeds: dict[str, np.ndarray], fixed: int | None) -> list[dict[str, np.ndarray]]:
-    """The feeds as one run (symbolic first axis) or as runs of `fixed` rows (a model that pins its first axis)."""
+def split_feeds(feeds: dict[str, np.ndarray], fixed: int | None, axes=None) -> list[dict[str, np.ndarray]]:
+    """The feeds as one run (a symbolic batch axis) or as runs of `fixed` rows (a model that pins its batch axis),
+    split along each input's batch axis (`axes`, calibrun.data.rows; constants are fed whole to every run)."""
     if fixed is None:
         return [feeds]
-    rows = len(next(iter(feeds.values())))
+    rows = feed_rows.count(feeds, axes)
     if rows % fixed:
-        raise CalibrunError(f"rows ({rows}) must be a multiple of the model's fixed first axis ({fixed})")
-    return [{k: v[i : i + fixed] for k, v in feeds.items()} for i in range(0, rows, fixed)]
+        raise CalibrunError(f"rows ({rows}) must be a multiple of the model's fixed batch axis ({fixed})")
+    return [feed_rows.take(feeds, axes, i, i + fixed) for i in range(0, rows, fixed)]
 
 
 def as_array(value) -> np.ndarray:
@@ -92,9 +94,10 @@ def as_array(value) -> np.ndarray:
     return np.asarray(value)
 
 
-def run_feeds(sess, feeds: dict[str, np.ndarray], fixed: int | None) -> list[np.ndarray]:
-    """Run all rows of `feeds`; a model that pins its first axis to `fixed` is fed `fixed` rows at a time."""
-    chunks = [sess.run(None, part) for part in split_feeds(feeds, fixed)]
+def run_feeds(sess, feeds: dict[str, np.ndarray], fixed: int | None, axes=None) -> list[np.ndarray]:
+    """Run all rows of `feeds`; a model that pins its batch axis to `fixed` is fed `fixed` rows at a time (the
+    outputs of the runs are joined along their first axis)."""
+    chunks = [sess.run(None, part) for part in split_feeds(feeds, fixed, axes)]
     return [np.concatenate([as_array(c[k]) for c in chunks]) for k in range(len(chunks[0]))]
 
 
@@ -290,8 +293,9 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     `eval_batch_size` and the task's metrics.
 
     `task`: a calibrun.measure.tasks.Task (None: no task metrics). `observers`: objects with `update(feeds)` fed every
-    batch (calibrun.measure.tensor_stats.StreamingDiagnostics). A model that pins its first axis to b is fed b rows at
-    a time, and the rows must be a multiple of b.
+    batch (calibrun.measure.tensor_stats.StreamingDiagnostics). Rows are counted and split along each input's batch
+    axis (`evaluation.axes`, calibrun.data.rows). A model that pins its batch axis to b is fed b rows at a time,
+    and the rows must be a multiple of b.
 
     `budget` (memory.budget in bytes, None: auto; calibrun.memory): a batch whose rows' live activations, twice
     (calibrun.memory.live_bytes, and kernels' workspace), exceed the budget is run in runs of fewer rows
@@ -307,16 +311,16 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     fp32_model = load_model(fp32_path)
     infos = list(graph_inputs(fp32_model))
     del fp32_model
-    first = infos[0].shape[0] if infos and infos[0].shape else None
-    fixed = first if isinstance(first, int) and first > 0 else None
+    axes = getattr(evaluation, "axes", None)
+    fixed = feed_rows.pinned_rows({info.name: info.shape for info in infos}, axes)
     size = batch_size_for(fixed, batch_size)
     if fixed is not None and evaluation.rows % fixed:
-        raise CalibrunError(f"rows ({evaluation.rows}) must be a multiple of the model's fixed first axis ({fixed})")
+        raise CalibrunError(f"rows ({evaluation.rows}) must be a multiple of the model's fixed batch axis ({fixed})")
     int8_inputs = [i.name for i in load_model(int8_path).graph.input]  # a clear error for a missing file
     ref_sess, got_sess = session(fp32_path, threads), session(int8_path, threads)
     names = [o.name for o in ref_sess.get_outputs()]
     errors = OutputErrors(names, blocks_of(fp32_path))
-    primary = infos[0].name if infos else None
+    primary_input = primary(infos).name if infos else None
     span = InputRange()
     batches = evaluation.sizes(size)
     bar = Progress(f"{progress} ({size} rows per batch)", len(batches)) if progress else None
@@ -327,14 +331,14 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
         missing = [name for name in feeds if name not in int8_inputs]
         if missing:
             raise CalibrunError(f"{int8_path} has no input {missing[0]!r} (inputs: {int8_inputs})")
-        rows = len(next(iter(feeds.values())))
+        rows = feed_rows.count(feeds, axes)
         if per_run is None:
-            per_run = _rows_per_run(fp32_path, feeds, fixed, size, budget, used)
+            per_run = _rows_per_run(fp32_path, feeds, fixed, size, budget, used, axes)
             if per_run < size:  # large rows: give the arenas' memory back after each run (the diagnostics run next)
                 shrink = ort.RunOptions()
                 shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         for start in range(0, rows, per_run):
-            part = feeds if per_run >= rows else {k: v[start : start + per_run] for k, v in feeds.items()}
+            part = feeds if per_run >= rows else feed_rows.take(feeds, axes, start, start + per_run)
             try:
                 ref = [as_array(v) for v in ref_sess.run(None, part, shrink)]
                 got = [as_array(v) for v in got_sess.run(None, part, shrink)]
@@ -345,8 +349,8 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
                 part_labels = labels if labels is None or per_run >= rows else labels[start : start + per_run]
                 task.update(dict(zip(names, ref, strict=True)), dict(zip(names, got, strict=True)), part_labels)
             del ref, got
-        if primary in feeds:
-            span.update(feeds[primary])
+        if primary_input in feeds:
+            span.update(feeds[primary_input])
         for observer in observers:
             observer.update(feeds)
         interrupts.check()
@@ -354,24 +358,25 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
         if bar is not None:
             bar.update(done)
     metrics = {"rows": evaluation.rows, "eval_batches": done, "eval_batch_size": size, **errors.metrics()}
-    if primary is not None and math.isfinite(span.low):
+    if primary_input is not None and math.isfinite(span.low):
         metrics.update(span.metrics())
     if task is not None:
         metrics.update(task.metrics())
     return metrics
 
 
-def _rows_per_run(fp32_path, feeds, fixed: int | None, size: int, budget: int | None, used: dict | None) -> int:
+def _rows_per_run(fp32_path, feeds, fixed: int | None, size: int, budget: int | None, used: dict | None,
+                  axes=None) -> int:
     """Evaluation rows per run under the memory budget (calibrun.memory), from the first batch's shapes."""
     from calibrun import memory
 
-    if fixed is not None:  # a model that pins its first axis takes its batch as it is
+    if fixed is not None:  # a model that pins its batch axis takes its batch as it is
         if used is not None:
             used.update(eval_rows_per_run=size)
         return size
-    sizes = memory.row_bytes(fp32_path, feeds)
+    sizes = memory.row_bytes(fp32_path, feeds, axes)
     resolved = memory.resolve(budget, sizes)
-    rows = memory.rows_for(resolved, 2 * memory.live_bytes(fp32_path, feeds), size)  # and kernels' workspace
+    rows = memory.rows_for(resolved, 2 * memory.live_bytes(fp32_path, feeds, axes), size)  # and kernels' workspace
     if used is not None:
         used.update(budget_bytes=resolved, eval_rows_per_run=rows)
     return rows
@@ -382,12 +387,15 @@ def lab_feeds(fp32: FloatModel, seed: int, rows: int) -> dict[str, np.ndarray]:
     return {info.name: evaluation_rows(info, seed, rows)}
 
 
-def outputs(path: str | Path, fp32: FloatModel, feeds, threads: int = 0) -> list[np.ndarray]:
+def outputs(path: str | Path, fp32: FloatModel, feeds, threads: int = 0, axes=None) -> list[np.ndarray]:
     """Every output of the model at `path` on `feeds` (a dict of arrays, or an EvalData): all rows in memory, for
-    small comparisons (QDQ vs QOperator); the measurement itself streams (`evaluate`)."""
+    small comparisons (QDQ vs QOperator); the measurement itself streams (`evaluate`). `axes`: the feeds' batch
+    axes (an EvalData's own by default)."""
     if not isinstance(feeds, dict):
+        axes = feeds.axes if axes is None else axes
         feeds = feeds.feeds
-    return run_feeds(session(path, threads), feeds, fixed_rows(fp32.info))
+    fixed = feed_rows.pinned_rows({info.name: info.shape for info in fp32.inputs}, axes)
+    return run_feeds(session(path, threads), feeds, fixed, axes)
 
 
 CONTRACT_KEYS = ("rows", "max_abs_error", "mean_abs_error", "max_abs_output")

@@ -66,7 +66,7 @@ from onnxruntime.quantization.calibrate import load_tensors_data
 from onnxruntime.quantization.quant_utils import QUANT_INPUT_SUFFIX
 
 from calibrun.calibrate import private_model_copy
-from calibrun.data.lab import fixed_rows
+from calibrun.data import rows as feed_rows
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import temp_dir
 from calibrun.measure.errors import session
@@ -522,7 +522,9 @@ class StreamingDiagnostics:
     """
 
     def __init__(self, fp32_path: str | Path, int8_qdq_path: str | Path, ranges_path: str | Path, threads: int = 0,
-                 max_rows: int | None = None, budget: int | None = None):
+                 max_rows: int | None = None, budget: int | None = None, axes=None):
+        """`axes`: the evaluation feeds' batch axes (calibrun.data.rows; an EvalData's `axes`)."""
+        self.axes = axes
         int8_model = load_model(int8_qdq_path)
         self.pairs = qdq_pairs(int8_model)
         if not self.pairs:
@@ -557,7 +559,7 @@ class StreamingDiagnostics:
         self.by_tensor = {stats.pair.tensor: stats for stats in self.stats}
         self.upstream = {t: _upstream(t, fp32_producers, set(self.by_tensor)) for t in self.by_tensor}
         infos = graph_inputs(fp32_model)
-        self.fixed = fixed_rows(infos[0]) if infos else None
+        self.fixed = feed_rows.pinned_rows({info.name: info.shape for info in infos}, axes)
         del fp32_model, int8_model
         self._tmp = temp_dir("diag")
         try:
@@ -594,7 +596,7 @@ class StreamingDiagnostics:
     def update(self, feeds: Mapping[str, np.ndarray]) -> None:
         """One evaluation batch, run in pieces of `self.rows_per_run` rows (bounded output memory); when one row's
         diagnosed tensors exceed the memory budget, in groups of tensors, one pass over the batch per group."""
-        rows = len(next(iter(feeds.values())))
+        rows = feed_rows.count(feeds, self.axes)
         if self.max_rows is not None:
             if self.rows_seen >= self.max_rows:
                 return
@@ -612,7 +614,7 @@ class StreamingDiagnostics:
             size = min(rows - start, self.rows_per_run or 1)
             if self.fixed is not None:
                 size = rows - start  # a model that pins its first axis takes the batch as it comes
-            self._run({name: array[start : start + size] for name, array in feeds.items()})
+            self._run(feed_rows.take(feeds, self.axes, start, start + size))
             start += size
         self.batches += 1
 
@@ -621,7 +623,7 @@ class StreamingDiagnostics:
         groups whose outputs for one row (fp32, and before and after the pair) stay under it, in graph order."""
         from calibrun import memory
 
-        sizes = memory.row_bytes(self.fp32_where, feeds)
+        sizes = memory.row_bytes(self.fp32_where, feeds, self.axes)
         self.budget = memory.resolve(self.setting, sizes)
         groups: list[list[TensorStats]] = [[]]
         held = 0
@@ -660,7 +662,7 @@ class StreamingDiagnostics:
             fp32_sess = _session(fp32_file, self.threads, Path(self.fp32_where), optimize=True)
             int8_sess = _session(int8_file, self.threads, Path(self.int8_where))
             for start in range(0, rows, size):
-                part = {name: array[start : start + size] for name, array in feeds.items()}
+                part = feed_rows.take(feeds, self.axes, start, start + size)
                 ref, got = self._outputs(fp32_sess, fp32_names, int8_sess, int8_names, part)
                 for stats in group:
                     pair = stats.pair
@@ -680,7 +682,7 @@ class StreamingDiagnostics:
     def _run(self, feeds: dict[str, np.ndarray]) -> None:
         ref, got = self._outputs(self.fp32_sess, self.fp32_names, self.int8_sess, self.int8_names, feeds)
         if self.rows_per_run is None:
-            rows = max(1, len(next(iter(feeds.values()))))
+            rows = max(1, feed_rows.count(feeds, self.axes))
             per_row = sum(getattr(a, "nbytes", 0) for a in (*ref.values(), *got.values())) / rows  # a ZipMap's: a list
             self.rows_per_run = max(1, int(self.budget // max(per_row, 1)))
         for stats in self.stats:

@@ -25,6 +25,7 @@ class InputInfo:
     name: str
     elem_type: int
     shape: tuple[int | str | None, ...]
+    has_shape: bool = True  # False: the graph states no shape (not even a rank); () with True is a scalar
 
     @property
     def is_float(self) -> bool:
@@ -70,22 +71,28 @@ def graph_inputs(model: onnx.ModelProto) -> list[InputInfo]:
                 dims.append(dim.dim_param)
             else:
                 dims.append(None)
-        infos.append(InputInfo(value.name, ttype.elem_type, tuple(dims)))
+        infos.append(InputInfo(value.name, ttype.elem_type, tuple(dims), ttype.HasField("shape")))
     return infos
 
 
 def float_input(model: onnx.ModelProto, path: str | Path = "model") -> InputInfo:
-    """The first real graph input, which must be float32 (the data rule only makes float data)."""
+    """The primary input: the first real graph input that is float32 (there must be one: calibration measures
+    float activations); its shape must be known."""
     inputs = graph_inputs(model)
     if not inputs:
         raise CalibrunError(f"{path} has no graph input")
-    first = inputs[0]
+    first = primary(inputs)
     if not first.is_float:
         type_name = TensorProto.DataType.Name(first.elem_type) if first.elem_type else "unknown"
         raise CalibrunError(f"{path}: input {first.name!r} is {type_name}, calibrun needs a float32 input")
     if not first.shape:
         raise CalibrunError(f"{path}: input {first.name!r} has no known shape (rank 0 or missing)")
     return first
+
+
+def primary(inputs) -> InputInfo:
+    """The first float32 input (the one whose scale the contract reports), else the first input."""
+    return next((info for info in inputs if info.is_float), inputs[0])
 
 
 # Ops that only a quantised graph holds (QDQ, QOperator, dynamic and integer-arithmetic forms).
@@ -161,8 +168,8 @@ class FloatModel:
 
     @property
     def info(self) -> InputInfo:
-        """The primary input: the one whose scale the contract reports."""
-        return self.inputs[0]
+        """The primary input: the first float32 one, whose scale the contract reports."""
+        return primary(self.inputs)
 
     def lab_input(self) -> InputInfo:
         """The input the synthetic lab rule feeds: it serves exactly one float input."""

@@ -29,7 +29,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import CALIBTOOL, clean_env, run_python
-from tests.modelzoo import int_input_model, save
+from tests.modelzoo import int_input_model, save, stateful_model
 from tests.stores import fresh_mlflow_store
 
 pytestmark = pytest.mark.slow  # subprocesses of the CLIs (multi-second each): `pytest -m "not slow"` leaves them out
@@ -125,6 +125,13 @@ class Assets:
         symbolic = onnx.load(str(self.lab))
         symbolic.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "F"
         self.symbolic = save(symbolic, root / "symbolic.onnx")
+        # a stateful model (`input` [N, 8], `state` [2, N, 4], `sr` an int64 scalar) and data for it
+        self.stateful = save(stateful_model(), root / "stateful.onnx")
+        steps = {"input": rows[:, :8], "state": np.stack([rows[:, :4], rows[:, 4:8]])}
+        self.stateful_no_sr = root / "stateful_no_sr.npz"
+        np.savez(self.stateful_no_sr, **steps)
+        self.stateful_float_sr = root / "stateful_float_sr.npz"
+        np.savez(self.stateful_float_sr, **steps, sr=np.array(16000.0))
 
 
 # --- the table -------------------------------------------------------------------------------------------------
@@ -160,6 +167,10 @@ def ct_quantize(model):
 
 def file_model(which: str):
     return lambda a, r: ["model=file", f"model.path={getattr(a, which)}"]
+
+
+def stateful(a) -> list[str]:
+    return ["model=file", f"model.path={a.stateful}"]
 
 
 def npy_data(which: str, key: str = "data"):
@@ -236,6 +247,28 @@ CASES = [
     Case("data-npz-missing-the-model-input", "calibrun", npy_data("no_input_npz"), "'x'"),
     Case("data-npy-object-array", "calibrun", npy_data("object_npy"), "object"),
     Case("data-npy-wrong-feature-count", "calibrun", npy_data("narrow_npy"), "axis 1"),
+    # inputs of every type (docs/data.md): the one line names the input, its declared type and shape, and the data
+    Case("data-float-array-for-an-int64-input", "calibrun",
+         lambda a, r: [*stateful(a), "data=npy", f"data.path={a.stateful_float_sr}"],
+         "stateful_float_sr.npz['sr'] holds float64 data, which does not cast to int64 without loss"),
+    Case("data-scalar-input-without-a-value", "calibrun",
+         lambda a, r: [*stateful(a), "data=npy", f"data.path={a.stateful_no_sr}"],
+         "no array for input 'sr' (INT64 []) (keys: input, state); or set data.inputs.sr.value=..."),
+    Case("data-inputs-unknown-name", "calibrun",
+         lambda a, r: [*stateful(a), "data=npy", f"data.path={a.stateful_no_sr}", "data.inputs.rate.value=1"],
+         "config data.inputs: 'rate' is not an input of the model (inputs: input, state, sr)"),
+    Case("data-inputs-float-value-for-an-int64-input", "calibrun",
+         lambda a, r: [*stateful(a), "data=npy", f"data.path={a.stateful_no_sr}", "data.inputs.sr.value=0.5"],
+         "input 'sr' (INT64 []): config data.inputs.sr.value holds float64 data, which does not cast to int64 "
+         "without loss"),
+    Case("eval-data-inputs-batch-axis-out-of-range", "calibrun",
+         lambda a, r: [*stateful(a), "data=npy", f"data.path={a.stateful_no_sr}", "data.inputs.sr.value=16000",
+                       "eval_data=npy", f"eval_data.path={a.stateful_no_sr}", "eval_data.inputs.sr.value=16000",
+                       "eval_data.inputs.state.batch_axis=3"],
+         "config eval_data.inputs.state.batch_axis: must be an axis of input 'state' (FLOAT [2, N, 4]) (0..2), got 3"),
+    Case("data-inputs-unknown-option", "calibrun",
+         lambda a, r: [*stateful(a), "data=npy", f"data.path={a.stateful_no_sr}", "data.inputs.sr.valu=1"],
+         "config data.inputs.sr.valu: is not a calibrun setting", early=True),
     Case("data-images-unreadable-file", "calibrun",
          lambda a, r: ["model=file", f"model.path={a.conv}", "data=images", f"data.path={a.images}",
                        "data.resize=8", "data.crop=8", "batches=1"], "b.png"),

@@ -118,7 +118,7 @@ def test_binning_on_a_second_trained_model_equals_numpy(tmp_path):
     folder = photo_folder(tmp_path / "p", ("astronaut.png", "camera.png"))
     info = open_float_model(model).inputs
     source = image_calibration(folder, info, 1, transform=ImageTransform(
-        resize=160, crop=160, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), letterbox=True))
+        resize=160, crop=160, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), letterbox=True, pad_value=0.0))
     (batch,) = [next(iter(feed.values())) for feed in source]
     checked = 0
     for name, value in activations(model, [batch], tmp_path)[0].items():

@@ -368,6 +368,13 @@ def test_percentile_in_range_passes(hydra_ctx, value):
                      "0..1", id="pad-value-2"),
         pytest.param(["data=images", "data.path=.", "data.std=[0.2,nan,0.2]"], "data.std", "finite",
                      id="std-nan"),
+        pytest.param(["data=images", "data.path=.", "data.resize_mode=crop"], "data.resize_mode",
+                     "shorter, stretch, letterbox", id="resize-mode-word"),
+        pytest.param(["eval_data=images", "eval_data.path=.", "eval_data.channels=rgba"], "eval_data.channels",
+                     "rgb, bgr", id="channels-rgba"),
+        pytest.param(["data=images", "data.path=.", "data.layout=chw"], "data.layout", "nchw, nhwc", id="layout-chw"),
+        pytest.param(["data=images", "data.path=.", "data.letterbox=true", "data.resize_mode=stretch"],
+                     "data.letterbox", "data.resize_mode=stretch", id="letterbox-and-stretch"),
     ],
 )
 def test_value_over_its_bound_fails_validate_naming_key_and_bound(hydra_ctx, overrides, key, bound):
@@ -406,8 +413,13 @@ def test_huge_counts_written_as_floats_never_reach_the_work(hydra_ctx, override)
         ["data=images", "data.path=.", "data.crop=[48,48]", "data.resize=48"],
         ["eval_data=images", "eval_data.path=.", "eval_data.crop=[416,416]", "eval_data.letterbox=true",
          "eval_data.pad_value=0.447", "eval_data.resize=1"],
+        ["eval_data=images", "eval_data.path=.", "eval_data.resize_mode=stretch", "eval_data.crop=[48,320]",
+         "eval_data.channels=bgr", "eval_data.layout=nhwc"],
+        ["data=npy", "data.path=.", "++data.inputs.sr.value=16000", "++data.inputs.state.batch_axis=1",
+         "++eval_data.inputs.sr.value=[1,2]"],
     ],
-    ids=["every-bound-itself", "smallest-factor", "crop-pair", "square-pair", "letterbox"],
+    ids=["every-bound-itself", "smallest-factor", "crop-pair", "square-pair", "letterbox", "image-modes",
+         "inputs"],
 )
 def test_values_at_their_bounds_pass(hydra_ctx, overrides):
     validate(make(*overrides))

@@ -22,7 +22,7 @@ def names(cls) -> list[str]:
 def test_config_nodes_are_the_code_classes_fields():
     assert names(MethodConf) == ["name", *(n for n in names(CalibrationSpec) if n not in ("method", "op_types"))]
     assert names(QuantConf) == [n for n in names(QuantOptions) if n != "format"]
-    assert names(DataConf) == ["name", "path", *names(ImageTransform)]
+    assert names(DataConf) == ["name", "path", "inputs", *names(ImageTransform)]
     method = OmegaConf.structured(Config).method
     assert {k: method[k] for k in method if k != "name"} == {
         f.name: f.default for f in dataclasses.fields(CalibrationSpec) if f.name in method}

@@ -1,0 +1,216 @@
+"""What each model input is fed: its element type, its batch axis, and constants (`data.inputs.<name>.*`).
+
+- dtype: an input is fed in the type the model declares. Data is cast only when nothing is lost: any integer or
+  float data into a float input (checked finite, and for overflow after the calibration factor), integer data into
+  an integer input when every value fits, bool into bool. A float array into an integer or bool input, or integers
+  into a bool input, is an error naming the input.
+- batch axis: `batch_axis` when set, else calibrun.data.rows.infer_axis.
+- constants: `value` (a number or a nested list), fed with every batch. An array of the input's rank is fed whole
+  (never split; the input then has no batch axis); one with one axis fewer (a scalar for an `[N]` input, `[2, 128]`
+  for a `[2, N, 128]` state) is one row, repeated along the batch axis to every batch's rows.
+- the calibration factor multiplies float inputs only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from calibrun.data.rows import infer_axis, is_fixed
+from calibrun.errors import CalibrunError
+from calibrun.model import InputInfo
+
+FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE)
+
+
+def fmt_shape(shape: Sequence) -> str:
+    return "[" + ", ".join("?" if d is None or d == "" else str(d) for d in shape) + "]"
+
+
+def declared(info: InputInfo) -> str:
+    """`'sr' (INT64 [])`: an input as the model declares it."""
+    name = TensorProto.DataType.Name(info.elem_type) if info.elem_type else "unknown type"
+    return f"{info.name!r} ({name} {fmt_shape(info.shape)})"
+
+
+def input_dtype(info: InputInfo) -> np.dtype:
+    """The numpy dtype the input takes; an input calibrun cannot feed (string, complex, unknown) is an error."""
+    try:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(info.elem_type)) if info.elem_type else None
+    except (KeyError, ValueError, TypeError):
+        dtype = None
+    if dtype is None or dtype.kind not in "biuf":
+        raise CalibrunError(f"input {declared(info)}: calibrun feeds numeric and bool inputs only")
+    return dtype
+
+
+def is_float(info: InputInfo) -> bool:
+    return info.elem_type in FLOAT_TYPES
+
+
+def check_dtype(data: np.dtype, info: InputInfo, where: str) -> np.dtype:
+    """The dtype `info` takes, if `data` casts to it without loss (values are checked by `cast`); else an error."""
+    want = input_dtype(info)
+    if data.hasobject:
+        raise CalibrunError(f"input {declared(info)}: {where} is an object array (dtype {data}); calibrun never "
+                            "loads pickled data")
+    if data.kind not in "biuf":
+        raise CalibrunError(f"input {declared(info)}: {where} has dtype {data}, which is not numeric or bool")
+    ok = (want.kind == "f" and data.kind in "iuf") or (want.kind in "iu" and data.kind in "iu") or \
+        (want.kind == "b" and data.kind == "b")
+    if not ok:
+        raise CalibrunError(f"input {declared(info)}: {where} holds {data} data, which does not cast to "
+                            f"{want} without loss")
+    return want
+
+
+def cast(raw: np.ndarray, info: InputInfo, factor: float, where: str, first_row: int = 0) -> np.ndarray:
+    """`raw` as the input's dtype: float inputs are `raw * factor` computed in float64 (NaN/Inf and overflow name
+    the file and row); integers must fit; bool stays bool."""
+    want = check_dtype(np.asarray(raw).dtype, info, where)
+    if want.kind == "f":
+        values = np.asarray(raw, dtype=np.float64)
+        bad = ~np.isfinite(values)
+        if bad.any():
+            raise CalibrunError(f"{where}: NaN or Inf in row {first_row + _first_row(bad)}")
+        with np.errstate(over="ignore"):  # overflow is reported below, naming the file
+            out = (values * factor).astype(want) if factor != 1.0 else values.astype(want)
+        bad = ~np.isfinite(out)
+        if bad.any():
+            scaled = f" multiplied by {factor}" if factor != 1.0 else ""
+            raise CalibrunError(f"{where}: row {first_row + _first_row(bad)}{scaled} overflows {want}")
+        return out
+    raw = np.asarray(raw)
+    if raw.dtype == want:
+        return raw
+    if want.kind in "iu" and not np.can_cast(raw.dtype, want) and raw.size:
+        low, high, info_range = raw.min(), raw.max(), np.iinfo(want)
+        if low < info_range.min or high > info_range.max:
+            raise CalibrunError(f"input {declared(info)}: {where} holds values {low}..{high}, outside {want}'s "
+                                f"range {info_range.min}..{info_range.max}")
+    return raw.astype(want)
+
+
+def _first_row(bad: np.ndarray) -> int:
+    return int(np.argwhere(bad)[0][0]) if bad.ndim else 0
+
+
+# --- config: `data.inputs.<name>` / `eval_data.inputs.<name>` (calibrun.config assembles the schema) ---
+
+@dataclass
+class InputConf:
+    """One model input's data options (docs/data.md)."""
+
+    value: Any = None  # a constant fed with every batch: a number or a nested list (null: from the data files)
+    batch_axis: int | None = None  # the axis rows are counted along (null: inferred from the graph shape)
+
+
+@dataclass(frozen=True)
+class Constant:
+    """A constant input: fed whole (axis None), or one row repeated along `axis` to every batch's rows."""
+
+    array: np.ndarray
+    axis: int | None
+    where: str
+
+    def fed(self, rows: int) -> np.ndarray:
+        if self.axis is None:
+            return self.array
+        return np.repeat(np.expand_dims(self.array, self.axis), rows, axis=self.axis)
+
+    def identity(self) -> dict:
+        array = np.asarray(self.array)
+        if array.size <= 16:
+            value = array.tolist()
+        else:
+            value = {"sha256": hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()}
+        return {"value": value, "shape": list(array.shape), "row": self.axis is not None}
+
+
+def constant(info: InputInfo, array, axis: int | None, where: str) -> Constant:
+    """`array` as a constant for `info`: of the input's rank (fed whole) or one axis fewer (one row along `axis`)."""
+    try:
+        raw = np.asarray(array)
+    except (ValueError, TypeError) as exc:  # a ragged nested list
+        raise CalibrunError(f"input {declared(info)}: {where} is not an array ({exc})") from None
+    values = cast(raw, info, 1.0, where)
+    rank = len(info.shape)
+    if values.ndim == rank:
+        dims = list(zip(info.shape, values.shape, strict=True))
+        row = None
+    elif values.ndim == rank - 1 and axis is not None:
+        dims = list(zip([d for a, d in enumerate(info.shape) if a != axis], values.shape, strict=True))
+        row = axis
+    else:
+        raise CalibrunError(f"input {declared(info)}: {where} has shape {fmt_shape(values.shape)}; a constant has "
+                            f"the input's rank {rank}" + (" (or one axis fewer: one row)" if axis is not None else ""))
+    if any(is_fixed(want) and want != got for want, got in dims):
+        as_what = "a constant fed whole" if row is None else f"one row (rank {rank - 1}, batch axis {row} left out)"
+        raise CalibrunError(f"input {declared(info)}: {where} has shape {fmt_shape(values.shape)} (rank "
+                            f"{values.ndim}), which does not fit the input's fixed axes as {as_what}")
+    return Constant(values, row, where)
+
+
+def overrides(node: Mapping | None, inputs: Sequence[InputInfo], key: str) -> dict[str, Mapping]:
+    """`<key>.inputs` as {name: {value, batch_axis}} (InputConf's fields, its defaults filled in), every name
+    checked against the model's inputs and every option against InputConf's."""
+    node = dict(node or {})
+    names = [info.name for info in inputs]
+    unknown = [name for name in node if name not in names]
+    if unknown:
+        raise CalibrunError(f"config {key}.inputs: {', '.join(map(repr, unknown))} "
+                            f"{'is not an input' if len(unknown) == 1 else 'are not inputs'} of the model "
+                            f"(inputs: {', '.join(names)})")
+    options = {f.name: f.default for f in dataclasses.fields(InputConf)}
+    out = {}
+    for name, given in node.items():
+        if not isinstance(given, Mapping):
+            raise CalibrunError(f"config {key}.inputs.{name}: must hold {' and/or '.join(options)} "
+                                f"({key}.inputs.{name}.value=...), got {given!r}")
+        bad = [option for option in given if option not in options]
+        if bad:
+            raise CalibrunError(f"config {key}.inputs.{name}.{bad[0]}: is not an option of an input "
+                                f"(options: {', '.join(options)})")
+        out[name] = {**options, **given}
+    return out
+
+
+def batch_axes(inputs: Sequence[InputInfo], given: Mapping[str, Mapping], key: str) -> dict[str, int | None]:
+    """Each input's batch axis: `<key>.inputs.<name>.batch_axis` (checked against the rank), else inferred."""
+    axes = {}
+    for info in inputs:
+        axis = given.get(info.name, {}).get("batch_axis")
+        if axis is None:
+            axes[info.name] = infer_axis(info.shape)
+            continue
+        rank = len(info.shape)
+        if isinstance(axis, bool) or not isinstance(axis, int) or not -rank <= axis < rank:
+            raise CalibrunError(f"config {key}.inputs.{info.name}.batch_axis: must be an axis of input "
+                                f"{declared(info)} (0..{rank - 1}), got {axis!r}")
+        axes[info.name] = axis % rank
+    return axes
+
+
+def config_constants(inputs: Sequence[InputInfo], given: Mapping[str, Mapping], axes: Mapping[str, int | None],
+                     key: str) -> dict[str, Constant]:
+    """The constants `<key>.inputs.<name>.value` sets."""
+    out = {}
+    for info in inputs:
+        value = given.get(info.name, {}).get("value")
+        if value is not None:
+            value = value.tolist() if isinstance(value, np.ndarray) else _plain(value)
+            out[info.name] = constant(info, value, axes[info.name], f"config {key}.inputs.{info.name}.value")
+    return out
+
+
+def _plain(value):
+    """A config value (OmegaConf ListConfig included) as plain Python lists and numbers."""
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        return value
+    return [_plain(v) for v in value]

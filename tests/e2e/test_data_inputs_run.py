@@ -1,0 +1,64 @@
+"""A stateful model end to end (docs/data.md): `python -m calibrun` quantises a recurrent step with a state input
+[2, N, 4] (rows on axis 1) and an int64 scalar `sr`, without any graph surgery; the in-process tests of feeding
+inputs are in tests/unit/test_data_inputs.py, the bad inputs in test_bad_inputs.py."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.conftest import run_python
+from tests.modelzoo import save, stateful_model
+
+pytestmark = pytest.mark.slow  # subprocesses of the CLI
+
+ROWS = 40
+
+
+def test_a_stateful_model_with_an_int64_scalar_quantises_and_the_scalar_enters_the_cache_key(tmp_path):
+    model = save(stateful_model(), tmp_path / "vad.onnx")
+    rng = np.random.default_rng(7)
+    calib, evaluation = tmp_path / "calib.npz", tmp_path / "eval.npz"
+    # calibration: `sr` as a 0-d array in the file (3 batches: 16, 16 and 8 rows); evaluation: `sr` from the config
+    np.savez(calib, input=rng.normal(size=(ROWS, 8)).astype(np.float32),
+             state=rng.normal(size=(2, ROWS, 4)).astype(np.float32), sr=np.array(16000, np.int64))
+    np.savez(evaluation, input=rng.normal(size=(ROWS, 8)).astype(np.float32),
+             state=rng.normal(size=(2, ROWS, 4)).astype(np.float32))
+    common = ["model=file", f"model.path={model}", "data=npy", f"data.path={calib}", "eval_data=npy",
+              f"eval_data.path={evaluation}", "eval_data.inputs.sr.value=16000", "batches=3", "tracking=off",
+              f"cache.dir={tmp_path / 'cache'}"]
+    proc = run_python(["-m", "calibrun", *common, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["status"] == "ok"
+    used = result["used"]
+    assert used["calibration_rows"] == ROWS
+    assert used["calibration_batches"] == 3
+    assert used["eval_rows"] == ROWS
+    assert used["eval_batches"] == 3
+    inputs = {entry["name"]: entry for entry in used["calibration_source"]["inputs"]}
+    assert inputs["state"]["batch_shape"] == [2, 16, 4]
+    assert inputs["state"]["batch_axis"] == 1
+    assert inputs["sr"]["dtype"] == "int64"
+    assert inputs["sr"]["constant"]["value"] == 16000
+    assert used["diagnostics_rows"] == ROWS  # the diagnostics split the state's rows on axis 1 too
+    metrics = result["metrics"]
+    assert "out.stateN.sqnr_db" in metrics
+    assert "out.output.sqnr_db" in metrics
+    assert 0 < metrics["input_scale"] < 0.1  # the float input `input` (N(0, 1) rows) is the primary input
+    int8 = onnx.load(str(tmp_path / "run" / "int8.onnx"))
+    assert [i.name for i in int8.graph.input] == ["input", "state", "sr"]  # no graph surgery
+
+    # a sweep over the scalar (a key of an input the schema does not name): the same value hits the cache, another
+    # one calibrates again under another key
+    sweep = run_python(["-m", "calibrun", "-m", *common[:3], "data.inputs.sr.value=16000,8000", *common[3:],
+                        f"hydra.sweep.dir={tmp_path / 'sweep'}"], tmp_path)
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    same, other = (json.loads((tmp_path / "sweep" / job / "result.json").read_text()) for job in ("0", "1"))
+    assert same["metrics"]["cache_hit"] == 1
+    assert same["cache_key"] == result["cache_key"]
+    assert other["metrics"]["cache_hit"] == 0
+    assert other["cache_key"] != result["cache_key"]

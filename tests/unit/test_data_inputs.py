@@ -1,0 +1,273 @@
+"""Feeding any input the model declares (calibrun.data.inputs, calibrun.data.rows): declared types, batch axes,
+constants, and rows split along the batch axis wherever they are split (calibration runs, evaluation, memory)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from onnx import TensorProto
+
+from calibrun import memory
+from calibrun.__main__ import normalise
+from calibrun.config import is_setting
+from calibrun.data import calibration_data, evaluation_data
+from calibrun.data.rows import infer_axis, pinned_rows, take
+from calibrun.errors import CalibrunError
+from calibrun.measure.errors import evaluate
+from calibrun.model import InputInfo, open_float_model
+from calibrun.quantize import quantize_with
+from tests.modelzoo import save, stateful_model, typed_inputs_model
+
+ROWS = 40
+
+
+def npy(path, inputs=None) -> dict:
+    return {"name": "npy", "path": str(path), "inputs": inputs or {}}
+
+
+@pytest.fixture
+def stateful(tmp_path):
+    """The stateful model and an .npz of 40 rows: `input` [40, 8], `state` [2, 40, 4], `sr` a 0-d int64."""
+    fp32 = open_float_model(save(stateful_model(), tmp_path / "m.onnx"))
+    rng = np.random.default_rng(0)
+    data = tmp_path / "d.npz"
+    np.savez(data, input=rng.normal(size=(ROWS, 8)).astype(np.float32),
+             state=rng.normal(size=(2, ROWS, 4)).astype(np.float32), sr=np.array(16000))
+    return fp32, data
+
+
+# ---------------------------------------------------------------------------------------------- batch axes
+
+
+@pytest.mark.parametrize(("shape", "axis"), [
+    (("N", 8), 0), ((2, "N", 128), 1), ((2, -1, 4), 1), ((1, 3, 224, 224), 0), (("N", 3, "H", "W"), 0), ((), None),
+])
+def test_the_batch_axis_is_the_one_free_axis_else_0(shape, axis):
+    assert infer_axis(shape) == axis
+
+
+def test_the_state_rows_are_on_axis_1_and_the_scalar_is_fed_with_every_batch(stateful):
+    fp32, path = stateful
+    data = calibration_data(npy(path), fp32, 0, 1.0, 3)
+    assert data.axes == {"input": 0, "state": 1, "sr": None}
+    feeds = list(data)
+    assert [f["state"].shape for f in feeds] == [(2, 16, 4), (2, 16, 4), (2, 8, 4)]
+    assert all(f["sr"].dtype == np.int64 and f["sr"].shape == () and int(f["sr"]) == 16000 for f in feeds)
+    original = np.load(path)["state"]
+    np.testing.assert_array_equal(np.concatenate([f["state"] for f in feeds], axis=1), original)
+
+
+def test_batch_axis_and_constants_enter_the_identity(stateful, tmp_path):
+    fp32, path = stateful
+    base = calibration_data(npy(path), fp32, 0, 1.0, 2).identity()
+    entries = {e["name"]: e for e in base["inputs"]}
+    assert entries["state"]["batch_axis"] == 1
+    assert entries["sr"]["constant"]["value"] == 16000
+    assert "batch_axis" not in entries["input"]
+    assert "dtype" not in entries["input"]
+    other = calibration_data(npy(path, {"sr": {"value": 8000}}), fp32, 0, 1.0, 2).identity()
+    assert other != base
+    assert {e["name"]: e for e in other["inputs"]}["sr"]["constant"]["value"] == 8000
+
+
+def test_a_set_batch_axis_counts_rows_along_it(tmp_path):
+    fp32 = open_float_model(save(stateful_model(), tmp_path / "m.onnx"))
+    np.savez(tmp_path / "d.npz", input=np.ones((4, 8), np.float32), state=np.ones((2, 4, 4), np.float32))
+    data = calibration_data(npy(tmp_path / "d.npz", {"sr": {"value": 16000}, "state": {"batch_axis": -2}}),
+                            fp32, 0, 1.0, 1)
+    assert data.axes["state"] == 1
+    assert data.rows == 4
+    with pytest.raises(CalibrunError, match=re.escape("config data.inputs.state.batch_axis: must be an axis of "
+                                                      "input 'state' (FLOAT [2, N, 4]) (0..2), got 3")):
+        calibration_data(npy(tmp_path / "d.npz", {"sr": {"value": 1}, "state": {"batch_axis": 3}}), fp32, 0, 1.0, 1)
+
+
+def test_a_row_without_the_batch_axis_is_repeated_to_every_batch(tmp_path):
+    fp32 = open_float_model(save(stateful_model(), tmp_path / "m.onnx"))
+    row = np.arange(8, dtype=np.float32).reshape(2, 4)
+    np.savez(tmp_path / "d.npz", input=np.ones((20, 8), np.float32), state=row, sr=np.array(16000))
+    feeds = list(calibration_data(npy(tmp_path / "d.npz"), fp32, 0, 1.0, 2))
+    assert [f["state"].shape for f in feeds] == [(2, 16, 4), (2, 4, 4)]
+    np.testing.assert_array_equal(feeds[1]["state"][:, 3], row)
+
+
+def test_pinned_rows_are_read_on_the_batch_axis():
+    assert pinned_rows({"input": (4, 8), "state": (2, 4, 128)}, {"input": 0, "state": 1}) == 4
+    with pytest.raises(CalibrunError, match="different batch sizes"):
+        pinned_rows({"input": (4, 8), "state": (2, 5, 128)}, {"input": 0, "state": 1})
+    feeds = {"state": np.zeros((2, 6, 3)), "sr": np.array(1)}
+    assert take(feeds, {"state": 1, "sr": None}, 2, 5)["state"].shape == (2, 3, 3)
+
+
+# ---------------------------------------------------------------------------------------------- constants
+
+
+def test_a_config_value_feeds_a_scalar_and_wins_over_the_file(stateful):
+    fp32, path = stateful
+    evaluation = evaluation_data(npy(path, {"sr": {"value": 8000}}), fp32, 0, ROWS)
+    feeds, _ = next(evaluation.batches(16))
+    assert feeds["sr"].dtype == np.int64
+    assert int(feeds["sr"]) == 8000
+    assert list(feeds) == ["input", "state", "sr"]  # the model's input order
+
+
+def test_a_scalar_input_without_a_value_is_one_line_naming_it(tmp_path):
+    fp32 = open_float_model(save(stateful_model(), tmp_path / "m.onnx"))
+    np.savez(tmp_path / "d.npz", input=np.ones((4, 8), np.float32), state=np.ones((2, 4, 4), np.float32))
+    with pytest.raises(CalibrunError, match=re.escape("no array for input 'sr' (INT64 []) (keys: input, state); "
+                                                      "or set data.inputs.sr.value=...")):
+        calibration_data(npy(tmp_path / "d.npz"), fp32, 0, 1.0, 1)
+
+
+def test_unknown_input_names_are_listed_with_the_real_ones(stateful):
+    fp32, path = stateful
+    with pytest.raises(CalibrunError, match=re.escape("config eval_data.inputs: 'rate' is not an input of the model "
+                                                      "(inputs: input, state, sr)")):
+        evaluation_data(npy(path, {"rate": {"value": 1}}), fp32, 0, ROWS)
+
+
+def test_a_float_value_for_an_int_input_is_refused(stateful):
+    fp32, path = stateful
+    with pytest.raises(CalibrunError, match=re.escape("input 'sr' (INT64 []): config data.inputs.sr.value holds "
+                                                      "float64 data, which does not cast to int64 without loss")):
+        calibration_data(npy(path, {"sr": {"value": 16000.5}}), fp32, 0, 1.0, 1)
+
+
+# ---------------------------------------------------------------------------------------------- dtypes
+
+
+@pytest.fixture
+def typed(tmp_path):
+    return open_float_model(save(typed_inputs_model(), tmp_path / "t.onnx"))
+
+
+def typed_data(path, **change):
+    rng = np.random.default_rng(1)
+    arrays = {"a": rng.normal(size=(20, 4)).astype(np.float32), "x": rng.normal(size=(20, 4)),
+              "mask": rng.random((20, 4)) > 0.5, "offset": np.arange(20, dtype=np.int64).reshape(20, 1)}
+    arrays.update(change)
+    np.savez(path, **arrays)
+    return path
+
+
+def test_each_input_is_fed_its_declared_type_and_only_floats_are_scaled(typed, tmp_path):
+    path = typed_data(tmp_path / "d.npz")
+    (feed, _) = list(calibration_data(npy(path), typed, 0, 2.0, 2))
+    assert {k: v.dtype for k, v in feed.items()} == {"a": np.float32, "x": np.float16, "mask": np.bool_,
+                                                     "offset": np.int32}
+    raw = np.load(path)
+    np.testing.assert_array_equal(feed["x"], (raw["x"][:16] * 2.0).astype(np.float16))  # the factor: floats only
+    np.testing.assert_array_equal(feed["offset"][:, 0], np.arange(16))
+    np.testing.assert_array_equal(feed["mask"], raw["mask"][:16])
+    identity = calibration_data(npy(path), typed, 0, 2.0, 2).identity()
+    assert {e["name"]: e.get("dtype") for e in identity["inputs"]} == {"a": None, "x": "float16", "mask": "bool",
+                                                                      "offset": "int32"}
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"offset": np.zeros((20, 1), np.float32)},
+     "input 'offset' (INT32 [N, 1]): {path}['offset'] holds float32 data, which does not cast to int32 without loss"),
+    ({"offset": np.full((20, 1), 2**40, np.int64)},
+     "input 'offset' (INT32 [N, 1]): {path}['offset'] holds values 1099511627776..1099511627776, outside int32's "
+     "range"),
+    ({"mask": np.ones((20, 4), np.int64)},
+     "input 'mask' (BOOL [N, 4]): {path}['mask'] holds int64 data, which does not cast to bool without loss"),
+    ({"x": np.full((20, 4), 1e6)}, "{path}['x']: row 0 overflows float16"),
+    ({"offset": np.zeros((20, 2), np.int64)},
+     "input 'offset' (INT32 [N, 1]): {path}['offset'] has shape [20, 2]: axis 1 is 2, the model wants 1"),
+])
+def test_data_that_cannot_be_fed_is_one_line_naming_input_type_shape_and_file(typed, tmp_path, change, message):
+    path = typed_data(tmp_path / "d.npz", **change)
+    with pytest.raises(CalibrunError) as err:
+        list(calibration_data(npy(path), typed, 0, 1.0, 2))
+    assert message.format(path=path) in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------- runs split rows
+
+
+def test_evaluation_runs_split_the_state_along_its_batch_axis(stateful, tmp_path):
+    fp32, path = stateful
+    int8 = tmp_path / "int8.onnx"
+    calibration = calibration_data(npy(path), fp32, 0, 1.0, 2)
+    used: dict = {}
+    quantize_with(fp32, int8, calibration, budget=1, used=used)  # 1 byte: one row per calibration run
+    assert used["calibration_rows_per_run"] == 1
+    whole = tmp_path / "whole.onnx"
+    quantize_with(fp32, whole, calibration_data(npy(path), fp32, 0, 1.0, 2))
+    assert int8.read_bytes() == whole.read_bytes()  # minima and maxima merged over the runs: the same ranges
+    evaluation = evaluation_data(npy(path), fp32, 0, ROWS)
+    split: dict = {}
+    one = evaluate(fp32.path, int8, evaluation, progress=None, budget=1, used=split)
+    full = evaluate(fp32.path, int8, evaluation, progress=None)
+    assert split["eval_rows_per_run"] == 1
+    assert one["rows"] == ROWS
+    assert one["out.stateN.max_abs_error"] == pytest.approx(full["out.stateN.max_abs_error"], rel=1e-6)
+    assert one["out.output.sqnr_db"] == pytest.approx(full["out.output.sqnr_db"], rel=1e-6)
+
+
+def test_diagnostics_split_the_state_along_its_batch_axis(stateful, tmp_path):
+    from calibrun.measure.tensor_stats import StreamingDiagnostics
+
+    fp32, path = stateful
+    int8, ranges = tmp_path / "int8.onnx", tmp_path / "ranges.json"
+    quantize_with(fp32, int8, calibration_data(npy(path), fp32, 0, 1.0, 2), ranges_copy=ranges)
+    evaluation = evaluation_data(npy(path), fp32, 0, ROWS)
+    found = {}
+    for budget in (None, 1):  # 1 byte: one group per tensor, one row per run
+        with StreamingDiagnostics(fp32.path, int8, ranges, max_rows=8, budget=budget, axes=evaluation.axes) as diag:
+            for feeds, _ in evaluation.batches(16):
+                diag.update(feeds)
+            found[budget] = {row["tensor"]: row["sqnr_db"] for row in diag.rows()}
+            assert diag.rows_seen == 8
+    assert len(diag.groups) > 1
+    assert diag.rows_per_run == 1
+    assert found[1] == pytest.approx(found[None], rel=1e-6)
+    assert "s0" in found[1]  # the state's first slice: its rows came from axis 1
+
+
+def test_memory_sizes_one_row_on_the_batch_axis(tmp_path):
+    model = stateful_model()
+    feeds = {"input": np.zeros((16, 8), np.float32), "state": np.zeros((2, 16, 4), np.float32),
+             "sr": np.array(16000)}
+    sizes = memory.row_bytes(model, feeds, {"input": 0, "state": 1, "sr": None})
+    assert sizes["state"] == 2 * 1 * 4 * 4
+    assert sizes["stateN"] == 2 * 4 * 4
+    assert sizes["h"] == 4 * 4
+
+
+# ---------------------------------------------------------------------------------------------- config keys
+
+
+def test_input_keys_are_settings_and_set_whether_a_yaml_set_them_or_not():
+    assert is_setting("data.inputs.sr.value")
+    assert is_setting("eval_data.inputs.state.batch_axis")
+    assert not is_setting("data.inputs.sr.bogus")
+    assert normalise(["data.inputs.sr.value=16000", "+eval_data.inputs.state.batch_axis=1", "batches=2"]) == [
+        "++data.inputs.sr.value=16000", "++eval_data.inputs.state.batch_axis=1", "batches=2"]
+
+
+def test_the_lab_rule_takes_no_inputs(tmp_path):
+    fp32 = open_float_model(save(stateful_model(), tmp_path / "m.onnx"))
+    with pytest.raises(CalibrunError, match="lab data rule feeds one float input"):
+        calibration_data({"name": "lab", "inputs": {"sr": {"value": 1}}}, fp32, 0, 1.0, 1)
+
+
+def test_an_unfeedable_input_type_is_named():
+    from calibrun.data.inputs import input_dtype
+
+    with pytest.raises(CalibrunError, match=re.escape("input 's' (STRING [N]): calibrun feeds numeric and bool")):
+        input_dtype(InputInfo("s", TensorProto.STRING, ("N",)))
+
+
+def test_a_model_with_float16_bool_and_int_inputs_quantises_and_evaluates(typed, tmp_path):
+    path = typed_data(tmp_path / "d.npz")
+    int8 = tmp_path / "int8.onnx"
+    quantize_with(typed, int8, calibration_data(npy(path), typed, 0, 1.0, 2))
+    metrics = evaluate(typed.path, int8, evaluation_data(npy(path), typed, 0, 20), progress=None)
+    assert metrics["rows"] == 20
+    assert 0 < metrics["out.y.relative_error"] < 0.05
+    assert metrics["eval_min"] == pytest.approx(float(np.load(path)["a"].min()))  # the primary input: `a`, float32

@@ -1,0 +1,118 @@
+"""Image preprocessing that reproduces a model family's own (calibrun.data.images, docs/data.md): resize modes,
+channel order, layout, letterbox padding, and the other inputs of a multi-input image model."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from onnx import TensorProto
+from PIL import Image
+
+from calibrun.data.images import YOLO_PAD, ImageTransform, image_calibration, image_evaluation
+from calibrun.errors import CalibrunError
+from calibrun.model import InputInfo
+
+FLOAT = TensorProto.FLOAT
+PIXELS = np.random.default_rng(21).integers(0, 256, (10, 20, 3), dtype=np.uint8)  # H=10, W=20
+
+
+@pytest.fixture
+def folder(tmp_path):
+    path = tmp_path / "imgs"
+    path.mkdir()
+    Image.fromarray(PIXELS).save(path / "wide.png")
+    return path
+
+
+def plain(**kw) -> ImageTransform:
+    """No normalisation: the output is the pixels in 0..1."""
+    return ImageTransform(mean=(0, 0, 0), std=(1, 1, 1), **kw)
+
+
+def one(folder, shape, transform, **kw) -> np.ndarray:
+    (feed,) = image_calibration(folder, [InputInfo("img", FLOAT, shape)], 1, transform=transform, **kw)
+    return feed["img"][0]
+
+
+def test_stretch_resizes_to_the_size_without_keeping_the_aspect_ratio(folder):
+    got = one(folder, ("N", 3, 6, 8), plain(resize_mode="stretch", crop=[6, 8], resize=1))
+    want = np.asarray(Image.fromarray(PIXELS).resize((8, 6), Image.Resampling.BILINEAR), np.float32) / 255
+    np.testing.assert_array_equal(got, want.transpose(2, 0, 1))
+
+
+def test_bgr_reverses_the_channels_and_mean_std_follow_the_fed_order(folder):
+    rgb = one(folder, ("N", 3, 4, 4), ImageTransform(resize=4, crop=4, mean=(0, 0, 0), std=(1, 1, 1)))
+    bgr = one(folder, ("N", 3, 4, 4), ImageTransform(resize=4, crop=4, channels="bgr", mean=(0.1, 0, 0),
+                                                     std=(0.5, 1, 1)))
+    np.testing.assert_allclose(bgr[0], (rgb[2] - 0.1) / 0.5, rtol=1e-6)  # channel 0 fed is blue
+    np.testing.assert_array_equal(bgr[1:], rgb[1::-1])
+
+
+@pytest.mark.parametrize(("shape", "layout", "resolved", "crop"), [
+    (("N", "H", "W", 3), None, "nhwc", 4),  # channels last, fixed to 3 (Keras, TFLite exports)
+    (("N", 3, "H", "W"), None, "nchw", 4),
+    (("N", "C", "H", "W"), None, "nchw", 4),  # nothing fixed: NCHW
+    (("N", 3, 4, 3), None, "nchw", [4, 3]),  # both 3: NCHW ...
+    (("N", 3, 4, 3), "nhwc", "nhwc", [3, 4]),  # ... unless set
+])
+def test_the_layout_is_inferred_from_the_input_shape_unless_set(folder, shape, layout, resolved, crop):
+    got = one(folder, shape, plain(resize=4, crop=crop, layout=layout))
+    chw = one(folder, ("N", 3, "H", "W"), plain(resize=4, crop=crop))
+    np.testing.assert_array_equal(got, chw if resolved == "nchw" else chw.transpose(1, 2, 0))
+
+
+def test_letterbox_pads_with_ultralytics_grey_by_default_and_is_a_resize_mode(folder):
+    assert ImageTransform().pad_value == YOLO_PAD == 114 / 255
+    by_mode = plain(resize_mode="letterbox", crop=8)
+    assert by_mode == plain(letterbox=True, crop=8)
+    assert by_mode.letterbox
+    got = one(folder, ("N", 3, 8, 8), by_mode)
+    np.testing.assert_array_equal(got[:, :2], np.float32(114 / 255))  # the 20x10 image fills 8x4: 2 rows above
+    assert by_mode.identity()["pad_value"] == 114 / 255
+
+
+def test_the_identity_keeps_the_earlier_keys_and_adds_what_changes_the_pixels(folder):
+    before = {"resize", "crop", "mean", "std", "grayscale"}
+    assert set(ImageTransform().identity()) == before  # the crop pipeline's cache keys did not change
+    assert ImageTransform(channels="bgr").identity()["channels"] == "bgr"
+    assert ImageTransform(resize_mode="stretch", crop=[6, 8]).identity()["resize_mode"] == "stretch"
+    nhwc = image_calibration(folder, [InputInfo("img", FLOAT, ("N", 4, 4, 3))], 1, transform=plain(resize=4, crop=4))
+    assert nhwc.identity()["transform"]["layout"] == "nhwc"
+    nchw = image_calibration(folder, [InputInfo("img", FLOAT, ("N", 3, 4, 4))], 1, transform=plain(resize=4, crop=4))
+    assert "layout" not in nchw.identity()["transform"]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"resize_mode": "crop"}, "transform resize_mode: must be one of shorter, stretch, letterbox, got 'crop'"),
+    ({"channels": "rgba"}, "transform channels: must be one of rgb, bgr, got 'rgba'"),
+    ({"layout": "chw"}, "transform layout: must be one of nchw, nhwc, none, got 'chw'"),
+    ({"letterbox": True, "resize_mode": "stretch"}, "letterbox: contradicts resize_mode=stretch"),
+    ({"channels": "bgr", "grayscale": True, "mean": [0.5], "std": [0.5]}, "channels: bgr orders 3 channels"),
+    ({"crop": [300, 400]}, "must fit inside resize=256 (the shorter side after resizing; or resize_mode=letterbox"),
+])
+def test_bad_image_options_name_the_option(kwargs, message):
+    with pytest.raises(CalibrunError, match=re.escape(message)):
+        ImageTransform(**kwargs)
+
+
+def test_stretch_and_letterbox_take_any_crop_whatever_resize_is():
+    assert ImageTransform(resize_mode="stretch", crop=[300, 400]).crop_size == (300, 400)
+
+
+def test_the_other_inputs_of_an_image_model_come_from_config_values(folder):
+    inputs = [InputInfo("img", FLOAT, ("N", 3, 4, 4)), InputInfo("size", TensorProto.INT64, ("N", 2)),
+              InputInfo("scale", FLOAT, ())]
+    given = {"size": {"value": [10, 20]}, "scale": {"value": 0.5}}
+    (feed,) = image_calibration(folder, inputs, 1, 2.0, plain(resize=4, crop=4), given)
+    assert list(feed) == ["img", "size", "scale"]
+    np.testing.assert_array_equal(feed["size"], [[10, 20]])  # one row, repeated to the batch's rows
+    assert feed["size"].dtype == np.int64
+    assert feed["scale"].dtype == np.float32
+    assert feed["scale"] == 0.5
+    evaluation = image_evaluation(folder, inputs, None, plain(resize=4, crop=4), given)
+    assert evaluation.axes == {"img": 0, "size": 0, "scale": None}
+    with pytest.raises(CalibrunError, match=re.escape("input 'scale' (FLOAT []) is a scalar: it has no rows; give "
+                                                      "it a constant (data.inputs.scale.value=...")):
+        image_calibration(folder, inputs, 1, transform=plain(resize=4, crop=4), given={"size": {"value": [1, 2]}})
