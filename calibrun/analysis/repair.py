@@ -1,11 +1,14 @@
 """Repair to a target (`analysis=repair`): automatic mixed precision, int8 -> int16 -> fp32 per quantised tensor.
 
-In sensitivity order (calibrun.analysis.sensitivity.rank), each tensor is promoted to the cheapest precision of
-`analysis.precisions` that makes the metric better: int16 first (onnxruntime's TensorQuantOverrides `quant_type`,
+In sensitivity order (calibrun.analysis.sensitivity.rank), the most sensitive tensors are promoted to the cheapest
+precision of `analysis.precisions` first: int16 (onnxruntime's TensorQuantOverrides `quant_type`,
 `quant.tensor_types`: the model stays integer, onnxruntime converts the type at the region's edges), then fp32
-(`quant.nodes_to_exclude` of the tensor's nodes). A promotion that does not help is measured, recorded and undone.
-Once the target holds, every promotion it does not need is taken back, the last first: to int8, else from fp32 to
-int16. Every model is quantised from the job's own ranges (no calibration) and measured on the evaluation rows.
+(`quant.nodes_to_exclude` of the tensor's nodes) when every tensor in int16 falls short. The top 1, 2, 4, ...
+tensors are promoted together until the target holds, then the fewest top tensors that hold it are found by
+bisection: a model's error is often spread over many tensors, which one tensor a step would take as many steps to
+reach. Then every promotion the target does not need is taken back, the least sensitive first: to int8, else from
+fp32 to int16. Every model is quantised from the job's own ranges (no calibration), measured on the evaluation rows
+and recorded, kept or not.
 
 What it leaves: the repaired model (`int8_repaired.onnx`) and `repair.json` with `target`, `reached`, `model`,
 `steps`, `promoted` ({tensor: "int16" | "fp32"}), the `front` (the metric against the number of promoted tensors
@@ -83,22 +86,41 @@ def repair(fp32_path: Path, calibration, options: QuantOptions, ranking: Sequenc
            measure: Callable[[Path], tuple[dict, float]], metric: str, goal: str, target: float, out_path: Path,
            precisions: Sequence[str] = PRECISIONS, max_steps: int = 20,
            start: tuple[Path, dict, float] | None = None) -> dict:
-    """Promote tensors in `ranking` order until `metric` reaches `target`, then take back what it does not need
+    """Promote the most sensitive tensors until `metric` reaches `target`, then take back what it does not need
     (module docstring). `measure(path) -> (metrics, seconds)`; `start`: the job's own int8 model, its metrics and
     seconds (step 0, not quantised again). Writes the repaired model to `out_path` (the best one measured when
-    the target is not reached) and returns repair.json's record."""
+    the target is not reached) and returns repair.json's record.
+
+    The search, in the cheapest precision first: the top 1, 2, 4, ... tensors of the ranking promoted together
+    until the target holds (the error of a model is often spread over many tensors: one at a time would take as
+    many steps), then the fewest top tensors that hold it, by bisection; with fp32 allowed and every tensor in int16
+    short of the target, the same over fp32 with the rest in int16. Then each promotion is taken back, the least
+    sensitive first, while the target holds (at most `max_steps` trials): to int8, else from fp32 to int16."""
     entries = {e["tensor"]: e for e in ranking}
-    promoted: dict[str, str] = {}
+    order = [e["tensor"] for e in ranking]
     steps: list[dict] = []
     front: list[dict] = []
     with temp_dir("rep") as tmp:
         made = itertools.count()
+        best: dict = {}
 
-        def trial(state: dict[str, str]) -> tuple[float, Path, dict, float]:
+        def trial(state: dict[str, str], what: str) -> bool:
+            """Quantise and measure `state`; keep it as the best when better; whether it reaches the target."""
             path = Path(tmp) / f"{next(made)}.onnx"
             quantize(fp32_path, path, calibration, options_for(options, state, entries))
             measured, seconds = measure(path)
-            return metric_of(measured, metric), path, measured, seconds
+            value = metric_of(measured, metric)
+            ok = reached(goal, value, target)
+            steps.append({"step": len(steps), "what": what, "promoted": len(state), "metric": value, "reached": ok})
+            log.info("repair step %d: %s: %s = %.6g%s", len(steps) - 1, what, metric, value,
+                     " (target reached)" if ok else "")
+            point(state, value, seconds)
+            if _better(goal, best, value, ok, state):
+                _drop(best.get("model"), tmp)
+                best.update(state=dict(state), value=value, model=path, measured=measured, seconds=seconds, ok=ok)
+            else:
+                _drop(path, tmp)
+            return ok
 
         def point(state: dict[str, str], value: float, seconds: float) -> None:
             front.append({"promoted": len(state), "int16": sum(p == "int16" for p in state.values()),
@@ -108,65 +130,92 @@ def repair(fp32_path: Path, calibration, options: QuantOptions, ranking: Sequenc
         if start is not None:
             model, measured, seconds = start
             value = metric_of(measured, metric)
+            ok = reached(goal, value, target)
+            best.update(state={}, value=value, model=model, measured=measured, seconds=seconds, ok=ok)
+            steps.append({"step": 0, "what": "int8 (the job's model)", "promoted": 0, "metric": value, "reached": ok})
+            point({}, value, seconds)
         else:
-            value, model, measured, seconds = trial({})
-        steps.append({"step": 0, "tensor": None, "precision": "int8", "metric": value, "kept": True})
-        point({}, value, seconds)
-        for entry in ranking:
-            if reached(goal, value, target) or len(steps) > max_steps:
+            trial({}, "int8")
+        fp32_able = [t for t in order if [n for n in entries[t]["nodes"] if n]]
+        base: dict[str, str] = {}
+        for precision in precisions:
+            if best["ok"]:
                 break
-            tensor = entry["tensor"]
-            for precision in precisions:
-                if precision == "fp32" and not [n for n in entry["nodes"] if n]:
-                    continue  # an unnamed node cannot be excluded by name
-                state = {**promoted, tensor: precision}
-                new, path, new_measured, new_seconds = trial(state)
-                kept = gain(goal, value, new) > 0
-                steps.append({"step": len(steps), "tensor": tensor, "precision": precision, "metric": new,
-                              "kept": kept})
-                log.info("repair step %d: %s -> %s: %s = %.6g%s", len(steps) - 1, tensor, precision, metric, new,
-                         "" if kept else " (no better: undone)")
-                if kept:
-                    _drop(model, tmp)
-                    promoted, value, model, measured, seconds = state, new, path, new_measured, new_seconds
-                    point(promoted, value, seconds)
+            names = order if precision == "int16" else fp32_able
+
+            def state(k: int, names=names, precision=precision) -> dict[str, str]:
+                return {**base, **{t: precision for t in names[:k]}}
+
+            if not names:
+                continue
+            k, low, found = 1, 0, None
+            while found is None:
+                if trial(state(k), f"top {k} in {precision}"):
+                    found = k
+                elif k >= len(names):
                     break
-                _drop(path, tmp)
-        ok = reached(goal, value, target)
+                else:
+                    low, k = k, min(2 * k, len(names))
+            if found is None:  # every tensor in this precision is short of the target: the next builds on it
+                base = state(len(names))
+                continue
+            while found - low > 1:  # the fewest top tensors that reach the target
+                mid = (low + found) // 2
+                if trial(state(mid), f"top {mid} in {precision}"):
+                    found = mid
+                else:
+                    low = mid
+            break
         taken_back = []
-        if ok:
-            for tensor in reversed(list(promoted)):
-                cheaper = [None] + (["int16"] if promoted[tensor] == "fp32" and "int16" in precisions else [])
-                for lower in cheaper:
-                    state = {t: p for t, p in promoted.items() if t != tensor}
-                    if lower is not None:
-                        state[tensor] = lower
-                    new, path, new_measured, new_seconds = trial(state)
-                    if reached(goal, new, target):
-                        _drop(model, tmp)
-                        taken_back.append({"tensor": tensor, "from": promoted[tensor], "to": lower or "int8",
-                                           "metric": new})
-                        log.info("repair: %s back to %s: %s = %.6g, the target still holds", tensor,
-                                 lower or "int8", metric, new)
-                        promoted, value, model, measured, seconds = state, new, path, new_measured, new_seconds
-                        point(promoted, value, seconds)
+        if best["ok"]:
+            budget = max_steps
+            for tensor in reversed([t for t in order if t in best["state"]]):
+                if budget <= 0:
+                    break
+                had = best["state"][tensor]
+                for lower in [None] + (["int16"] if had == "fp32" and "int16" in precisions else []):
+                    if budget <= 0:
                         break
-                    _drop(path, tmp)
+                    budget -= 1
+                    fewer = {t: p for t, p in best["state"].items() if t != tensor}
+                    if lower is not None:
+                        fewer[tensor] = lower
+                    if trial(fewer, f"{tensor} back to {lower or 'int8'}") and best["state"] == fewer:
+                        taken_back.append({"tensor": tensor, "from": had, "to": lower or "int8"})
+                        break
         with atomic_path(out_path, suffix=".onnx") as written:
-            shutil.copyfile(model, written)
+            shutil.copyfile(best["model"], written)
+    promoted = best["state"]
     final = options_for(options, promoted, entries)
     for cost in ("promoted", "seconds"):
         for p, on in zip(front, pareto(front, cost, goal), strict=True):
             p[f"pareto_{cost}"] = on
-    return {"metric": metric, "goal": goal, "target": target, "reached": ok, "model": out_path.name,
-            "value": value, "steps": steps, "taken_back": taken_back, "promoted": promoted,
+    return {"metric": metric, "goal": goal, "target": target, "reached": best["ok"], "model": out_path.name,
+            "value": best["value"], "steps": steps, "taken_back": taken_back, "promoted": promoted,
             "precisions": list(precisions), "front": front, "overrides": overrides(final),
-            "seconds": seconds, "metrics": measured}
+            "seconds": best["seconds"], "metrics": best["measured"]}
 
 
-def _drop(path: Path, tmp) -> None:
+def _cost(state: dict[str, str]) -> tuple[int, int]:
+    """What a repair costs: the tensors promoted, then those of them in fp32."""
+    return len(state), sum(p == "fp32" for p in state.values())
+
+
+def _better(goal: str, best: dict, value: float, ok: bool, state: dict[str, str]) -> bool:
+    """Whether a trial beats the best so far: reaching the target first; both reaching it, the lower cost (fewer
+    tensors promoted, then fewer in fp32), then the better metric; neither, the better metric."""
+    if not best:
+        return True
+    if ok != best["ok"]:
+        return ok
+    if ok and _cost(state) != _cost(best["state"]):
+        return _cost(state) < _cost(best["state"])
+    return gain(goal, best["value"], value) > 0
+
+
+def _drop(path: Path | None, tmp) -> None:
     """A trial's model no longer needed (never the job's own)."""
-    if Path(path).parent == Path(tmp):
+    if path is not None and Path(path).parent == Path(tmp):
         Path(path).unlink(missing_ok=True)
 
 

@@ -70,7 +70,9 @@ def test_a_broken_detector_gets_measured_recommendations_and_the_best_one_is_wha
     offered = result["recommendations"]
     assert offered, "no candidate helped"
     assert all(r["after"] > r["before"] == verdict["value"] for r in offered)  # only what is better is offered
-    assert [r["after"] for r in offered] == sorted((r["after"] for r in offered), reverse=True)  # best first
+    rank = {"ok": 0, "degraded": 1, "broken": 2}  # best first: the best status, then the fewest changes, the value
+    keys = [(rank[r["status_after"]], len(r["change"].split(" ")), -r["after"]) for r in offered]
+    assert keys == sorted(keys)
     measured = json.loads((tmp_path / "first" / "recommendations.json").read_text())["measured"]
     assert len(measured) == result["used"]["recommend"]["candidates"] > len(offered)
     for entry in measured:  # every candidate measured, the ones not offered among them, and why

@@ -31,51 +31,50 @@ def fake(monkeypatch, score):
     return measure
 
 
-def test_int16_is_tried_first_and_enough_where_it_suffices(monkeypatch, tmp_path):
-    # a needs 16 bits; b needs fp32 (16 bits do not help it); w does nothing
+def test_int16_is_enough_where_it_suffices_and_the_fewest_top_tensors_are_kept(monkeypatch, tmp_path):
+    # a (rank 1) and b (rank 3) need 16 bits; w (rank 2) does nothing
     def score(types, excluded):
-        return 0.5 + 0.3 * ("a" in types) + 0.2 * ("B" in excluded)
+        return 0.5 + 0.25 * ("a" in types) + 0.25 * ("b" in types)
 
     done = repair(tmp_path / "fp32.onnx", None, QuantOptions(), RANKING, fake(monkeypatch, score), "m", "max", 0.95,
                   tmp_path / "out.onnx")
     assert done["reached"] and done["value"] == pytest.approx(1.0)
-    assert done["promoted"] == {"a": "int16", "b": "fp32"}
-    kept = [(s["tensor"], s["precision"]) for s in done["steps"] if s["kept"] and s["tensor"]]
-    assert kept == [("a", "int16"), ("b", "fp32")]
-    assert ("w", "int16") in [(s["tensor"], s["precision"]) for s in done["steps"] if not s["kept"]]
-    assert done["overrides"] == ["quant.tensor_types={a:QInt16}", "quant.nodes_to_exclude=[B,B2]"]
+    assert done["promoted"] == {"a": "int16", "b": "int16"}  # top 4, bisected to top 3, w taken back
+    assert [s["what"] for s in done["steps"]] == ["int8", "top 1 in int16", "top 2 in int16", "top 4 in int16",
+                                                  "top 3 in int16", "b back to int8", "w back to int8",
+                                                  "a back to int8"]
+    assert [t["tensor"] for t in done["taken_back"]] == ["w"]
+    assert done["overrides"] == ["quant.tensor_types={a:QInt16,b:QInt16}"]
     assert (tmp_path / "out.onnx").is_file()
+    assert all(p["promoted"] == p["int16"] for p in done["front"])
 
 
-def test_what_the_target_does_not_need_is_taken_back(monkeypatch, tmp_path):
-    # a alone reaches the target, but b helped first on the way (it ranks higher here)
-    ranking = [RANKING[2], RANKING[0]]
-
+def test_fp32_only_when_all_of_int16_falls_short_and_back_to_int16_where_that_holds(monkeypatch, tmp_path):
+    # b needs fp32; a would do in int16 once b is fp32
     def score(types, excluded):
-        return 0.5 + 0.1 * ("b" in types) + 0.45 * ("a" in types)
+        return 0.5 + 0.4 * ("B" in excluded) + 0.1 * ("a" in types or "A" in excluded)
 
-    done = repair(tmp_path / "fp32.onnx", None, QuantOptions(), ranking, fake(monkeypatch, score), "m", "max", 0.95,
+    done = repair(tmp_path / "fp32.onnx", None, QuantOptions(), RANKING, fake(monkeypatch, score), "m", "max", 0.95,
                   tmp_path / "out.onnx")
-    assert done["promoted"] == {"a": "int16"}
-    assert done["taken_back"][0]["tensor"] == "b" and done["taken_back"][0]["to"] == "int8"
+    assert done["reached"]
+    assert done["promoted"] == {"a": "int16", "b": "fp32"}
+    whats = [s["what"] for s in done["steps"]]
+    assert "top 4 in int16" in whats and whats.index("top 4 in int16") < whats.index("top 1 in fp32")
+    assert done["overrides"] == ["quant.tensor_types={a:QInt16}", "quant.nodes_to_exclude=[B,B2]"]
+    assert [(t["tensor"], t["to"]) for t in done["taken_back"]] == [("c", "int8"), ("w", "int8"), ("a", "int16")]
 
 
-def test_fp32_goes_back_to_int16_when_that_holds_and_precisions_limit_the_search(monkeypatch, tmp_path):
-    calls = {"n": 0}
-
+def test_precisions_limit_the_search_and_the_best_model_is_kept_when_the_target_is_out_of_reach(monkeypatch,
+                                                                                                 tmp_path):
     def score(types, excluded):
-        calls["n"] += 1
-        if calls["n"] == 2:  # the int16 trial of `a` during the search: no gain then (noise)
-            return 0.5
-        return 0.5 + 0.5 * ("a" in types or "A" in excluded)
+        return 0.5 + 0.1 * ("a" in types) - 0.05 * ("w" in types)
 
-    done = repair(tmp_path / "fp32.onnx", None, QuantOptions(), RANKING[:1], fake(monkeypatch, score), "m", "max",
-                  0.95, tmp_path / "out.onnx")
-    assert done["promoted"] == {"a": "int16"}  # fp32 during the search, int16 after: none in fp32 where int16 does
-    only16 = repair(tmp_path / "fp32.onnx", None, QuantOptions(), RANKING, fake(monkeypatch, lambda t, e: 0.5), "m",
-                    "max", 0.95, tmp_path / "out.onnx", precisions=("int16",))
-    assert not only16["reached"] and only16["promoted"] == {}
-    assert {s["precision"] for s in only16["steps"][1:]} == {"int16"}
+    done = repair(tmp_path / "fp32.onnx", None, QuantOptions(), RANKING, fake(monkeypatch, score), "m", "max", 0.95,
+                  tmp_path / "out.onnx", precisions=("int16",))
+    assert not done["reached"]
+    assert done["promoted"] == {"a": "int16"} and done["value"] == pytest.approx(0.6)  # the best measured
+    assert not any("fp32" in s["what"] for s in done["steps"])
+    assert done["taken_back"] == []
 
 
 def test_a_weight_takes_the_16_bit_type_of_weights_and_user_options_stay():
