@@ -56,6 +56,8 @@ def validate(analysis, format_name: str) -> None:
 
         need(bool(analysis.precisions) and set(analysis.precisions) <= set(PRECISIONS), "precisions",
              f"must be a non-empty subset of {list(PRECISIONS)}", list(analysis.precisions or []))
+        need(analysis.ranking in ("noise", "sensitivity"), "ranking", "must be noise or sensitivity",
+             analysis.ranking)
         need(analysis.metric is not None or analysis.target is None, "target", "needs analysis.metric (null: the "
              "verdict's metric and its ok threshold)", analysis.target)
 
@@ -121,6 +123,18 @@ def _sensitivity(ctx, result, int8_path: Path, evaluator, measured: dict, goal: 
     from calibrun.files import write_json
 
     a = cfg.analysis
+    if a.name == "repair" and a.ranking == "noise":
+        from calibrun.analysis.repair import noise_ranking
+
+        if "diagnostics" not in result.files:
+            raise CalibrunError("analysis.ranking=noise ranks tensors by the diagnostics' measured noise: it needs "
+                                "diagnostics=on, or analysis.ranking=sensitivity")
+        import onnx
+
+        ranking = noise_ranking(json.loads((job_dir / result.files["diagnostics"]).read_text()),
+                                onnx.load(str(fp32.path), load_external_data=False))
+        _repair(ctx, result, int8_path, evaluator, measured, goal, seconds, {"ranking": ranking, "by": "noise"})
+        return
     ranked = rank(fp32.path, int8_path, evaluator, goal.metric, goal.goal, a.strategy, tuple(a.kinds),
                   cfg.ort.intra_op_threads, only=set(a.tensors) if a.tensors else None, groups=a.groups)
     ranked["int8_metric"] = metric_of(measured, goal.metric)
@@ -186,6 +200,7 @@ def _repair(ctx, result, int8_path: Path, evaluator, measured: dict, goal: Goal,
                   goal.metric, goal.goal, float(goal.target), job_dir / REPAIRED_MODEL, tuple(cfg.analysis.precisions),
                   cfg.analysis.max_steps, start=(int8_path, measured, seconds))
     done["metrics"] = _finite_only(done["metrics"])
+    done["ranking"] = ranked.get("by", "sensitivity")
     write_json(job_dir / REPAIR_FILE, _strict(done))
     result.files["repair"] = REPAIR_FILE
     result.files["int8_repaired"] = REPAIRED_MODEL
@@ -329,5 +344,6 @@ class AnalysisConf:
     groups: int = 0  # > 1: a coarse pre-pass over that many groups of pairs first (switch strategy), 0: none
     max_steps: int = 20  # fallback / repair steps at most
     precisions: list[str] = field(default_factory=lambda: ["int16", "fp32"])  # repair: what a tensor may become
+    ranking: str = "sensitivity"  # repair: sensitivity (a trial a tensor) | noise (the diagnostics' noise shares, no trial)
     batch_rows: int = 16  # evaluation rows per batch (a model that pins its first axis: that many)
     objective: bool = False  # the task returns analysis.metric (hydra/sweeper=optuna)

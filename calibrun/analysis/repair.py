@@ -1,6 +1,8 @@
 """Repair to a target (`analysis=repair`): automatic mixed precision, int8 -> int16 -> fp32 per quantised tensor.
 
-In sensitivity order (calibrun.analysis.sensitivity.rank), the most sensitive tensors are promoted to the cheapest
+In ranking order (`analysis.ranking`: `sensitivity`, the default, calibrun.analysis.sensitivity.rank, one trial a
+tensor; or `noise`, the job's diagnostics' measured share of the added noise per tensor, no trial, first-order only),
+the most sensitive tensors are promoted to the cheapest
 precision of `analysis.precisions` first: int16 (onnxruntime's TensorQuantOverrides `quant_type`,
 `quant.tensor_types`: the model stays integer, onnxruntime converts the type at the region's edges), then fp32
 (`quant.nodes_to_exclude` of the tensor's nodes) when every tensor in int16 falls short. The top 1, 2, 4, ...
@@ -45,6 +47,33 @@ def escape(name: str) -> str:
     return "".join(f"\\{c}" if c in _ESCAPED else c for c in name)
 
 
+WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # ops whose input 1, a constant, is a quantised weight
+
+
+def noise_ranking(table: dict, model=None) -> list[dict]:
+    """A first-order ranking from the job's diagnostics (diagnostics.json, column-oriented): the quantised
+    activations by their measured share of the added noise, largest first, each with the nodes that keep it in
+    float (its producer and the path to the next computation) and, with the fp32 `model`, its producer's weight:
+    the noise a tensor adds is its producer's rounding, of the weights as of the output, so promoting the tensor
+    promotes that weight with it. No trial: the repair's trials confirm it."""
+    weights = {}
+    if model is not None:
+        constants = {i.name for i in model.graph.initializer}
+        weights = {n.name: n.input[1] for n in model.graph.node
+                   if n.op_type in WEIGHTED and len(n.input) > 1 and n.input[1] in constants}
+    columns = list(table)
+    rows = [dict(zip(columns, values, strict=True)) for values in zip(*table.values(), strict=True)]
+    rows = sorted((r for r in rows if r.get("noise_share") is not None), key=lambda r: -r["noise_share"])
+    ranking = []
+    for row in rows:
+        path = [n for n in (row.get("float_nodes") or row.get("consumers") or "").split(",") if n]
+        ranking.append({"tensor": row["tensor"], "kind": "activation", "node": row.get("node"),
+                        "nodes": list(dict.fromkeys(n for n in (row.get("node"), *path) if n)),
+                        "weights": [weights[row["node"]]] if row.get("node") in weights else [],
+                        "noise_share": row["noise_share"]})
+    return ranking
+
+
 def options_for(base: QuantOptions, promoted: dict[str, str], entries: dict[str, dict]) -> QuantOptions:
     """`base` with `promoted` applied: int16 tensors in tensor_types (the 16-bit type of their kind), fp32 ones'
     nodes in nodes_to_exclude (after the user's own)."""
@@ -55,6 +84,7 @@ def options_for(base: QuantOptions, promoted: dict[str, str], entries: dict[str,
         if precision == "int16":
             kind = base.weight_type if entry.get("kind") == "weight" else base.activation_type
             types[tensor] = SIXTEEN[kind]
+            types.update({w: SIXTEEN[base.weight_type] for w in entry.get("weights", ())})
         else:
             excluded += [n for n in entry["nodes"] if n and n not in excluded]
     return replace(base, tensor_types=types, nodes_to_exclude=tuple(excluded))

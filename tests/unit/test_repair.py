@@ -101,3 +101,23 @@ def test_the_pareto_front():
               {"promoted": 3, "metric": 0.96}]
     assert pareto(points, "promoted", "max") == [True, True, False, True]
     assert pareto(points, "promoted", "min") == [True, False, False, False]
+
+
+def test_the_noise_ranking_follows_the_diagnostics_and_brings_the_producers_weight():
+    from onnx import TensorProto, helper
+
+    from calibrun.analysis.repair import noise_ranking
+
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv"),
+                               helper.make_node("Relu", ["y"], ["z"], name="relu")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+                              [helper.make_tensor("w", TensorProto.FLOAT, [1, 1, 1, 1], [1.0]),
+                               helper.make_tensor("b", TensorProto.FLOAT, [1], [0.0])])
+    table = {"tensor": ["x", "y", "z"], "node": [None, "conv", "relu"], "noise_share": [0.1, 0.7, None],
+             "float_nodes": ["conv", "relu", ""], "consumers": ["conv", "relu", ""]}
+    ranking = noise_ranking(table, helper.make_model(graph))
+    assert [(e["tensor"], e["nodes"], e["weights"]) for e in ranking] == [("y", ["conv", "relu"], ["w"]),
+                                                                          ("x", ["conv"], [])]
+    entries = {e["tensor"]: e for e in ranking}
+    assert options_for(QuantOptions(), {"y": "int16"}, entries).tensor_types == {"y": "QInt16", "w": "QInt16"}
