@@ -8,8 +8,8 @@ precision of `analysis.precisions` first: int16 (onnxruntime's TensorQuantOverri
 (`quant.nodes_to_exclude` of the tensor's nodes) when every tensor in int16 falls short. The top 1, 2, 4, ...
 tensors are promoted together until the target holds, then the fewest top tensors that hold it are found by
 bisection: a model's error is often spread over many tensors, which one tensor a step would take as many steps to
-reach. Then every promotion the target does not need is taken back, the least sensitive first: to int8, else from
-fp32 to int16. Every model is quantised from the job's own ranges (no calibration), measured on the evaluation rows
+reach. Then every promotion the target does not need is taken back, in groups halved where the target stops holding:
+to int8, then fp32 ones to int16. Every model is quantised from the job's own ranges (no calibration), measured on the evaluation rows
 and recorded, kept or not.
 
 What it leaves: the repaired model (`int8_repaired.onnx`) and `repair.json` with `target`, `reached`, `model`,
@@ -124,8 +124,10 @@ def repair(fp32_path: Path, calibration, options: QuantOptions, ranking: Sequenc
     The search, in the cheapest precision first: the top 1, 2, 4, ... tensors of the ranking promoted together
     until the target holds (the error of a model is often spread over many tensors: one at a time would take as
     many steps), then the fewest top tensors that hold it, by bisection; with fp32 allowed and every tensor in int16
-    short of the target, the same over fp32 with the rest in int16. Then each promotion is taken back, the least
-    sensitive first, while the target holds (at most `max_steps` trials): to int8, else from fp32 to int16."""
+    short of the target, the same over fp32 with the rest in int16. Then the promotions are taken back while the
+    target holds, the least sensitive first, in groups halved where the target no longer holds (a few tensors that
+    matter among many that do not are found in a few trials each: single-tensor gains do not add up, and the last
+    tensor a model needs can rank near the bottom), to int8, then fp32 ones to int16; at most `max_steps` trials."""
     entries = {e["tensor"]: e for e in ranking}
     order = [e["tensor"] for e in ranking]
     steps: list[dict] = []
@@ -196,23 +198,31 @@ def repair(fp32_path: Path, calibration, options: QuantOptions, ranking: Sequenc
                 else:
                     low = mid
             break
-        taken_back = []
+        taken_back: list[dict] = []
         if best["ok"]:
-            budget = max_steps
-            for tensor in reversed([t for t in order if t in best["state"]]):
-                if budget <= 0:
-                    break
-                had = best["state"][tensor]
-                for lower in [None] + (["int16"] if had == "fp32" and "int16" in precisions else []):
-                    if budget <= 0:
-                        break
-                    budget -= 1
-                    fewer = {t: p for t, p in best["state"].items() if t != tensor}
-                    if lower is not None:
-                        fewer[tensor] = lower
-                    if trial(fewer, f"{tensor} back to {lower or 'int8'}") and best["state"] == fewer:
-                        taken_back.append({"tensor": tensor, "from": had, "to": lower or "int8"})
-                        break
+            budget = [max_steps]
+
+            def back(group: list[str], to: str | None) -> None:
+                """Take `group` back together (to int8, or `to`); when the target no longer holds, each half."""
+                if not group or budget[0] <= 0:
+                    return
+                budget[0] -= 1
+                had = {t: best["state"][t] for t in group}
+                fewer = {t: p for t, p in best["state"].items() if t not in had}
+                if to is not None:
+                    fewer.update({t: to for t in group})
+                what = f"{group[0]} back to {to or 'int8'}" if len(group) == 1 else \
+                    f"{len(group)} tensors back to {to or 'int8'}"
+                if trial(fewer, what) and best["state"] == fewer:
+                    taken_back.extend({"tensor": t, "from": had[t], "to": to or "int8"} for t in group)
+                    return
+                if len(group) > 1:
+                    back(group[: len(group) // 2], to)
+                    back(group[len(group) // 2 :], to)
+
+            back([t for t in reversed(order) if t in best["state"]], None)  # the least sensitive first
+            if "int16" in precisions:
+                back([t for t in reversed(order) if best["state"].get(t) == "fp32"], "int16")
         with atomic_path(out_path, suffix=".onnx") as written:
             shutil.copyfile(best["model"], written)
     promoted = best["state"]
