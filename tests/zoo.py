@@ -309,9 +309,12 @@ class ZooModel:
 
     def overrides(self, built: Built) -> list[str]:
         """The `python -m calibrun` overrides of this model's default job on the built data."""
-        rows = next(iter(built.arrays("calib").values())).shape[0]
+        feeds, axes, _ = self.calibration_feeds(built)
+        first = next(iter(feeds))
+        rows = feeds[first].shape[axes.get(first, 0)]
+        per_batch = _fixed_batch(session(self.path())) or 16  # calibrun's batch: 16 rows, or the pinned batch
         argv = ["model=file", f"model.path={self.path()}", "data=npy", f"data.path={built.calib}",
-                "eval_data=npy", f"eval_data.path={built.eval}", f"batches={max(1, -(-rows // 16))}"]
+                "eval_data=npy", f"eval_data.path={built.eval}", f"batches={max(1, -(-rows // per_batch))}"]
         for name, axis in self.batch_axes:
             argv.append(f"data.inputs.{name}.batch_axis={axis}")
             argv.append(f"eval_data.inputs.{name}.batch_axis={axis}")
