@@ -6,6 +6,7 @@ calibrun's verdict and best recommendation set against that check. Not a test: i
     python bench/zoo.py --models ocr_cls,orinet  # some
     python bench/zoo.py --json zoo.json          # also the table as JSON
     python bench/zoo.py --held-out               # only the held-out models (docs/zoo.md)
+    python bench/zoo.py --change quant.per_channel=true   # also judge calibrun's job with that change
 
 Per model:
 (a) bare: a child process runs onnxruntime's quantize_static (MinMax, QDQ, QInt8 activations and weights, the
@@ -137,7 +138,7 @@ def _judge(entry, built, int8: Path) -> dict:
         return {"label": "broken", "metric": "-", "value": float("nan"), "error": f"{type(exc).__name__}: {exc}"}
 
 
-def bench(name: str, work_root: Path, rerun: bool = True) -> dict:
+def bench(name: str, work_root: Path, rerun: bool = True, change: str | None = None) -> dict:
     from tests.zoo import ZOO
 
     entry = ZOO[name]
@@ -175,6 +176,13 @@ def bench(name: str, work_root: Path, rerun: bool = True) -> dict:
         model = job / "int8_fallback.onnx" if (job / "int8_fallback.onnx").is_file() else job / "int8.onnx"
         row["after_recommendation"] = (_judge(entry, built, model) if "error" not in usage_r
                                        else {"label": "-", "error": usage_r["error"]})
+    if change and "error" not in usage:  # a change of the caller's, judged the same way (not a recommendation)
+        usage_c, _ = _calibrun([*overrides, *change.split()], work, "job_change")
+        job = work / "job_change"
+        model = job / "int8_fallback.onnx" if (job / "int8_fallback.onnx").is_file() else job / "int8.onnx"
+        row["change"] = change
+        row["after_change"] = (_judge(entry, built, model) if "error" not in usage_c
+                               else {"label": "-", "error": usage_c["error"]})
     if bare["seconds"] and not bare["code"]:
         row["time_ratio"] = round(usage["seconds"] / bare["seconds"], 2)
         row["rss_ratio"] = round(usage["peak_rss_mb"] / bare["peak_rss_mb"], 2)
@@ -200,6 +208,8 @@ def print_table(rows: list[dict]) -> None:
             r["model"], "yes" if r["held_out"] else "no", _cell(r["check"]), _cell(r["bare"]), r["verdict"] or "-",
             rec.get("change", "-") if rec else "-", _cell(r.get("after_recommendation")),
             r.get("time_ratio", "-"), r.get("rss_ratio", "-"))))
+        if r.get("change"):
+            print(f"    {r['model']} with {r['change']}: {_cell(r.get('after_change'))}")
         if r.get("calibrun_error"):
             print(f"    calibrun failed on {r['model']}: {r['calibrun_error']}")
 
@@ -231,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the rows and goals as JSON here")
     parser.add_argument("--work", type=Path, default=None, help="work folder (default: a new temp folder)")
     parser.add_argument("--no-rerun", action="store_true", help="do not re-run calibrun with its recommendation")
+    parser.add_argument("--change", default=None,
+                        help="also re-run calibrun with these overrides (e.g. quant.per_channel=true) and judge it; "
+                             "printed apart, never counted as calibrun's recommendation")
     args = parser.parse_args(argv)
     names = args.models.split(",") if args.models else list(ZOO)
     unknown = [n for n in names if n not in ZOO]
@@ -243,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in names:
         start = time.perf_counter()
-        row = bench(name, work, rerun=not args.no_rerun)
+        row = bench(name, work, rerun=not args.no_rerun, change=args.change)
         rows.append(row)
         log(f"{name}: check {_cell(row['check'])}, bare {_cell(row['bare'])}, verdict {row['verdict'] or '-'}, "
             f"{time.perf_counter() - start:.0f} s; load {loadavg()}")
