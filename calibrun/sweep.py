@@ -33,7 +33,16 @@ from calibrun.config import PATH_KEYS, check_readable, register_resolvers, track
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import full_error, write_json
 from calibrun.progress import SweepProgress
-from calibrun.tracking import PARENT_FILE, Tracker, link_line, open_tracker, resolve_uri, sweep_filter
+from calibrun.tracking import (
+    MAX_RUN_NAME,
+    PARENT_FILE,
+    Tracker,
+    faithful,
+    link_line,
+    open_tracker,
+    resolve_uri,
+    sweep_filter,
+)
 
 log = logging.getLogger("calibrun")
 
@@ -299,11 +308,25 @@ def _earlier_parent(sweep_dir: Path, tracker: Tracker) -> str | None:
 
 
 def sweep_name(config: DictConfig) -> str:
+    """The parent run's name: `sweep `, the swept overrides, then the others (folders left out), each value as a
+    job's run name shows it (`faithful`: a long path is shortened in the middle of what the swept values share).
+    Past MLflow's 250 characters the end is cut (`…`): the swept values come first and stay. The overrides in full
+    are the run's `overrides` param."""
     overrides = _task_overrides(config.hydra.overrides.task)
     params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
-    shown = [o for o in overrides if not o.split("=", 1)[0].endswith((".dir", "cache.dir"))]
-    shown += [f"{k}={v}" for k, v in params.items() if not any(o.startswith(f"{k}=") for o in shown)]
-    return "sweep " + (" ".join(shown) if shown else "(defaults)")
+    lines = [o for o in overrides if not o.split("=", 1)[0].endswith(".dir")]
+    lines += [f"{k}={v}" for k, v in params.items() if not any(o.startswith(f"{k}=") for o in lines)]
+    values = sweep_values(config)
+    swept, fixed = [], []
+    for line in lines:
+        key, _, value = line.partition("=")
+        listed = values.get(key.lstrip("+~"))
+        if listed:
+            swept.append(f"{key}={','.join(faithful(v, listed) for v in listed)}")
+        else:
+            fixed.append(f"{key}={faithful(value)}")
+    name = "sweep " + (" ".join(swept + fixed) if lines else "(defaults)")
+    return name if len(name) <= MAX_RUN_NAME else name[:MAX_RUN_NAME - 1] + "…"
 
 
 def _parent_run(config: DictConfig, tracker: Tracker, sweep_dir: Path, swept: list[str]) -> str:
@@ -446,8 +469,10 @@ class SweepCallback(Callback):
             sys.exit(1)
 
 
-def _metric_part(text: str) -> str:
-    return re.sub(r"[^\w.\- ]", "_", str(text))[:120]
+def _metric_part(text: str, values: list[str] | None = None) -> str:
+    """A key or value as part of a metric key: as a run name shows it (`faithful`), in the characters MLflow
+    allows."""
+    return re.sub(r"[^A-Za-z0-9_.\- ]", "_", faithful(str(text), values))
 
 
 def summarise(tracker: Tracker, parent_id: str, sweep_dir: Path, swept: list[str], counts: dict | None = None,
@@ -483,7 +508,8 @@ def summarise(tracker: Tracker, parent_id: str, sweep_dir: Path, swept: list[str
                 seen = values.get(value)
                 values[value] = child.data.metrics[metric] if seen is None else pick(seen, child.data.metrics[metric])
         per_value[key] = values
-        metrics.update({f"best_{metric}/{_metric_part(key)}:{_metric_part(v)}": e for v, e in values.items()})
+        metrics.update({f"best_{metric}/{_metric_part(key)}:{_metric_part(v, list(values))}": e
+                        for v, e in values.items()})
     from mlflow.entities import Param
 
     params = [Param(k, v) for k, v in common.items() if k not in existing]
