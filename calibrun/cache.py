@@ -26,6 +26,7 @@ from calibrun.errors import CalibrunError
 DEFAULT_DIR = ".calibrun-cache"  # cache.dir (config) and CALIBRUN_CACHE (calibtool) default to it
 KINDS = ("ranges", "models", "digits")
 KEY_CHARS = 32  # hex digits of the sha256 in a key (128 bits)
+WAIT_SECONDS = 1800.0  # cache.wait: how long a process waits for another one calibrating the same key
 
 
 def key_of(record: Mapping) -> str:
@@ -57,3 +58,8 @@ def folders(root: str | Path) -> list[Path]:
 class CacheConf:
     enabled: bool = True
     dir: str = DEFAULT_DIR
+    wait: float = WAIT_SECONDS  # seconds to wait for another process calibrating the same key, then calibrate too
+
+    def __post_init__(self):
+        if not self.wait >= 0:
+            raise CalibrunError(f"config cache.wait: must be a number of seconds >= 0, got {self.wait}")

@@ -189,6 +189,7 @@ class Calibration:
     span: float
     batches: int
     op_types: tuple[str, ...] | None = None  # the op types calibration was restricted to (None: all)
+    waited: float = 0.0  # seconds spent waiting for another process calibrating the same key (CalibrationCache.claim)
 
 
 def cache_record(model_sha256: str, data_identity: dict, input_name: str, spec: CalibrationSpec) -> dict:
@@ -204,11 +205,44 @@ def cache_record(model_sha256: str, data_identity: dict, input_name: str, spec: 
 
 class CalibrationCache:
     """The cache's `ranges` folder (calibrun.cache): `<key>.json` (onnxruntime's cache format plus a `calibrun`
-    record) and `<key>.key.json`, under the cache root `root`."""
+    record) and `<key>.key.json`, under the cache root `root`; `<key>.lock` while a process calibrates that key.
 
-    def __init__(self, root: str | Path):
+    `wait`: seconds a process waits for another one calibrating the same key (`claim`) before it calibrates
+    itself."""
+
+    def __init__(self, root: str | Path, wait: float = cache_store.WAIT_SECONDS):
         self.root = Path(root)
         self.folder = cache_store.folder(root, "ranges")
+        self.wait = wait
+
+    @contextlib.contextmanager
+    def claim(self, key: str) -> Iterator[float]:
+        """Hold `<key>.lock` (filelock: an OS lock, released when its process ends, however it ends) for the
+        block: a second process that misses the same key waits here for the first one's ranges and then finds
+        them in the cache, instead of calibrating them again. Yields the seconds waited. A lock not had within
+        `wait` seconds (a process hung while it calibrates), or a folder that cannot be locked, is a warning, and
+        the block runs without the lock: at worst the key is calibrated twice, never a deadlock."""
+        from filelock import FileLock, Timeout
+
+        cache_store.folder(self.root, "ranges", create=True)
+        lock = FileLock(self.folder / f"{key}.lock")
+        start = time.perf_counter()
+        try:
+            lock.acquire(timeout=self.wait)
+        except Timeout:
+            log.warning("calibration cache: another process has been calibrating %s for %.0f s (%s); calibrating "
+                        "here too", key, self.wait, lock.lock_file)
+            yield time.perf_counter() - start
+            return
+        except OSError as exc:
+            log.warning("calibration cache: cannot lock %s (%s); calibrating without the lock", lock.lock_file,
+                        exc.strerror or exc)
+            yield time.perf_counter() - start
+            return
+        try:
+            yield time.perf_counter() - start
+        finally:
+            lock.release()
 
     def path(self, key: str) -> Path:
         return self.folder / f"{key}.json"
@@ -532,22 +566,26 @@ def calibrated(
     record = cache_record(model_sha256, data.identity(), input_name, spec)
     key = key_of(record)
     start = time.perf_counter()
-    if cache is not None:
-        span = cache.load(key, record, spec.method)
-        if span is not None:
-            yield Calibration(cache.path(key), spec.method, key, True, time.perf_counter() - start, span,
-                              len(data), spec.op_types or None)
-            return
-    tensors, span = run_calibration(model_path, data, input_name, spec, threads, budget, used)
-    if cache is not None:
-        path = cache.store(key, record, tensors, span)
-        yield Calibration(path, spec.method, key, False, time.perf_counter() - start, span, len(data),
-                          spec.op_types or None)
+    if cache is None:
+        tensors, span = run_calibration(model_path, data, input_name, spec, threads, budget, used)
+        with temp_dir("ranges") as tmp:
+            path = write_ranges(Path(tmp) / f"{key}.json", tensors, record, span)
+            yield Calibration(path, spec.method, key, False, time.perf_counter() - start, span, len(data),
+                              spec.op_types or None)
         return
-    with temp_dir("ranges") as tmp:
-        path = write_ranges(Path(tmp) / f"{key}.json", tensors, record, span)
-        yield Calibration(path, spec.method, key, False, time.perf_counter() - start, span, len(data),
-                          spec.op_types or None)
+    span = cache.load(key, record, spec.method)
+    waited = 0.0
+    if span is None:
+        with cache.claim(key) as waited:  # another process calibrating this key: its ranges, once they are there
+            span = cache.load(key, record, spec.method)
+            if span is None:
+                tensors, span = run_calibration(model_path, data, input_name, spec, threads, budget, used)
+                cache.store(key, record, tensors, span)
+                yield Calibration(cache.path(key), spec.method, key, False, time.perf_counter() - start, span,
+                                  len(data), spec.op_types or None, waited)
+                return
+    yield Calibration(cache.path(key), spec.method, key, True, time.perf_counter() - start, span, len(data),
+                      spec.op_types or None, waited)
 
 
 def cache_from_env() -> CalibrationCache | None:
