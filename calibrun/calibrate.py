@@ -247,6 +247,15 @@ class CalibrationCache:
     def path(self, key: str) -> Path:
         return self.folder / f"{key}.json"
 
+    def stamp(self, key: str) -> tuple[int, int, int] | None:
+        """Which file `<key>.json` is now (inode, size, mtime; None when there is none): every write renames a new
+        file into place, so a changed stamp means another process wrote it."""
+        try:
+            st = self.path(key).stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
     def load(self, key: str, record: dict, method: str) -> float | None:
         """The cached span if `<key>.json` is present and valid; None on a miss. Bad files warn and miss."""
         path = self.path(key)
@@ -573,11 +582,13 @@ def calibrated(
             yield Calibration(path, spec.method, key, False, time.perf_counter() - start, span, len(data),
                               spec.op_types or None)
         return
+    seen = cache.stamp(key)
     span = cache.load(key, record, spec.method)
     waited = 0.0
     if span is None:
         with cache.claim(key) as waited:  # another process calibrating this key: its ranges, once they are there
-            span = cache.load(key, record, spec.method)
+            if cache.stamp(key) != seen:  # written (renamed into place) since: read again
+                span = cache.load(key, record, spec.method)
             if span is None:
                 tensors, span = run_calibration(model_path, data, input_name, spec, threads, budget, used)
                 cache.store(key, record, tensors, span)

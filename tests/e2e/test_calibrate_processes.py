@@ -114,7 +114,7 @@ def test_two_processes_filling_one_key_leave_one_valid_file(tmp_path, fp32, lab_
     assert [o["hit"] for o in outputs] == [False, False]  # both really calibrated and stored
     key = outputs[0]["key"]
     assert outputs[1]["key"] == key
-    assert cache_entries(cache_dir / "ranges") == sorted([f"{key}.json", f"{key}.key.json"])  # no temp files left
+    assert cache_entries(cache_dir / "ranges") == sorted([f"{key}.json", f"{key}.key.json", f"{key}.lock"])  # no temp files
     cache = CalibrationCache(cache_dir)
     record = json.loads(cache.path(key).read_text())["calibrun"]["record"]
     expected = lab_span(lab_model, SEED, FACTOR, 16)
