@@ -289,7 +289,8 @@ def test_second_call_is_a_hit_with_identical_results(tmp_path, fp32, spy):
     assert miss["cache_hit"] is False
     assert spy.calibrators == 2  # the spy is wired: both runs above calibrated
     assert spy.sessions >= 2
-    assert cache_entries(cache.folder) == sorted([f"{miss['cache_key']}{suffix}" for suffix in (".json", ".key.json", ".lock")])
+    key = miss["cache_key"]
+    assert cache_entries(cache.folder) == sorted([f"{key}.json", f"{key}.key.json", f"{key}.lock"])
 
     spy.forbid()
     hit = quantize_lab(fp32, tmp_path / "hit.onnx", SEED, FACTOR, BATCHES, cache=cache)
