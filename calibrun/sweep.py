@@ -33,6 +33,7 @@ from calibrun.config import PATH_KEYS, check_readable, register_resolvers, track
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import full_error, write_json
 from calibrun.progress import SweepProgress
+from calibrun.sweep_order import spread
 from calibrun.tracking import (
     MAX_RUN_NAME,
     PARENT_FILE,
@@ -393,6 +394,7 @@ class SweepCallback(Callback):
                   f"hydra.sweep.dir")
         interrupts.install_signal_handlers()
         patches.compose_each_job_once()
+        patches.order_jobs(spread)  # jobs sharing a calibration apart: parallel workers calibrate different keys
         sys.excepthook = _excepthook  # an interrupt that reaches the top closes the parent run, in one line
         atexit.unregister(_close_if_open)
         atexit.register(_close_if_open)  # any other way out before the end callback closes it FAILED
