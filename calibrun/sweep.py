@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -107,6 +108,22 @@ def sweep_total(config: DictConfig) -> int | None:
     except Exception:  # Hydra reports a bad override itself
         return None
     return sum(len(batch) for batch in batches)
+
+
+# launcher class -> the commands it runs on this machine (submitit's SLURM executor refuses to start without srun,
+# and submits with sbatch)
+LAUNCHER_COMMANDS = {"SlurmLauncher": ("srun", "sbatch")}
+
+
+def check_launcher(config: DictConfig) -> None:
+    """The commands the sweep's launcher needs are here, before any job and any MLflow run: a SLURM sweep started
+    where there is no SLURM stops with one line instead of submitit's traceback after the parent run opened."""
+    target = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
+    missing = [c for c in LAUNCHER_COMMANDS.get(target.rsplit(".", 1)[-1], ()) if shutil.which(c) is None]
+    if missing:
+        choice = OmegaConf.select(config, "hydra.runtime.choices", default={}).get("hydra/launcher", target)
+        raise CalibrunError(f"hydra/launcher={choice}: {' and '.join(missing)} not found on PATH: run the sweep on a "
+                            "SLURM login node, or use +cluster=submitit_local to run its jobs on this machine")
 
 
 def check_swept_paths(config: DictConfig) -> None:
@@ -404,6 +421,7 @@ class SweepCallback(Callback):
             # the settings every job shares, and every path the sweep names: a wrong one stops it before any job
             validate(config, swept)
             check_swept_paths(config)
+            check_launcher(config)
             tracker = _tracker(config, check=True)  # the store opened for real, once: a bad one stops here
             if tracker is None:
                 return
