@@ -158,7 +158,8 @@ def run_setting(label: str, threads: int, launcher: list[str], sweep: list[str],
     cache = [f"cache.dir={folder / 'cache'}"] if trained else ["cache=off"]
     cmd = [sys.executable, "-m", "calibrun", "-m", "model=file", f"model.path={model}", *cache, *sweep,
            f"ort.intra_op_threads={threads}", *launcher, f"hydra.sweep.dir={folder / 'sweep'}"]
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{db}", "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{db}", "RAY_USAGE_STATS_ENABLED": "0",
+           "HOME": str(folder)}  # Ray 2.60's local ray.init writes ~/.ray/auth_token: not into the user's home
     idle = wait_for_idle(wait_idle) if wait_idle else None
     load = loadavg()
     idle_note = "" if idle is None else f", idle {idle:.0%}"

@@ -234,14 +234,16 @@ def test_slurm_preset_without_slurm_is_one_line_and_records_nothing(tmp_path):
 
 # --------------------------------------------------------------------------------------------- Ray, for real
 
-# Runs as PID 1 of its own PID namespace: every process it starts ends with it. The head starts in another
-# folder and without the driver's MLFLOW_TRACKING_URI, as on a real cluster where the workers share neither.
+# Runs as PID 1 of its own PID namespace: every process it starts ends with it. The head is docs/scaling.md's
+# local recipe (the node and every port on 127.0.0.1, no dashboard); the namespace holds only loopback, so that a
+# port the recipe failed to keep there shows up as 0.0.0.0 in `ss` without reaching any network. The head starts in
+# another folder and without the driver's MLFLOW_TRACKING_URI, as on a real cluster where the workers share neither.
 RAY_SCRIPT = r"""
 set -u
 "$IP" link set lo up
 ray="$1"; shift
 (cd "$RAY_TMP" && env -u MLFLOW_TRACKING_URI "$ray" start --head --node-ip-address=127.0.0.1 --port=6379 \
-    --num-cpus=2 --include-dashboard=false --disable-usage-stats --temp-dir="$RAY_TMP" > "$LOGS/head.log" 2>&1) \
+    --include-dashboard=false --num-cpus=2 --disable-usage-stats --temp-dir="$RAY_TMP" > "$LOGS/head.log" 2>&1) \
     || exit 90
 "$@" > "$LOGS/sweep.out" 2> "$LOGS/sweep.err"
 rc=$?
@@ -285,7 +287,12 @@ def ray_sweep(tmp_path_factory):
     # Ray's socket paths must stay short (AF_UNIX): its temp dir goes straight under /tmp
     ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "RAY_ADDRESS"}}
-    env.update({"RAY_USAGE_STATS_ENABLED": "0", "RAY_TMP": ray_tmp, "LOGS": str(logs), "IP": TOOLS["ip"],
+    # HOME of its own: Ray 2.60 keeps a token in ~/.ray/auth_token (any local ray.init writes one), and a head
+    # started while one is there turns token authentication on, which the driver is then refused by
+    home = tmp / "home"
+    home.mkdir()
+    env.update({"HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMP": ray_tmp, "LOGS": str(logs),
+                "IP": TOOLS["ip"],
                 "SS": TOOLS["ss"], "MLFLOW_TRACKING_URI": f"sqlite:///{store}"})  # the driver's only: see RAY_SCRIPT
     sweep = [sys.executable, "-m", "calibrun", "-m", "+cluster=ray", "calibration=" + ",".join(CALIBRATIONS),
              "hydra.launcher.ray.init.address=127.0.0.1:6379", "tracking=local"]
