@@ -584,18 +584,17 @@ def calibrated(
         return
     seen = cache.stamp(key)
     span = cache.load(key, record, spec.method)
-    waited = 0.0
-    if span is None:
+    hit, waited = span is not None, 0.0
+    if not hit:
         with cache.claim(key) as waited:  # another process calibrating this key: its ranges, once they are there
             if cache.stamp(key) != seen:  # written (renamed into place) since: read again
                 span = cache.load(key, record, spec.method)
-            if span is None:
+            hit = span is not None
+            if not hit:
                 tensors, span = run_calibration(model_path, data, input_name, spec, threads, budget, used)
                 cache.store(key, record, tensors, span)
-                yield Calibration(cache.path(key), spec.method, key, False, time.perf_counter() - start, span,
-                                  len(data), spec.op_types or None, waited)
-                return
-    yield Calibration(cache.path(key), spec.method, key, True, time.perf_counter() - start, span, len(data),
+    # the key's lock is released here: a job waiting for these ranges does not wait for this one's quantisation
+    yield Calibration(cache.path(key), spec.method, key, hit, time.perf_counter() - start, span, len(data),
                       spec.op_types or None, waited)
 
 

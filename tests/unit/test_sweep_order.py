@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import itertools
 
 import pytest
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from calibrun import patches
@@ -41,6 +41,8 @@ def test_which_keys_are_outside_the_calibrations_key(override, outside):
 
 
 def test_hydras_basic_sweeper_launches_the_spread_order_in_batches(monkeypatch):
+    # the module as it is now: Hydra's plugin discovery imports its core plugins again (a new class object)
+    BasicSweeper = importlib.import_module("hydra._internal.core_plugins.basic_sweeper").BasicSweeper  # noqa: N806
     monkeypatch.setattr(BasicSweeper, "split_arguments", BasicSweeper.split_arguments)  # restored afterwards
     monkeypatch.setenv("CALIBRUN_PATCHES", "on")
     overrides = OverridesParser.create().parse_overrides(["method=minmax,entropy", "format=qdq,qoperator",
