@@ -326,25 +326,28 @@ def _earlier_parent(sweep_dir: Path, tracker: Tracker) -> str | None:
 
 
 def sweep_name(config: DictConfig) -> str:
-    """The parent run's name: `sweep `, the swept overrides, then the others (folders left out), each value as a
-    job's run name shows it (`faithful`: a long path is shortened in the middle of what the swept values share).
-    Past MLflow's 250 characters the end is cut (`…`): the swept values come first and stay. The overrides in full
+    """The parent run's name: `sweep ` and the overrides (folders left out), then a preset's swept params, each
+    value as a job's run name shows it (`faithful`: a long path is shortened in the middle of what the swept values
+    share). Past MLflow's 250 characters the swept ones come first and the end is cut (`…`). The overrides in full
     are the run's `overrides` param."""
     overrides = _task_overrides(config.hydra.overrides.task)
     params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
     lines = [o for o in overrides if not o.split("=", 1)[0].endswith(".dir")]
     lines += [f"{k}={v}" for k, v in params.items() if not any(o.startswith(f"{k}=") for o in lines)]
+    if not lines:
+        return "sweep (defaults)"
     values = sweep_values(config)
-    swept, fixed = [], []
+    shown = []
     for line in lines:
         key, _, value = line.partition("=")
         listed = values.get(key.lstrip("+~"))
-        if listed:
-            swept.append(f"{key}={','.join(faithful(v, listed) for v in listed)}")
-        else:
-            fixed.append(f"{key}={faithful(value)}")
-    name = "sweep " + (" ".join(swept + fixed) if lines else "(defaults)")
-    return name if len(name) <= MAX_RUN_NAME else name[:MAX_RUN_NAME - 1] + "…"
+        value = ",".join(faithful(v, listed) for v in listed) if listed else faithful(value)
+        shown.append((bool(listed), f"{key}={value}"))
+    name = "sweep " + " ".join(text for _, text in shown)
+    if len(name) <= MAX_RUN_NAME:
+        return name
+    name = "sweep " + " ".join(text for _, text in sorted(shown, key=lambda item: not item[0]))
+    return name[:MAX_RUN_NAME - 1] + "…"
 
 
 def _parent_run(config: DictConfig, tracker: Tracker, sweep_dir: Path, swept: list[str]) -> str:

@@ -130,3 +130,14 @@ def test_the_parent_runs_best_value_metrics_of_long_paths_stay_apart():
     for key in keys:
         assert len(key) <= 250
         assert set(key) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-. /:"), key
+
+
+def test_the_parent_runs_name_keeps_the_command_lines_order_and_puts_the_swept_first_only_when_cut():
+    from calibrun.sweep import sweep_name
+
+    assert sweep_name(_sweep_config("batches=8", "method=minmax,entropy")) == "sweep batches=8 method=minmax,entropy"
+    fixed = [f"quant.option_{i}=value_{i}_" + "z" * 50 for i in range(6)]  # each shown in 60 characters
+    name = sweep_name(_sweep_config(*fixed, "method=minmax,entropy"))
+    assert len(name) == 250
+    assert name.startswith("sweep method=minmax,entropy quant.option_0=")
+    assert name.endswith("…")
