@@ -4,6 +4,14 @@
     .venv/bin/python bench/parallel.py              # 12 jobs per setting, about 1 minute on 2 idle cores
     .venv/bin/python bench/parallel.py --rounds 3 --wait-idle 0.85   # the figures reported: 3 rounds, quiet CPU
     .venv/bin/python bench/parallel.py --batches 8 --formats qdq --eval-rows 32   # 3 jobs: a quick smoke run
+    .venv/bin/python bench/parallel.py --trained --rounds 2   # the cache across workers: YOLOv8n, joblib and Ray
+
+`--trained`: the sweep a user scales out, `method=minmax,percentile,entropy format=qdq,qoperator` (6 jobs, 3
+distinct calibrations) on NudeNet's YOLOv8n (tests/trained.py, 320x320) with 12 of scikit-image's photos, the
+calibration cache ON and shared: 1 worker (basic launcher) against 2 joblib workers and 2 Ray workers (a local Ray
+on loopback, 2 CPUs), one onnxruntime thread per job. Each setting's calibrations are counted from the jobs'
+result.json (`cache_hit` 0) and must be exactly 3 (exit 1 otherwise); the seconds jobs waited for another's
+calibration are summed. Goals: joblib / 1 and ray / 1 >= 1.7 on 2 cores.
 
 The same sweep (`model=file` on a small conv net, `cache=off` so that every job really calibrates,
 calibration=narrow,match,wide x batches x format) runs three times, back to back, each as its own
@@ -58,6 +66,38 @@ SETTINGS = (  # label, workers, threads, launcher overrides
     ("2x1", 2, 1, ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]),
 )
 GOALS = {"2x1 / 1x1": 1.6, "2x1 / 1x2": 1.0}
+TRAINED_SETTINGS = (  # label, workers, threads, launcher overrides
+    ("1", 1, 1, []),
+    ("joblib2", 2, 1, ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]),
+    ("ray2", 2, 1, ["hydra/launcher=ray", "+hydra.launcher.ray.init.num_cpus=2",
+                    "+hydra.launcher.ray.init._node_ip_address=127.0.0.1",
+                    "+hydra.launcher.ray.init.include_dashboard=false", "+hydra.launcher.ray.remote.num_cpus=1"]),
+)
+TRAINED_GOALS = {"joblib2 / 1": 1.7, "ray2 / 1": 1.7}
+TRAINED_CALIBRATIONS = 3
+
+
+def trained_sweep(work: Path) -> tuple[Path, list[str]]:
+    """NudeNet's YOLOv8n and the overrides of the 6-job sweep (images as its package feeds them)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.trained import PHOTOS, TEXT_PHOTOS, model_path, photo_folder
+
+    photos = photo_folder(work / "photos", PHOTOS + TEXT_PHOTOS)
+    rows = len(list(photos.iterdir()))
+    sweep = ["method=minmax,percentile,entropy", "format=qdq,qoperator", f"batches={rows}", f"eval.rows={rows}"]
+    for key in ("data", "eval_data"):  # 320x320 RGB, /255, letterboxed and padded with 0
+        sweep += [f"{key}=images", f"{key}.path={photos}", f"{key}.crop=320", f"{key}.letterbox=true",
+                  f"{key}.pad_value=0", f"{key}.mean=[0,0,0]", f"{key}.std=[1,1,1]"]
+    return model_path("nudenet"), sweep
+
+
+def calibrations(sweep_dir: Path) -> tuple[int, float]:
+    """(jobs that calibrated, seconds jobs waited for another's calibration) from the jobs' result.json."""
+    import json
+
+    metrics = [json.loads(p.read_text())["metrics"] for p in sweep_dir.glob("*/result.json")]
+    return (sum(1 for m in metrics if not m.get("cache_hit")),
+            sum(m.get("calibration_wait_seconds", 0.0) for m in metrics))
 
 
 def build_convnet(seed: int = 0) -> onnx.ModelProto:
@@ -111,13 +151,15 @@ def child_runs(db: Path) -> tuple[int, list[tuple[int, int]]]:
 
 
 def run_setting(label: str, threads: int, launcher: list[str], sweep: list[str], model: Path, work: Path,
-                round_: int, wait_idle: float) -> dict:
+                round_: int, wait_idle: float, trained: bool = False) -> dict:
     folder = work / f"{label}-r{round_}"
     folder.mkdir()
     db = folder / "mlflow.db"
-    cmd = [sys.executable, "-m", "calibrun", "-m", "model=file", f"model.path={model}", "cache=off", *sweep,
+    cache = [f"cache.dir={folder / 'cache'}"] if trained else ["cache=off"]
+    cmd = [sys.executable, "-m", "calibrun", "-m", "model=file", f"model.path={model}", *cache, *sweep,
            f"ort.intra_op_threads={threads}", *launcher, f"hydra.sweep.dir={folder / 'sweep'}"]
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{db}"}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{db}", "RAY_USAGE_STATS_ENABLED": "0",
+           "HOME": str(folder)}  # Ray 2.60's local ray.init writes ~/.ray/auth_token: not into the user's home
     idle = wait_for_idle(wait_idle) if wait_idle else None
     load = loadavg()
     idle_note = "" if idle is None else f", idle {idle:.0%}"
@@ -139,10 +181,14 @@ def run_setting(label: str, threads: int, launcher: list[str], sweep: list[str],
     except RuntimeError as exc:
         raise RuntimeError(f"{label}: {exc}\n{proc.stderr[-3000:]}") from exc
     window = (max(end for _, end in children) - min(start for start, _ in children)) / 1000
+    calibrated, waited = calibrations(folder / "sweep")
     per_job = sum(end - start for start, end in children) / len(children) / 1000
+    print(f"[{label} round {round_}] {len(children)} jobs in a {window:.2f} s window, wall {wall:.2f} s, "
+          f"{calibrated} calibrations, {waited:.1f} s waited", file=sys.stderr, flush=True)
     return {"label": label, "round": round_, "load": load, "parents": parents, "jobs": len(children),
             "window": window, "wall": wall, "per_job": per_job, "jobs_per_s": len(children) / window,
-            "wall_jobs_per_s": len(children) / wall, "others": others, "cpu": mine}
+            "wall_jobs_per_s": len(children) / wall, "others": others, "cpu": mine, "calibrated": calibrated,
+            "waited": waited}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,39 +201,47 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wait-idle", type=float, default=0.0, metavar="SHARE",
                         help="before each setting, wait (up to 10 min) until the machine is this idle, e.g. 0.9")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (sweeps and MLflow stores)")
+    parser.add_argument("--trained", action="store_true",
+                        help="YOLOv8n, method x format, the cache shared: 1 worker vs 2 joblib vs 2 Ray workers")
     args = parser.parse_args(argv)
-    sweep = [f"calibration={args.calibrations}", f"batches={args.batches}", f"format={args.formats}",
-             f"eval.rows={args.eval_rows}"]
-    expected = len(args.calibrations.split(",")) * len(args.batches.split(",")) * len(args.formats.split(","))
-    model = cached_convnet()
+    work = Path(tempfile.mkdtemp(prefix="calibrun-bench-parallel."))
+    settings, goals = (TRAINED_SETTINGS, TRAINED_GOALS) if args.trained else (SETTINGS, GOALS)
+    if args.trained:
+        model, sweep = trained_sweep(work)
+        expected = 6
+    else:
+        sweep = [f"calibration={args.calibrations}", f"batches={args.batches}", f"format={args.formats}",
+                 f"eval.rows={args.eval_rows}"]
+        expected = len(args.calibrations.split(",")) * len(args.batches.split(",")) * len(args.formats.split(","))
+        model = cached_convnet()
     print(f"model {model}; {expected} jobs per setting; {os.cpu_count()} cores", file=sys.stderr)
 
-    work = Path(tempfile.mkdtemp(prefix="calibrun-bench-parallel."))
     try:
-        results = [run_setting(label, threads, launcher, sweep, model, work, round_, args.wait_idle)
-                   for round_ in range(1, args.rounds + 1) for label, _, threads, launcher in SETTINGS]
+        results = [run_setting(label, threads, launcher, sweep, model, work, round_, args.wait_idle, args.trained)
+                   for round_ in range(1, args.rounds + 1) for label, _, threads, launcher in settings]
     finally:
         if args.keep:
             print(f"kept {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
 
-    print(f"\n{expected} jobs per setting ({' '.join(sweep)}, cache=off); jobs/s over the jobs window "
+    print(f"\n{expected} jobs per setting ({' '.join(sweep)}, {'cache shared' if args.trained else 'cache=off'}); "
+          "jobs/s over the jobs window "
           "(first MLflow child run start -> last end), whole-process wall beside it\n")
     print(f"{'setting':<8}{'round':>6}  {'loadavg before':<17}{'runs':>6}{'window s':>10}{'jobs/s':>9}{'s/job':>8}"
-          f"{'wall s':>9}{'wall jobs/s':>13}{'cpu s':>8}{'others':>8}")
+          f"{'wall s':>9}{'wall jobs/s':>13}{'cpu s':>8}{'others':>8}{'calib':>7}{'wait s':>8}")
     for r in results:
         print(f"{r['label']:<8}{r['round']:>6}  {r['load']:<17}{r['jobs']:>6}{r['window']:>10.2f}"
               f"{r['jobs_per_s']:>9.3f}{r['per_job']:>8.2f}{r['wall']:>9.2f}{r['wall_jobs_per_s']:>13.3f}"
-              f"{r['cpu']:>8.1f}{r['others']:>8.0%}")
+              f"{r['cpu']:>8.1f}{r['others']:>8.0%}{r['calibrated']:>7}{r['waited']:>8.1f}")
     by = {label: max((r for r in results if r["label"] == label), key=lambda r: r["jobs_per_s"])
-          for label, *_ in SETTINGS}
+          for label, *_ in settings}
     print()
     if args.rounds > 1:
         print("best round per setting: " + ", ".join(f"{k} round {v['round']} {v['jobs_per_s']:.3f} jobs/s"
                                                     for k, v in by.items()))
     ok = True
-    for name, goal in GOALS.items():
+    for name, goal in goals.items():
         top, bottom = (s.strip() for s in name.split("/"))
         ratio = by[top]["jobs_per_s"] / by[bottom]["jobs_per_s"]
         wall_ratio = by[top]["wall_jobs_per_s"] / by[bottom]["wall_jobs_per_s"]
@@ -201,6 +255,13 @@ def main(argv: list[str] | None = None) -> int:
         ok = False
     else:
         print(f"run counts match: 1 parent + {expected} FINISHED children in each setting")
+    if args.trained:
+        counts = [r["calibrated"] for r in results]
+        if set(counts) != {TRAINED_CALIBRATIONS}:
+            print(f"calibrations differ: {counts} (expected {TRAINED_CALIBRATIONS} in each setting)")
+            ok = False
+        else:
+            print(f"calibrations: {TRAINED_CALIBRATIONS} in each setting")
     return 0 if ok else 1
 
 

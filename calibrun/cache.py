@@ -26,6 +26,8 @@ from calibrun.errors import CalibrunError
 DEFAULT_DIR = ".calibrun-cache"  # cache.dir (config) and CALIBRUN_CACHE (calibtool) default to it
 KINDS = ("ranges", "models", "digits")
 KEY_CHARS = 32  # hex digits of the sha256 in a key (128 bits)
+WAIT_SECONDS = 1800.0  # cache.wait: how long a process waits for another one calibrating the same key
+MAX_WAIT = 86_400.0  # cache.wait's bound (a day): a wait must end
 
 
 def key_of(record: Mapping) -> str:
@@ -57,3 +59,4 @@ def folders(root: str | Path) -> list[Path]:
 class CacheConf:
     enabled: bool = True
     dir: str = DEFAULT_DIR
+    wait: float = WAIT_SECONDS  # seconds to wait for another process calibrating the same key, then calibrate too

@@ -190,6 +190,7 @@ class Calibration:
     span: float
     batches: int
     op_types: tuple[str, ...] | None = None  # the op types calibration was restricted to (None: all)
+    waited: float = 0.0  # seconds spent waiting for another process calibrating the same key (CalibrationCache.claim)
 
 
 def cache_record(model_sha256: str, data_identity: dict, input_name: str, spec: CalibrationSpec) -> dict:
@@ -205,14 +206,56 @@ def cache_record(model_sha256: str, data_identity: dict, input_name: str, spec: 
 
 class CalibrationCache:
     """The cache's `ranges` folder (calibrun.cache): `<key>.json` (onnxruntime's cache format plus a `calibrun`
-    record) and `<key>.key.json`, under the cache root `root`."""
+    record) and `<key>.key.json`, under the cache root `root`; `<key>.lock` while a process calibrates that key.
 
-    def __init__(self, root: str | Path):
+    `wait`: seconds a process waits for another one calibrating the same key (`claim`) before it calibrates
+    itself."""
+
+    def __init__(self, root: str | Path, wait: float = cache_store.WAIT_SECONDS):
         self.root = Path(root)
         self.folder = cache_store.folder(root, "ranges")
+        self.wait = wait
+
+    @contextlib.contextmanager
+    def claim(self, key: str) -> Iterator[float]:
+        """Hold `<key>.lock` (filelock: an OS lock, released when its process ends, however it ends) for the
+        block: a second process that misses the same key waits here for the first one's ranges and then finds
+        them in the cache, instead of calibrating them again. Yields the seconds waited. A lock not had within
+        `wait` seconds (a process hung while it calibrates), or a folder that cannot be locked, is a warning, and
+        the block runs without the lock: at worst the key is calibrated twice, never a deadlock."""
+        from filelock import FileLock, Timeout
+
+        cache_store.folder(self.root, "ranges", create=True)
+        lock = FileLock(self.folder / f"{key}.lock")
+        start = time.perf_counter()
+        try:
+            lock.acquire(timeout=self.wait)
+        except Timeout:
+            log.warning("calibration cache: another process has been calibrating %s for %.0f s (%s); calibrating "
+                        "here too", key, self.wait, lock.lock_file)
+            yield time.perf_counter() - start
+            return
+        except OSError as exc:
+            log.warning("calibration cache: cannot lock %s (%s); calibrating without the lock", lock.lock_file,
+                        exc.strerror or exc)
+            yield time.perf_counter() - start
+            return
+        try:
+            yield time.perf_counter() - start
+        finally:
+            lock.release()
 
     def path(self, key: str) -> Path:
         return self.folder / f"{key}.json"
+
+    def stamp(self, key: str) -> tuple[int, int, int] | None:
+        """Which file `<key>.json` is now (inode, size, mtime; None when there is none): every write renames a new
+        file into place, so a changed stamp means another process wrote it."""
+        try:
+            st = self.path(key).stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns
 
     def load(self, key: str, record: dict, method: str) -> float | None:
         """The cached span if `<key>.json` is present and valid; None on a miss. Bad files warn and miss."""
@@ -534,22 +577,27 @@ def calibrated(
     record = cache_record(model_sha256, data.identity(), input_name, spec)
     key = key_of(record)
     start = time.perf_counter()
-    if cache is not None:
-        span = cache.load(key, record, spec.method)
-        if span is not None:
-            yield Calibration(cache.path(key), spec.method, key, True, time.perf_counter() - start, span,
-                              len(data), spec.op_types or None)
-            return
-    tensors, span = run_calibration(model_path, data, input_name, spec, threads, budget, used)
-    if cache is not None:
-        path = cache.store(key, record, tensors, span)
-        yield Calibration(path, spec.method, key, False, time.perf_counter() - start, span, len(data),
-                          spec.op_types or None)
+    if cache is None:
+        tensors, span = run_calibration(model_path, data, input_name, spec, threads, budget, used)
+        with temp_dir("ranges") as tmp:
+            path = write_ranges(Path(tmp) / f"{key}.json", tensors, record, span)
+            yield Calibration(path, spec.method, key, False, time.perf_counter() - start, span, len(data),
+                              spec.op_types or None)
         return
-    with temp_dir("ranges") as tmp:
-        path = write_ranges(Path(tmp) / f"{key}.json", tensors, record, span)
-        yield Calibration(path, spec.method, key, False, time.perf_counter() - start, span, len(data),
-                          spec.op_types or None)
+    seen = cache.stamp(key)
+    span = cache.load(key, record, spec.method)
+    hit, waited = span is not None, 0.0
+    if not hit:
+        with cache.claim(key) as waited:  # another process calibrating this key: its ranges, once they are there
+            if cache.stamp(key) != seen:  # written (renamed into place) since: read again
+                span = cache.load(key, record, spec.method)
+            hit = span is not None
+            if not hit:
+                tensors, span = run_calibration(model_path, data, input_name, spec, threads, budget, used)
+                cache.store(key, record, tensors, span)
+    # the key's lock is released here: a job waiting for these ranges does not wait for this one's quantisation
+    yield Calibration(cache.path(key), spec.method, key, hit, time.perf_counter() - start, span, len(data),
+                      spec.op_types or None, waited)
 
 
 def cache_from_env() -> CalibrationCache | None:

@@ -29,7 +29,7 @@ from calibrun.analysis import validate as validate_analysis
 from calibrun.analysis.recommend import RecommendConf
 from calibrun.analysis.recommend import validate as validate_recommend
 from calibrun.bounds import MAX_BATCHES, MAX_FACTOR, MAX_ROWS, MAX_SEED, MIN_FACTOR
-from calibrun.cache import CacheConf
+from calibrun.cache import MAX_WAIT, CacheConf
 from calibrun.calibrate import METHODS, CalibrationSpec
 from calibrun.data import SOURCES
 from calibrun.data.images import ImageTransform, TransformError
@@ -292,6 +292,8 @@ def validate(cfg: DictConfig, swept: Iterable[str] = (), sweep_job: bool = False
         seed = OmegaConf.select(cfg, key)
         need(0 <= seed <= MAX_SEED, key, f"must be in 0..{MAX_SEED} (2**32 - 1)", seed)
     need(1 <= cfg.eval.rows <= MAX_ROWS, "eval.rows", f"must be in 1..{MAX_ROWS}", cfg.eval.rows)
+    need(math.isfinite(cfg.cache.wait) and 0 <= cfg.cache.wait <= MAX_WAIT, "cache.wait",
+         f"must be a number of seconds in 0..{MAX_WAIT:g}", cfg.cache.wait)
     if cfg.eval.batch_size is not None:
         need(1 <= cfg.eval.batch_size <= MAX_ROWS, "eval.batch_size", f"must be in 1..{MAX_ROWS}", cfg.eval.batch_size)
     if cfg.diagnostics.rows is not None:

@@ -40,7 +40,7 @@ log = logging.getLogger("calibrun")
 TASK_KEYS = ("top1_agreement", "fp32_accuracy", "int8_accuracy")
 METRIC_KEYS = ("span", "input_scale", "input_zero_point", "observed_span", "max_abs_error", "mean_abs_error",
                "max_abs_output", "calibration_seconds", "quantization_seconds", "model_bytes", "cache_hit",
-               "quantize_nodes", "dequantize_nodes")
+               "calibration_wait_seconds", "quantize_nodes", "dequantize_nodes")
 
 
 def job_identity(cfg: DictConfig) -> dict:
@@ -248,7 +248,7 @@ def context(cfg: DictConfig, job_dir: Path) -> JobContext:
 def compute(ctx: JobContext) -> JobResult:
     """The measurement itself: the job's result (status ok)."""
     cfg, job_dir, fp32, data, evaluation = ctx.cfg, ctx.job_dir, ctx.fp32, ctx.data, ctx.evaluation
-    cache = CalibrationCache(cfg.cache.dir) if cfg.cache.enabled else None
+    cache = CalibrationCache(cfg.cache.dir, cfg.cache.wait) if cfg.cache.enabled else None
     int8_path = job_dir / "int8.onnx"
     budget = config.memory_budget(cfg)
     calibration_memory: dict = {}

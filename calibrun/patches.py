@@ -6,6 +6,7 @@ the same (tests/unit/test_patches.py checks each against the library's own behav
 | `compose_once` | Hydra 1.3 | the composition only to read `hydra.mode` when nothing can set it |
 | `compose_faster` | Hydra 1.3 | the config repository's deep copies of the ConfigStore, re-parsing config files |
 | `compose_each_job_once` | Hydra 1.3 | a sweep's second composition of each job (validation pass, then launch) |
+| `order_jobs(order)` | Hydra 1.3 | workers calibrating one key at once: jobs reordered (calibrun.sweep_order) |
 | `commit_without_fsync` | MLflow 3 (its engine) | an fsync per SQLite commit (WAL mode, `synchronous=NORMAL`) |
 | `check_pins_cheaply` | MLflow 3 | mapping every installed distribution's files to check calibrun's own pins |
 
@@ -194,6 +195,23 @@ def compose_each_job_once() -> None:
         return config
 
     _install(loader, "load_sweep_config", load_sweep_config)
+
+
+def order_jobs(order: Callable[[list[list[str]]], list[list[str]]]) -> None:
+    """Hydra's basic sweeper launches the product of the swept values, the last override varying fastest;
+    `order` reorders those jobs (calibrun.sweep_order.spread) before they are cut into batches and numbered. The
+    jobs are the same; their numbers follow the new order."""
+    found = _unpatched("hydra-core", "hydra._internal.core_plugins.basic_sweeper", "BasicSweeper", "split_arguments")
+    if found is None:
+        return
+    sweeper, original = found
+
+    def split_arguments(overrides, max_batch_size):
+        (jobs,) = original(overrides, None)
+        return [list(chunk) for chunk in sweeper.split_overrides_to_chunks(order(jobs), max_batch_size)]
+
+    setattr(split_arguments, PATCHED, True)  # on the function: the class hands out the function, not the staticmethod
+    sweeper.split_arguments = staticmethod(split_arguments)
 
 
 def commit_without_fsync(client) -> None:

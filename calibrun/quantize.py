@@ -287,6 +287,7 @@ def quantize_with(
         "cache_hit": cal.hit,
         "cache_key": cal.key,
         "calibration_seconds": cal.seconds,
+        "calibration_wait_seconds": cal.waited,
         "quantization_seconds": quant_seconds,
     }
 

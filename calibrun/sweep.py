@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -33,7 +34,17 @@ from calibrun.config import PATH_KEYS, check_readable, register_resolvers, track
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import full_error, write_json
 from calibrun.progress import SweepProgress
-from calibrun.tracking import PARENT_FILE, Tracker, link_line, open_tracker, resolve_uri, sweep_filter
+from calibrun.sweep_order import spread
+from calibrun.tracking import (
+    MAX_RUN_NAME,
+    PARENT_FILE,
+    Tracker,
+    faithful,
+    link_line,
+    open_tracker,
+    resolve_uri,
+    sweep_filter,
+)
 
 log = logging.getLogger("calibrun")
 
@@ -97,6 +108,22 @@ def sweep_total(config: DictConfig) -> int | None:
     except Exception:  # Hydra reports a bad override itself
         return None
     return sum(len(batch) for batch in batches)
+
+
+# launcher class -> the commands it runs on this machine (submitit's SLURM executor refuses to start without srun,
+# and submits with sbatch)
+LAUNCHER_COMMANDS = {"SlurmLauncher": ("srun", "sbatch")}
+
+
+def check_launcher(config: DictConfig) -> None:
+    """The commands the sweep's launcher needs are here, before any job and any MLflow run: a SLURM sweep started
+    where there is no SLURM stops with one line instead of submitit's traceback after the parent run opened."""
+    target = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
+    missing = [c for c in LAUNCHER_COMMANDS.get(target.rsplit(".", 1)[-1], ()) if shutil.which(c) is None]
+    if missing:
+        choice = OmegaConf.select(config, "hydra.runtime.choices", default={}).get("hydra/launcher", target)
+        raise CalibrunError(f"hydra/launcher={choice}: {' and '.join(missing)} not found on PATH: run the sweep on a "
+                            "SLURM login node, or use +cluster=submitit_local to run its jobs on this machine")
 
 
 def check_swept_paths(config: DictConfig) -> None:
@@ -299,11 +326,28 @@ def _earlier_parent(sweep_dir: Path, tracker: Tracker) -> str | None:
 
 
 def sweep_name(config: DictConfig) -> str:
+    """The parent run's name: `sweep ` and the overrides (folders left out), then a preset's swept params, each
+    value as a job's run name shows it (`faithful`: a long path is shortened in the middle of what the swept values
+    share). Past MLflow's 250 characters the swept ones come first and the end is cut (`…`). The overrides in full
+    are the run's `overrides` param."""
     overrides = _task_overrides(config.hydra.overrides.task)
     params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
-    shown = [o for o in overrides if not o.split("=", 1)[0].endswith((".dir", "cache.dir"))]
-    shown += [f"{k}={v}" for k, v in params.items() if not any(o.startswith(f"{k}=") for o in shown)]
-    return "sweep " + (" ".join(shown) if shown else "(defaults)")
+    lines = [o for o in overrides if not o.split("=", 1)[0].endswith(".dir")]
+    lines += [f"{k}={v}" for k, v in params.items() if not any(o.startswith(f"{k}=") for o in lines)]
+    if not lines:
+        return "sweep (defaults)"
+    values = sweep_values(config)
+    shown = []
+    for line in lines:
+        key, _, value = line.partition("=")
+        listed = values.get(key.lstrip("+~"))
+        value = ",".join(faithful(v, listed) for v in listed) if listed else faithful(value)
+        shown.append((bool(listed), f"{key}={value}"))
+    name = "sweep " + " ".join(text for _, text in shown)
+    if len(name) <= MAX_RUN_NAME:
+        return name
+    name = "sweep " + " ".join(text for _, text in sorted(shown, key=lambda item: not item[0]))
+    return name[:MAX_RUN_NAME - 1] + "…"
 
 
 def _parent_run(config: DictConfig, tracker: Tracker, sweep_dir: Path, swept: list[str]) -> str:
@@ -370,6 +414,7 @@ class SweepCallback(Callback):
                   f"hydra.sweep.dir")
         interrupts.install_signal_handlers()
         patches.compose_each_job_once()
+        patches.order_jobs(spread)  # jobs sharing a calibration apart: parallel workers calibrate different keys
         sys.excepthook = _excepthook  # an interrupt that reaches the top closes the parent run, in one line
         atexit.unregister(_close_if_open)
         atexit.register(_close_if_open)  # any other way out before the end callback closes it FAILED
@@ -379,6 +424,7 @@ class SweepCallback(Callback):
             # the settings every job shares, and every path the sweep names: a wrong one stops it before any job
             validate(config, swept)
             check_swept_paths(config)
+            check_launcher(config)
             tracker = _tracker(config, check=True)  # the store opened for real, once: a bad one stops here
             if tracker is None:
                 return
@@ -446,8 +492,10 @@ class SweepCallback(Callback):
             sys.exit(1)
 
 
-def _metric_part(text: str) -> str:
-    return re.sub(r"[^\w.\- ]", "_", str(text))[:120]
+def _metric_part(text: str, values: list[str] | None = None) -> str:
+    """A key or value as part of a metric key: as a run name shows it (`faithful`), in the characters MLflow
+    allows."""
+    return re.sub(r"[^A-Za-z0-9_.\- ]", "_", faithful(str(text), values))
 
 
 def summarise(tracker: Tracker, parent_id: str, sweep_dir: Path, swept: list[str], counts: dict | None = None,
@@ -483,7 +531,8 @@ def summarise(tracker: Tracker, parent_id: str, sweep_dir: Path, swept: list[str
                 seen = values.get(value)
                 values[value] = child.data.metrics[metric] if seen is None else pick(seen, child.data.metrics[metric])
         per_value[key] = values
-        metrics.update({f"best_{metric}/{_metric_part(key)}:{_metric_part(v)}": e for v, e in values.items()})
+        metrics.update({f"best_{metric}/{_metric_part(key)}:{_metric_part(v, list(values))}": e
+                        for v, e in values.items()})
     from mlflow.entities import Param
 
     params = [Param(k, v) for k, v in common.items() if k not in existing]

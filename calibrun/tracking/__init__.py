@@ -57,6 +57,8 @@ SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "d
 MAX_RUN_NAME = 250
 MAX_PARAM_VALUE = 6000
 MAX_TAG_VALUE = 5000
+MAX_KEY = 250  # metric, param and tag keys (MAX_ENTITY_KEY_LENGTH)
+MAX_DATASET_VALUE = 500  # calibrun's bound on each value of a dataset's source (its name: 500, MAX_DATASET_NAME_SIZE)
 FULL_VALUES = "full_values"  # artifact folder: the whole text of each value shortened to fit
 
 
@@ -69,6 +71,53 @@ def shorten_middle(text: str, limit: int) -> str:
     head = (limit - 1 + 1) // 2
     tail = limit - 1 - head
     return text[:head] + "…" + (text[len(text) - tail:] if tail else "")
+
+
+def fit_key(key: str, limit: int = MAX_KEY) -> str:
+    """A metric, param or tag key in at most `limit` characters: whole when it fits, else cut in the middle
+    (`...`, a character every key may hold) and followed by a short hash of the whole key, so that two long keys
+    never become one."""
+    if len(key) <= limit:
+        return key
+    mark = "-" + hashlib.sha256(key.encode()).hexdigest()[:6]
+    room = limit - len(mark) - 3
+    return key[:(room + 1) // 2] + "..." + key[len(key) - room // 2:] + mark
+
+
+NAME_VALUE_WIDTH = 60  # characters of one swept value in a run name before it is shortened (in the middle)
+
+
+def _common_ends(values: list[str]) -> tuple[int, int]:
+    """The lengths of the prefix and suffix that every value shares (0, 0 for fewer than two values)."""
+    if len(values) < 2:
+        return 0, 0
+    prefix = len(os.path.commonprefix(values))
+    shortest = min(len(v) for v in values)
+    suffix = len(os.path.commonprefix([v[::-1] for v in values]))
+    suffix = min(suffix, shortest - prefix)
+    return prefix, max(suffix, 0)
+
+
+def faithful(value: str, values: list[str] | None = None, width: int = NAME_VALUE_WIDTH) -> str:
+    """`value` as a run name shows it: whole when it fits `width`; else shortened in the middle of what all the
+    sweep's `values` of that key share, so that the part that tells them apart stays whole (`.../a/calib.npz`,
+    `.../b/calib.npz`). A distinguishing part longer than `width` itself is cut in its middle and marked with a
+    short hash of the whole value: two values never get the same text."""
+    if len(value) <= width:
+        return value
+    pool = sorted({*(values or []), value})
+    prefix, suffix = _common_ends(pool)
+    middle = value[prefix:len(value) - suffix]
+    if len(middle) > width:
+        tag = "#" + hashlib.sha256(value.encode()).hexdigest()[:6]
+        return shorten_middle(middle, width - len(tag)) + tag
+    room = width - len(middle)
+    tail = value[len(value) - suffix:]
+    head = value[:prefix]
+    right = tail[:room] if len(tail) <= room else tail[:max(room - 1, 0)] + "…"
+    room -= len(right)
+    left = head if len(head) <= room else ("…" + head[len(head) - room + 1:] if room > 1 else "…")
+    return left + middle + right
 
 
 def resolve_uri(configured: str | None) -> str:
@@ -371,9 +420,11 @@ def onnx_signature(path: Path):
 
 
 def _fit(values: dict[str, str], limit: int) -> tuple[dict[str, str], dict[str, str]]:
-    """Values cut to MLflow's `limit` in the middle, and the whole text of those that were cut."""
+    """Values cut to MLflow's `limit` in the middle (keys to MAX_KEY: `fit_key`), and the whole text of those that
+    were cut."""
     fitted, full = {}, {}
     for key, value in values.items():
+        key = fit_key(key)
         fitted[key] = shorten_middle(value, limit)
         if fitted[key] != value:
             full[key] = value
@@ -469,7 +520,7 @@ class Tracker:
         params, full_params = _fit({k: yaml_value(v) for k, v in (params or {}).items()}, MAX_PARAM_VALUE)
         tags, full_tags = _fit({k: str(v) for k, v in (tags or {}).items()}, MAX_TAG_VALUE)
         batch_params = [Param(k, v) for k, v in params.items()]
-        batch_metrics = [Metric(k, float(v), now, 0, model_id=model_id) for k, v in (metrics or {}).items()
+        batch_metrics = [Metric(fit_key(k), float(v), now, 0, model_id=model_id) for k, v in (metrics or {}).items()
                          if isinstance(v, (int, float))]
         batch_tags = [RunTag(k, v) for k, v in tags.items()]
         self._keep_full(run_id, "params", full_params)
@@ -488,8 +539,10 @@ class Tracker:
 
         inputs = []
         for context, identity in datasets.items():
-            source = CodeDatasetSource({k: yaml_value(v)[:500] for k, v in identity.items()})
-            name = f"{context}:{identity.get('source') or identity.get('name') or 'data'}"
+            source = CodeDatasetSource({k: shorten_middle(yaml_value(v), MAX_DATASET_VALUE)
+                                        for k, v in identity.items()})
+            name = shorten_middle(f"{context}:{identity.get('source') or identity.get('name') or 'data'}",
+                                  MAX_DATASET_VALUE)
             dataset = MetaDataset(source, name=name, digest=digest(identity))
             inputs.append(DatasetInput(dataset._to_mlflow_entity(), [InputTag(MLFLOW_DATASET_CONTEXT, context)]))
         # Two parallel jobs logging the same dataset race on its row (the store looks it up, then inserts it): the

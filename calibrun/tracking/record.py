@@ -5,10 +5,8 @@ it holds (docs/tracking.md), its place under the sweep's parent run, and how it 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 from pathlib import Path
 
 import onnx
@@ -22,7 +20,15 @@ from calibrun.files import DIAGNOSTICS_FILE, RANGES_FILE
 from calibrun.job import JobContext, eval_source, job_identity
 from calibrun.model import file_sha256, open_float_model
 from calibrun.result import JobResult
-from calibrun.tracking import MAX_RUN_NAME, PARENT_FILE, Tracker, open_tracker, resolve_uri, shorten_middle
+from calibrun.tracking import (
+    MAX_RUN_NAME,
+    PARENT_FILE,
+    Tracker,
+    faithful,
+    open_tracker,
+    resolve_uri,
+    shorten_middle,
+)
 
 log = logging.getLogger("calibrun")
 
@@ -35,42 +41,6 @@ def parent_of(sweep_dir: Path | None) -> dict:
 
 
 GROUPS = ("calibration", "format", "method", "model", "data", "eval_data", "cache", "tracking", "experiment")
-
-
-NAME_VALUE_WIDTH = 60  # characters of one swept value in a run name before it is shortened (in the middle)
-
-
-def _common_ends(values: list[str]) -> tuple[int, int]:
-    """The lengths of the prefix and suffix that every value shares (0, 0 for fewer than two values)."""
-    if len(values) < 2:
-        return 0, 0
-    prefix = len(os.path.commonprefix(values))
-    shortest = min(len(v) for v in values)
-    suffix = len(os.path.commonprefix([v[::-1] for v in values]))
-    suffix = min(suffix, shortest - prefix)
-    return prefix, max(suffix, 0)
-
-
-def faithful(value: str, values: list[str] | None = None, width: int = NAME_VALUE_WIDTH) -> str:
-    """`value` as a run name shows it: whole when it fits `width`; else shortened in the middle of what all the
-    sweep's `values` of that key share, so that the part that tells them apart stays whole (`.../a/calib.npz`,
-    `.../b/calib.npz`). A distinguishing part longer than `width` itself is cut in its middle and marked with a
-    short hash of the whole value: two values never get the same text."""
-    if len(value) <= width:
-        return value
-    pool = sorted({*(values or []), value})
-    prefix, suffix = _common_ends(pool)
-    middle = value[prefix:len(value) - suffix]
-    if len(middle) > width:
-        tag = "#" + hashlib.sha256(value.encode()).hexdigest()[:6]
-        return shorten_middle(middle, width - len(tag)) + tag
-    room = width - len(middle)
-    tail = value[len(value) - suffix:]
-    head = value[:prefix]
-    right = tail[:room] if len(tail) <= room else tail[:max(room - 1, 0)] + "…"
-    room -= len(right)
-    left = head if len(head) <= room else ("…" + head[len(head) - room + 1:] if room > 1 else "…")
-    return left + middle + right
 
 
 def run_name(cfg: DictConfig, overrides: list[str] | None, swept: list[str] | None,

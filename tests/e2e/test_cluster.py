@@ -24,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 
 from calibrun import config as calibrun_config
 from calibrun.errors import CalibrunError
-from tests.conftest import extra_missing, installed, requires_extra, run_python
+from tests.conftest import clean_env, extra_missing, installed, requires_extra, run_python
 from tests.stores import fresh_mlflow_store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -181,16 +181,69 @@ def test_preset_without_its_plugin_fails_naming_the_launcher(tmp_path, name, plu
     assert not (tmp_path / "multirun").exists()
 
 
+@needs_submitit
+def test_submitit_local_preset_composes(preset):
+    cfg = preset("submitit_local")
+    assert cfg.hydra.launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"
+    assert cfg.hydra.sweeper.max_batch_size == 2  # jobs at a time (submitit's local executor starts them all)
+    assert cfg.hydra.launcher.cpus_per_task == 1 == cfg.ort.intra_op_threads
+    assert Path(cfg.hydra.sweep.dir).is_absolute()
+    assert cfg.cache.dir == str(Path(os.getcwd()) / ".calibrun-cache")
+    assert cfg.tracking.name == "local"
+    assert preset("submitit_local", "hydra.sweeper.max_batch_size=3").hydra.sweeper.max_batch_size == 3
+
+
+@needs_submitit
+@pytest.mark.slow
+def test_submitit_local_runs_at_most_max_batch_size_jobs_at_a_time(tmp_path):
+    store = fresh_mlflow_store(tmp_path)
+    proc = run_python(["-m", "calibrun", "-m", "+cluster=submitit_local", "calibration=narrow,match,wide",
+                       "batches=2", "eval.rows=32", "diagnostics=off"], tmp_path, clean_env(MLFLOW_TRACKING_URI=store),
+                      timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (sweep,) = tmp_path.glob("multirun/*/*")
+    assert len(list(sweep.glob(".submitit/*/*_log.out"))) == 3  # run by submitit, in processes of their own
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=store)
+    parent = json.loads((sweep / "mlflow_parent.json").read_text())
+    runs = client.search_runs([parent["experiment_id"]], max_results=100)
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    spans = [(r.info.start_time, r.info.end_time) for r in runs if r.info.run_id != parent["run_id"]]
+    assert len(spans) == 3
+    at_once = max(sum(start <= t < end for start, end in spans) for t, _ in spans)
+    assert at_once <= 2
+
+
+@needs_submitit
+@pytest.mark.slow
+def test_slurm_preset_without_slurm_is_one_line_and_records_nothing(tmp_path):
+    path = os.pathsep.join(p for p in ("/usr/bin", "/bin") if Path(p).is_dir())
+    if shutil.which("srun", path=path) or shutil.which("sbatch", path=path):
+        pytest.skip("SLURM is installed here")
+    store = tmp_path / "mlflow.db"
+    proc = run_python(["-m", "calibrun", "-m", "+cluster=slurm", "tracking=local", "calibration=narrow,match"],
+                      tmp_path, clean_env(PATH=path, MLFLOW_TRACKING_URI=f"sqlite:///{store}"), timeout=120)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert lines == ["calibrun: error: hydra/launcher=submitit_slurm: srun and sbatch not found on PATH: run the "
+                     "sweep on a SLURM login node, or use +cluster=submitit_local to run its jobs on this machine"]
+    assert not list(tmp_path.glob("multirun/*/*"))  # no sweep folder
+    assert not store.exists()  # no store, no parent run
+
+
 # --------------------------------------------------------------------------------------------- Ray, for real
 
-# Runs as PID 1 of its own PID namespace: every process it starts ends with it. The head starts in another
-# folder and without the driver's MLFLOW_TRACKING_URI, as on a real cluster where the workers share neither.
+# Runs as PID 1 of its own PID namespace: every process it starts ends with it. The head is docs/scaling.md's
+# local recipe (the node and every port on 127.0.0.1, no dashboard); the namespace holds only loopback, so that a
+# port the recipe failed to keep there shows up as 0.0.0.0 in `ss` without reaching any network. The head starts in
+# another folder and without the driver's MLFLOW_TRACKING_URI, as on a real cluster where the workers share neither.
 RAY_SCRIPT = r"""
 set -u
 "$IP" link set lo up
 ray="$1"; shift
 (cd "$RAY_TMP" && env -u MLFLOW_TRACKING_URI "$ray" start --head --node-ip-address=127.0.0.1 --port=6379 \
-    --num-cpus=2 --include-dashboard=false --disable-usage-stats --temp-dir="$RAY_TMP" > "$LOGS/head.log" 2>&1) \
+    --include-dashboard=false --num-cpus=2 --disable-usage-stats --temp-dir="$RAY_TMP" > "$LOGS/head.log" 2>&1) \
     || exit 90
 "$@" > "$LOGS/sweep.out" 2> "$LOGS/sweep.err"
 rc=$?
@@ -234,7 +287,12 @@ def ray_sweep(tmp_path_factory):
     # Ray's socket paths must stay short (AF_UNIX): its temp dir goes straight under /tmp
     ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "RAY_ADDRESS"}}
-    env.update({"RAY_USAGE_STATS_ENABLED": "0", "RAY_TMP": ray_tmp, "LOGS": str(logs), "IP": TOOLS["ip"],
+    # HOME of its own: Ray 2.60 keeps a token in ~/.ray/auth_token (any local ray.init writes one), and a head
+    # started while one is there turns token authentication on, which the driver is then refused by
+    home = tmp / "home"
+    home.mkdir()
+    env.update({"HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMP": ray_tmp, "LOGS": str(logs),
+                "IP": TOOLS["ip"],
                 "SS": TOOLS["ss"], "MLFLOW_TRACKING_URI": f"sqlite:///{store}"})  # the driver's only: see RAY_SCRIPT
     sweep = [sys.executable, "-m", "calibrun", "-m", "+cluster=ray", "calibration=" + ",".join(CALIBRATIONS),
              "hydra.launcher.ray.init.address=127.0.0.1:6379", "tracking=local"]

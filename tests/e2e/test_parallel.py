@@ -75,10 +75,12 @@ def test_cache_has_one_file_per_calibration(sweep):
     tmp, _ = sweep
     cache = tmp / "cache" / "ranges"
     names = sorted(p.name for p in cache.iterdir())
-    ranges = [n for n in names if not n.endswith(".key.json")]
+    ranges = [n for n in names if not n.endswith((".key.json", ".lock"))]
     keys = [n for n in names if n.endswith(".key.json")]
+    locks = [n for n in names if n.endswith(".lock")]  # each key's lock, held by the job that calibrated it
     assert len(ranges) == CALIBRATIONS, names
     assert sorted(n.removesuffix(".key.json") for n in keys) == sorted(n.removesuffix(".json") for n in ranges)
+    assert sorted(n.removesuffix(".lock") for n in locks) == sorted(n.removesuffix(".json") for n in ranges)
     assert all(n.endswith(".json") for n in ranges)
     leftovers = [p for p in tmp.rglob(".*") if p.name.endswith((".tmp", ".prepare"))]
     assert not leftovers, f"temp files left behind: {leftovers}"

@@ -235,6 +235,50 @@ def test_runs_are_stored_in_postgresql(server, runs):
     assert stored == dict.fromkeys(expected, "FINISHED")
 
 
+def test_a_sweep_over_long_absolute_paths_fits_the_servers_columns(server, tmp_path):
+    """PostgreSQL enforces MLflow's column sizes (SQLite does not): a sweep whose overrides are long absolute paths
+    (the parent run's name once joined them all: `value too long for type character varying(250)`) ends with every
+    run FINISHED, names within 250 characters, and the paths told apart in the names and the parent's metrics."""
+    import numpy as np
+
+    from calibrun.model.lab import write_lab_model
+
+    folder = tmp_path.joinpath(*["a_rather_long_folder_name_for_calibration_datasets"] * 4)
+    folder.mkdir(parents=True)
+    model = write_lab_model(folder / "lab_model_with_a_long_descriptive_file_name.onnx")
+    rows = np.random.default_rng(0).standard_normal((64, 16)).astype(np.float32)
+    paths = [folder / f"{split}_split_calibration_rows.npy" for split in ("train", "validation")]
+    for i, path in enumerate(paths):
+        np.save(path, rows * (1 + i))
+    np.save(folder / "held_out_evaluation_rows.npy", rows[:32])
+    assert all(len(str(p)) > 250 for p in paths)
+    proc = calibrun(tmp_path, "-m", "model=file", f"model.path={model}", "data=npy",
+                    f"data.path={','.join(map(str, paths))}", "eval_data=npy",
+                    f"eval_data.path={folder / 'held_out_evaluation_rows.npy'}", "eval.rows=32", "batches=2",
+                    "method=minmax,entropy", "tracking=server", f"tracking.uri={server.uri}",
+                    "tracking.experiment=long_paths", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                    f"cache.dir={tmp_path / 'cache'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = MlflowClient(tracking_uri=server.uri)
+    experiment = client.get_experiment_by_name("long_paths")
+    found = list(client.search_runs([experiment.experiment_id], max_results=100))
+    assert len(found) == 5
+    assert {r.info.status for r in found} == {"FINISHED"}
+    assert all(len(r.info.run_name) <= 250 for r in found)
+    (parent,) = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in found if r is not parent]
+    assert len({r.info.run_name for r in children}) == 4
+    for run in children:  # the split's name shown, the whole path in the tag
+        path = run.data.tags["calibrun.swept.data.path"]
+        assert path in map(str, paths)
+        assert Path(path).name in run.info.run_name, run.info.run_name
+    assert "train_split" in parent.info.run_name
+    assert "validation_split" in parent.info.run_name
+    best = [k for k in parent.data.metrics if k.startswith("best_max_abs_error/data.path:")]
+    assert len(best) == 2, sorted(parent.data.metrics)
+    assert all(str(p) in parent.data.params["overrides"] for p in paths)  # the overrides whole, as a param
+
+
 def test_stop_closes_both_ports(server):
     proc = server.stop()
     assert proc.returncode == 0, proc.stderr

@@ -6,6 +6,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -44,7 +48,8 @@ def test_ranges_live_in_the_ranges_folder_and_an_old_flat_entry_is_not_read(tmp_
     root = tmp_path / "cache"
     first = quantize_lab(fp32, tmp_path / "a.onnx", 4242, 1.0, 4, cache=CalibrationCache(root))
     key = first["cache_key"]
-    assert sorted(p.name for p in (root / "ranges").iterdir()) == [f"{key}.json", f"{key}.key.json"]
+    # <key>.lock: the lock a calibration held (an OS lock; the empty file stays)
+    assert sorted(p.name for p in (root / "ranges").iterdir()) == [f"{key}.json", f"{key}.key.json", f"{key}.lock"]
     assert [p.name for p in root.iterdir()] == ["ranges"]
     # The same ranges placed where the earlier layout kept them: seen, named in the log, and not read.
     entry = (root / "ranges" / f"{key}.json").read_text()
@@ -104,3 +109,86 @@ def test_a_ranges_file_has_the_same_bytes_whatever_order_the_tensors_come_in(tmp
     a = write_ranges(tmp_path / "a.json", forward, {"k": 1}, 2.0).read_bytes()
     b = write_ranges(tmp_path / "b.json", backward, {"k": 1}, 2.0).read_bytes()
     assert a == b
+
+
+# --- one calibration per key across processes (CalibrationCache.claim) ---------------------------------------------
+
+HOLD = """
+import sys, time
+from filelock import FileLock
+lock = FileLock(sys.argv[1])
+lock.acquire()
+print("held", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def _holder(path, seconds: float) -> subprocess.Popen:
+    """Another process holding the lock file `path` for `seconds` (it has it once this returns)."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(path), str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_second_process_waits_for_the_key_another_one_is_calibrating(tmp_path):
+    store = CalibrationCache(tmp_path)
+    (tmp_path / "ranges").mkdir()
+    holder = _holder(tmp_path / "ranges" / "k.lock", 1.0)
+    try:
+        with store.claim("k") as waited:
+            pass
+        assert 0.5 < waited < 10  # had only once the other process let go (it holds it for 1 s)
+    finally:
+        holder.wait(timeout=30)
+    with store.claim("k") as waited:  # nobody holds it: no wait
+        assert waited < 0.5
+
+
+def test_a_killed_holder_releases_the_key_at_once(tmp_path):
+    store = CalibrationCache(tmp_path)
+    (tmp_path / "ranges").mkdir()
+    holder = _holder(tmp_path / "ranges" / "k.lock", 600)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=30)
+    started = time.perf_counter()
+    with store.claim("k"):
+        pass
+    assert time.perf_counter() - started < 5  # the lock died with its process: no stale lock to time out
+
+
+def test_a_holder_that_never_finishes_costs_the_wait_then_a_warning_not_a_deadlock(tmp_path, caplog):
+    store = CalibrationCache(tmp_path, wait=0.3)
+    (tmp_path / "ranges").mkdir()
+    holder = _holder(tmp_path / "ranges" / "k.lock", 600)
+    try:
+        with caplog.at_level(logging.WARNING), store.claim("k") as waited:
+            assert holder.poll() is None  # the other one still holds it: this block runs without it
+        assert 0.3 <= waited < 5
+        assert "calibrating here too" in caplog.text
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+
+
+def test_a_waiting_job_reads_the_first_ones_ranges_as_a_hit(tmp_path, lab_model):
+    """The key held by another process that writes the ranges meanwhile: this job waits, then finds them."""
+    fp32 = open_float_model(lab_model)
+    first_cache, second_cache = tmp_path / "first", tmp_path / "second"
+    first = quantize_lab(fp32, tmp_path / "a.onnx", 4242, 1.0, 4, cache=CalibrationCache(first_cache))
+    key = first["cache_key"]
+    (second_cache / "ranges").mkdir(parents=True)
+    copy = ("import shutil, sys, time\nfrom filelock import FileLock\nlock = FileLock(sys.argv[1]); lock.acquire()\n"
+            "print('held', flush=True); time.sleep(1.0)\nfor name in sys.argv[3:]: shutil.copy(name, sys.argv[2])\n")
+    holder = subprocess.Popen([sys.executable, "-c", copy, str(second_cache / "ranges" / f"{key}.lock"),
+                               str(second_cache / "ranges"), *(str(first_cache / "ranges" / f"{key}{suffix}")
+                                                               for suffix in (".json", ".key.json"))],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    try:
+        second = quantize_lab(fp32, tmp_path / "b.onnx", 4242, 1.0, 4, cache=CalibrationCache(second_cache))
+    finally:
+        holder.wait(timeout=30)
+    assert second["cache_hit"] is True
+    assert second["cache_key"] == key
+    assert 0.5 < second["calibration_wait_seconds"] < 10
+    assert first["calibration_wait_seconds"] < 0.5

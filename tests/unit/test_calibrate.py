@@ -289,7 +289,8 @@ def test_second_call_is_a_hit_with_identical_results(tmp_path, fp32, spy):
     assert miss["cache_hit"] is False
     assert spy.calibrators == 2  # the spy is wired: both runs above calibrated
     assert spy.sessions >= 2
-    assert cache_entries(cache.folder) == sorted([f"{miss['cache_key']}.json", f"{miss['cache_key']}.key.json"])
+    key = miss["cache_key"]
+    assert cache_entries(cache.folder) == sorted([f"{key}.json", f"{key}.key.json", f"{key}.lock"])
 
     spy.forbid()
     hit = quantize_lab(fp32, tmp_path / "hit.onnx", SEED, FACTOR, BATCHES, cache=cache)
@@ -542,7 +543,7 @@ def test_corrupt_cache_file_warns_recomputes_and_is_replaced(tmp_path, fp32, cle
     assert (tmp_path / "int8.onnx").read_bytes() == clean["model"]
     # Replaced by a valid file: the same one a clean run writes, and the next run is a quiet hit.
     assert path.read_text() == clean["text"]
-    assert cache_entries(cache.folder) == sorted([path.name, f"{clean['key']}.key.json"])
+    assert cache_entries(cache.folder) == sorted([path.name, f"{clean['key']}.key.json", f"{clean['key']}.lock"])
     caplog.clear()
     spy.forbid()
     again = quantize_lab(fp32, tmp_path / "again.onnx", SEED, FACTOR, BATCHES, cache=cache)

@@ -305,6 +305,8 @@ def test_unknown_key_is_rejected(hydra_ctx, override, key):
         pytest.param(["calibration.seed=-1"], "calibration.seed", id="calibration.seed=-1"),
         pytest.param(["eval.rows=0"], "eval.rows", id="eval.rows=0"),
         pytest.param(["eval.seed=-1"], "eval.seed", id="eval.seed=-1"),
+        pytest.param(["cache.wait=-1"], "cache.wait", id="cache.wait=-1"),  # -1: filelock would wait for ever
+        pytest.param(["cache.wait=nan"], "cache.wait", id="cache.wait=nan"),
         pytest.param(["method.chunk=0"], "method.chunk", id="method.chunk=0"),
         pytest.param(["ort.intra_op_threads=-1"], "ort.intra_op_threads", id="ort.intra_op_threads=-1"),
         pytest.param(["method=percentile", "method.percentile=0"], "method.percentile",

@@ -76,3 +76,68 @@ def test_long_names_tags_and_params_fit_and_the_whole_value_is_kept(tmp_path):
     assert Path(path).read_text() == long_param
     tags = {a.path for a in tracker.client.list_artifacts(run_id, "full_values/tags")}
     assert "full_values/tags/calibrun.error.txt" in tags
+
+
+def test_calibruns_limits_are_within_the_installed_mlflows():
+    from mlflow.utils import validation
+
+    from calibrun import tracking
+
+    assert tracking.MAX_RUN_NAME <= 250  # runs.name is VARCHAR(250) in MLflow's SQL schema
+    assert tracking.MAX_PARAM_VALUE <= validation.MAX_PARAM_VAL_LENGTH
+    assert tracking.MAX_TAG_VALUE <= validation.MAX_TAG_VAL_LENGTH
+    assert tracking.MAX_KEY <= validation.MAX_ENTITY_KEY_LENGTH
+    assert tracking.MAX_DATASET_VALUE <= validation.MAX_DATASET_NAME_SIZE
+
+
+def test_a_long_key_is_cut_with_a_hash_and_two_long_keys_stay_apart():
+    from calibrun.tracking import fit_key
+
+    assert fit_key("best_max_abs_error/batches:8") == "best_max_abs_error/batches:8"
+    a, b = ("best/" + "k" * 300 + end for end in "AB")
+    assert len(fit_key(a)) == len(fit_key(b)) == 250
+    assert fit_key(a) != fit_key(b)
+    assert fit_key(a).startswith("best/kkk")
+
+
+def _sweep_config(*overrides: str):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create({"hydra": {"overrides": {"task": list(overrides)}, "sweeper": {"params": None}}})
+
+
+def test_the_parent_runs_name_shows_each_swept_path_by_the_part_that_tells_it_apart():
+    from calibrun.sweep import sweep_name
+
+    folder = "/srv/" + "a_long_folder_of_calibration_data/" * 5
+    paths = [f"{folder}{split}/calib.npy" for split in ("train", "val")]
+    model = folder + "model.onnx"
+    name = sweep_name(_sweep_config(f"model.path={model}", f"data.path={','.join(paths)}", "method=minmax,entropy",
+                                    "hydra.sweep.dir=/somewhere/else"))
+    assert len(name) <= 250, name
+    for part in ("/train/calib.npy,", "/val/calib.npy", "model.onnx", "method=minmax,entropy"):
+        assert part in name, name
+    assert "somewhere" not in name
+
+
+def test_the_parent_runs_best_value_metrics_of_long_paths_stay_apart():
+    from calibrun.sweep import _metric_part
+
+    folder = "/srv/" + "a_long_folder_of_calibration_data/" * 5
+    paths = [f"{folder}{split}/calib.npy" for split in ("train", "val")]
+    keys = {f"best_max_abs_error/{_metric_part('data.path')}:{_metric_part(p, paths)}" for p in paths}
+    assert len(keys) == 2
+    for key in keys:
+        assert len(key) <= 250
+        assert set(key) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-. /:"), key
+
+
+def test_the_parent_runs_name_keeps_the_command_lines_order_and_puts_the_swept_first_only_when_cut():
+    from calibrun.sweep import sweep_name
+
+    assert sweep_name(_sweep_config("batches=8", "method=minmax,entropy")) == "sweep batches=8 method=minmax,entropy"
+    fixed = [f"quant.option_{i}=value_{i}_" + "z" * 50 for i in range(6)]  # each shown in 60 characters
+    name = sweep_name(_sweep_config(*fixed, "method=minmax,entropy"))
+    assert len(name) == 250
+    assert name.startswith("sweep method=minmax,entropy quant.option_0=")
+    assert name.endswith("…")
