@@ -76,15 +76,12 @@ def graph_inputs(model: onnx.ModelProto) -> list[InputInfo]:
 
 
 def float_input(model: onnx.ModelProto, path: str | Path = "model") -> InputInfo:
-    """The primary input: the first real graph input that is float32 (there must be one: calibration measures
-    float activations); its shape must be known."""
+    """The primary input: the first real graph input that is float32, else the first input (a model of integer
+    inputs, token ids or bytes, quantises the float activations it computes from them); its shape must be known."""
     inputs = graph_inputs(model)
     if not inputs:
         raise CalibrunError(f"{path} has no graph input")
     first = primary(inputs)
-    if not first.is_float:
-        type_name = TensorProto.DataType.Name(first.elem_type) if first.elem_type else "unknown"
-        raise CalibrunError(f"{path}: input {first.name!r} is {type_name}, calibrun needs a float32 input")
     if not first.shape:
         raise CalibrunError(f"{path}: input {first.name!r} has no known shape (rank 0 or missing)")
     return first
@@ -178,7 +175,9 @@ class FloatModel:
             raise CalibrunError(f"{self.path}: the lab data rule serves a single float input, the model has {names};"
                                 " give a data source for each (data=npy)")
         if not self.info.is_float:
-            raise CalibrunError(f"{self.path}: input {self.info.name!r} is not float32; the lab data rule needs one")
+            type_name = TensorProto.DataType.Name(self.info.elem_type) if self.info.elem_type else "of no known type"
+            raise CalibrunError(f"{self.path}: input {self.info.name!r} is {type_name}; the lab data rule feeds one "
+                                "float32 input (give your data: data=npy)")
         if not self.info.shape:
             raise CalibrunError(f"{self.path}: input {self.info.name!r} has no known shape (rank 0 or missing); "
                                 "the lab data rule needs [rows, ...]")
@@ -195,9 +194,6 @@ def open_float_model(path: str | Path, sha256: str | None = None) -> FloatModel:
         raise CalibrunError(f"{path} has no graph input")
     check_outputs(model, path)
     check_not_quantised(model, path)
-    if not any(i.is_float for i in inputs):
-        described = ", ".join(f"{i.name!r} is {TensorProto.DataType.Name(i.elem_type)}" for i in inputs)
-        raise CalibrunError(f"{path}: no float32 input ({described})")
     return FloatModel(path, inputs, sha256 or file_sha256(path))
 
 

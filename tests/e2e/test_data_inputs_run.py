@@ -62,3 +62,23 @@ def test_a_stateful_model_with_an_int64_scalar_quantises_and_the_scalar_enters_t
     assert same["cache_key"] == result["cache_key"]
     assert other["metrics"]["cache_hit"] == 0
     assert other["cache_key"] != result["cache_key"]
+
+
+def test_a_model_of_integer_inputs_only_quantises_from_its_data(tmp_path):
+    """Token ids in (int64, the model's only input), float activations computed from them: no float input to pin a
+    scale on, and still a quantised model, a verdict and the measurements."""
+    from tests.modelzoo import int_input_model
+
+    model = save(int_input_model(), tmp_path / "ids.onnx")
+    rng = np.random.default_rng(3)
+    data = tmp_path / "ids.npz"
+    np.savez(data, ids=rng.integers(0, 20, size=(ROWS, 4)).astype(np.int64))
+    proc = run_python(["-m", "calibrun", "model=file", f"model.path={model}", "data=npy", f"data.path={data}",
+                       "eval_data=npy", f"eval_data.path={data}", "batches=3", "tracking=off", "recommend=off",
+                       f"cache.dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["metrics"]["input_scale"] is None  # the int64 input stays as it is
+    assert result["metrics"]["quantize_nodes"] >= 1  # the activations computed from it are quantised
+    assert result["verdict"]["metric"] == "out.y.sqnr_db"
+    assert result["used"]["calibration_source"]["inputs"][0]["dtype"] == "int64"
