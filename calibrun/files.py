@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import re
 import secrets
@@ -196,6 +197,17 @@ def atomic_path(target: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
         if owned is not None:
             with contextlib.suppress(FileNotFoundError):
                 owned.unlink()
+
+
+def strict_json(value):
+    """`value` as strict JSON holds it: non-finite floats (inf, NaN) become null, in dicts and lists too."""
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def write_json(target: str | os.PathLike, obj, indent: int | None = 2) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from calibrun import config
 from calibrun.calibrate import Calibration, CalibrationCache
 from calibrun.data import EvalData, calibration_data, evaluation_data
 from calibrun.errors import CalibrunError, one_line
-from calibrun.files import DIAGNOSTICS_FILE, RANGES_FILE, temp_dir, write_json
+from calibrun.files import DIAGNOSTICS_FILE, RANGES_FILE, strict_json, temp_dir, write_json
 from calibrun.measure import errors as measure
 from calibrun.measure import tasks, verdict
 from calibrun.measure.tensor_stats import StreamingDiagnostics, as_table, classify_model
@@ -297,9 +296,9 @@ def compute(ctx: JobContext) -> JobResult:
     if rows is not None:
         write_json(job_dir / DIAGNOSTICS_FILE, as_table(rows))  # column-oriented, strict JSON
         result.files["diagnostics"] = DIAGNOSTICS_FILE
-        outputs = {k[len("out."):-len(".sqnr_db")]: v for k, v in errors.items()
-                   if k.startswith("out.") and k.endswith(".sqnr_db") and not re.search(r"\.(ch|concat)\d+\.sqnr_db$", k)}
-        result.diagnosis = _strict(classify_model(rows, diag.weights, output_sqnr_db=outputs))
+        outputs = {k[len("out."):-len(".sqnr_db")]: v for k, v in errors.items() if k.startswith("out.")
+                   and k.endswith(".sqnr_db") and not re.search(r"\.(ch|concat)\d+\.sqnr_db$", k)}
+        result.diagnosis = strict_json(classify_model(rows, diag.weights, output_sqnr_db=outputs))
         culprits = result.diagnosis["culprits"]
         if culprits:
             top = culprits[0]
@@ -307,17 +306,6 @@ def compute(ctx: JobContext) -> JobResult:
                      result.diagnosis["overall"], top["tensor"], top["node"], top["verdict"],
                      100 * (top["noise_share"] or 0))
     return result
-
-
-def _strict(value):
-    """JSON without inf/NaN (they become null)."""
-    if isinstance(value, dict):
-        return {k: _strict(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_strict(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def _relative(path: Path, folder: Path) -> str:

@@ -169,3 +169,9 @@ def photo_folder(folder: str | Path, names: tuple[str, ...] = PHOTOS, classes: b
         sub.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(skimage_data() / name, sub / name)
     return folder
+
+
+def image_overrides(folder: str | Path, size: int) -> list[str]:
+    """calibrun's overrides that calibrate and evaluate on the image folder `folder`, resized and cropped to `size`."""
+    return [f"{key}{value}" for key in ("data", "eval_data")
+            for value in ("=images", f".path={folder}", f".resize={size}", f".crop={size}")]

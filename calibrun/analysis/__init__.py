@@ -16,6 +16,7 @@ from pathlib import Path
 
 from calibrun.errors import CalibrunError
 from calibrun.errors import need as check
+from calibrun.files import strict_json
 
 log = logging.getLogger("calibrun")
 
@@ -201,12 +202,13 @@ def _repair(ctx, result, int8_path: Path, evaluator, measured: dict, goal: Goal,
                   cfg.analysis.max_steps, start=(int8_path, measured, seconds))
     done["metrics"] = _finite_only(done["metrics"])
     done["ranking"] = ranked.get("by", "sensitivity")
-    write_json(job_dir / REPAIR_FILE, _strict(done))
+    write_json(job_dir / REPAIR_FILE, strict_json(done))
     result.files["repair"] = REPAIR_FILE
     result.files["int8_repaired"] = REPAIRED_MODEL
     promoted = done["promoted"]
-    result.analysis = {"repair": {"target": done["target"], "reached": done["reached"], "value": _strict(done["value"]),
-                                  "promoted": promoted, "overrides": done["overrides"]}}
+    result.analysis = {"repair": {"target": done["target"], "reached": done["reached"],
+                                  "value": strict_json(done["value"]), "promoted": promoted,
+                                  "overrides": done["overrides"]}}
     result.metrics.update(_finite_only({
         "analysis.repair_metric": done["value"], "analysis.target_reached": int(done["reached"]),
         "analysis.promoted_int16": sum(p == "int16" for p in promoted.values()),
@@ -218,17 +220,6 @@ def _repair(ctx, result, int8_path: Path, evaluator, measured: dict, goal: Goal,
     else:
         log.warning("repair: %s did not reach %s in %d steps (%.6g); the best model measured is %s", goal.metric,
                     goal.target, cfg.analysis.max_steps, done["value"], job_dir / REPAIRED_MODEL)
-
-
-def _strict(value):
-    """JSON without inf/NaN (they become null)."""
-    if isinstance(value, dict):
-        return {k: _strict(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_strict(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def log_to(tracker, run_id: str, job_dir: Path, result) -> None:
@@ -264,13 +255,7 @@ def _log_repair(tracker, run_id: str, job_dir: Path, files: dict) -> None:
 
 
 def _front_plot(record: dict, path: Path) -> Path | None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from calibrun.files import atomic_path
-
+    plt = _pyplot()
     front = [p for p in record["front"] if p["metric"] is not None]
     if not front:
         return None
@@ -286,21 +271,11 @@ def _front_plot(record: dict, path: Path) -> Path | None:
         ax.set_ylabel(record["metric"])
         ax.legend(fontsize=8)
     fig.suptitle(f"repair: {record['metric']} against what it costs (goal {record['goal']})")
-    fig.tight_layout()
-    with atomic_path(path, suffix=".png") as tmp:
-        fig.savefig(tmp, format="png", dpi=90)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def _plot(record: dict, path: Path, top: int = 20) -> Path | None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from calibrun.files import atomic_path
-
+    plt = _pyplot()
     rows = [r for r in record["ranking"] if r["gain"] is not None][:top]
     if not rows:
         return None
@@ -308,10 +283,26 @@ def _plot(record: dict, path: Path, top: int = 20) -> Path | None:
     ax.barh([f"{r['tensor']} ({r['kind'][0]})"[:60] for r in rows][::-1], [r["gain"] for r in rows][::-1])
     ax.set_xlabel(f"gain in {record['metric']} when the tensor stays fp32 (goal: {record['goal']})")
     ax.set_title(f"sensitivity: top {len(rows)} of {record['tensors']} quantised tensors")
+    return _save(fig, path)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    """The figure as a PNG at `path`, written whole or not at all."""
+    from calibrun.files import atomic_path
+
     fig.tight_layout()
     with atomic_path(path, suffix=".png") as tmp:
         fig.savefig(tmp, format="png", dpi=90)
-    plt.close(fig)
+    _pyplot().close(fig)
     return path
 
 
@@ -344,6 +335,6 @@ class AnalysisConf:
     groups: int = 0  # > 1: a coarse pre-pass over that many groups of pairs first (switch strategy), 0: none
     max_steps: int = 20  # fallback / repair steps at most
     precisions: list[str] = field(default_factory=lambda: ["int16", "fp32"])  # repair: what a tensor may become
-    ranking: str = "sensitivity"  # repair: sensitivity (a trial a tensor) | noise (the diagnostics' noise shares, no trial)
+    ranking: str = "sensitivity"  # repair: sensitivity (a trial a tensor) | noise (the diagnostics' shares, no trial)
     batch_rows: int = 16  # evaluation rows per batch (a model that pins its first axis: that many)
     objective: bool = False  # the task returns analysis.metric (hydra/sweeper=optuna)

@@ -8,9 +8,9 @@ precision of `analysis.precisions` first: int16 (onnxruntime's TensorQuantOverri
 (`quant.nodes_to_exclude` of the tensor's nodes) when every tensor in int16 falls short. The top 1, 2, 4, ...
 tensors are promoted together until the target holds, then the fewest top tensors that hold it are found by
 bisection: a model's error is often spread over many tensors, which one tensor a step would take as many steps to
-reach. Then every promotion the target does not need is taken back, in groups halved where the target stops holding:
-to int8, then fp32 ones to int16. Every model is quantised from the job's own ranges (no calibration), measured on the evaluation rows
-and recorded, kept or not.
+reach. Then every promotion the target does not need is taken back, in groups halved where the target stops
+holding: to int8, then fp32 ones to int16. Every model is quantised from the job's own ranges (no calibration),
+measured on the evaluation rows and recorded, kept or not.
 
 What it leaves: the repaired model (`int8_repaired.onnx`) and `repair.json` with `target`, `reached`, `model`,
 `steps`, `promoted` ({tensor: "int16" | "fp32"}), the `front` (the metric against the number of promoted tensors
@@ -175,7 +175,7 @@ def repair(fp32_path: Path, calibration, options: QuantOptions, ranking: Sequenc
                 break
             names = order if precision == "int16" else fp32_able
 
-            def state(k: int, names=names, precision=precision) -> dict[str, str]:
+            def state(k: int, names=names, precision=precision, base=base) -> dict[str, str]:
                 return {**base, **{t: precision for t in names[:k]}}
 
             if not names:

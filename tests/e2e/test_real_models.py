@@ -27,7 +27,7 @@ from calibrun.model.prepare import prepare_model
 from calibrun.quantize import quantize_with
 from tests.conftest import Proc, clean_env, run_python
 from tests.stores import fresh_mlflow_store
-from tests.trained import PHOTOS, TEXT_PHOTOS, model_path, photo_folder
+from tests.trained import PHOTOS, TEXT_PHOTOS, image_overrides, model_path, photo_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,11 +120,6 @@ def calibrun(tmp: Path, *overrides: str) -> Proc:
     return run_python(["-m", "calibrun", *overrides, f"cache.dir={tmp / 'cache'}"], tmp, env, 900)
 
 
-def _images(photos: Path, size: int) -> list[str]:
-    return [f"{key}{value}" for key in ("data", "eval_data")
-            for value in ("=images", f".path={photos}", f".resize={size}", f".crop={size}")]
-
-
 def _result(tmp: Path, run: Proc, name: str) -> dict:
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads((tmp / name / "result.json").read_text())
@@ -144,7 +139,7 @@ def _mlflow_run(tmp: Path, job_dir: Path):
 @pytest.mark.slow
 def test_ocr_det_end_to_end_dense(photos, tmp_path):
     model = model_path("ocr_det")
-    run = calibrun(tmp_path, "model=file", f"model.path={model}", *_images(photos, 128), "batches=1",
+    run = calibrun(tmp_path, "model=file", f"model.path={model}", *image_overrides(photos, 128), "batches=1",
                    "eval.rows=6", "eval.batch_size=4", "hydra.run.dir=det")
     result = _result(tmp_path, run, "det")
     m = result["metrics"]
@@ -180,7 +175,7 @@ def test_ocr_det_end_to_end_dense(photos, tmp_path):
 @pytest.mark.slow
 def test_det_yolox_names_the_mixed_concat_and_excluding_it_helps(photos, tmp_path):
     model = model_path("det_yolox")
-    common = ["model=file", f"model.path={model}", *_images(photos, 416), "batches=2", "eval.rows=2",
+    common = ["model=file", f"model.path={model}", *image_overrides(photos, 416), "batches=2", "eval.rows=2",
               "task=custom", "task.fn=tests.example_task:detections"]
     result = _result(tmp_path, calibrun(tmp_path, *common, "hydra.run.dir=first", "tracking=off"), "first")
     m, diagnosis = result["metrics"], result["diagnosis"]

@@ -20,7 +20,7 @@ from mlflow import MlflowClient
 
 from tests.conftest import Proc, clean_env, run_python
 from tests.stores import fresh_mlflow_store
-from tests.trained import PHOTOS, TEXT_PHOTOS, model_path, photo_folder
+from tests.trained import PHOTOS, TEXT_PHOTOS, image_overrides, model_path, photo_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,11 +44,6 @@ def calibrun(tmp: Path, *overrides: str, store: str | None = None) -> Proc:
     return run_python(["-m", "calibrun", *overrides, f"cache.dir={tmp / 'cache'}"], tmp, env, 900)
 
 
-def _images(folder: Path, size: int) -> list[str]:
-    return [f"{key}{value}" for key in ("data", "eval_data")
-            for value in ("=images", f".path={folder}", f".resize={size}", f".crop={size}")]
-
-
 def _done(tmp: Path, run: Proc, name: str) -> dict:
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads((tmp / name / "result.json").read_text())
@@ -60,7 +55,7 @@ def _last_line(run: Proc) -> str:
 
 
 def test_a_broken_detector_gets_measured_recommendations_and_the_best_one_is_what_it_says(pages, tmp_path):
-    common = ["model=file", f"model.path={model_path('ocr_det')}", *_images(pages, 160), "batches=4"]
+    common = ["model=file", f"model.path={model_path('ocr_det')}", *image_overrides(pages, 160), "batches=4"]
     first = calibrun(tmp_path, *common, "hydra.run.dir=first")
     result = _done(tmp_path, first, "first")
     verdict = result["verdict"]
@@ -101,7 +96,7 @@ def test_a_sound_classifier_is_ok(tmp_path):
 
 def test_a_detector_whose_scores_are_crushed_is_broken_on_that_part_and_tagged(photos, tmp_path):
     store = fresh_mlflow_store(tmp_path)
-    run = calibrun(tmp_path, "model=file", f"model.path={model_path('nudenet')}", *_images(photos, 320),
+    run = calibrun(tmp_path, "model=file", f"model.path={model_path('nudenet')}", *image_overrides(photos, 320),
                    "batches=1", "eval.rows=8", "recommend=off", "hydra.run.dir=nude", store=store)
     result = _done(tmp_path, run, "nude")
     verdict, m = result["verdict"], result["metrics"]
@@ -115,7 +110,7 @@ def test_a_detector_whose_scores_are_crushed_is_broken_on_that_part_and_tagged(p
 
 
 def test_a_custom_task_decides_with_its_own_metric_and_thresholds(photos, tmp_path):
-    common = ["model=file", f"model.path={model_path('det_yolox')}", *_images(photos, 416), "batches=2",
+    common = ["model=file", f"model.path={model_path('det_yolox')}", *image_overrides(photos, 416), "batches=2",
               "eval.rows=2", "task=custom", "task.fn=tests.example_task:detections", "recommend=off"]
     run = calibrun(tmp_path, *common, "verdict.metric=task.kept_agreement", "verdict.ok=0.9", "verdict.broken=0.5",
                    "hydra.run.dir=custom")

@@ -20,9 +20,11 @@ def test_qdq_candidates_from_the_same_ranges_and_other_methods():
     assert changes(found) == ["quant.per_channel=true", "quant.activation_type=QInt16", "quant.weight_type=QInt16",
                               "quant.nodes_to_exclude=[Concat_1,Reshape_2,Conv_3,Relu_4]",
                               "method=percentile", "method=entropy"]
-    assert found[1].options.activation_type == "QInt16" and found[1].method is None
+    assert found[1].options.activation_type == "QInt16"
+    assert found[1].method is None
     assert found[3].options.nodes_to_exclude == ("Concat_1", "Reshape_2", "Conv_3", "Relu_4")
-    assert found[4].method == "percentile" and found[4].options == QuantOptions()
+    assert found[4].method == "percentile"
+    assert found[4].options == QuantOptions()
 
 
 def test_qoperator_has_no_16_bit_and_a_set_option_is_not_proposed_again():

@@ -38,7 +38,8 @@ def test_int16_is_enough_where_it_suffices_and_the_fewest_top_tensors_are_kept(m
 
     done = repair(tmp_path / "fp32.onnx", None, QuantOptions(), RANKING, fake(monkeypatch, score), "m", "max", 0.95,
                   tmp_path / "out.onnx")
-    assert done["reached"] and done["value"] == pytest.approx(1.0)
+    assert done["reached"]
+    assert done["value"] == pytest.approx(1.0)
     assert done["promoted"] == {"a": "int16", "b": "int16"}  # top 4, bisected to top 3, w taken back
     assert [s["what"] for s in done["steps"]] == ["int8", "top 1 in int16", "top 2 in int16", "top 4 in int16",
                                                   "top 3 in int16", "3 tensors back to int8", "b back to int8",
@@ -59,7 +60,8 @@ def test_fp32_only_when_all_of_int16_falls_short_and_back_to_int16_where_that_ho
     assert done["reached"]
     assert done["promoted"] == {"a": "int16", "b": "fp32"}
     whats = [s["what"] for s in done["steps"]]
-    assert "top 4 in int16" in whats and whats.index("top 4 in int16") < whats.index("top 1 in fp32")
+    assert "top 4 in int16" in whats
+    assert whats.index("top 4 in int16") < whats.index("top 1 in fp32")
     assert done["overrides"] == ["quant.tensor_types={a:QInt16}", "quant.nodes_to_exclude=[B,B2]"]
     assert [(t["tensor"], t["to"]) for t in done["taken_back"]] == [("c", "int8"), ("w", "int8"), ("a", "int16")]
 
@@ -72,7 +74,8 @@ def test_precisions_limit_the_search_and_the_best_model_is_kept_when_the_target_
     done = repair(tmp_path / "fp32.onnx", None, QuantOptions(), RANKING, fake(monkeypatch, score), "m", "max", 0.95,
                   tmp_path / "out.onnx", precisions=("int16",))
     assert not done["reached"]
-    assert done["promoted"] == {"a": "int16"} and done["value"] == pytest.approx(0.6)  # the best measured
+    assert done["promoted"] == {"a": "int16"}
+    assert done["value"] == pytest.approx(0.6)
     assert not any("fp32" in s["what"] for s in done["steps"])
     assert done["taken_back"] == []
 

@@ -13,7 +13,7 @@ def conf(metric=None, goal="max", ok=None, broken=None):
     return SimpleNamespace(metric=metric, goal=goal, ok=ok, broken=broken)
 
 
-@pytest.mark.parametrize("value,status", [(0.99, "ok"), (0.95, "ok"), (0.949, "degraded"), (0.8, "degraded"),
+@pytest.mark.parametrize(("value", "status"), [(0.99, "ok"), (0.95, "ok"), (0.949, "degraded"), (0.8, "degraded"),
                                           (0.799, "broken"), (0.0, "broken")])
 def test_agreement_decides_a_classifier(value, status):
     metrics = {"task.top1_agreement": value, "out.prob.sqnr_db": 60.0}  # the task wins over a fine SQNR
@@ -21,7 +21,8 @@ def test_agreement_decides_a_classifier(value, status):
     assert got["status"] == status
     assert got["metric"] == "task.top1_agreement"
     assert got["value"] == value
-    assert "52 evaluation rows" in got["because"] and f"{value:.1%}" in got["because"]
+    assert "52 evaluation rows" in got["because"]
+    assert f"{value:.1%}" in got["because"]
 
 
 def test_a_task_metric_wins_over_a_bad_sqnr():
@@ -29,7 +30,7 @@ def test_a_task_metric_wins_over_a_bad_sqnr():
     assert verdict.decide({"task.iou": 0.5, "out.map.sqnr_db": 60.0})["status"] == "broken"
 
 
-@pytest.mark.parametrize("db,status", [(32.0, "ok"), (20.0, "ok"), (15.0, "degraded"), (9.9, "broken"),
+@pytest.mark.parametrize(("db", "status"), [(32.0, "ok"), (20.0, "ok"), (15.0, "degraded"), (9.9, "broken"),
                                        (1.55, "broken"), (-200.0, "broken")])
 def test_without_a_task_the_worst_output_sqnr_decides(db, status):
     metrics = {"out.prob.sqnr_db": db, "out.state.sqnr_db": 45.0, "max_abs_error": 0.1}
@@ -81,7 +82,7 @@ def test_the_line_is_the_status_and_the_reason():
     assert got["because"].endswith("broken (ok >= 20, broken < 10)")
 
 
-@pytest.mark.parametrize("c,message", [
+@pytest.mark.parametrize(("c", "message"), [
     (conf("task.f1", "max", None, 0.5), "verdict.ok: is required with verdict.metric"),
     (conf("task.f1", "max", 0.5, 0.9), "verdict.ok: must be >= verdict.broken"),
     (conf("task.cer", "min", 0.5, 0.1), "verdict.ok: must be <= verdict.broken"),
@@ -113,7 +114,7 @@ def _yolo_like(transpose: bool):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-@pytest.mark.parametrize("transpose,axis", [(False, 1), (True, 2)])
+@pytest.mark.parametrize(("transpose", "axis"), [(False, 1), (True, 2)])
 def test_output_blocks_find_the_concat_inputs_through_a_transpose(transpose, axis):
     from calibrun.model.graph import output_blocks
 
