@@ -30,7 +30,7 @@ import yaml
 from calibrun import lab
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import RESULT_FILE, atomic_path, remove_orphans, temp_name, write_json
-from calibrun.measure.verdicts import run_diagnosis, sample_trend
+from calibrun.measure.sweep_diagnosis import run_diagnosis, sample_trend
 from calibrun.result import JobResult
 
 log = logging.getLogger("calibrun")
@@ -534,7 +534,7 @@ def _runs_table(r: _Report, metric: str, better: str) -> dict:
 
 def _diagnosis(r: _Report) -> dict:
     """diagnosis.json: a verdict per run, and per group of QDQ runs that differ only in batches whether more samples
-    would help (calibrun.measure.verdicts)."""
+    would help (calibrun.measure.sweep_diagnosis)."""
     runs = {}
     for label, run in r.runs.items():
         table_file = run.result["files"].get("diagnostics")
