@@ -171,7 +171,8 @@ def bench(name: str, work_root: Path, rerun: bool = True, change: str | None = N
     row["recommendation"] = best
     row["diagnosis"] = ((result or {}).get("diagnosis") or {}).get("overall")
     if best and rerun and best.get("change"):
-        usage_r, result_r = _calibrun([*overrides, *str(best["change"]).split()], work, "job_rec")
+        # the change as a user appends it; recommend=off: the re-run judges the change, it recommends nothing
+        usage_r, result_r = _calibrun([*overrides, *str(best["change"]).split(), "recommend=off"], work, "job_rec")
         job = work / "job_rec"
         model = job / "int8_fallback.onnx" if (job / "int8_fallback.onnx").is_file() else job / "int8.onnx"
         row["after_recommendation"] = (_judge(entry, built, model) if "error" not in usage_r
@@ -258,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         row = bench(name, work, rerun=not args.no_rerun, change=args.change)
         rows.append(row)
+        rec = (row.get("recommendation") or {}).get("change", "-")
         log(f"{name}: check {_cell(row['check'])}, bare {_cell(row['bare'])}, verdict {row['verdict'] or '-'}, "
+            f"best recommendation {rec} -> {_cell(row.get('after_recommendation') or {'label': '-'})}, "
             f"{time.perf_counter() - start:.0f} s; load {loadavg()}")
         if args.json:  # partial results survive an interrupted run
             args.json.write_text(json.dumps({"rows": rows, "goals": goals(rows)}, indent=1, default=str))
