@@ -7,8 +7,9 @@ Candidates, each written as the override a user types:
   16-bit activations `quant.activation_type=QInt16` and weights `quant.weight_type=QInt16` (QDQ only: onnxruntime's
   QOperator has no 16-bit kernels), and `quant.nodes_to_exclude=[...]` with the nodes that keep the top culprits
   of the diagnosis in float (QDQ with diagnostics);
-- other calibration methods (`recommend.methods`), calibrated through the calibration cache (a later run with that
-  method reuses the ranges);
+- other calibration methods (`recommend.methods`, none by default: a histogram method's calibration pass is slow
+  and not bounded by memory.budget), calibrated through the calibration cache (a later run with that method
+  reuses the ranges);
 - the changes that each helped, together (one more quantisation), then with each one left out in turn, the
   weakest first, while the fewer changes keep what the combination reached.
 
@@ -222,7 +223,10 @@ class RecommendConf:
 
     enabled: bool | None = None  # null (auto): on for a single run, off in a sweep
     rows: int | None = None  # each candidate is measured on the first `rows` evaluation rows (null: all of them)
-    methods: list[str] = field(default_factory=lambda: ["percentile", "entropy"])  # calibration methods tried
+    # other calibration methods tried (each a calibration pass: a histogram method's is slow and, on large
+    # activations, not bounded by memory.budget: ocr_rec's default job peaked at 9.4 GB with [percentile, entropy]
+    # against 0.65 GB without; none was the best change on the zoo), so none by default
+    methods: list[str] = field(default_factory=list)
     culprits: int = 3  # quant.nodes_to_exclude candidate: the nodes of this many top culprits
 
 
