@@ -224,8 +224,8 @@ class RecommendConf:
     enabled: bool | None = None  # null (auto): on for a single run, off in a sweep
     rows: int | None = None  # each candidate is measured on the first `rows` evaluation rows (null: all of them)
     # other calibration methods tried (each a calibration pass: a histogram method's is slow and, on large
-    # activations, not bounded by memory.budget: ocr_rec's default job peaked at 9.4 GB with [percentile, entropy]
-    # against 0.65 GB without; none was the best change on the zoo), so none by default
+    # activations, not bounded by memory.budget: with [percentile, entropy] ocr_cls's default job peaked at 1.4 GB
+    # against 0.45 GB without, ocr_rec's at 9.4 GB; none was the best change on the zoo), so none by default
     methods: list[str] = field(default_factory=list)
     culprits: int = 3  # quant.nodes_to_exclude candidate: the nodes of this many top culprits
 
