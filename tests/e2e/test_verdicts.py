@@ -56,7 +56,7 @@ def _last_line(run: Proc) -> str:
 
 def test_a_broken_detector_gets_measured_recommendations_and_the_best_one_is_what_it_says(pages, tmp_path):
     common = ["model=file", f"model.path={model_path('ocr_det')}", *image_overrides(pages, 160), "batches=4"]
-    first = calibrun(tmp_path, *common, "hydra.run.dir=first")
+    first = calibrun(tmp_path, *common, "recommend.methods=[entropy]", "hydra.run.dir=first")  # + another method
     result = _done(tmp_path, first, "first")
     verdict = result["verdict"]
     assert (verdict["status"], verdict["metric"]) == ("broken", "task.iou")
@@ -69,7 +69,8 @@ def test_a_broken_detector_gets_measured_recommendations_and_the_best_one_is_wha
     keys = [(rank[r["status_after"]], len(r["change"].split(" ")), -r["after"]) for r in offered]
     assert keys == sorted(keys)
     measured = json.loads((tmp_path / "first" / "recommendations.json").read_text())["measured"]
-    assert len(measured) == result["used"]["recommend"]["candidates"] > len(offered)
+    assert len(measured) == result["used"]["recommend"]["candidates"] > len(offered)  # entropy: worse here
+    assert "method=entropy" in [e["change"] for e in measured]
     for entry in measured:  # every candidate measured, the ones not offered among them, and why
         assert (entry["change"] in [r["change"] for r in offered]) == bool(entry.get("helps")), entry
         if entry.get("helps") is False:
