@@ -258,7 +258,13 @@ def compute(ctx: JobContext) -> JobResult:
                           input_may_stay_float=bool(ctx.exclusions) or cfg.model.name != "lab",
                           budget=budget, used=calibration_memory)
     diag = None
-    if cfg.format.name == "qdq" and cfg.diagnostics.enabled:
+    quantised = sum(quant["ops"].get(op, 0) for op in ("QuantizeLinear", "DequantizeLinear")) or \
+        sum(n for op, n in quant["ops"].items() if op.startswith("QLinear"))
+    if not quantised:
+        log.warning("onnxruntime quantised nothing in this model (no QuantizeLinear/DequantizeLinear or QLinear op at "
+                    "the graph's top level; a network inside an If or Loop subgraph is not quantised): the int8 model "
+                    "computes in float%s", ", no per-tensor diagnostics" if cfg.diagnostics.enabled else "")
+    if cfg.format.name == "qdq" and cfg.diagnostics.enabled and quantised:
         diag = StreamingDiagnostics(fp32.path, int8_path, job_dir / RANGES_FILE, cfg.ort.intra_op_threads,
                                     max_rows=cfg.diagnostics.rows, budget=budget, axes=evaluation.axes)
     try:
@@ -293,6 +299,8 @@ def compute(ctx: JobContext) -> JobResult:
         result.verdict = verdict.decide(result.metrics, cfg.verdict, rows=int(errors["rows"]))
     except ValueError as exc:  # verdict.metric names no metric of this run
         raise CalibrunError(f"config {exc}") from None
+    if result.verdict is not None and not quantised:
+        result.verdict["because"] += "; onnxruntime quantised nothing: the model computes in float"
     if rows is not None:
         write_json(job_dir / DIAGNOSTICS_FILE, as_table(rows))  # column-oriented, strict JSON
         result.files["diagnostics"] = DIAGNOSTICS_FILE

@@ -341,6 +341,7 @@ def _producer_op(model: onnx.ModelProto, output: str) -> str | None:
 FLOATS = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16}
 INTEGERS = {TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8,
             TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64}
+PROBABILITY_OPS = ("Sigmoid", "HardSigmoid")  # a map of their values is one of probabilities (task.threshold 0.5)
 PASS_OPS = SHAPE_OPS | {"Cast"}  # ops that keep the values of a tensor (what a class output may pass through)
 ML = "ai.onnx.ml"
 
@@ -507,19 +508,21 @@ class _Graph:
         after the channel axis is unknown or longer than 1 (an embedding [N, 1, 1, 96] or a vector [N, 1, 1, 1] is no
         map, whatever its rank); IoU of values thresholded at task.threshold means something only there."""
         shape = out.shape
-        if out.kind != "float" or shape is None or not _spatial(shape):
+        if out.kind != "float" or shape is None or not _spatial(shape) or out.producer not in PROBABILITY_OPS:
             return None
         if len(shape) == 4 and shape[1] == 1:
-            return f"is a one-channel map {_fmt(shape)}"
-        if out.producer == "Sigmoid" and len(shape) >= 3:
-            return f"is a Sigmoid map of rank {len(shape)}"
-        return None
+            return f"is a one-channel {out.producer} map {_fmt(shape)}"
+        return f"is a {out.producer} map of rank {len(shape)}"
 
     def not_dense(self, out: Output) -> str | None:
-        """Why a 4-D one-channel output is not a map (no real spatial extent), for the reason line; else None."""
+        """Why a 4-D one-channel output is not a probability map (no real spatial extent, or values that are no
+        probabilities: a log-mel spectrogram), for the reason line; else None."""
         shape = out.shape
-        if out.kind == "float" and shape is not None and len(shape) == 4 and shape[1] == 1 and not _spatial(shape):
-            return f"{_fmt(shape)} has no spatial extent (an embedding or a vector, not a map)"
+        if out.kind == "float" and shape is not None and len(shape) == 4 and shape[1] == 1:
+            if not _spatial(shape):
+                return f"{_fmt(shape)} has no spatial extent (an embedding or a vector, not a map)"
+            if out.producer not in PROBABILITY_OPS:
+                return f"{_fmt(shape)} holds no probabilities (from {out.producer}, not a Sigmoid)"
         return None
 
 

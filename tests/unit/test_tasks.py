@@ -152,7 +152,8 @@ def test_auto_dense_for_a_one_channel_map_and_none_for_boxes(tmp_path):
 
 @pytest.mark.parametrize(("shape", "producer", "dense"), [
     (["N", 1, 8, 8], "Sigmoid", True),  # a probability map
-    (["N", 1, "H", "W"], "Relu", True),  # symbolic height and width: a map
+    (["N", 1, "H", "W"], "Sigmoid", True),  # symbolic height and width: a map
+    (["N", 1, "H", "W"], "Log", False),  # a map of values that are no probabilities (a log-mel spectrogram)
     (["N", 1, 1, 96], "Relu", False),  # an embedding (an audio net's [N, 1, 1, 96]): no spatial extent
     (["N", 1, 1, 96], "Sigmoid", False),  # probabilities, but one row of values, not a map
     (["N", 1, 1, 1], "Sigmoid", False),  # one value per row
@@ -169,6 +170,8 @@ def test_auto_dense_needs_real_spatial_extent(tmp_path, shape, producer, dense):
     assert isinstance(picked, Dense) is dense, picked.reason
     if not dense and channels == 1 and shape[2] == 1:
         assert "no spatial extent" in picked.reason
+    if not dense and producer == "Log":  # openWakeWord's mel front end was scored as a map: IoU 1.0, "ok"
+        assert "holds no probabilities (from Log" in picked.reason
 
 
 # ------------------------------------------------------------------------ multi-output models (issue 29)
