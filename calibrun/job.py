@@ -258,13 +258,14 @@ def compute(ctx: JobContext) -> JobResult:
                           input_may_stay_float=bool(ctx.exclusions) or cfg.model.name != "lab",
                           budget=budget, used=calibration_memory)
     diag = None
-    quantised = sum(quant["ops"].get(op, 0) for op in ("QuantizeLinear", "DequantizeLinear")) or \
-        sum(n for op, n in quant["ops"].items() if op.startswith("QLinear"))
+    ops = quant["ops"]
+    quantised = any(ops.get(op) for op in ("QuantizeLinear", "DequantizeLinear")) or \
+        any(op.startswith("QLinear") for op in ops)
     if not quantised:
         log.warning("onnxruntime quantised nothing in this model (no QuantizeLinear/DequantizeLinear or QLinear op at "
                     "the graph's top level; a network inside an If or Loop subgraph is not quantised): the int8 model "
-                    "computes in float%s", ", no per-tensor diagnostics" if cfg.diagnostics.enabled else "")
-    if cfg.format.name == "qdq" and cfg.diagnostics.enabled and quantised:
+                    "computes in float")
+    if cfg.format.name == "qdq" and cfg.diagnostics.enabled and ops.get("QuantizeLinear"):  # an activation pair
         diag = StreamingDiagnostics(fp32.path, int8_path, job_dir / RANGES_FILE, cfg.ort.intra_op_threads,
                                     max_rows=cfg.diagnostics.rows, budget=budget, axes=evaluation.axes)
     try:

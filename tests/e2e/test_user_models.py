@@ -174,3 +174,21 @@ def test_digits_example_reports_accuracy_per_calibration(tmp_path):
     verdicts = {run["calibration"]: run["verdict"] for run in diagnosis["runs"].values()}
     assert verdicts["narrow"] == "clipping"
     assert verdicts["match"] == "sound"
+
+
+def test_a_model_onnxruntime_quantises_nothing_in_says_so_and_is_measured(tmp_path):
+    """openWakeWord's VAD keeps its network inside an If, where quantize_static quantises nothing: the job used to
+    fail in the per-tensor diagnostics. Here the only quantisable node is excluded: the job says the model computes
+    in float, skips the diagnostics, and its verdict says why it is ok."""
+    from tests.modelzoo import save, unquantised_input_model
+
+    model = save(unquantised_input_model(), tmp_path / "cos.onnx")
+    run = calibrun(tmp_path, "model=file", f"model.path={model}", "quant.nodes_to_exclude=[matmul]", "batches=2",
+                   "recommend=off", "tracking=off", "hydra.run.dir=run")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "onnxruntime quantised nothing in this model" in run.stderr
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["metrics"]["quantize_nodes"] == 0
+    assert "diagnostics" not in result["files"]
+    assert result["verdict"]["status"] == "ok"
+    assert result["verdict"]["because"].endswith("onnxruntime quantised nothing: the model computes in float")
