@@ -24,6 +24,7 @@ from calibrun.model.graph import input_quant, op_counts, scales_summary
 
 FORMATS = {"qdq": QuantFormat.QDQ, "qoperator": QuantFormat.QOperator}
 QUANT_TYPES = {name: QuantType[name] for name in ("QInt8", "QUInt8", "QInt16", "QUInt16")}
+SIXTEEN_BIT = {"QInt8": "QInt16", "QUInt8": "QUInt16"}  # an 8-bit type -> the 16-bit type of the same signedness
 
 
 @dataclass(frozen=True)

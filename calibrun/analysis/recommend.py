@@ -29,11 +29,11 @@ from pathlib import Path
 
 from calibrun.errors import need, one_line
 from calibrun.measure.tensor_stats import float_nodes
+from calibrun.quantize import SIXTEEN_BIT
 
 log = logging.getLogger("calibrun")
 
 RECOMMEND_FILE = "recommendations.json"
-SIXTEEN = {"QInt8": "QInt16", "QUInt8": "QUInt16"}
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 STATUS_RANK = {"broken": 0, "degraded": 1, "ok": 2}
 MOSTLY_INT8 = 0.25  # a nodes_to_exclude candidate keeps at least 3/4 of the model's nodes out of it
@@ -61,9 +61,9 @@ def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, gra
     if fmt == "qdq":
         for key in ("activation_type", "weight_type"):
             current = getattr(options, key)
-            if current in SIXTEEN:
-                found.append(Candidate((f"quant.{key}={SIXTEEN[current]}",),
-                                       replace(options, **{key: SIXTEEN[current]})))
+            if current in SIXTEEN_BIT:
+                found.append(Candidate((f"quant.{key}={SIXTEEN_BIT[current]}",),
+                                       replace(options, **{key: SIXTEEN_BIT[current]})))
         culprits = (diagnosis or {}).get("culprits") or []
         nodes = [n for n in float_nodes(culprits[: conf.culprits]) if n not in options.nodes_to_exclude]
         if nodes and len(options.nodes_to_exclude) + len(nodes) <= MOSTLY_INT8 * graph_nodes:

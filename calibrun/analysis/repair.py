@@ -31,12 +31,11 @@ from pathlib import Path
 from calibrun.analysis.evaluate import metric_of
 from calibrun.analysis.sensitivity import gain, reached
 from calibrun.files import atomic_path, temp_dir
-from calibrun.quantize import QuantOptions, quantize
+from calibrun.quantize import SIXTEEN_BIT, QuantOptions, quantize
 
 log = logging.getLogger("calibrun")
 
 PRECISIONS = ("int16", "fp32")
-SIXTEEN = {"QInt8": "QInt16", "QUInt8": "QUInt16", "QInt16": "QInt16", "QUInt16": "QUInt16"}
 REPAIRED_MODEL = "int8_repaired.onnx"
 REPAIR_FILE = "repair.json"
 _ESCAPED = set("\\()[]{}:=, \t'\"")
@@ -83,8 +82,8 @@ def options_for(base: QuantOptions, promoted: dict[str, str], entries: dict[str,
         entry = entries[tensor]
         if precision == "int16":
             kind = base.weight_type if entry.get("kind") == "weight" else base.activation_type
-            types[tensor] = SIXTEEN[kind]
-            types.update({w: SIXTEEN[base.weight_type] for w in entry.get("weights", ())})
+            types[tensor] = SIXTEEN_BIT.get(kind, kind)
+            types.update({w: SIXTEEN_BIT.get(base.weight_type, base.weight_type) for w in entry.get("weights", ())})
         else:
             excluded += [n for n in entry["nodes"] if n and n not in excluded]
     return replace(base, tensor_types=types, nodes_to_exclude=tuple(excluded))
