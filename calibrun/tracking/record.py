@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 from pathlib import Path
 
 import onnx
@@ -184,7 +186,8 @@ class Job:
     def tags(self, cfg: DictConfig, job_dir: Path) -> dict:
         tags = {"calibrun.job_dir": str(job_dir)}
         if self.sweep_dir is not None:
-            tags.update({"calibrun.sweep_dir": str(self.sweep_dir.resolve()), "calibrun.job_num": str(self.job_num)})
+            tags.update({"calibrun.sweep_dir": str(self.sweep_dir.resolve()), "calibrun.job_num": str(self.job_num),
+                         "calibrun.worker": f"{socket.gethostname()}:{os.getpid()}"})  # which worker ran the job
         swept = self.parent.get("swept", [])
         for override in self.overrides:
             key, _, value = override.partition("=")

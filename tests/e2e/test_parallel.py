@@ -66,9 +66,9 @@ def test_mlflow_has_parent_and_every_child_finished(sweep):
     assert all("max_abs_error" in r.data.metrics for r in children)
     models = client.search_logged_models([experiment.experiment_id])  # logged by the workers, in this experiment
     assert sorted(m.source_run_id for m in models) == sorted(r.info.run_id for r in children)
-    # two workers: some child runs overlap in time
-    spans = sorted((r.info.start_time, r.info.end_time) for r in children)
-    assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:], strict=False))
+    # two worker processes ran the jobs (whether their runs overlap in time depends on the machine's load)
+    workers = {r.data.tags["calibrun.worker"] for r in children}
+    assert len(workers) == 2, workers
 
 
 def test_cache_has_one_file_per_calibration(sweep):

@@ -212,6 +212,7 @@ def test_lab_mlflow_parent_with_24_children(lab):
         swept = {k: child.data.tags[f"calibrun.swept.{k}"] for k in ("calibration", "batches", "format")}
         assert child.info.run_name == f"{swept['calibration']} batches={swept['batches']} {swept['format']}"
     assert len({c.info.run_name for c in children}) == 24
+    assert len({c.data.tags["calibrun.worker"] for c in children}) == 1  # the basic launcher: the sweep's own process
     # the sweep's parent: its overrides, the params all jobs share, the best run, best error per swept value
     assert parent.info.run_name == "sweep experiment=lab calibration=narrow,match,wide batches=1,8,64,512 " \
         "format=qdq,qoperator"
