@@ -90,6 +90,9 @@ class Classification(Task):
         super().__init__(reason)
         self.output, self.axis, self.top_k, self.predicted = output, axis, top_k, predicted
         self.predictions = self.top1 = self.topk = 0
+        self.positional = False  # more than one prediction per row (a map's or a sequence's positions)
+        self.inter: np.ndarray | None = None  # per class: positions both models give it
+        self.union: np.ndarray | None = None  # per class: positions either model gives it
         self.labelled = self.fp32_correct = self.int8_correct = 0
         self.classes: int | None = None
         self.seen: set[int] = set()  # label values seen (paired with `predicted`: at most `classes` of them)
@@ -159,6 +162,7 @@ class Classification(Task):
             if labels is not None and not self._labels_fit(labels):
                 return
             ref_top, got_top = ref.argmax(axis=1), got.argmax(axis=1)
+            self._count_classes(ref_top, got_top, classes, rows=len(np.asarray(fp32[self.output])))
             if classes > self.top_k:
                 top = np.argpartition(-got, self.top_k - 1, axis=1)[:, : self.top_k]
                 self.topk += int(np.count_nonzero((top == ref_top[:, None]).any(axis=1)))
@@ -177,10 +181,25 @@ class Classification(Task):
         self.fp32_correct += int(np.count_nonzero(ref_cls == labels))
         self.int8_correct += int(np.count_nonzero(got_cls == labels))
 
+    def _count_classes(self, ref_top: np.ndarray, got_top: np.ndarray, classes: int, rows: int) -> None:
+        """Per-class intersection and union of the positions each model gives a class, when a row holds more
+        than one prediction: there the majority class (the background) would dominate the agreement."""
+        if len(ref_top) <= rows and not self.positional:
+            return
+        self.positional = True
+        if self.inter is None or len(self.inter) != classes:
+            self.inter, self.union = np.zeros(classes, np.int64), np.zeros(classes, np.int64)
+        inter = np.bincount(ref_top[ref_top == got_top], minlength=classes)
+        self.inter += inter
+        self.union += np.bincount(ref_top, minlength=classes) + np.bincount(got_top, minlength=classes) - inter
+
     def metrics(self) -> dict[str, float]:
         if not self.predictions or self.unfit is not None:
             return {}
         out = {"task.top1_agreement": self.top1 / self.predictions}
+        if self.positional and self.union is not None and self.union.any():
+            present = self.union > 0  # the classes either model predicts somewhere
+            out["task.mean_iou"] = float(np.mean(self.inter[present] / self.union[present]))
         if self.classes is not None and self.classes > self.top_k:
             out[f"task.top{self.top_k}_agreement"] = self.topk / self.predictions
         if self.labelled:

@@ -3,8 +3,10 @@
 
 One rule for every built-in metric: count the model's decisions that quantisation changed.
 
-- A task metric decides when the run has one. Classification: `task.top1_agreement`, the share of rows (or
-  positions) whose int8 top-1 class is fp32's. Dense map: `task.iou`, int8's positive pixels against fp32's:
+- A task metric decides when the run has one. Classification: `task.top1_agreement`, the share of rows whose int8
+  top-1 class is fp32's; with a prediction per position (a map's pixels, a sequence's steps), where the majority
+  class would dominate that share, `task.mean_iou`: per class, the positions both models give it over the
+  positions either gives it, averaged over the classes either predicts (the segmentation's mIoU). Dense map: `task.iou`, int8's positive pixels against fp32's:
   1 - IoU is the share of the pixels that matter (the union of both masks) that changed side. In both, ok means at
   most 1 decision in 20 changed (>= 0.95), broken more than 1 in 5 (< 0.80), degraded in between.
 - A custom metric decides with `verdict.metric`, `verdict.goal` (max|min), `verdict.ok`, `verdict.broken`.
@@ -67,7 +69,9 @@ AGREEMENT = Rule("task.top1_agreement", "max", 0.95, 0.80, "int8's top-1 class i
                  "predictions")
 IOU = Rule("task.iou", "max", 0.95, 0.80, "int8's and fp32's maps share {value:.1%} of the pixels either marks "
                                           "(IoU)")
-TASK_RULES = (AGREEMENT, IOU)
+MEAN_IOU = Rule("task.mean_iou", "max", 0.95, 0.80, "per class, int8's and fp32's positions of that class share "
+                "{value:.1%} of the positions either gives it (mean IoU over the classes)")
+TASK_RULES = (MEAN_IOU, AGREEMENT, IOU)  # the first the run measured decides: mean IoU only where rows hold positions
 SQNR_OK_DB = 20.0
 SQNR_BROKEN_DB = 10.0
 _PART = re.compile(r"^out\.(?P<output>.+?)(?:\.concat(?P<part>\d+))?\.sqnr_db$")

@@ -53,6 +53,30 @@ def test_classification_other_axis_counts_every_position():
     assert "task.top5_agreement" in m  # 7 classes > 5
 
 
+def test_a_map_of_classes_gets_the_mean_iou_of_each_class():
+    """[N, C, H, W] scores: 2 rows of 4x4 positions, class 0 the background; int8 turns 2 of fp32's 4 class-1
+    positions to background and marks one background position class 2."""
+    ref = np.zeros((2, 3, 4, 4))
+    ref[:, 0] = 1.0
+    ref[0, 1, 0, :4] = 2.0  # row 0: class 1 on the first line (4 positions)
+    got = ref.copy()
+    got[0, 1, 0, :2] = 0.0  # two of them back to class 0
+    got[1, 2, 3, 3] = 2.0  # one background position to class 2
+    task = Classification("p", axis=1)
+    task.update({"p": ref[:1]}, {"p": got[:1]}, None)
+    task.update({"p": ref[1:]}, {"p": got[1:]}, None)
+    m = task.metrics()
+    assert m["task.top1_agreement"] == pytest.approx(29 / 32)  # the background keeps the share high
+    # class 0: both 27 of the union 30; class 1: 2 of 4; class 2: 0 of 1
+    assert m["task.mean_iou"] == pytest.approx((27 / 30 + 2 / 4 + 0 / 1) / 3)
+
+
+def test_one_prediction_a_row_has_no_mean_iou():
+    task = Classification("p", axis=1)
+    task.update({"p": np.eye(3)}, {"p": np.eye(3)}, None)
+    assert "task.mean_iou" not in task.metrics()
+
+
 def test_dense_iou_and_agreement():
     ref = np.array([[0.9, 0.9, 0.1, 0.1]])
     got = np.array([[0.9, 0.2, 0.8, 0.1]])

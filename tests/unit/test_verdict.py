@@ -25,6 +25,12 @@ def test_agreement_decides_a_classifier(value, status):
     assert f"{value:.1%}" in got["because"]
 
 
+def test_a_map_of_classes_is_decided_by_its_mean_iou():
+    """A background that agrees everywhere cannot hide the classes that changed."""
+    v = verdict.decide({"task.top1_agreement": 0.998, "task.mean_iou": 0.86})
+    assert (v["status"], v["metric"]) == ("degraded", "task.mean_iou")
+
+
 def test_a_task_metric_wins_over_a_bad_sqnr():
     assert verdict.decide({"task.iou": 0.97, "out.map.sqnr_db": 3.0})["status"] == "ok"
     assert verdict.decide({"task.iou": 0.5, "out.map.sqnr_db": 60.0})["status"] == "broken"
