@@ -6,6 +6,7 @@ Everything here is post-calibration: changing any of these options reuses the ca
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -65,15 +66,20 @@ class _AdviceOnce(logging.Filter):
     """onnxruntime logs the same advice on the root logger for every QOperator model it writes ("Please use
     QuantFormat.QDQ for activation type QInt8 ...") and every 16-bit model of an older opset ("The original model
     opset version is 17, which does not support 16-bit ..."): shown once per process (a sweep's jobs run in its
-    process, or in a few workers), not once per model."""
+    process, or in a few workers), not once per model. Its INFO lines, one per tensor ("Quantizing bias tensor
+    'conv2d_96.b_0' as a weight due to the presence of user-specified overrides": 400 per model a repair trial
+    writes), are dropped; its warnings stay."""
 
     PREFIX = ("Please use QuantFormat.QDQ", "The original model opset version is")
+    QUIET = f"{os.sep}onnxruntime{os.sep}quantization{os.sep}"
 
     def __init__(self):
         super().__init__()
         self.seen: set[str] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno <= logging.INFO and self.QUIET in record.pathname:
+            return False
         message = record.getMessage()
         if not message.startswith(self.PREFIX):
             return True

@@ -7,6 +7,7 @@ The runner calls three functions: `attach` after compute (adds the analysis to t
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -24,6 +25,7 @@ SENSITIVITY_FILE = "sensitivity.json"
 PLOT_FILE = "sensitivity.png"
 FALLBACK_MODEL = "int8_fallback.onnx"
 FRONT_PLOT = "repair_front.png"
+LISTED = 10  # promoted tensors named in the repair's log line (all of them in repair.json)
 NAMES = ("none", "sensitivity", "repair")
 
 
@@ -214,9 +216,14 @@ def _repair(ctx, result, int8_path: Path, evaluator, measured: dict, goal: Goal,
         "analysis.promoted_int16": sum(p == "int16" for p in promoted.values()),
         "analysis.promoted_fp32": sum(p == "fp32" for p in promoted.values())}))
     if done["reached"]:
+        listed = ", ".join(f"{t}: {p}" for t, p in itertools.islice(promoted.items(), LISTED))
+        if len(promoted) > LISTED:
+            listed += f", ... {len(promoted) - LISTED} more"
+        rebuild = " ".join(done["overrides"])
+        if len(rebuild) > 500:
+            rebuild = f"the overrides in {job_dir / REPAIR_FILE}"
         log.info("repair: %s = %.6g with %d tensors promoted (%s) -> %s; rebuild it with %s", goal.metric,
-                 done["value"], len(promoted), ", ".join(f"{t}: {p}" for t, p in promoted.items()),
-                 job_dir / REPAIRED_MODEL, " ".join(done["overrides"]))
+                 done["value"], len(promoted), listed, job_dir / REPAIRED_MODEL, rebuild)
     else:
         log.warning("repair: %s did not reach %s in %d steps (%.6g); the best model measured is %s", goal.metric,
                     goal.target, cfg.analysis.max_steps, done["value"], job_dir / REPAIRED_MODEL)

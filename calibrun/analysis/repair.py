@@ -135,13 +135,19 @@ def repair(fp32_path: Path, calibration, options: QuantOptions, ranking: Sequenc
         made = itertools.count()
         best: dict = {}
 
+        seen: dict[frozenset, bool] = {}  # every state measured: whether it reached the target
+
         def trial(state: dict[str, str], what: str) -> bool:
-            """Quantise and measure `state`; keep it as the best when better; whether it reaches the target."""
+            """Quantise and measure `state`; keep it as the best when better; whether it reaches the target. A
+            state measured before is not measured again (taking every promotion back gives the int8 model)."""
+            key = frozenset(state.items())
+            if key in seen:
+                return seen[key]
             path = Path(tmp) / f"{next(made)}.onnx"
             quantize(fp32_path, path, calibration, options_for(options, state, entries))
             measured, seconds = measure(path)
             value = metric_of(measured, metric)
-            ok = reached(goal, value, target)
+            ok = seen[key] = reached(goal, value, target)
             steps.append({"step": len(steps), "what": what, "promoted": len(state), "metric": value, "reached": ok})
             log.info("repair step %d: %s: %s = %.6g%s", len(steps) - 1, what, metric, value,
                      " (target reached)" if ok else "")
@@ -163,6 +169,7 @@ def repair(fp32_path: Path, calibration, options: QuantOptions, ranking: Sequenc
             value = metric_of(measured, metric)
             ok = reached(goal, value, target)
             best.update(state={}, value=value, model=model, measured=measured, seconds=seconds, ok=ok)
+            seen[frozenset()] = ok
             steps.append({"step": 0, "what": "int8 (the job's model)", "promoted": 0, "metric": value, "reached": ok})
             point({}, value, seconds)
         else:
@@ -205,11 +212,12 @@ def repair(fp32_path: Path, calibration, options: QuantOptions, ranking: Sequenc
                 """Take `group` back together (to int8, or `to`); when the target no longer holds, each half."""
                 if not group or budget[0] <= 0:
                     return
-                budget[0] -= 1
                 had = {t: best["state"][t] for t in group}
                 fewer = {t: p for t, p in best["state"].items() if t not in had}
                 if to is not None:
                     fewer.update({t: to for t in group})
+                if frozenset(fewer.items()) not in seen:  # the budget counts the trials measured
+                    budget[0] -= 1
                 what = f"{group[0]} back to {to or 'int8'}" if len(group) == 1 else \
                     f"{len(group)} tensors back to {to or 'int8'}"
                 if trial(fewer, what) and best["state"] == fewer:

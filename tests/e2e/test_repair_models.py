@@ -59,9 +59,9 @@ def test_int16_repairs_a_text_detector_whose_error_is_spread_without_fp32(tmp_pa
     common = ["model=file", f"model.path={model_path('ocr_det')}", "batches=4"]
     for key in ("data", "eval_data"):
         common += [f"{key}=images", f"{key}.path={pages}", f"{key}.resize=160", f"{key}.crop=160"]
-    # a take-back of 20 trials (the preset's 100 prune further, in minutes the suite does not need to spend)
+    # a take-back of 6 trials (the preset's 100 prune further, in minutes the suite does not need to spend)
     proc = calibrun(tmp_path, *common, "analysis=repair", "analysis.precisions=[int16]", "analysis.groups=16",
-                    "analysis.max_steps=20", "hydra.run.dir=job")
+                    "analysis.max_steps=6", "hydra.run.dir=job")
     result = _done(tmp_path, proc, "job")
     job = tmp_path / "job"
     record = json.loads((job / "repair.json").read_text())

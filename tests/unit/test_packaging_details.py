@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -67,3 +68,17 @@ def test_qoperator_advice_is_shown_once_per_process(caplog):
     messages = [r.getMessage() for r in caplog.records]
     assert messages.count(advice) == 1
     assert messages.count("another warning") == 3
+
+
+def test_onnxruntimes_per_tensor_info_lines_are_dropped_and_its_warnings_kept(caplog, tmp_path):
+    """A 16-bit override makes onnxruntime log one INFO line per bias tensor on the root logger; calibrun drops
+    onnxruntime quantisation's INFO records (by their source file) and keeps its warnings."""
+    quantize.advice_once()
+    root = logging.getLogger()
+    where = f"{os.sep}site-packages{os.sep}onnxruntime{os.sep}quantization{os.sep}base_quantizer.py"
+    with caplog.at_level(logging.INFO):
+        for level, message, path in ((logging.INFO, "Quantizing bias tensor 'b' as a weight", where),
+                                     (logging.WARNING, "a warning of onnxruntime's", where),
+                                     (logging.INFO, "calibrun's own line", __file__)):
+            root.handle(root.makeRecord("root", level, path, 1, message, None, None))
+    assert [r.getMessage() for r in caplog.records] == ["a warning of onnxruntime's", "calibrun's own line"]
