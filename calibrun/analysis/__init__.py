@@ -46,6 +46,9 @@ def validate(analysis, format_name: str) -> None:
     need(analysis.groups >= 0, "groups", "must be >= 0 (0: no pre-pass)", analysis.groups)
     need(analysis.groups == 0 or analysis.strategy == "switch", "groups", "needs analysis.strategy=switch",
          analysis.groups)
+    need(analysis.workers >= 1, "workers", "must be >= 1", analysis.workers)
+    need(analysis.workers == 1 or analysis.strategy == "switch", "workers", "needs analysis.strategy=switch (the "
+         "workers share out the switch model's trials)", analysis.workers)
     need(analysis.metric is None and analysis.name == "repair" or bool(str(analysis.metric).strip()), "metric",
          "must name a metric of the run (null only with analysis=repair: the verdict's)", analysis.metric)
     if analysis.target is not None:
@@ -139,7 +142,8 @@ def _sensitivity(ctx, result, int8_path: Path, evaluator, measured: dict, goal: 
         _repair(ctx, result, int8_path, evaluator, measured, goal, seconds, {"ranking": ranking, "by": "noise"})
         return
     ranked = rank(fp32.path, int8_path, evaluator, goal.metric, goal.goal, a.strategy, tuple(a.kinds),
-                  cfg.ort.intra_op_threads, only=set(a.tensors) if a.tensors else None, groups=a.groups)
+                  cfg.ort.intra_op_threads, only=set(a.tensors) if a.tensors else None, groups=a.groups,
+                  workers=a.workers)
     ranked["int8_metric"] = metric_of(measured, goal.metric)
     log.info("sensitivity: %d tensors in %.1f s (%d trials, %.3f s per tensor, %s); most sensitive: %s",
              ranked["tensors"], ranked["seconds"], ranked["trials"], ranked["seconds_per_tensor"], a.strategy,
@@ -340,6 +344,7 @@ class AnalysisConf:
     kinds: list[str] = field(default_factory=lambda: ["activation", "weight"])
     tensors: list[str] | None = None  # analyse only the pairs on these tensors (None: every pair of `kinds`)
     groups: int = 0  # > 1: a coarse pre-pass over that many groups of pairs first (switch strategy), 0: none
+    workers: int = 1  # > 1: the ranking's trials in that many processes (switch strategy)
     max_steps: int = 20  # fallback / repair steps at most
     precisions: list[str] = field(default_factory=lambda: ["int16", "fp32"])  # repair: what a tensor may become
     ranking: str = "sensitivity"  # repair: sensitivity (a trial a tensor) | noise (the diagnostics' shares, no trial)

@@ -27,6 +27,42 @@ Feeds = dict[str, np.ndarray]
 RunFn = Callable[[Feeds], Sequence[np.ndarray]]
 
 
+class Batches:
+    """The evaluation batches an Evaluator wrote (inputs, fp32 outputs and labels, one .npz each) and the metrics
+    of any run against them: all a worker process needs to measure a trial (it pickles: paths, names and a fresh
+    task)."""
+
+    def __init__(self, folder: Path, count: int, input_names: list[str], output_names: list[str], blocks, task):
+        self.folder, self.count = folder, count
+        self.input_names, self.output_names, self.blocks, self.task = input_names, output_names, blocks, task
+
+    def batch(self, i: int) -> tuple[Feeds, list[np.ndarray], np.ndarray | None]:
+        with np.load(self.folder / f"{i}.npz", allow_pickle=False) as data:
+            feeds = {name: data[f"i{k}"] for k, name in enumerate(self.input_names)}
+            reference = [data[f"o{k}"] for k in range(len(self.output_names))]
+            labels = data["labels"] if "labels" in data.files else None
+        return feeds, reference, labels
+
+    def run(self, run: RunFn) -> dict[str, float]:
+        """Metrics of `run(feeds) -> outputs` (outputs in the fp32 model's order) over every evaluation batch."""
+        errors = OutputErrors(self.output_names, self.blocks)
+        task = copy.deepcopy(self.task)
+        for i in range(self.count):
+            feeds, ref, labels = self.batch(i)
+            got = [as_array(o) for o in run(feeds)]
+            if len(got) < len(ref):
+                raise CalibrunError(f"the int8 model has {len(got)} outputs, the fp32 model {len(ref)}")
+            got = got[: len(ref)]
+            errors.update(ref, got)
+            if task is not None:
+                task.update(dict(zip(self.output_names, ref, strict=True)),
+                            dict(zip(self.output_names, got, strict=True)), labels)
+        metrics = errors.metrics()
+        if task is not None:
+            metrics.update(task.metrics())
+        return metrics
+
+
 class Evaluator:
     """The evaluation batches with their fp32 reference outputs (kept on disk) and the metrics of any int8 run
     against them. Use as a context manager (the temp folder is removed on exit).
@@ -71,31 +107,13 @@ class Evaluator:
     def close(self) -> None:
         self._dir.cleanup()
 
-    def _batch(self, i: int) -> tuple[Feeds, list[np.ndarray], np.ndarray | None]:
-        with np.load(self._tmp / f"{i}.npz", allow_pickle=False) as data:
-            feeds = {name: data[f"i{k}"] for k, name in enumerate(self.input_names)}
-            reference = [data[f"o{k}"] for k in range(len(self.output_names))]
-            labels = data["labels"] if "labels" in data.files else None
-        return feeds, reference, labels
+    @property
+    def batches(self) -> Batches:
+        return Batches(self._tmp, self.count, self.input_names, self.output_names, self.blocks, self.task)
 
     def run(self, run: RunFn) -> dict[str, float]:
         """Metrics of `run(feeds) -> outputs` (outputs in the fp32 model's order) over every evaluation batch."""
-        errors = OutputErrors(self.output_names, self.blocks)
-        task = copy.deepcopy(self.task)
-        for i in range(self.count):
-            feeds, ref, labels = self._batch(i)
-            got = [as_array(o) for o in run(feeds)]
-            if len(got) < len(ref):
-                raise CalibrunError(f"the int8 model has {len(got)} outputs, the fp32 model {len(ref)}")
-            got = got[: len(ref)]
-            errors.update(ref, got)
-            if task is not None:
-                task.update(dict(zip(self.output_names, ref, strict=True)),
-                            dict(zip(self.output_names, got, strict=True)), labels)
-        metrics = errors.metrics()
-        if task is not None:
-            metrics.update(task.metrics())
-        return metrics
+        return self.batches.run(run)
 
     def model(self, path: str | Path) -> dict[str, float]:
         """Metrics of the int8 model file `path` (one session, every batch)."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import os
 import shutil
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -61,9 +62,10 @@ def _finite(value: float) -> float | None:
 
 def rank(fp32_path: Path, int8_path: Path, evaluator: Evaluator, metric: str, goal: str, strategy: str = "switch",
          kinds: Sequence[str] = KINDS, threads: int = 0, every: float = 5.0,
-         only: Collection[str] | None = None, groups: int = 0) -> dict:
+         only: Collection[str] | None = None, groups: int = 0, workers: int = 1) -> dict:
     """The ranking of every QDQ pair of `int8_path` (a QDQ model) by the gain in `metric` when it alone is removed
-    (`only`: just the pairs on these tensors; `groups`: the coarse pre-pass of the module docstring)."""
+    (`only`: just the pairs on these tensors; `groups`: the coarse pre-pass of the module docstring; `workers`: the
+    switch strategy's trials in that many processes, `Trials`)."""
     if goal not in GOALS:
         raise CalibrunError(f"analysis.goal must be one of {list(GOALS)}, got {goal!r}")
     if strategy not in STRATEGIES:
@@ -93,21 +95,15 @@ def rank(fp32_path: Path, int8_path: Path, evaluator: Evaluator, metric: str, go
                 flags = qdq.switches(len(pairs), on)
                 return evaluator.run(lambda feeds: sess.run(names, {**feeds, **flags}))
 
-            baseline_metrics = trial(None)
-            baseline = metric_of(baseline_metrics, metric)
-            chosen, group_of, group_gains, group_seconds = _prepass(len(pairs), groups, trial, metric, goal,
-                                                                    baseline)
-            values = []
-            last = time.perf_counter()
-            for i in range(len(pairs)):
-                if i not in chosen:
-                    values.append((math.nan, None))
-                    continue
-                t0 = time.perf_counter()
-                values.append((metric_of(trial(i), metric), time.perf_counter() - t0))
-                if time.perf_counter() - last > every:
-                    last = time.perf_counter()
-                    log.info("sensitivity: %d/%d tensors", i + 1, len(pairs))
+            with Trials(path, threads, evaluator, names, len(pairs), workers, trial) as trials:
+                baseline_metrics = trial(None)
+                baseline = metric_of(baseline_metrics, metric)
+                chosen, group_of, group_gains, group_seconds = _prepass(
+                    len(pairs), groups, lambda sets: [m for m, _ in trials.map(sets)], metric, goal, baseline)
+                alone = sorted(chosen)
+                measured_alone = dict(zip(alone, trials.map(alone, every), strict=True))
+            values = [(metric_of(measured_alone[i][0], metric), measured_alone[i][1]) if i in measured_alone
+                      else (math.nan, None) for i in range(len(pairs))]
             all_fp32 = metric_of(trial(set(range(len(pairs)))), metric)
         else:
             if groups:
@@ -156,18 +152,98 @@ def rank(fp32_path: Path, int8_path: Path, evaluator: Evaluator, metric: str, go
     return record
 
 
-def _prepass(count: int, groups: int, trial: Callable, metric: str, goal: str,
+class Trials:
+    """Trials of the switch model: each a set of pairs switched out, measured over every evaluation batch.
+    `workers` > 1: in that many processes (started with `spawn`: a fork of a process holding onnxruntime's
+    threads is not safe), each holding one session of the switch model with `threads` // workers intra-op threads
+    (at least 1), the trials dealt out a few at a time; the metrics are the serial run's (one trial, one pass over
+    the same batches, in a session of the same model). `workers` <= 1: `serial` here, one after the other."""
+
+    def __init__(self, path: Path, threads: int, evaluator: Evaluator, names: list[str], pairs: int, workers: int,
+                 serial: Callable):
+        self.serial, self.workers, self.pool = serial, workers, None
+        if workers > 1:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            per = max(1, (threads or os.cpu_count() or 1) // workers)
+            self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                            initializer=_worker_session,
+                                            initargs=(str(path), per, evaluator.batches, names, pairs))
+
+    def __enter__(self) -> Trials:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+    def __call__(self, on) -> dict[str, float]:
+        return self.serial(on)
+
+    def map(self, trials: Sequence, every: float = math.inf) -> list[tuple[dict, float]]:
+        """(metrics, seconds) of each trial, in order; a progress line every `every` seconds."""
+        out: list[tuple[dict, float] | None] = [None] * len(trials)
+        last = time.perf_counter()
+
+        def progress(done: int) -> None:
+            nonlocal last
+            if time.perf_counter() - last > every:
+                last = time.perf_counter()
+                log.info("sensitivity: %d/%d tensors measured alone", done, len(trials))
+
+        if self.pool is None:
+            for k, on in enumerate(trials):
+                t0 = time.perf_counter()
+                out[k] = (self.serial(on), time.perf_counter() - t0)
+                progress(k + 1)
+            return out
+        from concurrent.futures import as_completed
+
+        size = max(1, min(8, len(trials) // (4 * self.workers)))  # a few trials a task: balance and progress
+        chunks = {self.pool.submit(_worker_trials, list(trials[k:k + size])): k
+                  for k in range(0, len(trials), size)}
+        done = 0
+        for future in as_completed(chunks):
+            k = chunks[future]
+            results = future.result()
+            out[k:k + len(results)] = results
+            done += len(results)
+            progress(done)
+        return out
+
+
+_WORKER: dict = {}
+
+
+def _worker_session(path: str, threads: int, batches, names: list[str], pairs: int) -> None:
+    _WORKER.update(sess=session(path, threads), batches=batches, names=names, pairs=pairs)
+
+
+def _worker_trials(trials: list) -> list[tuple[dict, float]]:
+    sess, batches, names, pairs = (_WORKER[k] for k in ("sess", "batches", "names", "pairs"))
+    out = []
+    for on in trials:
+        t0 = time.perf_counter()
+        flags = qdq.switches(pairs, on)
+        out.append((batches.run(lambda feeds, flags=flags: sess.run(names, {**feeds, **flags})),
+                    time.perf_counter() - t0))
+    return out
+
+
+def _prepass(count: int, groups: int, measure: Callable[[list[set[int]]], list[dict]], metric: str, goal: str,
              baseline: float) -> tuple[set[int], dict[int, int], list[float | None], float]:
     """The coarse pre-pass: (pair indices to measure alone, pair -> group, each group's gain, seconds spent).
-    Without groups (or no fewer groups than pairs) every pair is measured alone."""
+    `measure(sets)`: the metrics with each set of pairs taken out. Without groups (or no fewer groups than pairs)
+    every pair is measured alone."""
     if groups <= 1 or groups >= count:
         return set(range(count)), {}, [], 0.0
     bounds = [round(g * count / groups) for g in range(groups + 1)]
     group_of, gains, chosen = {}, [], set()
     start = time.perf_counter()
-    for g in range(groups):
-        members = set(range(bounds[g], bounds[g + 1]))
-        value = gain(goal, baseline, metric_of(trial(members), metric))
+    sets = [set(range(bounds[g], bounds[g + 1])) for g in range(groups)]
+    for g, (members, measured) in enumerate(zip(sets, measure(sets), strict=True)):
+        value = gain(goal, baseline, metric_of(measured, metric))
         gains.append(_finite(value))
         group_of.update(dict.fromkeys(members, g))
         if value > 0:

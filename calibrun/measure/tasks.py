@@ -109,11 +109,14 @@ class Classification(Task):
 
     def __deepcopy__(self, memo):
         """A fresh copy for another measurement: its counts copied, the evaluation rows it names shared."""
-        clone = copy.copy(self)
+        clone = object.__new__(type(self))  # not copy.copy: it would pickle the state without the evaluation
         for key, value in vars(self).items():
-            if key != "evaluation":
-                setattr(clone, key, copy.deepcopy(value, memo))
+            setattr(clone, key, value if key == "evaluation" else copy.deepcopy(value, memo))
         return clone
+
+    def __getstate__(self) -> dict:
+        """Pickled for a worker process without the evaluation rows it names (their labels were judged here)."""
+        return {**vars(self), "evaluation": None}
 
     def _flat(self, array: np.ndarray) -> np.ndarray:
         if array.ndim == 0:

@@ -248,6 +248,24 @@ def test_group_prepass_measures_alone_only_the_groups_that_help(narrow):
     assert coarse["ranking"][0]["tensor"] == "x"
 
 
+@pytest.mark.parametrize("groups", [0, 3])
+def test_trials_in_two_worker_processes_give_the_serial_ranking(narrow, groups):
+    """analysis.workers=2: the same trials in two processes, each with its own session of the switch model (and a
+    custom task pickled to them): every metric equal to the serial run's, to the last bit."""
+    fp32, int8, _, feeds = narrow
+    task = Custom("tests.unit.test_analysis:two_output_task")
+    with Evaluator(fp32.path, EvalData.from_arrays(feeds), 16, threads=1, task=task) as ev:
+        serial = rank(fp32.path, int8, ev, "mean_abs_error", "min", "switch", threads=1, groups=groups)
+        parallel = rank(fp32.path, int8, ev, "mean_abs_error", "min", "switch", threads=2, groups=groups,
+                        workers=2)
+    assert parallel["tensors"] == serial["tensors"] > 2
+    assert parallel["trials"] == serial["trials"]
+    strip = ("seconds",)
+    assert [{k: v for k, v in r.items() if k not in strip} for r in parallel["ranking"]] == \
+        [{k: v for k, v in r.items() if k not in strip} for r in serial["ranking"]]
+    assert parallel["baseline"] == serial["baseline"]
+
+
 def test_group_prepass_that_finds_no_helping_group_measures_every_pair():
     from calibrun.analysis.sensitivity import _prepass
 
@@ -257,12 +275,15 @@ def test_group_prepass_that_finds_no_helping_group_measures_every_pair():
         taken_out.append(sorted(members))
         return {"m": 1.0 + len(members)}
 
-    chosen, group_of, gains, _ = _prepass(10, 3, trial, "m", "min", 1.0)
+    def measure(sets):
+        return [trial(members) for members in sets]
+
+    chosen, group_of, gains, _ = _prepass(10, 3, measure, "m", "min", 1.0)
     assert taken_out == [[0, 1, 2], [3, 4, 5, 6], [7, 8, 9]]
     assert gains == [-3.0, -4.0, -3.0]
     assert chosen == set(range(10))
     assert group_of == {i: 0 if i < 3 else 1 if i < 7 else 2 for i in range(10)}
-    assert _prepass(10, 0, trial, "m", "min", 1.0)[0] == set(range(10))
+    assert _prepass(10, 0, measure, "m", "min", 1.0)[0] == set(range(10))
     assert len(taken_out) == 3  # groups=0: no group trial
 
 
@@ -368,6 +389,8 @@ def test_analysis_defaults_and_group(hydra_ctx):
     (["analysis=sensitivity", "analysis.strategy=fast"], "analysis.strategy"),
     (["analysis=sensitivity", "analysis.groups=-1"], "analysis.groups"),
     (["analysis=sensitivity", "analysis.strategy=edit", "analysis.groups=10"], "analysis.groups"),
+    (["analysis=sensitivity", "analysis.workers=0"], "analysis.workers"),
+    (["analysis=sensitivity", "analysis.strategy=edit", "analysis.workers=2"], "analysis.workers"),
     (["task=custom", "task.fn=nomodule_xyz:f"], "task.fn"),
 ])
 def test_bad_analysis_values_fail_naming_the_key(hydra_ctx, overrides, key):
