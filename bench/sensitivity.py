@@ -21,8 +21,9 @@ With `--groups N` a third row per model ranks EVERY pair with the switch strateg
 groups (analysis.groups): its seconds per tensor are the whole ranking's trial time over all pairs, `trials` how many
 passes it made. With `--workers N` (default 2) a row ranks the same pairs with the switch strategy in N worker
 processes (`analysis.workers=N`, `--threads` threads each) and a line gives the ranking's wall on 1 worker against
-N, and whether every metric is identical. A model with a task metric (nudenet: tests.detection:yolov8_agreement, task.det_f1) is ranked by
-it, the others by max_abs_error. The machine's load average is printed: other processes skew every figure.
+N, and whether every metric is identical. A model with a task metric (nudenet: tests.detection:yolov8_agreement,
+task.det_f1) is ranked by it, the others by max_abs_error. The machine's load average is printed: other processes
+skew every figure.
 """
 
 from __future__ import annotations

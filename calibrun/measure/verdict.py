@@ -6,9 +6,10 @@ One rule for every built-in metric: count the model's decisions that quantisatio
 - A task metric decides when the run has one. Classification: `task.top1_agreement`, the share of rows whose int8
   top-1 class is fp32's; with a prediction per position (a map's pixels, a sequence's steps), where the majority
   class would dominate that share, `task.mean_iou`: per class, the positions both models give it over the
-  positions either gives it, averaged over the classes either predicts (the segmentation's mIoU). Dense map: `task.iou`, int8's positive pixels against fp32's:
-  1 - IoU is the share of the pixels that matter (the union of both masks) that changed side. In both, ok means at
-  most 1 decision in 20 changed (>= 0.95), broken more than 1 in 5 (< 0.80), degraded in between.
+  positions either gives it, averaged over the classes either predicts (the segmentation's mIoU). Dense map:
+  `task.iou`, int8's positive pixels against fp32's: 1 - IoU is the share of the pixels that matter (the union of
+  both masks) that changed side. In each, ok means at most 1 decision in 20 changed (>= 0.95), broken more than 1
+  in 5 (< 0.80), degraded in between.
 - A custom metric decides with `verdict.metric`, `verdict.goal` (max|min), `verdict.ok`, `verdict.broken`.
 - Without a task metric, the worst model output's SQNR (int8 against fp32, in dB; an output a Concat joins, like a
   detector's boxes and scores in one tensor, counts each Concat input's part, so a part the whole's energy hides
