@@ -53,10 +53,11 @@ def test_lab_narrow_sensitivity_and_fallback_end_to_end(tmp_path):
     from mlflow import MlflowClient
 
     run_dir = tmp_path / "a"
-    # three of the model's activations only (analysis.kinds and analysis.tensors reach the ranking)
+    # three of the model's activations only (analysis.kinds and analysis.tensors reach the ranking), ranked in two
+    # worker processes (the metrics are the serial run's: tests/unit/test_analysis.py)
     proc = calibrun(tmp_path, "calibration=narrow", "batches=8", "eval.rows=64", "analysis=sensitivity",
                     "analysis.kinds=[activation]", "analysis.tensors=[y,x,h_mm]", "analysis.target=0.31",
-                    f"hydra.run.dir={run_dir}")
+                    "analysis.workers=2", f"hydra.run.dir={run_dir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((run_dir / "result.json").read_text())
     record = json.loads((run_dir / "sensitivity.json").read_text())
