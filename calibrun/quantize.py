@@ -16,6 +16,7 @@ from pathlib import Path
 import onnx
 from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
+from calibrun import patches
 from calibrun.calibrate import METHODS, Calibration, CalibrationCache, CalibrationSpec, calibrated
 from calibrun.data.lab import lab_batches
 from calibrun.errors import CalibrunError
@@ -112,6 +113,7 @@ def quantize(
     """
     out_path = Path(out_path)
     advice_once()
+    patches.rewire_by_membership()
     start = time.perf_counter()
     with atomic_path(out_path, suffix=".onnx") as tmp, temp_dir("q") as private:
         quantize_static(

@@ -1,11 +1,12 @@
-"""calibrun.patches: each patch of Hydra's or MLflow's internals keeps every record the same, applies only to the
-versions it was written for, and CALIBRUN_PATCHES=off turns them all off.
+"""calibrun.patches: each patch of Hydra's, MLflow's or onnxruntime's internals keeps every record the same, applies
+only to the versions it was written for, and CALIBRUN_PATCHES=off turns them all off.
 
 - compose_faster: Hydra's compositions of a sweep's jobs give the same configs with it as without
   it, and a cached config file is never shared between two compositions.
 - compose_once: Hydra's composition only to read hydra.mode is skipped when it cannot be set;
   the mode Hydra picks is the same.
 - commit_without_fsync: the store's SQLite connections run synchronous=NORMAL, in WAL mode.
+- rewire_by_membership: onnxruntime's quantiser changes the same node inputs and writes the same bytes.
 The quick exit (calibrun.__main__) on a real tracked sweep: tests/e2e/test_quick_exit.py.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import os
 from pathlib import Path
 
 import pytest
@@ -187,16 +189,22 @@ def test_calibrun_patches_off_leaves_every_library_as_shipped(switch, monkeypatc
     monkeypatch.setenv("CALIBRUN_PATCHES", switch)
     monkeypatch.setattr(Hydra, "get_mode", Hydra.get_mode)
     monkeypatch.setattr(ConfigLoaderImpl, "load_sweep_config", ConfigLoaderImpl.load_sweep_config)
+    from onnxruntime.quantization.onnx_model import ONNXModel
+
     monkeypatch.setattr(environment, "warn_dependency_requirement_mismatches",
                         environment.warn_dependency_requirement_mismatches)
+    monkeypatch.setattr(ONNXModel, "replace_input_of_all_nodes", ONNXModel.replace_input_of_all_nodes)
     before = (Hydra.get_mode, ConfigLoaderImpl.load_sweep_config, *(vars(c).get(a) for c, a in zip(
-        _classes(), ("_read_config", "__deepcopy__"), strict=True)), environment.warn_dependency_requirement_mismatches)
+        _classes(), ("_read_config", "__deepcopy__"), strict=True)), environment.warn_dependency_requirement_mismatches,
+        vars(ONNXModel)["replace_input_of_all_nodes"])
     patches.compose_once()
     patches.compose_faster()
     patches.compose_each_job_once()
     patches.check_pins_cheaply()
+    patches.rewire_by_membership()
     after = (Hydra.get_mode, ConfigLoaderImpl.load_sweep_config, *(vars(c).get(a) for c, a in zip(
-        _classes(), ("_read_config", "__deepcopy__"), strict=True)), environment.warn_dependency_requirement_mismatches)
+        _classes(), ("_read_config", "__deepcopy__"), strict=True)), environment.warn_dependency_requirement_mismatches,
+        vars(ONNXModel)["replace_input_of_all_nodes"])
     assert after == before
     monkeypatch.setenv("CALIBRUN_PATCHES", "on")
     patches.compose_each_job_once()
@@ -317,3 +325,50 @@ def test_the_guards_stay_with_the_speed_patches_off_and_leave_other_hydra_versio
             hydra_utils._save_config({}, "config.yaml", "/out")
         assert bool(full) is reported
         full.clear()
+
+
+def test_rewire_by_membership_changes_the_same_inputs_as_onnxruntime(monkeypatch):
+    """The replacement changes exactly the inputs onnxruntime's loop (replace_node_input on every node) changes:
+    a tensor read twice by one node, by several nodes, and not at all."""
+    from onnx import helper
+    from onnxruntime.quantization.onnx_model import ONNXModel
+
+    monkeypatch.setattr(ONNXModel, "replace_input_of_all_nodes", ONNXModel.replace_input_of_all_nodes)
+    monkeypatch.delenv("CALIBRUN_PATCHES", raising=False)
+
+    def graph():
+        nodes = [helper.make_node("Add", ["a", "a"], ["b"], name="twice"),
+                 helper.make_node("Mul", ["b", "c"], ["d"], name="other"),
+                 helper.make_node("Add", ["d", "a"], ["e"], name="again")]
+        return helper.make_model(helper.make_graph(nodes, "g", [], []))
+
+    expected = graph()
+    for node in expected.graph.node:  # onnxruntime's own loop, node by node
+        ONNXModel.replace_node_input(node, "a", "a_dq")
+    patches.rewire_by_membership()
+    patches.rewire_by_membership()  # once per process
+    assert getattr(ONNXModel.replace_input_of_all_nodes, patches.PATCHED, False)
+    model = ONNXModel(graph())
+    model.replace_input_of_all_nodes("a", "a_dq")
+    model.replace_input_of_all_nodes("absent", "x")
+    assert [list(n.input) for n in model.model.graph.node] == [list(n.input) for n in expected.graph.node] == \
+        [["a_dq", "a_dq"], ["b", "c"], ["d", "a_dq"]]
+
+
+def test_quantize_writes_the_same_bytes_with_and_without_the_onnxruntime_patch(tmp_path):
+    """The lab model quantised in two processes, CALIBRUN_PATCHES on and off: the same bytes."""
+    import subprocess
+    import sys
+
+    write_lab_model(tmp_path / "lab.onnx")
+    script = ("import sys; from calibrun.model import open_float_model; from calibrun.quantize import quantize_lab; "
+              "quantize_lab(open_float_model(sys.argv[1]), sys.argv[2], 0, 1.0, 2)")
+    digests = []
+    for switch in ("on", "off"):
+        out = tmp_path / f"int8_{switch}.onnx"
+        env = {**os.environ, "CALIBRUN_PATCHES": switch, "CALIBRUN_CACHE": str(tmp_path / f"cache_{switch}")}
+        proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "lab.onnx"), str(out)], capture_output=True,
+                              text=True, env=env, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        digests.append(out.read_bytes())
+    assert digests[0] == digests[1]
