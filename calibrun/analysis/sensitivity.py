@@ -101,10 +101,11 @@ def rank(fp32_path: Path, int8_path: Path, evaluator: Evaluator, metric: str, go
                 chosen, group_of, group_gains, group_seconds = _prepass(
                     len(pairs), groups, lambda sets: [m for m, _ in trials.map(sets)], metric, goal, baseline)
                 alone = sorted(chosen)
-                measured_alone = dict(zip(alone, trials.map(alone, every), strict=True))
+                *measured, (every_pair, _) = trials.map([*alone, set(range(len(pairs)))], every)
+            measured_alone = dict(zip(alone, measured, strict=True))
             values = [(metric_of(measured_alone[i][0], metric), measured_alone[i][1]) if i in measured_alone
                       else (math.nan, None) for i in range(len(pairs))]
-            all_fp32 = metric_of(trial(set(range(len(pairs)))), metric)
+            all_fp32 = metric_of(every_pair, metric)
         else:
             if groups:
                 raise CalibrunError("analysis.groups needs analysis.strategy=switch (one session for every trial)")
@@ -170,6 +171,7 @@ class Trials:
             self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                                             initializer=_worker_session,
                                             initargs=(str(path), per, evaluator.batches, names, pairs))
+            self.pool.submit(int)  # the processes start now: their imports and sessions overlap the baseline here
 
     def __enter__(self) -> Trials:
         return self
@@ -190,7 +192,7 @@ class Trials:
             nonlocal last
             if time.perf_counter() - last > every:
                 last = time.perf_counter()
-                log.info("sensitivity: %d/%d tensors measured alone", done, len(trials))
+                log.info("sensitivity: %d/%d trials", done, len(trials))
 
         if self.pool is None:
             for k, on in enumerate(trials):
@@ -200,7 +202,7 @@ class Trials:
             return out
         from concurrent.futures import as_completed
 
-        size = max(1, min(8, len(trials) // (4 * self.workers)))  # a few trials a task: balance and progress
+        size = max(1, min(4, len(trials) // (8 * self.workers)))  # a few trials a task: balance and progress
         chunks = {self.pool.submit(_worker_trials, list(trials[k:k + size])): k
                   for k in range(0, len(trials), size)}
         done = 0
