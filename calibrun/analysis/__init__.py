@@ -197,7 +197,7 @@ def _fallback(ctx, result, int8_path: Path, evaluator, measured: dict, goal: Goa
 def _repair(ctx, result, int8_path: Path, evaluator, measured: dict, goal: Goal, seconds: float,
             ranked: dict) -> None:
     """analysis=repair: mixed precision to the target (calibrun.analysis.repair); repair.json, the repaired model."""
-    from calibrun.analysis.repair import REPAIR_FILE, REPAIRED_MODEL, repair, timed
+    from calibrun.analysis.repair import REPAIR_FILE, REPAIRED_MODEL, biases, repair, timed
     from calibrun.files import write_json
 
     cfg, job_dir = ctx.cfg, ctx.job_dir
@@ -205,7 +205,7 @@ def _repair(ctx, result, int8_path: Path, evaluator, measured: dict, goal: Goal,
         raise CalibrunError("analysis=repair needs analysis.target (with analysis.metric set)")
     done = repair(ctx.fp32.path, ctx.calibration_of(result), ctx.options, ranked["ranking"], timed(evaluator.model),
                   goal.metric, goal.goal, float(goal.target), job_dir / REPAIRED_MODEL, tuple(cfg.analysis.precisions),
-                  cfg.analysis.max_steps, start=(int8_path, measured, seconds))
+                  cfg.analysis.max_steps, start=(int8_path, measured, seconds), no_int16=biases(ctx.fp32.path))
     done["metrics"] = _finite_only(done["metrics"])
     done["ranking"] = ranked.get("by", "sensitivity")
     write_json(job_dir / REPAIR_FILE, strict_json(done))

@@ -24,7 +24,7 @@ import itertools
 import logging
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -47,6 +47,17 @@ def escape(name: str) -> str:
 
 
 WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # ops whose input 1, a constant, is a quantised weight
+BIASED = ("Conv", "ConvTranspose", "Gemm")  # ops whose input 2 onnxruntime quantises as a bias
+
+
+def biases(fp32_path: Path) -> set[str]:
+    """The tensors onnxruntime quantises as biases: int32 with the scale input_scale x weight_scale, already finer
+    than 16 bits. A 16-bit override of one is a demotion (onnxruntime then quantises it "as a weight", on a 16-bit
+    grid of its own range, and logs so), so the repair never promotes one to int16 (fp32 stays possible)."""
+    import onnx
+
+    graph = onnx.load(str(fp32_path), load_external_data=False).graph
+    return {n.input[2] for n in graph.node if n.op_type in BIASED and len(n.input) > 2 and n.input[2]}
 
 
 def noise_ranking(table: dict, model=None) -> list[dict]:
@@ -114,10 +125,10 @@ def pareto(points: Sequence[dict], cost: str, goal: str) -> list[bool]:
 def repair(fp32_path: Path, calibration, options: QuantOptions, ranking: Sequence[dict],
            measure: Callable[[Path], tuple[dict, float]], metric: str, goal: str, target: float, out_path: Path,
            precisions: Sequence[str] = PRECISIONS, max_steps: int = 20,
-           start: tuple[Path, dict, float] | None = None) -> dict:
+           start: tuple[Path, dict, float] | None = None, no_int16: Collection[str] = ()) -> dict:
     """Promote the most sensitive tensors until `metric` reaches `target`, then take back what it does not need
     (module docstring). `measure(path) -> (metrics, seconds)`; `start`: the job's own int8 model, its metrics and
-    seconds (step 0, not quantised again). Writes the repaired model to `out_path` (the best one measured when
+    seconds (step 0, not quantised again); `no_int16`: tensors never promoted to int16 (`biases`). Writes the repaired model to `out_path` (the best one measured when
     the target is not reached) and returns repair.json's record.
 
     The search, in the cheapest precision first: the top 1, 2, 4, ... tensors of the ranking promoted together
@@ -175,11 +186,12 @@ def repair(fp32_path: Path, calibration, options: QuantOptions, ranking: Sequenc
         else:
             trial({}, "int8")
         fp32_able = [t for t in order if [n for n in entries[t]["nodes"] if n]]
+        int32 = set(no_int16)
         base: dict[str, str] = {}
         for precision in precisions:
             if best["ok"]:
                 break
-            names = order if precision == "int16" else fp32_able
+            names = [t for t in order if t not in int32] if precision == "int16" else fp32_able
 
             def state(k: int, names=names, precision=precision, base=base) -> dict[str, str]:
                 return {**base, **{t: precision for t in names[:k]}}
@@ -229,7 +241,7 @@ def repair(fp32_path: Path, calibration, options: QuantOptions, ranking: Sequenc
 
             back([t for t in reversed(order) if t in best["state"]], None)  # the least sensitive first
             if "int16" in precisions:
-                back([t for t in reversed(order) if best["state"].get(t) == "fp32"], "int16")
+                back([t for t in reversed(order) if best["state"].get(t) == "fp32" and t not in int32], "int16")
         with atomic_path(out_path, suffix=".onnx") as written:
             shutil.copyfile(best["model"], written)
     promoted = best["state"]

@@ -138,3 +138,33 @@ def test_a_tensor_that_matters_ranked_last_is_found_in_a_few_trials(monkeypatch,
                   tmp_path / "out.onnx", max_steps=100)
     assert done["promoted"] == {"t0": "int16", "t63": "int16"}
     assert len(done["steps"]) < 40  # 8 to find a state, about 2 log2(64) per tensor kept to take the rest back
+
+
+def test_a_bias_is_never_promoted_to_int16_and_goes_to_fp32_when_it_matters(monkeypatch, tmp_path):
+    """onnxruntime keeps biases in int32 (scale input x weight); a 16-bit override would quantise one "as a weight":
+    a demotion. With `no_int16`, the repair skips it in int16 and may still keep its node in fp32."""
+    seen_types = []
+
+    def score(types, excluded):
+        seen_types.append(set(types))
+        return 0.5 + 0.5 * ("A" in excluded)
+
+    done = repair(tmp_path / "fp32.onnx", None, QuantOptions(), RANKING, fake(monkeypatch, score), "m", "max", 0.95,
+                  tmp_path / "out.onnx", no_int16={"a"})
+    assert done["reached"]
+    assert done["promoted"] == {"a": "fp32"}
+    assert all("a" not in types for types in seen_types)
+
+
+def test_biases_are_the_third_inputs_of_conv_convtranspose_and_gemm(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    from calibrun.analysis.repair import biases
+
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["y1"]), helper.make_node("Gemm", ["f", "w2", "b2"], ["y2"]),
+             helper.make_node("MatMul", ["f", "w3"], ["y3"]), helper.make_node("Conv", ["x", "w4"], ["y4"]),
+             helper.make_node("Add", ["y1", "b5"], ["y5"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)], [])
+    onnx.save(helper.make_model(graph), tmp_path / "m.onnx")
+    assert biases(tmp_path / "m.onnx") == {"b1", "b2"}
