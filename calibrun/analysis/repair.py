@@ -128,8 +128,9 @@ def repair(fp32_path: Path, calibration, options: QuantOptions, ranking: Sequenc
            start: tuple[Path, dict, float] | None = None, no_int16: Collection[str] = ()) -> dict:
     """Promote the most sensitive tensors until `metric` reaches `target`, then take back what it does not need
     (module docstring). `measure(path) -> (metrics, seconds)`; `start`: the job's own int8 model, its metrics and
-    seconds (step 0, not quantised again); `no_int16`: tensors never promoted to int16 (`biases`). Writes the repaired model to `out_path` (the best one measured when
-    the target is not reached) and returns repair.json's record.
+    seconds (step 0, not quantised again); `no_int16`: tensors never promoted to int16 (`biases`). Writes the
+    repaired model to `out_path` (the best one measured when the target is not reached) and returns repair.json's
+    record.
 
     The search, in the cheapest precision first: the top 1, 2, 4, ... tensors of the ranking promoted together
     until the target holds (the error of a model is often spread over many tensors: one at a time would take as
