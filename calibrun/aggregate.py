@@ -29,7 +29,7 @@ import yaml
 
 from calibrun import lab
 from calibrun.errors import CalibrunError, one_line
-from calibrun.files import RESULT_FILE, atomic_path, remove_orphans, temp_name, write_json
+from calibrun.files import RESULT_FILE, atomic_path, finite, remove_orphans, temp_name, write_json
 from calibrun.measure.sweep_diagnosis import run_diagnosis, sample_trend
 from calibrun.result import JobResult
 
@@ -294,7 +294,7 @@ def best_of(candidates, better: str):
     """The one rule for "best" (the report's runs.json and the parent run's tags): the best finite headline
     value; on a tie, the first job of the sweep (the lowest job number). `candidates`: (value, job, item);
     returns the item, or None when no value is finite."""
-    scored = [c for c in candidates if _finite(c[0]) is not None]
+    scored = [c for c in candidates if finite(c[0]) is not None]
     if not scored:
         return None
     sign = -1.0 if better == "higher" else 1.0
@@ -507,10 +507,6 @@ def _build_into(sweep_dir: Path, work: Path, final: Path) -> Summary:
     r.write("diagnosis.json", facts["diagnosis"])
     r.summary.files.extend(report.write(work, r.runs, facts, r.summary))
     return r.summary
-
-
-def _finite(value):
-    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
 def _runs_table(r: _Report, metric: str, better: str) -> dict:

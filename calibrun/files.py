@@ -199,6 +199,11 @@ def atomic_path(target: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
                 owned.unlink()
 
 
+def finite(value):
+    """A number as strict JSON holds it: `value` when it is a finite int or float, else None."""
+    return value if isinstance(value, int | float) and math.isfinite(value) else None
+
+
 def strict_json(value):
     """`value` as strict JSON holds it: non-finite floats (inf, NaN) become null, in dicts and lists too."""
     if isinstance(value, dict):

@@ -4,16 +4,18 @@ model quantised again and re-measured on the first `recommend.rows` evaluation r
 
 Candidates, each written as the override a user types:
 - post-calibration changes, quantised from the job's own ranges (no calibration): `quant.per_channel=true`,
-  16-bit activations `quant.activation_type=QInt16` and weights `quant.weight_type=QInt16` (QDQ only: onnxruntime's
-  QOperator has no 16-bit kernels), and `quant.nodes_to_exclude=[...]` with the nodes that keep the top culprits
-  of the diagnosis in float (QDQ with diagnostics);
+  16-bit activations `quant.activation_type=QInt16`, weights `quant.weight_type=QInt16` and both (QDQ only:
+  onnxruntime's QOperator has no 16-bit kernels; both, because the rounding errors of weights and activations add,
+  so either alone is bounded by the other's and may not help while both do), and `quant.nodes_to_exclude=[...]`
+  with the nodes that keep the top culprits of the diagnosis in float (QDQ with diagnostics);
 - other calibration methods (`recommend.methods`, none by default: a histogram method's calibration pass is slow
   and not bounded by memory.budget), calibrated through the calibration cache (a later run with that method
   reuses the ranges);
 - the changes that each helped, together (one more quantisation), then with each one left out in turn, the
   weakest first, while the fewer changes keep what the combination reached.
 
-Best first: the best status after the change, then the fewest changes, then the best value.
+Best first: the best status after the change; among the changes that make the model ok the fewest changes, then the
+best value; short of ok, the best value, then the fewest changes.
 
 Cost: one quantisation and one evaluation pass over `recommend.rows` rows a candidate (plus a calibration for a
 method), reported in result.json `used.recommend`; every candidate, better or not, is in `recommendations.json`.
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from calibrun.errors import need, one_line
+from calibrun.files import finite
 from calibrun.measure.tensor_stats import float_nodes
 from calibrun.quantize import SIXTEEN_BIT
 
@@ -59,11 +62,13 @@ def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, gra
     if not options.per_channel:
         found.append(Candidate(("quant.per_channel=true",), replace(options, per_channel=True)))
     if fmt == "qdq":
-        for key in ("activation_type", "weight_type"):
-            current = getattr(options, key)
-            if current in SIXTEEN_BIT:
-                found.append(Candidate((f"quant.{key}={SIXTEEN_BIT[current]}",),
-                                       replace(options, **{key: SIXTEEN_BIT[current]})))
+        wider = {key: SIXTEEN_BIT[getattr(options, key)] for key in ("activation_type", "weight_type")
+                 if getattr(options, key) in SIXTEEN_BIT}
+        for key, kind in wider.items():
+            found.append(Candidate((f"quant.{key}={kind}",), replace(options, **{key: kind})))
+        if len(wider) == 2:  # the errors of weights and activations add: each alone is bounded by the other's
+            found.append(Candidate(tuple(f"quant.{key}={kind}" for key, kind in wider.items()),
+                                   replace(options, **wider)))
         culprits = (diagnosis or {}).get("culprits") or []
         nodes = [n for n in float_nodes(culprits[: conf.culprits]) if n not in options.nodes_to_exclude]
         if nodes and len(options.nodes_to_exclude) + len(nodes) <= MOSTLY_INT8 * graph_nodes:
@@ -87,8 +92,8 @@ def combined(helped: list[Candidate], options) -> Candidate | None:
         diff = {k: getattr(c.options, k) for k in ("per_channel", "activation_type", "weight_type",
                                                    "nodes_to_exclude") if getattr(c.options, k) != getattr(options, k)}
         merged = replace(merged, **diff)
-    return Candidate(tuple(ch for c in (*methods, *quant) for ch in c.changes), merged,
-                     methods[0].method if methods else None)
+    changes = tuple(dict.fromkeys(ch for c in (*methods, *quant) for ch in c.changes))  # each change once
+    return Candidate(changes, merged, methods[0].method if methods else None)
 
 
 def attach(ctx, result) -> None:
@@ -126,7 +131,7 @@ def attach(ctx, result) -> None:
         def measure(candidate: Candidate, index: int) -> dict:
             path = Path(tmp) / f"{index}.onnx"
             began = time.perf_counter()
-            entry = {"change": candidate.change, "metric": rule.metric, "before": _finite(before)}
+            entry = {"change": candidate.change, "metric": rule.metric, "before": finite(before)}
             try:
                 if candidate.method is None:
                     quantize(fp32.path, path, own, candidate.options)
@@ -142,7 +147,7 @@ def attach(ctx, result) -> None:
                 return entry
             after = rule.value(after_metrics)
             decided = verdict.decide(after_metrics, cfg.verdict)
-            entry.update(after=_finite(after), status_after=decided["status"] if decided else None,
+            entry.update(after=finite(after), status_after=decided["status"] if decided else None,
                          seconds=round(time.perf_counter() - began, 3))
             entry["helps"] = bool(math.isfinite(after) and (not math.isfinite(before)
                                                             or better * (after - before) > 0))
@@ -179,9 +184,9 @@ def attach(ctx, result) -> None:
                               for e in offered]
     result.used = {**(result.used or {}), "recommend": {
         "rows": evaluation.rows, "candidates": len(measured), "seconds": round(seconds, 3),
-        "before": _finite(before)}}
+        "before": finite(before)}}
     write_json(ctx.job_dir / RECOMMEND_FILE, {"metric": rule.metric, "goal": rule.goal, "rows": evaluation.rows,
-                                               "before": _finite(before), "measured": measured})
+                                               "before": finite(before), "measured": measured})
     result.files[RECOMMEND_FILE.removesuffix(".json")] = RECOMMEND_FILE
     if offered:
         log.info("recommend: best: %s (%s %.6g -> %.6g, %s); %d candidates in %.1f s", offered[0]["change"],
@@ -191,8 +196,11 @@ def attach(ctx, result) -> None:
 
 
 def _rank(entry: dict, better: float) -> tuple:
-    """Best first: the best status after the change, then the fewest changes, then the best value."""
-    return (-STATUS_RANK.get(entry["status_after"], -1), len(entry["change"].split(" ")), -better * entry["after"])
+    """Best first: the best status after the change; among changes that make the model ok, the fewest changes,
+    then the best value; short of ok, the best value (the one closest to ok), then the fewest changes."""
+    status = entry["status_after"]
+    changes, value = len(entry["change"].split(" ")), -better * entry["after"]
+    return (-STATUS_RANK.get(status, -1), *((changes, value) if status == "ok" else (value, changes)))
 
 
 def _keeps(fewer: dict, more: dict, better: float) -> bool:
@@ -205,9 +213,6 @@ def _keeps(fewer: dict, more: dict, better: float) -> bool:
         return have > had
     return fewer["status_after"] == "ok" or better * (fewer["after"] - more["after"]) >= 0
 
-
-def _finite(value):
-    return value if isinstance(value, int | float) and math.isfinite(value) else None
 
 
 def enabled(cfg, multirun: bool) -> bool:

@@ -36,7 +36,7 @@ from calibrun.analysis import qdq
 from calibrun.analysis.evaluate import Evaluator, metric_of
 from calibrun.calibrate import Calibration
 from calibrun.errors import CalibrunError
-from calibrun.files import atomic_path, temp_dir
+from calibrun.files import atomic_path, finite, temp_dir
 from calibrun.measure.errors import session
 from calibrun.quantize import QuantOptions, quantize
 
@@ -57,7 +57,7 @@ def reached(goal: str, value: float, target: float) -> bool:
 
 
 def _finite(value: float) -> float | None:
-    return float(value) if math.isfinite(value) else None
+    return finite(float(value))
 
 
 def rank(fp32_path: Path, int8_path: Path, evaluator: Evaluator, metric: str, goal: str, strategy: str = "switch",

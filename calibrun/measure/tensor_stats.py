@@ -68,7 +68,7 @@ from onnxruntime.quantization.quant_utils import QUANT_INPUT_SUFFIX
 from calibrun.calibrate import private_model_copy
 from calibrun.data import rows as feed_rows
 from calibrun.errors import CalibrunError, one_line
-from calibrun.files import temp_dir
+from calibrun.files import finite, temp_dir
 from calibrun.measure.errors import session
 from calibrun.measure.verdict import SQNR_OK_DB
 from calibrun.model import graph_inputs, load_model
@@ -871,9 +871,6 @@ def float_nodes(rows: Sequence[Mapping]) -> list[str]:
     return nodes
 
 
-def _finite(value):
-    return value if isinstance(value, int | float) and math.isfinite(value) else None
-
 
 def classify_model(diags: Sequence[Mapping], weights: Sequence[Mapping] = (), n: int = CULPRITS,
                    output_sqnr_db: Mapping[str, float] | None = None) -> dict:
@@ -905,7 +902,7 @@ def classify_model(diags: Sequence[Mapping], weights: Sequence[Mapping] = (), n:
     for row in ranked[:n]:
         entry = {"tensor": row["tensor"], "node": row.get("node"), "op_type": row.get("op_type"),
                  "verdict": verdicts[row["tensor"]], "noise_share": row.get("noise_share"),
-                 "sqnr_db": _finite(row.get("sqnr_db")), "qdq_sqnr_db": _finite(row.get("qdq_sqnr_db")),
+                 "sqnr_db": finite(row.get("sqnr_db")), "qdq_sqnr_db": finite(row.get("qdq_sqnr_db")),
                  "clip_cost": row.get("clip_cost")}
         if row.get("mixed_ratio") is not None:
             entry.update(mixed_ratio=row["mixed_ratio"], mixed_detail=row.get("mixed_detail"))

@@ -65,8 +65,9 @@ def test_a_broken_detector_gets_measured_recommendations_and_the_best_one_is_wha
     offered = result["recommendations"]
     assert offered, "no candidate helped"
     assert all(r["after"] > r["before"] == verdict["value"] for r in offered)  # only what is better is offered
-    rank = {"ok": 0, "degraded": 1, "broken": 2}  # best first: the best status, then the fewest changes, the value
-    keys = [(rank[r["status_after"]], len(r["change"].split(" ")), -r["after"]) for r in offered]
+    rank = {"ok": 0, "degraded": 1, "broken": 2}  # best first: the best status, then (ok) the fewest changes and the
+    keys = [(rank[r["status_after"]], *((len(r["change"].split(" ")), -r["after"]) if r["status_after"] == "ok"
+                                        else (-r["after"], len(r["change"].split(" "))))) for r in offered]  # value
     assert keys == sorted(keys)
     measured = json.loads((tmp_path / "first" / "recommendations.json").read_text())["measured"]
     assert len(measured) == result["used"]["recommend"]["candidates"] > len(offered)  # entropy: worse here

@@ -18,13 +18,16 @@ def changes(found):
 def test_qdq_candidates_from_the_same_ranges_and_other_methods():
     found = candidates(QuantOptions(), "qdq", "minmax", DIAGNOSIS, CONF, graph_nodes=100)
     assert changes(found) == ["quant.per_channel=true", "quant.activation_type=QInt16", "quant.weight_type=QInt16",
+                              "quant.activation_type=QInt16 quant.weight_type=QInt16",
                               "quant.nodes_to_exclude=[Concat_1,Reshape_2,Conv_3,Relu_4]",
                               "method=percentile", "method=entropy"]
     assert found[1].options.activation_type == "QInt16"
     assert found[1].method is None
-    assert found[3].options.nodes_to_exclude == ("Concat_1", "Reshape_2", "Conv_3", "Relu_4")
-    assert found[4].method == "percentile"
-    assert found[4].options == QuantOptions()
+    # both 16-bit changes as one candidate: either alone is bounded by the other's rounding error
+    assert found[3].options == QuantOptions(activation_type="QInt16", weight_type="QInt16")
+    assert found[4].options.nodes_to_exclude == ("Concat_1", "Reshape_2", "Conv_3", "Relu_4")
+    assert found[5].method == "percentile"
+    assert found[5].options == QuantOptions()
 
 
 def test_qoperator_has_no_16_bit_and_a_set_option_is_not_proposed_again():
@@ -53,16 +56,23 @@ def test_the_changes_that_helped_are_measured_together():
     assert both.method == "entropy"
     assert both.options == QuantOptions(activation_type="QInt16", per_channel=True)
     assert combined(helped[:1], QuantOptions()) is None
+    overlapping = combined([by["quant.activation_type=QInt16 quant.weight_type=QInt16"],
+                            by["quant.activation_type=QInt16"]], QuantOptions())
+    assert overlapping.change == "quant.activation_type=QInt16 quant.weight_type=QInt16"  # each change once
 
 
-def test_best_first_is_the_best_status_then_the_fewest_changes_then_the_value():
+def test_best_first_is_the_best_status_then_fewest_changes_when_ok_and_the_best_value_short_of_it():
     from calibrun.analysis.recommend import _keeps, _rank
 
     entries = [{"change": "a b c", "status_after": "ok", "after": 0.99},
                {"change": "a b", "status_after": "ok", "after": 0.97},
                {"change": "d", "status_after": "degraded", "after": 0.93},
-               {"change": "e", "status_after": "degraded", "after": 0.94}]
-    assert [e["change"] for e in sorted(entries, key=lambda e: _rank(e, 1.0))] == ["a b", "a b c", "e", "d"]
+               {"change": "e", "status_after": "degraded", "after": 0.94},
+               {"change": "f g", "status_after": "degraded", "after": 0.945},
+               {"change": "h", "status_after": "broken", "after": 0.5},
+               {"change": "h i", "status_after": "broken", "after": 0.7}]
+    assert [e["change"] for e in sorted(entries, key=lambda e: _rank(e, 1.0))] == \
+        ["a b", "a b c", "f g", "e", "d", "h i", "h"]
     ok, fuller = {**entries[1], "helps": True}, {**entries[0], "helps": True}
     assert _keeps(ok, fuller, 1.0)  # any ok is ok: one change fewer wins
     worse = {"change": "x", "status_after": "degraded", "after": 0.9, "helps": True}
