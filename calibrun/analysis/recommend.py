@@ -11,7 +11,8 @@ Candidates, each written as the override a user types:
 - other calibration methods (`recommend.methods`, none by default: a histogram method's calibration pass is slow
   and not bounded by memory.budget), calibrated through the calibration cache (a later run with that method
   reuses the ranges);
-- the changes that each helped, together (one more quantisation), then with each one left out in turn, the
+- the changes that each helped, together (one more quantisation; a change another helping candidate already makes
+  is left out, and the same set of changes is never measured twice), then with each one left out in turn, the
   weakest first, while the fewer changes keep what the combination reached.
 
 Best first: the best status after the change; among the changes that make the model ok the fewest changes, then the
@@ -164,18 +165,26 @@ def attach(ctx, result) -> None:
                 helped.append(candidate)
         helped.sort(key=lambda c: -better * next(e["after"] for e in measured if e["change"] == c.change))
         members = [c for c in helped if c.method is None] + [c for c in helped if c.method is not None][:1]
+        members = [c for c in members  # a change another member already makes is no member of its own
+                   if not any(o is not c and set(c.changes) < set(o.changes) for o in members)]
+
+        def once(candidate: Candidate) -> dict:  # the same changes measured before are not measured again
+            entry = next((e for e in measured if set(e["change"].split(" ")) == set(candidate.changes)), None)
+            if entry is None:
+                entry = measure(candidate, len(measured))
+                measured.append(entry)
+            return entry
+
         both = combined(members, ctx.options)
         if both is not None:
-            current = measure(both, len(measured))
-            measured.append(current)
+            current = once(both)
             # the fewest changes that keep what the combination reached: each member tried out, the weakest first
             for member in sorted(members, key=lambda c: better * next(e["after"] for e in measured
                                                                       if e["change"] == c.change)):
                 if len(members) <= 2 or not current.get("helps"):
                     break
                 fewer = [c for c in members if c is not member]
-                trial = measure(combined(fewer, ctx.options), len(measured))
-                measured.append(trial)
+                trial = once(combined(fewer, ctx.options))
                 if _keeps(trial, current, better):
                     members, current = fewer, trial
     offered = sorted((e for e in measured if e.get("helps")), key=lambda e: _rank(e, better))

@@ -41,7 +41,8 @@ def test_fallback_repairs_nudenet_broken_by_its_shared_output_scale(tmp_path):
     photos = photo_folder(tmp_path / "photos", PHOTOS)
     rows = len(PHOTOS)
     common = ["model=file", f"model.path={model_path('nudenet')}", f"batches={rows}", f"eval.rows={rows}",
-              "tracking=off", "diagnostics=off", "task=custom", "task.fn=tests.detection:yolov8_agreement",
+              "tracking=off", "diagnostics=off", "recommend=off", "task=custom",
+              "task.fn=tests.detection:yolov8_agreement",
               "analysis.metric=task.det_f1", "analysis.goal=max"]
     for key in ("data", "eval_data"):  # NudeNet's input: 320x320 RGB, /255, padded with 0, no mean/std
         common += [f"{key}=images", f"{key}.path={photos}", f"{key}.crop=320", f"{key}.letterbox=true",
@@ -49,7 +50,8 @@ def test_fallback_repairs_nudenet_broken_by_its_shared_output_scale(tmp_path):
 
     # 1. one run: the default int8 model (QDQ, minmax; its metrics are the job's own, in result.json), then
     # sensitivity (with the coarse pre-pass over 20 groups of pairs) and the fallback to the target
-    proc = calibrun(tmp_path, *common, "analysis=sensitivity", "analysis.groups=20", f"analysis.target={TARGET}",
+    proc = calibrun(tmp_path, *common, "analysis=sensitivity", "analysis.kinds=[activation]", "analysis.groups=20",
+                    f"analysis.target={TARGET}",
                     f"hydra.run.dir={tmp_path / 'b'}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     default = result_of(tmp_path / "b")["metrics"]  # the default int8 model is broken for the task
