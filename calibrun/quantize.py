@@ -27,6 +27,7 @@ from calibrun.model.graph import input_quant, op_counts, scales_summary
 FORMATS = {"qdq": QuantFormat.QDQ, "qoperator": QuantFormat.QOperator}
 QUANT_TYPES = {name: QuantType[name] for name in ("QInt8", "QUInt8", "QInt16", "QUInt16")}
 SIXTEEN_BIT = {"QInt8": "QInt16", "QUInt8": "QUInt16"}  # an 8-bit type -> the 16-bit type of the same signedness
+BIASED = ("Conv", "ConvTranspose", "Gemm")  # ops whose input 2 onnxruntime quantises as a bias (int32)
 
 
 @dataclass(frozen=True)
@@ -216,6 +217,11 @@ def check_exclusions(model, options: QuantOptions) -> Exclusions:
             close = difflib.get_close_matches(tensor, sorted(values), n=3, cutoff=0.5)
             hint = f"closest: {close}" if close else f"the model has {len(values)} tensors"
             raise CalibrunError(f"quant.tensor_types: no tensor named {tensor!r} in the model ({hint})")
+    biases = {n.input[2]: n.name for n in nodes if n.op_type in BIASED and len(n.input) > 2 and n.input[2]}
+    for tensor in sorted(set(options.tensor_types) & set(biases)):
+        logging.getLogger("calibrun").warning(
+            "quant.tensor_types: %r is the bias of node %r; onnxruntime keeps biases in int32 (scale input x "
+            "weight) and with a type of its own quantises it as a weight, on a coarser grid", tensor, biases[tensor])
     if options.op_types_to_quantize:
         present = sorted({n.op_type for n in nodes})
         for op_type in options.op_types_to_quantize:

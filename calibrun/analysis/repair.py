@@ -31,7 +31,7 @@ from pathlib import Path
 from calibrun.analysis.evaluate import metric_of
 from calibrun.analysis.sensitivity import gain, reached
 from calibrun.files import atomic_path, temp_dir
-from calibrun.quantize import SIXTEEN_BIT, QuantOptions, quantize
+from calibrun.quantize import BIASED, SIXTEEN_BIT, QuantOptions, quantize
 
 log = logging.getLogger("calibrun")
 
@@ -47,7 +47,6 @@ def escape(name: str) -> str:
 
 
 WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # ops whose input 1, a constant, is a quantised weight
-BIASED = ("Conv", "ConvTranspose", "Gemm")  # ops whose input 2 onnxruntime quantises as a bias
 
 
 def biases(fp32_path: Path) -> set[str]:

@@ -86,6 +86,22 @@ def test_unknown_op_type_names_the_closest(lab_model):
 # ------------------------------------------------------------------------------------ QDQ graph edits
 
 
+def test_a_bias_given_a_type_of_its_own_is_warned_about(caplog):
+    """onnxruntime keeps biases int32; quant.tensor_types on one makes it quantise the bias as a weight: a warning
+    names the bias and its node, other tensors pass quietly."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv")]
+    inits = [helper.make_tensor(n, TensorProto.FLOAT, [1], [0.5]) for n in ("w", "b")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    with caplog.at_level("WARNING", logger="calibrun"):
+        check_exclusions(helper.make_model(graph), QuantOptions(tensor_types={"b": "QInt16", "w": "QInt16"}))
+    assert [r.getMessage() for r in caplog.records] == [
+        "quant.tensor_types: 'b' is the bias of node 'conv'; onnxruntime keeps biases in int32 (scale input x "
+        "weight) and with a type of its own quantises it as a weight, on a coarser grid"]
+
+
 @pytest.fixture
 def narrow(tmp_path, lab_model):
     """The lab model quantised on narrow calibration (factor 0.2, 8 batches), with its ranges kept."""
