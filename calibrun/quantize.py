@@ -217,7 +217,7 @@ def check_exclusions(model, options: QuantOptions) -> Exclusions:
             close = difflib.get_close_matches(tensor, sorted(values), n=3, cutoff=0.5)
             hint = f"closest: {close}" if close else f"the model has {len(values)} tensors"
             raise CalibrunError(f"quant.tensor_types: no tensor named {tensor!r} in the model ({hint})")
-    biases = {n.input[2]: n.name for n in nodes if n.op_type in BIASED and len(n.input) > 2 and n.input[2]}
+    biases = bias_nodes(nodes)
     for tensor in sorted(set(options.tensor_types) & set(biases)):
         logging.getLogger("calibrun").warning(
             "quant.tensor_types: %r is the bias of node %r; onnxruntime keeps biases in int32 (scale input x "
@@ -230,6 +230,12 @@ def check_exclusions(model, options: QuantOptions) -> Exclusions:
                 hint = f"closest: {close}" if close else f"op types of the model: {present}"
                 raise CalibrunError(f"quant.op_types_to_quantize: no {op_type!r} node in the model ({hint})")
     return Exclusions(tuple(dict.fromkeys(resolved)), mapped)
+
+
+def bias_nodes(nodes) -> dict[str, str]:
+    """{bias tensor: its node's name}: the inputs onnxruntime quantises as biases, int32 at the scale input x
+    weight (input 2 of the BIASED ops)."""
+    return {n.input[2]: n.name for n in nodes if n.op_type in BIASED and len(n.input) > 2 and n.input[2]}
 
 
 def resolve_exclusions(model_path: str | Path, options: QuantOptions) -> tuple[QuantOptions, dict]:

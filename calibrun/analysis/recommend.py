@@ -223,7 +223,6 @@ def _keeps(fewer: dict, more: dict, better: float) -> bool:
     return fewer["status_after"] == "ok" or better * (fewer["after"] - more["after"]) >= 0
 
 
-
 def enabled(cfg, multirun: bool) -> bool:
     """recommend.enabled, auto (null): on for a single run, off in a sweep (each candidate costs an evaluation)."""
     return cfg.recommend.enabled if cfg.recommend.enabled is not None else not multirun

@@ -31,7 +31,7 @@ from pathlib import Path
 from calibrun.analysis.evaluate import metric_of
 from calibrun.analysis.sensitivity import gain, reached
 from calibrun.files import atomic_path, temp_dir
-from calibrun.quantize import BIASED, SIXTEEN_BIT, QuantOptions, quantize
+from calibrun.quantize import SIXTEEN_BIT, QuantOptions, bias_nodes, quantize
 
 log = logging.getLogger("calibrun")
 
@@ -55,8 +55,7 @@ def biases(fp32_path: Path) -> set[str]:
     grid of its own range, and logs so), so the repair never promotes one to int16 (fp32 stays possible)."""
     import onnx
 
-    graph = onnx.load(str(fp32_path), load_external_data=False).graph
-    return {n.input[2] for n in graph.node if n.op_type in BIASED and len(n.input) > 2 and n.input[2]}
+    return set(bias_nodes(onnx.load(str(fp32_path), load_external_data=False).graph.node))
 
 
 def noise_ranking(table: dict, model=None) -> list[dict]:
