@@ -180,9 +180,6 @@ class Trials:
         if self.pool is not None:
             self.pool.shutdown(cancel_futures=True)
 
-    def __call__(self, on) -> dict[str, float]:
-        return self.serial(on)
-
     def map(self, trials: Sequence, every: float = math.inf) -> list[tuple[dict, float]]:
         """(metrics, seconds) of each trial, in order; a progress line every `every` seconds."""
         out: list[tuple[dict, float] | None] = [None] * len(trials)
