@@ -92,8 +92,7 @@ def rank(fp32_path: Path, int8_path: Path, evaluator: Evaluator, metric: str, go
             setup = time.perf_counter() - start
 
             def trial(on):
-                flags = qdq.switches(len(pairs), on)
-                return evaluator.run(lambda feeds: sess.run(names, {**feeds, **flags}))
+                return switched(sess, evaluator.batches, names, len(pairs), on)
 
             with Trials(path, threads, evaluator, names, len(pairs), workers, trial) as trials:
                 baseline_metrics = trial(None)
@@ -219,14 +218,18 @@ def _worker_session(path: str, threads: int, batches, names: list[str], pairs: i
     _WORKER.update(sess=session(path, threads), batches=batches, names=names, pairs=pairs)
 
 
+def switched(sess, batches, names: list[str], pairs: int, on) -> dict[str, float]:
+    """One trial: the metrics of the switch model's session with the pairs `on` switched out, over every batch."""
+    flags = qdq.switches(pairs, on)
+    return batches.run(lambda feeds: sess.run(names, {**feeds, **flags}))
+
+
 def _worker_trials(trials: list) -> list[tuple[dict, float]]:
     sess, batches, names, pairs = (_WORKER[k] for k in ("sess", "batches", "names", "pairs"))
     out = []
     for on in trials:
         t0 = time.perf_counter()
-        flags = qdq.switches(pairs, on)
-        out.append((batches.run(lambda feeds, flags=flags: sess.run(names, {**feeds, **flags})),
-                    time.perf_counter() - t0))
+        out.append((switched(sess, batches, names, pairs, on), time.perf_counter() - t0))
     return out
 
 
