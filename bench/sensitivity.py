@@ -4,6 +4,7 @@
     .venv/bin/python bench/sensitivity.py --models det_yolox --rows 2 --limit 10   # a quick smoke run
     .venv/bin/python bench/sensitivity.py --models nudenet --rows 5 --groups 20   # + the pre-pass on every pair
     .venv/bin/python bench/sensitivity.py --workers 2     # + the switch ranking in 2 processes (analysis.workers)
+    .venv/bin/python bench/sensitivity.py --backends processes,ray   # + on 2 Ray actors (analysis.backend=ray)
 
 For each trained model (tests/trained.py: wheels from the package index, photos from scikit-image), the model is
 prepared, calibrated on the photos (minmax) and quantised to QDQ int8 as calibrun does, then
@@ -21,9 +22,10 @@ With `--groups N` a third row per model ranks EVERY pair with the switch strateg
 groups (analysis.groups): its seconds per tensor are the whole ranking's trial time over all pairs, `trials` how many
 passes it made. With `--workers N` (default 2) a row ranks the same pairs with the switch strategy in N worker
 processes (`analysis.workers=N`, `--threads` threads each) and a line gives the ranking's wall on 1 worker against
-N, and whether every metric is identical. A model with a task metric (nudenet: tests.detection:yolov8_agreement,
-task.det_f1) is ranked by it, the others by max_abs_error. The machine's load average is printed: other processes
-skew every figure.
+N, and whether every metric is identical; `--backends processes,ray` does it for each backend (Ray: one Ray of this
+machine started before the first model, as a cluster a user runs would be, so its start is not in the walls). A
+model with a task metric (nudenet: tests.detection:yolov8_agreement, task.det_f1) is ranked by it, the others by
+max_abs_error. The machine's load average is printed: other processes skew every figure.
 """
 
 from __future__ import annotations
@@ -62,7 +64,14 @@ def main() -> int:
     parser.add_argument("--groups", type=int, default=0, help="also rank every pair with this many groups first")
     parser.add_argument("--workers", type=int, default=2, help="also rank the same pairs with the switch strategy in "
                         "this many worker processes (analysis.workers; 1: not)")
+    parser.add_argument("--backends", default="processes", help="analysis.backend of the worker rows: processes, "
+                        "ray or both (processes,ray)")
     args = parser.parse_args()
+    backends = args.backends.split(",")
+    if "ray" in backends:
+        import ray
+
+        ray.init(include_dashboard=False, log_to_driver=False)
 
     import onnx
 
@@ -110,25 +119,29 @@ def main() -> int:
                 only = {p.tensor for p in pairs[: args.limit]} if args.limit else None
                 runs = [("switch", only, 0, 1), ("edit", only, 0, 1)]
                 if args.workers > 1:
-                    runs.append((f"switch/w{args.workers}", only, 0, args.workers))
+                    runs += [(f"switch/w{args.workers}" + ("" if b == "processes" else f"/{b}"), only, 0, args.workers)
+                             for b in backends]
                 if args.groups:
                     runs.append((f"switch/g{args.groups}", None, args.groups, 1))
                 done = {}
                 for label, subset, groups, workers in runs:
+                    backend = "ray" if label.endswith("/ray") else "processes"
                     result = sens.rank(fp32.path, int8, ev, metric, goal, label.split("/")[0],
-                                       threads=args.threads * workers, only=subset, groups=groups, workers=workers)
+                                       threads=args.threads * workers, only=subset, groups=groups, workers=workers,
+                                       backend=backend)
                     done[label] = result
                     per = result["seconds_per_tensor"]
                     print(f"{name:10} {label:8} {result['tensors']:5d} {result['setup_seconds']:8.2f} "
                           f"{per:9.3f} {one_pass:11.3f} {per / one_pass:6.2f} {inference:8.3f} "
                           f"{per / inference:6.2f}   trials {result['trials']}, {metric} top: "
                           f"{result['ranking'][0]['tensor']} ({result['ranking'][0]['gain']})", flush=True)
-                if args.workers > 1:  # the whole ranking's wall, 1 worker against N, and whether they agree
-                    one, many = done["switch"], done[f"switch/w{args.workers}"]
+                for label in [r[0] for r in runs if "/w" in r[0]]:  # the ranking's wall, 1 worker against N
+                    one, many = done["switch"], done[label]
                     same = [r["metric"] for r in one["ranking"]] == [r["metric"] for r in many["ranking"]]
                     print(f"  {name}: ranking wall {one['seconds']:.2f} s on 1 worker, {many['seconds']:.2f} s on "
-                          f"{args.workers} ({args.threads} thread(s) each): {one['seconds'] / many['seconds']:.2f}x; "
-                          f"every metric identical: {'yes' if same else 'NO'}", flush=True)
+                          f"{many['workers']} {many['backend']} workers ({args.threads} thread(s) each): "
+                          f"{one['seconds'] / many['seconds']:.2f}x; every metric identical: "
+                          f"{'yes' if same else 'NO'}", flush=True)
             print(f"  ({len(pairs)} pairs in the model; load average now: {load()})")
     return 0
 

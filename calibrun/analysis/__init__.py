@@ -32,6 +32,7 @@ NAMES = ("none", "sensitivity", "repair")
 def validate(analysis, format_name: str) -> None:
     """Value checks of the `analysis` config node, naming the key (run before any work)."""
     from calibrun.analysis.sensitivity import GOALS, KINDS, STRATEGIES
+    from calibrun.analysis.trials import BACKENDS
 
     def need(ok: bool, key: str, rule: str, value) -> None:
         check(ok, f"analysis.{key}", rule, value)
@@ -49,6 +50,13 @@ def validate(analysis, format_name: str) -> None:
     need(analysis.workers >= 1, "workers", "must be >= 1", analysis.workers)
     need(analysis.workers == 1 or analysis.strategy == "switch", "workers", "needs analysis.strategy=switch (the "
          "workers share out the switch model's trials)", analysis.workers)
+    need(analysis.confirm >= 0, "confirm", "must be >= 0 (0: the switch ranking as measured)", analysis.confirm)
+    need(analysis.backend in BACKENDS, "backend", f"must be one of {list(BACKENDS)}", analysis.backend)
+    if analysis.backend == "ray" and analysis.workers > 1:
+        import importlib.util
+
+        need(importlib.util.find_spec("ray") is not None, "backend", "needs Ray installed (pip install "
+             "'calibrun[ray]')", analysis.backend)
     need(analysis.metric is None and analysis.name == "repair" or bool(str(analysis.metric).strip()), "metric",
          "must name a metric of the run (null only with analysis=repair: the verdict's)", analysis.metric)
     if analysis.target is not None:
@@ -143,7 +151,7 @@ def _sensitivity(ctx, result, int8_path: Path, evaluator, measured: dict, goal: 
         return
     ranked = rank(fp32.path, int8_path, evaluator, goal.metric, goal.goal, a.strategy, tuple(a.kinds),
                   cfg.ort.intra_op_threads, only=set(a.tensors) if a.tensors else None, groups=a.groups,
-                  workers=a.workers)
+                  workers=a.workers, backend=a.backend, confirm=a.confirm, int8_metrics=measured)
     ranked["int8_metric"] = metric_of(measured, goal.metric)
     log.info("sensitivity: %d tensors in %.1f s (%d trials, %.3f s per tensor, %s); most sensitive: %s",
              ranked["tensors"], ranked["seconds"], ranked["trials"], ranked["seconds_per_tensor"], a.strategy,
@@ -345,6 +353,8 @@ class AnalysisConf:
     tensors: list[str] | None = None  # analyse only the pairs on these tensors (None: every pair of `kinds`)
     groups: int = 0  # > 1: a coarse pre-pass over that many groups of pairs first (switch strategy), 0: none
     workers: int = 1  # > 1: the ranking's trials in that many processes (switch strategy)
+    confirm: int = 5  # switch strategy: its top N measured again on the int8 model itself (the job's baseline)
+    backend: str = "auto"  # the workers: processes (local) | ray (actors) | auto (ray inside Ray, else processes)
     max_steps: int = 20  # fallback / repair steps at most
     precisions: list[str] = field(default_factory=lambda: ["int16", "fp32"])  # repair: what a tensor may become
     ranking: str = "sensitivity"  # repair: sensitivity (a trial a tensor) | noise (the diagnostics' shares, no trial)

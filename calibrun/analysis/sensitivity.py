@@ -12,6 +12,10 @@ None, their group's `group_gain` beside them). On NudeNet's YOLOv8n (420 pairs) 
 its group that hurts is missed; when no group improves the metric, every pair is measured alone after all;
 groups=0 (the default) measures every pair.
 
+The switch model computes the pairs as float arithmetic, so its metric with every pair in is close to the int8
+model's, not equal: with `confirm=N` the N best of its ranking are measured again on the int8 model itself (that
+pair removed, every other pair fused by onnxruntime as in the job's model), against the int8 model's own metric.
+
 `fallback`: keep the nodes of the most sensitive tensors in fp32 one tensor at a time, re-quantising with
 onnxruntime's quantize_static(nodes_to_exclude=...) from the same calibration ranges and re-measuring after each
 step, until the metric reaches the target; then drop every node the target does not need (one at a time, re-measured).
@@ -23,7 +27,6 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import os
 import shutil
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -34,6 +37,7 @@ import onnx
 
 from calibrun.analysis import qdq
 from calibrun.analysis.evaluate import Evaluator, metric_of
+from calibrun.analysis.trials import Trials, switched
 from calibrun.calibrate import Calibration
 from calibrun.errors import CalibrunError
 from calibrun.files import atomic_path, finite, temp_dir
@@ -62,10 +66,12 @@ def _finite(value: float) -> float | None:
 
 def rank(fp32_path: Path, int8_path: Path, evaluator: Evaluator, metric: str, goal: str, strategy: str = "switch",
          kinds: Sequence[str] = KINDS, threads: int = 0, every: float = 5.0,
-         only: Collection[str] | None = None, groups: int = 0, workers: int = 1) -> dict:
+         only: Collection[str] | None = None, groups: int = 0, workers: int = 1,
+         backend: str = "auto", confirm: int = 0, int8_metrics: dict | None = None) -> dict:
     """The ranking of every QDQ pair of `int8_path` (a QDQ model) by the gain in `metric` when it alone is removed
     (`only`: just the pairs on these tensors; `groups`: the coarse pre-pass of the module docstring; `workers`: the
-    switch strategy's trials in that many processes, `Trials`)."""
+    switch strategy's trials in that many processes, `Trials`, on `backend`; `confirm`: `_confirm`'s top N;
+    `int8_metrics`: the int8 model's metrics when the caller measured them on the same evaluator already)."""
     if goal not in GOALS:
         raise CalibrunError(f"analysis.goal must be one of {list(GOALS)}, got {goal!r}")
     if strategy not in STRATEGIES:
@@ -82,6 +88,8 @@ def rank(fp32_path: Path, int8_path: Path, evaluator: Evaluator, metric: str, go
         raise CalibrunError(f"{int8_path} has no QuantizeLinear/DequantizeLinear pair on {' or '.join(kinds)}: the "
                             "sensitivity analysis needs a QDQ model (format=qdq)")
     names = evaluator.output_names
+    confirmed: dict[int, float] = {}  # pair index -> its metric on the int8 model (`_confirm`)
+    confirm_seconds = 0.0
     start = time.perf_counter()
     with temp_dir("sens") as tmp:
         if strategy == "switch":
@@ -94,23 +102,32 @@ def rank(fp32_path: Path, int8_path: Path, evaluator: Evaluator, metric: str, go
             def trial(on):
                 return switched(sess, evaluator.batches, names, len(pairs), on)
 
-            with Trials(path, threads, evaluator, names, len(pairs), workers, trial) as trials:
+            with Trials(path, threads, evaluator, names, len(pairs), workers, trial, backend) as trials:
                 baseline_metrics = trial(None)
                 baseline = metric_of(baseline_metrics, metric)
                 chosen, group_of, group_gains, group_seconds = _prepass(
                     len(pairs), groups, lambda sets: [m for m, _ in trials.map(sets)], metric, goal, baseline)
                 alone = sorted(chosen)
                 *measured, (every_pair, _) = trials.map([*alone, set(range(len(pairs)))], every)
+                ran_on = trials.ran_on()
             measured_alone = dict(zip(alone, measured, strict=True))
             values = [(metric_of(measured_alone[i][0], metric), measured_alone[i][1]) if i in measured_alone
                       else (math.nan, None) for i in range(len(pairs))]
             all_fp32 = metric_of(every_pair, metric)
+            switch_baseline = metric_of(baseline_metrics, metric)
+            if confirm:
+                t0 = time.perf_counter()
+                baseline_metrics = int8_metrics if int8_metrics is not None else evaluator.model(int8_path)
+                confirmed = _confirm(values, confirm, goal, switch_baseline, pairs, onnx.load(str(int8_path)), fp32,
+                                     evaluator, metric, Path(tmp))
+                confirm_seconds = time.perf_counter() - t0
         else:
             if groups:
                 raise CalibrunError("analysis.groups needs analysis.strategy=switch (one session for every trial)")
             setup = 0.0
             group_of, group_gains, group_seconds = {}, [], 0.0
-            baseline_metrics = evaluator.model(int8_path)
+            ran_on = {"workers": 1, "backend": None}
+            baseline_metrics = int8_metrics if int8_metrics is not None else evaluator.model(int8_path)
             values = []
             last = time.perf_counter()
             for i, pair in enumerate(pairs):
@@ -122,28 +139,39 @@ def rank(fp32_path: Path, int8_path: Path, evaluator: Evaluator, metric: str, go
                 if time.perf_counter() - last > every:
                     last = time.perf_counter()
                     log.info("sensitivity: %d/%d tensors", i + 1, len(pairs))
-            all_fp32 = None
+            all_fp32 = switch_baseline = None
     seconds = time.perf_counter() - start
     baseline = metric_of(baseline_metrics, metric)
     ranking = []
+    on_int8 = strategy == "edit" or bool(confirm)  # the baseline: the int8 model's own metric
     for i, (p, (v, s)) in enumerate(zip(pairs, values, strict=True)):
-        entry = {"tensor": p.tensor, "kind": p.kind, "node": p.node, "nodes": p.nodes, "metric": _finite(v),
-                 "gain": _finite(gain(goal, baseline, v)), "seconds": None if s is None else round(s, 4)}
+        real = strategy == "edit" or i in confirmed
+        value = confirmed.get(i, v)
+        entry = {"tensor": p.tensor, "kind": p.kind, "node": p.node, "nodes": p.nodes, "metric": _finite(value),
+                 "gain": _finite(gain(goal, baseline if real or not on_int8 else switch_baseline, value)),
+                 "measured_on": "int8" if real else "switch", "seconds": None if s is None else round(s, 4)}
+        if i in confirmed:  # the switch trial that put it in the top
+            entry["switch_metric"] = _finite(v)
+            entry["switch_gain"] = _finite(gain(goal, switch_baseline, v))
         if group_of:
             entry["group"] = group_of[i]
             entry["group_gain"] = group_gains[group_of[i]]
         ranking.append(entry)
-    ranking.sort(key=lambda r: -math.inf if r["gain"] is None else r["gain"], reverse=True)
+    # the confirmed first (the switch ranking's top, in the order the int8 model gives), then the rest by switch gain
+    ranking.sort(key=lambda r: (r["measured_on"] == "int8", -math.inf if r["gain"] is None else r["gain"]),
+                 reverse=True)
     trials = [s for _, s in values if s is not None]
     measured = len(trials) + len(group_gains)
     record = {
         "metric": metric, "goal": goal, "strategy": strategy, "tensors": len(pairs),
-        "baseline": _finite(baseline),
+        "baseline": _finite(baseline), "baseline_on": "int8" if on_int8 else "switch",
+        "switch_baseline": None if switch_baseline is None else _finite(switch_baseline),
+        "confirmed": len(confirmed), "confirm_seconds": round(confirm_seconds, 3),
         "all_pairs_removed": None if all_fp32 is None else _finite(all_fp32),
         "seconds": round(seconds, 3), "setup_seconds": round(setup, 3),
         # the trials' time over the analysed tensors (with groups: the group trials too, over every tensor)
         "seconds_per_tensor": round((sum(trials) + group_seconds) / len(pairs), 4),
-        "trials": measured, "measured_alone": len(trials),
+        "trials": measured, "measured_alone": len(trials), **ran_on,
         "ranking": ranking,
     }
     if group_gains:
@@ -152,85 +180,20 @@ def rank(fp32_path: Path, int8_path: Path, evaluator: Evaluator, metric: str, go
     return record
 
 
-class Trials:
-    """Trials of the switch model: each a set of pairs switched out, measured over every evaluation batch.
-    `workers` > 1: in that many processes (started with `spawn`: a fork of a process holding onnxruntime's
-    threads is not safe), each holding one session of the switch model with `threads` // workers intra-op threads
-    (at least 1), the trials dealt out a few at a time; the metrics are the serial run's (one trial, one pass over
-    the same batches, in a session of the same model). `workers` <= 1: `serial` here, one after the other."""
-
-    def __init__(self, path: Path, threads: int, evaluator: Evaluator, names: list[str], pairs: int, workers: int,
-                 serial: Callable):
-        self.serial, self.workers, self.pool = serial, workers, None
-        if workers > 1:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
-            per = max(1, (threads or os.cpu_count() or 1) // workers)
-            self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                            initializer=_worker_session,
-                                            initargs=(str(path), per, evaluator.batches, names, pairs))
-            self.pool.submit(int)  # the processes start now: their imports and sessions overlap the baseline here
-
-    def __enter__(self) -> Trials:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
-
-    def map(self, trials: Sequence, every: float = math.inf) -> list[tuple[dict, float]]:
-        """(metrics, seconds) of each trial, in order; a progress line every `every` seconds."""
-        out: list[tuple[dict, float] | None] = [None] * len(trials)
-        last = time.perf_counter()
-
-        def progress(done: int) -> None:
-            nonlocal last
-            if time.perf_counter() - last > every:
-                last = time.perf_counter()
-                log.info("sensitivity: %d/%d trials", done, len(trials))
-
-        if self.pool is None:
-            for k, on in enumerate(trials):
-                t0 = time.perf_counter()
-                out[k] = (self.serial(on), time.perf_counter() - t0)
-                progress(k + 1)
-            return out
-        from concurrent.futures import as_completed
-
-        size = max(1, min(4, len(trials) // (8 * self.workers)))  # a few trials a task: balance and progress
-        chunks = {self.pool.submit(_worker_trials, list(trials[k:k + size])): k
-                  for k in range(0, len(trials), size)}
-        done = 0
-        for future in as_completed(chunks):
-            k = chunks[future]
-            results = future.result()
-            out[k:k + len(results)] = results
-            done += len(results)
-            progress(done)
-        return out
-
-
-_WORKER: dict = {}
-
-
-def _worker_session(path: str, threads: int, batches, names: list[str], pairs: int) -> None:
-    _WORKER.update(sess=session(path, threads), batches=batches, names=names, pairs=pairs)
-
-
-def switched(sess, batches, names: list[str], pairs: int, on) -> dict[str, float]:
-    """One trial: the metrics of the switch model's session with the pairs `on` switched out, over every batch."""
-    flags = qdq.switches(pairs, on)
-    return batches.run(lambda feeds: sess.run(names, {**feeds, **flags}))
-
-
-def _worker_trials(trials: list) -> list[tuple[dict, float]]:
-    sess, batches, names, pairs = (_WORKER[k] for k in ("sess", "batches", "names", "pairs"))
-    out = []
-    for on in trials:
-        t0 = time.perf_counter()
-        out.append((switched(sess, batches, names, pairs, on), time.perf_counter() - t0))
-    return out
+def _confirm(values: list, top: int, goal: str, switch_baseline: float, pairs: list, int8, fp32, evaluator: Evaluator,
+             metric: str, tmp: Path) -> dict[int, float]:
+    """The `top` pairs of the switch ranking measured again on the int8 model itself: the int8 model with that pair
+    removed (`qdq.without_pair`, the edit strategy's trial: onnxruntime fuses every other pair into its integer
+    kernels as in the job's model), against the job's own int8 metric. Returns {pair index: its metric there}."""
+    order = sorted((i for i, (v, _) in enumerate(values) if math.isfinite(v)),
+                   key=lambda i: gain(goal, switch_baseline, values[i][0]), reverse=True)[:top]
+    real = {}
+    for i in order:
+        path = tmp / f"confirm_{i}.onnx"
+        onnx.save_model(qdq.without_pair(int8, fp32, pairs[i]), str(path))
+        real[i] = metric_of(evaluator.model(path), metric)
+        path.unlink()
+    return real
 
 
 def _prepass(count: int, groups: int, measure: Callable[[list[set[int]]], list[dict]], metric: str, goal: str,

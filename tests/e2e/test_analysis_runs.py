@@ -64,6 +64,14 @@ def test_lab_narrow_sensitivity_and_fallback_end_to_end(tmp_path):
     assert sorted(r["tensor"] for r in record["ranking"]) == ["h_mm", "x", "y"]
     assert record["ranking"][0]["tensor"] == "x"
     assert set(record["ranking"][0]) >= {"node", "tensor", "metric", "gain"}
+    # the ranking starts from the job's own int8 model: its baseline is result.json's metric, and its top (the
+    # analysis.confirm default, 5: here all three) is measured on that model with the pair removed
+    assert record["baseline_on"] == "int8"
+    assert record["baseline"] == result["metrics"]["mean_abs_error"]
+    assert record["confirmed"] == 3
+    assert all(r["measured_on"] == "int8" for r in record["ranking"])
+    assert record["workers"] == 2
+    assert record["backend"] == "processes"
     assert record["fallback"]["reached"]
     nodes = record["nodes_to_exclude"]
     assert 1 <= len(nodes) <= 2

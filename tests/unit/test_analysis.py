@@ -6,6 +6,7 @@ YOLOX detector with real photos) are in tests/e2e/test_analysis_runs.py.
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
@@ -211,6 +212,38 @@ def test_narrow_lab_ranks_the_input_first(narrow, strategy):
         assert result["all_pairs_removed"] == pytest.approx(0, abs=1e-6)  # every pair out: the fp32 model
 
 
+def test_confirmed_top_is_measured_on_the_int8_model_itself(narrow):
+    """analysis.confirm=N: the switch ranking's top N measured again on the int8 model with that pair removed (the
+    edit strategy's trial), against the int8 model's own metric: baseline and those values are the edit strategy's
+    to the last bit; the switch values that put them there stay beside them; the rest keep the switch ranking."""
+    fp32, int8, _, feeds = narrow
+    with Evaluator(fp32.path, EvalData.from_arrays(feeds), 16) as ev:
+        int8_metrics = ev.model(int8)
+        plain = rank(fp32.path, int8, ev, "mean_abs_error", "min", "switch")
+        confirmed = rank(fp32.path, int8, ev, "mean_abs_error", "min", "switch", confirm=3, int8_metrics=int8_metrics)
+        edit = rank(fp32.path, int8, ev, "mean_abs_error", "min", "edit")
+    assert plain["baseline_on"] == "switch"
+    assert plain["confirmed"] == 0
+    assert plain["baseline"] != int8_metrics["mean_abs_error"]  # fake-quantised arithmetic: close, not equal
+    assert confirmed["baseline_on"] == "int8"
+    assert confirmed["confirmed"] == 3
+    assert confirmed["baseline"] == int8_metrics["mean_abs_error"] == edit["baseline"]
+    assert confirmed["switch_baseline"] == plain["baseline"]
+    top3 = {r["tensor"] for r in plain["ranking"][:3]}
+    head, rest = confirmed["ranking"][:3], confirmed["ranking"][3:]
+    assert {r["tensor"] for r in head} == top3
+    on_edit = {r["tensor"]: r for r in edit["ranking"]}
+    on_switch = {r["tensor"]: r for r in plain["ranking"]}
+    for r in head:
+        assert r["measured_on"] == "int8"
+        assert (r["metric"], r["gain"]) == (on_edit[r["tensor"]]["metric"], on_edit[r["tensor"]]["gain"])
+        assert (r["switch_metric"], r["switch_gain"]) == (on_switch[r["tensor"]]["metric"],
+                                                          on_switch[r["tensor"]]["gain"])
+    assert [r["gain"] for r in head] == sorted((r["gain"] for r in head), reverse=True)
+    assert [r["tensor"] for r in rest] == [r["tensor"] for r in plain["ranking"][3:]]
+    assert all(r["measured_on"] == "switch" and r["gain"] == on_switch[r["tensor"]]["gain"] for r in rest)
+
+
 def test_only_the_named_tensors_are_ranked(narrow):
     """analysis.tensors: the ranking holds exactly the named tensors' pairs (of the analysed kinds); a name that
     carries no such pair is an error naming it."""
@@ -264,22 +297,65 @@ def test_group_prepass_measures_alone_only_the_groups_that_help(narrow):
     assert coarse["ranking"][0]["tensor"] == "x"
 
 
-@pytest.mark.parametrize("groups", [0, 3])
-def test_trials_in_two_worker_processes_give_the_serial_ranking(narrow, groups):
-    """analysis.workers=2: the same trials in two processes, each with its own session of the switch model (and a
-    custom task pickled to them): every metric equal to the serial run's, to the last bit."""
+def _serial_and_parallel(narrow, groups: int, backend: str) -> tuple[dict, dict]:
     fp32, int8, _, feeds = narrow
     task = Custom("tests.unit.test_analysis:two_output_task")
     with Evaluator(fp32.path, EvalData.from_arrays(feeds), 16, threads=1, task=task) as ev:
         serial = rank(fp32.path, int8, ev, "mean_abs_error", "min", "switch", threads=1, groups=groups)
         parallel = rank(fp32.path, int8, ev, "mean_abs_error", "min", "switch", threads=2, groups=groups,
-                        workers=2)
+                        workers=2, backend=backend)
+    assert (serial["workers"], serial["backend"]) == (1, None)
+    return serial, parallel
+
+
+def _same_ranking(serial: dict, parallel: dict) -> None:
     assert parallel["tensors"] == serial["tensors"] > 2
     assert parallel["trials"] == serial["trials"]
     strip = ("seconds",)
     assert [{k: v for k, v in r.items() if k not in strip} for r in parallel["ranking"]] == \
         [{k: v for k, v in r.items() if k not in strip} for r in serial["ranking"]]
     assert parallel["baseline"] == serial["baseline"]
+
+
+@pytest.mark.parametrize("groups", [0, 3])
+def test_trials_in_two_worker_processes_give_the_serial_ranking(narrow, groups):
+    """analysis.workers=2: the same trials in two processes, each with its own session of the switch model (and a
+    custom task pickled to them): every metric equal to the serial run's, to the last bit."""
+    serial, parallel = _serial_and_parallel(narrow, groups, "auto")  # auto outside Ray: local processes
+    assert (parallel["workers"], parallel["backend"]) == (2, "processes")
+    _same_ranking(serial, parallel)
+
+
+@pytest.mark.slow
+def test_trials_on_ray_actors_give_the_serial_ranking(narrow, tmp_path, monkeypatch, caplog):
+    """analysis.backend=ray: a Ray of this machine started for the trials and stopped after; then, in a process
+    already connected to Ray (as a job under the Ray launcher is), `auto` uses that Ray and leaves it running."""
+    import ray
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # Ray 2.60 writes ~/.ray/auth_token on a local start
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    serial, parallel = _serial_and_parallel(narrow, 3, "ray")
+    assert (parallel["workers"], parallel["backend"]) == (2, "ray")
+    _same_ranking(serial, parallel)
+    assert not ray.is_initialized()  # the Ray the analysis started is stopped again
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        serial, parallel = _serial_and_parallel(narrow, 0, "auto")
+        assert (parallel["workers"], parallel["backend"]) == (2, "ray")
+        _same_ranking(serial, parallel)
+        assert ray.is_initialized()
+        # 3 actors of 1 CPU on a Ray of 2 CPUs: the one Ray cannot place is not waited for
+        monkeypatch.setattr("calibrun.analysis.trials.READY_SECONDS", 10.0)
+        fp32, int8, _, feeds = narrow
+        with Evaluator(fp32.path, EvalData.from_arrays(feeds), 16, threads=1) as ev, \
+                caplog.at_level(logging.WARNING, "calibrun"):
+            three = rank(fp32.path, int8, ev, "mean_abs_error", "min", "switch", threads=3, workers=3)
+        assert (three["workers"], three["backend"]) == (2, "ray")
+        assert "2 of 3 trial actors started" in caplog.text
+        assert [r["metric"] for r in three["ranking"]] == [r["metric"] for r in serial["ranking"]]
+    finally:
+        ray.shutdown()
 
 
 def test_group_prepass_that_finds_no_helping_group_measures_every_pair():
