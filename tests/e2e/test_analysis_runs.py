@@ -97,6 +97,36 @@ def test_lab_narrow_sensitivity_and_fallback_end_to_end(tmp_path):
     assert run.data.metrics["analysis.tensors"] == len(record["ranking"])
 
 
+def test_lab_repair_is_tracked_with_its_front_and_the_repaired_model(tmp_path):
+    """analysis=repair reaches MLflow: repair.json, the Pareto front as a table and a plot, and the repaired model
+    as a LoggedModel of the job's run (the same bytes as int8_repaired.onnx)."""
+    from mlflow import MlflowClient
+
+    run_dir = tmp_path / "r"
+    proc = calibrun(tmp_path, "calibration=narrow", "batches=8", "eval.rows=64", "analysis=repair",
+                    "analysis.metric=mean_abs_error", "analysis.goal=min", "analysis.target=0.31", "recommend=off",
+                    f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((run_dir / "repair.json").read_text())
+    assert record["reached"]
+    assert record["promoted"]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("calibrun")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["analysis.target_reached"] == 1
+    assert run.data.metrics["analysis.repair_metric"] == pytest.approx(record["value"])
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"repair.json", "repair_front.json", "repair_front.png"} <= artifacts
+    table = json.loads(Path(client.download_artifacts(run.info.run_id, "repair_front.json", str(tmp_path))).read_text())
+    assert len(table["data"]) == len(record["front"])
+    models = {m.name: m for m in client.search_logged_models([experiment.experiment_id])}
+    repaired = models["repaired mean_abs_error"]
+    assert repaired.source_run_id == run.info.run_id
+    folder = Path(repaired.artifact_location.removeprefix("file://"))
+    assert (folder / "model.onnx").read_bytes() == (run_dir / "int8_repaired.onnx").read_bytes()
+
+
 def test_optuna_search_returns_the_metric_and_names_the_best_trial(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="the `search` extra")
     from mlflow import MlflowClient
