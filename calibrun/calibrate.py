@@ -216,34 +216,11 @@ class CalibrationCache:
         self.folder = cache_store.folder(root, "ranges")
         self.wait = wait
 
-    @contextlib.contextmanager
-    def claim(self, key: str) -> Iterator[float]:
-        """Hold `<key>.lock` (filelock: an OS lock, released when its process ends, however it ends) for the
-        block: a second process that misses the same key waits here for the first one's ranges and then finds
-        them in the cache, instead of calibrating them again. Yields the seconds waited. A lock not had within
-        `wait` seconds (a process hung while it calibrates), or a folder that cannot be locked, is a warning, and
-        the block runs without the lock: at worst the key is calibrated twice, never a deadlock."""
-        from filelock import FileLock, Timeout
-
+    def claim(self, key: str) -> contextlib.AbstractContextManager[float]:
+        """Hold `<key>.lock` while calibrating (calibrun.cache.claim): a second process that misses the same key
+        waits for the first one's ranges, then finds them in the cache. Yields the seconds waited."""
         cache_store.folder(self.root, "ranges", create=True)
-        lock = FileLock(self.folder / f"{key}.lock")
-        start = time.perf_counter()
-        try:
-            lock.acquire(timeout=self.wait)
-        except Timeout:
-            log.warning("calibration cache: another process has been calibrating %s for %.0f s (%s); calibrating "
-                        "here too", key, self.wait, lock.lock_file)
-            yield time.perf_counter() - start
-            return
-        except OSError as exc:
-            log.warning("calibration cache: cannot lock %s (%s); calibrating without the lock", lock.lock_file,
-                        exc.strerror or exc)
-            yield time.perf_counter() - start
-            return
-        try:
-            yield time.perf_counter() - start
-        finally:
-            lock.release()
+        return cache_store.claim(self.folder / f"{key}.lock", self.wait, f"calibrating {key}")
 
     def path(self, key: str) -> Path:
         return self.folder / f"{key}.json"

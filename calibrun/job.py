@@ -7,6 +7,7 @@ writes `result.json`.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -104,15 +105,19 @@ def prepare(cfg: DictConfig, job_dir: Path) -> tuple[FloatModel, list[str]]:
                     log.info("prepared model cache: %s is of the earlier naming and is not read; preparing the "
                              "model again as %s", old, target.name)
         record_file = target.with_suffix(".steps.json")
-        if target.parent != job_dir and target.is_file():
-            reused = _verified_prepared(target, record_file)
-            if reused is not None:
-                log.info("prepared model %s (reused, sha256 verified)", target)
-                return open_float_model(target, sha256=reused["model_sha256"]), list(reused["steps"])
-        prepared = prepare_model(source, target)
-        record = {"steps": list(prepared.steps), "model_sha256": file_sha256(prepared.path),
-                  "data_sha256": file_sha256(prepared.data_path) if prepared.data_path else None}
-        write_json(record_file, record)
+        cached = target.parent != job_dir
+        # in the cache: one process prepares a model at a time; the others wait for it, then reuse its file
+        with (cache_store.claim(target.with_suffix(".lock"), cfg.cache.wait, f"preparing {source}") if cached
+              else contextlib.nullcontext()):
+            if cached and target.is_file():
+                reused = _verified_prepared(target, record_file)
+                if reused is not None:
+                    log.info("prepared model %s (reused, sha256 verified)", target)
+                    return open_float_model(target, sha256=reused["model_sha256"]), list(reused["steps"])
+            prepared = prepare_model(source, target)
+            record = {"steps": list(prepared.steps), "model_sha256": file_sha256(prepared.path),
+                      "data_sha256": file_sha256(prepared.data_path) if prepared.data_path else None}
+            write_json(record_file, record)
     return open_float_model(prepared.path, sha256=record["model_sha256"]), list(prepared.steps)
 
 

@@ -164,7 +164,8 @@ def test_a_holder_that_never_finishes_costs_the_wait_then_a_warning_not_a_deadlo
         with caplog.at_level(logging.WARNING), store.claim("k") as waited:
             assert holder.poll() is None  # the other one still holds it: this block runs without it
         assert 0.3 <= waited < 5
-        assert "calibrating here too" in caplog.text
+        assert "has been calibrating k for" in caplog.text
+        assert "doing it here too" in caplog.text
     finally:
         holder.kill()
         holder.wait(timeout=30)
@@ -192,3 +193,41 @@ def test_a_waiting_job_reads_the_first_ones_ranges_as_a_hit(tmp_path, lab_model)
     assert second["cache_key"] == key
     assert 0.5 < second["calibration_wait_seconds"] < 10
     assert first["calibration_wait_seconds"] < 0.5
+
+
+PREPARE = """
+import logging, sys, time
+from pathlib import Path
+from omegaconf import OmegaConf
+from calibrun.job import prepare
+go, cache_dir, model, job_dir = sys.argv[1:5]
+cfg = OmegaConf.create({"model": {"name": "file", "path": model},
+                        "cache": {"enabled": True, "dir": cache_dir, "wait": 60.0}})
+messages = []
+handler = logging.Handler()
+handler.emit = lambda record: messages.append(record.getMessage())
+logging.getLogger("calibrun").addHandler(handler)
+logging.getLogger("calibrun").setLevel(logging.INFO)
+while not Path(go).exists():
+    time.sleep(0.002)
+prepare(cfg, Path(job_dir))
+print("reused" if any("(reused, sha256 verified)" in m for m in messages) else
+      "prepared" if any(m.startswith("preparing ") for m in messages) else "neither")
+"""
+
+
+def test_workers_that_prepare_one_model_together_prepare_it_once(tmp_path, lab_model):
+    """Two processes asking for the same prepared model at the same moment (parallel workers on a shared cache
+    folder): one prepares it, the other waits for its lock and reuses the file (without the lock both prepared)."""
+    go = tmp_path / "go"
+    procs = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        procs.append(subprocess.Popen([sys.executable, "-c", PREPARE, str(go), str(tmp_path / "cache"),
+                                       str(lab_model), str(tmp_path / name)], stdout=subprocess.PIPE, text=True))
+    time.sleep(3)  # both have imported calibrun and wait for the go file
+    go.touch()
+    said = sorted(p.communicate(timeout=120)[0].strip() for p in procs)
+    assert [p.returncode for p in procs] == [0, 0]
+    assert said == ["prepared", "reused"]
+    assert len(list((tmp_path / "cache" / "models").glob("*.onnx"))) == 1
