@@ -16,6 +16,7 @@ from pathlib import Path
 
 from calibrun.analysis import qdq
 from calibrun.analysis.evaluate import Evaluator
+from calibrun.errors import CalibrunError, one_line
 from calibrun.files import temp_dir
 from calibrun.measure.errors import session
 
@@ -161,7 +162,15 @@ class _Actors:
     def run(self, chunks: list[tuple[int, list]]) -> Iterator[tuple[int, list]]:
         from ray.util import ActorPool
 
-        yield from ActorPool(self.started).map_unordered(lambda actor, chunk: actor.run.remote(chunk), chunks)
+        try:
+            yield from ActorPool(self.started).map_unordered(lambda actor, chunk: actor.run.remote(chunk), chunks)
+        except self.ray.exceptions.RayTaskError as exc:  # a trial's own error, as the processes backend raises it
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, Exception):
+                raise cause from None
+            raise
+        except self.ray.exceptions.RayActorError as exc:  # the actor's process died (killed, out of memory, a node)
+            raise CalibrunError(f"analysis.backend=ray: a trial actor died ({one_line(exc)})") from None
 
     def close(self) -> None:
         for actor in self.actors:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -158,6 +159,13 @@ def two_output_task(fp32_outputs, int8_outputs, labels):
     (name,) = fp32_outputs
     return {"sign_agreement": float(np.mean(np.sign(fp32_outputs[name]) == np.sign(int8_outputs[name]))),
             "rows": float(len(labels)) if labels is not None else -1.0}
+
+
+def failing_in_workers_task(fp32_outputs, int8_outputs, labels):
+    """two_output_task in the test's process; an error in a worker (which does not see CALIBRUN_TEST_DRIVER)."""
+    if "CALIBRUN_TEST_DRIVER" not in os.environ:
+        raise CalibrunError("the task failed in a worker")
+    return two_output_task(fp32_outputs, int8_outputs, labels)
 
 
 def test_evaluator_streams_batches_and_matches_whole_set_numbers(narrow):
@@ -354,6 +362,14 @@ def test_trials_on_ray_actors_give_the_serial_ranking(narrow, tmp_path, monkeypa
         assert (three["workers"], three["backend"]) == (2, "ray")
         assert "2 of 3 trial actors started" in caplog.text
         assert [r["metric"] for r in three["ranking"]] == [r["metric"] for r in serial["ranking"]]
+        # a trial's error in an actor is raised as itself (one line), not as Ray's wrapper with its traceback
+        monkeypatch.setenv("CALIBRUN_TEST_DRIVER", "1")  # after ray.init: the actors do not see it
+        task = Custom("tests.unit.test_analysis:failing_in_workers_task")
+        with Evaluator(fp32.path, EvalData.from_arrays(feeds), 16, threads=1, task=task) as ev, \
+                pytest.raises(CalibrunError) as failed:
+            rank(fp32.path, int8, ev, "mean_abs_error", "min", "switch", threads=2, workers=2, backend="ray")
+        assert "the task failed in a worker" in str(failed.value)
+        assert "\n" not in str(failed.value)
     finally:
         ray.shutdown()
 
