@@ -179,7 +179,9 @@ def test_model_preparation_on_a_full_cache_names_the_folder_and_runs_after_space
         (cache / "models").mkdir()
         fill(cache)
         first, _ = run(tmp_path, *args, multirun=False)
-        left = sorted(p.name for p in (cache / "models").iterdir())
+        # the preparation's lock file stays (empty; filelock keeps it so that every process locks the same file)
+        left = sorted(p.name for p in (cache / "models").iterdir() if p.suffix != ".lock")
+        lock_sizes = [p.stat().st_size for p in (cache / "models").iterdir() if p.suffix == ".lock"]
         runs = runs_of(tmp_path)
         (cache / "filler").unlink()
         (cache / "filler2").unlink()
@@ -189,6 +191,7 @@ def test_model_preparation_on_a_full_cache_names_the_folder_and_runs_after_space
     assert line.startswith(f"calibrun: error: folder {cache / 'models'} is full ({FULL})"), line
     assert "checker" not in line
     assert left == []  # no temp folder, no half-written model
+    assert lock_sizes == [0]
     assert [r.info.status for r in runs] == ["FAILED"]
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((tmp_path / "run" / "result.json").read_text())["status"] == "ok"
