@@ -36,7 +36,7 @@ class Trials:
 
     def __init__(self, path: Path, threads: int, evaluator: Evaluator, names: list[str], pairs: int, workers: int,
                  serial: Callable, backend: str = "auto"):
-        self.serial, self.workers, self.pool = serial, workers, None
+        self.serial, self.pool = serial, None
         if workers > 1:
             per = max(1, (threads or os.cpu_count() or 1) // workers)
             pool = _Actors if uses_ray(backend) else _Processes
