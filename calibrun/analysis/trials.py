@@ -194,8 +194,7 @@ class _TrialActor:
             (folder / f"{i}.npz").write_bytes(blob)
         batches = copy.copy(batches)
         batches.folder = folder
-        self.state = {"sess": session(folder / "switch.onnx", threads), "batches": batches, "names": names,
-                      "pairs": pairs}
+        self.state = _state(folder / "switch.onnx", threads, batches, names, pairs)
 
     def ready(self) -> bool:
         return True
@@ -208,8 +207,13 @@ class _TrialActor:
 _WORKER: dict = {}
 
 
+def _state(path: str | Path, threads: int, batches, names: list[str], pairs: int) -> dict:
+    """What a worker (a process's `_WORKER`, an actor's `state`) holds to run trials: a session and the batches."""
+    return {"sess": session(path, threads), "batches": batches, "names": names, "pairs": pairs}
+
+
 def _worker_session(path: str, threads: int, batches, names: list[str], pairs: int) -> None:
-    _WORKER.update(sess=session(path, threads), batches=batches, names=names, pairs=pairs)
+    _WORKER.update(_state(path, threads, batches, names, pairs))
 
 
 def switched(sess, batches, names: list[str], pairs: int, on) -> dict[str, float]:
