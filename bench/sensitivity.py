@@ -75,14 +75,14 @@ def main() -> int:
 
     import onnx
 
-    from calibrun.analysis import qdq
     from calibrun.analysis import sensitivity as sens
     from calibrun.analysis.evaluate import Evaluator
     from calibrun.data.images import ImageTransform, image_calibration, image_evaluation
     from calibrun.data.lab import fixed_rows
-    from calibrun.measure.errors import session
     from calibrun.measure.tasks import Custom
     from calibrun.model import open_float_model, prepare
+    from calibrun.model.pairs import find_pairs
+    from calibrun.model.sessions import session
     from calibrun.quantize import quantize_with
     from tests.trained import model_path, photo_folder
 
@@ -106,7 +106,7 @@ def main() -> int:
             quantize_with(fp32, int8, data, threads=args.threads, input_may_stay_float=True)
             evaluation = image_evaluation(photos, fp32.inputs, args.rows, transform)
             rows = fixed_rows(info) or args.rows
-            pairs = qdq.find_pairs(onnx.load(str(int8)), onnx.load(str(fp32.path)))
+            pairs = find_pairs(onnx.load(str(int8)), onnx.load(str(fp32.path)))
             with Evaluator(fp32.path, evaluation, rows, threads=args.threads, task=task) as ev:
                 ev.model(int8)  # warm-up
                 start = time.perf_counter()

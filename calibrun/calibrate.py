@@ -42,8 +42,8 @@ from calibrun.errors import need as check
 from calibrun.files import atomic_path, temp_dir, write_json
 from calibrun.histogram import ALGORITHM as HISTOGRAM_ALGORITHM
 from calibrun.histogram import FastHistogramCollector
-from calibrun.measure.errors import no_spinning
 from calibrun.model import private_model_copy
+from calibrun.model.sessions import session
 from calibrun.progress import Progress
 from calibrun.reader import make_reader
 
@@ -411,19 +411,15 @@ def _without_its_session() -> Iterator[None]:
 def _lean_session(calibrator, threads: int) -> None:
     """Re-create the calibrator's session as onnxruntime's create_inference_session does (no graph
     optimisation), with priority-based execution order, `threads` intra-op threads and no spinning
-    (measure.errors.no_spinning).
+    (calibrun.model.sessions.no_spinning).
 
     onnxruntime's default order keeps every activation alive until its late ReduceMin/ReduceMax runs: on
     ResNet-50 the MinMax session peaks at 3.9 GB for 16 images, against 0.9 GB priority-based, with
     bit-identical ranges (bench/calibration.py)."""
-    options = onnxruntime.SessionOptions()
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.execution_order = onnxruntime.ExecutionOrder.PRIORITY_BASED
-    options.intra_op_num_threads = threads
-    no_spinning(options)
     calibrator.infer_session = None  # (none: `_without_its_session`; were there one, it would go first)
-    calibrator.infer_session = onnxruntime.InferenceSession(
-        calibrator.augmented_model_path, sess_options=options, providers=calibrator.execution_providers)
+    calibrator.infer_session = session(calibrator.augmented_model_path, threads, optimize=False, mem_pattern=True,
+                                       priority_order=True, providers=calibrator.execution_providers,
+                                       shown="the calibration copy of the model")
 
 
 class RowRuns:

@@ -27,7 +27,8 @@ from calibrun.errors import CalibrunError, one_line
 from calibrun.files import DIAGNOSTICS_FILE, RANGES_FILE, strict_json, temp_dir, write_json
 from calibrun.measure import errors as measure
 from calibrun.measure import tasks, verdict
-from calibrun.measure.tensor_stats import StreamingDiagnostics, as_table, classify_model
+from calibrun.measure.diagnosis import as_table, classify_model
+from calibrun.measure.tensor_stats import StreamingDiagnostics
 from calibrun.model import FloatModel, check_model_file, file_sha256, open_float_model
 from calibrun.model.digits import ensure_digits
 from calibrun.model.lab import write_lab_model

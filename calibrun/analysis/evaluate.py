@@ -20,8 +20,9 @@ import numpy as np
 
 from calibrun.errors import CalibrunError
 from calibrun.files import temp_dir
-from calibrun.measure.errors import OutputErrors, as_array, session
+from calibrun.measure.errors import OutputErrors, as_array
 from calibrun.model.graph import blocks_of
+from calibrun.model.sessions import session
 
 Feeds = dict[str, np.ndarray]
 RunFn = Callable[[Feeds], Sequence[np.ndarray]]

@@ -1,5 +1,5 @@
-"""QDQ graph edits for the sensitivity analysis: find every QuantizeLinear/DequantizeLinear pair (activations and
-weights), and take pairs out without re-calibrating (the other pairs keep their scales).
+"""QDQ graph edits for the sensitivity analysis: take pairs (calibrun.model.pairs) out without re-calibrating (the
+other pairs keep their scales).
 
 Two ways, chosen by measurement (bench/sensitivity.py):
 - `switch_model`: one model where every pair is bypassable at run time. Each pair's DequantizeLinear output is
@@ -10,111 +10,14 @@ Two ways, chosen by measurement (bench/sensitivity.py):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-from onnxruntime.quantization.quant_utils import QUANT_INPUT_SUFFIX, TENSOR_NAME_QUANT_SUFFIX
 
 from calibrun.model.graph import constant_tensors
+from calibrun.model.pairs import Pair
 
 SWITCH_PREFIX = "calibrun_bypass_"
-_QDQ = {"QuantizeLinear", "DequantizeLinear"}
-
-
-@dataclass
-class Pair:
-    """One quantised tensor: the fp32 value `pre` it starts from and the dequantised values `posts` nodes read."""
-
-    tensor: str  # the tensor's name in the fp32 model
-    kind: str  # "activation" | "weight"
-    pre: str  # int8 model: the fp32 tensor (activation: QuantizeLinear's input; weight: added fp32 initializer)
-    posts: list[str]  # int8 model: the DequantizeLinear outputs
-    q_output: str | None  # the QuantizeLinear's output (None for a weight stored quantised)
-    dq_nodes: list[str] = field(default_factory=list)
-    fused: onnx.NodeProto | None = None  # a Relu/Clip the quantiser folded into this pair (fp32 needs it back)
-    node: str = ""  # the node that produces the tensor (activations) or reads it (weights, graph inputs)
-    nodes: list[str] = field(default_factory=list)  # nodes to keep in fp32 so that the tensor is not quantised
-
-
-def _node_key(node: onnx.NodeProto, index: int) -> str:
-    return node.name or f"#{index}"
-
-
-def find_pairs(int8: onnx.ModelProto, fp32: onnx.ModelProto) -> list[Pair]:
-    """Every QDQ pair of the int8 QDQ model, in graph order, with the fp32 tensor it quantises."""
-    constants = constant_tensors(int8)
-    fp32_constants = constant_tensors(fp32)
-    producers = {out: n for n in int8.graph.node for out in n.output}
-    graph_outputs = {o.name for o in int8.graph.output}
-    pairs: dict[str, Pair] = {}
-    for index, node in enumerate(int8.graph.node):
-        if node.op_type != "DequantizeLinear" or not node.input:
-            continue
-        src, post = node.input[0], node.output[0]
-        q = producers.get(src)
-        if q is not None and q.op_type == "QuantizeLinear":
-            pre = q.input[0]
-            if pre in constants:  # a weight with its own Q node (AddQDQPairToWeight)
-                key, kind = pre, "weight"
-            else:
-                key, kind = pre, "activation"
-                if pre.endswith(QUANT_INPUT_SUFFIX) and pre[: -len(QUANT_INPUT_SUFFIX)] in graph_outputs | {post}:
-                    key = pre[: -len(QUANT_INPUT_SUFFIX)]  # a graph output: its writer writes <t>_QuantizeLinear_Input
-            pair = pairs.setdefault(key, Pair(key, kind, pre, [], src))
-        elif src in constants:  # a weight or bias stored quantised: <w>_quantized -> DequantizeLinear
-            original = src[: -len(TENSOR_NAME_QUANT_SUFFIX)] if src.endswith(TENSOR_NAME_QUANT_SUFFIX) else src
-            if original not in fp32_constants:
-                continue  # no fp32 value to put back
-            pair = pairs.setdefault(original, Pair(original, "weight", f"{original}_calibrun_fp32", [], None))
-        else:
-            continue
-        pair.posts.append(post)
-        pair.dq_nodes.append(_node_key(node, index))
-    result = list(pairs.values())
-    _attach_fused(result, int8, fp32)
-    _attach_nodes(result, int8)
-    return result
-
-
-def _attach_fused(pairs: list[Pair], int8: onnx.ModelProto, fp32: onnx.ModelProto) -> None:
-    """onnxruntime's QDQ quantiser removes a Relu/Clip that follows a quantised op (the pair's range then starts
-    at 0 and does the clipping): the fp32 value of such a pair is the activation applied to the pair's input."""
-    int8_nodes = {n.name for n in int8.graph.node if n.name}
-    for pair in pairs:
-        if pair.kind != "activation":
-            continue
-        for node in fp32.graph.node:
-            if (node.op_type in {"Relu", "Clip"} and node.name and node.name not in int8_nodes and node.input
-                    and pair.pre in (node.input[0], node.output[0])):  # the quantiser keeps either name
-                pair.fused = node
-                pair.tensor = node.output[0]
-                break
-
-
-def _attach_nodes(pairs: list[Pair], int8: onnx.ModelProto) -> None:
-    """For each pair: the node named in the ranking, and every node that quantises the tensor.
-
-    onnxruntime's QDQ quantiser puts one pair on a tensor when ANY quantised node reads or writes it (and every
-    reader then reads the dequantised value), so keeping the tensor in fp32 takes excluding all of them: the
-    nodes that read a DequantizeLinear output of the pair, and the node that writes the pair's input.
-    """
-    readers: dict[str, list[str]] = {}
-    writer: dict[str, str] = {}
-    for node in int8.graph.node:
-        if node.op_type in _QDQ:
-            continue
-        for name in node.input:
-            readers.setdefault(name, []).append(node.name)
-        for name in node.output:
-            writer[name] = node.name
-    for pair in pairs:
-        reading = [n for post in pair.posts for n in readers.get(post, [])]
-        written = writer.get(pair.pre) if pair.kind == "activation" else None
-        pair.node = written if written is not None else (reading[0] if reading else "")
-        fused = [pair.fused.name] if pair.fused is not None else []
-        pair.nodes = list(dict.fromkeys(([written] if written is not None else []) + fused + reading))
 
 
 def _fp32_value(model: onnx.ModelProto, fp32: onnx.ModelProto, pair: Pair) -> str:
@@ -128,7 +31,7 @@ def _fp32_value(model: onnx.ModelProto, fp32: onnx.ModelProto, pair: Pair) -> st
         return value
     node = onnx.NodeProto()
     node.CopyFrom(pair.fused)
-    node.name = f"{pair.fused.name}_calibrun"
+    node.name = f"{pair.fused.name or value}_calibrun"
     node.input[0] = pair.pre  # the int8 model's name of the activation's input
     del node.output[:]
     node.output.append(value)

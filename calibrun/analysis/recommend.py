@@ -32,7 +32,7 @@ from pathlib import Path
 
 from calibrun.errors import need, one_line
 from calibrun.files import finite
-from calibrun.measure.tensor_stats import float_nodes
+from calibrun.measure.diagnosis import float_nodes
 from calibrun.quantize import SIXTEEN_BIT
 
 log = logging.getLogger("calibrun")

@@ -41,7 +41,8 @@ from calibrun.analysis.trials import Trials, switched
 from calibrun.calibrate import Calibration
 from calibrun.errors import CalibrunError
 from calibrun.files import atomic_path, finite, temp_dir
-from calibrun.measure.errors import session
+from calibrun.model.pairs import find_pairs
+from calibrun.model.sessions import session
 from calibrun.quantize import QuantOptions, quantize
 
 log = logging.getLogger("calibrun")
@@ -78,7 +79,7 @@ def rank(fp32_path: Path, int8_path: Path, evaluator: Evaluator, metric: str, go
         raise CalibrunError(f"analysis.strategy must be one of {list(STRATEGIES)}, got {strategy!r}")
     int8 = onnx.load(str(int8_path))
     fp32 = onnx.load(str(fp32_path))
-    pairs = [p for p in qdq.find_pairs(int8, fp32) if p.kind in kinds and (only is None or p.tensor in only)]
+    pairs = [p for p in find_pairs(int8, fp32) if p.kind in kinds and (only is None or p.tensor in only)]
     if only is not None:
         missing = sorted(set(only) - {p.tensor for p in pairs})
         if missing:

@@ -18,7 +18,7 @@ from calibrun.analysis import qdq
 from calibrun.analysis.evaluate import Evaluator
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import temp_dir
-from calibrun.measure.errors import session
+from calibrun.model.sessions import session
 
 log = logging.getLogger("calibrun")
 

@@ -33,45 +33,11 @@ from calibrun.data.lab import evaluation_rows
 from calibrun.errors import CalibrunError, one_line
 from calibrun.lab import EVAL_ROWS, EVAL_SEED
 from calibrun.model import FloatModel, open_float_model, primary
+from calibrun.model.sessions import session
 
 DEFAULT_BATCH = 16  # evaluation rows per run when eval.batch_size is not set and the model does not pin one
 SQNR_CAP = 200.0  # dB reported when the int8 output equals the fp32 one exactly (no noise to divide by)
 SEGMENTS_MAX = 16  # outputs whose last axis has at most this many entries get per-entry metrics
-
-
-def no_spinning(options) -> None:
-    """onnxruntime's intra-op threads wait for work by spinning (allow_spinning=1, its default): between the many short
-    runs of a job they burn their cores, and every other process on the machine (a parallel job, a second sweep)
-    gets less. calibrun's sessions let them sleep instead (`session.intra_op.allow_spinning=0`; results unchanged).
-    Measured on 2 cores beside other work: the lab sweep (24 jobs, untracked) 8.9 -> 7.2 CPU s; one det_yolox job
-    7.4 -> 5.9 s wall."""
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-
-
-def session(path: str | Path, intra_op_threads: int = 0, *, optimize: bool = True, arena: bool = True,
-            mem_pattern: bool = False, shown: str | None = None):
-    """An onnxruntime CPU session with a clear error (naming `shown`, default the path) when it cannot be loaded.
-
-    `optimize=False`: no graph optimisation (QDQ pairs stay unfused, as qdq_loss_debug runs them); `arena=False`:
-    plain allocations returned after each run (sessions with hundreds of extra outputs: the arena fragments and
-    grows over runs). onnxruntime's memory pattern is off by default: it adds a second, planned block after the
-    first run (ocr_det, 16 rows of 320x320: 594 -> 962 MB on the second run); without it memory stays flat over
-    the runs (594 -> 645 MB), same numbers.
-    """
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    if not optimize:
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.intra_op_num_threads = intra_op_threads
-    no_spinning(options)
-    options.log_severity_level = 3
-    options.enable_cpu_mem_arena = arena
-    options.enable_mem_pattern = mem_pattern
-    try:
-        return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
-    except Exception as exc:
-        raise CalibrunError(f"onnxruntime cannot load {shown or path}: {one_line(exc)}") from exc
 
 
 def split_feeds(feeds: dict[str, np.ndarray], fixed: int | None, axes=None) -> list[dict[str, np.ndarray]]:

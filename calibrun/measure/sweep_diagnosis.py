@@ -1,7 +1,7 @@
 """Sweep-level diagnosis: why an int8 model lost accuracy, from the measurements of its runs.
 
 Per run (QDQ runs carry per-tensor diagnostics): the input tensor's and the model's verdict (clipping / mixed /
-coarse / sound, calibrun.measure.tensor_stats.classify) with the numbers behind it, the worst tensors by SQNR, the
+coarse / sound, calibrun.measure.diagnosis.classify) with the numbers behind it, the worst tensors by SQNR, the
 culprits (the tensors with the largest share of the noise, with the node that produces each, as every run's
 result.json records them) and the measured recommendations of the run.
 
@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from calibrun.measure.tensor_stats import worst
+from calibrun.measure.diagnosis import worst
 
 REACHABLE = 100.0  # rows_needed within this factor of the largest run counts as "more samples would help"
 COVERED = 0.9  # a calibration span >= 90% of the evaluation span already covers it

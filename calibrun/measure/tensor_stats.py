@@ -21,7 +21,8 @@ initializers excluded), over the evaluation batches (running statistics only, ne
   whole tensor carries anyway (1.0: clipping adds as much noise as rounding, a 3 dB loss);
 - `levels`, `grid_used`: the distinct integer levels the int8 model produced (read back exactly from the
   DequantizeLinear output, `rint(dq / scale) + zp`) and that count / (qmax - qmin + 1); `elements`;
-  `distinct_values`: distinct fp32 values, counted up to the grid size (more cannot matter, see `classify`);
+  `distinct_values`: distinct fp32 values, counted up to the grid size (more cannot matter, see
+  calibrun.measure.diagnosis.classify);
 - `sqnr_db`: 10*log10(energy of fp32 / energy of (fp32 - dequantised)) between the fp32 model's activation and
   the int8 model's DequantizeLinear output (onnxruntime's `xmodel_err`): it includes the error carried in from
   upstream. +inf when identical;
@@ -63,65 +64,27 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization.calibrate import load_tensors_data
-from onnxruntime.quantization.quant_utils import QUANT_INPUT_SUFFIX
 
 from calibrun.calibrate import private_model_copy
 from calibrun.data import rows as feed_rows
 from calibrun.errors import CalibrunError, one_line
-from calibrun.files import finite, temp_dir
-from calibrun.measure.errors import session
-from calibrun.measure.verdict import SQNR_OK_DB
+from calibrun.files import temp_dir
 from calibrun.model import graph_inputs, load_model
 from calibrun.model.graph import constant_tensors
+from calibrun.model.pairs import Pair, find_pairs, fused_bounds
+from calibrun.model.sessions import session
 
 log = logging.getLogger(__name__)
 
-# Legacy count rule, kept for rows without a clip_cost (older diagnostics.json files): more than 0.1% of the
-# values outside the representable range.
-CLIP_THRESHOLD = 0.001
-# A tensor is "clipping" when its clip_cost exceeds 1: values cut off beyond half a step add more error energy
-# than all the rounding of the tensor does (more than a 3 dB loss from clipping alone). Lab narrow input: ~10^3;
-# match: 0 (its few values past the range are within half a step).
-CLIP_COST_THRESHOLD = 1.0
-# A tensor is "mixed" when its parts' fp32 spans differ by at least this factor (an order of magnitude) and the
-# narrowest part covers fewer than MIXED_STEPS quantisation steps: one scale cannot serve both. det_yolox's
-# output: boxes span ~3, objectness ~0.06 on photos without objects: 5 steps of 0.012, the objectness part at
-# 9.7 dB SQNR while the whole output reads 27 dB. Remedy: keep it in float (quant.nodes_to_exclude).
-MIXED_RATIO = 10.0
-MIXED_STEPS = 16
 MAX_PARTS = 16  # a graph output's last axis with 2..MAX_PARTS entries is split into parts
-# A tensor is "coarse" when it uses less than 25% of the integer levels it could reach: fewer than 64 of int8's
-# 256 levels, under 6 effective bits (the calibrated range is more than 4x wider than the data). The 25% is of
-# min(grid size, distinct fp32 values): a Relu output's zeros are one value, 100 values cannot fill 256 levels.
-COARSE_THRESHOLD = 0.25
-# ...or when its own Q/DQ pair leaves it under 20 dB local SQNR without clipping (about 3 effective bits where
-# int8 on a well-matched range gives 35-45 dB): the typical values sit on a few levels because outliers (or a
-# too wide calibration) stretched the range. On ocr_det the SE blocks' GlobalAveragePool and a few heavy-tailed
-# Conv outputs land at 14-16 dB while using 57-87% of the grid; the median tensor is at 41 dB.
-COARSE_SQNR_DB = 20.0
 # A per-tensor weight whose widest output channel is WEIGHT_RATIO times its median channel leaves the median
 # channel under 1/8 of the grid (fewer than 32 of 256 levels, 5 bits): quantise weights per channel.
 WEIGHT_RATIO = 8.0
-CULPRITS = 5  # tensors named in every run's diagnosis
-OVERALL_SHARE = 1 / 3  # a problem verdict holding this share of the added error is the model's verdict
-ACCUMULATED_DB = SQNR_OK_DB  # an output under the verdict's ok SQNR with only sound tensors: the error accumulates
 DISTINCT_SAMPLE = 16384  # distinct fp32 values are counted on at most about this many values per batch
 # The augmented sessions return every diagnosed tensor (the int8 one twice: before and after its pair): a batch
 # is split into runs of as many rows as keep those outputs under memory.budget (measured on the first row), and
 # when one row's outputs alone exceed it, the tensors into groups (calibrun.memory; `auto` is at least this).
 OUTPUT_BUDGET = 256 * 2**20
-
-VERDICTS = ("clipping", "mixed", "coarse", "sound")
-
-# Integer types of QuantizeLinear outputs: (name, qmin, qmax), keyed by the zero point's ONNX element type.
-_INT_TYPES = {
-    TensorProto.INT8: ("int8", -128, 127),
-    TensorProto.UINT8: ("uint8", 0, 255),
-    TensorProto.INT16: ("int16", -32768, 32767),
-    TensorProto.UINT16: ("uint16", 0, 65535),
-    TensorProto.INT4: ("int4", -8, 7),
-    TensorProto.UINT4: ("uint4", 0, 15),
-}
 
 # The columns of a diagnostics row, in table order (as_table adds `verdict`).
 COLUMNS = ("tensor", "node", "op_type", "role", "calib_min", "calib_max", "eval_min", "eval_max", "scale",
@@ -129,79 +92,6 @@ COLUMNS = ("tensor", "node", "op_type", "role", "calib_min", "calib_max", "eval_
            "grid_used", "sqnr_db", "qdq_sqnr_db", "mixed_ratio", "mixed_detail", "worst_part_sqnr_db",
            "narrowest_part_steps", "worst_part_fp32_sqnr_db", "added_nsr", "noise_share", "elements", "distinct_values",
            "consumers", "float_nodes")
-
-
-@dataclass(frozen=True)
-class QDQPair:
-    """One quantised activation: its QuantizeLinear's input (pre) and DequantizeLinear's output (post)."""
-
-    tensor: str  # the activation's name as create_activation_matching and the fp32 model know it
-    pre: str
-    post: str
-    scale: float
-    zero_point: int
-    qtype: str
-    qmin: int
-    qmax: int
-
-
-def qdq_pairs(model: onnx.ModelProto) -> list[QDQPair]:
-    """The activations with a QuantizeLinear -> DequantizeLinear pair, in graph order.
-
-    Naming follows onnxruntime's QDQ quantiser, as create_activation_matching expects: the pair sits on tensor
-    `t` (Q reads `t`), or on a graph output `t` (Q reads `t_QuantizeLinear_Input`, DQ writes `t`). Pairs on
-    initializers (weights, biases) are not activations and are left out; per-channel activation pairs and
-    pairs whose scale is not a constant are skipped with a warning.
-    """
-    constants = constant_tensors(model)
-    dequantizers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        if node.op_type == "DequantizeLinear" and node.input:
-            dequantizers.setdefault(node.input[0], []).append(node)
-    pairs: dict[str, QDQPair] = {}
-    for node in model.graph.node:
-        if node.op_type != "QuantizeLinear" or not node.input or node.input[0] in constants:
-            continue
-        consumers = dequantizers.get(node.output[0], [])
-        if not consumers:
-            continue  # a Q feeding QOperator ops, not a pair
-        pre, post = node.input[0], consumers[0].output[0]
-        tensor = pre
-        if pre.endswith(QUANT_INPUT_SUFFIX) and post == pre[: -len(QUANT_INPUT_SUFFIX)]:
-            tensor = post  # a quantised graph output: the DQ writes the output's own name
-        if tensor in pairs:
-            continue  # a second pair on the same tensor (requantisation): the first one is reported
-        quant = _quant_params(node, constants)
-        if quant is None:
-            continue
-        pairs[tensor] = QDQPair(tensor, pre, post, *quant)
-    return list(pairs.values())
-
-
-def _quant_params(node: onnx.NodeProto, constants: Mapping[str, onnx.TensorProto]):
-    scale_name = node.input[1] if len(node.input) > 1 else ""
-    zp_name = node.input[2] if len(node.input) > 2 else ""
-    if scale_name not in constants or (zp_name and zp_name not in constants):
-        log.warning("diagnostics: skipping %r: its scale or zero point is not a constant", node.input[0])
-        return None
-    scale = numpy_helper.to_array(constants[scale_name])
-    if scale.size != 1:
-        log.warning("diagnostics: skipping %r: per-channel activation quantisation (%d scales)", node.input[0],
-                    scale.size)
-        return None
-    if zp_name:
-        zp_proto = constants[zp_name]
-        elem_type = zp_proto.data_type
-        zero_point = int(np.asarray(numpy_helper.to_array(zp_proto)).astype(np.int64).reshape(-1)[0])
-    else:  # no zero point: 0, and the output type is `output_dtype` (opset 21) or uint8
-        elem_type = next((a.i for a in node.attribute if a.name == "output_dtype" and a.i), TensorProto.UINT8)
-        zero_point = 0
-    if elem_type not in _INT_TYPES:
-        name = TensorProto.DataType.Name(elem_type) if elem_type else "unknown"
-        log.warning("diagnostics: skipping %r: quantised to %s, not an integer type", node.input[0], name)
-        return None
-    qtype, qmin, qmax = _INT_TYPES[elem_type]
-    return float(scale.reshape(-1)[0]), zero_point, qtype, qmin, qmax
 
 
 def _graph_roles(model: onnx.ModelProto) -> tuple[set[str], set[str]]:
@@ -276,17 +166,18 @@ def _parts(tensor: str, producer: onnx.NodeProto | None, shapes: Mapping[str, li
 class TensorStats:
     """Running statistics of one diagnosed tensor (see the module docstring for what each becomes)."""
 
-    def __init__(self, pair: QDQPair, fused: tuple[float, float] | None, parts: Parts | None):
+    def __init__(self, pair: Pair, fused: tuple[float, float] | None, parts: Parts | None):
         self.pair, self.fused, self.parts = pair, fused, parts
-        self.lo = pair.scale * (pair.qmin - pair.zero_point)
-        self.hi = pair.scale * (pair.qmax - pair.zero_point)
-        self.grid = pair.qmax - pair.qmin + 1
+        grid = pair.grid
+        self.lo = grid.scale * (grid.qmin - grid.zero_point)
+        self.hi = grid.scale * (grid.qmax - grid.zero_point)
+        self.levels_count = grid.qmax - grid.qmin + 1
         self.has_ref = False
         self.elements = 0
         self.eval_min, self.eval_max = math.inf, -math.inf
         self.clipped = 0
         self.clip_energy = 0.0
-        self.levels = np.zeros(self.grid, np.int64)
+        self.levels = np.zeros(self.levels_count, np.int64)
         self.distinct: np.ndarray | None = np.empty(0, np.float32)  # None once more than the grid size
         self.ref_energy = self.ref_noise = 0.0
         self.pre_energy = self.pre_noise = 0.0
@@ -307,7 +198,7 @@ class TensorStats:
         self.elements += flat.size
         low, high = float(flat.min()), float(flat.max())
         self.eval_min, self.eval_max = min(self.eval_min, low), max(self.eval_max, high)
-        half = pair.scale / 2
+        half = pair.grid.scale / 2
         if high > self.hi:
             self.clipped += int(np.count_nonzero(flat > self.hi))
             if high > self.hi + half:
@@ -319,14 +210,14 @@ class TensorStats:
                 excess = self.lo - flat[flat < self.lo - half].astype(np.float64)
                 self.clip_energy += float(np.dot(excess, excess))
         # DQ computed (q - zp) * scale in float32: dividing back in float32 lands within rounding of q - zp
-        q = np.rint(post_flat / np.float32(pair.scale)).astype(np.int32)
-        q += pair.zero_point - pair.qmin
-        np.clip(q, 0, self.grid - 1, out=q)
-        self.levels += np.bincount(q, minlength=self.grid)
+        q = np.rint(post_flat / np.float32(pair.grid.scale)).astype(np.int32)
+        q += pair.grid.zero_point - pair.grid.qmin
+        np.clip(q, 0, self.levels_count - 1, out=q)
+        self.levels += np.bincount(q, minlength=self.levels_count)
         if self.distinct is not None:  # a strided sample: sorting every value of every batch costs seconds
             step = max(1, flat.size // DISTINCT_SAMPLE)
             self.distinct = np.union1d(self.distinct, np.unique(flat[::step]))
-            if self.distinct.size > self.grid:
+            if self.distinct.size > self.levels_count:
                 self.distinct = None
         if ref is not None:
             diff = post_flat - flat
@@ -376,18 +267,18 @@ class TensorStats:
         return self.ref_noise / self.ref_energy if self.ref_energy > 0 else (math.inf if self.ref_noise else 0.0)
 
     def row(self) -> dict:
-        pair = self.pair
+        pair, grid = self.pair, self.pair.grid
         hit = int(np.count_nonzero(self.levels))
-        rounding = self.elements * pair.scale**2 / 12
+        rounding = self.elements * grid.scale**2 / 12
         known = self.has_ref or self.elements
         row = {
             "eval_min": self.eval_min if known else None, "eval_max": self.eval_max if known else None,
-            "scale": pair.scale, "zero_point": pair.zero_point, "qtype": pair.qtype, "qmin": pair.qmin,
-            "qmax": pair.qmax, "repr_min": self.lo, "repr_max": self.hi,
+            "scale": grid.scale, "zero_point": grid.zero_point, "qtype": grid.qtype, "qmin": grid.qmin,
+            "qmax": grid.qmax, "repr_min": self.lo, "repr_max": self.hi,
             "clipped_fraction": self.clipped / self.elements if self.elements else None,
             "clip_cost": self.clip_energy / rounding if rounding > 0 else None,
-            "levels": hit, "grid_used": hit / self.grid, "elements": self.elements,
-            "distinct_values": self.grid if self.distinct is None else int(self.distinct.size),
+            "levels": hit, "grid_used": hit / self.levels_count, "elements": self.elements,
+            "distinct_values": self.levels_count if self.distinct is None else int(self.distinct.size),
             "sqnr_db": _db(self.ref_energy, self.ref_noise) if self.has_ref else None,
             "qdq_sqnr_db": _db(self.pre_energy, self.pre_noise),
             "mixed_ratio": None, "mixed_detail": None, "worst_part_sqnr_db": None,
@@ -399,10 +290,10 @@ class TensorStats:
                 row["mixed_ratio"] = float(live.max() / live.min())
             widths = ", ".join(f"[{a}:{b}] {span:.3g}" for a, b, span in
                                zip(self.parts.bounds[:-1], self.parts.bounds[1:], spans, strict=True))
-            row["mixed_detail"] = f"{self.parts.kind}: spans {widths} (one step {pair.scale:.3g})"
+            row["mixed_detail"] = f"{self.parts.kind}: spans {widths} (one step {pair.grid.scale:.3g})"
             row["worst_part_sqnr_db"] = min(_db(e, n) for e, n in zip(self.part_energy, self.part_noise,
                                                                        strict=True))
-            row["narrowest_part_steps"] = float(live.min() / pair.scale) if live.size else None
+            row["narrowest_part_steps"] = float(live.min() / pair.grid.scale) if live.size else None
             if self.has_ref:
                 row["worst_part_fp32_sqnr_db"] = min(_db(e, n) for e, n in zip(self.part_ref_energy,
                                                                                 self.part_ref_noise, strict=True))
@@ -492,29 +383,6 @@ def _session(path: Path, threads: int, where: Path, optimize: bool = False):
                    shown=f"the augmented copy of {where}")
 
 
-def _fused_activation(tensor: str, pre: str, fp32_producers, int8_producers, constants) -> tuple | None:
-    """(low, high) of the Relu/Clip the quantiser removed between `pre` and `tensor`, else None."""
-    node = fp32_producers.get(tensor)
-    if node is None or node.op_type not in ("Relu", "Clip"):
-        return None
-    int8_node = int8_producers.get(pre)
-    if int8_node is not None and int8_node.op_type == node.op_type:
-        return None  # still there: "before" is already after it
-    if node.op_type == "Relu":
-        return (0.0, math.inf)
-    low, high = -math.inf, math.inf
-    for attr in node.attribute:  # opset < 11
-        if attr.name == "min":
-            low = attr.f
-        elif attr.name == "max":
-            high = attr.f
-    for index, value in ((1, "low"), (2, "high")):
-        if len(node.input) > index and node.input[index] in constants:
-            number = float(numpy_helper.to_array(constants[node.input[index]]).reshape(-1)[0])
-            low, high = (number, high) if value == "low" else (low, number)
-    return (low, high)
-
-
 class StreamingDiagnostics:
     """Per-tensor diagnostics fed batch by batch: `update(feeds)` per evaluation batch, then `rows()`.
 
@@ -526,15 +394,19 @@ class StreamingDiagnostics:
         """`axes`: the evaluation feeds' batch axes (calibrun.data.rows; an EvalData's `axes`)."""
         self.axes = axes
         int8_model = load_model(int8_qdq_path)
-        self.pairs = qdq_pairs(int8_model)
+        fp32_model = load_model(fp32_path)  # a clear error for a missing or broken file
+        self.pairs = []
+        for pair in find_pairs(int8_model, fp32_model):
+            if pair.kind == "activation" and pair.grid is None:
+                log.warning("diagnostics: skipping %r: %s", pair.pre, pair.no_grid)
+            elif pair.kind == "activation":
+                self.pairs.append(pair)
         if not self.pairs:
             raise CalibrunError(f"{int8_qdq_path} has no QuantizeLinear -> DequantizeLinear pair on an activation: "
                                 "per-tensor diagnostics need a QDQ-format model (QOperator is not supported)")
-        fp32_model = load_model(fp32_path)  # a clear error for a missing or broken file
         self.ranges = _ranges(ranges_path)
         self.inputs, self.outputs = _graph_roles(int8_model)
         fp32_producers = {o: n for n in fp32_model.graph.node for o in n.output}
-        int8_producers = {o: n for n in int8_model.graph.node for o in n.output}
         constants = constant_tensors(fp32_model)
         fp32_tensors = {i.name for i in fp32_model.graph.input} | set(fp32_producers)
         shapes = _shapes(fp32_model)
@@ -552,7 +424,7 @@ class StreamingDiagnostics:
         for pair in self.pairs:
             producer = fp32_producers.get(pair.tensor)
             self.nodes[pair.tensor] = producer
-            fused = _fused_activation(pair.tensor, pair.pre, fp32_producers, int8_producers, constants)
+            fused = fused_bounds(pair.fused, constants) if pair.fused is not None else None
             parts = _parts(pair.tensor, producer, shapes, fp32_outputs) if pair.tensor in fp32_tensors else None
             self.stats.append(TensorStats(pair, fused, parts))
         self.fp32_wanted = [p.tensor for p in self.pairs if p.tensor in fp32_tensors]
@@ -795,172 +667,6 @@ def weight_diagnostics(fp32_model: onnx.ModelProto, int8_model: onnx.ModelProto)
                     "verdict": "mixed" if not per_channel and ratio >= WEIGHT_RATIO else "sound"})
     return out
 
-
-def _sort_key(row: Mapping) -> tuple:
-    value = row.get("sqnr_db")
-    missing = value is None or (isinstance(value, float) and math.isnan(value))
-    return (missing, 0.0 if missing else value, str(row.get("tensor")))
-
-
-def worst(diags: Sequence[Mapping], n: int = 5) -> list[Mapping]:
-    """The `n` rows with the lowest `sqnr_db`, lowest first.
-
-    -inf comes first, +inf (no noise) after every finite value, rows without an SQNR (None/NaN) last; ties are
-    broken by tensor name so the order is deterministic.
-    """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise CalibrunError(f"n must be an integer >= 0, got {n!r}")
-    return sorted(diags, key=_sort_key)[:n]
-
-
-def _is_mixed(row: Mapping) -> bool:
-    ratio, steps = row.get("mixed_ratio"), row.get("narrowest_part_steps")
-    if ratio is None or ratio < MIXED_RATIO:
-        return False
-    part_db = row.get("worst_part_fp32_sqnr_db")
-    return steps is None or steps < MIXED_STEPS or (part_db is not None and part_db < COARSE_SQNR_DB)
-
-
-def classify(diag_row: Mapping) -> str:
-    """"clipping" if clip_cost > CLIP_COST_THRESHOLD (rows without clip_cost: clipped_fraction > CLIP_THRESHOLD);
-    else "mixed" if the tensor's parts span ranges MIXED_RATIO apart with the narrowest under MIXED_STEPS steps
-    (or a part under COARSE_SQNR_DB against fp32, `worst_part_fp32_sqnr_db`);
-    else "coarse" if the tensor used fewer than COARSE_THRESHOLD of the levels it could reach,
-    `levels < COARSE_THRESHOLD * min(qmax - qmin + 1, distinct)` with `distinct` the distinct fp32 values
-    (`elements` without an fp32 counterpart); a row without levels/qmin/qmax on `grid_used < COARSE_THRESHOLD`;
-    or (rows with a clip_cost) if its local SQNR `qdq_sqnr_db` is under COARSE_SQNR_DB; else "sound".
-    Clipping wins (its error is unbounded), then mixed (a coarse narrow part is its symptom).
-    """
-    cost = diag_row.get("clip_cost")
-    if cost is not None:
-        if cost > CLIP_COST_THRESHOLD:
-            return "clipping"
-    else:
-        clipped = diag_row.get("clipped_fraction")
-        if clipped is not None and clipped > CLIP_THRESHOLD:
-            return "clipping"
-    if _is_mixed(diag_row):
-        return "mixed"
-    levels, qmin, qmax = diag_row.get("levels"), diag_row.get("qmin"), diag_row.get("qmax")
-    reachable = diag_row.get("distinct_values")
-    if reachable is None:
-        reachable = diag_row.get("elements")
-    if None not in (levels, qmin, qmax, reachable):
-        coarse = levels < COARSE_THRESHOLD * min(qmax - qmin + 1, reachable)
-    else:
-        grid = diag_row.get("grid_used")
-        coarse = grid is not None and grid < COARSE_THRESHOLD
-    local = diag_row.get("qdq_sqnr_db")
-    if cost is not None and local is not None and local < COARSE_SQNR_DB:
-        coarse = True
-    return "coarse" if coarse else "sound"
-
-
-def float_nodes(rows: Sequence[Mapping]) -> list[str]:
-    """The nodes to exclude so that each row's tensor stays in float: onnxruntime keeps a Q/DQ pair on a tensor
-    while its producer or any consumer is quantised, and data-movement ops pass the scale on, so the producer
-    and the path to the next computation (`float_nodes`) are named."""
-    nodes: list[str] = []
-    for row in rows:
-        path = row.get("float_nodes") or row.get("consumers") or []
-        if isinstance(path, str):
-            path = [n for n in path.split(",") if n]
-        for name in (row.get("node"), *path):
-            if name and name not in nodes:
-                nodes.append(name)
-    return nodes
-
-
-
-def classify_model(diags: Sequence[Mapping], weights: Sequence[Mapping] = (), n: int = CULPRITS,
-                   output_sqnr_db: Mapping[str, float] | None = None) -> dict:
-    """The model's diagnosis (result.json `diagnosis`):
-
-    - `input_tensor`, `input`: the graph input's tensor and verdict (None when the input carries no QDQ pair);
-    - `counts`, `tensors`: verdicts over all diagnosed tensors;
-    - `culprits`: the `n` tensors with the largest `noise_share`, each with its producing `node` and its
-      `consumers` (quant.nodes_to_exclude needs both to keep the tensor in float), `op_type`, `verdict`,
-      `noise_share`, `sqnr_db`, `qdq_sqnr_db`, `clip_cost` and,
-      for mixed ones, `mixed_ratio`/`mixed_detail`;
-    - `overall`: the problem verdict (clipping, mixed, coarse) whose tensors hold the largest summed noise_share
-      (`noise_by_verdict`) when that is at least OVERALL_SHARE of it all, else the top culprit's verdict;
-    - `clipping_tensors`, `mixed_tensors`, `coarse_tensors`; `mixed_weights` (weights to quantise per channel);
-    - with `output_sqnr_db` (output name -> SQNR of int8 vs fp32): `output_sqnr_db` (the lowest) and
-      `accumulated`: true when sound tensors hold most of the noise yet an output is under ACCUMULATED_DB: no
-      tensor is badly quantised on its own, the error builds up over many of them.
-    """
-    verdicts = {row["tensor"]: classify(row) for row in diags}
-    counts = {verdict: 0 for verdict in VERDICTS}
-    shares = {verdict: 0.0 for verdict in VERDICTS}
-    for row in diags:
-        verdict = verdicts[row["tensor"]]
-        counts[verdict] += 1
-        shares[verdict] += row.get("noise_share") or 0.0
-    first_input = next((row["tensor"] for row in diags if row.get("role") == "input"), None)
-    ranked = sorted(diags, key=lambda r: (-(r.get("noise_share") or 0.0), str(r["tensor"])))
-    culprits = []
-    for row in ranked[:n]:
-        entry = {"tensor": row["tensor"], "node": row.get("node"), "op_type": row.get("op_type"),
-                 "verdict": verdicts[row["tensor"]], "noise_share": row.get("noise_share"),
-                 "sqnr_db": finite(row.get("sqnr_db")), "qdq_sqnr_db": finite(row.get("qdq_sqnr_db")),
-                 "clip_cost": row.get("clip_cost")}
-        if row.get("mixed_ratio") is not None:
-            entry.update(mixed_ratio=row["mixed_ratio"], mixed_detail=row.get("mixed_detail"))
-        entry["consumers"] = [n for n in (row.get("consumers") or "").split(",") if n]
-        entry["float_nodes"] = [n for n in (row.get("float_nodes") or "").split(",") if n]
-        culprits.append(entry)
-    total = sum(shares.values())
-    bad = max(VERDICTS[:-1], key=lambda v: (shares[v], -VERDICTS.index(v)))
-    if not diags:
-        overall = None
-    elif total > 0 and shares[bad] >= OVERALL_SHARE * total:
-        overall = bad
-    elif culprits:
-        overall = culprits[0]["verdict"]
-    else:
-        overall = next((v for v in VERDICTS if counts[v]), None)
-    mixed_weights = [w for w in weights if w.get("verdict") == "mixed"]
-    accumulated = None
-    lowest = None
-    if output_sqnr_db:
-        lowest = min(output_sqnr_db.values())
-        accumulated = bool(overall == "sound" and lowest < ACCUMULATED_DB)
-    return {
-        "input_tensor": first_input,
-        "output_sqnr_db": lowest,
-        "accumulated": accumulated,
-        "input": verdicts.get(first_input) if first_input is not None else None,
-        "counts": counts,
-        "tensors": len(verdicts),
-        "overall": overall,
-        "noise_by_verdict": {k: float(v) for k, v in shares.items()},
-        "culprits": culprits,
-        "clipping_tensors": [name for name, v in verdicts.items() if v == "clipping"],
-        "mixed_tensors": [name for name, v in verdicts.items() if v == "mixed"],
-        "coarse_tensors": [name for name, v in verdicts.items() if v == "coarse"],
-        "mixed_weights": [{k: w[k] for k in ("weight", "node", "op_type", "channels", "ratio")} for w in mixed_weights],
-    }
-
-
-def _json_value(value):
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None  # strict JSON has no inf/NaN (a +inf SQNR means no noise; see the row itself)
-    if isinstance(value, list | tuple):
-        return [_json_value(v) for v in value]
-    return value
-
-
-def as_table(diags: Sequence[Mapping]) -> dict[str, list]:
-    """Column-oriented rows plus a `verdict` column, strict JSON (non-finite floats become null), ready for
-    `mlflow.log_table(data=..., artifact_file="diagnostics.json")`."""
-    columns = list(COLUMNS)
-    for row in diags:
-        columns.extend(key for key in row if key not in columns)
-    table: dict[str, list] = {column: [_json_value(row.get(column)) for row in diags] for column in columns}
-    table["verdict"] = [classify(row) for row in diags]
-    return table
 
 # --- config: this concept's options (the `diagnostics` node; calibrun.config assembles the schema) ---
 

@@ -200,15 +200,9 @@ def open_float_model(path: str | Path, sha256: str | None = None) -> FloatModel:
 def check_loadable(fp32: FloatModel) -> FloatModel:
     """onnxruntime can build a session of the model (every op known, shapes consistent): checked before any
     work, so that a broken model is named as the user gave it, not as a temp copy deep in calibration."""
-    import onnxruntime as ort
+    from calibrun.model.sessions import session
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 4  # the exception carries the message; nothing else on stderr
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    try:
-        ort.InferenceSession(str(fp32.path), options, providers=["CPUExecutionProvider"])
-    except Exception as exc:
-        raise CalibrunError(f"onnxruntime cannot load {fp32.path}: {one_line(exc)}") from exc
+    session(fp32.path, optimize=False, log_level=4)  # the exception carries the message; nothing else on stderr
     return fp32
 
 # --- config: this concept's options (the `model` node; calibrun.config assembles the schema) ---

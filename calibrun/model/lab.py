@@ -51,13 +51,13 @@ def build_lab_model() -> onnx.ModelProto:
 
 def write_lab_model(path: str | Path) -> Path:
     """Write the lab model atomically and run it once with onnxruntime to prove it loads."""
-    import onnxruntime as ort
+    from calibrun.model.sessions import session
 
     path = Path(path)
     model = build_lab_model()
     with atomic_path(path) as tmp:
         onnx.save_model(model, tmp)
-        sess = ort.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
+        sess = session(tmp)
         out = sess.run(None, {LAB_INPUT: np.zeros((2, LAB_FEATURES), np.float32)})[0]
         if out.shape != (2, LAB_OUTPUTS):
             raise RuntimeError(f"lab model produced shape {out.shape}")

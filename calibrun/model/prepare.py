@@ -36,6 +36,7 @@ from onnx import AttributeProto, GraphProto, TensorProto, helper, version_conver
 from calibrun.errors import CalibrunError, one_line
 from calibrun.files import atomic_path, check_writable, device_full, full_error, is_full, temp_name
 from calibrun.model import InputInfo, check_not_quantised, check_outputs, float_input, graph_inputs, load_model
+from calibrun.model.sessions import session
 
 log = logging.getLogger("calibrun")
 # Bump when a step changes what it writes: prepared models are cached by source hash and this version.
@@ -201,25 +202,11 @@ def _fold_constants(current: Path, out: Path, external: bool, src: Path, steps: 
     if not foldable:
         return current
     log.info("%d constant nodes (%s): folding them with onnxruntime", len(foldable), _counts(foldable))
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    options.optimized_model_filepath = str(out)
-    options.log_severity_level = 3
-    if external:
-        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", out.name + ".data")
-        options.add_session_config_entry(
-            "session.optimized_model_external_initializers_min_size_in_bytes", str(EXTERNAL_THRESHOLD)
-        )
-    try:
-        session = ort.InferenceSession(
-            str(current), options, providers=["CPUExecutionProvider"], disabled_optimizers=list(STRUCTURAL_OPTIMIZERS)
-        )
-        del session
-    except Exception as exc:
-        reason = _reason(exc, current, src)
-        raise CalibrunError(f"onnxruntime cannot load {src} to fold its constants: {reason}") from exc
+    config = {"session.optimized_model_external_initializers_file_name": out.name + ".data",
+              "session.optimized_model_external_initializers_min_size_in_bytes": str(EXTERNAL_THRESHOLD)}
+    session(current, optimize="basic", save_optimized=out, config=config if external else None,
+            disabled_optimizers=STRUCTURAL_OPTIMIZERS,
+            failed=lambda exc: f"onnxruntime cannot load {src} to fold its constants: {_reason(exc, current, src)}")
     folded = onnx.load(str(out), load_external_data=False)
     before, after = _op_counts(model.graph.node), _op_counts(folded.graph.node)
     if before == after:
@@ -325,23 +312,14 @@ def _write_result(current: Path, work: Path, dst: Path, external: bool, src: Pat
 
 def _verify(path: Path, src: Path, dst: Path) -> list[InputInfo]:
     """The prepared model must pass the checker, load in onnxruntime and have a float32 first input."""
-    import onnxruntime as ort
-
     try:
         onnx.checker.check_model(str(path))  # path-based: works for models over 2 GB
     except Exception as exc:
         reason = _reason(exc, path, dst)
         raise CalibrunError(f"the model prepared from {src} fails the ONNX checker: {reason}") from exc
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
     # Loading resolves the graph and finds a kernel for every node; optimising a big model would only cost time.
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    try:
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        del session
-    except Exception as exc:
-        reason = _reason(exc, path, dst)
-        raise CalibrunError(f"onnxruntime cannot load the model prepared from {src}: {reason}") from exc
+    session(path, optimize=False,
+            failed=lambda exc: f"onnxruntime cannot load the model prepared from {src}: {_reason(exc, path, dst)}")
     model = onnx.load(str(path), load_external_data=False)
     float_input(model, src)
     return graph_inputs(model)

@@ -112,7 +112,7 @@ def job_metrics(result: JobResult) -> dict:
     are words: tags (`diagnosis.input`, `diagnosis.overall`), not one-hot metrics that are NaN in every other
     run."""
     from calibrun.aggregate import HEADLINES
-    from calibrun.measure.tensor_stats import VERDICTS
+    from calibrun.measure.diagnosis import VERDICTS
 
     numbers = {k: v for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
     first = next((m for m, _ in HEADLINES if m in numbers), None)

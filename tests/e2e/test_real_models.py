@@ -21,7 +21,8 @@ from mlflow import MlflowClient
 
 from calibrun.calibrate import CalibrationCache
 from calibrun.data.images import ImageTransform, image_calibration, image_evaluation
-from calibrun.measure.tensor_stats import classify, classify_model, tensor_diagnostics
+from calibrun.measure.diagnosis import classify, classify_model
+from calibrun.measure.tensor_stats import tensor_diagnostics
 from calibrun.model import FloatModel, file_sha256, open_float_model
 from calibrun.model.prepare import prepare_model
 from calibrun.quantize import quantize_with

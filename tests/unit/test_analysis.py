@@ -29,6 +29,7 @@ from calibrun.errors import CalibrunError
 from calibrun.measure import errors as measure
 from calibrun.measure.tasks import Custom, load_function
 from calibrun.model import open_float_model
+from calibrun.model.pairs import find_pairs
 from calibrun.quantize import QuantOptions, check_exclusions, quantize, quantize_lab
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,7 +126,7 @@ def plain_session(model, optimize: bool = False):
 
 def test_pairs_cover_input_activations_and_weights(narrow):
     fp32, int8, _, _ = narrow
-    pairs = {p.tensor: p for p in qdq.find_pairs(onnx.load(str(int8)), onnx.load(str(fp32.path)))}
+    pairs = {p.tensor: p for p in find_pairs(onnx.load(str(int8)), onnx.load(str(fp32.path)))}
     assert pairs["x"].kind == "activation"
     assert pairs["x"].nodes == ["fc1_matmul"]  # nothing writes the input: its reader is the node to exclude
     assert pairs["h"].node == "relu" or pairs["h"].node == "fc1_add"  # Relu may be fused into the pair
@@ -136,7 +137,7 @@ def test_pairs_cover_input_activations_and_weights(narrow):
 def test_switch_model_matches_int8_fp32_and_single_pair_edits(narrow):
     fp32, int8, _, feeds = narrow
     int8_model, fp32_model = onnx.load(str(int8)), onnx.load(str(fp32.path))
-    pairs = qdq.find_pairs(int8_model, fp32_model)
+    pairs = find_pairs(int8_model, fp32_model)
     switched = plain_session(qdq.switch_model(int8_model, fp32_model, pairs))
     n = len(pairs)
     ref_int8 = plain_session(int8).run(None, feeds)[0]

@@ -15,15 +15,8 @@ from onnx import numpy_helper
 from calibrun.calibrate import CalibrationCache
 from calibrun.data.lab import evaluation_rows
 from calibrun.errors import CalibrunError
-from calibrun.measure.tensor_stats import (
-    CLIP_THRESHOLD,
-    COARSE_THRESHOLD,
-    as_table,
-    classify,
-    classify_model,
-    tensor_diagnostics,
-    worst,
-)
+from calibrun.measure.diagnosis import CLIP_THRESHOLD, COARSE_THRESHOLD, as_table, classify, classify_model, worst
+from calibrun.measure.tensor_stats import tensor_diagnostics
 from calibrun.model import open_float_model
 from calibrun.model.lab import LAB_INPUT, write_lab_model
 from calibrun.quantize import QuantOptions, quantize_lab
