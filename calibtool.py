@@ -22,11 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run from any working directory
 
-from calibrun import interrupts  # noqa: E402  (light: no onnx or onnxruntime import)
-from calibrun.cache import DEFAULT_DIR  # noqa: E402  (light too)
-from calibrun.cache import folders as cache_folders  # noqa: E402  (light too)
-from calibrun.errors import one_line  # noqa: E402  (light too)
-from calibrun.files import check_not_source, remove_orphans, remove_temp_orphans  # noqa: E402  (light too)
+from calibrun.core import interrupts  # noqa: E402  (light: no onnx or onnxruntime import)
+from calibrun.core.errors import one_line  # noqa: E402  (light too)
+from calibrun.core.files import check_not_source, remove_orphans, remove_temp_orphans  # noqa: E402  (light too)
+from calibrun.quant.cache import DEFAULT_DIR  # noqa: E402  (light too)
+from calibrun.quant.cache import folders as cache_folders  # noqa: E402  (light too)
 
 USAGE = (
     "usage: {prog} quantize IN OUT SEED FACTOR BATCHES [qdq|qoperator]\n"
@@ -63,9 +63,9 @@ def _float(text: str, name: str) -> float:
 
 
 def run(argv: list[str]) -> dict:
-    """The command's JSON result. The numbers are checked before onnx and onnxruntime are imported (calibrun.bounds
+    """The command's JSON result. The numbers are checked before onnx and onnxruntime are imported (calibrun.core.bounds
     is light), so that a mistyped argument is refused at once."""
-    from calibrun.bounds import MAX_BATCHES, MAX_ROWS, check_factor, check_positive_int, check_seed
+    from calibrun.core.bounds import MAX_BATCHES, MAX_ROWS, check_factor, check_positive_int, check_seed
 
     command, args = argv[0], argv[1:]
     if command == "quantize":
@@ -78,8 +78,8 @@ def run(argv: list[str]) -> dict:
         from calibrun.model import check_loadable, open_float_model
 
         model = open_float_model(src)  # a missing or broken file is named before onnxruntime is imported
-        from calibrun.calibrate import cache_from_env
-        from calibrun.quantize import QuantOptions, quantize_lab
+        from calibrun.quant.calibrate import cache_from_env
+        from calibrun.quant.quantize import QuantOptions, quantize_lab
 
         options = QuantOptions(format=fmt.lower())
         model = check_loadable(model)
@@ -161,7 +161,7 @@ def _stdout_to_stderr():
 
 
 def _message(exc: BaseException) -> str:
-    if isinstance(exc, KeyboardInterrupt):  # calibrun.interrupts.Interrupted, or Python's own
+    if isinstance(exc, KeyboardInterrupt):  # calibrun.core.interrupts.Interrupted, or Python's own
         return "terminated (SIGTERM)" if getattr(exc, "signum", None) == signal.SIGTERM else "interrupted"
     return one_line(exc)
 
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     held = _HeldLogs()
     logging.basicConfig(handlers=[held], level=logging.WARNING, force=True)
     # SIGTERM, and SIGINT unless the shell ignores it (a background job), raise an exception where the process is, so
-    # that every temp file is removed on the way out; one that Python drops is raised again (calibrun.interrupts)
+    # that every temp file is removed on the way out; one that Python drops is raised again (calibrun.core.interrupts)
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     for sig, handler in previous.items():
         if handler in (signal.SIG_DFL, signal.default_int_handler):

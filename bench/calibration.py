@@ -12,7 +12,7 @@
     skipped; a watchdog kills a child whose RSS passes `--kill-gb` or that leaves the machine short of memory.
 (b) Time of calibration (`run_calibration`, MinMax and Entropy) against plain inference over the same
     `--time-batches` batches, with a breakdown of where the calibration time goes.
-(c) `calibrun.quantize.quantize_lab` with a fresh cache folder, twice (miss, then hit), each in a fresh process.
+(c) `calibrun.quant.quantize.quantize_lab` with a fresh cache folder, twice (miss, then hit), each in a fresh process.
 
 Tables go to stdout; progress and estimates go to stderr.
 """
@@ -130,8 +130,8 @@ def _max_bins(tensors) -> int:
 
 
 def _child_calibrun(job: dict, timers: _Timers) -> dict:
-    import calibrun.calibrate as cc
-    from calibrun.data.lab import lab_batches
+    import calibrun.quant.calibrate as cc
+    from calibrun.lab.data import lab_batches
     from calibrun.model import float_input, load_model
 
     cc.create_calibrator = _instrument_calibrator(cc.create_calibrator, timers)
@@ -169,7 +169,7 @@ def _child_bare(job: dict, timers: _Timers) -> dict:
 
     ortq = sys.modules["onnxruntime.quantization.quantize"]  # the package re-exports a function of that name
 
-    from calibrun.data.lab import lab_batches
+    from calibrun.lab.data import lab_batches
     from calibrun.model import float_input, load_model
 
     ortq.create_calibrator = _instrument_calibrator(ortq.create_calibrator, timers)
@@ -187,7 +187,7 @@ def _child_bare(job: dict, timers: _Timers) -> dict:
 def _child_plain(job: dict, timers: _Timers) -> dict:
     import onnxruntime as ort
 
-    from calibrun.data.lab import lab_batches
+    from calibrun.lab.data import lab_batches
     from calibrun.model import float_input, load_model
 
     info = float_input(load_model(job["model"]), job["model"])
@@ -205,9 +205,9 @@ def _child_plain(job: dict, timers: _Timers) -> dict:
 
 
 def _child_quantize_lab(job: dict, timers: _Timers) -> dict:
-    from calibrun.calibrate import CalibrationCache, CalibrationSpec
     from calibrun.model import open_float_model
-    from calibrun.quantize import quantize_lab
+    from calibrun.quant.calibrate import CalibrationCache, CalibrationSpec
+    from calibrun.quant.quantize import quantize_lab
 
     start, cpu_start = time.perf_counter(), time.process_time()
     model = open_float_model(job["model"])
@@ -316,9 +316,9 @@ class ModelFacts:
         import onnx
         from onnx import shape_inference
 
-        from calibrun.calibrate import CalibrationSpec
-        from calibrun.data.lab import ROWS_PER_BATCH
+        from calibrun.lab.data import ROWS_PER_BATCH
         from calibrun.model import float_input
+        from calibrun.quant.calibrate import CalibrationSpec
 
         model = shape_inference.infer_shapes(onnx.load(str(path)))
         self.info = float_input(model, path)

@@ -15,7 +15,7 @@ depends on how many activation values a model computes per FLOP (every value is 
 "values binned per batch" and ns/value lines. For each method, in one process and over the same batches:
 
 * plain:      onnxruntime inference of the model (same session options as the calibration session).
-* calibrun:   `calibrun.calibrate.run_calibration` as a job runs it (augmented session, collection, thresholds),
+* calibrun:   `calibrun.quant.calibrate.run_calibration` as a job runs it (augmented session, collection, thresholds),
               split into collection and threshold search.
 * floor:      the whole calibration split into (a) the augmented session alone over the same batches (every
               output fetched as numpy, then discarded), (b) what collection adds on top of (a), (c) the threshold
@@ -55,10 +55,10 @@ import onnxruntime as ort  # noqa: E402
 from _common import log, machine_line  # noqa: E402
 from onnxruntime.quantization.calibrate import HistogramCollector, create_calibrator  # noqa: E402
 
-from calibrun.calibrate import CalibrationSpec, ReusedOutputs, _fast_collector, _lean_session  # noqa: E402
 from calibrun.data.images import IMAGENET_MEAN, IMAGENET_STD, ImageTransform, image_calibration  # noqa: E402
-from calibrun.histogram import FastHistogramCollector  # noqa: E402
 from calibrun.model import open_float_model, private_model_copy  # noqa: E402
+from calibrun.quant.calibrate import CalibrationSpec, ReusedOutputs, _fast_collector, _lean_session  # noqa: E402
+from calibrun.quant.histogram import FastHistogramCollector  # noqa: E402
 from tests.trained import PHOTOS, TEXT_PHOTOS, model_path, photo_folder  # noqa: E402
 
 # model -> image transform as the model wants it, default image side, batches, photos per batch
@@ -85,7 +85,7 @@ def make_batches(size: int, batches: int, rows: int, tmp: Path, model_name: str 
     order = list(range(len(pool)))
     if model_name == "ocr_det":
         # Photos without text first make onnxruntime's own collector fail (the sigmoid map's range then grows
-        # ~1e6-fold: billions of bins; see calibrun/histogram.py MAX_GROWN_BINS), so the photos the detector
+        # ~1e6-fold: billions of bins; see calibrun/quant/histogram.py MAX_GROWN_BINS), so the photos the detector
         # finds most text in come first.
         session = ort.InferenceSession(str(model_path("ocr_det")), providers=["CPUExecutionProvider"])
         peak = [float(session.run(None, {"x": pool[i:i + 1]})[0].max()) for i in range(len(pool))]

@@ -23,8 +23,8 @@ Timed side by side in one run (repeats interleaved, medians reported):
               InferenceSessions per model). No calibrun import in that process: the fp32 model file is
               written beforehand with `calibrun.model.build_lab_model`. Reported twice: the loop in-process,
               and the whole subprocess including interpreter start and imports.
-(3)  engine   `calibrun.quantize.quantize_lab` + `calibrun.measure.errors.error` for the same 24 combos (fresh cache
-              folder: 12 calibrations, 12 cache hits), no Hydra, no MLflow; in-process and whole process.
+(3)  engine   `calibrun.quant.quantize.quantize_lab` + `calibrun.measure.errors.error` for the same 24 combos
+              (fresh cache folder: 12 calibrations, 12 cache hits), no Hydra, no MLflow; in-process and whole process.
 
 (4)  floor    a process that only imports what a tracked sweep cannot do without (`calibrun.__main__`, `mlflow`,
               `mlflow.onnx` and MLflow's SQLAlchemy store) and exits: no config, no job. Its ratio to (2) is the
@@ -135,10 +135,10 @@ def child_bare(work: Path, model: Path, input_name: str, features: int) -> dict:
 def child_engine(work: Path, model: Path) -> dict:
     """The 24 combos through calibrun functions (calibration cache in a fresh folder), no Hydra, no MLflow."""
     t0 = time.perf_counter()
-    from calibrun.calibrate import CalibrationCache
     from calibrun.measure import errors as measure
     from calibrun.model import open_float_model
-    from calibrun.quantize import QuantOptions, quantize_lab
+    from calibrun.quant.calibrate import CalibrationCache
+    from calibrun.quant.quantize import QuantOptions, quantize_lab
 
     t1, c1 = time.perf_counter(), time.process_time()
     fp32 = open_float_model(model)
@@ -203,7 +203,7 @@ class Bench:
         sys.path.insert(0, str(self.root))
         import onnx
 
-        from calibrun.model.lab import LAB_FEATURES, LAB_INPUT, build_lab_model
+        from calibrun.lab.model import LAB_FEATURES, LAB_INPUT, build_lab_model
 
         onnx.save_model(build_lab_model(), str(self.model))
         self.input_name, self.features = LAB_INPUT, LAB_FEATURES

@@ -246,9 +246,9 @@ def plain_rows_child(spec: dict) -> int:
 
 
 def calibrate_child(spec: dict) -> int:
-    """calibrun's calibration pass alone (calibrun.calibrate.run_calibration, MinMax, memory.budget auto) over the
+    """calibrun's calibration pass alone (calibrun.quant.calibrate.run_calibration, MinMax, memory.budget auto) over the
     calibration rows the job reads."""
-    from calibrun.calibrate import CalibrationSpec, run_calibration
+    from calibrun.quant.calibrate import CalibrationSpec, run_calibration
 
     batches = list(_rows(spec, "calibration"))
     run_calibration(spec["model"], batches, spec["input"], CalibrationSpec())

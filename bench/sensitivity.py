@@ -78,12 +78,12 @@ def main() -> int:
     from calibrun.analysis import sensitivity as sens
     from calibrun.analysis.evaluate import Evaluator
     from calibrun.data.images import ImageTransform, image_calibration, image_evaluation
-    from calibrun.data.lab import fixed_rows
+    from calibrun.lab.data import fixed_rows
     from calibrun.measure.tasks import Custom
     from calibrun.model import open_float_model, prepare
     from calibrun.model.pairs import find_pairs
     from calibrun.model.sessions import session
-    from calibrun.quantize import quantize_with
+    from calibrun.quant.quantize import quantize_with
     from tests.trained import model_path, photo_folder
 
     print(f"load average before: {load()}  (cpus: {os.cpu_count()})")

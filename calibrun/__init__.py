@@ -1,5 +1,5 @@
 """calibrun: what did my calibration data do to my INT8 model?"""
 
-from calibrun.errors import CalibrunError
+from calibrun.core.errors import CalibrunError
 
 __all__ = ["CalibrunError"]

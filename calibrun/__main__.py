@@ -13,10 +13,11 @@ from importlib import resources
 import hydra
 from omegaconf import DictConfig
 
-from calibrun import patches, runner
+from calibrun import runner
 from calibrun.config import register
+from calibrun.core import patches
+from calibrun.core.trust import check_callbacks
 from calibrun.sweep import report_full_disk
-from calibrun.trust import check_callbacks
 
 register()
 

@@ -23,37 +23,37 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from calibrun.aggregate import ReportConf
 from calibrun.analysis import AnalysisConf
 from calibrun.analysis import validate as validate_analysis
 from calibrun.analysis.recommend import RecommendConf
 from calibrun.analysis.recommend import validate as validate_recommend
-from calibrun.bounds import MAX_BATCHES, MAX_FACTOR, MAX_ROWS, MAX_SEED, MIN_FACTOR
-from calibrun.cache import MAX_WAIT, CacheConf
-from calibrun.calibrate import METHODS, CalibrationSpec
+from calibrun.core.bounds import MAX_BATCHES, MAX_FACTOR, MAX_ROWS, MAX_SEED, MIN_FACTOR
+from calibrun.core.errors import CalibrunError
+from calibrun.core.errors import need as _need
+from calibrun.core.fields import build_from, schema_of
+from calibrun.core.memory import MemoryConf, parse_budget
 from calibrun.data import SOURCES
 from calibrun.data.images import ImageTransform, TransformError
 from calibrun.data.inputs import InputConf
-from calibrun.data.lab import CalibrationConf
-from calibrun.errors import CalibrunError
-from calibrun.errors import need as _need
-from calibrun.fields import build_from, schema_of
 from calibrun.lab import MAIN_BATCHES
+from calibrun.lab.data import CalibrationConf
 from calibrun.measure import tasks
 from calibrun.measure.errors import EvalConf, OrtConf
 from calibrun.measure.tasks import TASKS, TaskConf
 from calibrun.measure.tensor_stats import DiagnosticsConf
 from calibrun.measure.verdict import VerdictConf
 from calibrun.measure.verdict import validate as validate_verdict
-from calibrun.memory import MemoryConf, parse_budget
 from calibrun.model import MODELS, ModelConf
-from calibrun.quantize import FORMATS, FormatConf, QuantOptions
+from calibrun.quant.cache import MAX_WAIT, CacheConf
+from calibrun.quant.calibrate import METHODS, CalibrationSpec
+from calibrun.quant.quantize import FORMATS, FormatConf, QuantOptions
+from calibrun.report.aggregate import ReportConf
 from calibrun.tracking import TRACKING, TrackingConf
 
 # method.<option>: CalibrationSpec's fields (its `method` is method.name; op_types is not a config key)
 METHOD_KEYS = {"method": "name"}
 MethodConf = schema_of("MethodConf", CalibrationSpec, skip=("op_types",), rename=METHOD_KEYS,
-                       doc="The calibration method: calibrun.calibrate.CalibrationSpec, field by field.")
+                       doc="The calibration method: calibrun.quant.calibrate.CalibrationSpec, field by field.")
 # quant.<option>: QuantOptions' fields (its `format` is the format group)
 QuantConf = schema_of("QuantConf", QuantOptions, skip=("format",),
                       doc="Post-calibration options (QuantOptions): changing any of them reuses the calibration cache.")
@@ -251,7 +251,7 @@ def _made_by_calibrun(cfg: DictConfig, path: str) -> bool:
     those files need not be there before the job."""
     if cfg.model.name != "digits":
         return False
-    from calibrun.cache import folder
+    from calibrun.quant.cache import folder
 
     made = Path(folder(cfg.cache.dir, "digits")).expanduser().resolve()
     return Path(str(path)).expanduser().resolve().parent == made
@@ -369,5 +369,5 @@ def quant_options(cfg: DictConfig) -> QuantOptions:
 
 
 def memory_budget(cfg: DictConfig) -> int | None:
-    """memory.budget in bytes (None: auto), calibrun.memory.parse_budget; a bad value names the key."""
+    """memory.budget in bytes (None: auto), calibrun.core.memory.parse_budget; a bad value names the key."""
     return parse_budget(cfg.memory.budget)

@@ -19,21 +19,21 @@ import onnx
 import onnxruntime
 from omegaconf import DictConfig, OmegaConf
 
-from calibrun import cache as cache_store
 from calibrun import config
-from calibrun.calibrate import Calibration, CalibrationCache
+from calibrun.core.errors import CalibrunError, one_line
+from calibrun.core.files import DIAGNOSTICS_FILE, RANGES_FILE, strict_json, temp_dir, write_json
 from calibrun.data import EvalData, calibration_data, evaluation_data
-from calibrun.errors import CalibrunError, one_line
-from calibrun.files import DIAGNOSTICS_FILE, RANGES_FILE, strict_json, temp_dir, write_json
+from calibrun.lab.model import write_lab_model
 from calibrun.measure import errors as measure
 from calibrun.measure import tasks, verdict
 from calibrun.measure.diagnosis import as_table, classify_model
 from calibrun.measure.tensor_stats import StreamingDiagnostics
 from calibrun.model import FloatModel, check_model_file, file_sha256, open_float_model
 from calibrun.model.digits import ensure_digits
-from calibrun.model.lab import write_lab_model
 from calibrun.model.prepare import PREPARE_VERSION, external_data_path, prepare_model
-from calibrun.quantize import QuantOptions, quantize_with, resolve_exclusions
+from calibrun.quant import cache as cache_store
+from calibrun.quant.calibrate import Calibration, CalibrationCache
+from calibrun.quant.quantize import QuantOptions, quantize_with, resolve_exclusions
 from calibrun.result import JobResult
 
 log = logging.getLogger("calibrun")
@@ -74,7 +74,7 @@ def eval_source(cfg: DictConfig) -> dict:
 
 
 def prepared_record(source_sha256: str) -> dict:
-    """What decides a prepared model (its cache key, calibrun.cache.key_of)."""
+    """What decides a prepared model (its cache key, calibrun.quant.cache.key_of)."""
     return {"kind": "prepared model", "source_sha256": source_sha256, "prepare_version": PREPARE_VERSION,
             "onnxruntime": onnxruntime.__version__}
 
@@ -82,7 +82,7 @@ def prepared_record(source_sha256: str) -> dict:
 def prepare(cfg: DictConfig, job_dir: Path) -> tuple[FloatModel, list[str]]:
     """The prepared float model: the lab model or the user's file made quantisable (calibrun.model.prepare).
 
-    A user's model is prepared once per source file into the cache's `models` folder (calibrun.cache), so a
+    A user's model is prepared once per source file into the cache's `models` folder (calibrun.quant.cache), so a
     sweep of many jobs shares one prepared copy; without a cache, into the job folder. A cached copy is used
     only when its bytes (and its external data file's) still have the sha256 recorded beside it when it was
     made; a truncated or replaced one is reported in one warning line and prepared again.

@@ -81,6 +81,6 @@ class JobResult:
         return cls.from_json(json.loads(Path(path).read_text()))
 
     def write(self, path: str | Path) -> None:
-        from calibrun.files import write_json
+        from calibrun.core.files import write_json
 
         write_json(Path(path), self.to_json())

@@ -16,19 +16,21 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from calibrun import analysis, cache, config, interrupts
+from calibrun import analysis, config
 from calibrun.analysis import recommend
-from calibrun.errors import CalibrunError, one_line
-from calibrun.files import (
+from calibrun.core import interrupts
+from calibrun.core.errors import CalibrunError, one_line
+from calibrun.core.files import (
     RESULT_FILE,
     atomic_path,
     remove_orphans,
     remove_temp_orphans,
 )
-from calibrun.interrupts import die_of, install_signal_handlers
+from calibrun.core.interrupts import die_of, install_signal_handlers
 from calibrun.job import compute, context, job_identity, job_params
 from calibrun.measure import verdict
 from calibrun.model import file_sha256
+from calibrun.quant import cache
 from calibrun.result import JobResult
 from calibrun.tracking import (
     Tracker,

@@ -29,11 +29,11 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from calibrun import interrupts, patches
 from calibrun.config import PATH_KEYS, check_readable, register_resolvers, tracking_enabled, validate
-from calibrun.errors import CalibrunError, one_line
-from calibrun.files import full_error, write_json
-from calibrun.progress import SweepProgress
+from calibrun.core import interrupts, patches
+from calibrun.core.errors import CalibrunError, one_line
+from calibrun.core.files import full_error, write_json
+from calibrun.core.progress import SweepProgress
 from calibrun.sweep_order import spread
 from calibrun.tracking import (
     MAX_RUN_NAME,
@@ -292,7 +292,7 @@ def _close_if_open() -> None:
 
 
 def report_full_disk(exc: OSError, output_dir, filename: str) -> None:
-    """A full disk outside calibrun's code, in one line naming the folder (calibrun.patches.on_full_disk hands it
+    """A full disk outside calibrun's code, in one line naming the folder (calibrun.core.patches.on_full_disk hands it
     here: Hydra writing a job's .hydra/ files): the run or sweep stops with calibrun's line (a sweep's through
     `_close_if_open`, which also closes its parent run)."""
     reason = str(full_error(output_dir, f"cannot write {filename}"))
@@ -449,7 +449,7 @@ class SweepCallback(Callback):
         files: list[Path] = []
         counts = {}
         try:
-            from calibrun.aggregate import build  # inside the try: any failure here must still close the parent
+            from calibrun.report.aggregate import build  # inside the try: any failure here must still close the parent
 
             summary = build(sweep_dir, report_dir)
             files = summary.files
@@ -501,10 +501,10 @@ def _metric_part(text: str, values: list[str] | None = None) -> str:
 def summarise(tracker: Tracker, parent_id: str, sweep_dir: Path, swept: list[str], counts: dict | None = None,
               problems: list[str] | None = None) -> tuple[str, str] | None:
     """On the parent run: the params every finished child shares, the best run (the report's headline metric and
-    tie-break: calibrun.aggregate.best_of) and the best value per value of each swept key, and a description
+    tie-break: calibrun.report.aggregate.best_of) and the best value per value of each swept key, and a description
     (`mlflow.note.content`, shown on the run's page) that sums the sweep up in Markdown. Returns the headline
     (metric, 'lower'|'higher'), or None without a finished child."""
-    from calibrun.aggregate import best_of, headline_of
+    from calibrun.report.aggregate import best_of, headline_of
 
     children = [r for r in tracker.client.search_runs(
         [tracker.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}' and attributes.status = 'FINISHED'",
@@ -568,7 +568,7 @@ def _note(best, children: list, swept: list[str], per_value: dict, counts: dict,
         if values:
             lines += ["", f"| `{_cell(key)}` | best {metric} |", "|---|---|"]
             lines += [f"| {_cell(v)} | {e:.6g} |" for v, e in values.items()]
-    from calibrun.aggregate import job_key
+    from calibrun.report.aggregate import job_key
 
     ranked = sorted(children, key=lambda c: ((-1 if better == "higher" else 1) * c.data.metrics.get(metric, math.inf),
                                              job_key(c.data.tags.get("calibrun.job_num", ""))))

@@ -2,17 +2,17 @@
 
 Hydra's basic sweeper runs the product of the swept values with the last override varying fastest, so
 `method=minmax,entropy format=qdq,qoperator` runs (minmax, qdq) and (minmax, qoperator) one after the other: side by
-side on parallel workers, where the second waits for the first's calibration (calibrun.calibrate.CalibrationCache.
+side on parallel workers, where the second waits for the first's calibration (calibrun.quant.calibrate.CalibrationCache.
 claim) instead of working. `spread` reorders the jobs so that the keys that never enter the calibration's cache key
 (`NOT_IN_KEY`) vary slowest: every distinct calibration is started first, the jobs that reuse one come after it, and
 parallel workers calibrate different keys at the same time. The order within each group is Hydra's. A key guessed
-wrong costs only speed: the cache and its lock decide what is calibrated. calibrun.patches.order_jobs applies it to
+wrong costs only speed: the cache and its lock decide what is calibrated. calibrun.core.patches.order_jobs applies it to
 Hydra's basic sweeper (job numbers follow the new order).
 """
 
 from __future__ import annotations
 
-# top-level config keys that never decide the calibration ranges (calibrun.calibrate.cache_record: the prepared
+# top-level config keys that never decide the calibration ranges (calibrun.quant.calibrate.cache_record: the prepared
 # model, the calibration data, the method's options)
 NOT_IN_KEY = ("format", "quant", "eval", "eval_data", "diagnostics", "task", "analysis", "report", "tracking", "ort",
               "resume", "hydra")

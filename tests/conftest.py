@@ -141,7 +141,7 @@ def requires_extra(module: str, extra: str) -> pytest.MarkDecorator:
 @pytest.fixture
 def lab_model(tmp_path: Path) -> Path:
     """The lab model written by calibrun.model.write_lab_model into tmp_path/models/lab.onnx."""
-    from calibrun.model.lab import write_lab_model
+    from calibrun.lab.model import write_lab_model
 
     folder = tmp_path / "models"
     folder.mkdir(exist_ok=True)
@@ -181,7 +181,7 @@ def calibtool(tmp_path: Path, workdir: Path):
     return run
 
 
-PROGRESS_LINE = re.compile(r"^calibrun: [\w ]+: +\d+%\|")  # a progress meter (calibrun.progress), not a message
+PROGRESS_LINE = re.compile(r"^calibrun: [\w ]+: +\d+%\|")  # a progress meter (calibrun.core.progress), not a message
 
 
 def message_lines(stderr: str) -> list[str]:

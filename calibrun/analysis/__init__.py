@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from calibrun.errors import CalibrunError
-from calibrun.errors import need as check
-from calibrun.files import strict_json
+from calibrun.core.errors import CalibrunError
+from calibrun.core.errors import need as check
+from calibrun.core.files import strict_json
 
 log = logging.getLogger("calibrun")
 
@@ -134,7 +134,7 @@ def _sensitivity(ctx, result, int8_path: Path, evaluator, measured: dict, goal: 
     cfg, job_dir, fp32 = ctx.cfg, ctx.job_dir, ctx.fp32
     from calibrun.analysis.evaluate import metric_of
     from calibrun.analysis.sensitivity import rank
-    from calibrun.files import write_json
+    from calibrun.core.files import write_json
 
     a = cfg.analysis
     if a.name == "repair" and a.ranking == "noise":
@@ -206,7 +206,7 @@ def _repair(ctx, result, int8_path: Path, evaluator, measured: dict, goal: Goal,
             ranked: dict) -> None:
     """analysis=repair: mixed precision to the target (calibrun.analysis.repair); repair.json, the repaired model."""
     from calibrun.analysis.repair import REPAIR_FILE, REPAIRED_MODEL, biases, repair, timed
-    from calibrun.files import write_json
+    from calibrun.core.files import write_json
 
     cfg, job_dir = ctx.cfg, ctx.job_dir
     if goal.target is None:
@@ -316,7 +316,7 @@ def _pyplot():
 
 def _save(fig, path: Path) -> Path:
     """The figure as a PNG at `path`, written whole or not at all."""
-    from calibrun.files import atomic_path
+    from calibrun.core.files import atomic_path
 
     fig.tight_layout()
     with atomic_path(path, suffix=".png") as tmp:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from calibrun.errors import CalibrunError
-from calibrun.files import temp_dir
+from calibrun.core.errors import CalibrunError
+from calibrun.core.files import temp_dir
 from calibrun.measure.errors import OutputErrors, as_array
 from calibrun.model.graph import blocks_of
 from calibrun.model.sessions import session

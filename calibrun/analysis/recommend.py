@@ -30,10 +30,10 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from calibrun.errors import need, one_line
-from calibrun.files import finite
+from calibrun.core.errors import need, one_line
+from calibrun.core.files import finite
 from calibrun.measure.diagnosis import float_nodes
-from calibrun.quantize import SIXTEEN_BIT
+from calibrun.quant.quantize import SIXTEEN_BIT
 
 log = logging.getLogger("calibrun")
 
@@ -46,7 +46,7 @@ MOSTLY_INT8 = 0.25  # a nodes_to_exclude candidate keeps at least 3/4 of the mod
 @dataclass
 class Candidate:
     changes: tuple[str, ...]  # overrides, as typed
-    options: object  # calibrun.quantize.QuantOptions
+    options: object  # calibrun.quant.quantize.QuantOptions
     method: str | None = None  # another calibration method, None: the job's ranges
 
     @property
@@ -102,11 +102,11 @@ def attach(ctx, result) -> None:
     that helped, best first) and `used.recommend` to `result`; writes recommendations.json."""
     from calibrun import config
     from calibrun.analysis.evaluate import Evaluator
-    from calibrun.calibrate import CalibrationCache
+    from calibrun.core.files import temp_dir, write_json
     from calibrun.data.rows import pinned_rows
-    from calibrun.files import temp_dir, write_json
     from calibrun.measure import verdict
-    from calibrun.quantize import quantize, quantize_with
+    from calibrun.quant.calibrate import CalibrationCache
+    from calibrun.quant.quantize import quantize, quantize_with
 
     cfg, fp32 = ctx.cfg, ctx.fp32
     conf = cfg.recommend
@@ -244,7 +244,7 @@ class RecommendConf:
 
 
 def validate(conf) -> None:
-    from calibrun.calibrate import METHODS
+    from calibrun.quant.calibrate import METHODS
 
     need(conf.rows is None or conf.rows >= 1, "recommend.rows", "must be >= 1 (or null: every evaluation row)",
          conf.rows)

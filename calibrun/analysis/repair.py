@@ -30,8 +30,8 @@ from pathlib import Path
 
 from calibrun.analysis.evaluate import metric_of
 from calibrun.analysis.sensitivity import gain, reached
-from calibrun.files import atomic_path, temp_dir
-from calibrun.quantize import SIXTEEN_BIT, QuantOptions, bias_nodes, quantize
+from calibrun.core.files import atomic_path, temp_dir
+from calibrun.quant.quantize import SIXTEEN_BIT, QuantOptions, bias_nodes, quantize
 
 log = logging.getLogger("calibrun")
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from calibrun.errors import one_line
-from calibrun.files import write_json
+from calibrun.core.errors import one_line
+from calibrun.core.files import write_json
 
 log = logging.getLogger("calibrun")
 

@@ -38,12 +38,12 @@ import onnx
 from calibrun.analysis import qdq
 from calibrun.analysis.evaluate import Evaluator, metric_of
 from calibrun.analysis.trials import Trials, switched
-from calibrun.calibrate import Calibration
-from calibrun.errors import CalibrunError
-from calibrun.files import atomic_path, finite, temp_dir
+from calibrun.core.errors import CalibrunError
+from calibrun.core.files import atomic_path, finite, temp_dir
 from calibrun.model.pairs import find_pairs
 from calibrun.model.sessions import session
-from calibrun.quantize import QuantOptions, quantize
+from calibrun.quant.calibrate import Calibration
+from calibrun.quant.quantize import QuantOptions, quantize
 
 log = logging.getLogger("calibrun")
 

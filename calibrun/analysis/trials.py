@@ -16,8 +16,8 @@ from pathlib import Path
 
 from calibrun.analysis import qdq
 from calibrun.analysis.evaluate import Evaluator
-from calibrun.errors import CalibrunError, one_line
-from calibrun.files import temp_dir
+from calibrun.core.errors import CalibrunError, one_line
+from calibrun.core.files import temp_dir
 from calibrun.model.sessions import session
 
 log = logging.getLogger("calibrun")

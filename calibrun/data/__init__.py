@@ -13,11 +13,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from calibrun.core.errors import CalibrunError
 from calibrun.data import images, npy
 from calibrun.data.batches import EvalData, FeedBatches
 from calibrun.data.images import ImageTransform
-from calibrun.data.lab import evaluation_pieces, lab_batches
-from calibrun.errors import CalibrunError
+from calibrun.lab.data import evaluation_pieces, lab_batches
 from calibrun.model import FloatModel
 
 __all__ = ["SOURCES", "EvalData", "FeedBatches", "Source", "calibration_data", "evaluation_data", "lab_evaluation"]

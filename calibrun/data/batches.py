@@ -30,10 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
-from calibrun.bounds import MAX_BATCHES, check_factor, check_positive_int
+from calibrun.core.bounds import MAX_BATCHES, check_factor, check_positive_int
+from calibrun.core.errors import CalibrunError
 from calibrun.data import rows as rowsmod
 from calibrun.data.inputs import Constant, declared, input_dtype
-from calibrun.errors import CalibrunError
 from calibrun.lab import ROWS_PER_BATCH
 from calibrun.model import InputInfo, file_sha256
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from calibrun.core.errors import CalibrunError, one_line
 from calibrun.data import inputs as feeding
 from calibrun.data.batches import (
     EvalData,
@@ -31,7 +32,6 @@ from calibrun.data.batches import (
 from calibrun.data.inputs import declared
 from calibrun.data.inputs import fmt_shape as _fmt_shape
 from calibrun.data.rows import is_fixed as _is_fixed
-from calibrun.errors import CalibrunError, one_line
 from calibrun.model import InputInfo
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
@@ -170,7 +170,7 @@ class ImageTransform:
     @classmethod
     def from_config(cls, source: Mapping) -> ImageTransform:
         """From a `data` / `eval_data` config node (or the dict result.json keeps of it)."""
-        from calibrun.fields import build_from
+        from calibrun.core.fields import build_from
 
         return build_from(cls, source)
 

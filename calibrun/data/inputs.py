@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto, helper
 
+from calibrun.core.errors import CalibrunError
 from calibrun.data.rows import infer_axis, is_fixed
-from calibrun.errors import CalibrunError
 from calibrun.model import InputInfo
 
 FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE)

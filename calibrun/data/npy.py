@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from calibrun.core.errors import CalibrunError, one_line
 from calibrun.data import inputs as feeding
 from calibrun.data.batches import (
     EVAL_CHUNK,
@@ -41,7 +42,6 @@ from calibrun.data.batches import (
 from calibrun.data.inputs import Constant, declared
 from calibrun.data.inputs import fmt_shape as _fmt_shape
 from calibrun.data.rows import along, is_fixed
-from calibrun.errors import CalibrunError, one_line
 from calibrun.model import InputInfo
 
 NPY_SUFFIXES = (".npy", ".npz")

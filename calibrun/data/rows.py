@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from calibrun.errors import CalibrunError
+from calibrun.core.errors import CalibrunError
 
 Axes = Mapping[str, int | None]
 

@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from calibrun.errors import CalibrunError
-from calibrun.files import finite
+from calibrun.core.errors import CalibrunError
+from calibrun.core.files import finite
 from calibrun.measure.tensor_stats import COLUMNS
 from calibrun.measure.verdict import SQNR_OK_DB
 

@@ -26,12 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-from calibrun import interrupts
-from calibrun.bounds import MAX_ROWS, check_positive_int
+from calibrun.core import interrupts
+from calibrun.core.bounds import MAX_ROWS, check_positive_int
+from calibrun.core.errors import CalibrunError, one_line
 from calibrun.data import rows as feed_rows
-from calibrun.data.lab import evaluation_rows
-from calibrun.errors import CalibrunError, one_line
 from calibrun.lab import EVAL_ROWS, EVAL_SEED
+from calibrun.lab.data import evaluation_rows
 from calibrun.model import FloatModel, open_float_model, primary
 from calibrun.model.sessions import session
 
@@ -263,16 +263,16 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     axis (`evaluation.axes`, calibrun.data.rows). A model that pins its batch axis to b is fed b rows at a time,
     and the rows must be a multiple of b.
 
-    `budget` (memory.budget in bytes, None: auto; calibrun.memory): a batch whose rows' live activations, twice
-    (calibrun.memory.live_bytes, and kernels' workspace), exceed the budget is run in runs of fewer rows
+    `budget` (memory.budget in bytes, None: auto; calibrun.core.memory): a batch whose rows' live activations, twice
+    (calibrun.core.memory.live_bytes, and kernels' workspace), exceed the budget is run in runs of fewer rows
     (onnxruntime may round a row differently in a smaller batch, and the running sums add per run: equal to one
     run's within float rounding). `used` (a dict) receives `eval_rows_per_run`.
     """
     import onnxruntime as ort
 
+    from calibrun.core.progress import Progress
     from calibrun.model import graph_inputs, load_model
     from calibrun.model.graph import blocks_of
-    from calibrun.progress import Progress
 
     fp32_model = load_model(fp32_path)
     infos = list(graph_inputs(fp32_model))
@@ -333,8 +333,8 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
 
 def _rows_per_run(fp32_path, feeds, fixed: int | None, size: int, budget: int | None, used: dict | None,
                   axes=None) -> int:
-    """Evaluation rows per run under the memory budget (calibrun.memory), from the first batch's shapes."""
-    from calibrun import memory
+    """Evaluation rows per run under the memory budget (calibrun.core.memory), from the first batch's shapes."""
+    from calibrun.core import memory
 
     if fixed is not None:  # a model that pins its batch axis takes its batch as it is
         if used is not None:

@@ -40,7 +40,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from calibrun.errors import CalibrunError, one_line
+from calibrun.core.errors import CalibrunError, one_line
 
 log = logging.getLogger("calibrun")
 

@@ -65,14 +65,14 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization.calibrate import load_tensors_data
 
-from calibrun.calibrate import private_model_copy
+from calibrun.core.errors import CalibrunError, one_line
+from calibrun.core.files import temp_dir
 from calibrun.data import rows as feed_rows
-from calibrun.errors import CalibrunError, one_line
-from calibrun.files import temp_dir
 from calibrun.model import graph_inputs, load_model
 from calibrun.model.graph import constant_tensors
 from calibrun.model.pairs import Pair, find_pairs, fused_bounds
 from calibrun.model.sessions import session
+from calibrun.quant.calibrate import private_model_copy
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ WEIGHT_RATIO = 8.0
 DISTINCT_SAMPLE = 16384  # distinct fp32 values are counted on at most about this many values per batch
 # The augmented sessions return every diagnosed tensor (the int8 one twice: before and after its pair): a batch
 # is split into runs of as many rows as keep those outputs under memory.budget (measured on the first row), and
-# when one row's outputs alone exceed it, the tensors into groups (calibrun.memory; `auto` is at least this).
+# when one row's outputs alone exceed it, the tensors into groups (calibrun.core.memory; `auto` is at least this).
 OUTPUT_BUDGET = 256 * 2**20
 
 # The columns of a diagnostics row, in table order (as_table adds `verdict`).
@@ -491,9 +491,9 @@ class StreamingDiagnostics:
         self.batches += 1
 
     def _plan(self, feeds: Mapping[str, np.ndarray]) -> None:
-        """Resolve the budget from the first batch's shapes (calibrun.memory) and split the diagnosed tensors into
+        """Resolve the budget from the first batch's shapes (calibrun.core.memory) and split the diagnosed tensors into
         groups whose outputs for one row (fp32, and before and after the pair) stay under it, in graph order."""
-        from calibrun import memory
+        from calibrun.core import memory
 
         sizes = memory.row_bytes(self.fp32_where, feeds, self.axes)
         self.budget = memory.resolve(self.setting, sizes)

@@ -30,7 +30,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from calibrun.errors import need
+from calibrun.core.errors import need
 
 STATUSES = ("ok", "degraded", "broken")
 GOALS = ("max", "min")

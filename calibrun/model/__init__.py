@@ -15,7 +15,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto
 
-from calibrun.errors import CalibrunError, one_line
+from calibrun.core.errors import CalibrunError, one_line
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,6 @@
 
 import sys
 
-from calibrun.model.lab import main
+from calibrun.lab.model import main
 
 sys.exit(main())

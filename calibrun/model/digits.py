@@ -16,8 +16,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from calibrun.errors import CalibrunError
-from calibrun.files import atomic_path
+from calibrun.core.errors import CalibrunError
+from calibrun.core.files import atomic_path
 
 log = logging.getLogger("calibrun")
 

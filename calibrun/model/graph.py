@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from calibrun.errors import CalibrunError
+from calibrun.core.errors import CalibrunError
 from calibrun.model import graph_inputs, load_model
 
 # QOperator ops whose inputs are (x, x_scale, x_zero_point, ...): where the input scale sits when no

@@ -33,8 +33,8 @@ from pathlib import Path
 import onnx
 from onnx import AttributeProto, GraphProto, TensorProto, helper, version_converter
 
-from calibrun.errors import CalibrunError, one_line
-from calibrun.files import atomic_path, check_writable, device_full, full_error, is_full, temp_name
+from calibrun.core.errors import CalibrunError, one_line
+from calibrun.core.files import atomic_path, check_writable, device_full, full_error, is_full, temp_name
 from calibrun.model import InputInfo, check_not_quantised, check_outputs, float_input, graph_inputs, load_model
 from calibrun.model.sessions import session
 

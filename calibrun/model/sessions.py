@@ -1,13 +1,13 @@
 """Every onnxruntime session calibrun opens comes from `session()`: one place for the options calibrun sets and
 for the one-line error when onnxruntime cannot load a model. (onnxruntime's calibrators open their own; calibrun
-replaces that one, calibrun.calibrate.)"""
+replaces that one, calibrun.quant.calibrate.)"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from calibrun.errors import CalibrunError, one_line
+from calibrun.core.errors import CalibrunError, one_line
 
 CPU = ("CPUExecutionProvider",)
 LEVELS = ("all", "basic", "none")  # onnxruntime's graph optimisation: its default, constant folding only, none

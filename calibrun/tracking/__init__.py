@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-from calibrun import patches
-from calibrun.errors import CalibrunError, one_line
+from calibrun.core import patches
+from calibrun.core.errors import CalibrunError, one_line
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -194,7 +194,7 @@ def check_sqlite(db: Path) -> None:
     if not db.exists():
         if not db.parent.is_dir():
             raise CalibrunError(f"folder {db.parent} does not exist")
-        from calibrun.files import temp_name
+        from calibrun.core.files import temp_name
 
         probe = temp_name(db, ".probe.tmp")
         try:
@@ -279,7 +279,7 @@ def _create_store(db: Path) -> None:
     from mlflow.store.tracking import DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    from calibrun.files import remove_orphans, temp_name
+    from calibrun.core.files import remove_orphans, temp_name
 
     remove_orphans(db.parent)  # the temp folder of a creation that was killed
     work = temp_name(db, ".tmp")

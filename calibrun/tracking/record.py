@@ -16,9 +16,9 @@ import onnxruntime
 from omegaconf import DictConfig, OmegaConf
 
 from calibrun import config
+from calibrun.core.errors import one_line
+from calibrun.core.files import DIAGNOSTICS_FILE, RANGES_FILE
 from calibrun.data import calibration_data
-from calibrun.errors import one_line
-from calibrun.files import DIAGNOSTICS_FILE, RANGES_FILE
 from calibrun.job import JobContext, eval_source, job_identity
 from calibrun.model import file_sha256, open_float_model
 from calibrun.result import JobResult
@@ -111,8 +111,8 @@ def job_metrics(result: JobResult) -> dict:
     numbers: the count of tensors of every verdict, 0 included (so that runs compare). The verdicts themselves
     are words: tags (`diagnosis.input`, `diagnosis.overall`), not one-hot metrics that are NaN in every other
     run."""
-    from calibrun.aggregate import HEADLINES
     from calibrun.measure.diagnosis import VERDICTS
+    from calibrun.report.aggregate import HEADLINES
 
     numbers = {k: v for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
     first = next((m for m, _ in HEADLINES if m in numbers), None)

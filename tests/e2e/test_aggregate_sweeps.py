@@ -20,9 +20,9 @@ pytestmark = pytest.mark.slow  # subprocesses of the CLIs, real sweeps
 
 
 def test_aggregate_help(tmp_path):
-    proc = run_python(["-m", "calibrun.aggregate", "--help"], tmp_path, timeout=120)
+    proc = run_python(["-m", "calibrun.report.aggregate", "--help"], tmp_path, timeout=120)
     assert proc.returncode == 0
-    assert "usage: python -m calibrun.aggregate" in proc.stdout
+    assert "usage: python -m calibrun.report" in proc.stdout
     assert "SWEEP_DIR" in proc.stdout
     assert "report.dir=DIR" in proc.stdout
     assert "runs.json" in proc.stdout
@@ -102,7 +102,7 @@ def test_model_file_sweep_with_relative_cache_aggregates_from_anywhere(tmp_path)
     assert runs["headline"]["metric"] == "top1_agreement"  # a classifier
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    proc = calibrun(elsewhere, str(sweep), "report.dir=rebuilt", module="calibrun.aggregate")
+    proc = calibrun(elsewhere, str(sweep), "report.dir=rebuilt", module="calibrun.report.aggregate")
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     rebuilt = json.loads((elsewhere / "rebuilt" / "runs.json").read_text())

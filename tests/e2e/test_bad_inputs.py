@@ -66,7 +66,7 @@ class Assets:
     """Input files shared by the cases (read only: the fixture checks that no case touched them)."""
 
     def __init__(self, root: Path):
-        from calibrun.model.lab import write_lab_model
+        from calibrun.lab.model import write_lab_model
 
         self.root = root
         self.lab = write_lab_model(root / "lab.onnx")
@@ -104,7 +104,7 @@ class Assets:
         self.plain = root / "plain.txt"  # a regular file where a folder is expected
         self.plain.write_text("keep me\n")
         from calibrun.model import open_float_model
-        from calibrun.quantize import quantize_lab
+        from calibrun.quant.quantize import quantize_lab
 
         self.int8 = root / "int8.onnx"
         quantize_lab(open_float_model(self.lab), self.int8, 1, 1.0, 2)
@@ -425,7 +425,7 @@ def outcomes(tmp_path_factory) -> dict[str, Outcome]:
 
 
 def temp_leftovers(root: Path) -> list[str]:
-    """Temp files (calibrun.files.atomic_path: `.NAME.XXXX.tmp`) and prepare workspaces left in the tree."""
+    """Temp files (calibrun.core.files.atomic_path: `.NAME.XXXX.tmp`) and prepare workspaces left in the tree."""
     return sorted(str(p.relative_to(root)) for p in root.rglob("*")
                   if p.name.endswith(".tmp") or p.name.endswith(".prepare"))
 
@@ -502,7 +502,7 @@ def test_bad_input(case: Case, outcomes: dict[str, Outcome]):
 def test_calibrun_start_removes_temp_folders_of_killed_runs(tmp_path):
     """A killed run leaves its private temp folder (calibrun.calib.HOST.PID.*) in the temp dir: the next run
     removes it (its process is gone) and keeps the folder of a live process."""
-    from calibrun.files import _HOST
+    from calibrun.core.files import _HOST
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                           check=True)

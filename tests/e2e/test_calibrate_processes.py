@@ -11,9 +11,9 @@ import textwrap
 
 import pytest
 
-from calibrun.calibrate import CalibrationCache
 from calibrun.model import open_float_model
-from calibrun.quantize import quantize_lab
+from calibrun.quant.calibrate import CalibrationCache
+from calibrun.quant.quantize import quantize_lab
 from tests.conftest import clean_env, run_calibtool
 from tests.unit.test_calibrate import FACTOR, SEED, SPAN_REL, CalibrationSpy, cache_entries, lab_span
 
@@ -65,8 +65,8 @@ RACE_SCRIPT = textwrap.dedent(
     import json, sys, time
     from pathlib import Path
     from calibrun.model import open_float_model
-    from calibrun.quantize import quantize_lab
-    from calibrun.calibrate import CalibrationCache
+    from calibrun.quant.quantize import quantize_lab
+    from calibrun.quant.calibrate import CalibrationCache
 
     model, out, folder, barrier, me = sys.argv[1:6]
     barrier = Path(barrier)

@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 import pytest
 
-from calibrun.quantize import QuantOptions
+from calibrun.quant.quantize import QuantOptions
 from tests.conftest import CALIBTOOL, clean_env, run_calibtool
 from tests.modelzoo import (
     calibration_batches,
@@ -113,7 +113,7 @@ def quantized(request, tmp_path_factory) -> Quantized:
     models = root / "models"
     models.mkdir()
     if case.model is None:
-        from calibrun.model.lab import write_lab_model
+        from calibrun.lab.model import write_lab_model
 
         fp32 = write_lab_model(models / "lab.onnx")
     else:
@@ -285,9 +285,9 @@ class Assets:
     """Files shared by the failure cases (outside every output folder)."""
 
     def __init__(self, root: Path):
+        from calibrun.lab.model import write_lab_model
         from calibrun.model import open_float_model
-        from calibrun.model.lab import write_lab_model
-        from calibrun.quantize import quantize_lab
+        from calibrun.quant.quantize import quantize_lab
 
         self.root = root
         self.lab = write_lab_model(root / "lab.onnx")
@@ -500,7 +500,7 @@ def _same_file_args(kind: str, folder: Path) -> tuple[list, Path]:
         os.link(model, folder / "hard.onnx")
         return ["quantize", folder / "hard.onnx", model, 1, 1.0, 2], folder
     if kind == "its-data-file":
-        from calibrun.model.lab import build_lab_model
+        from calibrun.lab.model import build_lab_model
 
         onnx.save_model(build_lab_model(), str(model), save_as_external_data=True, location="weights.bin",
                         size_threshold=0)
@@ -514,7 +514,7 @@ def _same_file_args(kind: str, folder: Path) -> tuple[list, Path]:
 @pytest.mark.parametrize("kind", ["same-path", "relative", "dot-dot", "symlink", "hardlink", "linked-folder",
                                   "its-data-file"])
 def test_quantize_onto_its_own_input_is_refused(kind, tmp_path):
-    from calibrun.model.lab import write_lab_model
+    from calibrun.lab.model import write_lab_model
 
     folder = tmp_path / "models"
     folder.mkdir()
@@ -549,7 +549,7 @@ def test_stdout_on_a_full_device_is_one_line_and_exit_1(command, lab_model, tmp_
     args = ["quantize", lab_model, tmp_path / "q.onnx", 1, 1.0, 2] if command == "quantize" else ["scales", lab_model]
     if command == "scales":
         from calibrun.model import open_float_model
-        from calibrun.quantize import quantize_lab
+        from calibrun.quant.quantize import quantize_lab
 
         quantize_lab(open_float_model(lab_model), tmp_path / "s.onnx", 1, 1.0, 2)
         args = ["scales", tmp_path / "s.onnx"]
@@ -621,7 +621,7 @@ def test_signal_mid_calibration_is_one_line_and_leaves_nothing(lab_model, tmp_pa
 def test_next_start_removes_what_a_killed_calibtool_left(lab_model, tmp_path):
     """SIGKILL mid-calibration leaves its private temp folder (nothing can run in the process); the next calibtool
     removes it, and the temp files of dead processes beside OUT and in the cache, and leaves live ones alone."""
-    from calibrun.files import _HOST
+    from calibrun.core.files import _HOST
 
     tmp = tmp_path / "tmp"
     tmp.mkdir()
@@ -665,7 +665,8 @@ def run_calibtool_env(args, cwd: Path, cache: Path, env: dict) -> tuple[int, str
     (["error", "a.onnx", "b.onnx", "1", "0"], "rows must be an integer >= 1, got 0"),
 ], ids=["quantize-factor", "error-rows"])
 def test_a_bad_number_is_refused_before_onnx_is_imported(tmp_path, args, message):
-    """A mistyped number fails at once: calibrun.bounds checks it before numpy, onnx and onnxruntime are imported."""
+    """A mistyped number fails at once: calibrun.core.bounds checks it before numpy, onnx and onnxruntime are
+    imported."""
     proc = subprocess.run([sys.executable, "-X", "importtime", str(CALIBTOOL), *args], cwd=tmp_path,
                           env=clean_env(CALIBRUN_CACHE=str(tmp_path / "cache")), capture_output=True, text=True,
                           timeout=120)
@@ -673,7 +674,7 @@ def test_a_bad_number_is_refused_before_onnx_is_imported(tmp_path, args, message
     timings = [line for line in proc.stderr.splitlines() if line.startswith("import time:")]
     assert [line for line in proc.stderr.splitlines() if line not in timings] == [f"calibtool: error: {message}"]
     imported = {line.split("|")[-1].strip() for line in timings}
-    assert "calibrun.bounds" in imported
+    assert "calibrun.core.bounds" in imported
     assert not {"numpy", "onnx", "onnxruntime"} & imported
 
 

@@ -23,7 +23,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 
 from calibrun import config as calibrun_config
-from calibrun.errors import CalibrunError
+from calibrun.core.errors import CalibrunError
 from tests.conftest import clean_env, extra_missing, installed, requires_extra, run_python
 from tests.stores import fresh_mlflow_store
 

@@ -76,5 +76,5 @@ def test_requires_extra_skips_naming_the_extra_when_the_module_is_missing():
     present = requires_extra("json", "core")
     assert present.mark.args == (False,)
     assert not installed("calibrun_no_such_module.sub")  # its parent is missing: find_spec raises, we say False
-    assert installed("calibrun.files")
+    assert installed("calibrun.core.files")
 

@@ -1,4 +1,4 @@
-"""calibrun.histogram against onnxruntime's own HistogramCollector on a trained model: the same histograms, the
+"""calibrun.quant.histogram against onnxruntime's own HistogramCollector on a trained model: the same histograms, the
 same thresholds, the same ranges (the in-process tests on awkward and lab values are in tests/unit/test_histogram.py).
 
 The reference is onnxruntime's code itself (`HistogramCollector`, `get_entropy_threshold`, `np.histogram`), run
@@ -19,13 +19,13 @@ import pytest
 from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization.calibrate import CalibrationMethod, HistogramCollector, create_calibrator
 
-from calibrun import calibrate
-from calibrun.calibrate import CalibrationSpec, run_calibration, write_ranges
 from calibrun.data.images import ImageTransform, image_calibration
-from calibrun.data.lab import lab_batches
-from calibrun.histogram import FastHistogramCollector, entropy_threshold
+from calibrun.lab.data import lab_batches
+from calibrun.lab.model import write_lab_model
 from calibrun.model import open_float_model
-from calibrun.model.lab import write_lab_model
+from calibrun.quant import calibrate
+from calibrun.quant.calibrate import CalibrationSpec, run_calibration, write_ranges
+from calibrun.quant.histogram import FastHistogramCollector, entropy_threshold
 from tests.conftest import run_python
 from tests.trained import PHOTOS, TEXT_PHOTOS, model_path, photo_folder
 from tests.unit.test_histogram import numpy_and_ours, reference_threshold
@@ -112,7 +112,7 @@ def test_binning_on_real_activations_equals_numpy(det_activations):
 def test_binning_on_a_second_trained_model_equals_numpy(tmp_path):
     """NudeNet's YOLOv8n (SiLU activations, a letterboxed photo padded with zeros): every tensor binned over its
     symmetric range and, for symmetric percentile, |x| over its own range, as numpy bins them."""
-    from calibrun.histogram import histogram
+    from calibrun.quant.histogram import histogram
 
     model = model_path("nudenet")
     folder = photo_folder(tmp_path / "p", ("astronaut.png", "camera.png"))
@@ -334,7 +334,7 @@ def small_det_batches(tmp_path_factory) -> list[np.ndarray]:
 
 
 def test_reused_outputs_give_the_ranges_of_fresh_outputs(small_det_batches, tmp_path):
-    """calibrun.calibrate.ReusedOutputs on 649 tensors (the graph input and an empty tensor among them), chunks of
+    """calibrun.quant.calibrate.ReusedOutputs on 649 tensors (the graph input and an empty tensor among them), chunks of
     2 and a shape change: the ranges of onnxruntime's own collect_data on fresh outputs (tests/unit/
     test_calibration_outputs.py has every method and chunk on the lab model)."""
     from tests.unit.test_calibration_outputs import assert_identical, reference

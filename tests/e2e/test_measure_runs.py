@@ -9,13 +9,13 @@ import tracemalloc
 
 import pytest
 
-from calibrun.calibrate import CalibrationCache
 from calibrun.data import EvalData
-from calibrun.data.lab import evaluation_pieces, evaluation_rows
+from calibrun.lab.data import evaluation_pieces, evaluation_rows
 from calibrun.measure import errors as measure
 from calibrun.measure.tensor_stats import StreamingDiagnostics
 from calibrun.model import open_float_model
-from calibrun.quantize import quantize_with
+from calibrun.quant.calibrate import CalibrationCache
+from calibrun.quant.quantize import quantize_with
 
 pytestmark = pytest.mark.slow  # a trained model in-process, subprocesses of the CLI
 
@@ -32,7 +32,7 @@ def _peak(fn) -> int:
 def test_memory_does_not_grow_with_rows_on_a_trained_model(tmp_path):
     """ocr_cls (MobileNetV3, trained) quantised, then evaluated with diagnostics at 8 and 32 rows in batches of 8:
     the peak of Python/numpy allocations stays within 1.3x (a run holding every row would need ~4x)."""
-    from calibrun.data.lab import lab_batches
+    from calibrun.lab.data import lab_batches
     from tests.trained import model_path
 
     fp32 = open_float_model(model_path("ocr_cls"))

@@ -19,13 +19,13 @@ import onnx
 import pytest
 from mlflow import MlflowClient
 
-from calibrun.calibrate import CalibrationCache
 from calibrun.data.images import ImageTransform, image_calibration, image_evaluation
 from calibrun.measure.diagnosis import classify, classify_model
 from calibrun.measure.tensor_stats import tensor_diagnostics
 from calibrun.model import FloatModel, file_sha256, open_float_model
 from calibrun.model.prepare import prepare_model
-from calibrun.quantize import quantize_with
+from calibrun.quant.calibrate import CalibrationCache
+from calibrun.quant.quantize import quantize_with
 from tests.conftest import Proc, clean_env, run_python
 from tests.stores import fresh_mlflow_store
 from tests.trained import PHOTOS, TEXT_PHOTOS, image_overrides, model_path, photo_folder
@@ -52,7 +52,7 @@ def _diagnose(model: str, photos: Path, factor: float, size: int, tmp: Path, per
     transform = ImageTransform(resize=size, crop=size)
     data = image_calibration(photos, fp32.inputs, 1, factor, transform)
     out = tmp / f"{model}_{factor}_{per_channel}.onnx"
-    from calibrun.quantize import QuantOptions
+    from calibrun.quant.quantize import QuantOptions
 
     quant = quantize_with(fp32, out, data, options=QuantOptions(per_channel=per_channel),
                                  cache=CalibrationCache(tmp / "cache"), ranges_copy=tmp / f"{out.stem}.json")

@@ -2,7 +2,7 @@
 samples.json) killed mid-way (SIGINT, SIGKILL) and resumed with `resume=true`.
 
 The kill is made to land while a file is being written: once at least MIN_DONE jobs are finished, the sweep
-is frozen (SIGSTOP) at a moment a temp file of calibrun.files.atomic_path exists, then sent the signal (a
+is frozen (SIGSTOP) at a moment a temp file of calibrun.core.files.atomic_path exists, then sent the signal (a
 SIGINT that is not acted on is sent again at the next write; test_one_ctrl_c_stops_the_sweep counts them).
 After the kill every file under its final name must be whole; the resumed sweep must skip exactly the jobs
 that were complete (and valid), recompute the rest, and report exactly what a clean, uninterrupted sweep
@@ -269,7 +269,8 @@ def test_kill_leaves_only_whole_files(scenario, runs):
 
 
 # A SIGINT that landed while runner.run wrote config_resolved.yaml was sometimes not acted on (3 of 10 trials) while
-# Python's default handler was in place; calibrun now installs its own (calibrun.interrupts.install_signal_handlers).
+# Python's default handler was in place; calibrun now installs its own
+# (calibrun.core.interrupts.install_signal_handlers).
 def test_one_ctrl_c_stops_the_sweep(runs):
     s: Interrupted = outcome(runs, "sigint")
     assert s.signals == 1

@@ -219,7 +219,7 @@ def test_lab_mlflow_parent_with_24_children(lab):
     assert parent.data.params["sweep.batches"] == "1,8,64,512"
     assert parent.data.params["eval.seed"] == "777"
     assert "calibration.name" not in parent.data.params
-    # qdq and qoperator jobs tie: one rule (calibrun.aggregate.best_of), the first job of the sweep on a tie
+    # qdq and qoperator jobs tie: one rule (calibrun.report.aggregate.best_of), the first job of the sweep on a tie
     best = min(children, key=lambda c: (c.data.metrics["max_abs_error"], int(c.data.tags["calibrun.job_num"])))
     assert parent.data.tags["calibrun.best_run_id"] == best.info.run_id
     assert parent.data.metrics["best_max_abs_error"] == best.data.metrics["max_abs_error"]
@@ -276,7 +276,7 @@ def test_lab_int8_models_are_logged_models_with_metrics_and_datasets(lab):
 def test_standalone_aggregator_rebuilds_the_same_files(lab):
     tmp, sweep, _ = lab
     other = tmp / "rebuilt"
-    proc = calibrun(tmp, str(sweep), f"report.dir={other}", module="calibrun.aggregate")
+    proc = calibrun(tmp, str(sweep), f"report.dir={other}", module="calibrun.report.aggregate")
     assert proc.returncode == 0, proc.stderr
     for name in ("calib_report.json", "match.json", "narrow.json", "wide.json", "samples.json", "format.json"):
         assert json.loads((other / name).read_text()) == json.loads((sweep / "report" / name).read_text()), name

@@ -35,7 +35,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shuti
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    from calibrun.model.lab import write_lab_model
+    from calibrun.lab.model import write_lab_model
 
     tmp = tmp_path_factory.mktemp("record")
     rows = np.random.default_rng(5).normal(0, 1, (64, 16)).astype(np.float32)

@@ -241,7 +241,7 @@ def test_a_sweep_over_long_absolute_paths_fits_the_servers_columns(server, tmp_p
     run FINISHED, names within 250 characters, and the paths told apart in the names and the parent's metrics."""
     import numpy as np
 
-    from calibrun.model.lab import write_lab_model
+    from calibrun.lab.model import write_lab_model
 
     folder = tmp_path.joinpath(*["a_rather_long_folder_name_for_calibration_datasets"] * 4)
     folder.mkdir(parents=True)

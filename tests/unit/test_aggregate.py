@@ -18,9 +18,11 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from calibrun import aggregate, lab, report
+from calibrun import lab
 from calibrun.config import Config
-from calibrun.errors import CalibrunError
+from calibrun.core.errors import CalibrunError
+from calibrun.report import aggregate
+from calibrun.report import markdown as report
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -205,7 +207,7 @@ def test_lab_difference_accepts_the_composed_default_config():
 
 def test_clip_range_is_the_grid_of_the_activation_type():
     """The narrow/wide text names the lab's integer type and its range, read from one table (no hard-coded int8)."""
-    from calibrun.quantize import QUANT_TYPES
+    from calibrun.quant.quantize import QUANT_TYPES
 
     assert set(report.INT_GRIDS) == set(QUANT_TYPES)  # a new activation type needs its grid here
     assert report.INT_GRIDS["QInt8"] == ("int8", -128, 127)
@@ -250,8 +252,8 @@ def test_malformed_result_is_named_and_skipped(method_sweep, capsys):
     code, err = run_main(capsys, method_sweep)
     assert code == 1
     assert "Traceback" not in err
-    assert "calibrun.aggregate: error: job 1: unreadable result.json" in err
-    assert "calibrun.aggregate: error: job 2: result.json has no numeric metrics.max_abs_error" in err
+    assert "calibrun.report: error: job 1: unreadable result.json" in err
+    assert "calibrun.report: error: job 2: result.json has no numeric metrics.max_abs_error" in err
     runs = json.loads((method_sweep / "report" / "runs.json").read_text())
     assert [r["job"] for r in runs["runs"]] == ["0"]
 
@@ -322,11 +324,11 @@ def test_failed_jobs_are_listed_and_not_plotted(method_sweep):
 def test_missing_sweep_and_usage(tmp_path, capsys):
     code, err = run_main(capsys, tmp_path / "nope")
     assert code == 1
-    assert err.strip() == f"calibrun.aggregate: error: sweep folder not found: {tmp_path / 'nope'}"
+    assert err.strip() == f"calibrun.report: error: sweep folder not found: {tmp_path / 'nope'}"
     with pytest.raises(SystemExit) as exc:
         aggregate.main([str(tmp_path), "colour=red"])
     assert exc.value.code == 2
-    assert capsys.readouterr().err.strip().startswith("calibrun.aggregate: error: unknown option 'colour=red'")
+    assert capsys.readouterr().err.strip().startswith("calibrun.report: error: unknown option 'colour=red'")
 
 
 # --- more folders by hand ---------------------------------------------------------------------------------------------
@@ -378,5 +380,5 @@ def test_a_sweep_without_completed_runs_is_one_line(tmp_path, capsys):
     (sweep / "1").mkdir()  # a job killed before it wrote anything
     code, err = run_main(capsys, sweep)
     assert code == 1
-    assert err.strip() == f"calibrun.aggregate: error: no completed runs in {sweep} (no */result.json with status ok)"
+    assert err.strip() == f"calibrun.report: error: no completed runs in {sweep} (no */result.json with status ok)"
     assert not (sweep / "report").exists()

@@ -22,15 +22,15 @@ from calibrun import config as calibrun_config
 from calibrun.analysis import qdq
 from calibrun.analysis.evaluate import Evaluator
 from calibrun.analysis.sensitivity import fallback, rank
-from calibrun.calibrate import CalibrationCache, CalibrationSpec, calibrated
+from calibrun.core.errors import CalibrunError
 from calibrun.data import EvalData
-from calibrun.data.lab import lab_batches
-from calibrun.errors import CalibrunError
+from calibrun.lab.data import lab_batches
 from calibrun.measure import errors as measure
 from calibrun.measure.tasks import Custom, load_function
 from calibrun.model import open_float_model
 from calibrun.model.pairs import find_pairs
-from calibrun.quantize import QuantOptions, check_exclusions, quantize, quantize_lab
+from calibrun.quant.calibrate import CalibrationCache, CalibrationSpec, calibrated
+from calibrun.quant.quantize import QuantOptions, check_exclusions, quantize, quantize_lab
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,12 +1,13 @@
-"""calibrun.bounds: the checks every count and number a user gives goes through (config, calibtool, data sources)."""
+"""calibrun.core.bounds: the checks every count and number a user gives goes through (config, calibtool, data
+sources)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from calibrun.bounds import MAX_BATCHES, MAX_SEED, check_factor, check_positive_int, check_seed
-from calibrun.errors import CalibrunError
+from calibrun.core.bounds import MAX_BATCHES, MAX_SEED, check_factor, check_positive_int, check_seed
+from calibrun.core.errors import CalibrunError
 
 
 @pytest.mark.parametrize("value", [0, 7, MAX_SEED, np.int64(5), np.uint32(MAX_SEED)])

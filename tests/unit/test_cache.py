@@ -1,4 +1,4 @@
-"""calibrun.cache: one key scheme (sha256 of a record's canonical JSON) and one subfolder per kind; entries of the
+"""calibrun.quant.cache: one key scheme (sha256 of a record's canonical JSON) and one subfolder per kind; entries of the
 earlier flat layout are detected and never read."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from calibrun import cache
-from calibrun.calibrate import CalibrationCache
-from calibrun.errors import CalibrunError
+from calibrun.core.errors import CalibrunError
 from calibrun.model import open_float_model
-from calibrun.quantize import quantize_lab
+from calibrun.quant import cache
+from calibrun.quant.calibrate import CalibrationCache
+from calibrun.quant.quantize import quantize_lab
 
 
 def test_key_is_the_sha256_of_the_canonical_record():
@@ -72,8 +72,8 @@ def test_prepared_models_are_keyed_by_their_record(tmp_path, caplog):
 
     from calibrun.config import Config
     from calibrun.job import prepare, prepared_record
+    from calibrun.lab.model import write_lab_model
     from calibrun.model import file_sha256
-    from calibrun.model.lab import write_lab_model
     from calibrun.model.prepare import PREPARE_VERSION
 
     src = write_lab_model(tmp_path / "lab.onnx")
@@ -100,7 +100,7 @@ def test_a_ranges_file_has_the_same_bytes_whatever_order_the_tensors_come_in(tmp
     import numpy as np
     from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
-    from calibrun.calibrate import write_ranges
+    from calibrun.quant.calibrate import write_ranges
 
     ranges = {name: TensorData(lowest=np.float32(-i - 1), highest=np.float32(i + 1))
               for i, name in enumerate(["x", "h", "relu_out", "y"])}

@@ -20,19 +20,19 @@ import onnxruntime
 import pytest
 from onnx import TensorProto
 
-from calibrun import calibrate
-from calibrun.cache import key_of as cache_key
-from calibrun.calibrate import (
+from calibrun.core.errors import CalibrunError
+from calibrun.lab.data import lab_batches
+from calibrun.lab.model import write_lab_model
+from calibrun.model import InputInfo, open_float_model
+from calibrun.quant import calibrate
+from calibrun.quant.cache import key_of as cache_key
+from calibrun.quant.calibrate import (
     CalibrationCache,
     CalibrationSpec,
     cache_record,
     run_calibration,
 )
-from calibrun.data.lab import lab_batches
-from calibrun.errors import CalibrunError
-from calibrun.model import InputInfo, open_float_model
-from calibrun.model.lab import write_lab_model
-from calibrun.quantize import QuantOptions, quantize_lab
+from calibrun.quant.quantize import QuantOptions, quantize_lab
 
 SEED, FACTOR, BATCHES = 4242, 1.0, 4
 LAB_ROWS = 16  # docs/lab.md: one calibration batch is 16 rows
@@ -80,7 +80,7 @@ def cache_entries(folder: Path) -> list[str]:
 
 
 def calibrun_warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "calibrun.calibrate" and r.levelname == "WARNING"]
+    return [r.getMessage() for r in caplog.records if r.name == "calibrun.quant.calibrate" and r.levelname == "WARNING"]
 
 
 class CalibrationSpy:
@@ -529,7 +529,7 @@ def test_corrupt_cache_file_warns_recomputes_and_is_replaced(tmp_path, fp32, cle
     assert bad != clean["text"]
     path.write_text(bad)
 
-    caplog.set_level("WARNING", logger="calibrun.calibrate")
+    caplog.set_level("WARNING", logger="calibrun.quant.calibrate")
     result = quantize_lab(fp32, tmp_path / "int8.onnx", SEED, FACTOR, BATCHES, cache=cache)
 
     warnings = calibrun_warnings(caplog)
@@ -556,7 +556,7 @@ def test_clean_cache_file_loads_without_warning(tmp_path, clean, caplog):
     cache.folder.mkdir()
     cache.path(clean["key"]).write_text(clean["text"])
     record = json.loads(clean["text"])["calibrun"]["record"]
-    caplog.set_level("WARNING", logger="calibrun.calibrate")
+    caplog.set_level("WARNING", logger="calibrun.quant.calibrate")
     assert cache.load(clean["key"], record, "minmax") == clean["result"]["span"]
     assert cache.load(clean["key"], record, "entropy") is None  # asked for another method: unusable
     assert cache.load("0" * 32, record, "minmax") is None  # absent: a plain miss

@@ -20,9 +20,9 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
 from calibrun import config as calibrun_config
-from calibrun.calibrate import CalibrationSpec
 from calibrun.config import calibration_spec, quant_options, tracking_enabled, validate
-from calibrun.errors import CalibrunError
+from calibrun.core.errors import CalibrunError
+from calibrun.quant.calibrate import CalibrationSpec
 
 CONF_DIR = str((Path(__file__).resolve().parents[2] / "conf").resolve())
 NOW_DIR = re.compile(r"^\$\{now:%Y-%m-%d\}/\$\{now:%H-%M-%S\}-\$\{calibrun\.sweep_id:\}$")  # + a unique suffix

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 
-from calibrun import memory
 from calibrun.__main__ import normalise
 from calibrun.config import is_setting
+from calibrun.core import memory
+from calibrun.core.errors import CalibrunError
 from calibrun.data import calibration_data, evaluation_data
 from calibrun.data.rows import infer_axis, pinned_rows, take
-from calibrun.errors import CalibrunError
 from calibrun.measure.errors import evaluate
 from calibrun.model import InputInfo, open_float_model
-from calibrun.quantize import quantize_with
+from calibrun.quant.quantize import quantize_with
 from tests.modelzoo import save, stateful_model, typed_inputs_model
 
 ROWS = 40

@@ -12,14 +12,14 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from calibrun.calibrate import CalibrationCache
-from calibrun.data.lab import evaluation_rows
-from calibrun.errors import CalibrunError
+from calibrun.core.errors import CalibrunError
+from calibrun.lab.data import evaluation_rows
+from calibrun.lab.model import LAB_INPUT, write_lab_model
 from calibrun.measure.diagnosis import CLIP_THRESHOLD, COARSE_THRESHOLD, as_table, classify, classify_model, worst
 from calibrun.measure.tensor_stats import tensor_diagnostics
 from calibrun.model import open_float_model
-from calibrun.model.lab import LAB_INPUT, write_lab_model
-from calibrun.quantize import QuantOptions, quantize_lab
+from calibrun.quant.calibrate import CalibrationCache
+from calibrun.quant.quantize import QuantOptions, quantize_lab
 from tests.modelzoo import pinned_input_quant
 
 FACTORS = {"narrow": 0.2, "match": 1.0, "wide": 10.0}

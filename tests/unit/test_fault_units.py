@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from calibrun.config import register_resolvers
-from calibrun.errors import CalibrunError
+from calibrun.core.errors import CalibrunError
 from calibrun.sweep import earlier_jobs, previous_sweep
 from calibrun.tracking import check_sqlite, check_store, digest, ui_url, yaml_value
 
@@ -94,7 +94,7 @@ def signal_state():
     import signal
     import sys
 
-    from calibrun import interrupts
+    from calibrun.core import interrupts
 
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     unraisable_hook = sys.unraisablehook
@@ -111,7 +111,7 @@ def test_an_interrupt_quiets_sqlalchemys_pool_log(signal_state):
     a traceback; after the interrupt that log is quiet, so the sweep's report stays one line."""
     import signal
 
-    from calibrun.interrupts import Interrupted, _raise_interrupted
+    from calibrun.core.interrupts import Interrupted, _raise_interrupted
 
     pool_log = logging.getLogger("sqlalchemy.pool.impl.QueuePool")
     assert pool_log.isEnabledFor(logging.ERROR)
@@ -133,8 +133,8 @@ def test_an_interrupt_python_drops_in_a_finaliser_is_not_printed_and_is_raised_a
     import signal
     import sys
 
-    from calibrun.files import atomic_path
-    from calibrun.interrupts import Interrupted, install_signal_handlers
+    from calibrun.core.files import atomic_path
+    from calibrun.core.interrupts import Interrupted, install_signal_handlers
 
     class SignalledWhileCollected:
         def __del__(self):
@@ -171,14 +171,14 @@ def test_a_dropped_interrupt_stops_a_calibration_pass_and_an_evaluation_within_o
     instead of letting them run to their end."""
     import signal
 
-    from calibrun import interrupts
-    from calibrun.calibrate import CalibrationSpec, run_calibration
+    from calibrun.core import interrupts
     from calibrun.data import EvalData
-    from calibrun.data.lab import lab_batches
+    from calibrun.lab.data import lab_batches
+    from calibrun.lab.model import write_lab_model
     from calibrun.measure import errors as measure
     from calibrun.model import open_float_model
-    from calibrun.model.lab import write_lab_model
-    from calibrun.quantize import quantize_lab
+    from calibrun.quant.calibrate import CalibrationSpec, run_calibration
+    from calibrun.quant.quantize import quantize_lab
 
     model = open_float_model(write_lab_model(tmp_path / "lab.onnx"))
     int8 = tmp_path / "int8.onnx"
@@ -225,7 +225,7 @@ def test_an_interrupt_inside_a_store_write_does_not_keep_the_lock_that_closing_t
     from mlflow import MlflowClient
     from sqlalchemy import event
 
-    from calibrun import interrupts
+    from calibrun.core import interrupts
     from tests.stores import fresh_mlflow_store
 
     uri = fresh_mlflow_store(tmp_path)
@@ -268,8 +268,8 @@ def test_an_interrupt_while_a_temp_folder_is_created_removes_it(tmp_path, monkey
     import signal
     import tempfile
 
-    from calibrun import interrupts
-    from calibrun.files import temp_dir
+    from calibrun.core import interrupts
+    from calibrun.core.files import temp_dir
 
     made = []
     mkdtemp = tempfile.mkdtemp

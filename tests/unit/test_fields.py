@@ -1,4 +1,4 @@
-"""calibrun.fields: the config schema is made from the dataclasses the code uses, and those are built back from
+"""calibrun.core.fields: the config schema is made from the dataclasses the code uses, and those are built back from
 config nodes, so that an option is written once (a new CalibrationSpec field is a new `method.<x>` key)."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
-from calibrun.calibrate import CalibrationSpec
 from calibrun.config import Config, DataConf, MethodConf, QuantConf, calibration_spec, quant_options
+from calibrun.core.fields import build_from, schema_of
 from calibrun.data.images import ImageTransform
-from calibrun.fields import build_from, schema_of
-from calibrun.quantize import QuantOptions
+from calibrun.quant.calibrate import CalibrationSpec
+from calibrun.quant.quantize import QuantOptions
 
 
 def names(cls) -> list[str]:

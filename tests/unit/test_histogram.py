@@ -1,4 +1,4 @@
-"""calibrun.histogram against onnxruntime's own HistogramCollector: the same histograms, the same thresholds.
+"""calibrun.quant.histogram against onnxruntime's own HistogramCollector: the same histograms, the same thresholds.
 
 The reference is onnxruntime's code itself (`HistogramCollector`, `get_entropy_threshold`, `np.histogram`), here
 on awkward values and the lab, in-process; the comparisons on a trained detector's activations and the lab's
@@ -16,12 +16,12 @@ import pytest
 from onnxruntime.quantization import quantize_static
 from onnxruntime.quantization.calibrate import CalibrationMethod, HistogramCollector, create_calibrator
 
-from calibrun.calibrate import CalibrationSpec, run_calibration, write_ranges
-from calibrun.data.lab import lab_batches
-from calibrun.errors import CalibrunError
-from calibrun.histogram import bin_counts, entropy_threshold, histogram
+from calibrun.core.errors import CalibrunError
+from calibrun.lab.data import lab_batches
+from calibrun.lab.model import write_lab_model
 from calibrun.model import open_float_model
-from calibrun.model.lab import write_lab_model
+from calibrun.quant.calibrate import CalibrationSpec, run_calibration, write_ranges
+from calibrun.quant.histogram import bin_counts, entropy_threshold, histogram
 
 # ---------------------------------------------------------------------------------------------- binning
 
@@ -114,7 +114,7 @@ def test_binning_equals_numpy_on_edges_zeros_and_extreme_ranges(range_, bins):
 
 def test_binning_of_many_blocks_of_zeros_and_a_constant(monkeypatch):
     """A ReLU-like tensor over many blocks (half zeros, the range's maximum repeated), then NaN in some blocks."""
-    from calibrun import histogram as module
+    from calibrun.quant import histogram as module
 
     monkeypatch.setattr(module, "_BLOCK", 1000)
     rng = np.random.default_rng(11)
@@ -134,7 +134,7 @@ def test_binning_of_many_blocks_of_zeros_and_a_constant(monkeypatch):
 def test_zeros_near_but_not_on_the_middle_edge(monkeypatch, block, t):
     """numpy's middle edge of (-t, t) is not always 0: at t=62.65438 (1000 bins) it is +3.8e-6, so zeros belong
     to the bin below it; at 62.914524 it is -3.8e-6. ReLU-like tensors (most values zero) over many blocks."""
-    from calibrun import histogram as module
+    from calibrun.quant import histogram as module
 
     monkeypatch.setattr(module, "_BLOCK", block)
     t = np.array(t, np.float32)
@@ -173,7 +173,7 @@ def test_float16_goes_to_numpy_and_the_collector_equals_onnxruntimes():
     batches = [{"t": [np.maximum(rng.normal(0, s, 5000), 0).astype(np.float16)]} for s in (1.0, 3.0)]
     # 128 bins: at 2048 float16 edges are not increasing and numpy (so onnxruntime) refuses
     ref = HistogramCollector("entropy", False, 128, 64, 99.99, "same")
-    from calibrun.histogram import FastHistogramCollector
+    from calibrun.quant.histogram import FastHistogramCollector
 
     fast = FastHistogramCollector("entropy", False, 128, 64, 99.99, "same", threads=2)
     for batch in batches:
@@ -189,7 +189,7 @@ def test_float16_goes_to_numpy_and_the_collector_equals_onnxruntimes():
 def test_symmetric_percentile_collector_equals_onnxruntimes(monkeypatch, block):
     """|data| binned block by block: data straddling zero without a zero (the first edge is min |x|), one-sided
     data, ranges that grow (edges extended), NaN in a later batch, an all-zero tensor."""
-    from calibrun import histogram as module
+    from calibrun.quant import histogram as module
 
     monkeypatch.setattr(module, "_BLOCK", block)
     rng = np.random.default_rng(12)
@@ -221,7 +221,7 @@ def test_symmetric_percentile_collector_equals_onnxruntimes(monkeypatch, block):
 
 
 def test_threads_take_the_largest_tensors_first_and_keep_the_order():
-    from calibrun.histogram import FastHistogramCollector
+    from calibrun.quant.histogram import FastHistogramCollector
 
     rng = np.random.default_rng(9)
     outputs = {f"t{i}": [rng.normal(0, 1, size).astype(np.float32)] for i, size in enumerate([10, 70_000, 3, 500])}
@@ -315,7 +315,7 @@ def test_per_channel_activation_ranges_really_break_onnxruntime(tmp_path):
     name = onnx.load(str(model)).graph.input[0].name
     calibrator = create_calibrator(str(model), [], augmented_model_path=str(tmp_path / "aug.onnx"),
                                    calibrate_method=CalibrationMethod.MinMax, extra_options={"per_channel": True})
-    from calibrun.reader import make_reader
+    from calibrun.quant.reader import make_reader
 
     calibrator.collect_data(make_reader(list(lab_batches(info, 4242, 1.0, 2)), name))
     tensors = calibrator.compute_data()
@@ -325,7 +325,7 @@ def test_per_channel_activation_ranges_really_break_onnxruntime(tmp_path):
 
 
 def test_histogram_algorithm_is_in_the_key_of_histogram_methods_only():
-    from calibrun.histogram import ALGORITHM
+    from calibrun.quant.histogram import ALGORITHM
 
     assert "histogram" not in CalibrationSpec(method="minmax").key_fields()  # minmax cache entries stay valid
     for method in ("entropy", "percentile", "distribution"):

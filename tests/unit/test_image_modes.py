@@ -10,8 +10,8 @@ import pytest
 from onnx import TensorProto
 from PIL import Image
 
+from calibrun.core.errors import CalibrunError
 from calibrun.data.images import YOLO_PAD, ImageTransform, image_calibration, image_evaluation
-from calibrun.errors import CalibrunError
 from calibrun.model import InputInfo
 
 FLOAT = TensorProto.FLOAT

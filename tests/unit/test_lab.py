@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calibrun.calibrate import CalibrationCache
+from calibrun.lab.model import write_lab_model
 from calibrun.measure import errors as measure
 from calibrun.model import open_float_model
-from calibrun.model.lab import write_lab_model
-from calibrun.quantize import QuantOptions, quantize_lab
+from calibrun.quant.calibrate import CalibrationCache
+from calibrun.quant.quantize import QuantOptions, quantize_lab
 from tests.modelzoo import evaluation_rows
 
 CALIB_SEED, EVAL_SEED, EVAL_ROWS = 4242, 777, 256

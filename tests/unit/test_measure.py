@@ -9,14 +9,14 @@ import math
 import numpy as np
 import pytest
 
-from calibrun.calibrate import CalibrationCache
 from calibrun.data import EvalData, lab_evaluation
-from calibrun.data.lab import evaluation_pieces, evaluation_rows
+from calibrun.lab.data import evaluation_pieces, evaluation_rows
+from calibrun.lab.model import write_lab_model
 from calibrun.measure import errors as measure
 from calibrun.measure.tensor_stats import StreamingDiagnostics
 from calibrun.model import open_float_model
-from calibrun.model.lab import write_lab_model
-from calibrun.quantize import quantize_lab
+from calibrun.quant.calibrate import CalibrationCache
+from calibrun.quant.quantize import quantize_lab
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""memory.budget (calibrun.memory, docs/memory.md): parsing, `auto`, rows per run, the live-activation estimate,
+"""memory.budget (calibrun.core.memory, docs/memory.md): parsing, `auto`, rows per run, the live-activation estimate,
 and MinMax calibration in runs of rows (the ranges of one run of the whole batch)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from calibrun import memory
-from calibrun.calibrate import CalibrationSpec, run_calibration
-from calibrun.errors import CalibrunError
-from calibrun.memory import MiB
+from calibrun.core import memory
+from calibrun.core.errors import CalibrunError
+from calibrun.core.memory import MiB
+from calibrun.quant.calibrate import CalibrationSpec, run_calibration
 
 
 @pytest.mark.parametrize(("value", "expected"), [

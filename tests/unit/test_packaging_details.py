@@ -8,7 +8,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from calibrun import quantize
+from calibrun.quant import quantize
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,5 @@
-"""calibrun.patches: each patch of Hydra's, MLflow's or onnxruntime's internals keeps every record the same, applies
-only to the versions it was written for, and CALIBRUN_PATCHES=off turns them all off.
+"""calibrun.core.patches: each patch of Hydra's, MLflow's or onnxruntime's internals keeps every record the same,
+applies only to the versions it was written for, and CALIBRUN_PATCHES=off turns them all off.
 
 - compose_faster: Hydra's compositions of a sweep's jobs give the same configs with it as without
   it, and a cached config file is never shared between two compositions.
@@ -26,9 +26,10 @@ from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
 from calibrun import __main__ as app
-from calibrun import patches, tracking
+from calibrun import tracking
 from calibrun.config import register
-from calibrun.model.lab import write_lab_model
+from calibrun.core import patches
+from calibrun.lab.model import write_lab_model
 from tests.stores import fresh_mlflow_store
 
 JOBS = [["calibration=narrow", "batches=1", "format=qdq"], ["calibration=wide", "batches=64", "format=qoperator"],
@@ -105,7 +106,7 @@ def test_compose_faster_before_hydra_discovers_its_plugins_still_holds_after(tmp
     import sys
 
     code = ("import importlib\n"
-            "from calibrun.patches import compose_faster\n"
+            "from calibrun.core.patches import compose_faster\n"
             "compose_faster()\n"
             "from hydra.core.plugins import Plugins\n"
             "Plugins.instance()\n"
@@ -361,7 +362,8 @@ def test_quantize_writes_the_same_bytes_with_and_without_the_onnxruntime_patch(t
     import sys
 
     write_lab_model(tmp_path / "lab.onnx")
-    script = ("import sys; from calibrun.model import open_float_model; from calibrun.quantize import quantize_lab; "
+    script = ("import sys; from calibrun.model import open_float_model; "
+              "from calibrun.quant.quantize import quantize_lab; "
               "quantize_lab(open_float_model(sys.argv[1]), sys.argv[2], 0, 1.0, 2)")
     digests = []
     for switch in ("on", "off"):

@@ -15,8 +15,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
 
-from calibrun.errors import CalibrunError
-from calibrun.model.lab import build_lab_model
+from calibrun.core.errors import CalibrunError
+from calibrun.lab.model import build_lab_model
 from calibrun.model.prepare import Prepared, constant_nodes, prepare_model
 from tests.modelzoo import int_input_model
 
@@ -594,7 +594,7 @@ def test_temp_folders_of_dead_processes_are_removed_and_others_kept(tmp_path):
     import subprocess
     import sys
 
-    from calibrun.files import _HOST, remove_temp_orphans, temp_dir
+    from calibrun.core.files import _HOST, remove_temp_orphans, temp_dir
 
     with open("/proc/self/ns/pid"):  # Linux: the namespace is part of the host token
         assert _HOST.startswith(socket.gethostname() + "~")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import io
 
-from calibrun import progress as progress_module
-from calibrun.progress import Progress
+from calibrun.core import progress as progress_module
+from calibrun.core.progress import Progress
 
 
 class Clock:
@@ -59,7 +59,7 @@ def test_the_unit_word_names_what_is_counted(monkeypatch):
 
 
 def test_a_sweep_reports_jobs_done_of_the_total_and_the_time_left(monkeypatch):
-    from calibrun.progress import SweepProgress
+    from calibrun.core.progress import SweepProgress
 
     clock = Clock()
     monkeypatch.setattr(progress_module.time, "perf_counter", clock)

@@ -1,4 +1,4 @@
-"""The provider contract of docs/lab.md: calibrun.reader.make_reader(arrays, input_name)."""
+"""The provider contract of docs/lab.md: calibrun.quant.reader.make_reader(arrays, input_name)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-from calibrun.reader import make_reader
+from calibrun.quant.reader import make_reader
 from tests.modelzoo import calibration_batches, mlp, pinned_input_quant, save
 
 NAME = "input.1"

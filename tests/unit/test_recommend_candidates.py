@@ -3,7 +3,7 @@
 from types import SimpleNamespace
 
 from calibrun.analysis.recommend import candidates, combined
-from calibrun.quantize import QuantOptions
+from calibrun.quant.quantize import QuantOptions
 
 CONF = SimpleNamespace(methods=["percentile", "entropy"], culprits=2)
 DIAGNOSIS = {"culprits": [{"tensor": "a", "node": "Concat_1", "float_nodes": ["Reshape_2"]},

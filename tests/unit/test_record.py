@@ -35,7 +35,7 @@ def test_the_headline_comes_first_and_spans_are_named_unambiguously():
 
 
 def test_best_is_the_best_value_and_on_a_tie_the_first_job():
-    from calibrun.aggregate import best_of
+    from calibrun.report.aggregate import best_of
 
     candidates = [(0.5, "10", "j10"), (0.5, "2", "j2"), (0.7, "0", "j0"), (float("nan"), "1", "j1")]
     assert best_of(candidates, "lower") == "j2"  # 2 before 10: job numbers, not text

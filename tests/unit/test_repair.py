@@ -9,7 +9,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from calibrun.analysis import repair as repair_module
 from calibrun.analysis.repair import escape, options_for, overrides, pareto, repair
-from calibrun.quantize import QuantOptions
+from calibrun.quant.quantize import QuantOptions
 
 RANKING = [{"tensor": "a", "kind": "activation", "nodes": ["A"]},
            {"tensor": "w", "kind": "weight", "nodes": ["W"]},

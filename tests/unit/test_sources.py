@@ -14,12 +14,12 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 from PIL import Image
 
+from calibrun.core.errors import CalibrunError
 from calibrun.data import EvalData, FeedBatches
 from calibrun.data.images import ImageTransform, image_calibration, image_evaluation
 from calibrun.data.npy import npy_calibration, npy_evaluation
-from calibrun.errors import CalibrunError
 from calibrun.model import InputInfo
-from calibrun.reader import make_reader
+from calibrun.quant.reader import make_reader
 from tests.modelzoo import IR_VERSION, OPSET, save
 
 FLOAT = TensorProto.FLOAT

@@ -8,7 +8,7 @@ import itertools
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from calibrun import patches
+from calibrun.core import patches
 from calibrun.sweep_order import outside_key, spread
 
 

@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from calibrun.errors import CalibrunError
+from calibrun.core.errors import CalibrunError
 from calibrun.measure import tasks
 from calibrun.measure.tasks import Classification, Custom, Dense, TaskSpec, resolve
 
@@ -403,8 +403,8 @@ def test_zipmap_output_is_read_as_an_array():
 def test_labels_outside_the_classes_are_refused_naming_file_row_and_value():
     import numpy as np
 
+    from calibrun.core.errors import CalibrunError
     from calibrun.data.batches import EvalData
-    from calibrun.errors import CalibrunError
     from calibrun.measure.tasks import Classification
 
     rows = np.zeros((6, 4), np.float32)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from calibrun.model.lab import write_lab_model
+from calibrun.lab.model import write_lab_model
 from calibrun.tracking import onnx_signature, open_tracker
 from tests.stores import fresh_mlflow_store
 

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from calibrun.errors import CalibrunError
+from calibrun.core.errors import CalibrunError
 from calibrun.measure import verdict
 
 
@@ -147,7 +147,7 @@ def test_a_crushed_concat_part_is_measured_on_its_own():
 
 
 def test_a_batch_sweep_measures_more_calibration_data_itself():
-    from calibrun.aggregate import _more_batches
+    from calibrun.report.aggregate import _more_batches
 
     def run(batches, agreement):
         return SimpleNamespace(config={"batches": batches}, metrics={"task.top1_agreement": agreement},

@@ -39,7 +39,7 @@ def test_resolver_with_an_argument_in_the_output_folder_is_one_line(tmp_path, ke
 
 def test_output_name_mlflow_rejects_as_a_key_is_mapped_and_kept_in_a_tag(tmp_path):
     """The lab model with its output named `a/../b` (MLflow: a key must not be a path leading elsewhere)."""
-    from calibrun.model.lab import write_lab_model
+    from calibrun.lab.model import write_lab_model
 
     model = onnx.load(str(write_lab_model(tmp_path / "lab.onnx")))
     old = model.graph.output[0].name

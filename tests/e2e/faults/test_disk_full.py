@@ -141,7 +141,7 @@ def test_full_sweep_folder_leaves_no_run_running_and_resumes(tmp_path):
 
 
 def test_calibtool_quantize_to_a_full_tmpfs_fails_in_one_line(tmp_path):
-    from calibrun.model.lab import write_lab_model
+    from calibrun.lab.model import write_lab_model
 
     before = calibrun_temp_dirs()
     fp32 = write_lab_model(tmp_path / "lab.onnx")
@@ -168,7 +168,7 @@ def test_model_preparation_on_a_full_cache_names_the_folder_and_runs_after_space
     """A user's model is prepared into the cache (cache.dir/models): on a full device, one line naming that
     folder (not the ONNX checker's "no ir_version" on the short file onnx wrote), nothing left in it; after space
     is freed the same command completes."""
-    from calibrun.model.lab import write_lab_model
+    from calibrun.lab.model import write_lab_model
 
     model = write_lab_model(tmp_path / "mine.onnx")
     fresh(tmp_path)

@@ -1,4 +1,4 @@
-"""A sweep folder whose result.json names files outside the job (issue 27 item 2): `python -m calibrun.aggregate`
+"""A sweep folder whose result.json names files outside the job (issue 27 item 2): `python -m calibrun.report`
 must not copy them into the report's bundle; a model whose bytes are not the ones its record gives is not
 bundled either. The run is named and left out, the exit status is non-zero. A real lab sweep, copied per case."""
 
@@ -53,7 +53,7 @@ def test_record_naming_other_files_is_left_out_of_the_report(tmp_path, lab_sweep
     labels = {json.loads((sweep / str(n) / "result.json").read_text())["params"]["calibration"]: n for n in range(3)}
     job = sweep / str(labels["match"])
     tamper(job)
-    proc = run_python(["-m", "calibrun.aggregate", str(sweep), f"report.dir={tmp_path / 'rep'}"], tmp_path,
+    proc = run_python(["-m", "calibrun.report.aggregate", str(sweep), f"report.dir={tmp_path / 'rep'}"], tmp_path,
                       timeout=120)
     secret = SECRET.read_bytes()
     copies = [p for p in tmp_path.rglob("*") if p.is_file() and p.read_bytes() == secret]
@@ -61,7 +61,7 @@ def test_record_naming_other_files_is_left_out_of_the_report(tmp_path, lab_sweep
     assert not (tmp_path / "rep" / "bundle").exists()  # the lab files need the run that was left out
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.startswith(f"calibrun.aggregate: error: job {job.name}")]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith(f"calibrun.report: error: job {job.name}")]
     assert len(lines) == 1, proc.stderr[-3000:]
     assert reason in lines[0], lines[0]
     assert "left out" in lines[0], lines[0]

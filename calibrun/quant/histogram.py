@@ -38,7 +38,7 @@ from onnxruntime.quantization.calibrate import entropy as ort_entropy
 from onnxruntime.quantization.quant_utils import smooth_distribution
 
 # In the calibration cache key: bump when anything here can change a range or a histogram.
-ALGORITHM = "calibrun.histogram/1"
+ALGORITHM = "calibrun.quant.histogram/1"
 
 _EPS = 0.0001  # smooth_distribution's eps
 _F32 = float(np.finfo(np.float32).eps)
@@ -183,7 +183,7 @@ def bin_counts(data: np.ndarray, edges: np.ndarray, first=None, last=None, grid=
             k[suspect] = j
         found = np.bincount(k, minlength=n + 1)
         if found.size != n + 1:  # a position beyond the last edge: the margin's bound would be wrong
-            raise AssertionError(f"calibrun.histogram: values binned beyond the last of {n} bins")
+            raise AssertionError(f"calibrun.quant.histogram: values binned beyond the last of {n} bins")
         counts += found
     if zeros:
         counts[j0] -= zeros
@@ -253,7 +253,7 @@ class FastHistogramCollector(HistogramCollector):
     """onnxruntime's HistogramCollector with the same histograms and thresholds, computed faster.
 
     `threads`: tensors of a batch are binned on this many threads (0: one per core).
-    `progress(done)`: called as the threshold search finishes tensors (a calibrun.progress.Progress.update).
+    `progress(done)`: called as the threshold search finishes tensors (a calibrun.core.progress.Progress.update).
     """
 
     def __init__(self, method, symmetric, num_bins, num_quantized_bins, percentile, scenario,

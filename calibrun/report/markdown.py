@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from calibrun import lab
-from calibrun.files import atomic_path
+from calibrun.core.files import atomic_path
 
 SECTIONS = {
     "calib": "## Narrow calibration — it gets clipped",
@@ -335,7 +335,7 @@ def _runs_section(table: dict) -> str:
 def write(report_dir: Path, runs: dict, facts: dict, summary) -> list[Path]:
     """Write report.md and report.html (plots embedded) and the plots into report_dir; return the paths written.
 
-    `runs`: the completed runs by label (calibrun.aggregate.Run)."""
+    `runs`: the completed runs by label (calibrun.report.aggregate.Run)."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -22,7 +22,7 @@ SMALL_BATCHES = 8  # match with this many batches against narrow with the most
 FORMATS = ("qdq", "qoperator")
 METHOD = "minmax"
 
-# The lab model's sizes (calibrun.model.lab builds it)
+# The lab model's sizes (calibrun.lab.model builds it)
 LAB_FEATURES = 16
 LAB_HIDDEN = 32
 LAB_OUTPUTS = 8

@@ -12,8 +12,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from calibrun.errors import CalibrunError
-from calibrun.files import atomic_path
+from calibrun.core.errors import CalibrunError
+from calibrun.core.files import atomic_path
 from calibrun.lab import LAB_FEATURES, LAB_HIDDEN, LAB_INPUT, LAB_OPSET, LAB_OUTPUTS, LAB_WEIGHT_SEED
 
 

@@ -2,7 +2,7 @@
 
 Calibration: rng = default_rng(seed); per batch (rng.normal(0, 1, batch_shape) * factor).astype(float32).
 Evaluation:  default_rng(seed).normal(0, 1, (rows, *shape[1:])).astype(float32), never scaled.
-The bounds and their checks (check_seed, check_factor, check_positive_int) are calibrun.bounds'.
+The bounds and their checks (check_seed, check_factor, check_positive_int) are calibrun.core.bounds'.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 from omegaconf import MISSING
 
-from calibrun.bounds import MAX_BATCHES, MAX_ROWS, check_factor, check_positive_int, check_seed
-from calibrun.errors import CalibrunError
+from calibrun.core.bounds import MAX_BATCHES, MAX_ROWS, check_factor, check_positive_int, check_seed
+from calibrun.core.errors import CalibrunError
 from calibrun.lab import CALIB_SEED, ROWS_PER_BATCH
 from calibrun.model import InputInfo
 

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, shape_inference
 
-from calibrun.errors import CalibrunError
+from calibrun.core.errors import CalibrunError
 
 log = logging.getLogger(__name__)
 

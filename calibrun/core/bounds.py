@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from calibrun.errors import CalibrunError
+from calibrun.core.errors import CalibrunError
 
 # Upper bounds of every count a user gives (config and calibtool): beyond them a run would take days, hold
 # more memory than a machine has, or hang; each is named in the message that refuses it.

@@ -6,7 +6,7 @@ calibrators themselves), `collect_data`/`compute_data`, `TensorsData` (to_dict/f
 `quantize_static(calibration_cache_path=...)` loads (with onnxruntime's `load_tensors_data`). What is written
 here: the chunk loop (bounded memory, progress), the key (onnxruntime's own cache only checks method and
 SmoothQuant), validation of a cache file before it is trusted (key record, a sha256 over the ranges, finite ordered
-ranges), and the atomic write with the key record beside the ranges. The cache is calibrun.cache's `ranges` kind
+ranges), and the atomic write with the key record beside the ranges. The cache is calibrun.quant.cache's `ranges` kind
 (one key scheme for every cached thing).
 """
 
@@ -33,19 +33,19 @@ from onnxruntime.quantization.calibrate import (
 )
 from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
-from calibrun import cache as cache_store
-from calibrun import interrupts, memory
-from calibrun.cache import key_of
+from calibrun.core import interrupts, memory
+from calibrun.core.errors import CalibrunError
+from calibrun.core.errors import need as check
+from calibrun.core.files import atomic_path, temp_dir, write_json
+from calibrun.core.progress import Progress
 from calibrun.data import rows as feed_rows
-from calibrun.errors import CalibrunError
-from calibrun.errors import need as check
-from calibrun.files import atomic_path, temp_dir, write_json
-from calibrun.histogram import ALGORITHM as HISTOGRAM_ALGORITHM
-from calibrun.histogram import FastHistogramCollector
 from calibrun.model import private_model_copy
 from calibrun.model.sessions import session
-from calibrun.progress import Progress
-from calibrun.reader import make_reader
+from calibrun.quant import cache as cache_store
+from calibrun.quant.cache import key_of
+from calibrun.quant.histogram import ALGORITHM as HISTOGRAM_ALGORITHM
+from calibrun.quant.histogram import FastHistogramCollector
+from calibrun.quant.reader import make_reader
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ def cache_record(model_sha256: str, data_identity: dict, input_name: str, spec: 
 
 
 class CalibrationCache:
-    """The cache's `ranges` folder (calibrun.cache): `<key>.json` (onnxruntime's cache format plus a `calibrun`
+    """The cache's `ranges` folder (calibrun.quant.cache): `<key>.json` (onnxruntime's cache format plus a `calibrun`
     record) and `<key>.key.json`, under the cache root `root`; `<key>.lock` while a process calibrates that key.
 
     `wait`: seconds a process waits for another one calibrating the same key (`claim`) before it calibrates
@@ -217,7 +217,7 @@ class CalibrationCache:
         self.wait = wait
 
     def claim(self, key: str) -> contextlib.AbstractContextManager[float]:
-        """Hold `<key>.lock` while calibrating (calibrun.cache.claim): a second process that misses the same key
+        """Hold `<key>.lock` while calibrating (calibrun.quant.cache.claim): a second process that misses the same key
         waits for the first one's ranges, then finds them in the cache. Yields the seconds waited."""
         cache_store.folder(self.root, "ranges", create=True)
         return cache_store.claim(self.folder / f"{key}.lock", self.wait, f"calibrating {key}")
@@ -330,8 +330,8 @@ def run_calibration(model_path: str | Path, data, input_name: str, spec: Calibra
 
     `threads`: onnxruntime intra-op threads of the calibration session (0: onnxruntime's default, every core);
     parallel jobs set 1 so that workers do not fight over the cores. It does not change the ranges.
-    `budget`: memory.budget in bytes (None: auto, calibrun.memory): MinMax runs a batch in runs of as many rows as
-    keep twice one run's live activations (calibrun.memory.live_bytes, plus kernels' workspace) under it; a batch
+    `budget`: memory.budget in bytes (None: auto, calibrun.core.memory): MinMax runs a batch in runs of as many rows as
+    keep twice one run's live activations (calibrun.core.memory.live_bytes, plus kernels' workspace) under it; a batch
     that fits runs whole. `used` (a dict) receives `calibration_rows_per_run` and `budget_bytes`."""
     tracked = _SpanTracker(data, input_name)
     reader = make_reader(tracked, input_name)
@@ -383,7 +383,7 @@ def run_calibration(model_path: str | Path, data, input_name: str, spec: Calibra
 
 def _fast_collector(calibrator, threads: int) -> None:
     """Give onnxruntime's histogram calibrator calibrun's collector (same histograms and ranges, computed in a
-    fraction of the time: calibrun/histogram.py), built from the calibrator's own settings. onnxruntime's
+    fraction of the time: calibrun/quant/histogram.py), built from the calibrator's own settings. onnxruntime's
     `collect_data` creates its collector only when it has none, and `compute_data` asks it for the ranges."""
     calibrator.collector = FastHistogramCollector(
         method=calibrator.method, symmetric=calibrator.symmetric, num_bins=calibrator.num_bins,
@@ -423,13 +423,13 @@ def _lean_session(calibrator, threads: int) -> None:
 
 
 class RowRuns:
-    """The MinMax calibrator's session, running a batch in runs of at most `rows` rows (calibrun.memory): the
+    """The MinMax calibrator's session, running a batch in runs of at most `rows` rows (calibrun.core.memory): the
     outputs of onnxruntime's ReduceMin/ReduceMax nodes (`<tensor>_ReduceMin`, `<tensor>_ReduceMax`, one value
     each) are combined with minimum/maximum, which is exact, so the ranges are bit-identical to one run of the
     whole batch's minima and maxima (onnxruntime's kernels may round a row differently in a smaller batch: then
     within float32 rounding); of the model's own outputs (which the calibrator drops) the first run's are returned.
     Rows are split along each input's batch axis (`axes`, calibrun.data.rows; constants are fed whole to every
-    run). The rows per run come from the first batch: one row's live activations (calibrun.memory.live_bytes)
+    run). The rows per run come from the first batch: one row's live activations (calibrun.core.memory.live_bytes)
     against the budget, so a batch that fits runs whole, as before."""
 
     def __init__(self, session, model_path, budget: int | None, used: dict | None = None, axes=None):

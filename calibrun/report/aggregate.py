@@ -1,6 +1,6 @@
 """Sweep -> report files + model bundle (docs/lab.md, "The report files").
 
-    python -m calibrun.aggregate SWEEP_DIR [report.dir=DIR]
+    python -m calibrun.report SWEEP_DIR [report.dir=DIR]
 
 Also run by the sweep callback at multirun end. For ANY sweep: `runs.json` and the report's *Runs* table (every
 job, keyed by its own overrides, `.hydra/overrides.yaml`) and a plot of the headline metric against each swept
@@ -28,8 +28,8 @@ from pathlib import Path
 import yaml
 
 from calibrun import lab
-from calibrun.errors import CalibrunError, one_line
-from calibrun.files import RESULT_FILE, atomic_path, finite, remove_orphans, temp_name, write_json
+from calibrun.core.errors import CalibrunError, one_line
+from calibrun.core.files import RESULT_FILE, atomic_path, finite, remove_orphans, temp_name, write_json
 from calibrun.measure.sweep_diagnosis import run_diagnosis, sample_trend
 from calibrun.result import JobResult
 
@@ -425,7 +425,7 @@ def _swap(work: Path, final: Path) -> None:
 
 
 def _build_into(sweep_dir: Path, work: Path, final: Path) -> Summary:
-    from calibrun import report
+    from calibrun.report import markdown as report
 
     r = _Report(sweep_dir, work, final)
     if not r.runs:
@@ -627,14 +627,14 @@ files calib_report.json, match/narrow/wide.json, samples.json, format.json with 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2 (argparse prints the usage as well)
-        print(f"calibrun.aggregate: error: {message} (see --help)", file=sys.stderr)
+        print(f"calibrun.report: error: {message} (see --help)", file=sys.stderr)
         sys.exit(2)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m calibrun.aggregate", description=DESCRIPTION,
+    parser = _Parser(prog="python -m calibrun.report", description=DESCRIPTION,
                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                     epilog="example: python -m calibrun.aggregate multirun/2026-11-30/10-00-00 report.dir=/tmp/r")
+                     epilog="example: python -m calibrun.report multirun/2026-11-30/10-00-00 report.dir=/tmp/r")
     parser.add_argument("sweep_dir", metavar="SWEEP_DIR", help="a sweep folder (multirun/<date>/<time>)")
     parser.add_argument("options", nargs="*", metavar="report.dir=DIR",
                         help="where to write the report (default SWEEP_DIR/report)")
@@ -660,15 +660,15 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # one line, no traceback: bad folders, unreadable files, library errors
         if os.environ.get("CALIBRUN_DEBUG"):
             raise
-        print(f"calibrun.aggregate: error: {one_line(exc)}", file=sys.stderr)
+        print(f"calibrun.report: error: {one_line(exc)}", file=sys.stderr)
         return 1
     finally:
         log.removeHandler(handler)
         log.setLevel(level)
     for line in summary.broken:
-        print(f"calibrun.aggregate: error: {line}", file=sys.stderr)
+        print(f"calibrun.report: error: {line}", file=sys.stderr)
     if not summary.ok:
-        print(f"calibrun.aggregate: error: no completed runs in {args.sweep_dir} (no */{RESULT_FILE} with status ok)",
+        print(f"calibrun.report: error: no completed runs in {args.sweep_dir} (no */{RESULT_FILE} with status ok)",
               file=sys.stderr)
         return 1
     for path in summary.files:

@@ -10,7 +10,7 @@ import os
 
 from omegaconf import DictConfig, OmegaConf
 
-from calibrun.errors import CalibrunError
+from calibrun.core.errors import CalibrunError
 
 ALLOW_ENV = "CALIBRUN_ALLOW_CALLBACKS"
 KNOWN = frozenset({

@@ -16,13 +16,13 @@ from pathlib import Path
 import onnx
 from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
-from calibrun import patches
-from calibrun.calibrate import METHODS, Calibration, CalibrationCache, CalibrationSpec, calibrated
-from calibrun.data.lab import lab_batches
-from calibrun.errors import CalibrunError
-from calibrun.files import atomic_path, check_not_source, check_writable, temp_dir
+from calibrun.core import patches
+from calibrun.core.errors import CalibrunError
+from calibrun.core.files import atomic_path, check_not_source, check_writable, temp_dir
+from calibrun.lab.data import lab_batches
 from calibrun.model import FloatModel, external_files, private_model_copy
 from calibrun.model.graph import input_quant, op_counts, scales_summary
+from calibrun.quant.calibrate import METHODS, Calibration, CalibrationCache, CalibrationSpec, calibrated
 
 FORMATS = {"qdq": QuantFormat.QDQ, "qoperator": QuantFormat.QOperator}
 QUANT_TYPES = {name: QuantType[name] for name in ("QInt8", "QUInt8", "QInt16", "QUInt16")}
@@ -272,7 +272,7 @@ def quantize_with(
     `ranges_copy`: also keep the calibration ranges there (onnxruntime's cache format).
     `input_may_stay_float`: excluded nodes may leave the graph input in fp32 (its scale fields are then None).
     `budget`, `used`: memory.budget in bytes (None: auto) and a dict for what the calibration pass used
-    (calibrun.calibrate.run_calibration).
+    (calibrun.quant.calibrate.run_calibration).
     """
     spec = spec or CalibrationSpec()
     options = options or QuantOptions()

@@ -2,7 +2,7 @@
 (everything that decides the content, nothing else) -> the sha256 of its canonical JSON (`key_of`), and one
 subfolder of `cache.dir` per kind:
 
-    ranges/<key>.json, <key>.key.json     calibration ranges (calibrun.calibrate.CalibrationCache)
+    ranges/<key>.json, <key>.key.json     calibration ranges (calibrun.quant.calibrate.CalibrationCache)
     models/<key>.onnx, <key>.steps.json   prepared models (calibrun.job.prepare)
     <kind>/<key>.lock                     held by the process computing that entry (`claim`)
     digits/                               the digits example's model and data (fixed inputs: made once)
@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from calibrun.errors import CalibrunError
+from calibrun.core.errors import CalibrunError
 
 log = logging.getLogger("calibrun")
 

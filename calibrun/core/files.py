@@ -17,8 +17,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from calibrun import interrupts
-from calibrun.errors import CalibrunError
+from calibrun.core import interrupts
+from calibrun.core.errors import CalibrunError
 
 # A job folder's files
 RESULT_FILE = "result.json"

@@ -16,7 +16,7 @@ lives with its concept, passed in:
 
 | guard | library | what it does |
 |---|---|---|
-| `guard_callbacks(check)` | Hydra 1.3 | runs `check(config)` (calibrun.trust) before Hydra instantiates any callback |
+| `guard_callbacks(check)` | Hydra 1.3 | runs `check(config)` (core.trust) before Hydra instantiates any callback |
 | `on_full_disk(handler)` | Hydra 1.3 | a full disk as Hydra writes `.hydra/` goes to `handler` (calibrun.sweep) |
 
 Each applies only to the library versions it was written against (`SUPPORTED`) and does nothing on another
@@ -35,8 +35,8 @@ import sys
 from collections.abc import Callable
 from importlib import metadata
 
-from calibrun.errors import CalibrunError
-from calibrun.files import is_full
+from calibrun.core.errors import CalibrunError
+from calibrun.core.files import is_full
 
 # distribution -> the version prefixes each patch was written against (checked against the installed version)
 PATCHED = "calibrun_patched"  # the marker on a function a patch installed (a patch is applied once)
