@@ -45,7 +45,7 @@ from calibrun.measure.verdict import VerdictConf
 from calibrun.measure.verdict import validate as validate_verdict
 from calibrun.model import MODELS, ModelConf
 from calibrun.quant.cache import MAX_WAIT, CacheConf
-from calibrun.quant.calibrate import METHODS, CalibrationSpec
+from calibrun.quant.calibrate import METHODS, CalibrationSpec, method_options
 from calibrun.quant.quantize import FORMATS, FormatConf, QuantOptions
 from calibrun.report.aggregate import ReportConf
 from calibrun.tracking import TRACKING, TrackingConf
@@ -201,16 +201,7 @@ def _swept_group(key: str, swept: Iterable[str]) -> bool:
     return any(s.split(".")[0].split("/")[0] == top for s in swept)
 
 
-# method.<option> that only some methods read (CalibrationSpec.calibrator_options); the others apply to every one
 _METHOD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(CalibrationSpec)}
-
-
-def method_options(method: str) -> set[str]:
-    """The method.<option> keys that `method` reads."""
-    if method not in METHODS:
-        return set()
-    spec = CalibrationSpec(method=method, moving_average=method == "minmax")
-    return {"name", "chunk", "per_channel", "symmetric", *spec.calibrator_options()}
 
 
 def _check_method_options(cfg: DictConfig, swept: Iterable[str]) -> None:

@@ -88,7 +88,7 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
         if recommend.enabled(cfg, multirun=sweep_dir is not None):
             recommend.attach(ctx, result)
         if run_id is not None:
-            track(tracker, run_id, cfg, result, job_dir, job, ctx)
+            track(tracker, run_id, cfg, result, job_dir, job)
             analysis.log_to(tracker, run_id, job_dir, result)
         result.write(job_dir / RESULT_FILE)
         if run_id is not None:
@@ -149,6 +149,7 @@ def completed_result(cfg: DictConfig, job_dir: Path) -> JobResult | None:
             return None
         files = result.files
         same = all(result.params.get(k) == v for k, v in job_params(cfg).items())
+        same = same and isinstance(result.eval_source, dict)  # tracking logs it
         intact = all(file_sha256(job_dir / files[name]) == files[f"{name}_sha256"] for name in ("int8", "ranges"))
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -20,7 +20,7 @@ import math
 import os
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -56,11 +56,20 @@ METHODS = {
     "distribution": CalibrationMethod.Distribution,
 }
 CACHE_FORMAT = 2  # 2: the file carries `ranges_sha256`, a checksum of everything onnxruntime reads from it
-# Defaults per method: (symmetric, num_bins). onnxruntime's create_calibrator gives entropy 128 bins, which with
-# its 128 quantized bins leaves the KL search one candidate (the whole range: byte-identical to minmax); calibrun
-# uses TensorRT's 2048 bins (and 128 quantized bins), so that entropy is a search.
-_DEFAULTS = {"minmax": (False, None), "entropy": (False, 2048), "percentile": (True, 2048),
-             "distribution": (False, 2048)}
+# The methods' defaults where an option is None (symmetric, num_bins). onnxruntime's create_calibrator gives
+# entropy 128 bins, which with its 128 quantized bins leaves the KL search one candidate (the whole range:
+# byte-identical to minmax); calibrun uses TensorRT's 2048 bins (and 128 quantized bins), so that entropy is a search.
+HISTOGRAM_METHODS = ("entropy", "percentile", "distribution")
+_METHOD_DEFAULTS = {"symmetric": {"minmax": False, "entropy": False, "percentile": True},
+                    "num_bins": {method: 2048 for method in HISTOGRAM_METHODS}}
+
+
+def _option(default, methods: tuple[str, ...], when: str | None = None):
+    """A field that is one of onnxruntime's calibrator options, for `methods` (and only while the field `when`
+    is true)."""
+    return field(default=default, metadata={"methods": methods, "when": when})
+
+
 MAX_BINS = 65536  # 2**16 histogram bins: far finer than int8 or int16 steps need
 SCENARIOS = ("same", "p3")  # onnxruntime's DistributionCalibrater
 MIN_DISTRIBUTION_BINS = 512  # onnxruntime's compute_distribution refuses fewer, after the whole pass
@@ -78,14 +87,17 @@ class CalibrationSpec:
     """
 
     method: str = "minmax"
-    symmetric: bool | None = None  # None: onnxruntime's default for the method
-    moving_average: bool = False
-    averaging_constant: float = 0.01
-    percentile: float = 99.999
-    num_bins: int | None = None  # None: the method's default (_DEFAULTS: 2048 for every histogram method)
-    num_quantized_bins: int = 128
-    scenario: str = "same"
-    per_channel: bool = False
+    # onnxruntime's `extra_options` of create_calibrator: `_option(default, methods)` names the methods an option
+    # applies to, and `calibrator_options` passes exactly those (a new option: its field here and its yaml line)
+    symmetric: bool | None = _option(None, ("minmax", "entropy", "percentile"))  # None: the method's default
+    moving_average: bool = _option(False, ("minmax",))
+    averaging_constant: float = _option(0.01, ("minmax",), when="moving_average")
+    per_channel: bool = _option(False, ("minmax",))
+    num_bins: int | None = _option(None, HISTOGRAM_METHODS)  # None: the method's default (2048 for every one)
+    num_quantized_bins: int = _option(128, ("entropy",))
+    percentile: float = _option(99.999, ("percentile",))
+    scenario: str = _option("same", ("distribution",))
+    # calibrun's own
     op_types: tuple[str, ...] | None = None  # None: every op type onnxruntime can quantise
     chunk: int | None = None  # None: 16 for minmax, 1 for the histogram methods
 
@@ -126,7 +138,9 @@ class CalibrationSpec:
     @property
     def bins(self) -> int | None:
         """The histogram size this spec uses (None for minmax)."""
-        return _DEFAULTS[self.method][1] if self.num_bins is None else self.num_bins
+        if self.method not in HISTOGRAM_METHODS:
+            return None
+        return _METHOD_DEFAULTS["num_bins"][self.method] if self.num_bins is None else self.num_bins
 
     @property
     def batches_per_collect(self) -> int:
@@ -139,26 +153,20 @@ class CalibrationSpec:
         return METHODS[self.method]
 
     def calibrator_options(self) -> dict:
-        """The `extra_options` of onnxruntime's `create_calibrator` that apply to this method, with the
-        defaults written out, so that leaving an option unset and setting it to its default give the same
-        cache key."""
-        default_symmetric, _ = _DEFAULTS[self.method]
+        """The `extra_options` of onnxruntime's `create_calibrator` that apply to this method (each field's
+        `_option` metadata), with the method's defaults written out, so that leaving an option unset and setting
+        it to its default give the same cache key."""
         options: dict = {}
-        if self.method != "distribution":
-            options["symmetric"] = default_symmetric if self.symmetric is None else self.symmetric
-        if self.method == "minmax":
-            options["moving_average"] = self.moving_average
-            if self.moving_average:
-                options["averaging_constant"] = self.averaging_constant
-            options["per_channel"] = self.per_channel
-        else:
-            options["num_bins"] = self.bins
-            if self.method == "entropy":
-                options["num_quantized_bins"] = self.num_quantized_bins
-            if self.method == "percentile":
-                options["percentile"] = self.percentile
-            if self.method == "distribution":
-                options["scenario"] = self.scenario
+        for item in fields(self):
+            applies = item.metadata.get("methods")
+            when = item.metadata.get("when")
+            if applies is None or self.method not in applies or (when and not getattr(self, when)):
+                continue
+            value = getattr(self, item.name)
+            if value is None:
+                value = _METHOD_DEFAULTS.get(item.name, {}).get(self.method)
+            if value is not None:  # still None: onnxruntime's own default, left out
+                options[item.name] = value
         return options
 
     def op_types_calibrated(self) -> list[str]:
@@ -167,15 +175,25 @@ class CalibrationSpec:
         return sorted(set(QLinearOpsRegistry) | set(QDQRegistry))
 
     def key_fields(self) -> dict:
-        fields = {
+        record = {
             "method": self.method,
             "options": self.calibrator_options(),
             "op_types": self.op_types_calibrated(),
             "chunk": self.batches_per_collect,
         }
         if self.method != "minmax":
-            fields["histogram"] = HISTOGRAM_ALGORITHM  # calibrun computes histograms and thresholds itself
-        return fields
+            record["histogram"] = HISTOGRAM_ALGORITHM  # calibrun computes histograms and thresholds itself
+        return record
+
+
+def method_options(method: str) -> set[str]:
+    """The method.<option> keys `method` reads: its calibrator options (the fields' `_option` metadata), `name` and
+    `chunk`, and symmetric and per_channel, which any method's config may carry (`per_channel=true` is refused
+    with its own message, pointing at quant.per_channel)."""
+    if method not in METHODS:
+        return set()
+    own = {f.name for f in fields(CalibrationSpec) if method in f.metadata.get("methods", ())}
+    return {"name", "chunk", "per_channel", "symmetric", *own}
 
 
 @dataclass

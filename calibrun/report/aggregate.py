@@ -50,7 +50,7 @@ class Run:
     """One job of the sweep: its folder, result.json, own overrides and composed config."""
 
     job_dir: Path
-    result: dict
+    result: JobResult
     overrides: dict[str, str]
     config: dict
     cwd: Path | None = None  # the working directory the job ran in (relative paths in its record start there)
@@ -62,15 +62,15 @@ class Run:
 
     @property
     def ok(self) -> bool:
-        return self.result.get("status") == "ok"
+        return self.result.ok
 
     @property
     def params(self) -> dict:
-        return self.result["params"]
+        return self.result.params
 
     @property
     def metrics(self) -> dict:
-        return self.result["metrics"]
+        return self.result.metrics
 
     def resolve(self, path: str | os.PathLike) -> Path:
         """A path from the job's record: absolute as it is; relative to the job folder, else to the folder the job
@@ -84,7 +84,7 @@ class Run:
         return self.job_dir / path
 
     def file(self, which: str) -> Path:
-        return self.resolve(self.result["files"][which])
+        return self.resolve(self.result.files[which])
 
     def cache_dir(self) -> Path | None:
         """The job's cache folder (cache.dir of its config, relative to the folder it ran in), or None."""
@@ -104,7 +104,7 @@ class Run:
         them copied into the report's bundle or read into its files. What is wrong, or None."""
         allowed = {"int8": False, "ranges": False, "diagnostics": False, "fp32": True}
         for which, cache_too in allowed.items():
-            value = self.result["files"].get(which)
+            value = self.result.files.get(which)
             if value is None:
                 continue
             if not isinstance(value, str):
@@ -122,9 +122,9 @@ class Run:
         files.int8_sha256, fp32: params.model_sha256). What is wrong, or None."""
         from calibrun.model import file_sha256
 
-        for which, recorded in (("int8", self.result["files"].get("int8_sha256")),
+        for which, recorded in (("int8", self.result.files.get("int8_sha256")),
                                 ("fp32", self.params.get("model_sha256"))):
-            if which not in self.result["files"]:
+            if which not in self.result.files:
                 continue
             if not isinstance(recorded, str):
                 return f"records no sha256 of its {which} model"
@@ -165,7 +165,7 @@ def _load_yaml(path: Path):
         return None
 
 
-def _overrides(job_dir: Path, result: dict) -> dict[str, str]:
+def _overrides(job_dir: Path, result: JobResult) -> dict[str, str]:
     """The job's own overrides (`key=value`, `+`/`++` dropped, `resume` left out) from Hydra's record; without one
     (a folder not made by Hydra), the identity result.json holds."""
     listed = _load_yaml(job_dir / ".hydra" / "overrides.yaml")
@@ -177,18 +177,18 @@ def _overrides(job_dir: Path, result: dict) -> dict[str, str]:
             if sep and not key.startswith("~") and key not in IGNORED_OVERRIDES:
                 pairs[key] = value
         return pairs
-    p = result.get("params") if isinstance(result.get("params"), dict) else {}
+    p = result.params
     return {k: str(p[k]) for k in ("calibration", "batches", "format", "method") if k in p}
 
 
-def _config(job_dir: Path, result: dict) -> dict:
+def _config(job_dir: Path, result: JobResult) -> dict:
     """The job's composed config as a plain dict: the resolved copy the job wrote, else Hydra's; else what
     result.json's params say."""
     for path in (job_dir / "config_resolved.yaml", job_dir / ".hydra" / "config.yaml"):
         cfg = _load_yaml(path)
         if isinstance(cfg, dict) and "calibration" in cfg:
             return cfg
-    p = result.get("params") if isinstance(result.get("params"), dict) else {}
+    p = result.params
     return {
         "calibration": {"name": p.get("calibration"), "factor": p.get("factor"), "seed": p.get("seed")},
         "batches": p.get("batches"), "format": {"name": p.get("format")}, "method": {"name": p.get("method")},
@@ -206,15 +206,6 @@ def _runtime_cwd(job_dir: Path) -> Path | None:
         return None
 
 
-def _problem(result) -> str | None:
-    """What makes a result.json unusable (calibrun.result.JobResult's checks), or None."""
-    try:
-        JobResult.from_json(result)
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
 def load_runs(sweep_dir: Path) -> tuple[list[Run], list[str], list[str]]:
     """Every job with a result.json (completed or failed), and a line per failed job and per unusable job."""
     runs: list[Run] = []
@@ -223,13 +214,14 @@ def load_runs(sweep_dir: Path) -> tuple[list[Run], list[str], list[str]]:
     for path in sorted(sweep_dir.glob(f"*/{RESULT_FILE}"), key=_job_order):
         job_dir = path.parent
         try:
-            result = json.loads(path.read_text())
+            record = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             broken.append(f"job {job_dir.name}: unreadable {RESULT_FILE} ({one_line(exc)})")
             continue
-        problem = _problem(result)
-        if problem is not None:
-            broken.append(f"job {job_dir.name}: {RESULT_FILE} {problem}")
+        try:
+            result = JobResult.from_json(record)
+        except ValueError as exc:  # what makes it unusable (calibrun.result.JobResult's checks)
+            broken.append(f"job {job_dir.name}: {RESULT_FILE} {exc}")
             continue
         run = Run(job_dir, result, _overrides(job_dir, result), _config(job_dir, result), _runtime_cwd(job_dir))
         outside = run.outside() if run.ok else None
@@ -241,7 +233,7 @@ def load_runs(sweep_dir: Path) -> tuple[list[Run], list[str], list[str]]:
                           "missing (run skipped)")
             continue
         if not run.ok:
-            failed.append(f"job {job_dir.name}: {result.get('error', 'failed')}")
+            failed.append(f"job {job_dir.name}: {result.error or 'failed'}")
         runs.append(run)
     return runs, failed, broken
 
@@ -317,7 +309,7 @@ class _Report:
             if lab.difference(run.config) is not None:
                 continue
             missing = [k for k in LAB_METRICS if not isinstance(run.metrics.get(k), (int, float))]
-            if missing or "eval_source" not in run.result or "fp32" not in run.result["files"]:
+            if missing or run.result.eval_source is None or "fp32" not in run.result.files:
                 line = f"job {run.job}: {RESULT_FILE} lacks {', '.join(missing) or 'eval_source/files.fp32'}"
             elif not run.file("fp32").is_file():
                 line = f"job {run.job}: its fp32 model {run.file('fp32')} is missing (left out of the lab files)"
@@ -492,9 +484,9 @@ def _build_into(sweep_dir: Path, work: Path, final: Path) -> Summary:
         r.bundle(qop, "int8", "int8_qop.onnx")
         difference = _format_difference(qdq, qop)
         fmt = {
-            "qdq": {"bytes": int(qdq.metrics["model_bytes"]), "ops": qdq.result["ops"],
+            "qdq": {"bytes": int(qdq.metrics["model_bytes"]), "ops": qdq.result.ops,
                     "max_abs_error": qdq.metrics["max_abs_error"]},
-            "qoperator": {"bytes": int(qop.metrics["model_bytes"]), "ops": qop.result["ops"],
+            "qoperator": {"bytes": int(qop.metrics["model_bytes"]), "ops": qop.result.ops,
                           "max_abs_error": qop.metrics["max_abs_error"]},
             "same_input_scale": qdq.metrics["input_scale"] == qop.metrics["input_scale"],
             "max_abs_difference": difference,
@@ -514,15 +506,15 @@ def _runs_table(r: _Report, metric: str, better: str) -> dict:
     rows = []
     for run in r.every:
         swept = {k: v for k, v in run.overrides.items() if k in r.axes}  # (the rest: the job's .hydra/overrides.yaml)
-        row = {"job": run.job, "label": run.label, "overrides": swept, "status": run.result["status"],
+        row = {"job": run.job, "label": run.label, "overrides": swept, "status": run.result.status,
                "lab": run.ok and lab.difference(run.config) is None}
         if run.ok:
-            row["verdict"] = (run.result.get("verdict") or {}).get("status")  # ok | degraded | broken | None
+            row["verdict"] = (run.result.verdict or {}).get("status")  # ok | degraded | broken | None
         if run.ok:  # what the run measured; timings and cache hits (not the model's) stay in result.json and MLflow
             row["metrics"] = {k: v for k, v in run.metrics.items()
                               if isinstance(v, (int, float)) and not k.endswith("_seconds") and k != "cache_hit"}
         else:
-            row["error"] = run.result.get("error", "failed")
+            row["error"] = run.result.error or "failed"
         rows.append(row)
     best = best_of([(run.metrics.get(metric), run.job, run.label) for run in r.runs.values()], better)
     return {"axes": r.axes, "headline": {"metric": metric, "better": better}, "best": best, "runs": rows}
@@ -533,11 +525,11 @@ def _diagnosis(r: _Report) -> dict:
     would help (calibrun.measure.sweep_diagnosis)."""
     runs = {}
     for label, run in r.runs.items():
-        table_file = run.result["files"].get("diagnostics")
+        table_file = run.result.files.get("diagnostics")
         table = json.loads((run.job_dir / table_file).read_text()) if table_file else None
         cfg = run.config
         runs[label] = {"calibration": cfg["calibration"]["name"], "batches": cfg["batches"],
-                       "format": cfg["format"]["name"], **run_diagnosis(run.result, table)}
+                       "format": cfg["format"]["name"], **run_diagnosis(run.result.to_json(), table)}
     groups: dict[str, list[Run]] = {}
     for run in r.runs.values():
         if run.config["format"]["name"] != "qdq":
@@ -587,7 +579,7 @@ def _evaluation(run: Run):
     from calibrun.model import open_float_model
 
     fp32 = open_float_model(run.file("fp32"))
-    source = dict(run.result["eval_source"])
+    source = dict(run.result.eval_source)
     if source.get("path"):
         source["path"] = str(run.resolve(source["path"]))
     return fp32, evaluation_data(source, fp32, int(source["seed"]), int(source["rows"]))

@@ -18,9 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 from calibrun import config
 from calibrun.core.errors import one_line
 from calibrun.core.files import DIAGNOSTICS_FILE, RANGES_FILE
-from calibrun.data import calibration_data
-from calibrun.job import JobContext, eval_source, job_identity
-from calibrun.model import file_sha256, open_float_model
+from calibrun.job import job_identity
+from calibrun.model import file_sha256
 from calibrun.result import JobResult
 from calibrun.tracking import (
     MAX_RUN_NAME,
@@ -155,17 +154,14 @@ def verdict_tags(result: JobResult) -> dict:
     return tags
 
 
-def datasets(cfg: DictConfig, result: JobResult, ctx: JobContext | None = None) -> dict[str, dict]:
+def datasets(result: JobResult, job_dir: Path) -> dict[str, dict]:
     """The calibration and evaluation data by their identity dicts (what decides the arrays; no arrays loaded
-    for the lab rule, file hashes for user files): the job's own data, or for a resumed job rebuilt from its
-    record."""
-    if ctx is not None:
-        calibration = ctx.data.identity()
-    else:
-        fp32 = open_float_model(Path(result.params["model_file"]))
-        calibration = calibration_data(cfg.data, fp32, cfg.calibration.seed, cfg.calibration.factor,
-                                       cfg.batches).identity()
-    evaluation = dict(result.eval_source or eval_source(cfg))
+    for the lab rule, file hashes for user files), as the job recorded them: the calibration data's in the
+    record of its ranges file (calibrun.quant.calibrate.cache_record: the identity and the input's name), the
+    evaluation data's in result.json `eval_source`; a resumed job logs what its result was computed from."""
+    ranges = json.loads((job_dir / result.files["ranges"]).read_text())
+    calibration = {k: v for k, v in ranges["calibrun"]["record"]["data"].items() if k != "input"}
+    evaluation = dict(result.eval_source)
     evaluation.setdefault("source", evaluation.get("name"))
     if evaluation.get("name") != "images":
         evaluation = {k: v for k, v in evaluation.items() if k not in ("resize", "crop", "mean", "std", "grayscale")}
@@ -214,14 +210,13 @@ def open_job_tracker(cfg: DictConfig, job: Job, check: bool = False) -> Tracker 
                    http_retries=cfg.tracking.get("http_retries"))
 
 
-def track(tracker: Tracker, run_id: str, cfg: DictConfig, result: JobResult, job_dir: Path, job: Job,
-           ctx: JobContext | None = None) -> None:
+def track(tracker: Tracker, run_id: str, cfg: DictConfig, result: JobResult, job_dir: Path, job: Job) -> None:
     """Everything but result.json onto the job's run: params, datasets, the int8 model as a LoggedModel (the
     run's metrics linked to it), metrics, tags, files. Records the ids in result.mlflow."""
     tracker.log(run_id, params=mlflow_params(cfg, result),
                 tags={"calibrun.cache_key": result.cache_key, "calibrun.model_file": result.params["model_file"],
                       **diagnosis_tags(result), **verdict_tags(result), **output_tags(job_dir / "int8.onnx")})
-    tracker.log_datasets(run_id, datasets(cfg, result, ctx))
+    tracker.log_datasets(run_id, datasets(result, job_dir))
     model_id = None
     if cfg.tracking.get("log_model", True):
         model_id = tracker.log_model(run_id, job_dir / "int8.onnx", f"int8 {job.name(cfg)}",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from calibrun.result import JobResult
 from calibrun.tracking.record import job_metrics
 
@@ -41,3 +43,31 @@ def test_best_is_the_best_value_and_on_a_tie_the_first_job():
     assert best_of(candidates, "lower") == "j2"  # 2 before 10: job numbers, not text
     assert best_of(candidates, "higher") == "j0"
     assert best_of([(float("nan"), "0", "x")], "lower") is None
+
+
+def test_a_resumed_job_logs_the_datasets_its_result_was_computed_from(tmp_path, monkeypatch):
+    """tracking.record.datasets reads the calibration data's identity from the job's ranges file and the
+    evaluation's from result.json: what a resumed job logs equals what the job itself had (file hashes included),
+    with nothing rebuilt from the config."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from calibrun import config
+    from calibrun.job import compute, context
+    from calibrun.tracking.record import datasets
+
+    monkeypatch.setenv("CALIBRUN_CACHE", str(tmp_path / "cache"))
+    config.register()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[2] / "conf"), version_base=None):
+        cfg = compose(config_name="config", overrides=["batches=2", "eval.rows=16", "diagnostics=off",
+                                                       f"cache.dir={tmp_path / 'cache'}"])
+    GlobalHydra.instance().clear()
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    ctx = context(cfg, job_dir)
+    result = compute(ctx)
+    logged = datasets(result, job_dir)
+    assert logged["calibration"] == ctx.data.identity()
+    assert logged["calibration"]["batches"] == 2
+    assert logged["evaluation"]["rows"] == 16
