@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow  # subprocesses of the CLI
 def calibrun(tmp: Path, *overrides: str, timeout: float = 900) -> Proc:
     uri = f"sqlite:///{tmp / 'mlflow.db'}" if (tmp / "mlflow.db").exists() else fresh_mlflow_store(tmp)
     env = clean_env(MLFLOW_TRACKING_URI=uri, PYTHONPATH=str(REPO))  # task functions imported from the repository
-    return run_python(["-m", "calibrun", *overrides, f"cache.dir={tmp / 'cache'}"], tmp, env, timeout)
+    return run_python(["-m", "calibrun", *overrides, "recommend=off", f"cache.dir={tmp / 'cache'}"], tmp, env, timeout)
 
 
 def test_unknown_exclusion_fails_before_any_work(tmp_path):
@@ -104,7 +104,7 @@ def test_lab_repair_is_tracked_with_its_front_and_the_repaired_model(tmp_path):
 
     run_dir = tmp_path / "r"
     proc = calibrun(tmp_path, "calibration=narrow", "batches=8", "eval.rows=64", "analysis=repair",
-                    "analysis.metric=mean_abs_error", "analysis.goal=min", "analysis.target=0.31", "recommend=off",
+                    "analysis.metric=mean_abs_error", "analysis.goal=min", "analysis.target=0.31",
                     f"hydra.run.dir={run_dir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((run_dir / "repair.json").read_text())

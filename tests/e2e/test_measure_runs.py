@@ -66,7 +66,7 @@ def test_lab_job_records_and_diagnostics_off(tmp_path):
     from tests.conftest import run_python
 
     def job(name, *extra):
-        proc = run_python(["-m", "calibrun", "tracking=off", "batches=2", "eval.batch_size=100",
+        proc = run_python(["-m", "calibrun", "tracking=off", "recommend=off", "batches=2", "eval.batch_size=100",
                            f"cache.dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / name}", *extra], tmp_path)
         assert proc.returncode == 0, proc.stderr[-2000:]
         return json.loads((tmp_path / name / "result.json").read_text()), proc.stderr

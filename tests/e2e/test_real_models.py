@@ -141,7 +141,7 @@ def _mlflow_run(tmp: Path, job_dir: Path):
 def test_ocr_det_end_to_end_dense(photos, tmp_path):
     model = model_path("ocr_det")
     run = calibrun(tmp_path, "model=file", f"model.path={model}", *image_overrides(photos, 128), "batches=1",
-                   "eval.rows=6", "eval.batch_size=4", "hydra.run.dir=det")
+                   "eval.rows=6", "eval.batch_size=4", "recommend=off", "hydra.run.dir=det")
     result = _result(tmp_path, run, "det")
     m = result["metrics"]
     assert "task=auto picked dense" in run.stderr
@@ -200,6 +200,6 @@ def test_det_yolox_names_the_mixed_concat_and_excluding_it_helps(photos, tmp_pat
     # the remedy the diagnosis names works: that part of the output gets better
     worst = min(parts, key=parts.get)
     fixed = _result(tmp_path, calibrun(tmp_path, *common, f"quant.nodes_to_exclude=[{','.join(nodes)}]",
-                                       "hydra.run.dir=fixed", "tracking=off"), "fixed")  # tracked: the ocr_det test
+                                       "hydra.run.dir=fixed", "tracking=off", "recommend=off"), "fixed")
     assert fixed["metrics"][f"out.output.ch{worst}.sqnr_db"] > parts[worst]
     assert node not in [c["node"] for c in fixed["diagnosis"]["culprits"] if c["verdict"] == "mixed"]

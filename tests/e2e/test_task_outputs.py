@@ -36,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def calibrun(tmp: Path, *overrides: str, tracked: bool = False) -> Proc:
     env = clean_env(MLFLOW_TRACKING_URI=fresh_mlflow_store(tmp)) if tracked else clean_env()
     extra = () if tracked else ("tracking=off",)
-    return run_python(["-m", "calibrun", *overrides, *extra, f"cache.dir={tmp / 'cache'}"], tmp, env, 900)
+    return run_python(["-m", "calibrun", *overrides, *extra, "recommend=off", f"cache.dir={tmp / 'cache'}"], tmp,
+                      env, 900)
 
 
 def npy_data(path: Path, name: str, rows: np.ndarray, labels: np.ndarray | None) -> list[str]:

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 def calibrun(tmp: Path, *overrides: str) -> Proc:
     uri = f"sqlite:///{tmp / 'mlflow.db'}" if (tmp / "mlflow.db").exists() else fresh_mlflow_store(tmp)
-    return run_python(["-m", "calibrun", *overrides, f"cache.dir={tmp / 'cache'}"], tmp,
+    return run_python(["-m", "calibrun", *overrides, "recommend=off", f"cache.dir={tmp / 'cache'}"], tmp,
                       clean_env(MLFLOW_TRACKING_URI=uri), 600)
 
 
@@ -184,7 +184,7 @@ def test_a_model_onnxruntime_quantises_nothing_in_says_so_and_is_measured(tmp_pa
 
     model = save(unquantised_input_model(), tmp_path / "cos.onnx")
     run = calibrun(tmp_path, "model=file", f"model.path={model}", "quant.nodes_to_exclude=[matmul]", "batches=2",
-                   "recommend=off", "tracking=off", "hydra.run.dir=run")
+                   "tracking=off", "hydra.run.dir=run")
     assert run.returncode == 0, run.stderr[-3000:]
     assert "onnxruntime quantised nothing in this model" in run.stderr
     result = json.loads((tmp_path / "run" / "result.json").read_text())

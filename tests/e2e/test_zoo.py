@@ -66,7 +66,7 @@ def test_calibrun_takes_the_built_data_and_the_check_judges_its_int8(tmp_path):
     entry = ZOO["ocr_cls"]
     built = entry.build(tmp_path / "data")
     job = tmp_path / "job"
-    proc = run_python(["-m", "calibrun", *entry.overrides(built), "tracking=off", "diagnostics=off",
+    proc = run_python(["-m", "calibrun", *entry.overrides(built), "tracking=off", "diagnostics=off", "recommend=off",
                        f"cache.dir={tmp_path / 'cache'}", f"hydra.run.dir={job}"], cwd=REPO, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((job / "result.json").read_text())
