@@ -38,17 +38,18 @@ CALIBTOOL = REPO / "calibtool.py"
 DROPPED_PREFIXES = ("CALIBRUN_", "MLFLOW_")
 DROPPED = frozenset({"HYDRA_FULL_ERROR", "PYTHONPATH"})
 TESTS = Path(__file__).resolve().parent
-# Test modules by their seconds in a whole run (2 workers on 2 cores at load ~5), longest first; then the others.
+# Test modules by their summed seconds in a whole run (2 workers on 2 cores, 2026-12-04), longest first, then the
+# others: with --dist loadscope a long module started last would hold the suite's end.
 LONGEST_FIRST = (
-    "e2e/test_fallback_nudenet.py",
-    "e2e/test_histogram_trained.py", "e2e/test_analysis_runs.py", "e2e/faults/test_kills.py",
-    "e2e/test_real_models.py", "e2e/test_bad_inputs.py", "e2e/test_sweep_record.py", "e2e/test_sweep.py",
-    "e2e/test_calibtool.py",
-    "e2e/test_aggregate_sweeps.py", "e2e/test_user_models.py", "e2e/test_resume.py", "e2e/test_parallel.py",
-    "e2e/faults/test_server_faults.py", "e2e/test_tracking_server.py", "e2e/faults/test_store_creation.py",
-    "e2e/test_cluster.py", "e2e/faults/test_disk_full.py", "e2e/test_packaging.py",
-    "e2e/faults/test_store_faults.py", "e2e/faults/test_config_faults.py", "unit/test_config.py",
-    "e2e/test_measure_runs.py", "e2e/faults/test_report_paths.py",
+    "e2e/test_repair_models.py", "e2e/test_fallback_nudenet.py", "e2e/test_cluster.py", "e2e/test_verdicts.py",
+    "e2e/test_real_models.py", "e2e/test_sweep_record.py", "e2e/faults/test_store_creation.py",
+    "e2e/faults/test_kills.py", "e2e/test_histogram_trained.py", "e2e/test_bad_inputs.py", "e2e/test_calibtool.py",
+    "e2e/faults/test_server_faults.py", "e2e/test_tracking_server.py", "e2e/test_sweep.py",
+    "e2e/test_aggregate_sweeps.py", "e2e/test_analysis_runs.py", "e2e/faults/test_disk_full.py",
+    "unit/test_config.py", "e2e/test_trials_ray.py", "e2e/test_parallel.py", "e2e/test_memory_limit.py",
+    "e2e/test_user_models.py", "e2e/test_packaging.py", "e2e/test_resume.py", "e2e/test_task_outputs.py",
+    "e2e/faults/test_store_faults.py", "unit/test_patches.py", "unit/test_analysis.py", "e2e/test_measure_runs.py",
+    "e2e/faults/test_config_faults.py", "e2e/test_zoo.py", "unit/test_aggregate.py",
 )
 
 

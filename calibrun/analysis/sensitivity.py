@@ -262,6 +262,7 @@ def fallback(fp32_path: Path, calibration: Calibration, options: QuantOptions, r
                 path.unlink()
 
         value, model, measured = (metric_of(start[1], metric), *start) if start is not None else trial(excluded)
+        neutral: list[str] = []  # nodes of steps kept without changing the metric
         steps.append({"step": 0, "added": [], "tensor": None, "metric": _finite(value), "kept": True})
         for entry in ranking:
             if reached(goal, value, target) or len(steps) > max_steps:
@@ -282,6 +283,8 @@ def fallback(fp32_path: Path, calibration: Calibration, options: QuantOptions, r
             log.info("fallback step %d: + %s (tensor %s) -> %s = %.6g%s", len(steps) - 1, new, entry["tensor"],
                      metric, candidate_value, "" if kept else " (worse: undone)")
             if kept:
+                if gain(goal, value, candidate_value) == 0:
+                    neutral += new
                 drop(model)
                 excluded, value, model, measured = excluded + new, candidate_value, candidate, candidate_measured
             else:
@@ -289,16 +292,32 @@ def fallback(fp32_path: Path, calibration: Calibration, options: QuantOptions, r
         ok = reached(goal, value, target)
         pruned: list[str] = []
         if ok:
+            # Prune what the target does not need: first, in one trial, every node a step added without moving the
+            # metric (the steps kept because they did no harm), then each remaining node on its own, last added
+            # first. Either way every node left is one whose removal misses the target.
             user = set(options.nodes_to_exclude)
-            for node in [n for n in reversed(excluded) if n not in user]:
-                candidate_nodes = [n for n in excluded if n != node]
+
+            def without(nodes: list[str], shown: str) -> None:
+                nonlocal excluded, value, model, measured
+                candidate_nodes = [n for n in excluded if n not in nodes]
                 candidate_value, candidate, candidate_measured = trial(candidate_nodes)
-                if reached(goal, candidate_value, target):
-                    drop(model)
-                    excluded, value, model, measured = candidate_nodes, candidate_value, candidate, candidate_measured
-                    pruned.append(node)
-                else:
+                needed = not reached(goal, candidate_value, target)
+                log.info("fallback prune %s -> %s = %.6g (%s)", shown, metric, candidate_value,
+                         "needed" if needed else "not needed")
+                if needed:
                     drop(candidate)
+                    return
+                drop(model)
+                excluded, value, model, measured = candidate_nodes, candidate_value, candidate, candidate_measured
+                pruned.extend(nodes)
+
+            neutral = [n for n in neutral if n not in user]
+            if len(neutral) > 1:
+                without(neutral, f"(one trial): without the {len(neutral)} nodes of the steps that left the metric "
+                                 "as it was")
+            singles = [n for n in reversed(excluded) if n not in user]
+            for number, node in enumerate(singles, 1):
+                without([node], f"{number}/{len(singles)}: without {node}")
         with atomic_path(out_path, suffix=".onnx") as written:
             shutil.copyfile(model, written)
     return {"target": target, "reached": ok, "out_of_reach": out_of_reach, "best_possible": best_possible,

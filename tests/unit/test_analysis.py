@@ -6,7 +6,6 @@ YOLOX detector with real photos) are in tests/e2e/test_analysis_runs.py.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 from pathlib import Path
@@ -108,6 +107,10 @@ def test_a_bias_given_a_type_of_its_own_is_warned_about(caplog):
 @pytest.fixture
 def narrow(tmp_path, lab_model):
     """The lab model quantised on narrow calibration (factor 0.2, 8 batches), with its ranges kept."""
+    return narrow_lab(tmp_path, lab_model)
+
+
+def narrow_lab(tmp_path: Path, lab_model: Path):
     fp32 = open_float_model(lab_model)
     int8 = tmp_path / "int8.onnx"
     ranges = tmp_path / "ranges.json"
@@ -335,46 +338,6 @@ def test_trials_in_two_worker_processes_give_the_serial_ranking(narrow, groups):
     _same_ranking(serial, parallel)
 
 
-@pytest.mark.slow
-def test_trials_on_ray_actors_give_the_serial_ranking(narrow, tmp_path, monkeypatch, caplog):
-    """analysis.backend=ray: a Ray of this machine started for the trials and stopped after; then, in a process
-    already connected to Ray (as a job under the Ray launcher is), `auto` uses that Ray and leaves it running."""
-    import ray
-
-    monkeypatch.setenv("HOME", str(tmp_path))  # Ray 2.60 writes ~/.ray/auth_token on a local start
-    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    serial, parallel = _serial_and_parallel(narrow, 3, "ray")
-    assert (parallel["workers"], parallel["backend"]) == (2, "ray")
-    _same_ranking(serial, parallel)
-    assert not ray.is_initialized()  # the Ray the analysis started is stopped again
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        serial, parallel = _serial_and_parallel(narrow, 0, "auto")
-        assert (parallel["workers"], parallel["backend"]) == (2, "ray")
-        _same_ranking(serial, parallel)
-        assert ray.is_initialized()
-        # 3 actors of 1 CPU on a Ray of 2 CPUs: the one Ray cannot place is not waited for
-        monkeypatch.setattr("calibrun.analysis.trials.READY_SECONDS", 10.0)
-        fp32, int8, _, feeds = narrow
-        with Evaluator(fp32.path, EvalData.from_arrays(feeds), 16, threads=1) as ev, \
-                caplog.at_level(logging.WARNING, "calibrun"):
-            three = rank(fp32.path, int8, ev, "mean_abs_error", "min", "switch", threads=3, workers=3)
-        assert (three["workers"], three["backend"]) == (2, "ray")
-        assert "2 of 3 trial actors started" in caplog.text
-        assert [r["metric"] for r in three["ranking"]] == [r["metric"] for r in serial["ranking"]]
-        # a trial's error in an actor is raised as itself (one line), not as Ray's wrapper with its traceback
-        monkeypatch.setenv("CALIBRUN_TEST_DRIVER", "1")  # after ray.init: the actors do not see it
-        task = Custom("tests.unit.test_analysis:failing_in_workers_task")
-        with Evaluator(fp32.path, EvalData.from_arrays(feeds), 16, threads=1, task=task) as ev, \
-                pytest.raises(CalibrunError) as failed:
-            rank(fp32.path, int8, ev, "mean_abs_error", "min", "switch", threads=2, workers=2, backend="ray")
-        assert "the task failed in a worker" in str(failed.value)
-        assert "\n" not in str(failed.value)
-    finally:
-        ray.shutdown()
-
-
 def test_group_prepass_that_finds_no_helping_group_measures_every_pair():
     from calibrun.analysis.sensitivity import _prepass
 
@@ -515,3 +478,32 @@ def test_search_preset_composes(hydra_ctx):
     assert cfg.hydra.sweeper.direction == "minimize"
     assert set(cfg.hydra.sweeper.params) == {"method", "method.percentile", "quant.per_channel", "method.symmetric",
                                              "batches"}
+
+
+def test_fallback_prunes_the_steps_that_left_the_metric_as_it_was_in_one_trial(tmp_path, monkeypatch):
+    """The prune tries the nodes of every neutral step (kept because they did no harm) together first, then each
+    node left on its own: the same minimal list as node by node, with fewer trials. A mocked quantiser and metric
+    (a pure unit: the metric is 1 per needed node in fp32)."""
+    from calibrun.analysis import sensitivity
+
+    needed = {"a", "d"}
+    trials = []
+
+    def quantize(fp32_path, path, calibration, options):
+        trials.append(tuple(options.nodes_to_exclude))
+        path.write_text(",".join(options.nodes_to_exclude))
+
+    def measure(path):
+        return {"m": float(len(needed & set(path.read_text().split(","))))}
+
+    monkeypatch.setattr(sensitivity, "quantize", quantize)
+    ranking = [{"tensor": t, "nodes": [t]} for t in ("a", "b", "c", "d", "e")]  # b, c: neutral; e after the target
+    done = fallback(tmp_path / "fp32.onnx", None, QuantOptions(), ranking, measure, "m", "max", 2.0,
+                    tmp_path / "out.onnx")
+    assert done["reached"]
+    assert done["nodes_to_exclude"] == ["a", "d"]
+    assert [s["metric"] for s in done["steps"]] == [0.0, 1.0, 1.0, 1.0, 2.0]
+    assert done["pruned"] == ["b", "c"]
+    assert trials[5] == ("a", "d")  # after 5 steps: b and c out in one trial
+    assert trials[6:] == [("a",), ("d",)]  # then each node left on its own (both needed)
+    assert (tmp_path / "out.onnx").read_text() == "a,d"
