@@ -99,7 +99,7 @@ def test_a_sound_classifier_is_ok(tmp_path):
 def test_a_detector_whose_scores_are_crushed_is_broken_on_that_part_and_tagged(photos, tmp_path):
     store = fresh_mlflow_store(tmp_path)
     run = calibrun(tmp_path, "model=file", f"model.path={model_path('nudenet')}", *image_overrides(photos, 320),
-                   "batches=1", "eval.rows=8", "recommend=off", "hydra.run.dir=nude", store=store)
+                   "batches=1", "eval.rows=8", "recommend=off", "diagnostics=off", "hydra.run.dir=nude", store=store)
     result = _done(tmp_path, run, "nude")
     verdict, m = result["verdict"], result["metrics"]
     assert result["task"]["name"] == "none"
@@ -113,7 +113,7 @@ def test_a_detector_whose_scores_are_crushed_is_broken_on_that_part_and_tagged(p
 
 def test_a_custom_task_decides_with_its_own_metric_and_thresholds(photos, tmp_path):
     common = ["model=file", f"model.path={model_path('det_yolox')}", *image_overrides(photos, 416), "batches=2",
-              "eval.rows=2", "task=custom", "task.fn=tests.example_task:detections", "recommend=off"]
+              "eval.rows=2", "task=custom", "task.fn=tests.example_task:detections", "recommend=off", "diagnostics=off"]
     run = calibrun(tmp_path, *common, "verdict.metric=task.kept_agreement", "verdict.ok=0.9", "verdict.broken=0.5",
                    "hydra.run.dir=custom")
     result = _done(tmp_path, run, "custom")
