@@ -68,11 +68,10 @@ from onnxruntime.quantization.calibrate import load_tensors_data
 from calibrun.core.errors import CalibrunError, one_line
 from calibrun.core.files import temp_dir
 from calibrun.data import rows as feed_rows
-from calibrun.model import graph_inputs, load_model
+from calibrun.model import graph_inputs, load_model, private_model_copy
 from calibrun.model.graph import constant_tensors
 from calibrun.model.pairs import Pair, find_pairs, fused_bounds
 from calibrun.model.sessions import session
-from calibrun.quant.calibrate import private_model_copy
 
 log = logging.getLogger(__name__)
 
