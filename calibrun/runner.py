@@ -40,6 +40,7 @@ from calibrun.tracking import (
 from calibrun.tracking.record import (
     Job,
     close_earlier_runs,
+    datasets,
     end_run,
     failed_params,
     open_job_tracker,
@@ -142,15 +143,16 @@ def completed_result(cfg: DictConfig, job_dir: Path) -> JobResult | None:
     """The job's earlier result when it is complete and valid for this config, else None.
 
     Complete: result.json says ok, was made with the same params (this config, these library versions), and the
-    int8 model and ranges it names are there with the bytes it recorded. Anything else is recomputed."""
+    int8 model and ranges it names are there with the bytes it recorded, with what tracking logs of it (the ranges'
+    record of the calibration data, the evaluation's `eval_source`). Anything else is recomputed."""
     try:
         result = JobResult.read(job_dir / RESULT_FILE)
         if not result.ok:
             return None
         files = result.files
         same = all(result.params.get(k) == v for k, v in job_params(cfg).items())
-        same = same and isinstance(result.eval_source, dict)  # tracking logs it
         intact = all(file_sha256(job_dir / files[name]) == files[f"{name}_sha256"] for name in ("int8", "ranges"))
+        datasets(result, job_dir)  # raises when what tracking logs of it is missing
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return result if same and intact else None
