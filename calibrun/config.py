@@ -201,7 +201,7 @@ def _swept_group(key: str, swept: Iterable[str]) -> bool:
     return any(s.split(".")[0].split("/")[0] == top for s in swept)
 
 
-_METHOD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(CalibrationSpec)}
+_SPEC_DEFAULTS = {f.name: f.default for f in dataclasses.fields(CalibrationSpec)}
 
 
 def _check_method_options(cfg: DictConfig, swept: Iterable[str]) -> None:
@@ -210,7 +210,7 @@ def _check_method_options(cfg: DictConfig, swept: Iterable[str]) -> None:
     if "method" in swept or cfg.method.name not in METHODS:
         return
     applies = method_options(cfg.method.name)
-    given = [k for k in cfg.method if k in _METHOD_DEFAULTS and cfg.method[k] != _METHOD_DEFAULTS[k]]
+    given = [k for k in cfg.method if k in _SPEC_DEFAULTS and cfg.method[k] != _SPEC_DEFAULTS[k]]
     given += [k.split(".", 1)[1] for k in swept if k.startswith("method.")]
     for key in given:
         if key not in applies:

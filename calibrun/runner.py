@@ -39,8 +39,8 @@ from calibrun.tracking import (
 )
 from calibrun.tracking.record import (
     Job,
+    calibration_identity,
     close_earlier_runs,
-    datasets,
     end_run,
     failed_params,
     open_job_tracker,
@@ -152,7 +152,8 @@ def completed_result(cfg: DictConfig, job_dir: Path) -> JobResult | None:
         files = result.files
         same = all(result.params.get(k) == v for k, v in job_params(cfg).items())
         intact = all(file_sha256(job_dir / files[name]) == files[f"{name}_sha256"] for name in ("int8", "ranges"))
-        datasets(result, job_dir)  # raises when what tracking logs of it is missing
+        calibration_identity(result, job_dir)  # raises when the ranges' record is missing
+        same = same and isinstance(result.eval_source, dict)
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return result if same and intact else None

@@ -154,13 +154,19 @@ def verdict_tags(result: JobResult) -> dict:
     return tags
 
 
+def calibration_identity(result: JobResult, job_dir: Path) -> dict:
+    """The calibration data's identity as the job's ranges file records it (calibrun.quant.calibrate.cache_record:
+    the identity and the input's name)."""
+    ranges = json.loads((job_dir / result.files["ranges"]).read_text())
+    return {k: v for k, v in ranges["calibrun"]["record"]["data"].items() if k != "input"}
+
+
 def datasets(result: JobResult, job_dir: Path) -> dict[str, dict]:
     """The calibration and evaluation data by their identity dicts (what decides the arrays; no arrays loaded
     for the lab rule, file hashes for user files), as the job recorded them: the calibration data's in the
     record of its ranges file (calibrun.quant.calibrate.cache_record: the identity and the input's name), the
     evaluation data's in result.json `eval_source`; a resumed job logs what its result was computed from."""
-    ranges = json.loads((job_dir / result.files["ranges"]).read_text())
-    calibration = {k: v for k, v in ranges["calibrun"]["record"]["data"].items() if k != "input"}
+    calibration = calibration_identity(result, job_dir)
     evaluation = dict(result.eval_source)
     evaluation.setdefault("source", evaluation.get("name"))
     if evaluation.get("name") != "images":
