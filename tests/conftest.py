@@ -3,7 +3,9 @@
 - `run_cmd(argv, cwd, env=None, timeout=...)` runs any command in a session of its own from `cwd` and returns a
   `Proc` (returncode, stdout, stderr, timed_out); at the timeout the whole process group is killed (joblib or Ray
   workers included) and returncode is None. `run_python(args, ...)` is the same for `python ARGS` with this
-  interpreter (`["-m", "calibrun", ...]`, `[CALIBTOOL, ...]`). Without `env` the child gets `clean_env()`.
+  interpreter (`["-m", "calibrun", ...]`, `[CALIBTOOL, ...]`); those two are forked from a process that imported
+  their libraries once (tests/forked.py; `CALIBRUN_TEST_FORK=off`: plain subprocesses). Without `env` the child gets
+  `clean_env()`.
 - `clean_env(**extra)`: this environment without the variables that change what calibrun, MLflow or Hydra do
   (CALIBRUN_*, MLFLOW_*, HYDRA_FULL_ERROR, PYTHONPATH), plus `extra`. The package is installed (`pip install -e`),
   so the children import it from any folder.
@@ -16,16 +18,22 @@ at a time (pyproject.toml); the longest modules are collected first so that they
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import importlib.util
+import multiprocessing
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests import forked
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -35,6 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 CALIBTOOL = REPO / "calibtool.py"
+FORK = os.environ.get("CALIBRUN_TEST_FORK", "on").lower() not in ("off", "0", "false", "no")
 DROPPED_PREFIXES = ("CALIBRUN_", "MLFLOW_")
 DROPPED = frozenset({"HYDRA_FULL_ERROR", "PYTHONPATH"})
 TESTS = Path(__file__).resolve().parent
@@ -115,8 +124,57 @@ def run_cmd(argv, cwd: Path | str, env: dict | None = None, timeout: float = 300
 
 
 def run_python(args, cwd: Path | str, env: dict | None = None, timeout: float = 300) -> Proc:
-    """`python ARGS` with this interpreter: run_cmd([sys.executable, *args], ...)."""
+    """`python ARGS` with this interpreter: run_cmd([sys.executable, *args], ...); `-m calibrun ...` and
+    `calibtool.py ...` are forked from a process that imported their libraries already (tests/forked.py)."""
+    args = [str(a) for a in args]
+    if FORK and args[:2] == ["-m", "calibrun"]:
+        return _run_forked("module", "calibrun", args, cwd, env, timeout)
+    if FORK and args[:1] == [str(CALIBTOOL)]:
+        return _run_forked("script", str(CALIBTOOL), args, cwd, env, timeout)
     return run_cmd([sys.executable, *args], cwd, env, timeout)
+
+
+_forkserver: tuple | None = None
+
+
+def _server() -> tuple:
+    """The forkserver context (started at its first child, one per pytest worker) and the interpreter's own
+    sys.path (what `python` puts after the script's folder and PYTHONPATH)."""
+    global _forkserver
+    if _forkserver is None:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(list(forked.PRELOAD))
+        base = subprocess.run([sys.executable, "-c", "import sys; print(repr(sys.path[1:]))"], env=clean_env(),
+                              cwd="/", capture_output=True, text=True, check=True).stdout
+        _forkserver = (context, ast.literal_eval(base))
+    return _forkserver
+
+
+def _run_forked(kind: str, target: str, args: list[str], cwd: Path | str, env: dict | None, timeout: float) -> Proc:
+    """run_cmd's contract (output captured as text, the group killed at `timeout`) for a forked CLI."""
+    context, base = _server()
+    argv = [sys.executable, *args]
+    cli_args = args[2:] if kind == "module" else args[1:]
+    env = clean_env() if env is None else env
+    with tempfile.TemporaryDirectory(prefix="calibrun-fork-") as tmp:
+        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+        out.touch()
+        err.touch()
+        proc = context.Process(target=forked.child, args=(kind, target, cli_args, str(Path(cwd).resolve()),
+                                                           dict(env), base, str(out), str(err)))
+        proc.start()
+        timed_out = False
+        try:
+            proc.join(timeout)
+            timed_out = proc.exitcode is None
+        finally:
+            if proc.exitcode is None:  # the timeout, or interrupted while waiting: leave nothing running
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.join()
+        read = {"encoding": "utf-8", "errors": "replace"}
+        return Proc(argv, None if timed_out else proc.exitcode, out.read_text(**read), err.read_text(**read),
+                    timed_out)
 
 
 def installed(module: str) -> bool:
