@@ -22,6 +22,7 @@ import ast
 import contextlib
 import importlib.util
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import re
 import signal
@@ -138,21 +139,32 @@ _forkserver: tuple | None = None
 
 
 def _server() -> tuple:
-    """The forkserver context (started at its first child, one per pytest worker) and the interpreter's own
-    sys.path (what `python` puts after the script's folder and PYTHONPATH)."""
+    """The forkserver context (started here, one per pytest worker, with clean_env()), the
+    interpreter's own sys.path (what `python` puts after the script's folder and PYTHONPATH) and the environment's
+    names the server starts with."""
     global _forkserver
     if _forkserver is None:
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(list(forked.PRELOAD))
         base = subprocess.run([sys.executable, "-c", "import sys; print(repr(sys.path[1:]))"], env=clean_env(),
                               cwd="/", capture_output=True, text=True, check=True).stdout
-        _forkserver = (context, ast.literal_eval(base))
+        # started now, with the children's base environment (clean_env: no MLFLOW_*), so that what the preloaded
+        # modules add to it at import is told apart from what a test's environment leaves out
+        saved, launch = dict(os.environ), clean_env()
+        os.environ.clear()
+        os.environ.update(launch)
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        _forkserver = (context, ast.literal_eval(base), frozenset(launch))
     return _forkserver
 
 
 def _run_forked(kind: str, target: str, args: list[str], cwd: Path | str, env: dict | None, timeout: float) -> Proc:
     """run_cmd's contract (output captured as text, the group killed at `timeout`) for a forked CLI."""
-    context, base = _server()
+    context, base, launch_keys = _server()
     argv = [sys.executable, *args]
     cli_args = args[2:] if kind == "module" else args[1:]
     env = clean_env() if env is None else env
@@ -161,7 +173,7 @@ def _run_forked(kind: str, target: str, args: list[str], cwd: Path | str, env: d
         out.touch()
         err.touch()
         proc = context.Process(target=forked.child, args=(kind, target, cli_args, str(Path(cwd).resolve()),
-                                                           dict(env), base, str(out), str(err)))
+                                                           dict(env), base, launch_keys, str(out), str(err)))
         proc.start()
         timed_out = False
         try:

@@ -1,13 +1,15 @@
 """The CLIs run as forks of a process that imported their libraries once (multiprocessing's forkserver).
 
 `python -m calibrun` spends about a second importing calibrun, Hydra, onnxruntime and numpy, and a tracked run 2.4 s
-more importing MLflow and its SQL store; the suite starts about 300 such processes. `run(kind, args, cwd, env,
-timeout)` forks each one instead from a server process (one per pytest worker, started at the first call) that
+more importing MLflow and its SQL store; the suite starts about 300 such processes. tests/conftest.py's
+`run_python` forks each one instead from a server process (one per pytest worker, started at the first call) that
 imported those libraries once, and runs the CLI there as Python runs it: `sys.argv`, the working directory, the
-environment, `sys.path` (the working directory, then PYTHONPATH, then the interpreter's own) and stdin/stdout/stderr
-are the child's own; `runpy` executes `calibrun/__main__.py` (or calibtool.py) as `__main__`; on exit the
-interpreter's order: non-daemon threads joined, exit handlers run, streams flushed. A SystemExit's code, an
-uncaught exception's traceback (exit 1) and a death by a signal (-N) come back as from a process Python started.
+environment (plus what the preloaded modules set at import unless it sets that itself, as calibrun.tracking's
+MLFLOW_DISABLE_TELEMETRY default), `sys.path` (the working directory, then PYTHONPATH, then the interpreter's own)
+and stdin/stdout/stderr are the child's own; `runpy` executes `calibrun/__main__.py` (or calibtool.py) as
+`__main__`; on exit the interpreter's order: non-daemon threads joined, exit handlers run, streams flushed. A
+SystemExit's code, an uncaught exception's traceback (exit 1) and a death by a signal (-N) come back as from a
+process Python started.
 
 What a fork does not show, the cold start (an import that fails, a slow import), is what the processes that tests
 start with subprocess show: the wheel installed in a clean venv (tests/e2e/test_packaging.py, .ci/run), the kills
@@ -45,9 +47,10 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 def child(kind: str, target: str, args: list[str], cwd: str, env: dict[str, str], base_path: list[str],
-          out: str, err: str) -> None:
+          launch_keys: frozenset[str], out: str, err: str) -> None:
     """The forked child: set up what a fresh `python -m calibrun ARGS` (kind "module") or `python calibtool.py ARGS`
-    (kind "script") gets, run it, exit as the interpreter would."""
+    (kind "script") gets, run it, exit as the interpreter would. `launch_keys`: the environment's names when the
+    server started (any other name in it the preloaded modules set)."""
     os.setsid()  # a session of its own, as run_cmd's start_new_session: its group is killed at a timeout
     for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, out, os.O_WRONLY), (2, err, os.O_WRONLY)):
         opened = os.open(path, flags)
@@ -57,8 +60,9 @@ def child(kind: str, target: str, args: list[str], cwd: str, env: dict[str, str]
     sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", closefd=False, errors="backslashreplace")  # noqa: SIM115
     os.chdir(cwd)
+    set_at_import = {k: v for k, v in os.environ.items() if k not in launch_keys}
     os.environ.clear()
-    os.environ.update(env)
+    os.environ.update({**set_at_import, **env})  # an import's setdefault: the environment given wins
     tempfile.tempdir = None  # read TMPDIR again
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [cwd if kind == "module" else os.path.dirname(target), *extra, *base_path]
