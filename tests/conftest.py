@@ -23,12 +23,14 @@ import contextlib
 import importlib.util
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.process
 import os
 import re
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,6 +138,11 @@ def run_python(args, cwd: Path | str, env: dict | None = None, timeout: float = 
 
 
 _forkserver: tuple | None = None
+# Process.start() first polls every child in multiprocessing.process._children that has not been joined (its
+# _cleanup); from another thread, that poll can read a running child's exit status while the thread joining that
+# child reads the pipe's end instead and reports 255 (1 in ~100 with 4 threads starting trivial children). Each
+# child is taken out of that set as soon as it started, under this lock, so no start polls another thread's child.
+_STARTING = threading.Lock()
 
 
 def _server() -> tuple:
@@ -174,7 +181,9 @@ def _run_forked(kind: str, target: str, args: list[str], cwd: Path | str, env: d
         err.touch()
         proc = context.Process(target=forked.child, args=(kind, target, cli_args, str(Path(cwd).resolve()),
                                                            dict(env), base, launch_keys, str(out), str(err)))
-        proc.start()
+        with _STARTING:  # see _STARTING
+            proc.start()
+            multiprocessing.process._children.discard(proc)
         timed_out = False
         try:
             proc.join(timeout)

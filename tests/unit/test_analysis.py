@@ -236,7 +236,8 @@ def test_confirmed_top_is_measured_on_the_int8_model_itself(narrow):
         edit = rank(fp32.path, int8, ev, "mean_abs_error", "min", "edit")
     assert plain["baseline_on"] == "switch"
     assert plain["confirmed"] == 0
-    assert plain["baseline"] != int8_metrics["mean_abs_error"]  # fake-quantised arithmetic: close, not equal
+    # fake-quantised arithmetic: close to the int8 kernels' (equal to the last bit on some CPUs, not on others)
+    assert plain["baseline"] == pytest.approx(int8_metrics["mean_abs_error"], rel=0.02)
     assert confirmed["baseline_on"] == "int8"
     assert confirmed["confirmed"] == 3
     assert confirmed["baseline"] == int8_metrics["mean_abs_error"] == edit["baseline"]
