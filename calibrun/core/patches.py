@@ -10,6 +10,7 @@ the same (tests/unit/test_patches.py checks each against the library's own behav
 | `commit_without_fsync` | MLflow 3 (its engine) | an fsync per SQLite commit (WAL mode, `synchronous=NORMAL`) |
 | `check_pins_cheaply` | MLflow 3 | mapping every installed distribution's files to check calibrun's own pins |
 | `rewire_by_membership` | onnxruntime 1.32 | the quantiser's Python scan of every node's inputs per rewired tensor |
+| `index_initializer_lookups` | onnxruntime 1.32 | the quantiser's scans of the initializers per name it looks up |
 
 Two more wrap Hydra's internals to keep calibrun's guarantees rather than to save time; the policy they apply
 lives with its concept, passed in:
@@ -27,11 +28,13 @@ shipped); the guards stay, since turning them off would run configs' callbacks u
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib
 import os
 import sys
+import threading
 from collections.abc import Callable
 from importlib import metadata
 
@@ -285,6 +288,131 @@ def rewire_by_membership() -> None:
                 model_class.replace_node_input(node, old_input_name, new_input_name)
 
     _install(model_class, "replace_input_of_all_nodes", replace_input_of_all_nodes)
+
+
+
+class _Names:
+    """name -> position of the first item of that name in one protobuf repeated field (a graph's initializers),
+    brought up to date before every look-up: extended by the items appended since (the quantiser appends), rebuilt
+    when the field shrank or its last known item is no longer where it was (a removal or a reordering). Also knows
+    whether any item is a FLOAT8E4M3FN tensor (the only kind onnxruntime's initializer check inspects)."""
+
+    __slots__ = ("items", "size", "last", "first", "float8")
+
+    def __init__(self, items):
+        self.items = items  # held: its id() stays this field's while the look-ups run
+        self.reset()
+
+    def reset(self) -> None:
+        self.size, self.last, self.first, self.float8 = 0, None, {}, False
+
+    def sync(self) -> _Names:
+        items, size = self.items, self.size
+        count = len(items)
+        if count < size or (size and items[size - 1].name != self.last):
+            self.reset()
+            size = 0
+        if count > size:
+            from onnx import TensorProto
+
+            first = self.first
+            for position in range(size, count):
+                item = items[position]
+                first.setdefault(item.name, position)
+                if getattr(item, "data_type", None) == TensorProto.FLOAT8E4M3FN:
+                    self.float8 = True
+            self.size, self.last = count, items[count - 1].name
+        return self
+
+    def find(self, name: str):
+        """The first item called `name`, or None: the linear scan's answer, checked against the field itself."""
+        for _ in range(2):
+            position = self.sync().first.get(name)
+            if position is None:
+                return None
+            item = self.items[position]
+            if item.name == name:
+                return item
+            self.reset()  # changed in a way the sync could not see: index it again
+        return None
+
+
+_LOOKUPS = threading.local()  # .indexes: {id(field): _Names} while indexed_lookups() is active in this thread
+
+
+@contextlib.contextmanager
+def indexed_lookups():
+    """While active (in this thread), index_initializer_lookups' replacements answer from name indexes (built on
+    first use, dropped on exit, so no model outlives the quantisation); outside it they run onnxruntime's own code."""
+    previous = getattr(_LOOKUPS, "indexes", None)
+    _LOOKUPS.indexes = {}
+    try:
+        yield
+    finally:
+        _LOOKUPS.indexes = previous
+
+
+def _names(field) -> _Names | None:
+    indexes = getattr(_LOOKUPS, "indexes", None)
+    if indexes is None:
+        return None
+    names = indexes.get(id(field))
+    if names is None or names.items is not field:
+        names = indexes[id(field)] = _Names(field)
+    return names
+
+
+def index_initializer_lookups() -> None:
+    """onnxruntime's quantiser finds initializers by name with linear scans of the graph's initializer list:
+    `quant_utils.find_by_name` (imported by name into each of its modules), `ONNXModel.get_initializer`, and
+    `ONNXModel.initializer_extend`, which checks every existing initializer again each time it adds one (the check
+    only inspects FLOAT8E4M3FN tensors). Quadratic in the model's size: of a default ocr_det job with its
+    recommendations (7 quantisations), 29,618 scans took 2.9 s, the re-checks 0.9 s and get_initializer 0.7 s of
+    19 s (cProfile). Inside `indexed_lookups()` (calibrun.quant.quantize) the replacements answer from a name index
+    of the repeated field (_Names), re-synchronised before every answer and each hit checked against the field; a
+    Python list (the QOperator quantiser's new nodes) and any call outside the context take onnxruntime's own path.
+    The same model bytes (tests/unit/test_patches.py)."""
+    found = _unpatched("onnxruntime", "onnxruntime.quantization.quant_utils", None, "find_by_name")
+    if found is None:
+        return
+    quant_utils, original = found
+    from onnx import ModelProto, TensorProto
+    from onnxruntime.quantization.onnx_model import ONNXModel
+
+    repeated = type(ModelProto().graph.initializer)
+
+    def find_by_name(item_name, item_list):
+        # an initializer field only (a node list is reordered in place: its duplicate "" names would make a stale
+        # position's check pass)
+        names = _names(item_list) if type(item_list) is repeated and item_list and \
+            type(item_list[0]) is TensorProto else None
+        return original(item_name, item_list) if names is None else names.find(item_name)
+
+    _install(quant_utils, "find_by_name", find_by_name)
+    for name, module in list(sys.modules.items()):  # the modules that imported it by name
+        if name.startswith("onnxruntime.quantization.") and getattr(module, "find_by_name", None) is original:
+            module.find_by_name = find_by_name
+
+    get_initializer, extend = ONNXModel.get_initializer, ONNXModel.initializer_extend
+
+    def get_initializer_indexed(self, name):
+        names = _names(self.model.graph.initializer)
+        return get_initializer(self, name) if names is None else names.find(name)
+
+    def initializer_extend_indexed(self, inits):
+        names = _names(self.model.graph.initializer)
+        if names is None or names.sync().float8:  # a FLOAT8E4M3FN initializer to check: onnxruntime's own code
+            return extend(self, inits)
+        if len(inits) == 0:
+            raise ValueError("Can add an empty list.")
+        for init in inits:
+            self._check_init(init)
+            self.model.graph.initializer.append(init)
+        return None
+
+    if not getattr(get_initializer, PATCHED, False):
+        _install(ONNXModel, "get_initializer", get_initializer_indexed)
+        _install(ONNXModel, "initializer_extend", initializer_extend_indexed)
 
 
 # --- guards -----------------------------------------------------------------------------------------------------

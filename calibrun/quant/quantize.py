@@ -115,8 +115,9 @@ def quantize(
     out_path = Path(out_path)
     advice_once()
     patches.rewire_by_membership()
+    patches.index_initializer_lookups()
     start = time.perf_counter()
-    with atomic_path(out_path, suffix=".onnx") as tmp, temp_dir("q") as private:
+    with atomic_path(out_path, suffix=".onnx") as tmp, temp_dir("q") as private, patches.indexed_lookups():
         quantize_static(
             str(private_model_copy(model_path, private)),  # a copy: see private_model_copy
             str(tmp),

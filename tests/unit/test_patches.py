@@ -6,7 +6,8 @@ applies only to the versions it was written for, and CALIBRUN_PATCHES=off turns 
 - compose_once: Hydra's composition only to read hydra.mode is skipped when it cannot be set;
   the mode Hydra picks is the same.
 - commit_without_fsync: the store's SQLite connections run synchronous=NORMAL, in WAL mode.
-- rewire_by_membership: onnxruntime's quantiser changes the same node inputs and writes the same bytes.
+- rewire_by_membership: onnxruntime's quantiser changes the same node inputs and writes the same bytes;
+  index_initializer_lookups: its index answers as the linear scan, and every quantisation path writes the same bytes.
 The quick exit (calibrun.__main__) on a real tracked sweep: tests/e2e/test_quick_exit.py.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import json
 import os
 from pathlib import Path
 
@@ -194,18 +196,28 @@ def test_calibrun_patches_off_leaves_every_library_as_shipped(switch, monkeypatc
 
     monkeypatch.setattr(environment, "warn_dependency_requirement_mismatches",
                         environment.warn_dependency_requirement_mismatches)
-    monkeypatch.setattr(ONNXModel, "replace_input_of_all_nodes", ONNXModel.replace_input_of_all_nodes)
-    before = (Hydra.get_mode, ConfigLoaderImpl.load_sweep_config, *(vars(c).get(a) for c, a in zip(
-        _classes(), ("_read_config", "__deepcopy__"), strict=True)), environment.warn_dependency_requirement_mismatches,
-        vars(ONNXModel)["replace_input_of_all_nodes"])
+    from onnxruntime.quantization import qdq_quantizer, quant_utils
+
+    for attr in ("replace_input_of_all_nodes", "get_initializer", "initializer_extend"):
+        monkeypatch.setattr(ONNXModel, attr, vars(ONNXModel)[attr])
+    for module in (quant_utils, qdq_quantizer):
+        monkeypatch.setattr(module, "find_by_name", module.find_by_name)
+
+    def state():
+        return (Hydra.get_mode, ConfigLoaderImpl.load_sweep_config, *(vars(c).get(a) for c, a in zip(
+            _classes(), ("_read_config", "__deepcopy__"), strict=True)),
+            environment.warn_dependency_requirement_mismatches, *(vars(ONNXModel)[a] for a in (
+                "replace_input_of_all_nodes", "get_initializer", "initializer_extend")),
+            quant_utils.find_by_name, qdq_quantizer.find_by_name)
+
+    before = state()
     patches.compose_once()
     patches.compose_faster()
     patches.compose_each_job_once()
     patches.check_pins_cheaply()
     patches.rewire_by_membership()
-    after = (Hydra.get_mode, ConfigLoaderImpl.load_sweep_config, *(vars(c).get(a) for c, a in zip(
-        _classes(), ("_read_config", "__deepcopy__"), strict=True)), environment.warn_dependency_requirement_mismatches,
-        vars(ONNXModel)["replace_input_of_all_nodes"])
+    patches.index_initializer_lookups()
+    after = state()
     assert after == before
     monkeypatch.setenv("CALIBRUN_PATCHES", "on")
     patches.compose_each_job_once()
@@ -362,15 +374,65 @@ def test_quantize_writes_the_same_bytes_with_and_without_the_onnxruntime_patch(t
     import sys
 
     write_lab_model(tmp_path / "lab.onnx")
-    script = ("import sys; from calibrun.model import open_float_model; "
-              "from calibrun.quant.quantize import quantize_lab; "
-              "quantize_lab(open_float_model(sys.argv[1]), sys.argv[2], 0, 1.0, 2)")
-    digests = []
+    options = {"default": {}, "per_channel": {"per_channel": True}, "int16": {"activation_type": "QInt16",
+               "weight_type": "QInt16"}, "qoperator": {"format": "qoperator"}, "excluded": {"nodes_to_exclude":
+               ("fc2_matmul",)}, "mixed": {"tensor_types": {"h": "QInt16"}}, "reduce_range": {"reduce_range": True}}
+    script = ("import sys, json; from pathlib import Path; from calibrun.model import open_float_model; "
+              "from calibrun.quant.quantize import QuantOptions, quantize_lab; "
+              "[quantize_lab(open_float_model(sys.argv[1]), Path(sys.argv[2]) / f'{name}.onnx', 0, 1.0, 2, "
+              "options=QuantOptions(**kw)) for name, kw in json.loads(sys.argv[3]).items()]")
+    models = {}
     for switch in ("on", "off"):
-        out = tmp_path / f"int8_{switch}.onnx"
+        out = tmp_path / switch
+        out.mkdir()
         env = {**os.environ, "CALIBRUN_PATCHES": switch, "CALIBRUN_CACHE": str(tmp_path / f"cache_{switch}")}
-        proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "lab.onnx"), str(out)], capture_output=True,
-                              text=True, env=env, timeout=120)
+        proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "lab.onnx"), str(out),
+                               json.dumps(options)], capture_output=True, text=True, env=env, timeout=120)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        digests.append(out.read_bytes())
-    assert digests[0] == digests[1]
+        models[switch] = {name: (out / f"{name}.onnx").read_bytes() for name in options}
+    assert models["on"] == models["off"]
+    assert len(set(models["on"].values())) == len(options)  # each option changed the model: each path was taken
+
+
+def test_initializer_index_answers_as_the_linear_scan_through_appends_removals_and_reorders():
+    """_Names (index_initializer_lookups' index) gives find_by_name's answer, the first item of the name or None,
+    on a repeated field of TensorProtos changed between look-ups the ways the quantiser and its helpers change it."""
+    from onnx import TensorProto, helper
+    from onnxruntime.quantization.quant_utils import find_by_name
+
+    field = helper.make_graph([], "g", [], []).initializer
+
+    made = iter(range(1000))
+
+    def tensor(name, dtype=TensorProto.FLOAT):  # each with its own value: equal protos are the same item
+        return helper.make_tensor(name, dtype, [1], [float(next(made))] if dtype == TensorProto.FLOAT else [0])
+
+    def same(names, probes=("a", "b", "c", "d", "e", "dup", "absent", "")):
+        for probe in probes:
+            got, want = names.find(probe), find_by_name(probe, field)
+            assert (got is None) == (want is None), probe
+            if want is not None:
+                assert got == want, probe  # the same item: the first of its name
+
+    field.extend([tensor("a"), tensor("dup"), tensor("b"), tensor("dup")])
+    names = patches._Names(field)
+    same(names)
+    field.append(tensor("c"))  # grown
+    field.extend([tensor("d"), tensor("dup")])
+    same(names)
+    field.remove(field[0])  # a removal: shorter
+    same(names)
+    field.remove(field[1])
+    field.append(tensor("e"))  # removed then appended: the same length; asked first for the new name (no hit has
+    same(names, ("e",))  # shown the index a moved item yet)
+    same(names)
+    items = list(field)[::-1]  # reordered in place, the same length and (here) the same last name kept
+    items[0], items[-1] = items[-1], items[0]
+    while len(field):
+        field.pop()
+    field.extend(items)
+    same(names)
+    assert not names.float8
+    field.append(tensor("f8", TensorProto.FLOAT8E4M3FN))
+    same(names, ("f8", "a"))
+    assert names.sync().float8
