@@ -268,29 +268,6 @@ def check_pins_cheaply() -> None:
     _install(environment, "warn_dependency_requirement_mismatches", warn_mismatches)
 
 
-def rewire_by_membership() -> None:
-    """onnxruntime's quantiser rewires each tensor it quantises to its DequantizeLinear output with
-    `ONNXModel.replace_input_of_all_nodes`, which calls a Python loop over every input of every node of the graph:
-    quadratic in the model's size (ocr_det, 524 tensors of a 735-node graph: 384,645 calls; quantize_static takes
-    2.42 s at 8 bits and 3.27 s at 16 bits without this patch, 1.76 and 1.69 s with it; every repair, fallback and
-    recommendation trial pays one). The
-    replacement skips the nodes that do not read the tensor with a membership test of their input list (done in
-    C) and rewires the others with onnxruntime's own function: the same nodes changed the same way, the same
-    bytes written (tests/unit/test_patches.py)."""
-    found = _unpatched("onnxruntime", "onnxruntime.quantization.onnx_model", "ONNXModel", "replace_input_of_all_nodes")
-    if found is None:
-        return
-    model_class, _ = found
-
-    def replace_input_of_all_nodes(self, old_input_name, new_input_name):
-        for node in self.model.graph.node:
-            if old_input_name in node.input:
-                model_class.replace_node_input(node, old_input_name, new_input_name)
-
-    _install(model_class, "replace_input_of_all_nodes", replace_input_of_all_nodes)
-
-
-
 class _Names:
     """name -> position of the first item of that name in one protobuf repeated field (a graph's initializers),
     brought up to date before every look-up: extended by the items appended since (the quantiser appends), rebuilt
@@ -337,19 +314,55 @@ class _Names:
         return None
 
 
-_LOOKUPS = threading.local()  # .indexes: {id(field): _Names} while indexed_lookups() is active in this thread
+class _Readers:
+    """tensor name -> positions of the nodes that read it, in one graph's node field, brought up to date before every
+    rewiring like _Names: the nodes appended since are indexed, and a shorter field or a last node that is not the one
+    indexed last (a removal) rebuilds it; a reordering (topological_sort: ClearField, then extend) leaves a new field
+    object, indexed anew (an in-place sort() of the field would not be seen: onnxruntime does not sort one). A
+    node's inputs change, while the index is in use, only
+    through ONNXModel.replace_node_input: by rewire_by_membership's replacement, which indexes the node under its new
+    input, or by the quantiser itself, where the patched replace_node_input drops every index (onnxruntime 1.32's
+    QDQ quantiser; its QOperator op quantisers assign node inputs directly but never rewire a tensor for all nodes)."""
+
+    __slots__ = ("nodes", "size", "last", "positions")
+
+    def __init__(self, nodes):
+        self.nodes = nodes
+        self.reset()
+
+    def reset(self) -> None:
+        self.size, self.last, self.positions = 0, None, {}
+
+    def sync(self) -> _Readers:
+        nodes, size = self.nodes, self.size
+        count = len(nodes)
+        if count < size or (size and tuple(nodes[size - 1].output) != self.last):
+            self.reset()
+            size = 0
+        if count > size:
+            positions = self.positions
+            for position in range(size, count):
+                for name in nodes[position].input:
+                    positions.setdefault(name, []).append(position)
+            self.size, self.last = count, tuple(nodes[count - 1].output)
+        return self
+
+
+_LOOKUPS = threading.local()  # while indexed_lookups() is active in this thread: .indexes {id(field): _Names},
+# .readers {id(node field): _Readers}
 
 
 @contextlib.contextmanager
 def indexed_lookups():
-    """While active (in this thread), index_initializer_lookups' replacements answer from name indexes (built on
-    first use, dropped on exit, so no model outlives the quantisation); outside it they run onnxruntime's own code."""
-    previous = getattr(_LOOKUPS, "indexes", None)
-    _LOOKUPS.indexes = {}
+    """While active (in this thread), rewire_by_membership's and index_initializer_lookups' replacements answer
+    from indexes (built on first use, dropped on exit, so no model outlives the quantisation); outside it,
+    onnxruntime's own code answers (rewire_by_membership: its membership test)."""
+    previous = getattr(_LOOKUPS, "indexes", None), getattr(_LOOKUPS, "readers", None)
+    _LOOKUPS.indexes, _LOOKUPS.readers = {}, {}
     try:
         yield
     finally:
-        _LOOKUPS.indexes = previous
+        _LOOKUPS.indexes, _LOOKUPS.readers = previous
 
 
 def _names(field) -> _Names | None:
@@ -360,6 +373,58 @@ def _names(field) -> _Names | None:
     if names is None or names.items is not field:
         names = indexes[id(field)] = _Names(field)
     return names
+
+
+def rewire_by_membership() -> None:
+    """onnxruntime's quantiser rewires each tensor it quantises to its DequantizeLinear output with
+    `ONNXModel.replace_input_of_all_nodes`, which calls a Python loop over every input of every node of the graph:
+    quadratic in the model's size (ocr_det, 524 tensors of a 735-node graph: 384,645 calls; quantize_static takes
+    2.42 s at 8 bits and 3.27 s at 16 bits without this patch, 1.76 and 1.69 s with the membership test below; every
+    repair, fallback and recommendation trial pays one). Inside `indexed_lookups()` (calibrun.quant.quantize) the
+    replacement visits only the nodes the reader index (_Readers) lists for the tensor, each checked to read it still;
+    outside it, it skips the nodes that do not read the tensor with a membership test of their input list (done in
+    C). Either way the rest is onnxruntime's own replace_node_input: the same nodes changed the same way, the same
+    bytes written (tests/unit/test_patches.py)."""
+    found = _unpatched("onnxruntime", "onnxruntime.quantization.onnx_model", "ONNXModel", "replace_input_of_all_nodes")
+    if found is None:
+        return
+    model_class, _ = found
+    replace_node_input = model_class.replace_node_input
+
+    def replace_input_of_all_nodes(self, old_input_name, new_input_name):
+        nodes = self.model.graph.node
+        readers = _readers(nodes)
+        if readers is None:
+            for node in nodes:
+                if old_input_name in node.input:
+                    replace_node_input(node, old_input_name, new_input_name)
+            return
+        positions = readers.sync().positions
+        for position in sorted(set(positions.get(old_input_name, ()))):
+            node = nodes[position]
+            if old_input_name in node.input:
+                replace_node_input(node, old_input_name, new_input_name)
+                positions.setdefault(new_input_name, []).append(position)
+
+    def replace_node_input_elsewhere(node, old_input_name, new_input_name):
+        indexes = getattr(_LOOKUPS, "readers", None)
+        if indexes:
+            indexes.clear()  # a node's inputs changed behind the reader index: rebuilt at its next use
+        replace_node_input(node, old_input_name, new_input_name)
+
+    _install(model_class, "replace_input_of_all_nodes", replace_input_of_all_nodes)
+    setattr(replace_node_input_elsewhere, PATCHED, True)
+    model_class.replace_node_input = staticmethod(replace_node_input_elsewhere)
+
+
+def _readers(nodes) -> _Readers | None:
+    indexes = getattr(_LOOKUPS, "readers", None)
+    if indexes is None:
+        return None
+    readers = indexes.get(id(nodes))
+    if readers is None or readers.nodes is not nodes:
+        readers = indexes[id(nodes)] = _Readers(nodes)
+    return readers
 
 
 def index_initializer_lookups() -> None:
@@ -413,7 +478,6 @@ def index_initializer_lookups() -> None:
     if not getattr(get_initializer, PATCHED, False):
         _install(ONNXModel, "get_initializer", get_initializer_indexed)
         _install(ONNXModel, "initializer_extend", initializer_extend_indexed)
-
 
 # --- guards -----------------------------------------------------------------------------------------------------
 

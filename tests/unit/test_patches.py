@@ -17,6 +17,7 @@ import copy
 import importlib
 import json
 import os
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -198,7 +199,7 @@ def test_calibrun_patches_off_leaves_every_library_as_shipped(switch, monkeypatc
                         environment.warn_dependency_requirement_mismatches)
     from onnxruntime.quantization import qdq_quantizer, quant_utils
 
-    for attr in ("replace_input_of_all_nodes", "get_initializer", "initializer_extend"):
+    for attr in ("replace_input_of_all_nodes", "replace_node_input", "get_initializer", "initializer_extend"):
         monkeypatch.setattr(ONNXModel, attr, vars(ONNXModel)[attr])
     for module in (quant_utils, qdq_quantizer):
         monkeypatch.setattr(module, "find_by_name", module.find_by_name)
@@ -207,7 +208,7 @@ def test_calibrun_patches_off_leaves_every_library_as_shipped(switch, monkeypatc
         return (Hydra.get_mode, ConfigLoaderImpl.load_sweep_config, *(vars(c).get(a) for c, a in zip(
             _classes(), ("_read_config", "__deepcopy__"), strict=True)),
             environment.warn_dependency_requirement_mismatches, *(vars(ONNXModel)[a] for a in (
-                "replace_input_of_all_nodes", "get_initializer", "initializer_extend")),
+                "replace_input_of_all_nodes", "replace_node_input", "get_initializer", "initializer_extend")),
             quant_utils.find_by_name, qdq_quantizer.find_by_name)
 
     before = state()
@@ -347,6 +348,7 @@ def test_rewire_by_membership_changes_the_same_inputs_as_onnxruntime(monkeypatch
     from onnxruntime.quantization.onnx_model import ONNXModel
 
     monkeypatch.setattr(ONNXModel, "replace_input_of_all_nodes", ONNXModel.replace_input_of_all_nodes)
+    monkeypatch.setattr(ONNXModel, "replace_node_input", vars(ONNXModel)["replace_node_input"])
     monkeypatch.delenv("CALIBRUN_PATCHES", raising=False)
 
     def graph():
@@ -366,6 +368,69 @@ def test_rewire_by_membership_changes_the_same_inputs_as_onnxruntime(monkeypatch
     model.replace_input_of_all_nodes("absent", "x")
     assert [list(n.input) for n in model.model.graph.node] == [list(n.input) for n in expected.graph.node] == \
         [["a_dq", "a_dq"], ["b", "c"], ["d", "a_dq"]]
+
+
+def test_rewire_from_the_reader_index_changes_what_onnxruntimes_loop_changes(monkeypatch):
+    """Inside indexed_lookups() the rewiring answers from the reader index (_Readers): through the changes the
+    quantiser makes between rewirings (nodes appended, a rewired tensor rewired again, a node rewired on its own by
+    replace_node_input, a node removed, the nodes reordered as topological_sort does, a node removed and another
+    appended), every step changes the same inputs as onnxruntime's own loop."""
+    from onnx import helper
+    from onnxruntime.quantization.onnx_model import ONNXModel
+
+    monkeypatch.setattr(ONNXModel, "replace_input_of_all_nodes", ONNXModel.replace_input_of_all_nodes)
+    monkeypatch.setattr(ONNXModel, "replace_node_input", vars(ONNXModel)["replace_node_input"])
+    monkeypatch.delenv("CALIBRUN_PATCHES", raising=False)
+    original = ONNXModel.replace_node_input
+
+    def graph():
+        nodes = [helper.make_node("Add", ["a", "a"], ["b"], name="twice"),
+                 helper.make_node("Mul", ["b", "c"], ["d"], name="other"),
+                 helper.make_node("Add", ["d", "a"], ["e"], name="again")]
+        return helper.make_model(helper.make_graph(nodes, "g", [], []))
+
+    def rewire(model, old, new):  # onnxruntime's loop
+        for node in model.graph.node:
+            original(node, old, new)
+
+    patches.rewire_by_membership()
+    ours, theirs = ONNXModel(graph()), graph()
+    steps = [
+        lambda m, patched: (m.replace_input_of_all_nodes if patched else partial(rewire, m))("a", "a_dq"),
+        lambda m, patched: (m.replace_input_of_all_nodes if patched else partial(rewire, m))("a_dq", "a_dq2"),
+        lambda m, patched: (m.replace_input_of_all_nodes if patched else partial(rewire, m))("a_dq2", "a_dq"),
+        lambda m, patched: (m.graph() if patched else m.graph).node.extend(
+            [helper.make_node("Relu", ["d"], ["f"]), helper.make_node("Add", ["f", "d"], ["g"])]),
+        lambda m, patched: (m.replace_input_of_all_nodes if patched else partial(rewire, m))("d", "d_dq"),
+        lambda m, patched: (ONNXModel.replace_node_input if patched else original)(
+            (m.graph() if patched else m.graph).node[1], "c", "c_alone"),  # a node rewired on its own
+        lambda m, patched: (m.replace_input_of_all_nodes if patched else partial(rewire, m))("c_alone", "c_dq"),
+        lambda m, patched: (m.graph() if patched else m.graph).node.remove(
+            (m.graph() if patched else m.graph).node[0]),
+        lambda m, patched: (m.replace_input_of_all_nodes if patched else partial(rewire, m))("b", "b_dq"),
+        lambda m, patched: reorder(m.graph() if patched else m.graph),
+        lambda m, patched: (m.replace_input_of_all_nodes if patched else partial(rewire, m))("f", "f_dq"),
+        lambda m, patched: swap(m.graph() if patched else m.graph),
+        lambda m, patched: (m.replace_input_of_all_nodes if patched else partial(rewire, m))("e", "e_dq"),
+        lambda m, patched: (m.replace_input_of_all_nodes if patched else partial(rewire, m))("absent", "x"),
+    ]
+
+    def swap(graph):  # a node removed and another appended: the same length
+        graph.node.remove(graph.node[1])
+        graph.node.extend([helper.make_node("Relu", ["e"], ["h"])])
+
+    def reorder(graph):  # as ONNXModel.topological_sort: cleared and extended, the last node kept last
+        nodes = list(graph.node)
+        reordered = [*nodes[:-1][::-1], nodes[-1]]
+        graph.ClearField("node")
+        graph.node.extend(reordered)
+
+    with patches.indexed_lookups():
+        for number, step in enumerate(steps):
+            step(ours, True)
+            step(theirs, False)
+            assert [list(n.input) for n in ours.model.graph.node] == [list(n.input) for n in theirs.graph.node], number
+    assert [list(n.input) for n in theirs.graph.node] == [["d_dq"], ["b_dq", "c_dq"], ["f_dq", "d_dq"], ["e_dq"]]
 
 
 def test_quantize_writes_the_same_bytes_with_and_without_the_onnxruntime_patch(tmp_path):
