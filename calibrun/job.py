@@ -20,6 +20,7 @@ import onnxruntime
 from omegaconf import DictConfig, OmegaConf
 
 from calibrun import config
+from calibrun.core import cpu
 from calibrun.core.errors import CalibrunError, one_line
 from calibrun.core.files import DIAGNOSTICS_FILE, RANGES_FILE, strict_json, temp_dir, write_json
 from calibrun.data import EvalData, calibration_data, evaluation_data
@@ -168,6 +169,7 @@ def _used(cfg: DictConfig, data, evaluation, errors: dict) -> dict:
         "calibration_files": len(identity.get("files", [])),
         "eval_source": {k: v for k, v in evaluation.identity.items() if k != "files"},
         "eval_files": len(evaluation.identity.get("files", [])),
+        "cpu": cpu.int8_dot(),  # the int8 kernels' instructions: another CPU can measure the same model otherwise
     }
     if batches != cfg.batches:
         log.warning("calibration used %d batches, %d were requested", batches, cfg.batches)

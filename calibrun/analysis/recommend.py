@@ -4,6 +4,7 @@ model quantised again and re-measured on the first `recommend.rows` evaluation r
 
 Candidates, each written as the override a user types:
 - post-calibration changes, quantised from the job's own ranges (no calibration): `quant.per_channel=true`,
+  `quant.reduce_range=true` on a CPU whose int8 kernels can saturate (x86 without VNNI: calibrun.core.cpu),
   16-bit activations `quant.activation_type=QInt16`, weights `quant.weight_type=QInt16` and both (QDQ only:
   onnxruntime's QOperator has no 16-bit kernels; both, because the rounding errors of weights and activations add,
   so either alone is bounded by the other's and may not help while both do), and `quant.nodes_to_exclude=[...]`
@@ -30,6 +31,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from calibrun.core import cpu
 from calibrun.core.errors import need, one_line
 from calibrun.core.files import finite
 from calibrun.measure.diagnosis import float_nodes
@@ -54,14 +56,17 @@ class Candidate:
         return " ".join(self.changes)
 
 
-def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, graph_nodes: int) -> list[Candidate]:
+def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, graph_nodes: int,
+               saturates: bool = False) -> list[Candidate]:
     """The single changes worth measuring for a job quantised with `options` by `method` (`graph_nodes`: the fp32
-    model's node count). Keeping nodes in float is a candidate only while the model stays mostly integer: at most
-    MOSTLY_INT8 of its nodes excluded (on a small model the top culprits are the whole model, and "keep it all in
-    fp32" is no int8 recommendation)."""
+    model's node count; `saturates`: this CPU's int8 kernels can saturate, calibrun.core.cpu). Keeping nodes in
+    float is a candidate only while the model stays mostly integer: at most MOSTLY_INT8 of its nodes excluded (on a
+    small model the top culprits are the whole model, and "keep it all in fp32" is no int8 recommendation)."""
     found = []
     if not options.per_channel:
         found.append(Candidate(("quant.per_channel=true",), replace(options, per_channel=True)))
+    if saturates and not options.reduce_range:  # onnxruntime's advice for x86 without VNNI: 7-bit weights
+        found.append(Candidate(("quant.reduce_range=true",), replace(options, reduce_range=True)))
     if fmt == "qdq":
         wider = {key: SIXTEEN_BIT[getattr(options, key)] for key in ("activation_type", "weight_type")
                  if getattr(options, key) in SIXTEEN_BIT}
@@ -90,7 +95,7 @@ def combined(helped: list[Candidate], options) -> Candidate | None:
         return None
     merged = options
     for c in quant:
-        diff = {k: getattr(c.options, k) for k in ("per_channel", "activation_type", "weight_type",
+        diff = {k: getattr(c.options, k) for k in ("per_channel", "reduce_range", "activation_type", "weight_type",
                                                    "nodes_to_exclude") if getattr(c.options, k) != getattr(options, k)}
         merged = replace(merged, **diff)
     changes = tuple(dict.fromkeys(ch for c in (*methods, *quant) for ch in c.changes))  # each change once
@@ -157,7 +162,8 @@ def attach(ctx, result) -> None:
             return entry
 
         graph_nodes = sum(n for op, n in (result.ops or {}).items() if op not in QDQ_OPS)
-        singles = candidates(ctx.options, cfg.format.name, spec.method, result.diagnosis, conf, graph_nodes)
+        singles = candidates(ctx.options, cfg.format.name, spec.method, result.diagnosis, conf, graph_nodes,
+                             saturates=cpu.int8_dot()["saturates"])
         for i, candidate in enumerate(singles):
             entry = measure(candidate, i)
             measured.append(entry)

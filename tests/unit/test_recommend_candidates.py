@@ -38,6 +38,20 @@ def test_qoperator_has_no_16_bit_and_a_set_option_is_not_proposed_again():
     assert "quant.activation_type=QUInt16" in changes(uint)
 
 
+def test_reduce_range_is_a_candidate_only_where_the_int8_kernels_can_saturate():
+    plain = changes(candidates(QuantOptions(), "qdq", "minmax", None, CONF, graph_nodes=100))
+    assert "quant.reduce_range=true" not in plain
+    found = candidates(QuantOptions(), "qoperator", "minmax", None, CONF, graph_nodes=100, saturates=True)
+    assert changes(found)[:2] == ["quant.per_channel=true", "quant.reduce_range=true"]
+    assert found[1].options == QuantOptions(reduce_range=True)
+    already = candidates(QuantOptions(reduce_range=True), "qdq", "minmax", None, CONF, graph_nodes=100,
+                         saturates=True)
+    assert "quant.reduce_range=true" not in changes(already)
+    both = combined([found[1], found[0]], QuantOptions())
+    assert both.change == "quant.reduce_range=true quant.per_channel=true"
+    assert both.options == QuantOptions(reduce_range=True, per_channel=True)
+
+
 def test_user_exclusions_are_kept_and_a_model_that_would_be_mostly_float_gets_no_exclusion():
     options = QuantOptions(nodes_to_exclude=("Conv_3",))
     found = candidates(options, "qdq", "minmax", DIAGNOSIS, CONF, graph_nodes=100)
