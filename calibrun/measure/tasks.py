@@ -686,8 +686,14 @@ def _auto(graph: _Graph, spec: TaskSpec, facts: Labels | None, classifier: bool 
         return Dense(o.name, spec.threshold, f"output {o.name!r} {why}"), False
     where = f"output {spec.output!r} is neither" if spec.output else "no output is"
     flat = [f"{o.name!r} {why}" for o in outputs if (why := graph.not_dense(o))]
+    # a lone float [N, C] output may be logits or C regression values: not guessed, but the way to say it is named
+    floats = [o for o in outputs if o.kind == "float"]
+    logits = floats[0] if len(floats) == 1 and floats[0].shape is not None and len(floats[0].shape) == 2 and \
+        (floats[0].shape[1] or 0) >= 2 and classifier is None else None
+    hint = (f"; if {logits.name!r} holds class logits, model.classifier=true measures top-1 agreement (or give "
+            "labels)") if logits is not None else ""
     return Task(f"{where} class scores, predicted classes or a probability map: "
-                f"{_names(str(o) for o in outputs)}" + (f"; {'; '.join(flat)}" if flat else "")), False
+                f"{_names(str(o) for o in outputs)}" + (f"; {'; '.join(flat)}" if flat else "") + hint), False
 
 
 def _guess_scores(graph: _Graph, outputs: list[Output], spec: TaskSpec, facts: Labels | None,

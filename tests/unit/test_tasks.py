@@ -198,6 +198,24 @@ def test_auto_dense_needs_real_spatial_extent(tmp_path, shape, producer, dense):
         assert "holds no probabilities (from Log" in picked.reason
 
 
+def test_auto_names_model_classifier_for_a_lone_float_vector_output_it_does_not_guess(tmp_path):
+    """A lone float [N, C] output without a Softmax may be logits or C regression values (OriNet's [N, 4] logits, a
+    box regressor's [N, 4]): auto measures none and says how to tell it; with model.classifier=true it is logits."""
+    nodes, inits, out = _head("logits", 4)
+    path = _save(tmp_path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])], [out],
+                 "logits.onnx", inits)
+    picked = resolve(TaskSpec("auto"), path)
+    assert picked.name == "none"
+    assert "if 'logits' holds class logits, model.classifier=true measures top-1 agreement" in picked.reason
+    told = resolve(TaskSpec("auto"), path, classifier=True)
+    assert isinstance(told, Classification)
+    assert told.output == "logits"
+    vector = _save(tmp_path, [helper.make_node("Relu", ["x"], ["y"])],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 1, 96])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1, 1, 96])], "embedding.onnx")
+    assert "model.classifier" not in resolve(TaskSpec("auto"), vector).reason  # not an [N, C] output
+
+
 # ------------------------------------------------------------------------ multi-output models (issue 29)
 
 
