@@ -271,7 +271,8 @@ def check_pins_cheaply() -> None:
 class _Names:
     """name -> position of the first item of that name in one protobuf repeated field (a graph's initializers),
     brought up to date before every look-up: extended by the items appended since (the quantiser appends), rebuilt
-    when the field shrank or its last known item is no longer where it was (a removal or a reordering). Also knows
+    when the field shrank or its last known item is no longer where it was (a removal), or when a hit's item has
+    another name (a reordering; a reordering cannot hide a name, so a miss stays a miss). Also knows
     whether any item is a FLOAT8E4M3FN tensor (the only kind onnxruntime's initializer check inspects)."""
 
     __slots__ = ("items", "size", "last", "first", "float8")
@@ -319,10 +320,10 @@ class _Readers:
     rewiring like _Names: the nodes appended since are indexed, and a shorter field or a last node that is not the one
     indexed last (a removal) rebuilds it; a reordering (topological_sort: ClearField, then extend) leaves a new field
     object, indexed anew (an in-place sort() of the field would not be seen: onnxruntime does not sort one). A
-    node's inputs change, while the index is in use, only
-    through ONNXModel.replace_node_input: by rewire_by_membership's replacement, which indexes the node under its new
-    input, or by the quantiser itself, where the patched replace_node_input drops every index (onnxruntime 1.32's
-    QDQ quantiser; its QOperator op quantisers assign node inputs directly but never rewire a tensor for all nodes)."""
+    node's inputs change, while the index is in use, only through ONNXModel.replace_node_input: by
+    rewire_by_membership's replacement, which indexes the node under its new input, or by the quantiser itself,
+    where the patched replace_node_input drops every index (onnxruntime 1.32's QDQ quantiser; its QOperator op
+    quantisers assign node inputs directly but never rewire a tensor for all nodes)."""
 
     __slots__ = ("nodes", "size", "last", "positions")
 
