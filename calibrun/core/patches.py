@@ -275,17 +275,17 @@ class _Names:
     another name (a reordering; a reordering cannot hide a name, so a miss stays a miss). Also knows
     whether any item is a FLOAT8E4M3FN tensor (the only kind onnxruntime's initializer check inspects)."""
 
-    __slots__ = ("items", "size", "last", "first", "float8")
+    __slots__ = ("field", "size", "last", "first", "float8")
 
-    def __init__(self, items):
-        self.items = items  # held: its id() stays this field's while the look-ups run
+    def __init__(self, field):
+        self.field = field  # held: its id() stays this field's while the look-ups run
         self.reset()
 
     def reset(self) -> None:
         self.size, self.last, self.first, self.float8 = 0, None, {}, False
 
     def sync(self) -> _Names:
-        items, size = self.items, self.size
+        items, size = self.field, self.size
         count = len(items)
         if count < size or (size and items[size - 1].name != self.last):
             self.reset()
@@ -308,7 +308,7 @@ class _Names:
             position = self.sync().first.get(name)
             if position is None:
                 return None
-            item = self.items[position]
+            item = self.field[position]
             if item.name == name:
                 return item
             self.reset()  # changed in a way the sync could not see: index it again
@@ -325,17 +325,17 @@ class _Readers:
     where the patched replace_node_input drops every index (onnxruntime 1.32's QDQ quantiser; its QOperator op
     quantisers assign node inputs directly but never rewire a tensor for all nodes)."""
 
-    __slots__ = ("nodes", "size", "last", "positions")
+    __slots__ = ("field", "size", "last", "positions")
 
-    def __init__(self, nodes):
-        self.nodes = nodes
+    def __init__(self, field):
+        self.field = field
         self.reset()
 
     def reset(self) -> None:
         self.size, self.last, self.positions = 0, None, {}
 
     def sync(self) -> _Readers:
-        nodes, size = self.nodes, self.size
+        nodes, size = self.field, self.size
         count = len(nodes)
         if count < size or (size and tuple(nodes[size - 1].output) != self.last):
             self.reset()
@@ -349,8 +349,7 @@ class _Readers:
         return self
 
 
-_LOOKUPS = threading.local()  # while indexed_lookups() is active in this thread: .indexes {id(field): _Names},
-# .readers {id(node field): _Readers}
+_LOOKUPS = threading.local()  # .indexes {(_Names or _Readers, id(field)): index} while indexed_lookups() is active
 
 
 @contextlib.contextmanager
@@ -358,22 +357,23 @@ def indexed_lookups():
     """While active (in this thread), rewire_by_membership's and index_initializer_lookups' replacements answer
     from indexes (built on first use, dropped on exit, so no model outlives the quantisation); outside it,
     onnxruntime's own code answers (rewire_by_membership: its membership test)."""
-    previous = getattr(_LOOKUPS, "indexes", None), getattr(_LOOKUPS, "readers", None)
-    _LOOKUPS.indexes, _LOOKUPS.readers = {}, {}
+    previous = getattr(_LOOKUPS, "indexes", None)
+    _LOOKUPS.indexes = {}
     try:
         yield
     finally:
-        _LOOKUPS.indexes, _LOOKUPS.readers = previous
+        _LOOKUPS.indexes = previous
 
 
-def _names(field) -> _Names | None:
+def _index(kind: type, field):
+    """The `kind` (_Names or _Readers) index of the repeated `field` while indexed_lookups() is active, else None."""
     indexes = getattr(_LOOKUPS, "indexes", None)
     if indexes is None:
         return None
-    names = indexes.get(id(field))
-    if names is None or names.items is not field:
-        names = indexes[id(field)] = _Names(field)
-    return names
+    index = indexes.get((kind, id(field)))
+    if index is None or index.field is not field:
+        index = indexes[(kind, id(field))] = kind(field)
+    return index
 
 
 def rewire_by_membership() -> None:
@@ -394,7 +394,7 @@ def rewire_by_membership() -> None:
 
     def replace_input_of_all_nodes(self, old_input_name, new_input_name):
         nodes = self.model.graph.node
-        readers = _readers(nodes)
+        readers = _index(_Readers, nodes)
         if readers is None:
             for node in nodes:
                 if old_input_name in node.input:
@@ -408,9 +408,9 @@ def rewire_by_membership() -> None:
                 positions.setdefault(new_input_name, []).append(position)
 
     def replace_node_input_elsewhere(node, old_input_name, new_input_name):
-        indexes = getattr(_LOOKUPS, "readers", None)
-        if indexes:
-            indexes.clear()  # a node's inputs changed behind the reader index: rebuilt at its next use
+        indexes = getattr(_LOOKUPS, "indexes", None)
+        for key in [key for key in indexes or () if key[0] is _Readers]:
+            del indexes[key]  # a node's inputs changed behind the reader index: rebuilt at its next use
         replace_node_input(node, old_input_name, new_input_name)
 
     _install(model_class, "replace_input_of_all_nodes", replace_input_of_all_nodes)
@@ -418,14 +418,6 @@ def rewire_by_membership() -> None:
     model_class.replace_node_input = staticmethod(replace_node_input_elsewhere)
 
 
-def _readers(nodes) -> _Readers | None:
-    indexes = getattr(_LOOKUPS, "readers", None)
-    if indexes is None:
-        return None
-    readers = indexes.get(id(nodes))
-    if readers is None or readers.nodes is not nodes:
-        readers = indexes[id(nodes)] = _Readers(nodes)
-    return readers
 
 
 def index_initializer_lookups() -> None:
@@ -450,7 +442,7 @@ def index_initializer_lookups() -> None:
     def find_by_name(item_name, item_list):
         # an initializer field only (a node list is reordered in place: its duplicate "" names would make a stale
         # position's check pass)
-        names = _names(item_list) if type(item_list) is repeated and item_list and \
+        names = _index(_Names, item_list) if type(item_list) is repeated and item_list and \
             type(item_list[0]) is TensorProto else None
         return original(item_name, item_list) if names is None else names.find(item_name)
 
@@ -462,11 +454,11 @@ def index_initializer_lookups() -> None:
     get_initializer, extend = ONNXModel.get_initializer, ONNXModel.initializer_extend
 
     def get_initializer_indexed(self, name):
-        names = _names(self.model.graph.initializer)
+        names = _index(_Names, self.model.graph.initializer)
         return get_initializer(self, name) if names is None else names.find(name)
 
     def initializer_extend_indexed(self, inits):
-        names = _names(self.model.graph.initializer)
+        names = _index(_Names, self.model.graph.initializer)
         if names is None or names.sync().float8:  # a FLOAT8E4M3FN initializer to check: onnxruntime's own code
             return extend(self, inits)
         if len(inits) == 0:
