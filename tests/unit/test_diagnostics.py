@@ -12,6 +12,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from calibrun.core import files
 from calibrun.core.errors import CalibrunError
 from calibrun.lab.data import evaluation_rows
 from calibrun.lab.model import LAB_INPUT, write_lab_model
@@ -264,12 +265,24 @@ def test_as_table_is_strict_json_columns(lab):
     assert as_table([])["tensor"] == []
 
 
-def test_no_temp_files_left(lab):
-    """The augmented models live in a TemporaryDirectory that is gone afterwards."""
+def test_no_temp_files_left(lab, tmp_path, monkeypatch):
+    """The augmented models live in a private temp folder that is gone afterwards. The temp dir is this test's own:
+    the system's is shared with every other process, whose folders come and go meanwhile."""
     import tempfile
 
-    folder = Path(tempfile.gettempdir())
-    before = {p for p in os.listdir(folder) if p.startswith("calibrun.diag.")}
+    from calibrun.measure import tensor_stats
+
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    made = []
+
+    def temp_dir(kind, folder=None):
+        made.append(temp := files.temp_dir(kind, folder))
+        return temp
+
+    monkeypatch.setattr(tensor_stats, "temp_dir", temp_dir)
     run = lab["runs"]["wide"]
     tensor_diagnostics(lab["fp32"], run["path"], run["ranges"], [{LAB_INPUT: lab["rows"][:16]}])
-    assert {p for p in os.listdir(folder) if p.startswith("calibrun.diag.")} == before
+    assert [Path(t.name).parent for t in made] == [private]  # the diagnostics' folder was made there
+    assert os.listdir(private) == []  # and is gone
