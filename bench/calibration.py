@@ -92,11 +92,7 @@ def _instrument_calibrator(factory, timers: _Timers):
     def create(*args, **kwargs):
         with timers.phase("setup"):
             calibrator = factory(*args, **kwargs)
-        run, collect, compute = calibrator.infer_session.run, calibrator.collect_data, calibrator.compute_data
-
-        def timed_run(*a, **k):
-            with timers.phase("session.run"):
-                return run(*a, **k)
+        collect, compute = calibrator.collect_data, calibrator.compute_data
 
         def timed_collect(reader):
             timers.in_collect = True
@@ -112,12 +108,34 @@ def _instrument_calibrator(factory, timers: _Timers):
             with timers.phase("compute_data"):
                 return compute()
 
-        calibrator.infer_session.run = timed_run
+        if calibrator.infer_session is not None:  # onnxruntime's own calibrator opened its session here
+            _time_runs(calibrator.infer_session, timers)
         calibrator.collect_data = timed_collect
         calibrator.compute_data = timed_compute
         return calibrator
 
     return create
+
+
+def _time_runs(sess, timers: _Timers) -> None:
+    run = sess.run
+
+    def timed_run(*a, **k):
+        with timers.phase("session.run"):
+            return run(*a, **k)
+
+    sess.run = timed_run
+
+
+def _instrument_lean_session(original, timers: _Timers):
+    """calibrun opens the calibrator's session itself after create_calibrator (calibrate._lean_session): time its
+    runs there."""
+
+    def lean_session(calibrator, threads):
+        original(calibrator, threads)
+        _time_runs(calibrator.infer_session, timers)
+
+    return lean_session
 
 
 def _max_bins(tensors) -> int:
@@ -135,6 +153,7 @@ def _child_calibrun(job: dict, timers: _Timers) -> dict:
     from calibrun.model import float_input, load_model
 
     cc.create_calibrator = _instrument_calibrator(cc.create_calibrator, timers)
+    cc._lean_session = _instrument_lean_session(cc._lean_session, timers)
     info = float_input(load_model(job["model"]), job["model"])
     data = _TimedBatches(lab_batches(info, SEED, FACTOR, job["batches"]), timers)
     spec = cc.CalibrationSpec(method=job["method"], chunk=job["chunk"])
