@@ -7,7 +7,8 @@ For each model: calibrun's `run_calibration` with each method on the same calibr
 calibrun's image source at the model's size), in this process, rounds interleaved (minmax, entropy, minmax, ...);
 the best wall and CPU time of each, and each method's ratio to MinMax. The photos are the test suite's
 (scikit-image's, tests/trained.py), repeated in order up to `--photos` rows. Where the ratio misses, look at the
-threshold search: a fixed cost per calibrated tensor (entropy's 2048-bin search), large against few rows.
+rows per collection: histogram methods collect once per batch, so a model pinned to one image a batch (det_yolox)
+updates every tensor's 2048 bins once per image; the threshold search is a fixed cost per tensor besides.
 """
 
 from __future__ import annotations
@@ -55,13 +56,10 @@ def main() -> int:
         parser.error(f"unknown model(s) {unknown}; known: {sorted(SIZES)}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="calibrun-bench-methods.") as tmp:
-        folder = Path(tmp) / "photos"
-        pool = PHOTOS + TEXT_PHOTOS
-        for copy in range(-(-args.photos // len(pool))):
-            photo_folder(folder / str(copy), pool)
-        files = sorted(p for p in folder.rglob("*.png"))[: args.photos]
+        pool = sorted(photo_folder(Path(tmp) / "pool", PHOTOS + TEXT_PHOTOS).glob("*.png"))
         chosen = Path(tmp) / "chosen"
         chosen.mkdir()
+        files = [pool[i % len(pool)] for i in range(args.photos)]
         for i, path in enumerate(files):
             (chosen / f"{i:03d}_{path.name}").write_bytes(path.read_bytes())
         log(f"{len(files)} photos; {machine_line()}")

@@ -268,39 +268,59 @@ def check_pins_cheaply() -> None:
     _install(environment, "warn_dependency_requirement_mismatches", warn_mismatches)
 
 
-class _Names:
-    """name -> position of the first item of that name in one protobuf repeated field (a graph's initializers),
-    brought up to date before every look-up: extended by the items appended since (the quantiser appends), rebuilt
-    when the field shrank or its last known item is no longer where it was (a removal), or when a hit's item has
-    another name (a reordering; a reordering cannot hide a name, so a miss stays a miss). Also knows
-    whether any item is a FLOAT8E4M3FN tensor (the only kind onnxruntime's initializer check inspects)."""
+class _FieldIndex:
+    """An index of one protobuf repeated field, brought up to date before every use: the items appended since are
+    indexed (the quantiser appends), and a shorter field or a last item that is not the one indexed last (a removal)
+    rebuilds it. Subclasses say what an item adds (`_add`) and what identifies the last one (`_identity`)."""
 
-    __slots__ = ("field", "size", "last", "first", "float8")
+    __slots__ = ("field", "size", "last")
 
     def __init__(self, field):
-        self.field = field  # held: its id() stays this field's while the look-ups run
+        self.field = field  # held: its id() stays this field's while the index is in use
         self.reset()
 
     def reset(self) -> None:
-        self.size, self.last, self.first, self.float8 = 0, None, {}, False
+        self.size, self.last = 0, None
 
-    def sync(self) -> _Names:
+    def sync(self):
         items, size = self.field, self.size
         count = len(items)
-        if count < size or (size and items[size - 1].name != self.last):
+        if count < size or (size and self._identity(items[size - 1]) != self.last):
             self.reset()
             size = 0
         if count > size:
-            from onnx import TensorProto
-
-            first = self.first
             for position in range(size, count):
-                item = items[position]
-                first.setdefault(item.name, position)
-                if getattr(item, "data_type", None) == TensorProto.FLOAT8E4M3FN:
-                    self.float8 = True
-            self.size, self.last = count, items[count - 1].name
+                self._add(position, items[position])
+            self.size, self.last = count, self._identity(items[count - 1])
         return self
+
+    def _identity(self, item):
+        raise NotImplementedError
+
+    def _add(self, position: int, item) -> None:
+        raise NotImplementedError
+
+
+class _Names(_FieldIndex):
+    """name -> position of the first item of that name in a graph's initializers; also rebuilt when a hit's item has
+    another name (a reordering; a reordering cannot hide a name, so a miss stays a miss). Also knows whether any
+    item is a FLOAT8E4M3FN tensor (the only kind onnxruntime's initializer check inspects)."""
+
+    __slots__ = ("first", "float8")
+
+    def reset(self) -> None:
+        super().reset()
+        self.first, self.float8 = {}, False
+
+    def _identity(self, item):
+        return item.name
+
+    def _add(self, position: int, item) -> None:
+        from onnx import TensorProto
+
+        self.first.setdefault(item.name, position)
+        if getattr(item, "data_type", None) == TensorProto.FLOAT8E4M3FN:
+            self.float8 = True
 
     def find(self, name: str):
         """The first item called `name`, or None: the linear scan's answer, checked against the field itself."""
@@ -315,38 +335,27 @@ class _Names:
         return None
 
 
-class _Readers:
-    """tensor name -> positions of the nodes that read it, in one graph's node field, brought up to date before every
-    rewiring like _Names: the nodes appended since are indexed, and a shorter field or a last node that is not the one
-    indexed last (a removal) rebuilds it; a reordering (topological_sort: ClearField, then extend) leaves a new field
-    object, indexed anew (an in-place sort() of the field would not be seen: onnxruntime does not sort one). A
-    node's inputs change, while the index is in use, only through ONNXModel.replace_node_input: by
-    rewire_by_membership's replacement, which indexes the node under its new input, or by the quantiser itself,
-    where the patched replace_node_input drops every index (onnxruntime 1.32's QDQ quantiser; its QOperator op
-    quantisers assign node inputs directly but never rewire a tensor for all nodes)."""
+class _Readers(_FieldIndex):
+    """tensor name -> positions of the nodes that read it, in one graph's node field (a node is identified by its
+    outputs). A reordering (topological_sort: ClearField, then extend) leaves a new field object, indexed anew (an
+    in-place sort() of the field would not be seen: onnxruntime does not sort one). A node's inputs change, while the
+    index is in use, only through ONNXModel.replace_node_input: by rewire_by_membership's replacement, which indexes
+    the node under its new input, or by the quantiser itself, where the patched replace_node_input drops every index
+    (onnxruntime 1.32's QDQ quantiser; its QOperator op quantisers assign node inputs directly but never rewire a
+    tensor for all nodes)."""
 
-    __slots__ = ("field", "size", "last", "positions")
-
-    def __init__(self, field):
-        self.field = field
-        self.reset()
+    __slots__ = ("positions",)
 
     def reset(self) -> None:
-        self.size, self.last, self.positions = 0, None, {}
+        super().reset()
+        self.positions = {}
 
-    def sync(self) -> _Readers:
-        nodes, size = self.field, self.size
-        count = len(nodes)
-        if count < size or (size and tuple(nodes[size - 1].output) != self.last):
-            self.reset()
-            size = 0
-        if count > size:
-            positions = self.positions
-            for position in range(size, count):
-                for name in nodes[position].input:
-                    positions.setdefault(name, []).append(position)
-            self.size, self.last = count, tuple(nodes[count - 1].output)
-        return self
+    def _identity(self, item):
+        return tuple(item.output)
+
+    def _add(self, position: int, item) -> None:
+        for name in item.input:
+            self.positions.setdefault(name, []).append(position)
 
 
 _LOOKUPS = threading.local()  # .indexes {(_Names or _Readers, id(field)): index} while indexed_lookups() is active
