@@ -127,7 +127,8 @@ class _Actors:
     switch model and the evaluation batches travel through Ray's object store (each actor writes them to a temp
     folder of its own node). Connects to the Ray the process is in, else `ray.init()` (RAY_ADDRESS, or a Ray of
     this machine, stopped after). Actors Ray cannot place within READY_SECONDS (no free CPU: e.g. every CPU held by
-    the sweep's jobs) are not waited for: the trials run on those that started, or in the job's process."""
+    the sweep's jobs), or at all (the started ones hold every CPU the cluster has), are not waited for: the trials
+    run on those that started, or in the job's process."""
 
     name = "ray"
 
@@ -143,17 +144,34 @@ class _Actors:
         data = [ray.put((batches.folder / f"{i}.npz").read_bytes()) for i in range(batches.count)]
         actor = ray.remote(num_cpus=per)(_TrialActor)
         self.actors = [actor.remote(model, per, batches, data, names, pairs) for _ in range(workers)]
+        self.per = per
         self.waiting = {a.ready.remote(): a for a in self.actors}  # their start overlaps the baseline trial
         self.started: list | None = None
 
+    def _wait(self) -> tuple[list, list, str]:
+        """The actors that started, those that did not, and why not. Waiting stops at READY_SECONDS, or sooner
+        once the cluster cannot place another: the started ones hold `per` CPUs each, and one more would exceed
+        the CPUs the cluster has (`ray.cluster_resources()`; a cluster that grows later is not waited for)."""
+        ready, late = [], list(self.waiting)
+        deadline = time.monotonic() + READY_SECONDS
+        while late:
+            total = self.ray.cluster_resources().get("CPU", 0.0)
+            if (len(ready) + 1) * self.per > total:
+                return ready, late, f"Ray's {total:g} CPUs cannot hold another of {self.per} CPUs"
+            done, late = self.ray.wait(late, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not done:
+                return ready, late, f"Ray had no free CPU for the others within {READY_SECONDS:.0f} s"
+            ready += done
+        return ready, late, ""
+
     def size(self) -> int:
         if self.started is None:
-            ready, late = self.ray.wait(list(self.waiting), num_returns=len(self.waiting), timeout=READY_SECONDS)
+            ready, late, why = self._wait()
             self.ray.get(ready)  # an actor that failed to start raises here
             self.started = [self.waiting[r] for r in ready]
             if late:
-                log.warning("analysis.backend=ray: %d of %d trial actors started within %.0f s (Ray has no free CPU "
-                            "for the others); the trials run on %s", len(ready), len(self.actors), READY_SECONDS,
+                log.warning("analysis.backend=ray: %d of %d trial actors started (%s); the trials run on %s",
+                            len(ready), len(self.actors), why,
                             f"{len(ready)} actor(s)" if ready else "the job's process")
                 for ref in late:
                     self.ray.kill(self.waiting[ref])

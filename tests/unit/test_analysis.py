@@ -508,3 +508,38 @@ def test_fallback_prunes_the_steps_that_left_the_metric_as_it_was_in_one_trial(t
     assert trials[5] == ("a", "d")  # after 5 steps: b and c out in one trial
     assert trials[6:] == [("a",), ("d",)]  # then each node left on its own (both needed)
     assert (tmp_path / "out.onnx").read_text() == "a,d"
+
+
+class _FakeRay:
+    """Ray's `wait` and `cluster_resources` as _Actors reads them: each actor's ready ref answers after the
+    seconds given (None: never, Ray cannot place it)."""
+
+    def __init__(self, cpus: float, starts: list[float | None]):
+        self.cpus, self.starts, self.waited = cpus, starts, []
+
+    def cluster_resources(self):
+        return {"CPU": self.cpus}
+
+    def wait(self, refs, num_returns, timeout):
+        self.waited.append(timeout)
+        placeable = sorted((r for r in refs if self.starts[r] is not None and self.starts[r] <= timeout),
+                           key=lambda r: self.starts[r])
+        done = placeable[:num_returns]
+        return done, [r for r in refs if r not in done]
+
+
+@pytest.mark.parametrize(("cpus", "per", "starts", "ready", "why"), [
+    (2, 1, [0.1, 0.2, None], 2, "Ray's 2 CPUs cannot hold another of 1 CPUs"),  # not waited for: no CPU left
+    (4, 2, [0.1, None, None], 1, "Ray had no free CPU for the others within 60 s"),  # CPUs held by others
+    (1, 2, [None, None], 0, "Ray's 1 CPUs cannot hold another of 2 CPUs"),  # larger than the cluster
+    (4, 1, [0.3, 0.1, 0.2], 3, ""),
+])
+def test_ray_actors_are_waited_for_only_while_the_cluster_can_place_them(cpus, per, starts, ready, why):
+    from calibrun.analysis.trials import READY_SECONDS, _Actors
+
+    actors = _Actors.__new__(_Actors)  # no Ray: the waiting rule alone
+    actors.ray, actors.per = _FakeRay(cpus, starts), per
+    actors.waiting = {i: f"actor {i}" for i in range(len(starts))}
+    got, late, reason = actors._wait()
+    assert (len(got), len(late), reason) == (ready, len(starts) - ready, why)
+    assert all(0 < t <= READY_SECONDS for t in actors.ray.waited)
