@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -70,10 +71,15 @@ class _AdviceOnce(logging.Filter):
     opset version is 17, which does not support 16-bit ..."): shown once per process (a sweep's jobs run in its
     process, or in a few workers), not once per model. Its INFO lines, one per tensor ("Quantizing bias tensor
     'conv2d_96.b_0' as a weight due to the presence of user-specified overrides": 400 per model a repair trial
-    writes), are dropped; its warnings stay."""
+    writes), are dropped; its warnings stay, but for one kind written once per weight: with per-channel weights,
+    "Axis 1 is out-of-range for weight 'batch_norm2d_0.w_0' with rank 1" for every rank-1 weight (a
+    BatchNormalization's scale: 94 lines on a PP-PicoDet), which onnxruntime then quantises per tensor; the first
+    is shown, saying so, and the rest dropped."""
 
     PREFIX = ("Please use QuantFormat.QDQ", "The original model opset version is")
     QUIET = f"{os.sep}onnxruntime{os.sep}quantization{os.sep}"
+    PER_WEIGHT = re.compile(r"Axis -?\d+ is out-of-range for weight '.*' with rank \d+")
+    PER_WEIGHT_NOTE = ": onnxruntime quantises it per tensor (further weights like it are not named)"
 
     def __init__(self):
         super().__init__()
@@ -83,6 +89,12 @@ class _AdviceOnce(logging.Filter):
         if record.levelno <= logging.INFO and self.QUIET in record.pathname:
             return False
         message = record.getMessage()
+        if self.PER_WEIGHT.fullmatch(message):
+            if "per weight" in self.seen:
+                return False
+            self.seen.add("per weight")
+            record.msg, record.args = message + self.PER_WEIGHT_NOTE, None
+            return True
         if not message.startswith(self.PREFIX):
             return True
         if message in self.seen:

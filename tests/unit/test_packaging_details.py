@@ -82,3 +82,18 @@ def test_onnxruntimes_per_tensor_info_lines_are_dropped_and_its_warnings_kept(ca
                                      (logging.INFO, "calibrun's own line", __file__)):
             root.handle(root.makeRecord("root", level, path, 1, message, None, None))
     assert [r.getMessage() for r in caplog.records] == ["a warning of onnxruntime's", "calibrun's own line"]
+
+
+def test_onnxruntimes_per_weight_axis_warnings_are_shown_once_saying_what_happens(caplog):
+    """With per-channel weights onnxruntime warns once per rank-1 weight (a BatchNormalization's scale) that the
+    axis is out of range, then quantises it per tensor: the first line is shown, saying so, the others dropped."""
+    quantize.ADVICE_ONCE.seen.clear()
+    quantize.advice_once()
+    with caplog.at_level(logging.WARNING):
+        for k in range(3):
+            logging.warning(f"Axis 1 is out-of-range for weight 'batch_norm2d_{k}.w_0' with rank 1")
+        logging.warning("Axis 1 is out-of-range for something else")  # not the per-weight line: kept
+    assert [r.getMessage() for r in caplog.records] == [
+        "Axis 1 is out-of-range for weight 'batch_norm2d_0.w_0' with rank 1: onnxruntime quantises it per tensor "
+        "(further weights like it are not named)",
+        "Axis 1 is out-of-range for something else"]
