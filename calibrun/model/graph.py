@@ -172,3 +172,42 @@ def scales_summary(model: onnx.ModelProto, where: str = "model") -> dict:
 
 def scales(path: str | Path) -> dict:
     return scales_summary(load_model(path), str(path))
+
+
+def keep_only(graph: onnx.GraphProto, outputs: list[str]) -> None:
+    """Make `outputs` the graph's only outputs (float tensors whose shape is left to onnxruntime where the graph
+    did not declare them) and drop the nodes and initializers none of them needs: a run then computes the graph up
+    to its last wanted tensor, not all of it. Nodes are read in their (topological) order; what a node's subgraphs
+    read from the outer scope counts as read by the node. The graph inputs stay (a feed may name each of them)."""
+    declared = {o.name: o for o in graph.output}
+    wanted = list(dict.fromkeys(outputs))
+    new_outputs = [declared.get(name) or onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
+                   for name in wanted]
+    needed = set(wanted)
+    kept = []
+    for node in reversed(graph.node):
+        if any(name in needed for name in node.output):
+            kept.append(node)
+            needed.update(name for name in node.input if name)
+            needed.update(_read_inside(node))
+    kept.reverse()
+    initializers = [t for t in graph.initializer if t.name in needed]
+    del graph.output[:]
+    graph.output.extend(new_outputs)
+    del graph.node[:]
+    graph.node.extend(kept)
+    del graph.initializer[:]
+    graph.initializer.extend(initializers)
+
+
+def _read_inside(node: onnx.NodeProto) -> set[str]:
+    """Every tensor name the nodes of `node`'s subgraphs read (outer-scope names among them), recursively."""
+    names: set[str] = set()
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else (
+            list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else [])
+        for sub in graphs:
+            for inner in sub.node:
+                names.update(name for name in inner.input if name)
+                names |= _read_inside(inner)
+    return names

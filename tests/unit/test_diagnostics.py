@@ -286,3 +286,66 @@ def test_no_temp_files_left(lab, tmp_path, monkeypatch):
     tensor_diagnostics(lab["fp32"], run["path"], run["ranges"], [{LAB_INPUT: lab["rows"][:16]}])
     assert [Path(t.name).parent for t in made] == [private]  # the diagnostics' folder was made there
     assert os.listdir(private) == []  # and is gone
+
+
+def test_diagnostics_in_groups_run_each_model_only_up_to_the_groups_last_tensor(lab, monkeypatch):
+    """memory.budget of 1 byte: one group per tensor, each group's models cut after its tensors (the nodes past
+    them dropped): the rows are the bits of groups run on the whole models, and within float rounding of one
+    pass (which runs the rows 256 at a time, where groups run them one at a time)."""
+    from calibrun.measure import tensor_stats
+
+    run = lab["runs"]["narrow"]
+    nodes = []
+    real = tensor_stats._session
+
+    def counted(path, *args, **kwargs):
+        nodes.append((Path(path).parent.name, len(onnx.load(str(path), load_external_data=False).graph.node)))
+        return real(path, *args, **kwargs)
+
+    def grouped() -> list[dict]:
+        with tensor_stats.StreamingDiagnostics(lab["fp32"], run["path"], run["ranges"], budget=1) as diag:
+            diag.update({LAB_INPUT: lab["rows"]})
+            assert len(diag.groups) == len(LAB_TENSORS)
+            return diag.rows()
+
+    monkeypatch.setattr(tensor_stats, "_session", counted)
+    cut = grouped()
+    nodes = [(folder, count) for folder, count in nodes if "-" in folder]  # the groups' (not the one-pass) models
+    int8_nodes = [count for folder, count in nodes if folder.startswith("int8-")]
+    full = len(onnx.load(str(run["path"])).graph.node)
+    assert int8_nodes == sorted(int8_nodes)
+    assert int8_nodes[0] < full  # the early groups run a prefix only
+    assert nodes[0] == ("fp32-0", 0)  # the input `x`: its fp32 copy needs no node
+    monkeypatch.setattr(tensor_stats, "keep_only", lambda graph, outputs: None)  # groups on the whole models
+    assert cut == grouped()
+    for row, one in zip(cut, run["diags"], strict=True):
+        assert row["tensor"] == one["tensor"]
+        assert row["sqnr_db"] == pytest.approx(one["sqnr_db"], rel=1e-6)
+        assert row["clipped_fraction"] == one["clipped_fraction"]
+
+
+def test_keep_only_drops_what_no_wanted_tensor_needs_and_keeps_what_a_subgraph_reads():
+    from onnx import TensorProto, helper
+
+    from calibrun.model.graph import keep_only
+
+    then = helper.make_graph([helper.make_node("Identity", ["a"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Identity", ["b"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["a"], name="relu"),
+         helper.make_node("Neg", ["x"], ["b"], name="neg"),
+         helper.make_node("Abs", ["x"], ["unused"], name="abs"),
+         helper.make_node("If", ["cond"], ["r"], name="if", then_branch=then, else_branch=other),
+         helper.make_node("Add", ["r", "w"], ["y"], name="add"),
+         helper.make_node("Mul", ["y", "v"], ["z"], name="mul")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+              helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])],
+        [numpy_helper.from_array(np.ones(2, np.float32), "w"), numpy_helper.from_array(np.ones(2, np.float32), "v")])
+    keep_only(graph, ["y", "a"])
+    assert [n.name for n in graph.node] == ["relu", "neg", "if", "add"]  # both branches' outer reads kept
+    assert [o.name for o in graph.output] == ["y", "a"]
+    assert [t.name for t in graph.initializer] == ["w"]
+    assert [i.name for i in graph.input] == ["x", "cond"]  # every input stays feedable
