@@ -71,6 +71,7 @@ from calibrun.data import rows as feed_rows
 from calibrun.model import graph_inputs, load_model, private_model_copy
 from calibrun.model.graph import constant_tensors, keep_only
 from calibrun.model.pairs import Pair, find_pairs, fused_bounds
+from calibrun.model.segments import SegmentError, Segments
 from calibrun.model.sessions import session
 
 log = logging.getLogger(__name__)
@@ -378,6 +379,11 @@ def _augmented(model_path: Path, folder: Path, tensors: Sequence[str], only: boo
     return path, names
 
 
+def _fresh(folder: Path) -> Path:
+    folder.mkdir()
+    return folder
+
+
 def _session(path: Path, threads: int, where: Path, optimize: bool = False):
     """A session on an augmented copy: graph optimisation off unless `optimize` (as qdq_loss_debug's
     collect_activations: no fusion of the pairs; the fp32 model has no pairs, and its extra outputs survive
@@ -436,6 +442,8 @@ class StreamingDiagnostics:
         self.upstream = {t: _upstream(t, fp32_producers, set(self.by_tensor)) for t in self.by_tensor}
         infos = graph_inputs(fp32_model)
         self.fixed = feed_rows.pinned_rows({info.name: info.shape for info in infos}, axes)
+        written = {name: i for i, node in enumerate(int8_model.graph.node) for name in node.output}
+        self.in_graph_order = sorted(self.stats, key=lambda stats: written.get(stats.pair.post, -1))
         del fp32_model, int8_model
         self._tmp = temp_dir("diag")
         try:
@@ -453,7 +461,8 @@ class StreamingDiagnostics:
         self.setting = budget  # memory.budget in bytes (None: auto), resolved on the first batch
         self.budget: int | None = None
         self.groups: list[list[TensorStats]] | None = None  # set on the first batch; > 1 group: several passes
-        self.group_files: list[tuple[Path, list[str], Path, list[str]]] = []
+        self.group_files: list[tuple[Path, list[str], Path, list[str]]] = []  # a model per group, or:
+        self.segments: tuple[Segments, Segments] | None = None  # the fp32 and int8 models in pieces, one per group
         self.batches = 0
         self.rows_per_run: int | None = None  # set from the first run's output bytes (one row)
         self.max_rows = max_rows  # diagnose the first max_rows evaluation rows (None: all)
@@ -466,7 +475,7 @@ class StreamingDiagnostics:
         self.close()
 
     def close(self) -> None:
-        self.fp32_sess = self.int8_sess = None
+        self.fp32_sess = self.int8_sess = self.segments = None
         self._tmp.cleanup()
 
     def update(self, feeds: Mapping[str, np.ndarray]) -> None:
@@ -495,45 +504,90 @@ class StreamingDiagnostics:
         self.batches += 1
 
     def _plan(self, feeds: Mapping[str, np.ndarray]) -> None:
-        """Resolve the budget from the first batch's shapes (calibrun.core.memory) and split the diagnosed tensors into
-        groups whose outputs for one row (fp32, and before and after the pair) stay under it, in graph order."""
+        """Resolve the budget from the first batch's shapes (calibrun.core.memory). When one row's diagnosed tensors
+        (fp32, and before and after the pair) exceed it, split them into groups in graph order and cut each model
+        into pieces, one per group: a group's tensors then take at most half the budget, the other half left to
+        what a piece carries to the next ones and to its own intermediates (ocr_det at 1024: a whole budget per
+        group peaked at 2.46x plain inference, half at 1.81x, in the same time). A model that cannot be cut runs
+        once per group instead, each group up to the whole budget."""
         from calibrun.core import memory
 
         sizes = memory.row_bytes(self.fp32_where, feeds, self.axes)
         self.budget = memory.resolve(self.setting, sizes)
+        self.groups = self._split(sizes, self.budget)
+        if len(self.groups) == 1:
+            return
+        self.fp32_sess = self.int8_sess = None  # the sessions returning every tensor are not used
+        root = Path(self._tmp.name)
+        try:  # one pass: each model cut into pieces, one per group (calibrun.model.segments)
+            groups = self._split(sizes, self.budget // 2)
+            self.segments = tuple(
+                Segments(private_model_copy(where, _fresh(root / f"{name}-pieces")), wanted,
+                         lambda path, where=where, optimize=optimize: _session(path, self.threads, Path(where),
+                                                                                optimize=optimize))
+                for name, where, wanted, optimize in (
+                    ("fp32", self.fp32_where, self._names(groups, fp32=True), True),
+                    ("int8", self.int8_where, self._names(groups, fp32=False), False)))
+            self.groups = groups
+            how = "one pass over each evaluation batch, each model in as many pieces"
+        except SegmentError as exc:
+            log.info("diagnostics: the models cannot be cut into pieces (%s): a pass per group", exc)
+            self.segments = None
+            for index, (fp32_wanted, int8_wanted) in enumerate(zip(self._names(self.groups, fp32=True),
+                                                                   self._names(self.groups, fp32=False),
+                                                                   strict=True)):
+                fp32_file, fp32_names = (_augmented(Path(self.fp32_where), root / f"fp32-{index}", fp32_wanted,
+                                                    only=True) if fp32_wanted else (None, []))
+                int8_file, int8_names = _augmented(Path(self.int8_where), root / f"int8-{index}", int8_wanted,
+                                                   only=True)
+                self.group_files.append((fp32_file, fp32_names, int8_file, int8_names))
+            how = "one pass over each evaluation batch per group"
+        log.info("diagnostics: %d groups of tensors (%.0f MB of diagnosed tensors per row, memory.budget %.0f MB): %s",
+                 len(self.groups), sum(sizes.get(s.pair.tensor, 0) * (3 if s.pair.tensor in self.fp32_wanted else 2)
+                                       for s in self.stats) / 1e6, self.budget / 1e6, how)
+
+    def _split(self, sizes: Mapping[str, int], limit: int) -> list[list[TensorStats]]:
+        """The diagnosed tensors in groups whose copies for one row stay under `limit` bytes (a tensor larger than
+        it alone), in the order the QDQ model writes them (the pieces follow it)."""
         groups: list[list[TensorStats]] = [[]]
         held = 0
-        for stats in self.stats:
+        for stats in self.in_graph_order:
             tensor = stats.pair.tensor
             size = sizes.get(tensor, 0) * (3 if tensor in self.fp32_wanted else 2)
-            if groups[-1] and held + size > self.budget:
+            if groups[-1] and held + size > limit:
                 groups.append([])
                 held = 0
             groups[-1].append(stats)
             held += size
-        self.groups = groups
-        if len(groups) == 1:
-            return
-        log.info("diagnostics: %d groups of tensors (%.0f MB of diagnosed tensors per row, memory.budget %.0f MB): "
-                 "one pass over each evaluation batch per group", len(groups),
-                 sum(sizes.get(s.pair.tensor, 0) * (3 if s.pair.tensor in self.fp32_wanted else 2)
-                     for s in self.stats) / 1e6, self.budget / 1e6)
-        self.fp32_sess = self.int8_sess = None  # the sessions returning every tensor are not used
-        root = Path(self._tmp.name)
-        for index, group in enumerate(groups):  # each model only up to the group's last tensor
-            wanted = [s.pair.tensor for s in group if s.pair.tensor in self.fp32_wanted]
-            fp32_file, fp32_names = (_augmented(Path(self.fp32_where), root / f"fp32-{index}", wanted, only=True)
-                                     if wanted else (None, []))
-            int8_file, int8_names = _augmented(Path(self.int8_where), root / f"int8-{index}",
-                                               [n for s in group for n in (s.pair.pre, s.pair.post)], only=True)
-            self.group_files.append((fp32_file, fp32_names, int8_file, int8_names))
+        return groups
+
+    def _names(self, groups: list[list[TensorStats]], fp32: bool) -> list[list[str]]:
+        """Each group's tensors in the fp32 model (those it has), or in the QDQ model (each pair's two)."""
+        if fp32:
+            return [[s.pair.tensor for s in group if s.pair.tensor in self.fp32_wanted] for group in groups]
+        return [[n for s in group for n in (s.pair.pre, s.pair.post)] for group in groups]
 
     def _grouped(self, feeds: Mapping[str, np.ndarray], rows: int) -> None:
-        """One batch, group by group: each group's pair of sessions exists only for its pass (one pair at a time),
-        rows one run at a time (`rows_per_run` is 1: one row's tensors exceed the budget) or the batch as it comes
-        for a model that pins its first axis. Each tensor sees the same runs in the same order as in one pass."""
+        """One batch in groups, rows one run at a time (`rows_per_run` is 1: one row's tensors exceed the budget) or
+        the batch as it comes for a model that pins its first axis. Each tensor sees the same runs in the same order
+        as in one pass. With pieces (self.segments): per run, piece by piece, each group's tensors as its piece ends.
+        Without: group by group, each group's pair of sessions existing only for its pass (one pair at a time)."""
         self.rows_per_run = 1
         size = rows if self.fixed is not None else 1
+        if self.segments is not None:
+            fp32_pieces, int8_pieces = self.segments
+            for start in range(0, rows, size):
+                part = feed_rows.take(feeds, self.axes, start, start + size)
+                try:
+                    for group, ref, got in zip(self.groups, fp32_pieces.run(part), int8_pieces.run(part),
+                                               strict=True):
+                        self._update(group, ref, got)
+                except CalibrunError:
+                    raise
+                except Exception as exc:  # onnxruntime's own Fail/InvalidArgument types on bad feeds
+                    raise CalibrunError(f"running {self.int8_where} on the evaluation feeds failed: "
+                                        f"{one_line(exc)}") from exc
+            return
         for group, (fp32_file, fp32_names, int8_file, int8_names) in zip(self.groups, self.group_files,
                                                                          strict=True):
             fp32_sess = _session(fp32_file, self.threads, Path(self.fp32_where), optimize=True) if fp32_file else None
@@ -541,12 +595,15 @@ class StreamingDiagnostics:
             for start in range(0, rows, size):
                 part = feed_rows.take(feeds, self.axes, start, start + size)
                 ref, got = self._outputs(fp32_sess, fp32_names, int8_sess, int8_names, part)
-                for stats in group:
-                    pair = stats.pair
-                    stats.update(ref.get(pair.tensor) if pair.tensor in self.fp32_wanted else None, got[pair.pre],
-                                 got[pair.post])
+                self._update(group, ref, got)
                 del ref, got
             del fp32_sess, int8_sess
+
+    def _update(self, group: list[TensorStats], ref: dict, got: dict) -> None:
+        for stats in group:
+            pair = stats.pair
+            stats.update(ref.get(pair.tensor) if pair.tensor in self.fp32_wanted else None, got[pair.pre],
+                         got[pair.post])
 
     def _outputs(self, fp32_sess, fp32_names, int8_sess, int8_names, feeds) -> tuple[dict, dict]:
         try:
@@ -562,10 +619,7 @@ class StreamingDiagnostics:
             rows = max(1, feed_rows.count(feeds, self.axes))
             per_row = sum(getattr(a, "nbytes", 0) for a in (*ref.values(), *got.values())) / rows  # a ZipMap's: a list
             self.rows_per_run = max(1, int(self.budget // max(per_row, 1)))
-        for stats in self.stats:
-            pair = stats.pair
-            stats.update(ref.get(pair.tensor) if pair.tensor in self.fp32_wanted else None, got[pair.pre],
-                         got[pair.post])
+        self._update(self.stats, ref, got)
 
     def _added(self, stats: TensorStats) -> float:
         """The error this tensor adds: its noise-to-signal ratio against fp32 minus the largest one among the

@@ -189,7 +189,7 @@ def keep_only(graph: onnx.GraphProto, outputs: list[str]) -> None:
         if any(name in needed for name in node.output):
             kept.append(node)
             needed.update(name for name in node.input if name)
-            needed.update(_read_inside(node))
+            needed.update(outer_reads(node))
     kept.reverse()
     initializers = [t for t in graph.initializer if t.name in needed]
     del graph.output[:]
@@ -200,14 +200,16 @@ def keep_only(graph: onnx.GraphProto, outputs: list[str]) -> None:
     graph.initializer.extend(initializers)
 
 
-def _read_inside(node: onnx.NodeProto) -> set[str]:
-    """Every tensor name the nodes of `node`'s subgraphs read (outer-scope names among them), recursively."""
+def outer_reads(node: onnx.NodeProto) -> set[str]:
+    """The outer-scope tensors `node`'s subgraphs read (recursively): what their nodes read that no node of the
+    subgraph writes and that is not the subgraph's own input or initializer."""
     names: set[str] = set()
     for attr in node.attribute:
         graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else (
             list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else [])
         for sub in graphs:
+            local = {i.name for i in sub.input} | {t.name for t in sub.initializer}
+            local.update(name for inner in sub.node for name in inner.output)
             for inner in sub.node:
-                names.update(name for name in inner.input if name)
-                names |= _read_inside(inner)
+                names.update(name for name in (*inner.input, *outer_reads(inner)) if name and name not in local)
     return names

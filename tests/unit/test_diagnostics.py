@@ -288,11 +288,13 @@ def test_no_temp_files_left(lab, tmp_path, monkeypatch):
     assert os.listdir(private) == []  # and is gone
 
 
-def test_diagnostics_in_groups_run_each_model_only_up_to_the_groups_last_tensor(lab, monkeypatch):
-    """memory.budget of 1 byte: one group per tensor, each group's models cut after its tensors (the nodes past
-    them dropped): the rows are the bits of groups run on the whole models, and within float rounding of one
-    pass (which runs the rows 256 at a time, where groups run them one at a time)."""
+def test_diagnostics_in_groups_run_each_node_once_in_pieces(lab, monkeypatch):
+    """memory.budget of 1 byte: one group per tensor. Each model is cut into pieces, one per group, run one after
+    the other over each row (every node once); the rows are the bits of the fallback that runs a model per group
+    (each ending at its group's last tensor), and within float rounding of one pass (which runs the rows 256 at a
+    time, where groups run them one at a time)."""
     from calibrun.measure import tensor_stats
+    from calibrun.model.segments import SegmentError
 
     run = lab["runs"]["narrow"]
     nodes = []
@@ -303,25 +305,42 @@ def test_diagnostics_in_groups_run_each_model_only_up_to_the_groups_last_tensor(
         return real(path, *args, **kwargs)
 
     def grouped() -> list[dict]:
+        nodes.clear()
         with tensor_stats.StreamingDiagnostics(lab["fp32"], run["path"], run["ranges"], budget=1) as diag:
             diag.update({LAB_INPUT: lab["rows"]})
+            diag.update({LAB_INPUT: lab["rows"][:7]})
             assert len(diag.groups) == len(LAB_TENSORS)
             return diag.rows()
 
     monkeypatch.setattr(tensor_stats, "_session", counted)
-    cut = grouped()
-    nodes = [(folder, count) for folder, count in nodes if "-" in folder]  # the groups' (not the one-pass) models
-    int8_nodes = [count for folder, count in nodes if folder.startswith("int8-")]
     full = len(onnx.load(str(run["path"])).graph.node)
-    assert int8_nodes == sorted(int8_nodes)
-    assert int8_nodes[0] < full  # the early groups run a prefix only
-    assert nodes[0] == ("fp32-0", 0)  # the input `x`: its fp32 copy needs no node
-    monkeypatch.setattr(tensor_stats, "keep_only", lambda graph, outputs: None)  # groups on the whole models
-    assert cut == grouped()
-    for row, one in zip(cut, run["diags"], strict=True):
-        assert row["tensor"] == one["tensor"]
-        assert row["sqnr_db"] == pytest.approx(one["sqnr_db"], rel=1e-6)
-        assert row["clipped_fraction"] == one["clipped_fraction"]
+    pieces = grouped()
+    runs = len(lab["rows"]) + 7  # one row a run: one row's tensors exceed the budget
+    int8 = [count for folder, count in nodes if folder == "int8-pieces"]
+    assert len(int8) == (1 + runs) * len(LAB_TENSORS)  # a piece per group, loaded when cut, opened for each run
+    assert sum(int8[:len(LAB_TENSORS)]) == full  # each node in one piece
+    fp32 = [count for folder, count in nodes if folder == "fp32-pieces"]
+    assert len(fp32) == (1 + runs) * (len(LAB_TENSORS) - 1)  # the input `x` is fed: no piece writes it
+    assert sum(fp32[:len(LAB_TENSORS) - 1]) == len(onnx.load(str(lab["fp32"])).graph.node)
+
+    def cannot_cut(*args, **kwargs):
+        raise SegmentError("no element type for ['t']")
+
+    monkeypatch.setattr(tensor_stats, "Segments", cannot_cut)
+    per_group = grouped()
+    prefixes = [count for folder, count in nodes if folder.startswith("int8-")][:len(LAB_TENSORS)]  # 1st batch
+    assert prefixes == sorted(prefixes)
+    assert prefixes[0] < full  # the early groups' models end at their tensors
+    assert pieces == per_group
+    with tensor_stats.StreamingDiagnostics(lab["fp32"], run["path"], run["ranges"]) as diag:
+        diag.update({LAB_INPUT: lab["rows"]})
+        diag.update({LAB_INPUT: lab["rows"][:7]})
+        one = diag.rows()
+    assert len(diag.groups) == 1
+    for row, whole in zip(pieces, one, strict=True):
+        assert row["tensor"] == whole["tensor"]
+        assert row["sqnr_db"] == pytest.approx(whole["sqnr_db"], rel=1e-6)
+        assert row["clipped_fraction"] == whole["clipped_fraction"]
 
 
 def test_keep_only_drops_what_no_wanted_tensor_needs_and_keeps_what_a_subgraph_reads():
@@ -349,3 +368,27 @@ def test_keep_only_drops_what_no_wanted_tensor_needs_and_keeps_what_a_subgraph_r
     assert [o.name for o in graph.output] == ["y", "a"]
     assert [t.name for t in graph.initializer] == ["w"]
     assert [i.name for i in graph.input] == ["x", "cond"]  # every input stays feedable
+
+
+def test_pieces_give_a_group_half_the_budget_and_a_model_per_group_the_whole(lab, monkeypatch):
+    """Every lab tensor takes 300 bytes a row (three copies of 100): under a 700-byte budget, pieces hold one
+    tensor a group (half the budget: the rest is for what a piece carries), a model per group two."""
+    from calibrun.core import memory
+    from calibrun.measure import tensor_stats
+    from calibrun.model.segments import SegmentError
+
+    run = lab["runs"]["narrow"]
+    monkeypatch.setattr(memory, "row_bytes", lambda *args: dict.fromkeys(LAB_TENSORS, 100))
+
+    def groups() -> list[list[str]]:
+        with tensor_stats.StreamingDiagnostics(lab["fp32"], run["path"], run["ranges"], budget=700) as diag:
+            diag.update({LAB_INPUT: lab["rows"][:4]})
+            return [[s.pair.tensor for s in group] for group in diag.groups]
+
+    assert groups() == [[t] for t in LAB_TENSORS]
+
+    def cannot_cut(*args, **kwargs):
+        raise SegmentError("no element type for ['t']")
+
+    monkeypatch.setattr(tensor_stats, "Segments", cannot_cut)
+    assert groups() == [LAB_TENSORS[0:2], LAB_TENSORS[2:4], LAB_TENSORS[4:]]
