@@ -291,8 +291,8 @@ def test_no_temp_files_left(lab, tmp_path, monkeypatch):
 def test_diagnostics_in_groups_run_each_node_once_in_pieces(lab, monkeypatch):
     """memory.budget of 1 byte: one group per tensor. Each model is cut into pieces, one per group, run one after
     the other over each row (every node once); the rows are the bits of the fallback that runs a model per group
-    (each ending at its group's last tensor), and within float rounding of one pass (which runs the rows 256 at a
-    time, where groups run them one at a time)."""
+    (each ending at its group's last tensor), and within float rounding of one pass (which runs a batch's rows at
+    once, where groups run them one at a time)."""
     from calibrun.measure import tensor_stats
     from calibrun.model.segments import SegmentError
 
@@ -307,15 +307,15 @@ def test_diagnostics_in_groups_run_each_node_once_in_pieces(lab, monkeypatch):
     def grouped() -> list[dict]:
         nodes.clear()
         with tensor_stats.StreamingDiagnostics(lab["fp32"], run["path"], run["ranges"], budget=1) as diag:
-            diag.update({LAB_INPUT: lab["rows"]})
-            diag.update({LAB_INPUT: lab["rows"][:7]})
+            diag.update({LAB_INPUT: lab["rows"][:24]})
+            diag.update({LAB_INPUT: lab["rows"][24:31]})
             assert len(diag.groups) == len(LAB_TENSORS)
             return diag.rows()
 
     monkeypatch.setattr(tensor_stats, "_session", counted)
     full = len(onnx.load(str(run["path"])).graph.node)
     pieces = grouped()
-    runs = len(lab["rows"]) + 7  # one row a run: one row's tensors exceed the budget
+    runs = 31  # one row a run: one row's tensors exceed the budget
     int8 = [count for folder, count in nodes if folder == "int8-pieces"]
     assert len(int8) == (1 + runs) * len(LAB_TENSORS)  # a piece per group, loaded when cut, opened for each run
     assert sum(int8[:len(LAB_TENSORS)]) == full  # each node in one piece
@@ -333,8 +333,8 @@ def test_diagnostics_in_groups_run_each_node_once_in_pieces(lab, monkeypatch):
     assert prefixes[0] < full  # the early groups' models end at their tensors
     assert pieces == per_group
     with tensor_stats.StreamingDiagnostics(lab["fp32"], run["path"], run["ranges"]) as diag:
-        diag.update({LAB_INPUT: lab["rows"]})
-        diag.update({LAB_INPUT: lab["rows"][:7]})
+        diag.update({LAB_INPUT: lab["rows"][:24]})
+        diag.update({LAB_INPUT: lab["rows"][24:31]})
         one = diag.rows()
     assert len(diag.groups) == 1
     for row, whole in zip(pieces, one, strict=True):
