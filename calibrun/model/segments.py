@@ -27,7 +27,10 @@ class SegmentError(Exception):
 
 def _types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     """Every tensor's type the graph declares (inputs, outputs, value_info after onnx shape inference)."""
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception as exc:  # onnx raises InferenceError and others on graphs it cannot read
+        raise SegmentError(f"onnx shape inference failed: {one_line(exc)}") from exc
     types = {}
     for info in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
         if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type:

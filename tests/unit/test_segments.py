@@ -89,3 +89,15 @@ def test_a_piece_onnxruntime_cannot_load_is_found_before_any_run(tmp_path):
 
     with pytest.raises(SegmentError, match="onnxruntime cannot load piece 0: .*Load model failed with detail"):
         Segments(path, [["a"], ["y"]], refuses)
+
+
+def test_shape_inference_that_fails_is_a_segment_error(tmp_path, monkeypatch):
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"), helper.make_node("Neg", ["a"], ["y"], name="neg")]
+    path = _model(tmp_path, nodes, ["y"])
+
+    def fails(model, strict_mode=False):
+        raise onnx.shape_inference.InferenceError("[ShapeInferenceError] something\\nelse")
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", fails)
+    with pytest.raises(SegmentError, match="onnx shape inference failed: .*ShapeInferenceError"):
+        Segments(path, [["a"], ["y"]], lambda piece: None)
