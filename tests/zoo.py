@@ -479,8 +479,7 @@ def documents(n: int, seed: int = 0) -> list[np.ndarray]:
     pictures = photos()
     out = []
     for k in range(n):
-        canvas = np.full((1052, 800), 255, np.uint8)
-        rgb = np.repeat(canvas[:, :, None], 3, axis=2)
+        rgb = np.full((1052, 800, 3), 255, np.uint8)
         source = sign if k % 2 else page
         y0 = int(rng.integers(0, source.shape[0] - 40))
         title = _resize(np.repeat(source[y0 : y0 + 40, :, None], 3, axis=2), (560, 60))
@@ -492,8 +491,7 @@ def documents(n: int, seed: int = 0) -> list[np.ndarray]:
             for x0, x1 in columns:
                 if block == figure_at and (x0, x1) == columns[0]:
                     picture = pictures[int(rng.integers(0, len(pictures)))]
-                    h = int((x1 - x0) * picture.shape[0] / picture.shape[1] * 0.8)
-                    h = min(h, 300)
+                    h = min(int((x1 - x0) * picture.shape[0] / picture.shape[1] * 0.8), 300)
                     rgb[y : y + h, x0 : x1] = _resize(picture, (x1 - x0, h))
                     line = page[int(rng.integers(0, page.shape[0] - 14)) :][:14]
                     rgb[y + h + 8 : y + h + 22, x0 + 40 : x1 - 40] = _resize(

@@ -379,11 +379,6 @@ def _augmented(model_path: Path, folder: Path, tensors: Sequence[str], only: boo
     return path, names
 
 
-def _fresh(folder: Path) -> Path:
-    folder.mkdir()
-    return folder
-
-
 def _session(path: Path, threads: int, where: Path, optimize: bool = False):
     """A session on an augmented copy: graph optimisation off unless `optimize` (as qdq_loss_debug's
     collect_activations: no fusion of the pairs; the fp32 model has no pairs, and its extra outputs survive
@@ -521,13 +516,7 @@ class StreamingDiagnostics:
         root = Path(self._tmp.name)
         try:  # one pass: each model cut into pieces, one per group (calibrun.model.segments)
             groups = self._split(sizes, self.budget // 2)
-            self.segments = tuple(
-                Segments(private_model_copy(where, _fresh(root / f"{name}-pieces")), wanted,
-                         lambda path, where=where, optimize=optimize: _session(path, self.threads, Path(where),
-                                                                                optimize=optimize))
-                for name, where, wanted, optimize in (
-                    ("fp32", self.fp32_where, self._names(groups, fp32=True), True),
-                    ("int8", self.int8_where, self._names(groups, fp32=False), False)))
+            self.segments = self._cut(groups)
             self.groups = groups
             how = "one pass over each evaluation batch, each model in as many pieces"
         except SegmentError as exc:
@@ -545,6 +534,18 @@ class StreamingDiagnostics:
         log.info("diagnostics: %d groups of tensors (%.0f MB of diagnosed tensors per row, memory.budget %.0f MB): %s",
                  len(self.groups), sum(sizes.get(s.pair.tensor, 0) * (3 if s.pair.tensor in self.fp32_wanted else 2)
                                        for s in self.stats) / 1e6, self.budget / 1e6, how)
+
+    def _cut(self, groups: list[list[TensorStats]]) -> tuple[Segments, Segments]:
+        """The fp32 and the QDQ model in pieces, one per group, each from a private copy whose weights the pieces
+        share (their sessions as the one-pass ones: fp32 optimised, QDQ not)."""
+        pieces = []
+        for name, where, optimize in (("fp32", self.fp32_where, True), ("int8", self.int8_where, False)):
+            folder = Path(self._tmp.name) / f"{name}-pieces"
+            folder.mkdir()
+            pieces.append(Segments(private_model_copy(where, folder), self._names(groups, fp32=name == "fp32"),
+                                   lambda path, where=where, optimize=optimize: _session(
+                                       path, self.threads, Path(where), optimize=optimize)))
+        return pieces[0], pieces[1]
 
     def _split(self, sizes: Mapping[str, int], limit: int) -> list[list[TensorStats]]:
         """The diagnosed tensors in groups whose copies for one row stay under `limit` bytes (a tensor larger than

@@ -1,11 +1,11 @@
-"""A model run in segments: the graph cut, in its node order, into consecutive pieces, each piece a model of its
-own whose inputs are the tensors it reads from earlier pieces; one run of all pieces computes every node once.
+"""A model run in pieces: each piece a model of its own holding some of the graph's nodes, whose inputs are the
+tensors it reads from earlier pieces; one run of all pieces, one after the other, computes every node once.
 
-The per-tensor diagnostics use it when one row's diagnosed tensors exceed `memory.budget`: piece k ends at the
-last node that writes a tensor of group k and returns that group's tensors, so only one group's tensors (and the
-few tensors later pieces read from earlier ones) leave onnxruntime at a time, in one pass over the graph instead
-of one pass per group. Carried tensors need their element types: `Segments` raises SegmentError when shape
-inference does not give one, or onnxruntime cannot load a piece (the caller then falls back to a model per group).
+The per-tensor diagnostics use it when one row's diagnosed tensors exceed `memory.budget`: the diagnosed tensors are
+split into groups, piece k holds the nodes group k is the first to need and returns that group's tensors (and the
+few tensors later pieces read), so only one group's tensors leave onnxruntime at a time, in one pass over the graph
+instead of one pass per group. `Segments` raises SegmentError when a tensor a piece reads or returns has no element
+type in onnx shape inference, or onnxruntime cannot load a piece (the caller then falls back to a model per group).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from calibrun.model.graph import outer_reads
 
 
 class SegmentError(Exception):
-    """The model cannot be cut where asked (a carried tensor of unknown type)."""
+    """The model cannot be cut into these pieces (a tensor of unknown type between them, a piece that does not
+    load)."""
 
 
 def _types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
