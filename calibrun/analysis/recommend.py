@@ -8,7 +8,9 @@ Candidates, each written as the override a user types:
   16-bit activations `quant.activation_type=QInt16`, weights `quant.weight_type=QInt16` and both (QDQ only:
   onnxruntime's QOperator has no 16-bit kernels; both, because the rounding errors of weights and activations add,
   so either alone is bounded by the other's and may not help while both do), and `quant.nodes_to_exclude=[...]`
-  with the nodes that keep the top culprits of the diagnosis in float (QDQ with diagnostics);
+  with the nodes that keep the top culprits in float (QDQ with diagnostics): the diagnosed tensors upstream of the
+  verdict's metric (an output, or the Concat input that fills its worst part) with the largest noise shares, the
+  model's culprits for a task metric;
 - other calibration methods (`recommend.methods`, none by default: a histogram method's calibration pass is slow
   and not bounded by memory.budget), calibrated through the calibration cache (a later run with that method
   reuses the ranges);
@@ -87,6 +89,30 @@ def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, gra
     return found
 
 
+def culprits_upstream(table_path: Path, fp32_path: Path, metric: str) -> list[dict] | None:
+    """The diagnosed tensors the verdict's metric is computed from, by their share of the added noise, largest
+    first (rows of diagnostics.json): keeping a tensor in float can only change a metric downstream of it, so the
+    nodes_to_exclude candidate is taken from these rather than from the whole model's culprits (on ddddocr's
+    YOLOX the whole model's top three fed the Concat's other inputs, and the candidate left the metric, its first
+    input's SQNR, bit-identical). None when the metric is no output's (a task metric: the model's culprits stay)."""
+    import json
+
+    import onnx
+
+    from calibrun.measure.errors import _metric_name
+    from calibrun.measure.sweep_diagnosis import rows_of_table
+    from calibrun.model.graph import metric_tensor, upstream
+
+    model = onnx.load(str(fp32_path), load_external_data=False)
+    tensor = metric_tensor(model, metric, _metric_name)
+    if tensor is None:
+        return None
+    feeding = upstream(model, tensor)
+    rows = rows_of_table(json.loads(Path(table_path).read_text()))
+    return sorted((r for r in rows if r["tensor"] in feeding and r.get("noise_share") is not None),
+                  key=lambda r: -r["noise_share"])
+
+
 def combined(helped: list[Candidate], options) -> Candidate | None:
     """The changes that each helped, together (the best method's ranges with every quant change), when >= 2."""
     quant = [c for c in helped if c.method is None]
@@ -162,7 +188,12 @@ def attach(ctx, result) -> None:
             return entry
 
         graph_nodes = sum(n for op, n in (result.ops or {}).items() if op not in QDQ_OPS)
-        singles = candidates(ctx.options, cfg.format.name, spec.method, result.diagnosis, conf, graph_nodes,
+        diagnosis = result.diagnosis
+        if diagnosis and result.files.get("diagnostics"):
+            upstream = culprits_upstream(ctx.job_dir / result.files["diagnostics"], fp32.path, rule.metric)
+            if upstream is not None:
+                diagnosis = {**diagnosis, "culprits": upstream}
+        singles = candidates(ctx.options, cfg.format.name, spec.method, diagnosis, conf, graph_nodes,
                              saturates=cpu.int8_dot()["saturates"])
         for i, candidate in enumerate(singles):
             entry = measure(candidate, i)

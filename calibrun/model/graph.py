@@ -4,6 +4,7 @@ float graph's outputs."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -213,3 +214,41 @@ def outer_reads(node: onnx.NodeProto) -> set[str]:
             for inner in sub.node:
                 names.update(name for name in (*inner.input, *outer_reads(inner)) if name and name not in local)
     return names
+
+
+def metric_tensor(model: onnx.ModelProto, metric: str, key_of: Callable[[str], str]) -> str | None:
+    """The tensor a per-output metric is computed on (`out.<key>.<metric>`, `key_of(output name)` giving <key>):
+    the output itself, or for a part `out.<key>.concat<j>.<metric>` the Concat input j that fills it (through the
+    Identity/Transpose nodes output_blocks also walks). None for any other metric (a task's, a model-wide one)."""
+    if not metric.startswith("out."):
+        return None
+    output = next((o.name for o in model.graph.output if metric.startswith(f"out.{key_of(o.name)}.")), None)
+    if output is None:
+        return None
+    part = metric[len(f"out.{key_of(output)}."):].split(".", 1)[0]
+    if not (part.startswith("concat") and part[len("concat"):].isdigit()):
+        return output
+    producer = {out: node for node in model.graph.node for out in node.output}
+    node = producer.get(output)
+    while node is not None and node.op_type in ("Identity", "Transpose"):
+        node = producer.get(node.input[0])
+    j = int(part[len("concat"):])
+    if node is None or node.op_type != "Concat" or j >= len(node.input):
+        return output
+    return node.input[j]
+
+
+def upstream(model: onnx.ModelProto, tensor: str) -> set[str]:
+    """Every tensor `tensor` is computed from (itself included), through the graph's nodes and what their
+    subgraphs read."""
+    producer = {out: node for node in model.graph.node for out in node.output}
+    seen, stack = set(), [tensor]
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        node = producer.get(name)
+        if node is not None:
+            stack.extend(n for n in (*node.input, *outer_reads(node)) if n and n not in seen)
+    return seen

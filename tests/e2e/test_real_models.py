@@ -19,8 +19,9 @@ import onnx
 import pytest
 from mlflow import MlflowClient
 
+from calibrun.analysis.recommend import culprits_upstream
 from calibrun.data.images import ImageTransform, image_calibration, image_evaluation
-from calibrun.measure.diagnosis import classify, classify_model
+from calibrun.measure.diagnosis import classify, classify_model, float_nodes
 from calibrun.measure.tensor_stats import tensor_diagnostics
 from calibrun.model import FloatModel, file_sha256, open_float_model
 from calibrun.model.prepare import prepare_model
@@ -191,13 +192,20 @@ def test_det_yolox_names_the_mixed_concat_and_excluding_it_helps(photos, tmp_pat
     node = mixed[0]["node"]
     assert mixed[0]["op_type"] == "Concat"
     assert node
-    # the measured recommendation that keeps the culprits in float (calibrun.analysis.recommend) names them
+    # the measured recommendation that keeps culprits in float (calibrun.analysis.recommend) names those upstream
+    # of the verdict's metric (one Concat input of the output): keeping a tensor in float changes nothing else
+    metric = result["verdict"]["metric"]
+    assert metric.startswith("out.output.concat")
     advice = next(r["change"] for r in [*result["recommendations"], *_measured(tmp_path / "first")]
                   if r["change"].startswith("quant.nodes_to_exclude=["))
-    nodes = advice[len("quant.nodes_to_exclude=[") : advice.index("]")].split(",")
+    excluded = advice[len("quant.nodes_to_exclude=[") : advice.index("]")].split(",")
+    first = tmp_path / "first"
+    upstream = culprits_upstream(first / "diagnostics.json", first / result["files"]["fp32"], metric)
+    assert excluded == float_nodes(upstream[:3])  # recommend.culprits: the top three of them
+    # the remedy the diagnosis names for its top mixed culprit works: that part of the output gets better
+    nodes = float_nodes(mixed[:1])
     assert node in nodes
     assert set(mixed[0]["consumers"]) <= set(nodes)  # the producer and its consumers: the tensor stays float
-    # the remedy the diagnosis names works: that part of the output gets better
     worst = min(parts, key=parts.get)
     fixed = _result(tmp_path, calibrun(tmp_path, *common, f"quant.nodes_to_exclude=[{','.join(nodes)}]",
                                        "hydra.run.dir=fixed", "tracking=off", "recommend=off"), "fixed")

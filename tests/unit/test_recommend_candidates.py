@@ -93,3 +93,28 @@ def test_best_first_is_the_best_status_then_fewest_changes_when_ok_and_the_best_
     assert not _keeps(worse, {**worse, "after": 0.91}, 1.0)  # short of ok, every bit counts
     assert _keeps({**worse, "after": 0.92}, {**worse, "after": 0.91}, 1.0)
     assert not _keeps({**ok, "helps": False}, fuller, 1.0)
+
+
+def test_the_exclusion_candidate_keeps_the_culprits_upstream_of_the_verdicts_metric(tmp_path):
+    """Keeping a tensor in float changes only what is computed from it: for a metric on a Concat's input the
+    culprits are the diagnosed tensors feeding that input, by noise share; a task metric keeps the model's."""
+    import json
+
+    from onnx import helper
+
+    from calibrun.analysis.recommend import culprits_upstream
+    from calibrun.measure.errors import _metric_name
+    from tests.unit.test_segments import _model
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
+             helper.make_node("Neg", ["x"], ["b"], name="neg"),
+             helper.make_node("Abs", ["b"], ["c"], name="abs"),
+             helper.make_node("Concat", ["a", "c"], ["y"], name="concat", axis=1)]
+    path = _model(tmp_path, nodes, ["y"])
+    table = tmp_path / "diagnostics.json"
+    table.write_text(json.dumps({"tensor": ["x", "a", "b", "c", "y"], "node": [None, "relu", "neg", "abs", "concat"],
+                                 "noise_share": [0.1, 0.5, 0.15, 0.05, 0.2]}))
+    rows = culprits_upstream(table, path, f"out.{_metric_name('y')}.concat1.sqnr_db")
+    assert [r["tensor"] for r in rows] == ["b", "x", "c"]  # `a`, the largest share, feeds the other input
+    assert [r["tensor"] for r in culprits_upstream(table, path, "out.y.sqnr_db")] == ["a", "y", "b", "x", "c"]
+    assert culprits_upstream(table, path, "task.top1_agreement") is None
