@@ -99,12 +99,12 @@ def culprits_upstream(table_path: Path, fp32_path: Path, metric: str) -> list[di
 
     import onnx
 
-    from calibrun.measure.errors import _metric_name
+    from calibrun.measure.errors import metric_key
     from calibrun.measure.sweep_diagnosis import rows_of_table
     from calibrun.model.graph import metric_tensor, upstream
 
     model = onnx.load(str(fp32_path), load_external_data=False)
-    tensor = metric_tensor(model, metric, _metric_name)
+    tensor = metric_tensor(model, metric, metric_key)
     if tensor is None:
         return None
     feeding = upstream(model, tensor)

@@ -94,7 +94,7 @@ def max_abs_difference(a_outputs: list[np.ndarray], b_outputs: list[np.ndarray])
 KEY_PART_MAX = 120  # characters of an output name in a metric key (MLflow's keys: 250 at most)
 
 
-def _metric_name(name: str) -> str:
+def metric_key(name: str) -> str:
     """An output name as an MLflow metric name part (alphanumerics, _ - . / and spaces). A name that would still
     make a key MLflow rejects (one that is a path leading elsewhere, `a/../b`, `a//b`, `./a`; or too long) has its
     slashes replaced, is shortened in the middle, and gets a short hash of the original name, so that two outputs
@@ -112,7 +112,7 @@ def _metric_name(name: str) -> str:
 
 def output_keys(names) -> dict[str, str]:
     """The metric key part of each output name that is not the name itself: {key: original name}."""
-    return {key: name for name in names if (key := _metric_name(name)) != name}
+    return {key: name for name in names if (key := metric_key(name)) != name}
 
 
 def _sqnr(signal: float, noise: float) -> float:
@@ -218,7 +218,7 @@ class OutputErrors:
             "max_abs_output": float(max(s.ref_absmax for s in stats)),
         }
         for name, s in self.stats.items():
-            key = _metric_name(name)
+            key = metric_key(name)
             out.update({f"out.{key}.{metric}": value for metric, value in s.metrics().items()})
             if name in self.parts:
                 for k in range(self.parts[name].parts):

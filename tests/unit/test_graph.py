@@ -12,7 +12,7 @@ from tests.unit.test_segments import _model
 def test_a_part_metric_is_computed_from_its_concat_input_and_what_feeds_it(tmp_path):
     """calibrun.model.graph.metric_tensor / upstream: `out.y.concat1.sqnr_db` is the Concat's second input (through
     a Transpose), and only the nodes feeding it are upstream of it; a task metric names no tensor."""
-    from calibrun.measure.errors import _metric_name
+    from calibrun.measure.errors import metric_key
     from calibrun.model.graph import metric_tensor, upstream
 
     nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
@@ -21,11 +21,11 @@ def test_a_part_metric_is_computed_from_its_concat_input_and_what_feeds_it(tmp_p
              helper.make_node("Concat", ["a", "c"], ["cat"], name="concat", axis=1),
              helper.make_node("Transpose", ["cat"], ["y/out"], name="t", perm=[1, 0])]
     model = onnx.load(str(_model(tmp_path, nodes, ["y/out"])))
-    key = _metric_name("y/out")
-    assert metric_tensor(model, f"out.{key}.concat1.sqnr_db", _metric_name) == "c"
-    assert metric_tensor(model, f"out.{key}.concat0.sqnr_db", _metric_name) == "a"
-    assert metric_tensor(model, f"out.{key}.sqnr_db", _metric_name) == "y/out"
-    assert metric_tensor(model, f"out.{key}.ch1.sqnr_db", _metric_name) == "y/out"  # a channel: the whole output
-    assert metric_tensor(model, "task.top1_agreement", _metric_name) is None
+    key = metric_key("y/out")
+    assert metric_tensor(model, f"out.{key}.concat1.sqnr_db", metric_key) == "c"
+    assert metric_tensor(model, f"out.{key}.concat0.sqnr_db", metric_key) == "a"
+    assert metric_tensor(model, f"out.{key}.sqnr_db", metric_key) == "y/out"
+    assert metric_tensor(model, f"out.{key}.ch1.sqnr_db", metric_key) == "y/out"  # a channel: the whole output
+    assert metric_tensor(model, "task.top1_agreement", metric_key) is None
     assert upstream(model, "c") == {"c", "b", "x"}
     assert upstream(model, "y/out") == {"y/out", "cat", "a", "c", "b", "x"}

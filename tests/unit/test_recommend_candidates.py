@@ -103,7 +103,7 @@ def test_the_exclusion_candidate_keeps_the_culprits_upstream_of_the_verdicts_met
     from onnx import helper
 
     from calibrun.analysis.recommend import culprits_upstream
-    from calibrun.measure.errors import _metric_name
+    from calibrun.measure.errors import metric_key
     from tests.unit.test_segments import _model
 
     nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
@@ -114,7 +114,7 @@ def test_the_exclusion_candidate_keeps_the_culprits_upstream_of_the_verdicts_met
     table = tmp_path / "diagnostics.json"
     table.write_text(json.dumps({"tensor": ["x", "a", "b", "c", "y"], "node": [None, "relu", "neg", "abs", "concat"],
                                  "noise_share": [0.1, 0.5, 0.15, 0.05, 0.2]}))
-    rows = culprits_upstream(table, path, f"out.{_metric_name('y')}.concat1.sqnr_db")
+    rows = culprits_upstream(table, path, f"out.{metric_key('y')}.concat1.sqnr_db")
     assert [r["tensor"] for r in rows] == ["b", "x", "c"]  # `a`, the largest share, feeds the other input
     assert [r["tensor"] for r in culprits_upstream(table, path, "out.y.sqnr_db")] == ["a", "y", "b", "x", "c"]
     assert culprits_upstream(table, path, "task.top1_agreement") is None
