@@ -107,7 +107,7 @@ def culprits_upstream(table_path: Path, fp32_path: Path, metric: str) -> list[di
     tensor = metric_tensor(model, metric, metric_key)
     if tensor is None:
         return None
-    feeding = upstream(model, tensor)
+    feeding = upstream(model.graph, tensor)
     rows = rows_of_table(json.loads(Path(table_path).read_text()))
     return sorted((r for r in rows if r["tensor"] in feeding and r.get("noise_share") is not None),
                   key=lambda r: -r["noise_share"])

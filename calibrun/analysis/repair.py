@@ -31,6 +31,7 @@ from pathlib import Path
 from calibrun.analysis.evaluate import metric_of
 from calibrun.analysis.sensitivity import gain, reached
 from calibrun.core.files import atomic_path, temp_dir
+from calibrun.measure.sweep_diagnosis import rows_of_table
 from calibrun.quant.quantize import SIXTEEN_BIT, QuantOptions, bias_nodes, quantize
 
 log = logging.getLogger("calibrun")
@@ -69,9 +70,8 @@ def noise_ranking(table: dict, model=None) -> list[dict]:
         constants = {i.name for i in model.graph.initializer}
         weights = {n.name: n.input[1] for n in model.graph.node
                    if n.op_type in WEIGHTED and len(n.input) > 1 and n.input[1] in constants}
-    columns = list(table)
-    rows = [dict(zip(columns, values, strict=True)) for values in zip(*table.values(), strict=True)]
-    rows = sorted((r for r in rows if r.get("noise_share") is not None), key=lambda r: -r["noise_share"])
+    rows = sorted((r for r in rows_of_table(table) if r.get("noise_share") is not None),
+                  key=lambda r: -r["noise_share"])
     ranking = []
     for row in rows:
         path = [n for n in (row.get("float_nodes") or row.get("consumers") or "").split(",") if n]

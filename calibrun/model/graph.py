@@ -107,13 +107,12 @@ def output_blocks(model: onnx.ModelProto) -> dict[str, tuple[int, list[tuple[int
     producer = {out: node for node in model.graph.node for out in node.output}
     blocks = {}
     for output in model.graph.output:
-        perms, node = [], producer.get(output.name)
-        while node is not None and node.op_type in ("Identity", "Transpose"):
-            if node.op_type == "Transpose":
-                perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
-                rank = len(dims.get(node.input[0]) or [])
-                perms.append(perm if perm is not None else list(range(rank))[::-1])
-            node = producer.get(node.input[0])
+        node, transposes = _under_moves(producer, output.name)
+        perms = []
+        for transpose in transposes:
+            perm = next((list(a.ints) for a in transpose.attribute if a.name == "perm"), None)
+            rank = len(dims.get(transpose.input[0]) or [])
+            perms.append(perm if perm is not None else list(range(rank))[::-1])
         if node is None or node.op_type != "Concat" or len(node.input) < 2:
             continue
         shapes = [dims.get(name) for name in node.input]
@@ -132,6 +131,17 @@ def output_blocks(model: onnx.ModelProto) -> dict[str, tuple[int, list[tuple[int
             ends = np.cumsum(sizes).tolist()
             blocks[output.name] = (axis, [(int(e - s), int(e)) for s, e in zip(sizes, ends, strict=True)])
     return blocks
+
+
+def _under_moves(producer: dict[str, onnx.NodeProto], tensor: str) -> tuple[onnx.NodeProto | None, list]:
+    """The node that computes `tensor` below any Identity and Transpose nodes (None for a graph input), and the
+    Transposes passed on the way down, the outermost first."""
+    transposes, node = [], producer.get(tensor)
+    while node is not None and node.op_type in ("Identity", "Transpose"):
+        if node.op_type == "Transpose":
+            transposes.append(node)
+        node = producer.get(node.input[0])
+    return node, transposes
 
 
 def blocks_of(path: str | Path) -> dict[str, tuple[int, list[tuple[int, int]]]]:
@@ -178,20 +188,14 @@ def scales(path: str | Path) -> dict:
 def keep_only(graph: onnx.GraphProto, outputs: list[str]) -> None:
     """Make `outputs` the graph's only outputs (float tensors whose shape is left to onnxruntime where the graph
     did not declare them) and drop the nodes and initializers none of them needs: a run then computes the graph up
-    to its last wanted tensor, not all of it. Nodes are read in their (topological) order; what a node's subgraphs
-    read from the outer scope counts as read by the node. The graph inputs stay (a feed may name each of them)."""
+    to its last wanted tensor, not all of it (`upstream`: what a node's subgraphs read from the outer scope counts as
+    read by the node). The kept nodes keep their order. The graph inputs stay (a feed may name each of them)."""
     declared = {o.name: o for o in graph.output}
     wanted = list(dict.fromkeys(outputs))
     new_outputs = [declared.get(name) or onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
                    for name in wanted]
-    needed = set(wanted)
-    kept = []
-    for node in reversed(graph.node):
-        if any(name in needed for name in node.output):
-            kept.append(node)
-            needed.update(name for name in node.input if name)
-            needed.update(outer_reads(node))
-    kept.reverse()
+    needed = upstream(graph, *wanted)
+    kept = [node for node in graph.node if any(name in needed for name in node.output)]
     initializers = [t for t in graph.initializer if t.name in needed]
     del graph.output[:]
     graph.output.extend(new_outputs)
@@ -228,21 +232,18 @@ def metric_tensor(model: onnx.ModelProto, metric: str, key_of: Callable[[str], s
     part = metric[len(f"out.{key_of(output)}."):].split(".", 1)[0]
     if not (part.startswith("concat") and part[len("concat"):].isdigit()):
         return output
-    producer = {out: node for node in model.graph.node for out in node.output}
-    node = producer.get(output)
-    while node is not None and node.op_type in ("Identity", "Transpose"):
-        node = producer.get(node.input[0])
+    node, _ = _under_moves({out: node for node in model.graph.node for out in node.output}, output)
     j = int(part[len("concat"):])
     if node is None or node.op_type != "Concat" or j >= len(node.input):
         return output
     return node.input[j]
 
 
-def upstream(model: onnx.ModelProto, tensor: str) -> set[str]:
-    """Every tensor `tensor` is computed from (itself included), through the graph's nodes and what their
-    subgraphs read."""
-    producer = {out: node for node in model.graph.node for out in node.output}
-    seen, stack = set(), [tensor]
+def upstream(graph: onnx.GraphProto, *tensors: str) -> set[str]:
+    """Every tensor `tensors` are computed from (themselves and the initializers read included), through the
+    graph's nodes and what their subgraphs read."""
+    producer = {out: node for node in graph.node for out in node.output}
+    seen, stack = set(), list(tensors)
     while stack:
         name = stack.pop()
         if name in seen:

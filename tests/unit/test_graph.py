@@ -27,5 +27,5 @@ def test_a_part_metric_is_computed_from_its_concat_input_and_what_feeds_it(tmp_p
     assert metric_tensor(model, f"out.{key}.sqnr_db", metric_key) == "y/out"
     assert metric_tensor(model, f"out.{key}.ch1.sqnr_db", metric_key) == "y/out"  # a channel: the whole output
     assert metric_tensor(model, "task.top1_agreement", metric_key) is None
-    assert upstream(model, "c") == {"c", "b", "x"}
-    assert upstream(model, "y/out") == {"y/out", "cat", "a", "c", "b", "x"}
+    assert upstream(model.graph, "c") == {"c", "b", "x"}
+    assert upstream(model.graph, "y/out") == {"y/out", "cat", "a", "c", "b", "x"}
