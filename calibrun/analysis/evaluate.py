@@ -20,6 +20,7 @@ import numpy as np
 
 from calibrun.core.errors import CalibrunError
 from calibrun.core.files import temp_dir
+from calibrun.data import rows as feed_rows
 from calibrun.measure.errors import OutputErrors, as_array
 from calibrun.model.graph import blocks_of
 from calibrun.model.sessions import session
@@ -33,28 +34,32 @@ class Batches:
     of any run against them: all a worker process needs to measure a trial (it pickles: paths, names and a fresh
     task)."""
 
-    def __init__(self, folder: Path, count: int, input_names: list[str], output_names: list[str], blocks, task):
+    def __init__(self, folder: Path, count: int, input_names: list[str], output_names: list[str], blocks, task,
+                 output_shapes: list | None = None):
         self.folder, self.count = folder, count
         self.input_names, self.output_names, self.blocks, self.task = input_names, output_names, blocks, task
+        self.output_shapes = output_shapes
 
-    def batch(self, i: int) -> tuple[Feeds, list[np.ndarray], np.ndarray | None]:
+    def batch(self, i: int) -> tuple[Feeds, list[np.ndarray], np.ndarray | None, int | None]:
+        """Batch i: its feeds, fp32 outputs, labels and row count."""
         with np.load(self.folder / f"{i}.npz", allow_pickle=False) as data:
             feeds = {name: data[f"i{k}"] for k, name in enumerate(self.input_names)}
             reference = [data[f"o{k}"] for k in range(len(self.output_names))]
             labels = data["labels"] if "labels" in data.files else None
-        return feeds, reference, labels
+            rows = int(data["rows"]) if "rows" in data.files else None
+        return feeds, reference, labels, rows
 
     def run(self, run: RunFn) -> dict[str, float]:
         """Metrics of `run(feeds) -> outputs` (outputs in the fp32 model's order) over every evaluation batch."""
-        errors = OutputErrors(self.output_names, self.blocks)
+        errors = OutputErrors(self.output_names, self.blocks, self.output_shapes)
         task = copy.deepcopy(self.task)
         for i in range(self.count):
-            feeds, ref, labels = self.batch(i)
+            feeds, ref, labels, rows = self.batch(i)
             got = [as_array(o) for o in run(feeds)]
             if len(got) < len(ref):
                 raise CalibrunError(f"the int8 model has {len(got)} outputs, the fp32 model {len(ref)}")
             got = got[: len(ref)]
-            errors.update(ref, got)
+            errors.update(ref, got, rows)
             if task is not None:
                 task.update(dict(zip(self.output_names, ref, strict=True)),
                             dict(zip(self.output_names, got, strict=True)), labels)
@@ -82,11 +87,14 @@ class Evaluator:
         try:
             fp32 = session(fp32_path, threads)
             self.output_names = [o.name for o in fp32.get_outputs()]
+            self.output_shapes = [o.shape for o in fp32.get_outputs()]
             self.input_names = [i.name for i in fp32.get_inputs()]
+            axes = getattr(evaluation, "axes", None)
             for feeds, labels in evaluation.batches(rows):
                 outputs = fp32.run(None, feeds)
                 arrays = {f"o{k}": as_array(v) for k, v in enumerate(outputs)}
                 arrays.update({f"i{k}": feeds[name] for k, name in enumerate(self.input_names)})
+                arrays["rows"] = np.asarray(feed_rows.count(feeds, axes))
                 if labels is not None:
                     arrays["labels"] = np.asarray(labels)
                 np.savez(self._tmp / f"{self.count}.npz", **arrays)
@@ -110,7 +118,8 @@ class Evaluator:
 
     @property
     def batches(self) -> Batches:
-        return Batches(self._tmp, self.count, self.input_names, self.output_names, self.blocks, self.task)
+        return Batches(self._tmp, self.count, self.input_names, self.output_names, self.blocks, self.task,
+                       self.output_shapes)
 
     def run(self, run: RunFn) -> dict[str, float]:
         """Metrics of `run(feeds) -> outputs` (outputs in the fp32 model's order) over every evaluation batch."""

@@ -10,6 +10,10 @@ statistics only (sums, maxima, counts), so memory does not grow with the number 
   and `cosine` (cosine similarity of the flattened outputs); for an output of rank >= 3 whose last axis has
   2..16 entries (a detector's box/score parts), the same per entry as `out.<name>.ch<k>.<metric>`; for an output a
   Concat joins (calibrun.model.graph.output_blocks), the same per Concat input as `out.<name>.concat<j>.<metric>`;
+- per output and Concat part, `rows_under_20db`: the share of rows whose error, against the output's mean signal
+  energy, is under the verdict's ok threshold (calibrun.measure.verdict; an output whose rows cannot be told apart
+  gets none): the pooled `sqnr_db` averages the error over the rows, and an error concentrated on a few rows
+  flips their decisions while the average stays at 20 dB;
 - `eval_min`, `eval_max`, `eval_span` of the primary (first float) input's evaluation values;
 - the task's metrics (calibrun.measure.tasks) and any observers (the per-tensor diagnostics) fed the same batches.
 """
@@ -32,6 +36,7 @@ from calibrun.core.errors import CalibrunError, one_line
 from calibrun.data import rows as feed_rows
 from calibrun.lab import EVAL_ROWS, EVAL_SEED
 from calibrun.lab.data import evaluation_rows
+from calibrun.measure.verdict import ROW_SHARE_KEY, SQNR_OK_DB
 from calibrun.model import FloatModel, open_float_model, primary
 from calibrun.model.sessions import session
 
@@ -179,18 +184,64 @@ class ErrorStats:
         return out
 
 
+class RowShare:
+    """How many rows carry an error over the verdict's ok bound: a row's error energy against the output's mean
+    signal energy (both per value) under SQNR_OK_DB. The pooled SQNR averages the error over the rows; this asks
+    whether the bound holds row by row. The output's signal, not the row's own, is the yardstick: a row that is
+    nearly silent in fp32 (a detector's scores on a photo without objects) is not flagged for a small error."""
+
+    def __init__(self):
+        self.errors: list[np.ndarray] = []  # per row: mean squared error per value
+        self.signal = 0.0  # sum of squared fp32 values
+        self.values = 0
+
+    def update(self, ref: np.ndarray, got: np.ndarray, axis: int) -> None:
+        errors = np.empty(ref.shape[axis])
+        for row in range(ref.shape[axis]):  # a row at a time: float64 copies of one row only
+            r = np.asarray(np.take(ref, row, axis=axis), np.float64)
+            errors[row] = np.square(r - np.take(got, row, axis=axis)).mean() if r.size else 0.0
+            self.signal += float(np.square(r).sum())
+            self.values += r.size
+        self.errors.append(errors)
+
+    def metrics(self) -> dict[str, float]:
+        if not self.errors or not self.values:
+            return {}
+        errors = np.concatenate(self.errors)
+        signal = self.signal / self.values
+        under = errors > 0 if signal <= 0 else errors * 10 ** (SQNR_OK_DB / 10) > signal  # as _sqnr: 0 noise caps
+        return {ROW_SHARE_KEY: float(np.count_nonzero(under)) / errors.size}
+
+
+def row_axis(shape: Sequence[int], rows: int | None, declared: Sequence | None = None) -> int | None:
+    """The axis of an output that holds the batch's `rows` rows: the axes of that length, those the model declares
+    free (not a fixed size) first, axis 0 first among them; None when no axis has that length (or `rows` is
+    unknown)."""
+    if rows is None:
+        return None
+    axes = [a for a, size in enumerate(shape) if size == rows]
+    if declared is not None and len(declared) == len(shape):
+        axes = [a for a in axes if not (isinstance(declared[a], int) and declared[a] > 0)] or axes
+    return 0 if 0 in axes else (axes[0] if axes else None)
+
+
 class OutputErrors:
     """The error metrics of every output, streamed (see the module docstring). `blocks`: the outputs a Concat joins
-    (calibrun.model.graph.output_blocks), measured per Concat input too."""
+    (calibrun.model.graph.output_blocks), measured per Concat input too; `shapes`: the outputs' declared shapes
+    (which axis holds the rows where several have the batch's length)."""
 
-    def __init__(self, names: Sequence[str], blocks: dict | None = None):
+    def __init__(self, names: Sequence[str], blocks: dict | None = None, shapes: Sequence | None = None):
         self.names = list(names)
+        self.shapes = dict(zip(self.names, shapes, strict=True)) if shapes is not None else {}
         self.stats: dict[str, ErrorStats] = {name: ErrorStats() for name in self.names}
+        self.rows: dict[str, RowShare] = {name: RowShare() for name in self.names}
         self.parts: dict[str, ErrorStats] = {}
-        self.blocks = {name: (axis, [(start, end, ErrorStats()) for start, end in spans])
+        self.blocks = {name: (axis, [(start, end, ErrorStats(), RowShare()) for start, end in spans])
                        for name, (axis, spans) in (blocks or {}).items() if name in self.stats}
 
-    def update(self, ref_outputs: Sequence[np.ndarray], got_outputs: Sequence[np.ndarray]) -> None:
+    def update(self, ref_outputs: Sequence[np.ndarray], got_outputs: Sequence[np.ndarray],
+               rows: int | None = None) -> None:
+        """One batch of both models' outputs; `rows`: the batch's row count (None: no per-row share)."""
         if len(ref_outputs) != len(got_outputs):
             raise CalibrunError(f"models have {len(ref_outputs)} and {len(got_outputs)} outputs")
         for name, ref, got in zip(self.names, ref_outputs, got_outputs, strict=True):
@@ -198,14 +249,19 @@ class OutputErrors:
             if ref.shape != got.shape:
                 raise CalibrunError(f"output shapes differ: {ref.shape} vs {got.shape}")
             self.stats[name].update(ref, got)
+            along = row_axis(ref.shape, rows, self.shapes.get(name))
+            if along is not None:
+                self.rows[name].update(ref, got, along)
             if ref.ndim >= 3 and 2 <= ref.shape[-1] <= SEGMENTS_MAX:
                 self.parts.setdefault(name, ErrorStats(ref.shape[-1])).update(ref, got)
             if name in self.blocks:
                 axis, spans = self.blocks[name]
                 if axis < ref.ndim and ref.shape[axis] == spans[-1][1]:
-                    for start, end, stats in spans:
+                    for start, end, stats, share in spans:
                         where = (slice(None),) * axis + (slice(start, end),)
                         stats.update(ref[where], got[where])
+                        if along is not None and along != axis:
+                            share.update(ref[where], got[where], along)
 
     def metrics(self) -> dict[str, float]:
         stats = list(self.stats.values())
@@ -220,12 +276,14 @@ class OutputErrors:
         for name, s in self.stats.items():
             key = metric_key(name)
             out.update({f"out.{key}.{metric}": value for metric, value in s.metrics().items()})
+            out.update({f"out.{key}.{metric}": value for metric, value in self.rows[name].metrics().items()})
             if name in self.parts:
                 for k in range(self.parts[name].parts):
                     out.update({f"out.{key}.ch{k}.{metric}": value
                                 for metric, value in self.parts[name].metrics(k).items()})
-            for j, (_, _, stats) in enumerate(self.blocks.get(name, (0, []))[1]):
-                out.update({f"out.{key}.concat{j}.{metric}": value for metric, value in stats.metrics().items()})
+            for j, (_, _, stats, share) in enumerate(self.blocks.get(name, (0, []))[1]):
+                out.update({f"out.{key}.concat{j}.{metric}": value
+                            for metric, value in {**stats.metrics(), **share.metrics()}.items()})
         return out
 
 
@@ -285,7 +343,7 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     int8_inputs = [i.name for i in load_model(int8_path).graph.input]  # a clear error for a missing file
     ref_sess, got_sess = session(fp32_path, threads), session(int8_path, threads)
     names = [o.name for o in ref_sess.get_outputs()]
-    errors = OutputErrors(names, blocks_of(fp32_path))
+    errors = OutputErrors(names, blocks_of(fp32_path), [o.shape for o in ref_sess.get_outputs()])
     primary_input = primary(infos).name if infos else None
     span = InputRange()
     batches = evaluation.sizes(size)
@@ -310,7 +368,7 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
                 got = [as_array(v) for v in got_sess.run(None, part, shrink)]
             except Exception as exc:  # onnxruntime's own Fail/InvalidArgument on bad feeds
                 raise CalibrunError(f"running the models on the evaluation data failed: {one_line(exc)}") from exc
-            errors.update(ref, got)
+            errors.update(ref, got, feed_rows.count(part, axes))
             if task is not None:
                 part_labels = labels if labels is None or per_run >= rows else labels[start : start + per_run]
                 task.update(dict(zip(names, ref, strict=True)), dict(zip(names, got, strict=True)), part_labels)

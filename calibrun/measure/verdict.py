@@ -17,6 +17,10 @@ One rule for every built-in metric: count the model's decisions that quantisatio
   >= 20 dB (the error's RMS is at most 10% of the signal's), broken under 10 dB (over 32%). An int8 tensor on its own
   reaches about 40-50 dB (6 dB a bit); a network adds the noise of every quantised tensor, so a sound one lands
   some 15-25 dB lower, above 20 dB; under 10 dB the error is a third of the signal, more than decisions survive.
+  ok also needs the bound to hold row by row: at most 1 row in 20 whose error, against the output's mean signal
+  energy, is under 20 dB, in every output and part (`out.<name>.rows_under_20db`, calibrun.measure.errors), the
+  same 1 in 20 as the decisions above. The pooled SQNR averages the error over the rows; an error concentrated on
+  a few rows flips their decisions while the average stays at 20 dB. The share only ever turns ok into degraded.
 
 The per-tensor diagnosis (calibrun.measure.tensor_stats) is the explanation beneath the verdict, never the
 headline: a model whose tensors are each sound can still be broken at its outputs (the error builds up).
@@ -52,15 +56,20 @@ class Rule:
             return found[1] if found is not None else math.nan
         return float(metrics.get(self.metric, math.nan))
 
-    def status(self, value: float) -> str:
+    def status(self, value: float, metrics: Mapping[str, float] | None = None) -> str:
+        """ok, degraded or broken for `value`; the worst-output rule also reads the rows' shares in `metrics`."""
         if not math.isfinite(value):
             return "broken"
         sign = 1.0 if self.goal == "max" else -1.0
         if sign * value >= sign * self.ok:
-            return "ok"
+            rows = rows_under(metrics) if self.worst and metrics is not None else None
+            return "degraded" if rows is not None and rows[1] > ROWS_UNDER_OK else "ok"
         return "broken" if sign * value < sign * self.broken else "degraded"
 
     def bounds(self) -> str:
+        if self.worst:
+            return (f"ok >= {self.ok:g} and at most {ROWS_UNDER_OK:.0%} of the rows under {self.ok:g}, "
+                    f"broken < {self.broken:g}")
         if self.goal == "max":
             return f"ok >= {self.ok:g}, broken < {self.broken:g}"
         return f"ok <= {self.ok:g}, broken > {self.broken:g}"
@@ -75,7 +84,10 @@ MEAN_IOU = Rule("task.mean_iou", "max", 0.95, 0.80, "per class, int8's and fp32'
 TASK_RULES = (MEAN_IOU, AGREEMENT, IOU)  # the first the run measured decides: mean IoU only where rows hold positions
 SQNR_OK_DB = 20.0
 SQNR_BROKEN_DB = 10.0
+ROW_SHARE_KEY = f"rows_under_{SQNR_OK_DB:g}db"  # calibrun.measure.errors: rows under SQNR_OK_DB on their own
+ROWS_UNDER_OK = 0.05  # ok needs at most 1 row in 20 under SQNR_OK_DB, in every output and part
 _PART = re.compile(r"^out\.(?P<output>.+?)(?:\.concat(?P<part>\d+))?\.sqnr_db$")
+_SHARE = re.compile(r"^out\.(?P<output>.+?)(?:\.concat(?P<part>\d+))?\." + re.escape(ROW_SHARE_KEY) + "$")
 _ENTRY = re.compile(r"\.ch\d+\.sqnr_db$")  # one entry of a last axis: an explanation, not a decision
 
 
@@ -91,10 +103,24 @@ def worst_output(metrics: Mapping[str, float]) -> tuple[str, float] | None:
     return key, float(value)
 
 
+def rows_under(metrics: Mapping[str, float]) -> tuple[str, float] | None:
+    """(metric key, value) of the largest share of rows under SQNR_OK_DB on their own, over every output and
+    Concat part (`out.X[.concatJ].rows_under_20db`); None when the run measured none."""
+    found = [(float(value), key) for key, value in metrics.items()
+             if _SHARE.match(key) and isinstance(value, int | float) and not isinstance(value, bool)]
+    if not found:
+        return None
+    value, key = max(found, key=lambda p: (p[0], p[1]))
+    return key, value
+
+
+def _where(match: re.Match) -> str:
+    return f"output {match['output']!r}" + (f" (the part its Concat's input {match['part']} fills)"
+                                             if match["part"] is not None else "")
+
+
 def _sqnr_rule(key: str) -> Rule:
-    match = _PART.match(key)
-    where = f"output {match['output']!r}" + (f" (the part its Concat's input {match['part']} fills)"
-                                              if match["part"] is not None else "")
+    where = _where(_PART.match(key))
     return Rule(key, "max", SQNR_OK_DB, SQNR_BROKEN_DB,
                 f"the worst output, {where}, is at {{value:.1f}} dB SQNR against fp32 (error RMS {{rms:.0%}} of the "
                 "signal's)", worst=True)
@@ -125,9 +151,13 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None) -> 
             f"its metrics: {', '.join(sorted(k for k in metrics if k.startswith('task.')) or sorted(metrics)[:12])}"
         raise ValueError(f"verdict.metric: {rule.metric!r} is not a metric of this run; {hint}")
     value = float(metrics[rule.metric])
-    status = rule.status(value)
+    status = rule.status(value, metrics)
     rms = 10 ** (-value / 20) if math.isfinite(value) else math.inf
     said = rule.says.format(value=value, rms=rms)
+    rows_key = rows_under(metrics) if rule.worst else None
+    if rows_key is not None and rows_key[1] > ROWS_UNDER_OK and rule.status(value) == "ok":
+        said += (f", but {rows_key[1]:.0%} of the rows carry an error over {10 ** (-SQNR_OK_DB / 20):.0%} of the "
+                 f"output's signal RMS in {_where(_SHARE.match(rows_key[0]))}")
     on = f" ({rows} evaluation rows)" if rows else ""
     because = f"{said}{on}: {status} ({rule.bounds()})"
     return {"status": status, "metric": rule.metric, "value": value if math.isfinite(value) else None,

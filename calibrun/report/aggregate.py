@@ -570,7 +570,7 @@ def _more_batches(group: list[Run]) -> dict | None:
     if not (math.isfinite(before) and math.isfinite(after)) or sign * (after - before) <= 0:
         return None
     return {"change": f"batches={most.config['batches']}", "metric": rule.metric, "before": before, "after": after,
-            "status_after": rule.status(after), "measured_by": [fewest.label, most.label]}
+            "status_after": rule.status(after, most.metrics), "measured_by": [fewest.label, most.label]}
 
 
 def _evaluation(run: Run):

@@ -121,3 +121,62 @@ def test_diagnostics_stop_after_max_rows(lab):
         x = diag.rows()[0]
     assert x["elements"] == 40 * rows.shape[1]
     assert (x["eval_min"], x["eval_max"]) == (float(rows[:40].min()), float(rows[:40].max()))
+
+
+def _under(ref: np.ndarray, got: np.ndarray, rows: range) -> float:
+    """The share of rows whose error energy per value is over 1% of the output's mean signal energy (20 dB)."""
+    signal = np.square(ref).mean()
+    return sum(np.square(ref[i] - got[i]).mean() * 100 > signal for i in rows) / len(rows)
+
+
+def test_rows_whose_error_breaks_the_ok_bound_are_counted_row_by_row():
+    """An error concentrated on every 4th row: the pool averages it above 20 dB, the rows do not; counted batch by
+    batch, and per Concat part against that part's own signal."""
+    rng = np.random.default_rng(1)
+    ref = rng.normal(size=(40, 6, 4))
+    noise = np.where(np.arange(40) % 4 == 0, 0.15, 0.01)[:, None, None]  # every 4th row: 15x the error
+    got = ref + rng.normal(size=ref.shape) * noise
+    errors = measure.OutputErrors(["logits"], {"logits": (1, [(0, 2), (2, 6)])})
+    for start in range(0, 40, 16):
+        errors.update([ref[start:start + 16]], [got[start:start + 16]], rows=len(ref[start:start + 16]))
+    m = errors.metrics()
+    assert m["out.logits.rows_under_20db"] == _under(ref, got, range(40))
+    assert m["out.logits.rows_under_20db"] == pytest.approx(0.25)  # those rows, and only they
+    assert m["out.logits.sqnr_db"] > 20  # the pool does not see them
+    part = ref[:, 2:], got[:, 2:]
+    assert m["out.logits.concat1.rows_under_20db"] == _under(*part, range(40))
+    # without the row count (a caller that cannot tell rows) no share is made up
+    blind = measure.OutputErrors(["logits"])
+    blind.update([ref], [got])
+    assert "out.logits.rows_under_20db" not in blind.metrics()
+
+
+def test_a_nearly_silent_row_is_not_flagged_for_a_small_error():
+    """A detector's scores on a photo without objects are ~0: the same small absolute error is far above 10% of
+    that row's own signal, not of the output's. Identical rows count as the cap (not under)."""
+    ref = np.zeros((4, 50))
+    ref[0, :5] = 0.9  # one photo with detections
+    ref[1:] = 1e-4  # three without
+    got = ref + 1e-3
+    got[3] = ref[3]  # int8 equal on the last
+    errors = measure.OutputErrors(["scores"])
+    errors.update([ref], [got], rows=4)
+    assert errors.metrics()["out.scores.rows_under_20db"] == 0.0
+    got[2] = 0.5  # a false detection: an error over 10% of the output's signal
+    errors = measure.OutputErrors(["scores"])
+    errors.update([ref], [got], rows=4)
+    assert errors.metrics()["out.scores.rows_under_20db"] == 0.25
+
+
+@pytest.mark.parametrize(("shape", "rows", "declared", "axis"), [
+    ((16, 1000), 16, ["N", 1000], 0),
+    ((20, 16, 37), 16, [20, "N", 37], 1),  # time-major CTC logits: rows on axis 1
+    ((2, 2, 128), 2, [2, "N", 128], 1),  # a state [2, N, 128] in a batch of 2: the free axis, not the fixed one
+    ((1, 3549, 6), 1, [1, 3549, 6], 0),  # a model that pins its batch to 1
+    ((16, 4), 16, None, 0),
+    ((4, 16), 16, None, 1),
+    ((1000,), 16, None, None),  # no axis of the batch's length: no rows to tell apart
+    ((16, 4), None, None, None),
+])
+def test_row_axis_of_an_output(shape, rows, declared, axis):
+    assert measure.row_axis(shape, rows, declared) == axis

@@ -85,7 +85,7 @@ def test_a_custom_metric_with_its_thresholds():
 def test_the_line_is_the_status_and_the_reason():
     got = verdict.decide({"out.y.sqnr_db": 1.55})
     assert verdict.line(got) == f"verdict: BROKEN: {got['because']}"
-    assert got["because"].endswith("broken (ok >= 20, broken < 10)")
+    assert got["because"].endswith("broken (ok >= 20 and at most 5% of the rows under 20, broken < 10)")
 
 
 @pytest.mark.parametrize(("c", "message"), [
@@ -157,3 +157,29 @@ def test_a_batch_sweep_measures_more_calibration_data_itself():
     assert advice == {"change": "batches=512", "metric": "task.top1_agreement", "before": 0.7, "after": 0.97,
                       "status_after": "ok", "measured_by": ["batches=8", "batches=512"]}
     assert _more_batches([run(8, 0.9), run(512, 0.85)]) is None  # more data measured worse: not offered
+
+
+@pytest.mark.parametrize(("share", "status"), [(0.0, "ok"), (0.05, "ok"), (0.06, "degraded"), (0.5, "degraded")])
+def test_ok_needs_the_rows_one_by_one(share, status):
+    """A pooled 20.5 dB is ok only when at most 1 row in 20 is under 20 dB on its own (the 1 in 20 of the
+    decision rules); the share never moves a degraded or broken verdict."""
+    metrics = {"out.logits.sqnr_db": 20.5, "out.logits.rows_under_20db": share, "out.aux.sqnr_db": 40.0,
+               "out.aux.rows_under_20db": 0.0}
+    got = verdict.decide(metrics)
+    assert (got["status"], got["metric"], got["value"]) == (status, "out.logits.sqnr_db", 20.5)
+    said = "of the rows carry an error over 10% of the output's signal RMS in output 'logits'"
+    assert (said in got["because"]) == (status != "ok")
+    for db, worse in ((15.0, "degraded"), (5.0, "broken")):
+        assert verdict.decide({**metrics, "out.logits.sqnr_db": db})["status"] == worse
+
+
+def test_any_output_or_part_with_too_many_rows_under_keeps_ok_away():
+    """The worst output is at 35 dB, but another output's Concat part has a fifth of its rows under 20 dB."""
+    metrics = {"out.a.sqnr_db": 35.0, "out.a.rows_under_20db": 0.0, "out.b.sqnr_db": 40.0,
+               "out.b.rows_under_20db": 0.0, "out.b.concat1.sqnr_db": 38.0, "out.b.concat1.rows_under_20db": 0.2}
+    got = verdict.decide(metrics)
+    assert got["status"] == "degraded"
+    assert "output 'b' (the part its Concat's input 1 fills)" in got["because"]
+    rule = verdict.rule_for(metrics)
+    assert rule.status(35.0) == "ok"  # the value alone (no rows measured) keeps the old rule
+    assert rule.status(35.0, metrics) == "degraded"
