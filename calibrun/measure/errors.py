@@ -15,7 +15,7 @@ statistics only (sums, maxima, counts), so memory does not grow with the number 
   gets none): the pooled `sqnr_db` averages the error over the rows, and an error concentrated on a few rows
   flips their decisions while the average stays at 20 dB;
 - `eval_min`, `eval_max`, `eval_span` of the primary (first float) input's evaluation values;
-- the task's metrics (calibrun.measure.tasks) and any observers (the per-tensor diagnostics) fed the same batches.
+- the task's metrics (calibrun.measure.tasks).
 """
 
 from __future__ import annotations
@@ -310,14 +310,13 @@ def batch_size_for(fixed: int | None, requested: int | None) -> int:
 
 
 def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batch_size: int | None = None,
-             observers: Sequence = (), progress: str | None = "evaluation", budget: int | None = None,
+             progress: str | None = "evaluation", budget: int | None = None,
              used: dict | None = None) -> dict[str, float]:
     """Run the fp32 and int8 models over `evaluation` (a calibrun.data.EvalData) batch by batch; return the
     error metrics (module docstring), the primary input's eval_min/eval_max/eval_span, `rows`, `eval_batches`,
     `eval_batch_size` and the task's metrics.
 
-    `task`: a calibrun.measure.tasks.Task (None: no task metrics). `observers`: objects with `update(feeds)` fed every
-    batch (calibrun.measure.tensor_stats.StreamingDiagnostics). Rows are counted and split along each input's batch
+    `task`: a calibrun.measure.tasks.Task (None: no task metrics). Rows are counted and split along each input's batch
     axis (`evaluation.axes`, calibrun.data.rows). A model that pins its batch axis to b is fed b rows at a time,
     and the rows must be a multiple of b.
 
@@ -375,8 +374,6 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
             del ref, got
         if primary_input in feeds:
             span.update(feeds[primary_input])
-        for observer in observers:
-            observer.update(feeds)
         interrupts.check()
         done += 1
         if bar is not None:

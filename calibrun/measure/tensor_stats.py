@@ -498,6 +498,31 @@ class StreamingDiagnostics:
             start += size
         self.batches += 1
 
+    def over(self, evaluation, batch_size: int | None = None, progress: str | None = "diagnostics") -> list[dict]:
+        """Feed `evaluation`'s batches (a calibrun.data.EvalData, in the evaluation's batch size: the model's pinned
+        batch, else `batch_size`), stopping once `max_rows` rows are diagnosed; then rows()."""
+        from calibrun.core import interrupts
+        from calibrun.core.progress import Progress
+        from calibrun.measure.errors import batch_size_for
+
+        size = batch_size_for(self.fixed, batch_size)
+        sizes = evaluation.sizes(size)
+        if self.max_rows is not None:  # the batches diagnosed: the rows up to max_rows
+            held, count = 0, 0
+            while count < len(sizes) and held < self.max_rows:
+                held += sizes[count]
+                count += 1
+            sizes = sizes[:count]
+        bar = Progress(f"{progress} ({size} rows per batch)", len(sizes)) if progress else None
+        for done, (feeds, _) in enumerate(evaluation.batches(size), start=1):
+            self.update(feeds)
+            interrupts.check()
+            if bar is not None:
+                bar.update(done)
+            if done >= len(sizes):
+                break
+        return self.rows()
+
     def _plan(self, feeds: Mapping[str, np.ndarray]) -> None:
         """Resolve the budget from the first batch's shapes (calibrun.core.memory). When one row's diagnosed tensors
         (fp32, and before and after the pair) exceed it, split them into groups in graph order and cut each model

@@ -177,12 +177,13 @@ def test_a_dropped_interrupt_stops_a_calibration_pass_and_an_evaluation_within_o
     from calibrun.lab.model import write_lab_model
     from calibrun.measure import errors as measure
     from calibrun.model import open_float_model
-    from calibrun.quant.calibrate import CalibrationSpec, run_calibration
+    from calibrun.quant.calibrate import CalibrationCache, CalibrationSpec, run_calibration
     from calibrun.quant.quantize import quantize_lab
 
     model = open_float_model(write_lab_model(tmp_path / "lab.onnx"))
     int8 = tmp_path / "int8.onnx"
-    quantize_lab(model, int8, 1, 1.0, 2)
+    cache = CalibrationCache(tmp_path / "cache")
+    ranges = cache.path(quantize_lab(model, int8, 1, 1.0, 2, cache=cache)["cache_key"])
     served = []
 
     class Counted:  # 10 chunks of 16 batches (minmax's chunk), counting what the pass asked for
@@ -203,16 +204,39 @@ def test_a_dropped_interrupt_stops_a_calibration_pass_and_an_evaluation_within_o
         run_calibration(model.path, Counted(), model.info.name, CalibrationSpec())
     assert len(served) == 16  # the first chunk, not the 160 batches
 
+    evaluation = _CountedEval(EvalData.from_arrays(measure.lab_feeds(model, 777, 64)))
     interrupts.record(signal.SIGTERM)
-    feeds = measure.lab_feeds(model, 777, 64)
-    evaluated = []
     with pytest.raises(interrupts.Interrupted) as info:
-        measure.evaluate(model.path, int8, EvalData.from_arrays(feeds), batch_size=8,
-                         observers=[type("Seen", (), {"update": lambda self, f: evaluated.append(1)})()],
-                         progress=None)
+        measure.evaluate(model.path, int8, evaluation, batch_size=8, progress=None)
     assert info.value.signum == signal.SIGTERM
-    assert evaluated == [1]  # one batch of 8, not 8 batches
+    assert evaluation.served == 1  # one batch of 8, not 8 batches
     interrupts.check()  # raised once: nothing pending afterwards
+
+    from calibrun.measure.tensor_stats import StreamingDiagnostics
+
+    evaluation.served = 0
+    with StreamingDiagnostics(model.path, int8, ranges) as diag:  # the diagnostics' own pass, the same way
+        interrupts.record(signal.SIGINT)
+        with pytest.raises(interrupts.Interrupted):
+            diag.over(evaluation, batch_size=8, progress=None)
+    assert evaluation.served == 1
+    interrupts.check()
+
+
+class _CountedEval:
+    """An EvalData that counts the batches a pass took from it."""
+
+    def __init__(self, data):
+        self.data, self.served = data, 0
+        self.rows, self.axes = data.rows, data.axes
+
+    def sizes(self, size: int) -> list[int]:
+        return self.data.sizes(size)
+
+    def batches(self, size: int):
+        for batch in self.data.batches(size):
+            self.served += 1
+            yield batch
 
 
 def test_an_interrupt_inside_a_store_write_does_not_keep_the_lock_that_closing_the_runs_needs(tmp_path):

@@ -111,16 +111,26 @@ def test_multi_part_output_metrics_per_entry():
 
 
 def test_diagnostics_stop_after_max_rows(lab):
-    """diagnostics.rows: the first rows only; the statistics are those of exactly those rows."""
+    """diagnostics.rows: the first rows only, and no batch read past them; the statistics are those of exactly those
+    rows, and with every row the same as fed batch by batch."""
     fp32 = lab["fp32"]
     rows = evaluation_rows(fp32.info, 777, 256)
+    evaluation = lab_evaluation(fp32, 777, 256)
+    taken = []
+    batches = evaluation.batches
+    evaluation.batches = lambda size: (taken.append(size) or batch for batch in batches(size))
     with StreamingDiagnostics(fp32.path, lab["int8"], lab["ranges"], max_rows=40) as diag:
-        measure.evaluate(fp32.path, lab["int8"], lab_evaluation(fp32, 777, 256), batch_size=32,
-                         observers=[diag], progress=None)
+        x = diag.over(evaluation, batch_size=32, progress=None)[0]
         assert diag.rows_seen == 40
-        x = diag.rows()[0]
+    assert taken == [32, 32]  # 40 rows: two batches of 32 read, not eight
     assert x["elements"] == 40 * rows.shape[1]
     assert (x["eval_min"], x["eval_max"]) == (float(rows[:40].min()), float(rows[:40].max()))
+    with StreamingDiagnostics(fp32.path, lab["int8"], lab["ranges"]) as whole, \
+            StreamingDiagnostics(fp32.path, lab["int8"], lab["ranges"]) as fed:
+        every = whole.over(lab_evaluation(fp32, 777, 256), batch_size=32, progress=None)
+        for start in range(0, 256, 32):
+            fed.update({fp32.info.name: rows[start:start + 32]})
+        assert every == fed.rows()
 
 
 def _under(ref: np.ndarray, got: np.ndarray, rows: range) -> float:
