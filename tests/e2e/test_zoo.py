@@ -65,15 +65,21 @@ def test_check_labels_itself_ok_and_a_damaged_copy_broken(name, tmp_path):
     assert damaged.label == BROKEN, damaged.to_json()
 
 
-@pytest.mark.slow
-def test_calibrun_takes_the_built_data_and_the_check_judges_its_int8(tmp_path):
-    entry = ZOO["ocr_cls"]
+def _default_job(name: str, tmp_path):
+    """The zoo model's data built and calibrun's default job on it (tracking, diagnostics and recommendations off):
+    (entry, built data, job folder, result.json)."""
+    entry = ZOO[name]
     built = entry.build(tmp_path / "data")
     job = tmp_path / "job"
     proc = run_python(["-m", "calibrun", *entry.overrides(built), "tracking=off", "diagnostics=off", "recommend=off",
                        f"cache.dir={tmp_path / 'cache'}", f"hydra.run.dir={job}"], cwd=REPO, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads((job / "result.json").read_text())
+    return entry, built, job, json.loads((job / "result.json").read_text())
+
+
+@pytest.mark.slow
+def test_calibrun_takes_the_built_data_and_the_check_judges_its_int8(tmp_path):
+    entry, built, job, result = _default_job("ocr_cls", tmp_path)
     assert result["status"] == "ok"
     eval_rows = len(built.arrays()["x"])
     assert result["used"]["eval_rows"] == eval_rows
@@ -92,13 +98,7 @@ def test_ok_needs_the_bound_row_by_row_on_the_speech_embedding(tmp_path):
     these independent numbers (ok only with the pooled SQNR >= 20 dB and at most 1 row in 20 over the bound)."""
     from tests.zoo import run_rows
 
-    entry = ZOO["oww_embedding"]
-    built = entry.build(tmp_path / "data")
-    job = tmp_path / "job"
-    proc = run_python(["-m", "calibrun", *entry.overrides(built), "tracking=off", "diagnostics=off", "recommend=off",
-                       f"cache.dir={tmp_path / 'cache'}", f"hydra.run.dir={job}"], cwd=REPO, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads((job / "result.json").read_text())
+    entry, built, job, result = _default_job("oww_embedding", tmp_path)
     feeds = built.arrays()
     (ref,), (got,) = (run_rows(path, feeds) for path in (entry.path(), job / "int8.onnx"))
     ref, got = ref.astype(np.float64).reshape(len(ref), -1), got.astype(np.float64).reshape(len(got), -1)
