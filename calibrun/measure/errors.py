@@ -1,7 +1,8 @@
 """Errors of an int8 model against its fp32 original on the evaluation data, streamed batch by batch.
 
 `evaluate` runs both models over the evaluation data `eval.batch_size` rows at a time and keeps running
-statistics only (sums, maxima, counts), so memory does not grow with the number of evaluation rows:
+statistics (sums, maxima, counts; and one float per row for each output and Concat part, the row shares below),
+so memory holds no row's outputs beyond its batch:
 
 - `max_abs_error`, `mean_abs_error` (float64), `max_abs_output`: over every element of every output (the lab
   contract); `rows`;

@@ -84,8 +84,8 @@ MEAN_IOU = Rule("task.mean_iou", "max", 0.95, 0.80, "per class, int8's and fp32'
 TASK_RULES = (MEAN_IOU, AGREEMENT, IOU)  # the first the run measured decides: mean IoU only where rows hold positions
 SQNR_OK_DB = 20.0
 SQNR_BROKEN_DB = 10.0
-ROW_SHARE_KEY = f"rows_under_{SQNR_OK_DB:g}db"  # calibrun.measure.errors: rows under SQNR_OK_DB on their own
-ROWS_UNDER_OK = 0.05  # ok needs at most 1 row in 20 under SQNR_OK_DB, in every output and part
+ROW_SHARE_KEY = f"rows_under_{SQNR_OK_DB:g}db"  # calibrun.measure.errors.RowShare: rows over the ok bound
+ROWS_UNDER_OK = 0.05  # ok needs at most 1 row in 20 over the bound, in every output and part
 _PART = re.compile(r"^out\.(?P<output>.+?)(?:\.concat(?P<part>\d+))?\.sqnr_db$")
 _SHARE = re.compile(r"^out\.(?P<output>.+?)(?:\.concat(?P<part>\d+))?\." + re.escape(ROW_SHARE_KEY) + "$")
 _ENTRY = re.compile(r"\.ch\d+\.sqnr_db$")  # one entry of a last axis: an explanation, not a decision
@@ -104,8 +104,9 @@ def worst_output(metrics: Mapping[str, float]) -> tuple[str, float] | None:
 
 
 def rows_under(metrics: Mapping[str, float]) -> tuple[str, float] | None:
-    """(metric key, value) of the largest share of rows under SQNR_OK_DB on their own, over every output and
-    Concat part (`out.X[.concatJ].rows_under_20db`); None when the run measured none."""
+    """(metric key, value) of the largest share of rows whose error, against the output's mean signal, is under
+    SQNR_OK_DB, over every output and Concat part (`out.X[.concatJ].rows_under_20db`); None when the run measured
+    none."""
     found = [(float(value), key) for key, value in metrics.items()
              if _SHARE.match(key) and isinstance(value, int | float) and not isinstance(value, bool)]
     if not found:
