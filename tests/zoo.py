@@ -732,6 +732,14 @@ def _build_vad(vad: Vad, model: str) -> Callable[[Path], Built]:
     return build
 
 
+def _at_half(ref: np.ndarray, got: np.ndarray, agreement: Threshold, fraction: Threshold) -> Score:
+    """Decisions at 0.5 (silero-vad's and openWakeWord's threshold): the share of positions where int8 decides as
+    fp32 does, and the difference of the share each says yes on; the worse label."""
+    agree = float(np.mean((ref >= 0.5) == (got >= 0.5)))
+    differ = abs(float(np.mean(ref >= 0.5)) - float(np.mean(got >= 0.5)))
+    return _worst((agreement, agree), (fraction, differ))
+
+
 def _check_vad(vad: Vad) -> Callable[[Path, Path, Built], Score]:
     def check(fp32: Path, int8: Path, built: Built) -> Score:
         """Both models run over the evaluation half in order, each carrying its own state (as the package does);
@@ -739,9 +747,7 @@ def _check_vad(vad: Vad) -> Callable[[Path, Path, Built], Score]:
         chunks = built.arrays()["input"]
         ref, _ = vad.stream(fp32, chunks)
         got, _ = vad.stream(int8, chunks)
-        agree = float(np.mean((ref >= 0.5) == (got >= 0.5)))
-        fraction = abs(float(np.mean(ref >= 0.5)) - float(np.mean(got >= 0.5)))
-        score = _worst((VAD_AGREEMENT, agree), (VAD_FRACTION, fraction))
+        score = _at_half(ref, got, VAD_AGREEMENT, VAD_FRACTION)
         score.details["fp32_speech_fraction"] = float(np.mean(ref >= 0.5))
         return score
 
@@ -813,9 +819,7 @@ def _check_wake_word(fp32: Path, int8: Path, built: Built) -> Score:
     """Each window's score through both models, the word heard at 0.5 (openWakeWord's default threshold)."""
     feeds = built.arrays()
     ref, got = (run_rows(path, feeds)[0].reshape(-1) for path in (fp32, int8))
-    agree = float(np.mean((ref >= 0.5) == (got >= 0.5)))
-    fraction = abs(float(np.mean(ref >= 0.5)) - float(np.mean(got >= 0.5)))
-    score = _worst((WAKE_AGREEMENT, agree), (WAKE_FRACTION, fraction))
+    score = _at_half(ref, got, WAKE_AGREEMENT, WAKE_FRACTION)
     score.details.update(fp32_max_score=float(ref.max()), int8_max_score=float(got.max()))
     return score
 
