@@ -47,10 +47,12 @@ FIXED = {
     "quant.per_channel": False,
     "quant.reduce_range": False,
     "quant.activation_symmetric": False,
+    "quant.weight_symmetric": None,
     "quant.nodes_to_exclude": [],
     "quant.op_types_to_quantize": None,
 }
-EQUIVALENT = {"method.symmetric": (None, False)}  # onnxruntime's minmax default is asymmetric
+EQUIVALENT = {"method.symmetric": (None, False),  # onnxruntime's minmax default is asymmetric
+              "quant.weight_symmetric": (None, True)}  # its default for the lab's QInt8 weights is symmetric
 
 
 def _get(cfg: Mapping, dotted: str, default=None):

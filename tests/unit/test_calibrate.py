@@ -323,6 +323,7 @@ QUANT_VARIANTS = {
     "per_channel": QuantOptions(per_channel=True),
     "nodes_to_exclude": QuantOptions(nodes_to_exclude=("fc2_matmul",)),
     "reduce_range": QuantOptions(reduce_range=True),
+    "weight_symmetric": QuantOptions(weight_symmetric=False),
 }
 
 
@@ -629,3 +630,21 @@ def test_nothing_is_written_beside_the_users_model(tmp_path, lab_model):
     assert sentinel.read_text() == "a file of the user's"
 
 
+
+
+@pytest.mark.parametrize(("symmetric", "zero"), [(None, True), (True, True), (False, False)])
+def test_weight_symmetric_sets_the_weights_zero_points(tmp_path, fp32, symmetric, zero):
+    """quant.weight_symmetric: null is onnxruntime's default (symmetric QInt8 weights: zero point 0), false gives
+    each weight its own [min, max] (a zero point off 0 for the lab's weights, whose ranges are not centred)."""
+    import onnx
+    from onnx import numpy_helper
+
+    out = tmp_path / "int8.onnx"
+    quantize_lab(fp32, out, SEED, FACTOR, BATCHES, options=QuantOptions(weight_symmetric=symmetric), cache=None)
+    model = onnx.load(str(out))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    weights = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and inits.get(n.input[0]) is not None
+               and inits[n.input[0]].dtype == np.int8 and inits[n.input[0]].ndim == 2]
+    assert weights
+    points = [int(inits[n.input[2]].reshape(-1)[0]) for n in weights]
+    assert all(p == 0 for p in points) == zero, points
