@@ -94,9 +94,7 @@ _ENTRY = re.compile(r"\.ch\d+\.sqnr_db$")  # one entry of a last axis: an explan
 def worst_output(metrics: Mapping[str, float]) -> tuple[str, float] | None:
     """(metric key, value) of the lowest output SQNR, over every output and, for an output a Concat joins, every
     Concat input's part of it (`out.X.concatJ.sqnr_db`); None when the run measured none."""
-    found = [(value, key) for key, value in metrics.items()
-             if _PART.match(key) and not _ENTRY.search(key) and isinstance(value, int | float)
-             and not isinstance(value, bool)]
+    found = [(value, key) for value, key in _numbers(metrics, _PART) if not _ENTRY.search(key)]
     if not found:
         return None
     value, key = min(found, key=lambda p: (p[0] if math.isfinite(p[0]) else -math.inf, p[1]))
@@ -107,12 +105,17 @@ def rows_under(metrics: Mapping[str, float]) -> tuple[str, float] | None:
     """(metric key, value) of the largest share of rows whose error, against the output's mean signal, is under
     SQNR_OK_DB, over every output and Concat part (`out.X[.concatJ].rows_under_20db`); None when the run measured
     none."""
-    found = [(float(value), key) for key, value in metrics.items()
-             if _SHARE.match(key) and isinstance(value, int | float) and not isinstance(value, bool)]
+    found = _numbers(metrics, _SHARE)
     if not found:
         return None
-    value, key = max(found, key=lambda p: (p[0], p[1]))
-    return key, value
+    value, key = max(found)
+    return key, float(value)
+
+
+def _numbers(metrics: Mapping[str, float], pattern: re.Pattern) -> list[tuple[float, str]]:
+    """(value, key) of the metrics whose key matches `pattern` and whose value is a number (not a bool)."""
+    return [(value, key) for key, value in metrics.items()
+            if pattern.match(key) and isinstance(value, int | float) and not isinstance(value, bool)]
 
 
 def _where(match: re.Match) -> str:
@@ -155,10 +158,10 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None) -> 
     status = rule.status(value, metrics)
     rms = 10 ** (-value / 20) if math.isfinite(value) else math.inf
     said = rule.says.format(value=value, rms=rms)
-    rows_key = rows_under(metrics) if rule.worst else None
-    if rows_key is not None and rows_key[1] > ROWS_UNDER_OK and rule.status(value) == "ok":
-        said += (f", but {rows_key[1]:.0%} of the rows carry an error over {10 ** (-SQNR_OK_DB / 20):.0%} of the "
-                 f"output's signal RMS in {_where(_SHARE.match(rows_key[0]))}")
+    if status != rule.status(value):  # only the rows' share differs from the value's own status: it kept ok away
+        key, share = rows_under(metrics)
+        said += (f", but {share:.0%} of the rows carry an error over {10 ** (-SQNR_OK_DB / 20):.0%} of the "
+                 f"output's signal RMS in {_where(_SHARE.match(key))}")
     on = f" ({rows} evaluation rows)" if rows else ""
     because = f"{said}{on}: {status} ({rule.bounds()})"
     return {"status": status, "metric": rule.metric, "value": value if math.isfinite(value) else None,
