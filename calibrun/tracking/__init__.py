@@ -447,6 +447,11 @@ class Tracker:
                 check_store(uri, timeout)
             if uri.startswith("sqlite:///"):
                 db = Path(uri[len("sqlite:///"):])
+                # MLflow's client and SQLite store imported before the lock, which guards the store's file only:
+                # imported under it (~1.6 s in a fresh process), they held back every other worker starting with
+                # it (two workers' first jobs started 1.7 s apart, bench/parallel.py)
+                import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+                from mlflow import MlflowClient  # noqa: F401
                 try:
                     lock = store_lock(db)
                     lock.acquire()

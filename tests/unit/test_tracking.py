@@ -1,8 +1,11 @@
-"""calibrun.tracking's LoggedModel: the same saved model as mlflow.onnx.log_model, without its serving check."""
+"""calibrun.tracking: its LoggedModel is the same saved model as mlflow.onnx.log_model, without its serving check;
+the SQLite store's lock is taken after MLflow is imported."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +13,7 @@ import yaml
 
 from calibrun.lab.model import write_lab_model
 from calibrun.tracking import onnx_signature, open_tracker
+from tests.conftest import clean_env
 from tests.stores import fresh_mlflow_store
 
 VARYING = {"artifact_path", "model_id", "model_uuid", "run_id", "utc_time_created"}  # ids and times
@@ -90,3 +94,22 @@ def test_close_takes_a_second_attempt_and_returns_the_error_only_when_both_fail(
     assert twice in str(error)
     assert tracker.status(twice) == "RUNNING"
     set_terminated(twice, "KILLED")  # the store ends with no run RUNNING, as every store calibrun leaves
+
+
+def test_mlflow_is_imported_before_the_stores_lock_is_taken(tmp_path):
+    """The store's lock guards its file (creation, schema check, experiment); MLflow's import (~1.6 s in a fresh
+    process) under it made workers that start together open the store one after another (bench/parallel.py: the
+    second worker's first job 1.7 s late). A fresh interpreter records what is imported when the lock is asked for."""
+    probe = (
+        "import sys\n"
+        "import calibrun.tracking as tracking\n"
+        "class Lock:\n"
+        "    def acquire(self):\n"
+        "        print(','.join(m for m in ('mlflow', 'mlflow.store.tracking.sqlalchemy_store') if m in sys.modules))\n"
+        "        raise SystemExit(0)\n"
+        "tracking.store_lock = lambda db: Lock()\n"
+        "tracking.Tracker(sys.argv[1], 'probe')\n")
+    proc = subprocess.run([sys.executable, "-c", probe, f"sqlite:///{tmp_path / 'mlflow.db'}"], capture_output=True,
+                          text=True, timeout=120, env=clean_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["mlflow,mlflow.store.tracking.sqlalchemy_store"]
