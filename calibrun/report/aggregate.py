@@ -32,6 +32,7 @@ from calibrun.core.errors import CalibrunError, one_line
 from calibrun.core.files import RESULT_FILE, atomic_path, finite, remove_orphans, temp_name, write_json
 from calibrun.measure.sweep_diagnosis import run_diagnosis, sample_trend
 from calibrun.result import JobResult
+from calibrun.sweep_order import written_order
 
 log = logging.getLogger("calibrun")
 
@@ -235,7 +236,24 @@ def load_runs(sweep_dir: Path) -> tuple[list[Run], list[str], list[str]]:
         if not run.ok:
             failed.append(f"job {job_dir.name}: {result.error or 'failed'}")
         runs.append(run)
+    written = _written_order(sweep_dir)
+    if written is not None:  # the order the user wrote, not the one the jobs started in (calibrun.sweep_order)
+        runs.sort(key=lambda run: written(run.overrides))
     return runs, failed, broken
+
+
+def _written_order(sweep_dir: Path):
+    """calibrun.sweep_order.written_order for a basic sweep's multirun.yaml; None for another sweeper (a search's
+    trials keep their numbers' order) or without a readable one."""
+    cfg = _load_yaml(sweep_dir / "multirun.yaml")
+    try:
+        sweeper = cfg["hydra"]["sweeper"]
+        if not str(sweeper["_target_"]).endswith(".BasicSweeper"):
+            return None
+        params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
+        return written_order(params + [str(o) for o in cfg["hydra"]["overrides"]["task"]])
+    except (TypeError, KeyError, AttributeError):
+        return None
 
 
 def swept_axes(runs: list[Run]) -> dict[str, list[str]]:

@@ -382,3 +382,28 @@ def test_a_sweep_without_completed_runs_is_one_line(tmp_path, capsys):
     assert code == 1
     assert err.strip() == f"calibrun.report: error: no completed runs in {sweep} (no */result.json with status ok)"
     assert not (sweep / "report").exists()
+
+
+def test_the_report_lists_a_basic_sweeps_runs_as_the_user_wrote_them_not_as_they_started(tmp_path):
+    """calibrun.sweep_order starts the costliest calibration first (job 0 is entropy); the report keeps the order of
+    the user's `method=minmax,percentile,entropy format=qdq,qoperator`, the format varying slowest."""
+    sweep = tmp_path / "sweep"
+    started = [("entropy", "qdq"), ("percentile", "qdq"), ("minmax", "qdq"), ("entropy", "qoperator"),
+               ("percentile", "qoperator"), ("minmax", "qoperator")]
+    for num, (method, fmt) in enumerate(started):
+        fake_job(sweep, num, {"method": method, "format": fmt}, 0.1 + num / 100,  # per channel: not lab runs
+                 config=job_config(**{"method.name": method, "format.name": fmt, "quant.per_channel": True}))
+    multirun = {"hydra": {"sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+                                      "params": None},
+                          "overrides": {"task": ["method=minmax,percentile,entropy", "format=qdq,qoperator"]}}}
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump(multirun))
+    aggregate.build(sweep)
+    runs = json.loads((sweep / "report" / "runs.json").read_text())
+    assert [r["job"] for r in runs["runs"]] == ["2", "1", "0", "5", "4", "3"]
+    assert runs["axes"] == {"method": ["minmax", "percentile", "entropy"], "format": ["qdq", "qoperator"]}
+    # another sweeper (a search's trials): the job numbers' order
+    multirun["hydra"]["sweeper"]["_target_"] = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump(multirun))
+    aggregate.build(sweep)
+    runs = json.loads((sweep / "report" / "runs.json").read_text())
+    assert [r["job"] for r in runs["runs"]] == ["0", "1", "2", "3", "4", "5"]
