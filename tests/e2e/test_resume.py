@@ -24,7 +24,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from tests.conftest import Proc, clean_env, run_cmd
+from tests.conftest import Proc, clean_env, run_python
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,8 @@ def start(tmp: Path, argv: list[str]) -> subprocess.Popen:
 
 
 def run(tmp: Path, argv: list[str], cwd: Path | None = None) -> Proc:
-    proc = run_cmd(argv, cwd or tmp, env_for(tmp), DEADLINE)
+    """The command to its end; `python -m calibrun` forked from the preloaded server (tests/forked.py)."""
+    proc = run_python(argv[1:], cwd or tmp, env_for(tmp), DEADLINE)
     assert not proc.timed_out, f"{argv} still running after {DEADLINE} s:\n{proc.stderr[-3000:]}"
     return proc
 

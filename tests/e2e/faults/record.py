@@ -17,7 +17,7 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 
-from tests.conftest import Proc, clean_env, run_cmd
+from tests.conftest import Proc, clean_env, run_python
 from tests.stores import fresh_mlflow_store
 
 SMALL = ("calibration=narrow,match,wide",)  # 3 lab jobs at the lab's 64 batches: calib_report.json is built
@@ -43,11 +43,12 @@ def argv(tmp: Path, *overrides: str, sweep: Path | None = None, multirun: bool =
 
 
 def run(tmp: Path, *overrides: str, sweep: Path | None = None, multirun: bool = True, env: dict | None = None,
-        prefix: tuple[str, ...] = (), cwd: Path | None = None) -> tuple[Proc, float]:
-    """Run calibrun to the end; (the process, its wall seconds)."""
+        cwd: Path | None = None) -> tuple[Proc, float]:
+    """Run calibrun to the end, forked from the preloaded server like every CLI run (tests/forked.py); (the
+    process, its wall seconds). `start` keeps plain subprocesses for the sweeps a test kills."""
     start = time.monotonic()
-    proc = run_cmd([*prefix, *argv(tmp, *overrides, sweep=sweep, multirun=multirun)], cwd or tmp,
-                   env or env_for(tmp), DEADLINE)
+    proc = run_python(argv(tmp, *overrides, sweep=sweep, multirun=multirun)[1:], cwd or tmp, env or env_for(tmp),
+                      DEADLINE)
     assert not proc.timed_out, f"calibrun still running after {DEADLINE} s:\n{proc.stderr[-3000:]}"
     return proc, time.monotonic() - start
 

@@ -5,14 +5,13 @@ one line, an output name MLflow rejects as a metric key is mapped to a valid key
 
 from __future__ import annotations
 
-import sys
 import textwrap
 from pathlib import Path
 
 import onnx
 import pytest
 
-from tests.conftest import clean_env, run_cmd
+from tests.conftest import clean_env, run_python
 from tests.e2e.faults.record import env_for, one_line_error, runs_of
 from tests.stores import fresh_mlflow_store
 
@@ -22,8 +21,7 @@ QUICK = ("batches=2", "eval.rows=32", "diagnostics=off")
 
 
 def calibrun(tmp: Path, *args: str, env: dict | None = None):
-    return run_cmd([sys.executable, "-m", "calibrun", *args, f"cache.dir={tmp / 'cache'}"], tmp,
-                   env or env_for(tmp), timeout=240)
+    return run_python(["-m", "calibrun", *args, f"cache.dir={tmp / 'cache'}"], tmp, env or env_for(tmp), timeout=240)
 
 
 @pytest.mark.parametrize("key", ["hydra.run.dir", "hydra.sweep.dir"])
