@@ -11,11 +11,13 @@ import signal
 import sqlite3
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
 
+from tests.conftest import run_python
 from tests.e2e.faults.record import argv, env_for, run, runs_of
 from tests.stores import fresh_mlflow_store
 
@@ -36,22 +38,15 @@ def usable(tmp: Path) -> list:
 
 def test_tracked_sweeps_started_together_on_a_new_store_all_complete(tmp_path):
     count = 4  # four processes racing to create one store (two racing is a case of it; its own run cost 13 s)
-    procs = []
-    for num in range(count):
-        with open(tmp_path / f"{num}.err", "w") as err:
-            procs.append(subprocess.Popen(argv(tmp_path, *QUICK, sweep=tmp_path / f"sweep{num}"), cwd=tmp_path,
-                                          env=env_for(tmp_path), stdout=subprocess.DEVNULL, stderr=err,
-                                          start_new_session=True))
-    try:
-        codes = [proc.wait(timeout=300) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    errors = [(tmp_path / f"{num}.err").read_text() for num in range(count)]
-    assert codes == [0] * count, [e[-2000:] for e in errors]
-    assert not any("Traceback" in e for e in errors)
+
+    def sweep(num: int):  # forked from the preloaded server (tests/forked.py), from threads: they start together
+        return run_python(argv(tmp_path, *QUICK, sweep=tmp_path / f"sweep{num}")[1:], tmp_path, env_for(tmp_path),
+                          timeout=300)
+
+    with ThreadPoolExecutor(count) as pool:
+        procs = list(pool.map(sweep, range(count)))
+    assert [p.returncode for p in procs] == [0] * count, [p.stderr[-2000:] for p in procs]
+    assert not any("Traceback" in p.stderr for p in procs)
     runs = usable(tmp_path)
     finished = [r for r in runs if r.info.status == "FINISHED"]
     assert len(finished) == 2 * count  # a parent and a job per sweep
