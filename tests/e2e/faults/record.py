@@ -35,11 +35,16 @@ def store(tmp: Path) -> str:
     return f"sqlite:///{tmp / 'mlflow.db'}"
 
 
-def argv(tmp: Path, *overrides: str, sweep: Path | None = None, multirun: bool = True) -> list[str]:
-    args = [sys.executable, "-m", "calibrun"] + (["-m"] if multirun else [])
+def cli(tmp: Path, *overrides: str, sweep: Path | None = None, multirun: bool = True) -> list[str]:
+    """`-m calibrun ...`: what follows the interpreter (run_python forks it; `argv` is the whole command)."""
+    args = ["-m", "calibrun"] + (["-m"] if multirun else [])
     if sweep is not None:
         args.append(f"hydra.sweep.dir={sweep}")
     return [*args, f"cache.dir={tmp / 'cache'}", *overrides]
+
+
+def argv(tmp: Path, *overrides: str, sweep: Path | None = None, multirun: bool = True) -> list[str]:
+    return [sys.executable, *cli(tmp, *overrides, sweep=sweep, multirun=multirun)]
 
 
 def run(tmp: Path, *overrides: str, sweep: Path | None = None, multirun: bool = True, env: dict | None = None,
@@ -47,8 +52,7 @@ def run(tmp: Path, *overrides: str, sweep: Path | None = None, multirun: bool = 
     """Run calibrun to the end, forked from the preloaded server like every CLI run (tests/forked.py); (the
     process, its wall seconds). `start` keeps plain subprocesses for the sweeps a test kills."""
     start = time.monotonic()
-    proc = run_python(argv(tmp, *overrides, sweep=sweep, multirun=multirun)[1:], cwd or tmp, env or env_for(tmp),
-                      DEADLINE)
+    proc = run_python(cli(tmp, *overrides, sweep=sweep, multirun=multirun), cwd or tmp, env or env_for(tmp), DEADLINE)
     assert not proc.timed_out, f"calibrun still running after {DEADLINE} s:\n{proc.stderr[-3000:]}"
     return proc, time.monotonic() - start
 

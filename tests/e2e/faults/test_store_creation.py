@@ -18,7 +18,7 @@ import pytest
 from mlflow import MlflowClient
 
 from tests.conftest import run_python
-from tests.e2e.faults.record import argv, env_for, run, runs_of
+from tests.e2e.faults.record import argv, cli, env_for, run, runs_of
 from tests.stores import fresh_mlflow_store
 
 pytestmark = pytest.mark.slow
@@ -40,7 +40,7 @@ def test_tracked_sweeps_started_together_on_a_new_store_all_complete(tmp_path):
     count = 4  # four processes racing to create one store (two racing is a case of it; its own run cost 13 s)
 
     def sweep(num: int):  # forked from the preloaded server (tests/forked.py), from threads: they start together
-        return run_python(argv(tmp_path, *QUICK, sweep=tmp_path / f"sweep{num}")[1:], tmp_path, env_for(tmp_path),
+        return run_python(cli(tmp_path, *QUICK, sweep=tmp_path / f"sweep{num}"), tmp_path, env_for(tmp_path),
                           timeout=300)
 
     with ThreadPoolExecutor(count) as pool:
