@@ -34,7 +34,7 @@ from calibrun.core import interrupts, patches
 from calibrun.core.errors import CalibrunError, one_line
 from calibrun.core.files import full_error, write_json
 from calibrun.core.progress import SweepProgress
-from calibrun.sweep_order import spread
+from calibrun.sweep_order import spread, sweeper_lines
 from calibrun.tracking import (
     MAX_RUN_NAME,
     PARENT_FILE,
@@ -77,8 +77,7 @@ def sweep_values(config: DictConfig) -> dict[str, list[str]]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import ChoiceSweep
 
-    params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
-    lines = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    lines = sweeper_lines(OmegaConf.select(config, "hydra.sweeper.params", default=None), config.hydra.overrides.task)
     values: dict[str, list[str]] = {}
     try:
         parsed = OverridesParser.create().parse_overrides(lines)
@@ -101,8 +100,7 @@ def sweep_total(config: DictConfig) -> int | None:
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
-    lines = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    lines = sweeper_lines(OmegaConf.select(config, "hydra.sweeper.params", default=None), config.hydra.overrides.task)
     try:
         batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(lines), None)
     except Exception:  # Hydra reports a bad override itself

@@ -16,7 +16,7 @@ numbers follow the new order); `written_order` gives the report its order back.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 # top-level config keys that never decide the calibration ranges (calibrun.quant.calibrate.cache_record: the prepared
 # model, the calibration data, the method's options)
@@ -70,11 +70,17 @@ def spread(jobs: list[list[str]]) -> list[list[str]]:
     return [jobs[i] for i in order]
 
 
+def sweeper_lines(params: Mapping | None, task: Sequence) -> list[str]:
+    """What Hydra's basic sweeper parses: its `hydra.sweeper.params` as `key=value` (a preset's sweep), then the
+    command line's overrides (`hydra.overrides.task`), which replace a key they repeat."""
+    return [f"{k}={v}" for k, v in (params or {}).items()] + [str(o) for o in task]
+
+
 def written_order(params: list[str]) -> Callable[[Mapping[str, str]], tuple] | None:
     """For the report: a sort key over a job's overrides (`{key: value}`, `+` dropped) that lists the jobs of a
     basic sweep in `spread`'s order without the costs, i.e. as the user wrote them with the keys outside the
     calibration varying slowest (the report's order before the costs, kept). `params`: what Hydra's basic sweeper
-    parses, its `hydra.sweeper.params` as `key=value` then the command line's overrides. None when they sweep
+    parses (`sweeper_lines`). None when they sweep
     nothing or cannot be parsed here (the report then keeps the job numbers' order)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 

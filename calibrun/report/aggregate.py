@@ -32,7 +32,7 @@ from calibrun.core.errors import CalibrunError, one_line
 from calibrun.core.files import RESULT_FILE, atomic_path, finite, remove_orphans, temp_name, write_json
 from calibrun.measure.sweep_diagnosis import run_diagnosis, sample_trend
 from calibrun.result import JobResult
-from calibrun.sweep_order import written_order
+from calibrun.sweep_order import sweeper_lines, written_order
 
 log = logging.getLogger("calibrun")
 
@@ -250,8 +250,7 @@ def _written_order(sweep_dir: Path):
         sweeper = cfg["hydra"]["sweeper"]
         if not str(sweeper["_target_"]).endswith(".BasicSweeper"):
             return None
-        params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
-        return written_order(params + [str(o) for o in cfg["hydra"]["overrides"]["task"]])
+        return written_order(sweeper_lines(sweeper.get("params"), cfg["hydra"]["overrides"]["task"]))
     except (TypeError, KeyError, AttributeError):
         return None
 
