@@ -88,8 +88,7 @@ def rows_for(budget: int, per_row: int, rows: int) -> int:
 def live_bytes(model: str | Path | onnx.ModelProto, feeds: Mapping[str, np.ndarray], axes=None) -> int:
     """The most bytes of one row's activations alive at once when the nodes run in graph order, each tensor freed
     after its last consumer (what an inference session holds at its peak, roughly; 0 when sizes are unknown)."""
-    if not isinstance(model, onnx.ModelProto):
-        model = onnx.load(str(model), load_external_data=False)
+    model = _structure(model)
     sizes = row_bytes(model, feeds, axes)
     if not sizes:
         return 0
@@ -118,12 +117,7 @@ def row_bytes(model: str | Path | onnx.ModelProto, feeds: Mapping[str, np.ndarra
     from calibrun.data.rows import axis_of, one_row_shape
 
     try:
-        if not isinstance(model, onnx.ModelProto):
-            model = onnx.load(str(model), load_external_data=False)
-        else:
-            copy = onnx.ModelProto()
-            copy.CopyFrom(model)
-            model = copy
+        model = _structure(model)
         initializers = {t.name for t in model.graph.initializer}
         for info in model.graph.input:
             if info.name in initializers or info.name not in feeds:
@@ -149,6 +143,18 @@ def row_bytes(model: str | Path | onnx.ModelProto, feeds: Mapping[str, np.ndarra
         itemsize = helper.tensor_dtype_to_np_dtype(tensor.elem_type).itemsize
         sizes[info.name] = int(np.prod(dims, dtype=np.int64)) * itemsize
     return sizes
+
+
+def _structure(model: str | Path | onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of the model's graph without its weights' values (calibrun.model.structure): shape inference reads
+    their types and dims only, and a 100 MB model is not read, copied and serialised again at every call."""
+    from calibrun.model.structure import hollow, structure
+
+    if not isinstance(model, onnx.ModelProto):
+        return structure(model)
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return hollow(copy)
 
 
 # --- config: this concept's options (the `memory` node; calibrun.config assembles the schema) ---

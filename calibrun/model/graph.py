@@ -14,6 +14,7 @@ from onnx import numpy_helper
 
 from calibrun.core.errors import CalibrunError
 from calibrun.model import graph_inputs, load_model
+from calibrun.model.structure import structure
 
 # QOperator ops whose inputs are (x, x_scale, x_zero_point, ...): where the input scale sits when no
 # QuantizeLinear reads the graph input directly.
@@ -148,7 +149,7 @@ def blocks_of(path: str | Path) -> dict[str, tuple[int, list[tuple[int, int]]]]:
     """output_blocks of the model file at `path` (its weights are not read); {} when shape inference cannot run on
     it (the per-Concat-input metrics are then left out, nothing else changes)."""
     try:
-        return output_blocks(onnx.load(str(path), load_external_data=False))
+        return output_blocks(structure(path))
     except Exception:  # onnx's shape inference refuses some graphs: no blocks, the whole outputs are still measured
         return {}
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import onnx
 from onnx import AttributeProto, GraphProto, TensorProto, helper, version_converter
+from onnx.external_data_helper import load_external_data_for_model
 
 from calibrun.core.errors import CalibrunError, one_line
 from calibrun.core.files import atomic_path, check_writable, device_full, full_error, is_full, temp_name
@@ -120,23 +121,29 @@ def prepare_model(src: str | Path, dst: str | Path) -> Prepared:
     check_writable(dst)
     if src.exists() and dst.exists() and src.resolve() == dst.resolve():
         raise CalibrunError(f"cannot prepare {src} onto itself: choose another output path")
+    external = _given_external(src)  # read before the whole model is: two copies would be in memory at once
     model = load_model(src)
     float_input(model, src)  # fail before any work when there is nothing float to calibrate
     check_outputs(model, src)
     check_not_quantised(model, src)
-    external = _uses_external_data(onnx.load(str(src), load_external_data=False)) or _tensor_bytes(model) > INLINE_LIMIT
+    external = external or _tensor_bytes(model) > INLINE_LIMIT
     log.info("preparing %s -> %s (%s)", src, dst, "external data" if external else "weights inline")
 
     steps: list[str] = []
     with _workspace(dst) as work:
         try:
-            current = _strip_initializer_inputs(model, work / "given.onnx", external, steps)
+            # The steps in between keep the weights in an external data file whatever `dst` gets: each step then
+            # reads the graph alone, and onnx's shape inference does not serialise every weight twice (ResNet-50,
+            # 100 MB inline: the job's peak in preparation 595 -> MB). The last step writes `dst` as decided, and
+            # the prepared bytes are the same (19 trained models). Folding keeps `external`: onnxruntime writes
+            # the tensors it moves out with fields of its own (an empty doc_string), other bytes.
+            current = _strip_initializer_inputs(model, work / "given.onnx", True, steps)
             del model  # the file holds it now; big models should not stay in memory twice
             _check(current, src)
             current = _convert_opset(current, work / "converted.onnx", src, steps)
             current = _fold_constants(current, work / "folded.onnx", external, src, steps)
             _prune(work, keep=current)
-            current = _infer_shapes(current, work / "shaped.onnx", external, steps)
+            current = _infer_shapes(current, work / "shaped.onnx", True, steps)
             external, inputs = _write_result(current, work, dst, external, src)
         except (CalibrunError, OSError) as exc:
             # A full device: onnx and onnxruntime write short files without an error (the checker then finds "no
@@ -278,7 +285,12 @@ def _quant_pre_process(current: Path, out: Path, external: bool) -> str | None:
 
 def _write_result(current: Path, work: Path, dst: Path, external: bool, src: Path) -> tuple[bool, list[InputInfo]]:
     """Save the final model canonically, verify it, and move it (and its data file) into place."""
-    model = onnx.load(str(current))
+    model = onnx.load(str(current), load_external_data=False)
+    moved = [t.data_location == TensorProto.EXTERNAL for t in _tensors(model)]
+    load_external_data_for_model(model, str(current.parent))
+    for tensor, was_external in zip(_tensors(model), moved, strict=True):
+        if was_external:  # as the weights were before the steps kept them outside: the same prepared bytes
+            tensor.ClearField("data_location")
     _prune(work, keep=None)  # the model is in memory: free the disk before writing the last copy
     if not external and _tensor_bytes(model) > INLINE_LIMIT:
         log.info("prepared weights exceed %d bytes: saving them as external data", INLINE_LIMIT)
@@ -387,6 +399,15 @@ def _tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:
                     yield attr.t
                 elif attr.type == AttributeProto.TENSORS:
                     yield from attr.tensors
+
+
+def _given_external(src: Path) -> bool:
+    """Whether the file at `src` keeps weights in external data (False for a file onnx cannot read: load_model then
+    names the problem)."""
+    try:
+        return _uses_external_data(onnx.load(str(src), load_external_data=False))
+    except Exception:  # noqa: BLE001 (not ONNX, unreadable: reported by load_model with one line)
+        return False
 
 
 def _uses_external_data(model: onnx.ModelProto) -> bool:

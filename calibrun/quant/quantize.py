@@ -26,6 +26,8 @@ from calibrun.model.graph import input_quant, op_counts, scales_summary
 from calibrun.quant.calibrate import METHODS, Calibration, CalibrationCache, CalibrationSpec, calibrated
 
 FORMATS = {"qdq": QuantFormat.QDQ, "qoperator": QuantFormat.QOperator}
+log = logging.getLogger(__name__)
+
 QUANT_TYPES = {name: QuantType[name] for name in ("QInt8", "QUInt8", "QInt16", "QUInt16")}
 SIXTEEN_BIT = {"QInt8": "QInt16", "QUInt8": "QUInt16"}  # an 8-bit type -> the 16-bit type of the same signedness
 BIASED = ("Conv", "ConvTranspose", "Gemm")  # ops whose input 2 onnxruntime quantises as a bias (int32)
@@ -133,8 +135,11 @@ def quantize(
     patches.index_initializer_lookups()
     start = time.perf_counter()
     with atomic_path(out_path, suffix=".onnx") as tmp, temp_dir("q") as private, patches.indexed_lookups():
+        copy = private_model_copy(model_path, private)  # a copy: see private_model_copy
+        if _sixteen_bit(options):
+            _opset_for_sixteen_bit(copy)
         quantize_static(
-            str(private_model_copy(model_path, private)),  # a copy: see private_model_copy
+            str(copy),
             str(tmp),
             calibration_data_reader=None,  # the ranges come from the cache file: no calibration here
             quant_format=FORMATS[options.format],
@@ -155,6 +160,33 @@ def quantize(
         if check is not None:
             check(tmp)
     return seconds
+
+
+def _sixteen_bit(options: QuantOptions) -> bool:
+    """Whether onnxruntime quantises some tensor to 16 bits with `options` (it then needs opset 21)."""
+    wide = set(SIXTEEN_BIT.values())
+    kinds = {options.activation_type, options.weight_type, *options.tensor_types.values()}
+    return bool(wide & kinds)
+
+
+def _opset_for_sixteen_bit(path: Path) -> None:
+    """Raise the private copy at `path` (weights in its external data file) to opset 21, in place, as
+    quantize_static would for 16-bit types (onnxruntime.quantization.quant_utils.update_opset_version, the same
+    onnx version converter), but on the graph alone: quantize_static converts the whole model with its weights, a
+    C++ copy and a shape-inference round trip of every weight (ResNet-50's job: 880 MB at a 16-bit candidate, 520 MB
+    at the others). The converted file refers to the same external data; quantize_static then finds opset 21 and
+    converts nothing."""
+    model = onnx.load(str(path), load_external_data=False)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or opset >= 21:
+        return
+    try:
+        converted = onnx.version_converter.convert_version(model, 21)
+    except Exception as exc:  # noqa: BLE001 (an adapter that needs the weights' values: onnxruntime converts it all)
+        log.debug("opset 21 on the graph alone failed (%s); quantize_static converts the whole model", exc)
+        return
+    with atomic_path(path, suffix=".onnx") as tmp:
+        onnx.save(converted, str(tmp))
 
 
 def overrides(options: QuantOptions) -> dict:
