@@ -89,6 +89,7 @@ def attach(ctx, result):
     a = cfg.analysis
     if a.name == "none" and (not a.objective or a.metric in result.metrics):
         return result
+    from calibrun import config
     from calibrun.analysis.evaluate import Evaluator, metric_of
     from calibrun.analysis.repair import timed
     from calibrun.data.rows import pinned_rows
@@ -96,7 +97,8 @@ def attach(ctx, result):
     int8_path = job_dir / result.files["int8"]
     rows = pinned_rows({i.name: i.shape for i in fp32.inputs}, ctx.evaluation.axes) or a.batch_rows
     goal = Goal.of(cfg, result)
-    with Evaluator(fp32.path, ctx.evaluation, rows, cfg.ort.intra_op_threads, ctx.fresh_task()) as evaluator:
+    with Evaluator(fp32.path, ctx.evaluation, rows, cfg.ort.intra_op_threads, ctx.fresh_task(),
+                   budget=config.memory_budget(cfg)) as evaluator:
         measured, seconds = timed(evaluator.model)(int8_path)
         metric_of(measured, goal.metric)  # a metric name that does not exist fails here, before the long pass
         result.metrics = {**_finite_only(measured), **result.metrics}

@@ -21,7 +21,7 @@ import numpy as np
 from calibrun.core.errors import CalibrunError
 from calibrun.core.files import temp_dir
 from calibrun.data import rows as feed_rows
-from calibrun.measure.errors import OutputErrors, as_array
+from calibrun.measure.errors import OutputErrors, as_array, rows_per_run
 from calibrun.model.graph import blocks_of
 from calibrun.model.sessions import session
 
@@ -77,7 +77,11 @@ class Evaluator:
     (None: no task metrics), copied for every measurement.
     """
 
-    def __init__(self, fp32_path: str | Path, evaluation, rows: int, threads: int = 0, task=None):
+    def __init__(self, fp32_path: str | Path, evaluation, rows: int, threads: int = 0, task=None,
+                 budget: int | None = None):
+        """`budget`: memory.budget in bytes (None: auto, calibrun.core.memory): a batch of `rows` rows whose live
+        activations exceed it is kept as runs of fewer rows, one file each, as calibrun.measure.errors.evaluate runs
+        them (every session of a trial then runs at most that many rows at once)."""
         self.threads = threads
         self.task = task
         self.blocks = blocks_of(fp32_path)  # outputs a Concat joins: measured per Concat input too
@@ -90,15 +94,24 @@ class Evaluator:
             self.output_shapes = [o.shape for o in fp32.get_outputs()]
             self.input_names = [i.name for i in fp32.get_inputs()]
             axes = getattr(evaluation, "axes", None)
-            for feeds, labels in evaluation.batches(rows):
-                outputs = fp32.run(None, feeds)
-                arrays = {f"o{k}": as_array(v) for k, v in enumerate(outputs)}
-                arrays.update({f"i{k}": feeds[name] for k, name in enumerate(self.input_names)})
-                arrays["rows"] = np.asarray(feed_rows.count(feeds, axes))
-                if labels is not None:
-                    arrays["labels"] = np.asarray(labels)
-                np.savez(self._tmp / f"{self.count}.npz", **arrays)
-                self.count += 1
+            fixed = feed_rows.pinned_rows({i.name: i.shape for i in fp32.get_inputs()}, axes)
+            per_run = None
+            for batch, batch_labels in evaluation.batches(rows):
+                count = feed_rows.count(batch, axes)
+                if per_run is None:
+                    per_run = rows_per_run(fp32_path, batch, fixed, count, budget, None, axes)
+                for start in range(0, count, per_run):
+                    whole = per_run >= count
+                    feeds = batch if whole else feed_rows.take(batch, axes, start, start + per_run)
+                    labels = batch_labels if whole or batch_labels is None else batch_labels[start : start + per_run]
+                    outputs = fp32.run(None, feeds)
+                    arrays = {f"o{k}": as_array(v) for k, v in enumerate(outputs)}
+                    arrays.update({f"i{k}": feeds[name] for k, name in enumerate(self.input_names)})
+                    arrays["rows"] = np.asarray(feed_rows.count(feeds, axes))
+                    if labels is not None:
+                        arrays["labels"] = np.asarray(labels)
+                    np.savez(self._tmp / f"{self.count}.npz", **arrays)
+                    self.count += 1
             del fp32
         except BaseException:
             self.close()

@@ -357,7 +357,7 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
             raise CalibrunError(f"{int8_path} has no input {missing[0]!r} (inputs: {int8_inputs})")
         rows = feed_rows.count(feeds, axes)
         if per_run is None:
-            per_run = _rows_per_run(fp32_path, feeds, fixed, size, budget, used, axes)
+            per_run = rows_per_run(fp32_path, feeds, fixed, size, budget, used, axes)
             if per_run < size:  # large rows: give the arenas' memory back after each run (the diagnostics run next)
                 shrink = ort.RunOptions()
                 shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
@@ -387,7 +387,7 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     return metrics
 
 
-def _rows_per_run(fp32_path, feeds, fixed: int | None, size: int, budget: int | None, used: dict | None,
+def rows_per_run(fp32_path, feeds, fixed: int | None, size: int, budget: int | None, used: dict | None,
                   axes=None) -> int:
     """Evaluation rows per run under the memory budget (calibrun.core.memory), from the first batch's shapes."""
     from calibrun.core import memory

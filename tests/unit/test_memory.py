@@ -1,5 +1,6 @@
-"""memory.budget (calibrun.core.memory, docs/memory.md): parsing, `auto`, rows per run, the live-activation estimate,
-and MinMax calibration in runs of rows (the ranges of one run of the whole batch)."""
+"""memory.budget (calibrun.core.memory, docs/memory.md): parsing, `auto`, rows per run, the live-activation estimate
+(from the model's structure without its weights' values), MinMax calibration and the analysis' evaluation in runs of
+rows (the ranges and metrics of one run of the whole batch)."""
 
 from __future__ import annotations
 
@@ -88,3 +89,67 @@ def test_minmax_calibration_in_runs_of_rows_keeps_the_ranges(tmp_path):
     assert whole.keys() == split.keys()
     for name in whole:  # exact minima and maxima of the same values, up to the kernels' rounding per batch size
         np.testing.assert_allclose(split[name].range_value, whole[name].range_value, rtol=1e-6, atol=1e-6)
+
+
+def test_structure_keeps_the_graph_and_shapes_without_the_weights_values(tmp_path):
+    from calibrun.model.structure import KEEP_BYTES, structure
+
+    path = tmp_path / "chain.onnx"
+    wide = _chain(width=256)  # w1 and w2 hold 256*9 floats each (9 KB): above KEEP_BYTES
+    onnx.save(wide, str(path))
+    hollow = structure(path)
+    assert [n.op_type for n in hollow.graph.node] == ["Conv", "Relu", "Conv"]
+    for tensor in hollow.graph.initializer:
+        assert list(tensor.dims) in ([256, 1, 3, 3], [1, 256, 3, 3])
+        assert tensor.ByteSize() < KEEP_BYTES
+        assert not tensor.raw_data
+        assert not tensor.float_data
+    # the sizes are those of shape inference over the whole model
+    feeds = {"x": np.zeros((4, 1, 32, 32), np.float32)}
+    inferred = onnx.shape_inference.infer_shapes(_with_input_shape(wide, [1, 1, 32, 32]))
+    expected = {v.name: int(np.prod([d.dim_value for d in v.type.tensor_type.shape.dim])) * 4
+                for v in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output)}
+    assert memory.row_bytes(path, feeds) == expected
+    # read again when the file changes
+    onnx.save(_chain(width=8), str(path))
+    assert [list(t.dims) for t in structure(path).graph.initializer] == [[8, 1, 3, 3], [1, 8, 3, 3]]
+    assert structure(path).graph.initializer[0].ByteSize() > 8 * 9 * 4  # small: values kept
+
+
+def _with_input_shape(model: onnx.ModelProto, shape: list[int]) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    copy.graph.input[0].CopyFrom(helper.make_tensor_value_info("x", TensorProto.FLOAT, shape))
+    return copy
+
+
+def test_evaluator_keeps_a_batch_over_the_budget_as_runs_of_rows(tmp_path):
+    """The analysis' Evaluator runs what evaluate runs: a batch whose rows exceed memory.budget in runs of fewer rows
+    (one reference file each), with the same metrics up to the kernels' rounding."""
+    from calibrun.analysis.evaluate import Evaluator
+    from calibrun.data import EvalData
+
+    path = tmp_path / "chain.onnx"
+    onnx.save(_chain(width=8), str(path))
+    rng = np.random.default_rng(2)
+    feeds = {"x": rng.normal(size=(12, 1, 64, 64)).astype(np.float32)}
+    labels = np.arange(12)
+    noisy = tmp_path / "noisy.onnx"
+    model = _chain(width=8)
+    for tensor in model.graph.initializer:
+        values = onnx.numpy_helper.to_array(tensor)
+        tensor.CopyFrom(onnx.numpy_helper.from_array((values * 1.01).astype(np.float32), tensor.name))
+    onnx.save(model, str(noisy))
+    results = {}
+    for budget in (2**30, MiB):
+        with Evaluator(path, EvalData.from_arrays(feeds, labels), 6, budget=budget) as ev:
+            files = len(list(ev._tmp.iterdir()))
+            stored = sum(int(ev.batches.batch(i)[3]) for i in range(ev.count))
+            results[budget] = (files, stored, ev.model(noisy))
+    assert results[2**30][:2] == (2, 12)  # 12 rows in batches of 6
+    assert results[MiB][0] > 2  # ~0.27 MB live per row (x2): 1 MiB holds 1 row a run
+    assert results[MiB][1] == 12
+    whole, split = results[2**30][2], results[MiB][2]
+    assert whole.keys() == split.keys()
+    for key in whole:
+        assert split[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-7)

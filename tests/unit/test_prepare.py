@@ -420,6 +420,34 @@ def test_large_model_paths_are_path_based():
     assert "save_as_external_data=True" in source
 
 
+def test_the_steps_read_an_inline_models_graph_without_its_weights(tmp_path, monkeypatch):
+    """Shape inference (quant_pre_process) gets the weights in an external data file even when the source and the
+    result keep them inline: onnx then serialises only the graph (ResNet-50's job: 595 -> 328 MB while preparing,
+    docs/memory.md). The result is inline and holds no trace of the detour (no data_location field)."""
+    from onnxruntime.quantization import shape_inference
+
+    seen = []
+    real = shape_inference.quant_pre_process
+
+    def recording(input_model, output_model_path, **kwargs):
+        given = onnx.load(str(input_model), load_external_data=False)
+        seen.append((sum(t.data_location == TensorProto.EXTERNAL for t in given.graph.initializer),
+                     kwargs["save_as_external_data"]))
+        return real(input_model, output_model_path, **kwargs)
+
+    monkeypatch.setattr(shape_inference, "quant_pre_process", recording)
+    src = save(conv_net(), tmp_path / "src.onnx")
+    assert not any(t.data_location == TensorProto.EXTERNAL for t in onnx.load(str(src)).graph.initializer)
+    prepared = prepare_model(src, tmp_path / "prepared.onnx")
+    assert len(seen) == 1
+    assert seen[0][0] > 0  # the weights of at least 1 KB were in the data file
+    assert seen[0][1] is True
+    assert prepared.external_data is False
+    assert folder_files(tmp_path) == ["prepared.onnx", "src.onnx"]
+    model = onnx.load(str(prepared.path))
+    assert not any(t.HasField("data_location") for t in model.graph.initializer)
+
+
 def test_a_model_of_integer_inputs_is_prepared(tmp_path):
     """Token ids or bytes in, float activations computed from them: quantisable (magika's int32 bytes)."""
     src = save(int_input_model(), tmp_path / "src" / "ids.onnx")
