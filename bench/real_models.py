@@ -251,7 +251,7 @@ def calibrate_child(spec: dict) -> int:
     from calibrun.quant.calibrate import CalibrationSpec, run_calibration
 
     batches = list(_rows(spec, "calibration"))
-    run_calibration(spec["model"], batches, spec["input"], CalibrationSpec())
+    run_calibration(spec["model"], batches, spec["input"], CalibrationSpec(method=spec.get("method", "minmax")))
     return 0
 
 

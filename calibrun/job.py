@@ -180,7 +180,8 @@ def _used(cfg: DictConfig, data, evaluation, errors: dict) -> dict:
 
 def _memory_used(budget: int | None, calibration: dict, evaluation: dict, diag) -> dict:
     """result.json `used.memory`: memory.budget as set (`auto` or bytes) and the bytes it came to, and how each
-    stage kept to it: calibration rows per run (null on a cache hit, or for a method that runs whole batches),
+    stage kept to it: calibration rows per run (null on a cache hit) and, for the histogram methods, groups of
+    tensors (1: every tensor of a run at once),
     evaluation rows per run, diagnostics groups of tensors (1: one pass) and rows per run (docs/memory.md)."""
     resolved = evaluation.get("budget_bytes") or calibration.get("budget_bytes")
     if diag is not None and diag.budget is not None:
@@ -189,6 +190,7 @@ def _memory_used(budget: int | None, calibration: dict, evaluation: dict, diag) 
         "budget": "auto" if budget is None else budget,
         "budget_bytes": resolved,
         "calibration_rows_per_run": calibration.get("calibration_rows_per_run"),
+        "calibration_groups": calibration.get("calibration_groups"),
         "eval_rows_per_run": evaluation.get("eval_rows_per_run"),
         "diagnostics_groups": len(diag.groups) if diag is not None and diag.groups is not None else None,
         "diagnostics_rows_per_run": diag.rows_per_run if diag is not None else None,

@@ -11,9 +11,9 @@ Candidates, each written as the override a user types:
   with the nodes that keep the top culprits in float (QDQ with diagnostics): the diagnosed tensors upstream of the
   verdict's metric (an output, or the Concat input that fills its worst part) with the largest noise shares, the
   model's culprits for a task metric;
-- other calibration methods (`recommend.methods`, none by default: a histogram method's calibration pass is slow
-  and not bounded by memory.budget), calibrated through the calibration cache (a later run with that method
-  reuses the ranges);
+- other calibration methods (`recommend.methods`, none by default: a histogram method's calibration pass is slow,
+  two passes where its tensors exceed memory.budget), calibrated through the calibration cache (a later run with
+  that method reuses the ranges);
 - the changes that each helped, together (one more quantisation; a change another helping candidate already makes
   is left out, and the same set of changes is never measured twice), then with each one left out in turn, the
   weakest first, while the fewer changes keep what the combination reached.
@@ -274,8 +274,8 @@ class RecommendConf:
 
     enabled: bool | None = None  # null (auto): on for a single run, off in a sweep
     rows: int | None = None  # each candidate is measured on the first `rows` evaluation rows (null: all of them)
-    # other calibration methods tried (each a calibration pass: a histogram method's is slow and, on large
-    # activations, not bounded by memory.budget: with [percentile, entropy] ocr_cls's default job peaked at 1.4 GB
+    # other calibration methods tried (each a calibration pass: a histogram method's is slow, and until session 19
+    # it was not bounded by memory.budget: with [percentile, entropy] ocr_cls's default job peaked at 1.4 GB
     # against 0.45 GB without, ocr_rec's at 9.4 GB; none was the best change on the zoo), so none by default
     methods: list[str] = field(default_factory=list)
     culprits: int = 3  # quant.nodes_to_exclude candidate: the nodes of this many top culprits

@@ -45,6 +45,7 @@ from calibrun.quant import cache as cache_store
 from calibrun.quant.cache import key_of
 from calibrun.quant.histogram import ALGORITHM as HISTOGRAM_ALGORITHM
 from calibrun.quant.histogram import FastHistogramCollector
+from calibrun.quant.histogram_runs import HistogramPieces
 from calibrun.quant.reader import make_reader
 
 log = logging.getLogger(__name__)
@@ -350,7 +351,9 @@ def run_calibration(model_path: str | Path, data, input_name: str, spec: Calibra
     parallel jobs set 1 so that workers do not fight over the cores. It does not change the ranges.
     `budget`: memory.budget in bytes (None: auto, calibrun.core.memory): MinMax runs a batch in runs of as many rows as
     keep twice one run's live activations (calibrun.core.memory.live_bytes, plus kernels' workspace) under it; a batch
-    that fits runs whole. `used` (a dict) receives `calibration_rows_per_run` and `budget_bytes`."""
+    that fits runs whole. The histogram methods run a chunk whose tensors exceed it in groups of tensors and runs of
+    rows, in two passes, with the histograms of the whole chunk (calibrun.quant.histogram_runs). `used` (a dict)
+    receives `calibration_rows_per_run`, `budget_bytes` and, for the histogram methods, `calibration_groups`."""
     tracked = _SpanTracker(data, input_name)
     reader = make_reader(tracked, input_name)
     total = len(reader)
@@ -377,15 +380,30 @@ def run_calibration(model_path: str | Path, data, input_name: str, spec: Calibra
                                                getattr(data, "axes", None))
         chunk = spec.batches_per_collect
         outputs = None
+        pieces: HistogramPieces | None | bool = False  # histogram methods: planned on the first chunk
         if spec.method != "minmax":
             _fast_collector(calibrator, threads)
             outputs = calibrator.infer_session = ReusedOutputs(calibrator.infer_session, sets=chunk)
         for start in range(0, total, chunk):
             end = min(start + chunk, total)
             reader.set_range(start, end)
-            if outputs is not None:
-                outputs.rewind()
-            calibrator.collect_data(reader)
+            if spec.method == "minmax":
+                calibrator.collect_data(reader)
+            else:
+                batches = list(iter(reader.get_next, None))
+                if pieces is False:  # the first chunk decides (calibrun.quant.histogram_runs)
+                    pieces = HistogramPieces.plan(copy, sorted(calibrator.tensors_to_calibrate), batches, budget,
+                                                  threads, getattr(data, "axes", None), outputs,
+                                                  used if used is not None else {})
+                    if pieces is not None and pieces.segments is not None:  # the pieces' sessions run it all
+                        outputs.release()
+                        calibrator.infer_session = outputs = pieces.fallback = None
+                if pieces is not None:
+                    pieces.collect(calibrator.collector, batches)
+                else:
+                    outputs.rewind()
+                    calibrator.collect_data(make_reader(batches, input_name))
+                del batches
             interrupts.check()
             progress.update(end)
         if outputs is not None:

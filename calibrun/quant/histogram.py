@@ -249,6 +249,93 @@ def _flat(data_arr) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------- the collector
 
 
+class ChunkRange:
+    """What decides the bins of a chunk's histogram: the dtype, the number of values, their min and max (NaN
+    propagated and ignored, as `_min_max`) and, for the symmetric percentile's first chunk, the min of |x|. Built
+    from a whole chunk (`of`) or piece by piece (`add`): min and max of pieces are those of the whole."""
+
+    def __init__(self, dtype):
+        self.dtype = np.dtype(dtype)
+        self.size = 0
+        self.low = self.high = None  # NaN propagated
+        self.nan_low = self.nan_high = None  # NaN ignored
+        self.abs_low = None  # min |x|, NaN propagated (when asked for)
+
+    @classmethod
+    def of(cls, data: np.ndarray, absolute: bool) -> ChunkRange:
+        chunk = cls(data.dtype)
+        chunk.add(data, absolute)
+        return chunk
+
+    def add(self, data: np.ndarray, absolute: bool) -> None:
+        """Take in the flat array `data`; `absolute`: also the min of |x| (the symmetric percentile's first chunk,
+        when the values straddle zero; only float32 without NaN reads it)."""
+        if data.size == 0:
+            return
+        self.size += data.size
+        low, high = data.min(), data.max()
+        if np.isnan(low) or np.isnan(high):
+            nan_low, nan_high = np.nanmin(data), np.nanmax(data)
+        else:
+            nan_low, nan_high = low, high
+        first = self.low is None
+        self.low = low if first else np.minimum(self.low, low)
+        self.high = high if first else np.maximum(self.high, high)
+        self.nan_low = nan_low if first else np.fmin(self.nan_low, nan_low)
+        self.nan_high = nan_high if first else np.fmax(self.nan_high, nan_high)
+        if absolute:
+            smallest = _abs_min(data) if data.dtype == np.float32 else np.absolute(data).min()
+            self.abs_low = smallest if self.abs_low is None else np.minimum(self.abs_low, smallest)
+
+    def needs_abs_low(self, first: bool) -> bool:
+        """Whether the symmetric percentile reads the min of |x| (its first histogram's first edge): a first chunk
+        without NaN, of float32 values that straddle zero (otherwise it follows from the min and max) or of another
+        float type (binned by numpy from |x|)."""
+        return (first and self.size > 0 and not np.isnan(self.low) and not np.isnan(self.high)
+                and (self.dtype != np.float32 or self.low < 0 < self.high))
+
+    def min_max(self):
+        """`_min_max` of the whole chunk: (nanmin, nanmax, (min, max) or None when there is NaN); zeros for an empty
+        chunk."""
+        if self.size == 0:
+            zero = np.array(0, dtype=self.dtype)
+            return zero, zero, None
+        if np.isnan(self.low) or np.isnan(self.high):
+            return self.nan_low, self.nan_high, None
+        return self.low, self.high, (self.low, self.high)
+
+    def abs_high(self):
+        """np.nanmax(|x|): the larger |x| of the NaN-ignoring extremes."""
+        return max(np.absolute(self.nan_low), np.absolute(self.nan_high))
+
+    def abs_range(self):
+        """(min |x|, max |x|): the range np.histogram takes from |x| itself (NaN then: not finite, numpy's error)."""
+        if self.size == 0:
+            return None  # numpy's default range of nothing
+        if np.isnan(self.low) or np.isnan(self.high):
+            raise ValueError("autodetected range of [nan, nan] is not finite")
+        return self.abs_low, max(np.absolute(self.low), np.absolute(self.high))
+
+
+class BinPlan:
+    """The bins of one chunk of one tensor (`bins`: a count with `range`, or edges) and `finish(counts, edges)`,
+    which merges them into the tensor's histogram entry. `counts(piece)` bins any part of the chunk: the counts of
+    the parts add up to the whole's (a value's bin depends on the value and the edges only)."""
+
+    def __init__(self, bins, range_, bounds, absolute: bool, finish):
+        self.bins, self.range, self.bounds, self.absolute, self.finish = bins, range_, bounds, absolute, finish
+
+    def counts(self, data: np.ndarray):
+        """(counts, edges) of the flat array `data`, a part of the chunk."""
+        return histogram(data, self.bins, range=self.range, bounds=self.bounds, absolute=self.absolute)
+
+    def apply(self, data: np.ndarray):
+        """The histogram entry of the whole chunk `data`."""
+        if self.bins is None:  # nothing to count (an empty later chunk of the symmetric percentile)
+            return self.finish(None, None)
+        return self.finish(*self.counts(data))
+
+
 class FastHistogramCollector(HistogramCollector):
     """onnxruntime's HistogramCollector with the same histograms and thresholds, computed faster.
 
@@ -281,66 +368,73 @@ class FastHistogramCollector(HistogramCollector):
             return self._each(name_to_arr, self._absolute)
         raise ValueError("Only 'entropy', 'percentile' or 'distribution' methods are supported")
 
-    # collect_value + merge_histogram of onnxruntime, np.histogram replaced by `histogram`
+    # collect_value + merge_histogram of onnxruntime, np.histogram replaced by `histogram`; each split into a plan
+    # (the bins, from the chunk's range alone) and the counts, so that a chunk too large to hold can be binned in
+    # pieces with the same result (calibrun.quant.histogram_runs)
     def _value(self, tensor, data_arr):
         data_arr = _flat(data_arr)
-        bounds = None
-        if data_arr.size > 0:
-            min_value, max_value, bounds = _min_max(data_arr)
-        else:
-            min_value = np.array(0, dtype=data_arr.dtype)
-            max_value = np.array(0, dtype=data_arr.dtype)
-        threshold = np.array(max(abs(min_value), abs(max_value)), dtype=data_arr.dtype)
-        old = self.histogram_dict.get(tensor)
-        if old is None:
-            hist, hist_edges = histogram(data_arr, self.num_bins, range=(-threshold, threshold), bounds=bounds)
-            return hist, hist_edges, min_value, max_value, threshold
-        return self._merge(old, data_arr, min_value, max_value, threshold, bounds)
+        return self.plan(tensor, ChunkRange.of(data_arr, absolute=False)).apply(data_arr)
 
-    @staticmethod
-    def _merge(old_histogram, data_arr, new_min, new_max, new_threshold, bounds=None):
-        (old_hist, old_hist_edges, old_min, old_max, old_threshold) = old_histogram
-        if new_threshold <= old_threshold:
-            new_hist, _ = histogram(data_arr, len(old_hist), range=(-old_threshold, old_threshold), bounds=bounds)
-            return new_hist + old_hist, old_hist_edges, min(old_min, new_min), max(old_max, new_max), old_threshold
-        if old_threshold == 0:
-            hist, hist_edges = histogram(data_arr, len(old_hist), range=(-new_threshold, new_threshold),
-                                         bounds=bounds)
-            hist += old_hist
-        else:
-            old_num_bins = len(old_hist)
-            old_stride = 2 * old_threshold / old_num_bins
-            growth = (new_threshold - old_threshold) // old_stride + 1
-            if 2 * float(growth) + old_num_bins > MAX_GROWN_BINS:
-                hist, hist_edges = histogram(data_arr, old_num_bins, range=(-new_threshold, new_threshold),
-                                             bounds=bounds)
-                hist += _moved(old_hist, old_hist_edges, hist_edges)
-                return hist, hist_edges, min(old_min, new_min), max(old_max, new_max), new_threshold
-            half_increased_bins = int(growth)
-            new_num_bins = old_num_bins + 2 * half_increased_bins
-            new_threshold = half_increased_bins * old_stride + old_threshold
-            hist, hist_edges = histogram(data_arr, new_num_bins, range=(-new_threshold, new_threshold),
-                                         bounds=bounds)
-            hist[half_increased_bins: new_num_bins - half_increased_bins] += old_hist
-        return hist, hist_edges, min(old_min, new_min), max(old_max, new_max), new_threshold
-
-    # collect_absolute_value of onnxruntime, np.histogram replaced by `histogram`
     def _absolute(self, tensor, data_arr):
         if isinstance(data_arr, list):
             dtypes = {a.dtype for a in data_arr}
             assert len(dtypes) == 1, f"The calibration expects only one element type but got {dtypes} for {tensor!r}"
         data = _flat(data_arr)
-        bounds = None
-        if data.size > 0:
-            min_value, max_value, bounds = _min_max(data)
-        else:
-            min_value = np.array(0, dtype=data.dtype)
-            max_value = np.array(0, dtype=data.dtype)
-        assert data.dtype != np.float64, "only float32 or float16 is supported"
-        if bounds is not None and data.dtype == np.float32:
+        chunk = ChunkRange.of(data, absolute=False)
+        if chunk.needs_abs_low(first=tensor not in self.histogram_dict):
+            chunk.abs_low = _abs_min(data) if data.dtype == np.float32 else np.absolute(data).min()
+        return self.plan(tensor, chunk).apply(data)
+
+    def plan(self, tensor, chunk: ChunkRange) -> BinPlan:
+        """How the chunk whose values span `chunk` is binned into `tensor`'s histogram: onnxruntime's choice of
+        bins (collect_value and merge_histogram, or collect_absolute_value), which depends on the chunk's range
+        only."""
+        if self.method in {"distribution", "entropy"} or (self.method == "percentile" and not self.symmetric):
+            return self._value_plan(tensor, chunk)
+        return self._absolute_plan(tensor, chunk)
+
+    def _value_plan(self, tensor, chunk: ChunkRange) -> BinPlan:
+        min_value, max_value, bounds = chunk.min_max()
+        threshold = np.array(max(abs(min_value), abs(max_value)), dtype=chunk.dtype)
+        old = self.histogram_dict.get(tensor)
+        if old is None:
+            return BinPlan(self.num_bins, (-threshold, threshold), bounds, False,
+                           lambda hist, edges: (hist, edges, min_value, max_value, threshold))
+        (old_hist, old_hist_edges, old_min, old_max, old_threshold) = old
+        low, high = min(old_min, min_value), max(old_max, max_value)
+        if threshold <= old_threshold:
+            return BinPlan(len(old_hist), (-old_threshold, old_threshold), bounds, False,
+                           lambda hist, edges: (hist + old_hist, old_hist_edges, low, high, old_threshold))
+        if old_threshold == 0:
+            def add(hist, edges):
+                hist += old_hist
+                return hist, edges, low, high, threshold
+            return BinPlan(len(old_hist), (-threshold, threshold), bounds, False, add)
+        old_num_bins = len(old_hist)
+        old_stride = 2 * old_threshold / old_num_bins
+        growth = (threshold - old_threshold) // old_stride + 1
+        if 2 * float(growth) + old_num_bins > MAX_GROWN_BINS:
+            def moved(hist, edges):
+                hist += _moved(old_hist, old_hist_edges, edges)
+                return hist, edges, low, high, threshold
+            return BinPlan(old_num_bins, (-threshold, threshold), bounds, False, moved)
+        half_increased_bins = int(growth)
+        new_num_bins = old_num_bins + 2 * half_increased_bins
+        new_threshold = half_increased_bins * old_stride + old_threshold
+
+        def grown(hist, edges):
+            hist[half_increased_bins: new_num_bins - half_increased_bins] += old_hist
+            return hist, edges, low, high, new_threshold
+        return BinPlan(new_num_bins, (-new_threshold, new_threshold), bounds, False, grown)
+
+    def _absolute_plan(self, tensor, chunk: ChunkRange) -> BinPlan:
+        min_value, max_value, bounds = chunk.min_max()
+        dtype = chunk.dtype
+        assert dtype != np.float64, "only float32 or float16 is supported"
+        if bounds is not None and dtype == np.float32:
             # |data| is binned block by block; its max follows from the data's (no NaN), its min too unless the
             # data straddle zero: then 0 is a lower bound (enough to skip range checks), the exact min (the first
-            # histogram's first edge) is found block by block
+            # histogram's first edge) is the chunk's (ChunkRange.abs_low)
             lo, hi = bounds
             abs_max = max(np.absolute(lo), np.absolute(hi))
             if lo >= 0 or hi <= 0:
@@ -348,39 +442,37 @@ class FastHistogramCollector(HistogramCollector):
             elif tensor in self.histogram_dict:
                 abs_min = np.float32(0)
             else:
-                abs_min = _abs_min(data)
-            return self._absolute_merge(tensor, data, min_value, max_value, (abs_min, abs_max), abs_max, True)
-        data = np.absolute(data)
-        return self._absolute_merge(tensor, data, min_value, max_value, None,
-                                    np.nanmax(data) if data.size else None, False)
-
-    def _absolute_merge(self, tensor, data, min_value, max_value, abs_bounds, temp_amax, absolute):
-        dtype = data.dtype
+                abs_min = chunk.abs_low
+            abs_bounds, temp_amax = (abs_min, abs_max), abs_max
+        else:  # NaN, or float16: |data| as onnxruntime takes it
+            abs_bounds = None
+            temp_amax = chunk.abs_high() if chunk.size else None
         old = self.histogram_dict.get(tensor)
         if old is None:
+            def first(hist, edges):
+                return hist, edges.astype(dtype), min_value, max_value
             if abs_bounds is not None:
-                hist, hist_edges = histogram(data, self.num_bins, range=abs_bounds, bounds=abs_bounds,
-                                             absolute=absolute)
-            else:
-                hist, hist_edges = histogram(data, self.num_bins)
-            return hist, hist_edges.astype(dtype), min_value, max_value
+                return BinPlan(self.num_bins, abs_bounds, abs_bounds, True, first)
+            return BinPlan(self.num_bins, chunk.abs_range(), None, True, first)
         old_hist, old_hist_edges, old_min, old_max = old
-        if data.size == 0:  # onnxruntime fails here (nanmax of nothing); nothing to count
-            return old_hist, old_hist_edges, min(old_min, min_value), max(old_max, max_value)
+        low, high = min(old_min, min_value), max(old_max, max_value)
+        if chunk.size == 0:  # onnxruntime fails here (nanmax of nothing); nothing to count
+            return BinPlan(None, None, None, True, lambda hist, edges: (old_hist, old_hist_edges, low, high))
         if temp_amax > old_hist_edges[-1]:
             width = old_hist_edges[1] - old_hist_edges[0]
             if float((temp_amax - old_hist_edges[-1]) / width) + len(old_hist) > MAX_GROWN_BINS:
-                hist, hist_edges = histogram(data, len(old_hist), range=(old_hist_edges[0], temp_amax),
-                                             bounds=abs_bounds, absolute=absolute)
-                hist_edges = hist_edges.astype(dtype)
-                hist += _moved(old_hist, old_hist_edges, hist_edges)
-                return hist, hist_edges, min(old_min, min_value), max(old_max, max_value)
+                def moved(hist, edges):
+                    edges = edges.astype(dtype)
+                    hist += _moved(old_hist, old_hist_edges, edges)
+                    return hist, edges, low, high
+                return BinPlan(len(old_hist), (old_hist_edges[0], temp_amax), abs_bounds, True, moved)
             new_bin_edges = np.arange(old_hist_edges[-1] + width, temp_amax + width, width)
             old_hist_edges = np.hstack((old_hist_edges, new_bin_edges))
-        hist, hist_edges = histogram(data, old_hist_edges, bounds=abs_bounds, absolute=absolute)
-        hist_edges = hist_edges.astype(dtype)
-        hist[: len(old_hist)] += old_hist
-        return hist, hist_edges, min(old_min, min_value), max(old_max, max_value)
+
+        def add(hist, edges):
+            hist[: len(old_hist)] += old_hist
+            return hist, edges.astype(dtype), low, high
+        return BinPlan(old_hist_edges, None, abs_bounds, True, add)
 
     # ------------------------------------------------------------------------------------------ thresholds
 

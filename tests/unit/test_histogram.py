@@ -347,3 +347,87 @@ def test_a_chunk_of_batches_with_different_row_counts_is_calibrated(tmp_path, me
     assert {k: tuple(map(float, v.range_value)) for k, v in ragged.items()} == \
         {k: tuple(map(float, v.range_value)) for k, v in joined.items()}
     assert capsys.readouterr().out == ""
+
+
+# ---------------------------------------------------------------------------------------------- in pieces
+
+
+def _chunks(rng) -> list[dict[str, np.ndarray]]:
+    """Three chunks of awkward tensors: straddling and one-sided values, ranges that grow a little and a lot
+    (re-binning past MAX_GROWN_BINS), zeros, NaN in a later chunk, float16, an empty tensor."""
+    def straddling(scale, size=20_000):
+        values = rng.normal(0.5, scale, size).astype(np.float32)
+        return values[values != 0]
+
+    return [
+        {"s": straddling(1.0), "pos": rng.uniform(0.3, 2, 9000).astype(np.float32), "z": np.zeros(500, np.float32),
+         "tiny": np.full(300, 5e-7, np.float32), "h": rng.normal(0, 1, 4000).astype(np.float16),
+         "e": np.zeros(0, np.float32)},
+        {"s": straddling(3.0), "pos": rng.uniform(0.1, 3, 9000).astype(np.float32), "z": np.zeros(500, np.float32),
+         "tiny": rng.uniform(0, 1, 300).astype(np.float32), "h": rng.normal(0, 2, 4000).astype(np.float16),
+         "e": np.zeros(0, np.float32)},
+        {"s": np.concatenate([straddling(2.0), np.float32([np.nan])]),
+         "pos": rng.uniform(0.1, 1, 9000).astype(np.float32), "z": np.ones(500, np.float32),
+         "tiny": rng.uniform(0, 2, 300).astype(np.float32), "h": rng.normal(0, 0.5, 4000).astype(np.float16),
+         "e": np.zeros(0, np.float32)},
+    ]
+
+
+@pytest.mark.parametrize(("method", "symmetric"), [("entropy", False), ("distribution", False),
+                                                   ("percentile", False), ("percentile", True)])
+def test_a_chunk_collected_in_pieces_is_the_whole_chunks_histogram(method, symmetric):
+    """Two passes over any split of a chunk (calibrun.quant.histogram_runs.collect_pieces: the ranges, then the
+    counts) give the histogram of the whole chunk, bit for bit, chunk after chunk."""
+    from calibrun.quant.histogram import FastHistogramCollector
+    from calibrun.quant.histogram_runs import collect_pieces
+
+    chunks = _chunks(np.random.default_rng(21))
+    # 512 bins (distribution's least): at 2048 float16 edges are not increasing and numpy refuses
+    whole = FastHistogramCollector(method, symmetric, 512, 128, 99.99, "same", threads=1)
+    pieces = FastHistogramCollector(method, symmetric, 512, 128, 99.99, "same", threads=1)
+    calls = []
+    for index, chunk in enumerate(chunks):
+        names = [n for n in chunk if not (method == "percentile" and symmetric and n == "e" and index == 0)]
+        with np.errstate(invalid="ignore"), contextlib.suppress(RuntimeWarning):
+            whole.collect({n: [chunk[n]] for n in names})
+
+        def split(chunk=chunk, names=names):  # two groups of tensors, each in three runs of unequal size
+            calls.append(1)
+            for group in (names[: len(names) // 2], names[len(names) // 2:]):
+                for lo, hi in ((0, 0.2), (0.2, 0.7), (0.7, 1.0)):
+                    yield {n: chunk[n][int(lo * chunk[n].size): int(hi * chunk[n].size)] for n in group}
+
+        with np.errstate(invalid="ignore"):
+            collect_pieces(pieces, split)
+    assert len(calls) == 2 * len(chunks)  # two passes a chunk
+    assert whole.histogram_dict.keys() == pieces.histogram_dict.keys()
+    for name, entry in whole.histogram_dict.items():
+        for w, p in zip(entry, pieces.histogram_dict[name], strict=True):
+            assert np.asarray(w).dtype == np.asarray(p).dtype, name
+            assert np.array_equal(w, p, equal_nan=True), name
+    with np.errstate(invalid="ignore", divide="ignore"):  # onnxruntime's statistics of the empty tensor
+        assert whole.compute_collection_result().keys() == pieces.compute_collection_result().keys()
+
+
+@pytest.mark.parametrize("method", ["entropy", "percentile", "distribution"])
+def test_histogram_calibration_over_the_budget_runs_in_pieces_with_the_same_ranges(tmp_path, method):
+    """A chunk whose tensors exceed memory.budget: the model cut into pieces, rows one run at a time, two passes;
+    the ranges are the whole chunk's (here the kernels round a row alike in any batch: equal to float32 rounding)."""
+    from calibrun.core.memory import MiB
+    from tests.unit.test_memory import _chain
+
+    path = tmp_path / "chain.onnx"
+    onnx.save(_chain(width=64), str(path))
+    rng = np.random.default_rng(5)
+    batches = [rng.normal(size=(6, 1, 48, 48)).astype(np.float32) for _ in range(2)]
+    spec = CalibrationSpec(method=method)
+    whole_used, split_used = {}, {}
+    whole, _ = run_calibration(path, batches, "x", spec, budget=2**30, used=whole_used)
+    split, _ = run_calibration(path, batches, "x", spec, budget=MiB, used=split_used)
+    assert whole_used["calibration_groups"] == 1
+    assert whole_used["calibration_rows_per_run"] == 6
+    assert split_used["calibration_groups"] > 1  # 64 channels of 48x48 floats: 590 KB a row, over half of 1 MiB
+    assert split_used["calibration_rows_per_run"] < 6
+    assert whole.keys() == split.keys()
+    for name in whole:
+        np.testing.assert_allclose(split[name].range_value, whole[name].range_value, rtol=1e-5, atol=1e-6)
