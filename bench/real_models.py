@@ -16,7 +16,8 @@ onnxruntime. Ratios measured side by side on this machine (not a test).
    rows in batches of 16. Goal: ratio <= 2.5.
 
 3. `--memory` (issue 28, docs/memory.md): peak RSS (os.wait4) of plain fp32 onnxruntime inference of the evaluation
-   rows one at a time, of calibrun's calibration pass alone (MinMax) and of the default job (calibration,
+   rows one at a time, of calibrun's calibration pass alone (MinMax; and Entropy, shown without a goal) and of the
+   default job (calibration,
    quantisation, evaluation, diagnostics; cache and tracking off), each a fresh child capped at --limit-gib of
    address space. Models with large activations: ocr_det (DBNet text segmentation) at 1024x1024 and nudenet
    (YOLOv8n) at 1280x1280, 3 calibration and 3 evaluation photos; ResNet-50 at 224 (lab rows: 4 batches of 16,
@@ -303,9 +304,11 @@ def bench_memory(name: str, threads: int, baseline: Path | None, limit: int) -> 
     print(f"{name}: {model} ({os.path.getsize(model) / 1e6:.0f} MB), load {os.getloadavg()}", file=sys.stderr)
     plain = _usage([*me, "--plain-rows", json.dumps(spec)], work, limit=limit)
     calib_run = _usage([*me, "--calibrate", json.dumps(spec)], work, limit=limit)
+    entropy_run = _usage([*me, "--calibrate", json.dumps({**spec, "method": "entropy"})], work, limit=limit)
     job_run = _usage([sys.executable, "-m", "calibrun", *job, *common, f"hydra.run.dir={work / 'job'}"], ROOT,
                      limit=limit)
-    for label, run in (("plain", plain), ("calibration", calib_run), ("job", job_run)):
+    for label, run in (("plain", plain), ("calibration", calib_run), ("entropy calibration", entropy_run),
+                       ("job", job_run)):
         if run["code"]:
             raise SystemExit(f"{name}: {label} failed\n{run['stderr']}")
     used = json.loads((work / "job" / "result.json").read_text())["used"].get("memory")
@@ -313,6 +316,9 @@ def bench_memory(name: str, threads: int, baseline: Path | None, limit: int) -> 
         "model": name, "plain_peak_rss_mb": round(plain["peak_rss_mb"]),
         "calibration_peak_rss_mb": round(calib_run["peak_rss_mb"]),
         "calibration_ratio": round(calib_run["peak_rss_mb"] / plain["peak_rss_mb"], 2),
+        "entropy_calibration_peak_rss_mb": round(entropy_run["peak_rss_mb"]),
+        "entropy_calibration_ratio": round(entropy_run["peak_rss_mb"] / plain["peak_rss_mb"], 2),
+        "entropy_calibration_time_ratio": round(entropy_run["seconds"] / plain["seconds"], 2),
         "job_peak_rss_mb": round(job_run["peak_rss_mb"]),
         "job_ratio": round(job_run["peak_rss_mb"] / plain["peak_rss_mb"], 2),
         "calibration_time_ratio": round(calib_run["seconds"] / plain["seconds"], 2),
@@ -340,7 +346,9 @@ def memory_main(args) -> int:
         print(f"{name}: plain inference {row['plain_peak_rss_mb']} MB; calibration {row['calibration_peak_rss_mb']} MB "
               f"= {row['calibration_ratio']}x (goal <= {GOAL_CALIBRATION}); default job {row['job_peak_rss_mb']} MB = "
               f"{row['job_ratio']}x (goal <= {GOAL_JOB}); time vs plain: calibration {row['calibration_time_ratio']}x, "
-              f"job {row['job_time_ratio']}x; {'met' if ok else 'NOT met'}", file=sys.stderr)
+              f"job {row['job_time_ratio']}x; {'met' if ok else 'NOT met'}; entropy calibration (no goal) "
+              f"{row['entropy_calibration_peak_rss_mb']} MB = {row['entropy_calibration_ratio']}x, "
+              f"{row['entropy_calibration_time_ratio']}x the time", file=sys.stderr)
     return 0
 
 

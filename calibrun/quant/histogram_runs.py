@@ -29,6 +29,7 @@ import numpy as np
 
 from calibrun.core import memory
 from calibrun.data import rows as feed_rows
+from calibrun.model.graph import outer_reads
 from calibrun.model.segments import SegmentError, Segments
 from calibrun.model.sessions import session
 from calibrun.model.structure import structure
@@ -44,14 +45,15 @@ class HistogramPieces:
 
     `plan` returns one when the first chunk's tensors exceed the budget, else None (the calibrator's own pass)."""
 
-    def __init__(self, model_path: Path, groups: list[list[str]], rows: int, threads: int, axes, fallback):
-        self.groups, self.rows, self.axes = groups, rows, axes
+    def __init__(self, model_path: Path, groups: list[list[str]], rows: int, threads: int, axes, fallback,
+                 varying: set[str]):
+        self.groups, self.rows, self.axes, self.varying = groups, rows, axes, varying
         self.segments = None
         self.fallback = fallback  # the augmented session: a model that cannot be cut runs whole, a row at a time
         if len(groups) > 1:
             try:
                 self.segments = Segments(model_path, groups, lambda path: session(
-                    path, threads, optimize=False, mem_pattern=True, priority_order=True,
+                    path, threads, optimize=False, arena=False, mem_pattern=True, priority_order=True,
                     shown="a piece of the calibration copy of the model"))
             except SegmentError as exc:
                 log.info("calibration: the model cannot be cut into pieces (%s): every tensor of a row at once", exc)
@@ -95,7 +97,7 @@ class HistogramPieces:
         shapes = {i.name: [d.dim_value or None for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
         fixed = feed_rows.pinned_rows(shapes, axes) is not None
         rows = batch_rows if fixed else memory.rows_for(half, largest, batch_rows)
-        pieces = cls(model_path, groups, rows, threads, axes, fallback)
+        pieces = cls(model_path, groups, rows, threads, axes, fallback, _varying(model, axes))
         used.update(calibration_rows_per_run=pieces.rows, calibration_groups=len(pieces.groups))
         log.info("calibration: %d tensors of %.0f MB a row in %d groups, %d of %d rows per run, two passes "
                  "(memory.budget %.0f MB)", len(ordered), per_row / 1e6, len(pieces.groups), pieces.rows,
@@ -108,17 +110,33 @@ class HistogramPieces:
             total = feed_rows.count(feeds, self.axes)
             for start in range(0, total, self.rows):
                 part = feeds if self.rows >= total else feed_rows.take(feeds, self.axes, start, start + self.rows)
-                if self.segments is not None:
-                    yield from self.segments.run(part)
-                    continue
-                names = [o.name for o in self.fallback.get_outputs()]
-                outputs = self.fallback.run(None, dict(part))
-                group = set(self.groups[0])
-                yield {name: array for name, array in zip(names, outputs, strict=True) if name in group}
+                for arrays in self._run(part):
+                    # a tensor the rows do not reach (a Constant node's, or of constant inputs only) is the same in
+                    # every run: counted once per batch, as onnxruntime's calibrator sees it
+                    yield arrays if start == 0 else {k: v for k, v in arrays.items() if k in self.varying}
+
+    def _run(self, feeds: Feeds) -> Iterator[dict[str, np.ndarray]]:
+        if self.segments is not None:
+            yield from self.segments.run(feeds)
+            return
+        names = [o.name for o in self.fallback.get_outputs()]
+        outputs = self.fallback.run(None, dict(feeds))
+        group = set(self.groups[0])
+        yield {name: array for name, array in zip(names, outputs, strict=True) if name in group}
 
     def collect(self, collector: FastHistogramCollector, chunk: Sequence[Feeds]) -> None:
         """Add the chunk to `collector`'s histograms as `collector.collect` of the whole chunk would."""
         collect_pieces(collector, lambda: self._runs(chunk))
+
+
+def _varying(model, axes) -> set[str]:
+    """The tensors that depend on the rows: written, directly or not, from a graph input that has a batch axis (a
+    constant input, `axes` None, does not count)."""
+    varying = {i.name for i in model.graph.input if feed_rows.axis_of(axes, i.name) is not None}
+    for node in model.graph.node:  # topological order
+        if any(name in varying for name in (*node.input, *outer_reads(node))):
+            varying.update(name for name in node.output if name)
+    return varying
 
 
 def collect_pieces(collector: FastHistogramCollector, pieces: Callable[[], Iterator[Mapping[str, np.ndarray]]]) -> None:

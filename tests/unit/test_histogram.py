@@ -431,3 +431,23 @@ def test_histogram_calibration_over_the_budget_runs_in_pieces_with_the_same_rang
     assert whole.keys() == split.keys()
     for name in whole:
         np.testing.assert_allclose(split[name].range_value, whole[name].range_value, rtol=1e-5, atol=1e-6)
+
+
+def test_tensors_the_rows_do_not_reach_are_counted_once_per_batch():
+    """A Constant node's output (weights kept in Constant nodes, as PaddlePaddle exports them) or a tensor of constant
+    inputs only is the same in every run of rows: the pieces count it once per batch, as onnxruntime's calibrator
+    sees it (on rapidocr's text detector at 1024, counting it per run changed 69 of 649 entropy ranges)."""
+    from onnx import TensorProto, helper
+
+    from calibrun.quant.histogram_runs import _varying
+
+    nodes = [helper.make_node("Constant", [], ["w"], value=helper.make_tensor("v", TensorProto.FLOAT, [2], [1, 2])),
+             helper.make_node("Mul", ["w", "scale"], ["ws"]),
+             helper.make_node("Add", ["x", "ws"], ["a"]),
+             helper.make_node("Relu", ["a"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2]),
+                                           helper.make_tensor_value_info("scale", TensorProto.FLOAT, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])])
+    model = helper.make_model(graph)
+    assert _varying(model, {"x": 0, "scale": None}) == {"x", "a", "y"}
+    assert _varying(model, None) == {"x", "scale", "ws", "a", "y"}  # every input batched: only the Constant stays
