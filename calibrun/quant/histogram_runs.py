@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -142,24 +143,41 @@ def _varying(model, axes) -> set[str]:
 def collect_pieces(collector: FastHistogramCollector, pieces: Callable[[], Iterator[Mapping[str, np.ndarray]]]) -> None:
     """Add one chunk to `collector`'s histograms from its pieces: `pieces()` yields dicts of tensor -> array (any
     split of the chunk's values: groups of tensors, runs of rows), the same every time it is called; it is called
-    twice (the ranges, then the counts). The result is `collector.collect` of the whole chunk."""
+    twice (the ranges, then the counts). The result is `collector.collect` of the whole chunk. The tensors of a piece
+    are taken on `collector.threads` threads, the largest first (numpy releases the GIL in its loops)."""
     absolute = collector.method == "percentile" and collector.symmetric
     ranges: dict[str, ChunkRange] = {}
-    for arrays in pieces():
-        for name, array in arrays.items():
-            flat = np.asarray(array).reshape(-1)
-            found = ranges.get(name)
-            if found is None:
-                found = ranges[name] = ChunkRange(flat.dtype)
-            found.add(flat, absolute and name not in collector.histogram_dict)
-    plans = {name: collector.plan(name, chunk_range) for name, chunk_range in ranges.items()}
+
+    def take_range(name: str, flat: np.ndarray) -> None:
+        found = ranges[name]
+        found.add(flat, absolute and name not in collector.histogram_dict)
+
     counts: dict[str, tuple] = {}
-    for arrays in pieces():
-        for name, array in arrays.items():
-            plan = plans[name]
-            if plan.bins is None:
-                continue
-            hist, edges = plan.counts(np.asarray(array).reshape(-1))
-            counts[name] = (hist, edges) if name not in counts else (counts[name][0] + hist, edges)
+    plans: dict = {}
+
+    def take_counts(name: str, flat: np.ndarray) -> None:
+        plan = plans[name]
+        if plan.bins is None:
+            return
+        hist, edges = plan.counts(flat)
+        counts[name] = (hist, edges) if name not in counts else (counts[name][0] + hist, edges)
+
+    with ThreadPoolExecutor(max(1, collector.threads)) as pool:
+        for arrays in pieces():
+            flats = {name: np.asarray(array).reshape(-1) for name, array in arrays.items()}
+            for name, flat in flats.items():
+                if name not in ranges:
+                    ranges[name] = ChunkRange(flat.dtype)
+            _each(pool, flats, take_range)  # a tensor appears once per piece: no two threads share one
+        plans.update((name, collector.plan(name, chunk_range)) for name, chunk_range in ranges.items())
+        for arrays in pieces():
+            _each(pool, {name: np.asarray(array).reshape(-1) for name, array in arrays.items()}, take_counts)
     for name, plan in plans.items():
         collector.histogram_dict[name] = plan.finish(*counts.get(name, (None, None)))
+
+
+def _each(pool: ThreadPoolExecutor, flats: Mapping[str, np.ndarray], fn) -> None:
+    """fn(name, flat) for every tensor of a piece, the largest first; exceptions raised here."""
+    order = sorted(flats, key=lambda name: -flats[name].size)
+    for future in [pool.submit(fn, name, flats[name]) for name in order]:
+        future.result()
