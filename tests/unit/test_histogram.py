@@ -451,3 +451,30 @@ def test_tensors_the_rows_do_not_reach_are_counted_once_per_batch():
     model = helper.make_model(graph)
     assert _varying(model, {"x": 0, "scale": None}) == {"x", "a", "y"}
     assert _varying(model, None) == {"x", "scale", "ws", "a", "y"}  # every input batched: only the Constant stays
+
+
+def test_entropy_thresholds_searched_in_forked_processes_are_the_same():
+    """compute_entropy with threads searches the tensors in forked processes (Linux): the thresholds of every tensor
+    are those of the search in this process, in the same order, and progress reaches every tensor."""
+    import sys
+
+    from calibrun.quant import histogram as module
+
+    rng = np.random.default_rng(30)
+    one = module.FastHistogramCollector("entropy", False, 2048, 128, 99.99, "same", threads=1)
+    for k in range(40):
+        values = rng.standard_t(3 + k % 5, 20_000).astype(np.float32) * (1 + k)
+        one.collect({f"t{k}": [np.maximum(values, 0) if k % 3 == 0 else values]})
+    items = list(one.histogram_dict.items())
+    seen = []
+    forked = module._forked_thresholds(items, 128, 2, seen.append)
+    if sys.platform == "linux":
+        assert forked is not None
+        assert seen == list(range(1, 41))
+    expected = [module.entropy_threshold(h, 128) for _, h in items]
+    assert forked is None or [tuple(map(float, f)) for f in forked] == [tuple(map(float, e)) for e in expected]
+    two = module.FastHistogramCollector("entropy", False, 2048, 128, 99.99, "same", threads=2)
+    two.histogram_dict = one.histogram_dict
+    assert {k: tuple(map(float, v[:2])) for k, v in two.compute_entropy().items()} == \
+        {k: tuple(map(float, v[:2])) for k, v in one.compute_entropy().items()}
+    assert module._forked_thresholds(items[:5], 128, 2, None) is None  # few tensors: searched in this process
