@@ -32,6 +32,7 @@ import math
 import os
 import signal
 import sys
+import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -565,8 +566,12 @@ def _forked_thresholds(items: list, num_quantized_bins: int, workers: int, progr
     _SEARCH = (items, num_quantized_bins)
     found: list[tuple] = []
     try:
-        with multiprocessing.get_context("fork").Pool(workers, initializer=_searcher,
-                                                      initargs=(os.getpid(),)) as pool:
+        with warnings.catch_warnings():
+            # Python 3.12+ warns on fork beside other threads (onnxruntime's pool, tqdm's monitor): the searchers
+            # run numpy on the histograms only, and take no lock those threads may hold
+            warnings.filterwarnings("ignore", r"This process .* is multi-threaded", DeprecationWarning)
+            pool = multiprocessing.get_context("fork").Pool(workers, initializer=_searcher, initargs=(os.getpid(),))
+        with pool:
             for part in pool.imap(_search, tasks):
                 for threshold in part:  # progress per tensor, as the search here reports it
                     found.append(threshold)
