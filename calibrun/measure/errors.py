@@ -341,9 +341,11 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     if fixed is not None and evaluation.rows % fixed:
         raise CalibrunError(f"rows ({evaluation.rows}) must be a multiple of the model's fixed batch axis ({fixed})")
     int8_inputs = [i.name for i in load_model(int8_path).graph.input]  # a clear error for a missing file
+    blocks = blocks_of(fp32_path)  # reads the model's structure (cached, calibrun.model.structure) before the
+    # sessions hold their weights: the whole file is read once, here, not beside them
     ref_sess, got_sess = session(fp32_path, threads), session(int8_path, threads)
     names = [o.name for o in ref_sess.get_outputs()]
-    errors = OutputErrors(names, blocks_of(fp32_path), [o.shape for o in ref_sess.get_outputs()])
+    errors = OutputErrors(names, blocks, [o.shape for o in ref_sess.get_outputs()])
     primary_input = primary(infos).name if infos else None
     span = InputRange()
     batches = evaluation.sizes(size)
