@@ -100,10 +100,8 @@ class Evaluator:
                 count = feed_rows.count(batch, axes)
                 if per_run is None:
                     per_run = rows_per_run(fp32_path, batch, fixed, count, budget, None, axes)
-                for start in range(0, count, per_run):
-                    whole = per_run >= count
-                    feeds = batch if whole else feed_rows.take(batch, axes, start, start + per_run)
-                    labels = batch_labels if whole or batch_labels is None else batch_labels[start : start + per_run]
+                for start, stop, feeds in feed_rows.runs(batch, axes, per_run):
+                    labels = batch_labels if per_run >= count or batch_labels is None else batch_labels[start:stop]
                     outputs = fp32.run(None, feeds)
                     arrays = {f"o{k}": as_array(v) for k, v in enumerate(outputs)}
                     arrays.update({f"i{k}": feeds[name] for k, name in enumerate(self.input_names)})

@@ -58,6 +58,15 @@ def take(feeds: Mapping[str, np.ndarray], axes: Axes | None, start: int, stop: i
     return out
 
 
+def runs(feeds: Mapping[str, np.ndarray], axes: Axes | None, per_run: int):
+    """(start, stop, feeds of rows start..stop-1) for the feeds' rows in runs of `per_run` (the last may be shorter):
+    the feeds themselves when one run holds every row."""
+    total = count(feeds, axes)
+    for start in range(0, total, per_run):
+        stop = min(start + per_run, total)
+        yield start, stop, feeds if per_run >= total else take(feeds, axes, start, stop)
+
+
 def join(parts: Sequence[Mapping[str, np.ndarray]], axes: Axes | None = None) -> dict[str, np.ndarray]:
     """Feeds concatenated along each input's batch axis (a constant taken from the first)."""
     out = {}

@@ -363,8 +363,7 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
             if per_run < size:  # large rows: give the arenas' memory back after each run (the diagnostics run next)
                 shrink = ort.RunOptions()
                 shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-        for start in range(0, rows, per_run):
-            part = feeds if per_run >= rows else feed_rows.take(feeds, axes, start, start + per_run)
+        for start, stop, part in feed_rows.runs(feeds, axes, per_run):
             try:
                 ref = [as_array(v) for v in ref_sess.run(None, part, shrink)]
                 got = [as_array(v) for v in got_sess.run(None, part, shrink)]
@@ -372,7 +371,7 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
                 raise CalibrunError(f"running the models on the evaluation data failed: {one_line(exc)}") from exc
             errors.update(ref, got, feed_rows.count(part, axes))
             if task is not None:
-                part_labels = labels if labels is None or per_run >= rows else labels[start : start + per_run]
+                part_labels = labels if labels is None or per_run >= rows else labels[start:stop]
                 task.update(dict(zip(names, ref, strict=True)), dict(zip(names, got, strict=True)), part_labels)
             del ref, got
         if primary_input in feeds:

@@ -501,8 +501,7 @@ class RowRuns:
         if output_names is not None or self.rows >= total:
             return self.session.run(output_names, input_feed, run_options)
         merged = None
-        for start in range(0, total, self.rows):
-            part = feed_rows.take(input_feed, self.axes, start, start + self.rows)
+        for _, _, part in feed_rows.runs(input_feed, self.axes, self.rows):
             outputs = self.session.run(None, part, run_options)
             if merged is None:
                 merged = list(outputs)

@@ -237,6 +237,19 @@ def _abs_min(data: np.ndarray):
                for i in range(0, data.size, _BLOCK))
 
 
+def largest_first(fn, items: list[tuple], threads: int, pool: ThreadPoolExecutor | None = None) -> list:
+    """[fn(name, data) for name, data in items], on `threads` threads (or `pool`'s), the largest data first: no large
+    tensor left alone at the end (numpy releases the GIL in its loops)."""
+    if len(items) <= 1 or (pool is None and threads <= 1):
+        return [fn(name, data) for name, data in items]
+    if pool is None:
+        with ThreadPoolExecutor(threads) as own:
+            return largest_first(fn, items, threads, own)
+    order = sorted(range(len(items)), key=lambda i: -_size(items[i][1]))
+    done = dict(zip(order, pool.map(lambda i: fn(*items[i]), order), strict=True))
+    return [done[i] for i in range(len(items))]
+
+
 def _size(data_arr) -> int:
     return sum(np.size(a) for a in data_arr) if isinstance(data_arr, list) else np.size(data_arr)
 
@@ -357,14 +370,7 @@ class FastHistogramCollector(HistogramCollector):
 
     def _each(self, name_to_arr, fn) -> None:
         items = list(name_to_arr.items())
-        if self.threads == 1 or len(items) == 1:
-            results = [fn(name, arr) for name, arr in items]
-        else:  # largest tensors first: no large one left alone at the end
-            order = sorted(range(len(items)), key=lambda i: -_size(items[i][1]))
-            with ThreadPoolExecutor(self.threads) as pool:
-                done = dict(zip(order, pool.map(lambda i: fn(*items[i]), order), strict=True))
-            results = [done[i] for i in range(len(items))]
-        for (name, _), result in zip(items, results, strict=True):
+        for (name, _), result in zip(items, largest_first(fn, items, self.threads), strict=True):
             self.histogram_dict[name] = result
 
     def collect(self, name_to_arr):

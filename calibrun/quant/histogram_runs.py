@@ -34,7 +34,7 @@ from calibrun.model.graph import outer_reads
 from calibrun.model.segments import SegmentError, Segments
 from calibrun.model.sessions import session
 from calibrun.model.structure import structure
-from calibrun.quant.histogram import ChunkRange, FastHistogramCollector
+from calibrun.quant.histogram import ChunkRange, FastHistogramCollector, largest_first
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +108,7 @@ class HistogramPieces:
     def _runs(self, chunk: Sequence[Feeds]) -> Iterator[dict[str, np.ndarray]]:
         """Every piece of the chunk: per run of rows, each group's tensors (a dict), one group at a time."""
         for feeds in chunk:
-            total = feed_rows.count(feeds, self.axes)
-            for start in range(0, total, self.rows):
-                part = feeds if self.rows >= total else feed_rows.take(feeds, self.axes, start, start + self.rows)
+            for start, _, part in feed_rows.runs(feeds, self.axes, self.rows):
                 for arrays in self._run(part):
                     # a tensor the rows do not reach (a Constant node's, or of constant inputs only) is the same in
                     # every run: counted once per batch, as onnxruntime's calibrator sees it
@@ -168,16 +166,11 @@ def collect_pieces(collector: FastHistogramCollector, pieces: Callable[[], Itera
             for name, flat in flats.items():
                 if name not in ranges:
                     ranges[name] = ChunkRange(flat.dtype)
-            _each(pool, flats, take_range)  # a tensor appears once per piece: no two threads share one
+            largest_first(take_range, list(flats.items()), collector.threads, pool)  # a tensor once a piece
         plans.update((name, collector.plan(name, chunk_range)) for name, chunk_range in ranges.items())
         for arrays in pieces():
-            _each(pool, {name: np.asarray(array).reshape(-1) for name, array in arrays.items()}, take_counts)
+            flats = [(name, np.asarray(array).reshape(-1)) for name, array in arrays.items()]
+            largest_first(take_counts, flats, collector.threads, pool)
     for name, plan in plans.items():
         collector.histogram_dict[name] = plan.finish(*counts.get(name, (None, None)))
 
-
-def _each(pool: ThreadPoolExecutor, flats: Mapping[str, np.ndarray], fn) -> None:
-    """fn(name, flat) for every tensor of a piece, the largest first; exceptions raised here."""
-    order = sorted(flats, key=lambda name: -flats[name].size)
-    for future in [pool.submit(fn, name, flats[name]) for name in order]:
-        future.result()
