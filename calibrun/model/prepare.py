@@ -134,7 +134,7 @@ def prepare_model(src: str | Path, dst: str | Path) -> Prepared:
         try:
             # The steps in between keep the weights in an external data file whatever `dst` gets: each step then
             # reads the graph alone, and onnx's shape inference does not serialise every weight twice (ResNet-50,
-            # 100 MB inline: the job's peak in preparation 595 -> MB). The last step writes `dst` as decided, and
+            # 100 MB inline: the job's peak in preparation 595 -> 328 MB). The last step writes `dst` as decided, and
             # the prepared bytes are the same (19 trained models). Folding keeps `external`: onnxruntime writes
             # the tensors it moves out with fields of its own (an empty doc_string), other bytes.
             current = _strip_initializer_inputs(model, work / "given.onnx", True, steps)
@@ -186,7 +186,7 @@ def _convert_opset(current: Path, out: Path, src: Path, steps: list[str]) -> Pat
     handed to the C++ converter stays far below 2 GB.
     """
     model = onnx.load(str(current), load_external_data=False)
-    version = _default_opset(model)
+    version = default_opset(model)
     if version is None or version >= TARGET_OPSET:
         return current
     old_ir = model.ir_version
@@ -370,7 +370,8 @@ def constant_nodes(graph: GraphProto) -> list[onnx.NodeProto]:
     return found
 
 
-def _default_opset(model: onnx.ModelProto) -> int | None:
+def default_opset(model: onnx.ModelProto) -> int | None:
+    """The model's default-domain (ai.onnx) opset version, None when it imports none."""
     versions = [o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS]
     return max(versions) if versions else None
 

@@ -221,17 +221,10 @@ def histogram(data: np.ndarray, bins, range=None, bounds=None, absolute=False): 
     return bin_counts(data, edges, first, last, grid, inside, absolute), edges.copy()
 
 
-def _min_max(data: np.ndarray):
-    """(np.nanmin, np.nanmax) (what onnxruntime takes), at the cost of min/max when there is no NaN, and
-    (min, max) as `histogram`'s bounds, None when there is NaN."""
-    lo, hi = data.min(), data.max()
-    if np.isnan(lo) or np.isnan(hi):
-        return np.nanmin(data), np.nanmax(data), None
-    return lo, hi, (lo, hi)
-
-
 def _abs_min(data: np.ndarray):
-    """np.absolute(data).min() for float32 data without NaN, block by block (no copy of the whole)."""
+    """np.absolute(data).min() for data without NaN; float32 block by block (no copy of the whole)."""
+    if data.dtype != np.float32:
+        return np.absolute(data).min()
     buf = np.empty(min(_BLOCK, data.size), dtype=data.dtype)
     return min(np.absolute(data[i:i + _BLOCK], out=buf[:min(_BLOCK, data.size - i)]).min()
                for i in range(0, data.size, _BLOCK))
@@ -269,9 +262,9 @@ def _flat(data_arr) -> np.ndarray:
 
 
 class ChunkRange:
-    """What decides the bins of a chunk's histogram: the dtype, the number of values, their min and max (NaN
-    propagated and ignored, as `_min_max`) and, for the symmetric percentile's first chunk, the min of |x|. Built
-    from a whole chunk (`of`) or piece by piece (`add`): min and max of pieces are those of the whole."""
+    """What decides the bins of a chunk's histogram: the dtype, the number of values, their min and max (NaN propagated,
+    and ignored as onnxruntime's np.nanmin/np.nanmax) and, for the symmetric percentile's first chunk, the min of
+    |x|. Built from a whole chunk (`of`) or piece by piece (`add`): min and max of pieces are those of the whole."""
 
     def __init__(self, dtype):
         self.dtype = np.dtype(dtype)
@@ -303,7 +296,7 @@ class ChunkRange:
         self.nan_low = nan_low if first else np.fmin(self.nan_low, nan_low)
         self.nan_high = nan_high if first else np.fmax(self.nan_high, nan_high)
         if absolute:
-            smallest = _abs_min(data) if data.dtype == np.float32 else np.absolute(data).min()
+            smallest = _abs_min(data)
             self.abs_low = smallest if self.abs_low is None else np.minimum(self.abs_low, smallest)
 
     def needs_abs_low(self, first: bool) -> bool:
@@ -314,8 +307,8 @@ class ChunkRange:
                 and (self.dtype != np.float32 or self.low < 0 < self.high))
 
     def min_max(self):
-        """`_min_max` of the whole chunk: (nanmin, nanmax, (min, max) or None when there is NaN); zeros for an empty
-        chunk."""
+        """(nanmin, nanmax) of the whole chunk (what onnxruntime takes) and (min, max) as `histogram`'s bounds, None
+        when there is NaN; zeros for an empty chunk."""
         if self.size == 0:
             zero = np.array(0, dtype=self.dtype)
             return zero, zero, None
@@ -394,7 +387,7 @@ class FastHistogramCollector(HistogramCollector):
         data = _flat(data_arr)
         chunk = ChunkRange.of(data, absolute=False)
         if chunk.needs_abs_low(first=tensor not in self.histogram_dict):
-            chunk.abs_low = _abs_min(data) if data.dtype == np.float32 else np.absolute(data).min()
+            chunk.abs_low = _abs_min(data)
         return self.plan(tensor, chunk).apply(data)
 
     def plan(self, tensor, chunk: ChunkRange) -> BinPlan:

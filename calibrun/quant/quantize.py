@@ -23,6 +23,7 @@ from calibrun.core.files import atomic_path, check_not_source, check_writable, t
 from calibrun.lab.data import lab_batches
 from calibrun.model import FloatModel, external_files, private_model_copy
 from calibrun.model.graph import input_quant, op_counts, scales_summary
+from calibrun.model.prepare import default_opset
 from calibrun.quant.calibrate import METHODS, Calibration, CalibrationCache, CalibrationSpec, calibrated
 
 FORMATS = {"qdq": QuantFormat.QDQ, "qoperator": QuantFormat.QOperator}
@@ -177,7 +178,7 @@ def _opset_for_sixteen_bit(path: Path) -> None:
     at the others). The converted file refers to the same external data; quantize_static then finds opset 21 and
     converts nothing."""
     model = onnx.load(str(path), load_external_data=False)
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    opset = default_opset(model)
     if opset is None or opset >= 21:
         return
     try:
