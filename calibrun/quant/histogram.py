@@ -6,8 +6,9 @@ onnxruntime (quantization/calibrate.py) spends its time in two places:
   (2048 bins: about a second per tensor). `entropy_threshold` here screens all candidates at once with prefix
   sums (O(candidates x quantized bins) numpy work, in float64), keeps only the candidates whose KL divergence
   could be the smallest once the reference's float32 rounding is accounted for (a proven error bound, see
-  `_screen`), and evaluates those few exactly as onnxruntime does (the same integer p and q, then onnxruntime's
-  own `smooth_distribution` and `entropy`). The chosen threshold is therefore onnxruntime's own.
+  `_screen`), and evaluates those few exactly as onnxruntime does (the same integer p and q, then the float32
+  operations of onnxruntime's `smooth_distribution` and `entropy`, without their checks that cannot fire here:
+  the same bits, tested). The chosen threshold is therefore onnxruntime's own.
 * `np.histogram` per tensor and batch, single-threaded; with explicit bin edges (the percentile merge) it even
   sorts the data. `histogram` here returns the same counts and edges as `np.histogram` (bins are decided by the
   edges exactly as numpy decides them: a float32 position, int32 bins and one `bincount` per block; the values
@@ -38,8 +39,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from onnxruntime.quantization.calibrate import HistogramCollector
-from onnxruntime.quantization.calibrate import entropy as ort_entropy
-from onnxruntime.quantization.quant_utils import smooth_distribution
 
 log = logging.getLogger(__name__)
 
@@ -635,7 +634,8 @@ def entropy_threshold(histogram_, num_quantized_bins: int):
 
 def exact_kl(hist: np.ndarray, i: int, num_quantized_bins: int, dtype) -> float:
     """The reference's KL divergence for candidate `i` (as stored in its `kl_divergence` array): the same
-    integer p and q as its loops build, then onnxruntime's own smooth_distribution and entropy."""
+    integer p and q as its loops build, smoothed and compared with the same float32 operations as onnxruntime's
+    `smooth_distribution` and `entropy` (`_smoothed`, `_kl`), so the same bits."""
     num_bins = hist.size
     zero_bin_index = num_bins // 2
     start = zero_bin_index - i
@@ -644,26 +644,51 @@ def exact_kl(hist: np.ndarray, i: int, num_quantized_bins: int, dtype) -> float:
     p = sliced.copy()
     p[0] += hist[:start].sum()
     p[-1] += hist[end:].sum()
-    nonzeros = (p != 0).astype(np.int64)
     q_bins = num_quantized_bins
     merged = sliced.size // q_bins
     body = q_bins * merged
     quantized = sliced[:body].reshape(q_bins, merged).sum(axis=1)
     quantized[-1] += sliced[body:].sum()
-    norm = nonzeros[:body].reshape(q_bins, merged).sum(axis=1)
+    norm = (p[:body] != 0).reshape(q_bins, merged).sum(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         spread = np.where(norm != 0, quantized / np.where(norm != 0, norm, 1), 0.0)
     q = np.zeros(p.size, dtype=np.int64)
     q[:body] = np.repeat(spread.astype(np.int64), merged)
-    try:
-        p_s = smooth_distribution(p)
-        q_s = smooth_distribution(q)
-    except AssertionError:
-        # onnxruntime stops the whole calibration here (eps larger than a count); this candidate is unusable
-        return math.inf
+    p_s, q_s = _smoothed(p), _smoothed(q)
     if p_s is None or q_s is None:
         return math.inf
-    return float(np.array(ort_entropy(p_s, q_s), dtype=dtype))
+    return float(np.array(_kl(p_s, q_s), dtype=dtype))
+
+
+def _smoothed(p: np.ndarray) -> np.ndarray | None:
+    """onnxruntime's `smooth_distribution(p)` (eps 1e-4): the same float32 values; None where it returns None or
+    fails its assertions (the reference's calibration stops there: this candidate is unusable)."""
+    zeros = p == 0
+    n_zeros = np.count_nonzero(zeros)
+    n_nonzeros = p.size - n_zeros
+    if not n_nonzeros:
+        return None
+    eps1 = _EPS * float(n_zeros) / float(n_nonzeros)  # the reference's counts are float32 sums: exact below 2^24
+    if not eps1 < 1.0:
+        return None
+    # hist += eps * is_zeros + (-eps1) * is_nonzeros adds float32(eps) to zeros and float32(-eps1) to the others
+    hist = p.astype(np.float32)
+    hist += np.where(zeros, np.float32(_EPS), np.float32(-eps1))
+    if not hist.min() > 0:
+        return None
+    return hist
+
+
+def _kl(pk: np.ndarray, qk: np.ndarray) -> np.float32:
+    """onnxruntime's `entropy(pk, qk)` of two positive float32 arrays: the same operations (rel_entr's special
+    cases, for zeros after the normalisation, are applied when there are any)."""
+    pk = pk / np.sum(pk, axis=0, keepdims=True)  # the reference's 1.0 * pk: exact
+    qk = qk / np.sum(qk, axis=0, keepdims=True)
+    vec = pk * np.log(pk / qk)
+    if not (pk.min() > 0 and qk.min() > 0):
+        vec[(pk == 0) & (qk >= 0)] = 0
+        vec[~((pk > 0) & (qk > 0))] = np.inf
+    return np.sum(vec, axis=0)
 
 
 def _screen(pre: dict, candidates: np.ndarray, q_bins: int) -> tuple[np.ndarray, np.ndarray]:
@@ -700,14 +725,14 @@ def _screen(pre: dict, candidates: np.ndarray, q_bins: int) -> tuple[np.ndarray,
 
     # blocks: [s + b*merged, s + (b+1)*merged), b < q_bins; the tail [s + q_bins*merged, e). `quantized` is the
     # reference's quantized_bins (h per block, the tail in the last block); p differs from h only in its first
-    # element (left outliers) and last element (right outliers: in the tail, or without a tail in the last block)
-    bounds = s[:, None] + np.arange(q_bins + 1) * merged[:, None]
-    cb, zb = csum[bounds], cnz[bounds]
-    h_tail = csum[e] - cb[:, -1]
-    nz_tail = cnz[e] - zb[:, -1]
-    quantized = np.diff(cb, axis=1).astype(np.float64)
+    # element (left outliers) and last element (right outliers: in the tail, or without a tail in the last block).
+    # (block sums in float64: counts are exact below 2^53)
+    quantized = _block_sums(pre["csum_f"], s, merged, q_bins)
+    pnz = _block_sums(pre["cnz_f"], s, merged, q_bins)  # nonzero p per block: the reference's `norm`
+    last_bound = e - tail  # s + q_bins * merged
+    h_tail = csum[e] - csum[last_bound]
+    nz_tail = cnz[e] - cnz[last_bound]
     quantized[:, -1] += h_tail
-    pnz = np.diff(zb, axis=1).astype(np.float64)  # nonzero p per block: the reference's `norm`
     no_tail = tail == 0
     first_fix = (p_first != 0).astype(np.int64) - (h_first != 0)
     last_fix = (p_last != 0).astype(np.int64) - (h_last != 0)
@@ -765,6 +790,21 @@ def _screen(pre: dict, candidates: np.ndarray, q_bins: int) -> tuple[np.ndarray,
     return lower, upper
 
 
+def _block_sums(prefix: np.ndarray, starts: np.ndarray, merged: np.ndarray, q_bins: int) -> np.ndarray:
+    """[candidates, q_bins]: prefix[s + (b+1) m] - prefix[s + b m] for each candidate's start s and block width m
+    (`prefix` float64). Consecutive candidates start one bin lower each, so the candidates of one block width read
+    `prefix` on a strided grid: a view per width, no index arrays."""
+    out = np.empty((starts.size, q_bins))
+    step = prefix.strides[0]
+    cuts = [0, *(np.flatnonzero(np.diff(merged)) + 1).tolist(), starts.size]
+    for lo, hi in zip(cuts[:-1], cuts[1:], strict=False):
+        low = int(starts[hi - 1])  # the lowest start of the run; its rows read prefix[low + r + b m]
+        grid = np.lib.stride_tricks.as_strided(prefix[low:], shape=(hi - lo, q_bins + 1),
+                                               strides=(step, int(merged[lo]) * step), writeable=False)[::-1]
+        np.subtract(grid[:, 1:], grid[:, :-1], out=out[lo:hi])
+    return out
+
+
 def _prefixes(hist: np.ndarray) -> dict:
     """Prefix sums `_screen` needs, once per histogram."""
     nonzero = hist != 0
@@ -776,8 +816,10 @@ def _prefixes(hist: np.ndarray) -> dict:
         return np.concatenate(([0.0], np.cumsum(np.where(nonzero, values, 0.0))))
 
     csum = np.concatenate(([0], np.cumsum(hist)))
+    cnz = np.concatenate(([0], np.cumsum(nonzero)))
     return {
-        "hist": hist, "csum": csum, "cnz": np.concatenate(([0], np.cumsum(nonzero))), "total": float(csum[-1]),
+        "hist": hist, "csum": csum, "cnz": cnz, "total": float(csum[-1]),
+        "csum_f": csum.astype(np.float64), "cnz_f": cnz.astype(np.float64),  # for `_block_sums`
         "series": (prefix(hf * logh), prefix(logh + 1.0), prefix(1.0 / safe), prefix(1.0 / safe**2),
                    prefix(1.0 / safe**3)),
     }

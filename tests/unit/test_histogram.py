@@ -15,13 +15,15 @@ import onnx
 import pytest
 from onnxruntime.quantization import quantize_static
 from onnxruntime.quantization.calibrate import CalibrationMethod, HistogramCollector, create_calibrator
+from onnxruntime.quantization.calibrate import entropy as ort_entropy
+from onnxruntime.quantization.quant_utils import smooth_distribution
 
 from calibrun.core.errors import CalibrunError
 from calibrun.lab.data import lab_batches
 from calibrun.lab.model import write_lab_model
 from calibrun.model import open_float_model
 from calibrun.quant.calibrate import CalibrationSpec, run_calibration, write_ranges
-from calibrun.quant.histogram import bin_counts, entropy_threshold, histogram
+from calibrun.quant.histogram import _block_sums, bin_counts, entropy_threshold, exact_kl, histogram
 
 # ---------------------------------------------------------------------------------------------- binning
 
@@ -264,6 +266,58 @@ def test_entropy_thresholds_on_awkward_histograms(q_bins):
             continue
         expected, got = reference_threshold(case, q_bins), entropy_threshold(case, q_bins)
         assert (expected[0], expected[1]) == (got[0], got[1])
+
+
+def reference_kl(hist, i, q_bins):
+    """onnxruntime's get_entropy_threshold loop body for candidate i: its p and q, smooth_distribution, entropy."""
+    zero = hist.size // 2
+    start, end = zero - i, min(zero + i + 1, hist.size)
+    sliced = hist[start:end]
+    p = sliced.copy()
+    p[0] += hist[:start].sum()
+    p[-1] += hist[end:].sum()
+    nonzeros = (p != 0).astype(np.int64)
+    merged = sliced.size // q_bins
+    quantized = sliced[:q_bins * merged].reshape(q_bins, merged).sum(axis=1)
+    quantized[-1] += sliced[q_bins * merged:].sum()
+    norm = nonzeros[:q_bins * merged].reshape(q_bins, merged).sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        spread = np.where(norm != 0, quantized / np.where(norm != 0, norm, 1), 0.0)
+    q = np.zeros(p.size, dtype=np.int64)
+    q[:q_bins * merged] = np.repeat(spread.astype(np.int64), merged)
+    try:
+        p_s, q_s = smooth_distribution(p), smooth_distribution(q)
+    except AssertionError:
+        return np.inf
+    if p_s is None or q_s is None:
+        return np.inf
+    return float(np.array(ort_entropy(p_s, q_s), dtype=np.float32))
+
+
+def test_exact_kl_is_onnxruntimes_value_bit_for_bit():
+    """calibrun's leaner smoothing and entropy give the very float32 KL of onnxruntime's functions, smoothing that
+    fails (eps1 >= 1: many zeros) and empty distributions included."""
+    rng = np.random.default_rng(11)
+    hists = [rng.poisson(rng.uniform(0, 80, 512)).astype(np.int64),
+             np.where(rng.random(512) < 0.97, 0, rng.integers(1, 10**6, 512)),  # sparse: smoothing fails
+             np.zeros(512, np.int64)]
+    hists[0][[0, 255, 511]] = [10**9, 10**8, 7]
+    compared = 0
+    for hist in hists:
+        for i in range(64, 257, 3):
+            expected, got = reference_kl(hist, i, 128), exact_kl(hist, i, 128, np.float32)
+            assert got == expected or (np.isnan(got) and np.isnan(expected)), (i, got, expected)
+            compared += np.isfinite(expected)
+    assert compared > 60  # finite values were compared, not only the unusable candidates
+
+
+def test_block_sums_read_the_prefix_sums_on_each_candidates_grid():
+    prefix = np.cumsum(np.random.default_rng(2).integers(0, 50, 700)).astype(np.float64)
+    starts = np.arange(300, 40, -1)  # consecutive candidates: one bin lower each
+    merged = (700 - 2 * starts) // 16  # runs of equal block widths
+    got = _block_sums(prefix, starts, merged, 16)
+    bounds = starts[:, None] + np.arange(17) * merged[:, None]
+    np.testing.assert_array_equal(got, np.diff(prefix[bounds], axis=1))
 
 
 # ---------------------------------------------------------------------------------------------- the lab
