@@ -16,7 +16,9 @@ differently in a smaller batch or in a piece of the model (float rounding). A pi
 stay under half the budget (the other half for what onnxruntime holds meanwhile), the model cut into one piece per
 group (calibrun.model.segments: each node runs once per pass), and rows in runs of as many as fit. A chunk that fits
 the budget runs as before, in one piece: bit-identical. The second pass is the price of the memory: it runs only
-where the chunk would not fit.
+where the chunk would not fit. Where the model is cut into pieces, a piece's tensors are binned while the next piece
+runs (its arrays were held until then anyway: no more memory; nudenet at 1280, entropy: 4.4 -> 4.15 s at the same
+peak).
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ class HistogramPieces:
                  varying: set[str]):
         self.groups, self.rows, self.axes, self.varying = groups, rows, axes, varying
         self.segments = None
-        self.fallback = fallback  # the augmented session: a model that cannot be cut runs whole, a row at a time
+        # the augmented session (calibrun.quant.calibrate.ReusedOutputs): one group, or a model that cannot be cut,
+        # runs whole, in runs of rows
+        self.fallback = fallback
         if len(groups) > 1:
             try:
                 self.segments = Segments(model_path, groups, lambda path: session(
@@ -60,6 +64,9 @@ class HistogramPieces:
                 log.info("calibration: the model cannot be cut into pieces (%s): every tensor of a row at once", exc)
                 self.groups = [[name for group in groups for name in group]]
                 self.rows = 1
+        # a piece is binned while the next one runs (collect_pieces' overlap) where pieces' sessions return fresh
+        # arrays; the whole model writes into reused buffers
+        self.overlap = self.segments is not None
 
     @classmethod
     def plan(cls, model_path: Path, tensors: Sequence[str], chunk: Sequence[Feeds], setting: int | None,
@@ -125,7 +132,7 @@ class HistogramPieces:
 
     def collect(self, collector: FastHistogramCollector, chunk: Sequence[Feeds]) -> None:
         """Add the chunk to `collector`'s histograms as `collector.collect` of the whole chunk would."""
-        collect_pieces(collector, lambda: self._runs(chunk))
+        collect_pieces(collector, lambda: self._runs(chunk), self.overlap)
 
 
 def _varying(model, axes) -> set[str]:
@@ -138,11 +145,14 @@ def _varying(model, axes) -> set[str]:
     return varying
 
 
-def collect_pieces(collector: FastHistogramCollector, pieces: Callable[[], Iterator[Mapping[str, np.ndarray]]]) -> None:
+def collect_pieces(collector: FastHistogramCollector, pieces: Callable[[], Iterator[Mapping[str, np.ndarray]]],
+                   overlap: bool = False) -> None:
     """Add one chunk to `collector`'s histograms from its pieces: `pieces()` yields dicts of tensor -> array (any
     split of the chunk's values: groups of tensors, runs of rows), the same every time it is called; it is called
     twice (the ranges, then the counts). The result is `collector.collect` of the whole chunk. The tensors of a piece
-    are taken on `collector.threads` threads, the largest first (numpy releases the GIL in its loops)."""
+    are taken on `collector.threads` threads, the largest first (numpy releases the GIL in its loops).
+    `overlap`: a piece's arrays stay valid while the next one is made (not written into again), so a piece's tensors
+    are taken while the next piece runs; one piece at a time, so a tensor's range and counts grow in order."""
     absolute = collector.method == "percentile" and collector.symmetric
     ranges: dict[str, ChunkRange] = {}
 
@@ -160,17 +170,31 @@ def collect_pieces(collector: FastHistogramCollector, pieces: Callable[[], Itera
         hist, edges = plan.counts(flat)
         counts[name] = (hist, edges) if name not in counts else (counts[name][0] + hist, edges)
 
-    with ThreadPoolExecutor(max(1, collector.threads)) as pool:
-        for arrays in pieces():
-            flats = {name: np.asarray(array).reshape(-1) for name, array in arrays.items()}
-            for name, flat in flats.items():
+    with ThreadPoolExecutor(max(1, collector.threads)) as pool, ThreadPoolExecutor(1) as lead:
+
+        def each_piece(take: Callable[[str, np.ndarray], None], before=None) -> None:
+            pending = None
+            for arrays in pieces():
+                flats = [(name, np.asarray(array).reshape(-1)) for name, array in arrays.items()]
+                if pending is not None:
+                    pending.result()
+                if before is not None:
+                    before(flats)
+                if overlap:
+                    pending = lead.submit(largest_first, take, flats, collector.threads, pool)
+                else:
+                    largest_first(take, flats, collector.threads, pool)
+            if pending is not None:
+                pending.result()
+
+        def new_ranges(flats) -> None:
+            for name, flat in flats:
                 if name not in ranges:
                     ranges[name] = ChunkRange(flat.dtype)
-            largest_first(take_range, list(flats.items()), collector.threads, pool)  # a tensor once a piece
+
+        each_piece(take_range, new_ranges)  # a tensor once a piece
         plans.update((name, collector.plan(name, chunk_range)) for name, chunk_range in ranges.items())
-        for arrays in pieces():
-            flats = [(name, np.asarray(array).reshape(-1)) for name, array in arrays.items()]
-            largest_first(take_counts, flats, collector.threads, pool)
+        each_piece(take_counts)
     for name, plan in plans.items():
         collector.histogram_dict[name] = plan.finish(*counts.get(name, (None, None)))
 

@@ -427,11 +427,13 @@ def _chunks(rng) -> list[dict[str, np.ndarray]]:
     ]
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize(("method", "symmetric"), [("entropy", False), ("distribution", False),
                                                    ("percentile", False), ("percentile", True)])
-def test_a_chunk_collected_in_pieces_is_the_whole_chunks_histogram(method, symmetric):
+def test_a_chunk_collected_in_pieces_is_the_whole_chunks_histogram(method, symmetric, overlap):
     """Two passes over any split of a chunk (calibrun.quant.histogram_runs.collect_pieces: the ranges, then the
-    counts) give the histogram of the whole chunk, bit for bit, chunk after chunk."""
+    counts) give the histogram of the whole chunk, bit for bit, chunk after chunk; also with each piece taken while
+    the next one is made (`overlap`)."""
     from calibrun.quant.histogram import FastHistogramCollector
     from calibrun.quant.histogram_runs import collect_pieces
 
@@ -452,7 +454,7 @@ def test_a_chunk_collected_in_pieces_is_the_whole_chunks_histogram(method, symme
                     yield {n: chunk[n][int(lo * chunk[n].size): int(hi * chunk[n].size)] for n in group}
 
         with np.errstate(invalid="ignore"):
-            collect_pieces(pieces, split)
+            collect_pieces(pieces, split, overlap)
     assert len(calls) == 2 * len(chunks)  # two passes a chunk
     assert whole.histogram_dict.keys() == pieces.histogram_dict.keys()
     for name, entry in whole.histogram_dict.items():
