@@ -249,6 +249,22 @@ class Dense(Task):
         return {**super().describe(), "output": self.output, "threshold": self.threshold}
 
 
+class Decision(Dense):
+    """One probability per row (a Sigmoid's [N] or [N, 1]): a yes/no decision at `threshold`, counted as a dense
+    map of one position per row. The IoU of the rows each model says yes to decides (a rare yes that int8 never
+    says is all of it; agreement over the rows would call it 97% right when 3% of the rows are yes)."""
+
+    name = "decision"
+
+    def metrics(self) -> dict[str, float]:
+        if not self.total:
+            return {}
+        return {"task.decision_iou": self.inter / self.union if self.union else 1.0,
+                "task.decision_agreement": self.agree / self.total,
+                "task.fp32_positive": self.ref_pos / self.total,
+                "task.int8_positive": self.got_pos / self.total}
+
+
 class Custom(Task):
     name = "custom"
 
@@ -548,6 +564,17 @@ class _Graph:
         return None
 
 
+def _decision(out: Output) -> str | None:
+    """Why the output is one probability per row (None: it is not): a float written by a Sigmoid (through
+    value-keeping ops), shaped [N] or [N, 1, ...] (every axis after the rows of size 1)."""
+    shape = out.shape
+    if out.kind != "float" or shape is None or not shape or out.producer not in PROBABILITY_OPS:
+        return None
+    if any(d != 1 for d in shape[1:]):
+        return None
+    return f"is one {out.producer} probability per row {_fmt(shape)}: a yes/no decision"
+
+
 def _spatial(shape: list) -> bool:
     """Every axis after the first two (rows, channels) is unknown or longer than 1, and there is at least one."""
     return len(shape) >= 3 and all(d is None or d > 1 for d in shape[2:])
@@ -677,13 +704,15 @@ def _auto(graph: _Graph, spec: TaskSpec, facts: Labels | None, classifier: bool 
             task = _guess_scores(graph, outputs, spec, facts, classifier)
             if task is not None:
                 return task
-    maps = [(o, why) for o in outputs if (why := graph.dense(o))]
+    maps = [(o, why, Dense) for o in outputs if (why := graph.dense(o))]
+    maps += [(o, why, Decision) for o in outputs if (why := _decision(o))]
     if len(maps) > 1:
-        return Task(f"{len(maps)} outputs are probability maps: {_names(repr(o.name) for o, _ in maps)}; "
-                    "measuring none of them (set task=dense task.output=NAME to choose)"), True
+        return Task(f"{len(maps)} outputs are probability maps or probabilities per row: "
+                    f"{_names(repr(o.name) for o, _, _ in maps)}; measuring none of them (set task=dense "
+                    "task.output=NAME to choose)"), True
     if maps:
-        o, why = maps[0]
-        return Dense(o.name, spec.threshold, f"output {o.name!r} {why}"), False
+        o, why, kind = maps[0]
+        return kind(o.name, spec.threshold, f"output {o.name!r} {why} at task.threshold {spec.threshold:g}"), False
     where = f"output {spec.output!r} is neither" if spec.output else "no output is"
     flat = [f"{o.name!r} {why}" for o in outputs if (why := graph.not_dense(o))]
     # a lone float [N, C] output may be logits or C regression values: not guessed, but the way to say it is named
@@ -692,7 +721,7 @@ def _auto(graph: _Graph, spec: TaskSpec, facts: Labels | None, classifier: bool 
         (floats[0].shape[1] or 0) >= 2 and classifier is None else None
     hint = (f"; if {logits.name!r} holds class logits, model.classifier=true measures top-1 agreement (or give "
             "labels)") if logits is not None else ""
-    return Task(f"{where} class scores, predicted classes or a probability map: "
+    return Task(f"{where} class scores, predicted classes, a probability map or a probability per row: "
                 f"{_names(str(o) for o in outputs)}" + (f"; {'; '.join(flat)}" if flat else "") + hint), False
 
 

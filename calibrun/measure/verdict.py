@@ -81,7 +81,10 @@ IOU = Rule("task.iou", "max", 0.95, 0.80, "int8's and fp32's maps share {value:.
                                           "(IoU)")
 MEAN_IOU = Rule("task.mean_iou", "max", 0.95, 0.80, "per class, int8's and fp32's positions of that class share "
                 "{value:.1%} of the positions either gives it (mean IoU over the classes)")
-TASK_RULES = (MEAN_IOU, AGREEMENT, IOU)  # the first the run measured decides: mean IoU only where rows hold positions
+DECISION_IOU = Rule("task.decision_iou", "max", 0.95, 0.80, "int8 and fp32 say yes to {value:.1%} of the rows "
+                    "either says yes to (IoU of the yes decisions)")
+# the first the run measured decides: mean IoU only where rows hold positions
+TASK_RULES = (MEAN_IOU, AGREEMENT, IOU, DECISION_IOU)
 SQNR_OK_DB = 20.0
 SQNR_BROKEN_DB = 10.0
 ROW_SHARE_KEY = f"rows_under_{SQNR_OK_DB:g}db"  # calibrun.measure.errors.RowShare: rows over the ok bound
@@ -162,6 +165,11 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None) -> 
         key, share = rows_under(metrics)
         said += (f", but {share:.0%} of the rows carry an error over {10 ** (-SQNR_OK_DB / 20):.0%} of the "
                  f"output's signal RMS in {_where(_SHARE.match(key))}")
+    if rule.metric in (IOU.metric, DECISION_IOU.metric) and metrics.get("task.fp32_positive") == 0 \
+            and metrics.get("task.int8_positive") == 0:  # an empty union: nothing changed side, nothing was tested
+        unit = "row" if rule is DECISION_IOU else "pixel"
+        said = (f"neither model marks any {unit} over the task threshold: no decision changed, but these rows test "
+                "only the no side")
     on = f" ({rows} evaluation rows)" if rows else ""
     because = f"{said}{on}: {status} ({rule.bounds()})"
     return {"status": status, "metric": rule.metric, "value": value if math.isfinite(value) else None,

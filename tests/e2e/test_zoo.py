@@ -113,3 +113,25 @@ def test_ok_needs_the_bound_row_by_row_on_the_speech_embedding(tmp_path):
     expected = "broken" if pooled < 10 else "ok" if pooled >= 20 and share <= 0.05 else "degraded"
     assert result["verdict"]["status"] == expected
     assert ("of the rows carry an error over 10%" in result["verdict"]["because"]) == (pooled >= 20)
+
+
+@pytest.mark.slow
+def test_a_probability_per_row_is_decided_by_its_yes_decisions_on_a_wake_word_head(tmp_path):
+    """openWakeWord's alexa head: one Sigmoid score per window. task=auto takes it as a yes/no decision (the IoU of
+    the windows each model says yes to at 0.5); the value and the verdict follow from both models' scores computed
+    here, and where neither says yes the verdict says the rows test only the no side (the near-silent score had
+    been called broken from its SQNR, while no decision changed: docs/tasks.md)."""
+    from tests.zoo import run_rows
+
+    entry, built, job, result = _default_job("oww_alexa", tmp_path)
+    assert result["task"]["name"] == "decision"
+    (ref,), (got,) = (run_rows(path, built.arrays()) for path in (entry.path(), job / "int8.onnx"))
+    yes_ref, yes_got = ref.reshape(-1) > 0.5, got.reshape(-1) > 0.5
+    union = np.count_nonzero(yes_ref | yes_got)
+    iou = np.count_nonzero(yes_ref & yes_got) / union if union else 1.0
+    assert result["metrics"]["task.decision_iou"] == pytest.approx(iou)
+    assert result["metrics"]["task.decision_agreement"] == pytest.approx(np.mean(yes_ref == yes_got))
+    verdict = result["verdict"]
+    assert verdict["metric"] == "task.decision_iou"
+    assert verdict["status"] == ("ok" if iou >= 0.95 else "broken" if iou < 0.8 else "degraded")
+    assert ("these rows test only the no side" in verdict["because"]) == (union == 0)

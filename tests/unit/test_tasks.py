@@ -10,7 +10,7 @@ from onnx import TensorProto, helper
 
 from calibrun.core.errors import CalibrunError
 from calibrun.measure import tasks
-from calibrun.measure.tasks import Classification, Custom, Dense, TaskSpec, resolve
+from calibrun.measure.tasks import Classification, Custom, Decision, Dense, Task, TaskSpec, resolve
 
 
 def batch_metric(fp32, int8, labels):
@@ -174,27 +174,31 @@ def test_auto_dense_for_a_one_channel_map_and_none_for_boxes(tmp_path):
         resolve(TaskSpec("dense", output="nope"), boxes)
 
 
-@pytest.mark.parametrize(("shape", "producer", "dense"), [
-    (["N", 1, 8, 8], "Sigmoid", True),  # a probability map
-    (["N", 1, "H", "W"], "Sigmoid", True),  # symbolic height and width: a map
-    (["N", 1, "H", "W"], "Log", False),  # a map of values that are no probabilities (a log-mel spectrogram)
-    (["N", 1, 1, 96], "Relu", False),  # an embedding (an audio net's [N, 1, 1, 96]): no spatial extent
-    (["N", 1, 1, 96], "Sigmoid", False),  # probabilities, but one row of values, not a map
-    (["N", 1, 1, 1], "Sigmoid", False),  # one value per row
-    (["N", 4, 1, 1], "Sigmoid", False),  # a vector per row
+@pytest.mark.parametrize(("shape", "producer", "kind"), [
+    (["N", 1, 8, 8], "Sigmoid", Dense),  # a probability map
+    (["N", 1, "H", "W"], "Sigmoid", Dense),  # symbolic height and width: a map
+    (["N", 1, "H", "W"], "Log", None),  # a map of values that are no probabilities (a log-mel spectrogram)
+    (["N", 1, 1, 96], "Relu", None),  # an embedding (an audio net's [N, 1, 1, 96]): no spatial extent
+    (["N", 1, 1, 96], "Sigmoid", None),  # probabilities, but one row of values, not a map
+    (["N", 1, 1, 1], "Sigmoid", Decision),  # one probability per row: a yes/no decision, not a map
+    (["N", 4, 1, 1], "Sigmoid", None),  # a vector per row
+    (["N", 1, 1, 1], "Relu", None),  # one value per row that is no probability
 ])
-def test_auto_dense_needs_real_spatial_extent(tmp_path, shape, producer, dense):
+def test_auto_dense_needs_real_spatial_extent(tmp_path, shape, producer, kind):
     """task=auto measures map IoU only where there is a map: an embedding or a vector gets none, and the reason
-    names why (issue 23: an embedding CNN's [N, 1, 1, 96] output was scored as a map)."""
+    names why (issue 23: an embedding CNN's [N, 1, 1, 96] output was scored as a map); one probability per row is a
+    decision, measured by the IoU of the rows each model says yes to."""
     channels = shape[1]
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape[:1] + [channels] + shape[2:])
     path = _save(tmp_path, [helper.make_node(producer, ["x"], ["y"])], [x],
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
     picked = resolve(TaskSpec("auto"), path)
-    assert isinstance(picked, Dense) is dense, picked.reason
-    if not dense and channels == 1 and shape[2] == 1:
+    assert type(picked) is (kind or Task), picked.reason
+    if kind is None and channels == 1 and shape[2] == 1:
         assert "no spatial extent" in picked.reason
-    if not dense and producer == "Log":  # openWakeWord's mel front end was scored as a map: IoU 1.0, "ok"
+    if kind is Decision:
+        assert "one Sigmoid probability per row [?, 1, 1, 1]" in picked.reason
+    if kind is None and producer == "Log":  # openWakeWord's mel front end was scored as a map: IoU 1.0, "ok"
         assert "holds no probabilities (from Log" in picked.reason
 
 

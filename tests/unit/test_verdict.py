@@ -3,6 +3,7 @@
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from calibrun.core.errors import CalibrunError
@@ -29,6 +30,26 @@ def test_a_map_of_classes_is_decided_by_its_mean_iou():
     """A background that agrees everywhere cannot hide the classes that changed."""
     v = verdict.decide({"task.top1_agreement": 0.998, "task.mean_iou": 0.86})
     assert (v["status"], v["metric"]) == ("degraded", "task.mean_iou")
+
+
+def test_a_probability_per_row_is_decided_by_its_yes_decisions():
+    """The IoU of the rows each model says yes to: a rare yes int8 never says is broken though 97% of the rows
+    agree; a nearly silent output whose decisions do not change is ok whatever its SQNR, and says what was tested."""
+    from calibrun.measure.tasks import Decision
+
+    task = Decision("p")
+    fp32 = np.full(100, 0.01, np.float32)
+    fp32[:3] = 0.9
+    task.update({"p": fp32[:, None]}, {"p": np.full((100, 1), 0.02, np.float32)}, None)
+    metrics = task.metrics()
+    assert metrics["task.decision_agreement"] == 0.97
+    assert metrics["task.decision_iou"] == 0.0
+    assert verdict.decide({**metrics, "out.p.sqnr_db": 25.0})["status"] == "broken"
+    silent = Decision("p")
+    silent.update({"p": np.full((88, 1), 0.004, np.float32)}, {"p": np.full((88, 1), 0.007, np.float32)}, None)
+    got = verdict.decide({**silent.metrics(), "out.p.sqnr_db": 4.6}, rows=88)
+    assert (got["status"], got["metric"]) == ("ok", "task.decision_iou")
+    assert "neither model marks any row over the task threshold: no decision changed" in got["because"]
 
 
 def test_a_task_metric_wins_over_a_bad_sqnr():
