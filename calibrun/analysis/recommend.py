@@ -16,7 +16,8 @@ Candidates, each written as the override a user types:
   that method reuses the ranges);
 - the changes that each helped, together (one more quantisation; a change another helping candidate already makes
   is left out, and the same set of changes is never measured twice), then with each one left out in turn, the
-  weakest first, while the fewer changes keep what the combination reached.
+  weakest first, while the fewer changes keep what the combination reached; a combination is not measured where
+  a change with fewer changes already makes the model ok (it could not rank first: `_outranked`).
 
 Best first: the best status after the change; among the changes that make the model ok the fewest changes, then the
 best value; short of ok, the best value, then the fewest changes.
@@ -206,16 +207,25 @@ def attach(ctx, result) -> None:
         members = [c for c in members  # a change another member already makes is no member of its own
                    if not any(o is not c and set(c.changes) < set(o.changes) for o in members)]
 
-        def once(candidate: Candidate) -> dict:  # the same changes measured before are not measured again
+        def once(candidate: Candidate) -> dict | None:
+            """The candidate's entry: measured before (the same changes), measured now, or None where it cannot be
+            the best (`_outranked`)."""
             entry = next((e for e in measured if set(e["change"].split(" ")) == set(candidate.changes)), None)
             if entry is None:
+                ahead = _outranked(candidate, measured)
+                if ahead is not None:
+                    log.info("recommend: %s: not measured: %s already makes the model ok with fewer changes",
+                             candidate.change, ahead["change"])
+                    skipped.append(candidate.change)
+                    return None
                 entry = measure(candidate, len(measured))
                 measured.append(entry)
             return entry
 
+        skipped: list[str] = []
         both = combined(members, ctx.options)
-        if both is not None:
-            current = once(both)
+        current = once(both) if both is not None else None
+        if current is not None:
             # the fewest changes that keep what the combination reached: each member tried out, the weakest first
             for member in sorted(members, key=lambda c: better * next(e["after"] for e in measured
                                                                       if e["change"] == c.change)):
@@ -223,6 +233,8 @@ def attach(ctx, result) -> None:
                     break
                 fewer = [c for c in members if c is not member]
                 trial = once(combined(fewer, ctx.options))
+                if trial is None:
+                    break
                 if _keeps(trial, current, better):
                     members, current = fewer, trial
     offered = sorted((e for e in measured if e.get("helps")), key=lambda e: _rank(e, better))
@@ -230,16 +242,27 @@ def attach(ctx, result) -> None:
     result.recommendations = [{k: e[k] for k in ("change", "metric", "before", "after", "status_after")}
                               for e in offered]
     result.used = {**(result.used or {}), "recommend": {
-        "rows": evaluation.rows, "candidates": len(measured), "seconds": round(seconds, 3),
-        "before": finite(before)}}
+        "rows": evaluation.rows, "candidates": len(measured), "not_measured": len(skipped),
+        "seconds": round(seconds, 3), "before": finite(before)}}
     write_json(ctx.job_dir / RECOMMEND_FILE, {"metric": rule.metric, "goal": rule.goal, "rows": evaluation.rows,
-                                               "before": finite(before), "measured": measured})
+                                               "before": finite(before), "measured": measured,
+                                               "not_measured": skipped})
     result.files[RECOMMEND_FILE.removesuffix(".json")] = RECOMMEND_FILE
     if offered:
         log.info("recommend: best: %s (%s %.6g -> %.6g, %s); %d candidates in %.1f s", offered[0]["change"],
                  rule.metric, before, offered[0]["after"], offered[0]["status_after"], len(measured), seconds)
     else:
         log.info("recommend: none of %d candidates made %s better (%.1f s)", len(measured), rule.metric, seconds)
+
+
+def _outranked(candidate: Candidate, measured: list[dict]) -> dict | None:
+    """An offered entry that makes the model ok with fewer changes than `candidate` has, else None: then the
+    candidate cannot rank first (`_rank`: among the changes that make the model ok, the fewest first), and
+    measuring it would cost an evaluation pass for a line below the best. Only the combinations are skipped so: every
+    single change is measured."""
+    ok = [e for e in measured if e.get("helps") and e["status_after"] == "ok"]
+    fewest = min(ok, key=lambda e: len(e["change"].split(" ")), default=None)
+    return fewest if fewest is not None and len(fewest["change"].split(" ")) < len(candidate.changes) else None
 
 
 def _rank(entry: dict, better: float) -> tuple:

@@ -76,6 +76,12 @@ def test_a_broken_detector_gets_measured_recommendations_and_the_best_one_is_wha
         assert (entry["change"] in [r["change"] for r in offered]) == bool(entry.get("helps")), entry
         if entry.get("helps") is False:
             assert entry["after"] <= entry["before"]
+    # a combination with more changes than an offered ok change is not measured: it could not rank first
+    record = json.loads((tmp_path / "first" / "recommendations.json").read_text())
+    fewest_ok = min((len(r["change"].split(" ")) for r in offered if r["status_after"] == "ok"), default=None)
+    assert len(record["not_measured"]) == result["used"]["recommend"]["not_measured"]
+    for change in record["not_measured"]:
+        assert fewest_ok is not None and len(change.split(" ")) > fewest_ok
     best = offered[0]
     again = calibrun(tmp_path, *common, *best["change"].split(" "), "recommend=off", "hydra.run.dir=best")
     redone = _done(tmp_path, again, "best")

@@ -118,3 +118,23 @@ def test_the_exclusion_candidate_keeps_the_culprits_upstream_of_the_verdicts_met
     assert [r["tensor"] for r in rows] == ["b", "x", "c"]  # `a`, the largest share, feeds the other input
     assert [r["tensor"] for r in culprits_upstream(table, path, "out.y.sqnr_db")] == ["a", "y", "b", "x", "c"]
     assert culprits_upstream(table, path, "task.top1_agreement") is None
+
+
+def test_a_combination_is_not_measured_when_fewer_changes_already_make_the_model_ok():
+    """Among the changes that make a model ok the fewest rank first (_rank): a combination with more changes than an
+    offered ok entry cannot be the best, so its evaluation pass is saved; with as few changes, or no ok entry, or an
+    ok entry that does not help, it is measured."""
+    from calibrun.analysis.recommend import Candidate, _outranked, _rank
+
+    three = Candidate(("quant.per_channel=true", "quant.activation_type=QInt16", "quant.weight_type=QInt16"), None)
+    pair = {"change": "quant.activation_type=QInt16 quant.weight_type=QInt16", "status_after": "ok", "after": 52.8,
+            "helps": True}
+    single = {"change": "quant.per_channel=true", "status_after": "degraded", "after": 12.9, "helps": True}
+    assert _outranked(three, [single, pair]) is pair
+    assert _outranked(Candidate(("a", "b"), None), [single, pair]) is None  # as few changes: could rank first
+    assert _outranked(three, [single]) is None
+    assert _outranked(three, [single, {**pair, "helps": False}]) is None
+    # whatever the skipped combination would have measured, ok or not, it ranks below the entry that outranked it
+    for status, value in (("ok", 99.0), ("degraded", 19.0), ("broken", 1.0)):
+        trial = {"change": three.change, "status_after": status, "after": value}
+        assert sorted([trial, pair], key=lambda e: _rank(e, 1.0))[0] is pair
