@@ -237,11 +237,14 @@ class Dense(Task):
         self.ref_pos += int(np.count_nonzero(ref))
         self.got_pos += int(np.count_nonzero(got))
 
+    keys = ("task.iou", "task.pixel_agreement")  # the IoU's and the agreement's metric names
+
     def metrics(self) -> dict[str, float]:
         if not self.total:
             return {}
-        return {"task.iou": self.inter / self.union if self.union else 1.0,
-                "task.pixel_agreement": self.agree / self.total,
+        iou, agreement = self.keys
+        return {iou: self.inter / self.union if self.union else 1.0,
+                agreement: self.agree / self.total,
                 "task.fp32_positive": self.ref_pos / self.total,
                 "task.int8_positive": self.got_pos / self.total}
 
@@ -255,14 +258,7 @@ class Decision(Dense):
     says is all of it; agreement over the rows would call it 97% right when 3% of the rows are yes)."""
 
     name = "decision"
-
-    def metrics(self) -> dict[str, float]:
-        if not self.total:
-            return {}
-        return {"task.decision_iou": self.inter / self.union if self.union else 1.0,
-                "task.decision_agreement": self.agree / self.total,
-                "task.fp32_positive": self.ref_pos / self.total,
-                "task.int8_positive": self.got_pos / self.total}
+    keys = ("task.decision_iou", "task.decision_agreement")
 
 
 class Custom(Task):
