@@ -1,6 +1,6 @@
 """Task metrics: does the int8 model still give the answers the fp32 model gives?
 
-`task=auto|none|classification|dense|custom` (conf/task/). Each task is a streaming accumulator: `update` is
+`task=auto|none|classification|dense|decision|custom` (conf/task/). Each task is a streaming accumulator: `update` is
 called once per evaluation batch with the fp32 and int8 outputs (dicts of numpy arrays by output name) and the
 batch's labels (or None); `metrics()` gives the floats, keyed `task.<name>`.
 
@@ -13,6 +13,8 @@ batch's labels (or None); `metrics()` gives the floats, keyed `task.<name>`.
 - dense: the fp32 and int8 maps thresholded at `task.threshold` (value > threshold): IoU of the two positive
   sets and the fraction of elements on which they agree, over every evaluation element (IoU 1.0 when neither
   map has a positive element; `task.fp32_positive` says how much there was).
+- decision: one probability per row (a Sigmoid's [N] or [N, 1]), the same counts as dense over rows:
+  `task.decision_iou` (the rows both models say yes to over the rows either does) and `task.decision_agreement`.
 - custom: `task.fn=module:function`, called once per evaluation batch as `fn(fp32_outputs, int8_outputs, labels)`
   and returning a dict of floats; each metric is the mean over batches weighted by the batch's rows.
 - auto: looks at every output (docs/tasks.md has the rules and examples). The class output is the one a
@@ -44,7 +46,7 @@ from calibrun.core.errors import CalibrunError, one_line
 
 log = logging.getLogger("calibrun")
 
-TASKS = ("auto", "none", "classification", "dense", "custom")
+TASKS = ("auto", "none", "classification", "dense", "decision", "custom")
 SHAPE_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 # metrics the report and older readers know by their plain names (kept beside task.<name>)
 LEGACY = {"task.top1_agreement": "top1_agreement", "task.fp32_accuracy": "fp32_accuracy",
@@ -604,8 +606,9 @@ def resolve(spec: TaskSpec, model_path, labels=None, classifier: bool | None = N
         if isinstance(task, Classification):
             task.read_classes(graph.model)
         return task
-    output = spec.output or _single([o.name for o in graph.outputs if graph.dense(o)]) or names[0]
-    return Dense(output, spec.threshold, f"task=dense on output {output!r}, threshold {spec.threshold}")
+    kind, found = (Dense, graph.dense) if spec.name == "dense" else (Decision, _decision)
+    output = spec.output or _single([o.name for o in graph.outputs if found(o)]) or names[0]
+    return kind(output, spec.threshold, f"task={spec.name} on output {output!r}, threshold {spec.threshold}")
 
 
 def _single(items: list):
@@ -795,7 +798,8 @@ def spec_of(cfg_task) -> TaskSpec:
                     top_k=cfg_task.top_k, fn=cfg_task.fn)
 
 
-__all__: Sequence[str] = ("TASKS", "TaskSpec", "Task", "Classification", "Dense", "Custom", "resolve", "legacy")
+__all__: Sequence[str] = ("TASKS", "TaskSpec", "Task", "Classification", "Dense", "Decision", "Custom", "resolve",
+                          "legacy")
 
 # --- config: this concept's options (the `task` node; calibrun.config assembles the schema) ---
 

@@ -463,3 +463,19 @@ def test_a_copy_for_another_measurement_shares_the_evaluation_rows_and_not_the_c
     scores = np.array([[0.9, 0.1], [0.2, 0.8]])
     clone.update({"p": scores}, {"p": scores}, None)
     assert (clone.predictions, task.predictions) == (2, 0)
+
+
+def test_task_decision_chooses_a_probability_per_row_outright(tmp_path):
+    """task=decision: the one output auto would take for a decision, or task.output (here a probability a ReduceMean
+    writes last, as Silero VAD's, which auto leaves to the SQNR rule)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    nodes = [helper.make_node("Sigmoid", ["x"], ["p"]),
+             helper.make_node("ReduceMean", ["p"], ["y"], axes=[1], keepdims=1)]
+    path = _save(tmp_path, nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])])
+    assert type(resolve(TaskSpec("auto"), path)) is Task
+    picked = resolve(TaskSpec("decision", output="y", threshold=0.3), path)
+    assert type(picked) is Decision
+    assert (picked.output, picked.threshold) == ("y", 0.3)
+    picked.update({"y": np.array([[0.1], [0.4], [0.9]])}, {"y": np.array([[0.35], [0.2], [0.8]])}, None)
+    assert picked.metrics()["task.decision_iou"] == pytest.approx(1 / 3)
+    assert picked.metrics()["task.decision_agreement"] == pytest.approx(1 / 3)
