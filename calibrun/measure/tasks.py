@@ -15,6 +15,9 @@ batch's labels (or None); `metrics()` gives the floats, keyed `task.<name>`.
   map has a positive element; `task.fp32_positive` says how much there was).
 - decision: one probability per row (a Sigmoid's [N] or [N, 1]), the same counts as dense over rows:
   `task.decision_iou` (the rows both models say yes to over the rows either does) and `task.decision_agreement`.
+  auto takes it only when it is the model's one output (or `task.output`): beside other outputs, a recurrent state
+  above all, the decision on a row fed fp32's state says nothing of the error the state carries to the next rows,
+  which the worst output's SQNR does see.
 - custom: `task.fn=module:function`, called once per evaluation batch as `fn(fp32_outputs, int8_outputs, labels)`
   and returning a dict of floats; each metric is the mean over batches weighted by the batch's rows.
 - auto: looks at every output (docs/tasks.md has the rules and examples). The class output is the one a
@@ -704,7 +707,8 @@ def _auto(graph: _Graph, spec: TaskSpec, facts: Labels | None, classifier: bool 
             if task is not None:
                 return task
     maps = [(o, why, Dense) for o in outputs if (why := graph.dense(o))]
-    maps += [(o, why, Decision) for o in outputs if (why := _decision(o))]
+    if len(outputs) == 1:  # a decision is the model's answer only where it is all the model gives (module docstring)
+        maps += [(o, why, Decision) for o in outputs if (why := _decision(o))]
     if len(maps) > 1:
         return Task(f"{len(maps)} outputs are probability maps or probabilities per row: "
                     f"{_names(repr(o.name) for o, _, _ in maps)}; measuring none of them (set task=dense "

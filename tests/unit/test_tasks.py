@@ -479,3 +479,15 @@ def test_task_decision_chooses_a_probability_per_row_outright(tmp_path):
     picked.update({"y": np.array([[0.1], [0.4], [0.9]])}, {"y": np.array([[0.35], [0.2], [0.8]])}, None)
     assert picked.metrics()["task.decision_iou"] == pytest.approx(1 / 3)
     assert picked.metrics()["task.decision_agreement"] == pytest.approx(1 / 3)
+
+
+def test_auto_takes_a_decision_only_when_it_is_the_models_one_output(tmp_path):
+    """Beside a state output, a row's decision (fed fp32's state) does not see the error the int8 state carries on:
+    auto leaves such a model to the worst output's SQNR; task.output names the probability to take it."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1])
+    nodes = [helper.make_node("Sigmoid", ["x"], ["p"]), helper.make_node("Tanh", ["x"], ["state"])]
+    outputs = [helper.make_tensor_value_info("p", TensorProto.FLOAT, ["N", 1]),
+               helper.make_tensor_value_info("state", TensorProto.FLOAT, ["N", 1])]
+    path = _save(tmp_path, nodes, [x], outputs)
+    assert type(resolve(TaskSpec("auto"), path)) is Task
+    assert type(resolve(TaskSpec("auto", output="p"), path)) is Decision
