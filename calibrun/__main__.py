@@ -4,20 +4,24 @@ installed package as calibrun.conf) drive calibrun.runner.main."""
 from __future__ import annotations
 
 import atexit
-import contextlib
 import gc
 import logging
 import sys
 from importlib import resources
 
-import hydra
-from omegaconf import DictConfig
+from calibrun.tracking import dispose_stores, writer
 
-from calibrun import runner
-from calibrun.config import register
-from calibrun.core import patches
-from calibrun.core.trust import check_callbacks
-from calibrun.sweep import report_full_disk
+if __name__ == "__main__":  # first: MLflow's import runs in the writer while Hydra is imported here
+    writer.start(sys.argv[1:])
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from calibrun import runner  # noqa: E402
+from calibrun.config import register  # noqa: E402
+from calibrun.core import patches  # noqa: E402
+from calibrun.core.trust import check_callbacks  # noqa: E402
+from calibrun.sweep import report_full_disk  # noqa: E402
 
 register()
 
@@ -105,15 +109,12 @@ def _quick_exit() -> None:
     collector. The interpreter's teardown otherwise walks every object of the imported libraries (MLflow,
     SQLAlchemy, matplotlib, ...) in repeated gc passes: 3-4 s of a 30 s lab sweep here, for memory the OS takes
     back anyway. Finalizers and exit handlers still run; only the cycle collector's final passes are skipped."""
-    store = sys.modules.get("mlflow.store.tracking.sqlalchemy_store")
-    engines = getattr(getattr(store, "SqlAlchemyStore", None), "_engine_map", None) or {}
-    for engine in list(engines.values()):
-        with contextlib.suppress(Exception):  # exiting: nothing left to report it to
-            engine.dispose()
+    dispose_stores()
     gc.freeze()
 
 
 def main() -> None:
+    writer.start(sys.argv[1:])  # (the `calibrun` command: the module was imported, not run)
     atexit.register(_quick_exit)
     patches.compose_once()
     sys.argv[1:] = normalise(sys.argv[1:])

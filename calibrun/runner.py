@@ -43,7 +43,9 @@ from calibrun.tracking.record import (
     close_earlier_runs,
     end_run,
     failed_params,
+    finished_under,
     open_job_tracker,
+    run_record,
     start_run,
     track,
 )
@@ -103,8 +105,8 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
         raise
     except Exception as exc:
         message = one_line(exc)
-        record = JobResult.failed(message, _plain_params(cfg), mlflow=None if run_id is None else
-                                  {"run_id": run_id, "experiment_id": tracker.experiment_id})
+        record = JobResult.failed(message, _plain_params(cfg),
+                                  mlflow=None if run_id is None else run_record(tracker, run_id))
         try:
             record.write(job_dir / RESULT_FILE)
         except Exception:  # a full disk: the record cannot be written, the run is closed all the same
@@ -127,7 +129,7 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
              m["max_abs_error"], bool(m["cache_hit"]), job_dir / RESULT_FILE)
     log.info(verdict.line(result.verdict))  # the job's last line: the headline
     if run_id is not None and sweep_dir is None:  # a sweep prints its parent run's link at its end
-        print(link_line(tracker.uri, tracker.experiment_id, run_filter(run_id)), file=sys.stderr)
+        print(link_line(tracker.uri, tracker.experiment_id, run_filter(tracker.resolve(run_id))), file=sys.stderr)
     return result
 
 
@@ -170,9 +172,7 @@ def _resumed(cfg: DictConfig, result: JobResult, job_dir: Path, job: Job, tracke
         tracked = False
         if previous:
             try:
-                earlier = tracker.client.get_run(previous)
-                tracked = earlier.info.status == "FINISHED" and \
-                    earlier.data.tags.get("mlflow.parentRunId") == job.parent.get("run_id")
+                tracked = tracker.run(finished_under, previous, job.parent.get("run_id"))
             except Exception:
                 tracked = False
         if not tracked:

@@ -303,6 +303,36 @@ def report_full_disk(exc: OSError, output_dir, filename: str) -> None:
 
 # --- the callback ------------------------------------------------------------------------------------------------
 
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def _parent_ready() -> None:
+    """The parent run's id in the sweep folder, for the jobs (PARENT_FILE). With the tracking writer
+    (calibrun.tracking.writer) the store is opened and the parent run started while Hydra validates the jobs'
+    configs (calibrun.core.patches.before_launch): this waits for them right before the first job is launched. An
+    error of the store stops the sweep here as it would have before: one line, no job launched, no folder left."""
+    config, sweep_dir, run_id, parent = _SWEEP.pop("parent")
+    tracker = _SWEEP["tracker"]
+    try:
+        run_id = tracker.resolve(run_id)
+        tracker.flush()  # the parent run's params: an error of the store is raised here, before any job
+        _SWEEP["run_id"] = run_id
+        write_json(sweep_dir / PARENT_FILE, {"run_id": run_id, "tracking_uri": tracker.uri,
+                                             "experiment_id": tracker.experiment_id, **parent})
+    except Exception as exc:
+        line = (str(exc) if isinstance(exc, CalibrunError) else
+                f"MLflow tracking store {resolve_uri(config.tracking.uri)}: {one_line(exc)}") + _closed_before_jobs()
+        if _SWEEP.get("created"):  # stopped before any job: leave no sweep folder behind
+            for name in ("multirun.yaml", LOCK_FILE):
+                with contextlib.suppress(OSError):
+                    (sweep_dir / name).unlink()
+            with contextlib.suppress(OSError):
+                sweep_dir.rmdir()
+        _SWEEP.clear()
+        _fail(line)
+    log.info("MLflow parent run %s in %s", run_id, tracker.uri)
+
+
 def _tracker(config: DictConfig, check: bool = False) -> Tracker | None:
     if not tracking_enabled(config):
         return None
@@ -396,7 +426,7 @@ class SweepCallback(Callback):
         _make_folder(sweep_dir, "hydra.sweep.dir")
         claim(sweep_dir)
         try:
-            self._start(config, sweep_dir)
+            self._start(config, sweep_dir, created)
         except SystemExit:
             if created:  # stopped before any job: leave no empty sweep folder behind
                 with contextlib.suppress(OSError):
@@ -404,7 +434,7 @@ class SweepCallback(Callback):
                     sweep_dir.rmdir()
             raise
 
-    def _start(self, config: DictConfig, sweep_dir: Path) -> None:
+    def _start(self, config: DictConfig, sweep_dir: Path, created: bool) -> None:
         earlier = earlier_jobs(sweep_dir)
         if earlier and not config.resume:
             _fail(f"sweep folder {sweep_dir} holds an earlier sweep ({', '.join(earlier[:4])}"
@@ -416,7 +446,7 @@ class SweepCallback(Callback):
         sys.excepthook = _excepthook  # an interrupt that reaches the top closes the parent run, in one line
         atexit.unregister(_close_if_open)
         atexit.register(_close_if_open)  # any other way out before the end callback closes it FAILED
-        _SWEEP.update(dir=sweep_dir, progress=SweepProgress(sweep_total(config)))
+        _SWEEP.update(dir=sweep_dir, progress=SweepProgress(sweep_total(config)), created=created)
         try:
             swept = swept_keys(config)
             # the settings every job shares, and every path the sweep names: a wrong one stops it before any job
@@ -427,15 +457,16 @@ class SweepCallback(Callback):
             if tracker is None:
                 return
             run_id = _parent_run(config, tracker, sweep_dir, swept)
-            write_json(sweep_dir / PARENT_FILE, {"run_id": run_id, "tracking_uri": tracker.uri,
-                                                 "experiment_id": tracker.experiment_id, "swept": swept,
-                                                 "values": sweep_values(config)})
         except CalibrunError as exc:
             _fail(str(exc) + _closed_before_jobs())
         except Exception as exc:  # the store failed past its check
             _fail(f"MLflow tracking store {resolve_uri(config.tracking.uri)}: {one_line(exc)}"
                   + _closed_before_jobs())
-        log.info("MLflow parent run %s in %s", run_id, tracker.uri)
+        _SWEEP["parent"] = (config, sweep_dir, run_id, {"swept": swept, "values": sweep_values(config)})
+        basic = OmegaConf.select(config, "hydra.sweeper._target_", default="") == BASIC_SWEEPER
+        if not (basic and patches.before_launch(_parent_ready)):
+            _parent_ready()
+
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         """Report, close the parent run, and exit 1 when a job failed or the report could not be built.
@@ -464,12 +495,12 @@ class SweepCallback(Callback):
             tracker = None
             try:
                 parent = json.loads(parent_file.read_text())
-                tracker = _SWEEP.get("tracker") or Tracker(parent["tracking_uri"], config.tracking.experiment)
+                tracker = _SWEEP.get("tracker") or open_tracker(parent["tracking_uri"], config.tracking.experiment)
                 for path in files:  # the report files and plots; the model bundle stays on disk
                     tracker.log_artifact(parent["run_id"], path, "report")
                 tracker.log(parent["run_id"], metrics=counts, tags={"calibrun.problems": str(len(problems))})
-                headline = summarise(tracker, parent["run_id"], sweep_dir, parent.get("swept", []), counts,
-                                     problems)
+                headline = tracker.run(summarise, parent["run_id"], sweep_dir, parent.get("swept", []), counts,
+                                       problems)
             except Exception as exc:
                 problems.append(f"MLflow parent run not complete: {one_line(exc)}")
             if tracker is not None:
@@ -501,7 +532,7 @@ def summarise(tracker: Tracker, parent_id: str, sweep_dir: Path, swept: list[str
     """On the parent run: the params every finished child shares, the best run (the report's headline metric and
     tie-break: calibrun.report.aggregate.best_of) and the best value per value of each swept key, and a description
     (`mlflow.note.content`, shown on the run's page) that sums the sweep up in Markdown. Returns the headline
-    (metric, 'lower'|'higher'), or None without a finished child."""
+    (metric, 'lower'|'higher'), or None without a finished child. Run where the store is (`Tracker.run`)."""
     from calibrun.report.aggregate import best_of, headline_of
 
     children = [r for r in tracker.client.search_runs(

@@ -74,13 +74,19 @@ def temp_name(target: Path, suffix: str) -> Path:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process `pid` runs. A zombie does not: a killed process whose parent died with it (the tracking
+    writer of a SIGKILLed run) waits to be reaped by init, which can take a while in a container."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in ("Z", "X")
 
 
 def remove_orphans(folder: str | os.PathLike) -> list[Path]:

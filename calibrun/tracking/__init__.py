@@ -21,9 +21,11 @@ import os
 import random
 import shutil
 import sqlite3
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlsplit
@@ -588,6 +590,18 @@ class Tracker:
     def log_table(self, run_id: str, table: dict, artifact_file: str) -> None:
         self.client.log_table(run_id, data=table, artifact_file=artifact_file)
 
+    def flush(self) -> None:
+        """Nothing: every call of this Tracker is done when it returns (the writer's are not)."""
+
+    def resolve(self, value):
+        """A run or model id as it is (the tracking writer's ids may be pending: calibrun.tracking.writer)."""
+        return value
+
+    def run(self, function: Callable[..., T], *args, **kwargs) -> T:
+        """`function(self, *args, **kwargs)`: a step that reads the store (the sweep's summary, a resumed job's earlier
+        runs) as one call, which the tracking writer runs where the store is open (calibrun.tracking.writer)."""
+        return function(self, *args, **kwargs)
+
     def status(self, run_id: str) -> str | None:
         """The run's status, or None when the store does not have it."""
         try:
@@ -652,13 +666,27 @@ _OPEN: dict[tuple[str, str], Tracker] = {}
 def open_tracker(uri: str, experiment: str, check: bool = False, http_timeout: float | None = None,
                  http_retries: int | None = None) -> Tracker:
     """A Tracker per (store, experiment) and process: the jobs of a sweep run in the sweep's process (or in a few
-    workers) and share one client and experiment lookup instead of one per job. `check=True` always checks."""
+    workers) and share one client and experiment lookup instead of one per job. `check=True` always checks.
+    Where this process started a tracking writer, the Tracker is the writer's (calibrun.tracking.writer)."""
+    from calibrun.tracking import writer
+
     key = (uri, experiment)
     if check or key not in _OPEN:
-        _OPEN[key] = Tracker(uri, experiment, check=check, http_timeout=http_timeout, http_retries=http_retries)
+        remote = writer.current()
+        _OPEN[key] = (Tracker if remote is None else partial(writer.RemoteTracker, remote))(
+            uri, experiment, check=check, http_timeout=http_timeout, http_retries=http_retries)
     else:
         http_settings(http_timeout, http_retries)
     return _OPEN[key]
+
+
+def dispose_stores() -> None:
+    """Close MLflow's pooled SQLite connections (the write-ahead log is checkpointed into the database), at exit."""
+    store = sys.modules.get("mlflow.store.tracking.sqlalchemy_store")
+    engines = getattr(getattr(store, "SqlAlchemyStore", None), "_engine_map", None) or {}
+    for engine in list(engines.values()):
+        with contextlib.suppress(Exception):  # exiting: nothing left to report it to
+            engine.dispose()
 
 
 def _model_name(name: str) -> str:

@@ -234,7 +234,8 @@ def track(tracker: Tracker, run_id: str, cfg: DictConfig, result: JobResult, job
         tracker.log_table(run_id, json.loads((job_dir / DIAGNOSTICS_FILE).read_text()), DIAGNOSTICS_FILE)
     if "recommendations" in result.files:
         tracker.log_artifact(run_id, job_dir / result.files["recommendations"])
-    result.mlflow = {"run_id": run_id, "experiment_id": tracker.experiment_id, "model_id": model_id}
+    result.mlflow = {"run_id": tracker.resolve(run_id), "experiment_id": tracker.experiment_id,
+                     "model_id": tracker.resolve(model_id)}
 
 
 def close_earlier_runs(tracker: Tracker, job: Job) -> None:
@@ -245,15 +246,39 @@ def close_earlier_runs(tracker: Tracker, job: Job) -> None:
     parent = job.parent.get("run_id")
     if not parent or job.job_num is None:
         return
+    for run_id, status in tracker.run(_close_earlier, parent, job.job_num):
+        log.info("resume=true: job %s's earlier MLflow run %s (%s, its job not complete) closed FAILED",
+                 job.job_num, run_id, status)
+
+
+def _close_earlier(tracker: Tracker, parent: str, job_num: int) -> list[tuple[str, str]]:
     found = tracker.client.search_runs(
-        [tracker.experiment_id], f"tags.mlflow.parentRunId = '{parent}' and tags.calibrun.job_num = '{job.job_num}'",
+        [tracker.experiment_id], f"tags.mlflow.parentRunId = '{parent}' and tags.calibrun.job_num = '{job_num}'",
         max_results=1000)
+    closed = []
     for earlier in found:
         if earlier.info.status in ("FINISHED", "RUNNING"):
             tracker.log(earlier.info.run_id, tags={"calibrun.superseded": "true"})
             tracker.finish(earlier.info.run_id, "FAILED")
-            log.info("resume=true: job %s's earlier MLflow run %s (%s, its job not complete) closed FAILED",
-                     job.job_num, earlier.info.run_id, earlier.info.status)
+            closed.append((earlier.info.run_id, earlier.info.status))
+    return closed
+
+
+def finished_under(tracker: Tracker, run_id: str, parent_id: str | None) -> bool:
+    """Whether the store holds run `run_id` FINISHED under the parent run `parent_id` (a resumed job's earlier run)."""
+    try:
+        earlier = tracker.client.get_run(run_id)
+    except Exception:
+        return False
+    return earlier.info.status == "FINISHED" and earlier.data.tags.get("mlflow.parentRunId") == parent_id
+
+
+def run_record(tracker: Tracker, run_id) -> dict | None:
+    """result.json's `mlflow` of a failed job: its run's ids, or None when the store never gave them."""
+    try:
+        return {"run_id": tracker.resolve(run_id), "experiment_id": tracker.experiment_id}
+    except Exception:
+        return None
 
 
 def failed_params(cfg: DictConfig) -> dict:
@@ -269,4 +294,5 @@ def end_run(tracker: Tracker, run_id: str, status: str) -> None:
     refuses twice is named in a warning."""
     error = tracker.close(run_id, status)
     if error is not None:
-        log.warning("MLflow run %s could not be marked %s: %s", run_id, status, one_line(error))
+        shown = run_id if isinstance(run_id, str) else "of the job"  # (a run the writer never started)
+        log.warning("MLflow run %s could not be marked %s: %s", shown, status, one_line(error))

@@ -340,3 +340,26 @@ def test_calibtool_restores_the_process_hooks_it_installs(tmp_path, capsys, sign
     assert "calibtool: error:" in capsys.readouterr().err
     assert sys.unraisablehook is own_hook
     assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
+
+
+def test_a_killed_process_that_waits_to_be_reaped_leaves_orphans_to_remove(tmp_path):
+    """A zombie is gone: the tracking writer of a SIGKILLed run waits for init to reap it (~1 s in a container)
+    while the next run removes the temp store it left."""
+    import subprocess
+    import sys
+
+    from calibrun.core.files import remove_orphans, temp_name
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        orphan = Path(str(temp_name(tmp_path / "mlflow.db", ".tmp")).replace(f".{os.getpid()}.", f".{child.pid}."))
+        orphan.mkdir()
+        assert remove_orphans(tmp_path) == []  # its process runs
+        child.kill()
+        time.sleep(0.2)
+        assert Path(f"/proc/{child.pid}").exists()  # not reaped: a zombie
+        assert remove_orphans(tmp_path) == [orphan]
+        assert not orphan.exists()
+    finally:
+        child.kill()
+        child.wait()

@@ -207,11 +207,12 @@ def test_one_folder_is_never_shared_nor_reused_without_resume(outcomes):
 
 
 def test_sigterm_during_a_single_run_ends_its_run_killed(tmp_path):
-    """A single run (no -m) that calibrates long enough to be caught working, then SIGTERM."""
+    """A single run (no -m) that calibrates long enough to be caught working, then SIGTERM. (100000 batches: the
+    tracking writer starts the run while the job computes, ~2 s in, and 20000 batches were done by then.)"""
     fresh(tmp_path)
     run_dir = tmp_path / "run"
     with open(tmp_path / "single.err", "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "calibrun", "batches=20000", f"hydra.run.dir={run_dir}",
+        proc = subprocess.Popen([sys.executable, "-m", "calibrun", "batches=100000", f"hydra.run.dir={run_dir}",
                                  f"cache.dir={tmp_path / 'cache'}"], cwd=tmp_path, env=env_for(tmp_path),
                                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     try:

@@ -1,0 +1,104 @@
+"""The tracking writer (calibrun.tracking.writer) in real `python -m calibrun` processes (plain subprocesses: the
+suite's forked CLI runs have MLflow preloaded and keep it in-process): the calibrun process never imports MLflow,
+and a writer killed in the middle of a sweep fails the job it could not record, closes its run, and the sweep
+records the rest."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from tests.conftest import clean_env
+from tests.stores import fresh_mlflow_store
+
+pytestmark = pytest.mark.slow
+
+# calibrun as `python -m calibrun` runs it, telling at exit whether MLflow was imported in its process
+WRAPPER = ("import atexit, runpy, sys\n"
+           "atexit.register(lambda: print('mlflow imported:', 'mlflow' in sys.modules, file=sys.stderr))\n"
+           "runpy.run_module('calibrun', run_name='__main__', alter_sys=True)\n")
+
+
+def sweep(tmp: Path, *overrides: str) -> subprocess.Popen:
+    uri = fresh_mlflow_store(tmp)
+    return subprocess.Popen([sys.executable, "-c", WRAPPER, "-m", f"hydra.sweep.dir={tmp / 'sweep'}",
+                             f"cache.dir={tmp / 'cache'}", *overrides], cwd=tmp,
+                            env=clean_env(MLFLOW_TRACKING_URI=uri), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def results(tmp: Path) -> dict[str, dict]:
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted((tmp / "sweep").glob("*/result.json"))}
+
+
+def runs(tmp: Path) -> list:
+    client = MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
+    return client.search_runs([client.get_experiment_by_name("calibrun").experiment_id], max_results=1000)
+
+
+def test_a_tracked_sweep_never_imports_mlflow_in_the_calibrun_process(tmp_path):
+    proc = sweep(tmp_path, "calibration=narrow,match")
+    _, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "mlflow imported: False" in stderr
+    found = {r.info.run_id: r for r in runs(tmp_path)}
+    jobs = results(tmp_path)
+    assert len(jobs) == 2
+    assert len(found) == 3
+    assert all(r.info.status == "FINISHED" for r in found.values())
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    for job, result in jobs.items():
+        run = found[result["mlflow"]["run_id"]]
+        assert run.data.tags["calibrun.job_dir"] == str(tmp_path / "sweep" / job)
+        assert run.data.tags["mlflow.source.name"].endswith(str(Path("calibrun", "__main__.py")))  # not the writer
+        assert run.data.metrics["max_abs_error"] == result["metrics"]["max_abs_error"]
+        assert client.get_logged_model(result["mlflow"]["model_id"]).source_run_id == run.info.run_id
+
+
+def writer_of(pid: int) -> int | None:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"calibrun.tracking.writer" in cmdline:
+                return int(entry.name)
+    return None
+
+
+def test_a_writer_killed_mid_sweep_fails_the_job_it_could_not_record_and_the_rest_are_recorded(tmp_path):
+    proc = sweep(tmp_path, "calibration=narrow,match,wide", "batches=1,8,64,512")
+    end = time.monotonic() + 180
+    while not results(tmp_path):  # the first job is recorded: kill the writer while the others run
+        assert proc.poll() is None
+        assert time.monotonic() < end
+        time.sleep(0.02)
+    pid = writer_of(proc.pid)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=240)
+    jobs = results(tmp_path)
+    assert len(jobs) == 12
+    failed = {job: r for job, r in jobs.items() if r["status"] != "ok"}
+    assert len(failed) == 1, stderr[-3000:]  # the job whose call met the dead writer; the next ones are recorded
+    (error,) = [r["error"] for r in failed.values()]
+    assert f"the MLflow tracking writer (pid {pid}) died" in error
+    assert proc.returncode == 1
+    assert "1 problem(s)" in stderr
+    found = {r.info.run_id: r for r in runs(tmp_path)}
+    assert [r.info.run_name for r in found.values() if r.info.status == "RUNNING"] == []  # nothing left RUNNING
+    for _job, result in jobs.items():
+        if result["status"] == "ok":
+            assert found[result["mlflow"]["run_id"]].info.status == "FINISHED"
+    lost = [r for r in found.values() if r.data.tags.get("calibrun.job_dir", "").endswith(f"/{next(iter(failed))}")]
+    assert [r.info.status for r in lost] in ([], ["FAILED"])  # its run, if the writer had started it, closed FAILED
