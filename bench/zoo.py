@@ -7,12 +7,14 @@ calibrun's verdict and best recommendation set against that check. Not a test: i
     python bench/zoo.py --json zoo.json          # also the table as JSON
     python bench/zoo.py --held-out               # only the held-out models (docs/zoo.md)
     python bench/zoo.py --change quant.per_channel=true   # also judge calibrun's job with that change
+    python bench/zoo.py --tracked --no-rerun     # calibrun's job tracked in an SQLite store, as users run it
 
 Per model:
 (a) bare: a child process runs onnxruntime's quantize_static (MinMax, QDQ, QInt8 activations and weights, the
     calibration rows through a CalibrationDataReader, 16 rows a read) and then the fp32 and int8 models over the
     evaluation rows; wall time and peak RSS from os.wait4;
-(b) calibrun: `python -m calibrun <the zoo's overrides> tracking=off` (a fresh cache folder), the same way;
+(b) calibrun: `python -m calibrun <the zoo's overrides> tracking=off` (a fresh cache folder), the same way; with
+    `--tracked`, tracked into WORK/mlflow.db (the store created before any timing) through the tracking writer;
 (c) the independent check on both int8 models (bare: `bare_label`; calibrun's job folder `int8.onnx`: `label`);
 (d) result.json's `verdict` (status) and the first of its `recommendations`: calibrun is run again with that change
     appended and its int8 model (`int8_fallback.onnx` where the change made one) is judged by the check again.
@@ -108,9 +110,13 @@ def _error_line(log_path: Path) -> str:
     return lines[-1][-300:] if lines else "(no output)"
 
 
+TRACKED: list[str] = []  # `--tracked`: the default job's tracking overrides (else tracking=off)
+
+
 def _calibrun(overrides: list[str], work: Path, run: str) -> tuple[dict, dict | None]:
     job = work / run
-    usage = _measured([sys.executable, "-m", "calibrun", *overrides, "tracking=off", f"cache.dir={work / 'cache'}",
+    tracking = TRACKED if TRACKED and run == "job" else ["tracking=off"]
+    usage = _measured([sys.executable, "-m", "calibrun", *overrides, *tracking, f"cache.dir={work / 'cache'}",
                        f"hydra.run.dir={job}"], ROOT, work / f"{run}.log")
     result = None
     if (job / "result.json").is_file():
@@ -242,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the rows and goals as JSON here")
     parser.add_argument("--work", type=Path, default=None, help="work folder (default: a new temp folder)")
     parser.add_argument("--no-rerun", action="store_true", help="do not re-run calibrun with its recommendation")
+    parser.add_argument("--tracked", action="store_true",
+                        help="track calibrun's default job in WORK/mlflow.db (SQLite) instead of tracking=off")
     parser.add_argument("--change", default=None,
                         help="also re-run calibrun with these overrides (e.g. quant.per_channel=true) and judge it; "
                              "printed apart, never counted as calibrun's recommendation")
@@ -253,6 +261,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.held_out:
         names = [n for n in names if ZOO[n].held_out]
     work = args.work or Path(tempfile.mkdtemp(prefix="calibrun-zoo-"))
+    if args.tracked:
+        from calibrun.tracking import Tracker
+
+        work.mkdir(parents=True, exist_ok=True)
+        uri = f"sqlite:///{(work / 'mlflow.db').resolve()}"
+        Tracker(uri, "calibrun", check=True)  # the store created and migrated here, not in a timed job
+        TRACKED[:] = [f"tracking.uri={uri}"]
     log(f"zoo bench: {len(names)} models in {work}; {machine_line()}")
     rows = []
     for name in names:

@@ -41,6 +41,7 @@ from calibrun.tracking.record import (
     Job,
     calibration_identity,
     close_earlier_runs,
+    complete_job,
     end_run,
     failed_params,
     finished_under,
@@ -90,13 +91,18 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
         analysis.attach(ctx, result)
         if recommend.enabled(cfg, multirun=sweep_dir is not None):
             recommend.attach(ctx, result)
+        later = run_id is not None and sweep_dir is not None and tracker.pipelined
         if run_id is not None:
-            track(tracker, run_id, cfg, result, job_dir, job)
+            model_id = track(tracker, run_id, cfg, result, job_dir, job, resolve=not later)
             analysis.log_to(tracker, run_id, job_dir, result)
-        result.write(job_dir / RESULT_FILE)
-        if run_id is not None:
-            tracker.log_artifact(run_id, job_dir / RESULT_FILE)
-            tracker.finish(run_id)
+        if later:  # the writer ends the record (result.json, the run) while the next job computes
+            tracker.complete(complete_job, run_id, model_id, result, job_dir / RESULT_FILE,
+                             (job_num, _plain_params(cfg), failed_params(cfg)))
+        else:
+            result.write(job_dir / RESULT_FILE)
+            if run_id is not None:
+                tracker.log_artifact(run_id, job_dir / RESULT_FILE)
+                tracker.finish(run_id)
     except KeyboardInterrupt as exc:
         interrupts.acknowledge()
         if run_id is not None:

@@ -477,6 +477,11 @@ class SweepCallback(Callback):
         problems: list[str] = []
         files: list[Path] = []
         counts = {}
+        if _SWEEP.get("tracker") is not None:  # the tracking writer ends the last jobs' records (result.json) first
+            try:
+                _SWEEP["tracker"].flush()
+            except Exception as exc:
+                problems.append(f"MLflow parent run not complete: {one_line(exc)}")
         try:
             from calibrun.report.aggregate import build  # inside the try: any failure here must still close the parent
 

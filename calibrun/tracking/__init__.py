@@ -590,6 +590,8 @@ class Tracker:
     def log_table(self, run_id: str, table: dict, artifact_file: str) -> None:
         self.client.log_table(run_id, data=table, artifact_file=artifact_file)
 
+    pipelined = False  # a sweep job waits for its record (calibrun.tracking.writer.RemoteTracker does not)
+
     def flush(self) -> None:
         """Nothing: every call of this Tracker is done when it returns (the writer's are not)."""
 

@@ -216,9 +216,11 @@ def open_job_tracker(cfg: DictConfig, job: Job, check: bool = False) -> Tracker 
                    http_retries=cfg.tracking.get("http_retries"))
 
 
-def track(tracker: Tracker, run_id: str, cfg: DictConfig, result: JobResult, job_dir: Path, job: Job) -> None:
+def track(tracker: Tracker, run_id: str, cfg: DictConfig, result: JobResult, job_dir: Path, job: Job,
+          resolve: bool = True):
     """Everything but result.json onto the job's run: params, datasets, the int8 model as a LoggedModel (the
-    run's metrics linked to it), metrics, tags, files. Records the ids in result.mlflow."""
+    run's metrics linked to it), metrics, tags, files. Records the ids in result.mlflow (with `resolve`: else the
+    writer records them, `complete_job`); returns the model id."""
     tracker.log(run_id, params=mlflow_params(cfg, result),
                 tags={"calibrun.cache_key": result.cache_key, "calibrun.model_file": result.params["model_file"],
                       **diagnosis_tags(result), **verdict_tags(result), **output_tags(job_dir / "int8.onnx")})
@@ -234,8 +236,10 @@ def track(tracker: Tracker, run_id: str, cfg: DictConfig, result: JobResult, job
         tracker.log_table(run_id, json.loads((job_dir / DIAGNOSTICS_FILE).read_text()), DIAGNOSTICS_FILE)
     if "recommendations" in result.files:
         tracker.log_artifact(run_id, job_dir / result.files["recommendations"])
-    result.mlflow = {"run_id": tracker.resolve(run_id), "experiment_id": tracker.experiment_id,
-                     "model_id": tracker.resolve(model_id)}
+    if resolve:
+        result.mlflow = {"run_id": tracker.resolve(run_id), "experiment_id": tracker.experiment_id,
+                         "model_id": tracker.resolve(model_id)}
+    return model_id
 
 
 def close_earlier_runs(tracker: Tracker, job: Job) -> None:
@@ -271,6 +275,54 @@ def finished_under(tracker: Tracker, run_id: str, parent_id: str | None) -> bool
     except Exception:
         return False
     return earlier.info.status == "FINISHED" and earlier.data.tags.get("mlflow.parentRunId") == parent_id
+
+
+def complete_job(tracker: Tracker, run: tuple[bool, object], model: tuple[bool, object], result: JobResult,
+                 path: Path, failure: tuple[str | None, dict, dict], died: Exception | None = None) -> str | None:
+    """The end of a sweep job's record, in the tracking writer while the sweep's next job computes
+    (calibrun.runner): when every call of the run succeeded, result.json (ok, with the run's ids) and the run
+    FINISHED; else what the runner does for a failed job: result.json failed, the error on the run, the run FAILED,
+    and the job's error line. `run` and `model` are (ok, id or error) as the writer resolved them. With `died` (the
+    writer died before saying it had ended this record; calibrun's process does it instead): a record that is
+    complete (result.json ok, its run FINISHED) is kept, any other fails with `died`. The error, or None."""
+    from calibrun.tracking import writer
+
+    (run_ok, run_id), (model_ok, model_id) = run, model
+    if died is not None:
+        try:
+            written = (JobResult.read(path).mlflow or {}).get("run_id") if JobResult.read(path).ok else None
+        except (OSError, ValueError, KeyError, TypeError):
+            written = None
+        if written and tracker.status(written) == "FINISHED":
+            return None
+        if written and not run_ok:
+            run_ok, run_id = True, written
+        error = died
+    else:
+        error = run_id if not run_ok else model_id if not model_ok else writer.run_failed(run_id)
+    if error is None:
+        try:
+            result.mlflow = {"run_id": run_id, "experiment_id": tracker.experiment_id, "model_id": model_id}
+            result.write(path)
+            tracker.log_artifact(run_id, path)
+            tracker.finish(run_id)
+            return None
+        except Exception as exc:
+            error = exc
+    job_num, plain, params = failure
+    message = one_line(error)
+    JobResult.failed(message, plain, mlflow={"run_id": run_id, "experiment_id": tracker.experiment_id}
+                     if run_ok else None).write(path)
+    if run_ok:
+        try:
+            tracker.log(run_id, params=params, tags={"calibrun.error": message[:5000]})
+            tracker.log_artifact(run_id, path)
+        except Exception as exc:
+            log.warning("job %s: the error could not be logged to MLflow: %s", job_num, one_line(exc))
+        finally:
+            end_run(tracker, run_id, "FAILED")
+    log.error("job %s failed: %s", job_num, message)
+    return message
 
 
 def run_record(tracker: Tracker, run_id) -> dict | None:

@@ -2,29 +2,31 @@
 
 Importing MLflow and its SQLAlchemy store costs ~2 s of CPU in a fresh process, and a tracked run used to pay it in
 line, before its first job. `python -m calibrun` now starts this writer first thing (`start`): a child process
-that imports MLflow on the other core while the parent imports Hydra, composes the config and validates it. Every
-tracking call of the parent then goes to the writer (`RemoteTracker`, the interface of
-`calibrun.tracking.Tracker`), which holds the real Tracker and answers each call in order, and the parent process
-never imports MLflow.
+that imports MLflow on the other core while the parent imports Hydra, composes and validates the config and
+computes. Every tracking call of the parent goes to the writer (`RemoteTracker`, the interface of
+`calibrun.tracking.Tracker`), which holds the real Tracker and serves the calls in order; the parent process never
+imports MLflow.
 
-Each call waits for its answer, so every guarantee is the in-process Tracker's: a store that cannot be used stops a
-run before anything is written, result.json says ok only once tracking succeeded, and an error of the store fails
-the job with the same one-line message. Compound steps that read the store (the sweep's summary, a resumed job's
-earlier runs) run inside the writer through `Tracker.run(function, ...)`.
+Nothing waits until an answer is needed (`RemoteTracker`): run and model ids are `Pending` until resolved, logging
+calls return at once and their errors are raised by the next call that waits (a run's `finish` at the latest), so
+result.json still says ok only once tracking succeeded and a store error still fails the job with its one line.
+Steps that read the store (the sweep's summary, a resumed job's earlier runs) run inside the writer through
+`Tracker.run(function, ...)`.
 
 The writer ignores SIGINT and SIGTERM (the parent catches them and asks it to close the runs KILLED) and exits when
 the parent says so or its pipe closes (the parent died). A writer that dies fails the call in flight with one line
 naming it (the job fails, as on any tracking error); the parent then opens the store itself for every later call,
 so the failed job's run is still closed FAILED and the next jobs are recorded.
 
-Only where jobs run in the process that started it (a single run, the basic launcher's sweep): joblib, Ray and
-SLURM workers are processes of their own and keep an in-process Tracker (each imports MLflow once).
-`CALIBRUN_TRACKING_WRITER=off` keeps MLflow in the calibrun process (as before; the bench compares both).
+Only where it pays (`wanted`): not with tracking=off, not where MLflow is imported already, not in a launcher's
+workers (joblib, Ray, SLURM: processes of their own, each with an in-process Tracker), and not with
+`CALIBRUN_TRACKING_WRITER=off` (the bench compares both). docs/tracking.md has the user's view.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import signal
@@ -93,6 +95,14 @@ class Pending:
         return f"<pending answer {self.seq}>"
 
 
+class Outcome:
+    """An argument the writer hands over as (True, value) or (False, error) instead of failing the call: a Pending
+    id whose request may have failed (`complete_job` records a job whose run never started)."""
+
+    def __init__(self, value):
+        self.value = value
+
+
 class Writer:
     """The parent's end: the child process, the two pipes, and the answers read but not yet claimed."""
 
@@ -112,13 +122,16 @@ class Writer:
         self._claimable: set[int] = set()
         self._read = 0  # the last answer read (they come in order)
         self._errors: list[Exception] = []  # errors of requests nobody waits for, raised by the next wait
+        self._owned = 0  # requests up to this one: their errors are the writer's to record (`complete`)
         self.used = False
         self.dead: str | None = None
 
     def submit(self, op: str, *payload, claim: bool = False) -> int:
-        """Send one request without waiting; its number. Its answer is kept when `claim`, else only its error."""
+        """Send one request without waiting; its number. Its answer is kept when `claim`, else only its error. The
+        answers that arrived meanwhile are read first: the writer's replies never pile up in the pipe."""
         if self.dead is not None:
             raise WriterDied(self.dead)
+        self._drain()
         self._seq += 1
         self.used = True
         if claim:
@@ -132,27 +145,19 @@ class Writer:
     def answer(self, seq: int, errors: bool = True):
         """Wait for the answer of request `seq` (an interrupt waits only while nothing is read: `poll`). With
         `errors`, the error of an earlier request nobody waited for is raised first."""
-        from calibrun.core import interrupts
-
         while seq not in self._answers:
             if self.dead is not None:
                 raise WriterDied(self.dead)
             if seq <= self._read:
                 raise RuntimeError(f"answer {seq} of the tracking writer was read already")
             try:
-                if not self._recv.poll(0.5):
-                    if self.proc.poll() is not None:
-                        self._died(None)
-                    continue
-                with interrupts.deferred():  # a message is never read in half
-                    got, ok, value = self._recv.recv()
+                ready = self._recv.poll(0.5)
             except (EOFError, OSError) as exc:
                 self._died(exc)
-            self._read = got
-            if got in self._claimable or got == seq:
-                self._answers[got] = (ok, value)
-            elif not ok:
-                self._errors.append(_error(value))
+            if ready:
+                self._read_one(seq)
+            elif self.proc.poll() is not None:
+                self._died(None)
         self._claimable.discard(seq)
         ok, value = self._answers.pop(seq)
         if errors and self._errors:
@@ -160,6 +165,39 @@ class Writer:
         if not ok:
             raise _error(value)
         return value
+
+    def _drain(self) -> None:
+        """Read the answers already there, without waiting."""
+        try:
+            while self._recv.poll(0):
+                self._read_one(None)
+        except (EOFError, OSError) as exc:
+            self._died(exc)
+
+    def _read_one(self, waited: int | None) -> None:
+        from calibrun.core import interrupts
+
+        try:
+            with interrupts.deferred():  # a message is never read in half
+                got, ok, value = self._recv.recv()
+        except (EOFError, OSError) as exc:
+            self._died(exc)
+        self._read = got
+        if got in self._claimable or got == waited:
+            self._answers[got] = (ok, value)
+        elif not ok and got <= self._owned:
+            log.debug("tracking writer: request %d failed (recorded by the writer): %s", got, value[1])
+        elif not ok:
+            self._errors.append(_error(value))
+
+    def answered(self, seq: int) -> bool:
+        """Whether the answer of request `seq` (a claimed one) has been read."""
+        return seq in self._answers
+
+    def own_errors(self, upto: int) -> None:
+        """The errors of requests up to `upto` are recorded by the writer itself: not raised here."""
+        self._owned = upto
+        self._errors = []
 
     def forget_errors(self) -> list[Exception]:
         errors, self._errors = self._errors, []
@@ -223,6 +261,7 @@ class RemoteTracker:
         self._writer, self._key = writer, (uri, experiment)
         self._options = (http_timeout, http_retries)
         self._local = None
+        self._completions: dict[int, tuple] = {}  # job records the writer ends (`complete`), by request
         self.uri = uri
         if check:
             from calibrun.core.errors import one_line
@@ -260,7 +299,7 @@ class RemoteTracker:
             value.value, value.known = self._writer.answer(value.seq, errors=False), True
             return value.value
         except WriterDied as exc:
-            self._local = self._open_here()
+            self._lost(exc)
             raise _calibrun_error(str(exc)) from None
 
     def _call(self, method: str, args: tuple, kwargs: dict, wait: bool = True):
@@ -279,7 +318,7 @@ class RemoteTracker:
                 return pending
             return None if method in NO_WAIT and not wait else self._writer.answer(seq)
         except WriterDied as exc:
-            self._local = self._open_here()
+            self._lost(exc)
             raise _calibrun_error(f"{exc}; its {_what(method, args)} did not complete") from None
 
     def _open_here(self, check: bool = False):
@@ -289,9 +328,49 @@ class RemoteTracker:
         timeout, retries = self._options
         return Tracker(*self._key, check=check, http_timeout=timeout, http_retries=retries)
 
+    pipelined = True  # a sweep job's record is ended by the writer while the next job computes (`complete`)
+
     def flush(self) -> None:
         """Wait until the writer has done every call sent so far; the first error among them is raised."""
         self.run(_nothing)
+
+    def complete(self, function, run_id, model_id, *args) -> None:
+        """`function(tracker, run, model, *args)` in the writer, without waiting: it ends a job's record
+        (calibrun.tracking.record.complete_job) and records the errors of the job's calls before it, which are
+        therefore not raised here. `run` and `model` arrive as (ok, id or error)."""
+        if self._local is not None:
+            outcome = [self._outcome_here(v) for v in (run_id, model_id)]
+            function(self._local, *outcome, *args)
+            return
+        self._completions = {seq: c for seq, c in self._completions.items() if not self._writer.answered(seq)}
+        try:
+            seq = self._writer.submit("call", self._key, "run", (function, Outcome(run_id), Outcome(model_id), *args),
+                                      {}, claim=True)
+        except WriterDied as exc:
+            self._lost(exc)
+            raise _calibrun_error(f"{exc}; its {_what('run', (function,))} did not complete") from None
+        self._writer.own_errors(seq)
+        self._completions[seq] = (function, run_id, model_id, args)
+
+    def _lost(self, exc: WriterDied) -> None:
+        """The writer died: the store opened here for every later call, and the jobs whose record it had not ended
+        failed here (result.json failed, their runs closed FAILED): none is lost."""
+        self._local = self._open_here()
+        with contextlib.suppress(WriterDied):
+            self._writer._drain()  # what it answered before it died
+        died = _calibrun_error(f"{exc} before this job's record was complete")
+        for seq, (function, run_id, _, args) in sorted(self._completions.items()):
+            if self._writer.answered(seq):
+                continue
+            run = self._outcome_here(run_id)
+            function(self._local, run if run[0] else (False, died), (True, None), *args, died=died)
+        self._completions = {}
+
+    def _outcome_here(self, value) -> tuple[bool, object]:
+        try:
+            return True, self.resolve(value)
+        except Exception as exc:
+            return False, exc
 
     def run(self, function, *args, **kwargs):
         """`function(tracker, *args, **kwargs)` with the writer's Tracker (a module-level function: it is pickled by
@@ -344,9 +423,43 @@ def _what(method: str, args: tuple) -> str:
 
 # --- the child ---
 
+RUN_ERRORS: dict[str, Exception] = {}  # in the writer: the first failed logging call of each run
+_LOGGING = frozenset({"log", "log_datasets", "log_model", "log_artifact", "log_table"})
+
+
+def run_failed(run_id: str) -> Exception | None:
+    """In the writer: the first error of a logging call of run `run_id` (taken: asked once, by `complete_job`)."""
+    return RUN_ERRORS.pop(run_id, None)
+
+
 def _serve(requests: Connection, replies: Connection) -> None:
     """Answer each request in order. A Pending argument is the value of the request it names (its error, when that
-    request failed: a run that was never started is not logged to)."""
+    request failed: a run that was never started is not logged to). The answers go out through a thread of their
+    own, so that serving never waits for the parent to read them (it may be sending a request at that moment)."""
+    import queue
+    import threading
+
+    outbox: queue.SimpleQueue = queue.SimpleQueue()
+
+    def send_answers() -> None:
+        while (reply := outbox.get()) is not None:
+            try:
+                replies.send(reply)
+            except OSError:  # the parent is gone
+                return
+            except Exception as exc:  # an answer that cannot be pickled: its error instead
+                replies.send((reply[0], False, (type(exc).__name__, f"the answer could not be sent: {exc}")))
+
+    sender = threading.Thread(target=send_answers, name="answers", daemon=True)
+    sender.start()
+    try:
+        _answer(requests, outbox)
+    finally:
+        outbox.put(None)
+        sender.join()
+
+
+def _answer(requests: Connection, outbox) -> None:
     from calibrun.core.errors import CalibrunError, one_line
     from calibrun.tracking import open_tracker
     from calibrun.tracking import writer as this  # (this file runs as __main__: its classes are the module's)
@@ -355,6 +468,11 @@ def _serve(requests: Connection, replies: Connection) -> None:
     done: dict[int, tuple[bool, object]] = {}  # answers later requests may name: values that are not None, errors
 
     def value_of(arg):
+        if isinstance(arg, this.Outcome):
+            try:
+                return True, value_of(arg.value)
+            except Exception as exc:
+                return False, exc
         if not isinstance(arg, this.Pending):
             return arg
         ok, value = done.get(arg.seq, (True, None))
@@ -388,15 +506,14 @@ def _serve(requests: Connection, replies: Connection) -> None:
             reply = (seq, True, value)
         except Exception as exc:
             done[seq] = (False, exc)
+            if op == "call" and method in _LOGGING and args and isinstance(args[0], str):  # (the run existed)
+                this.RUN_ERRORS.setdefault(args[0], exc)
             reply = (seq, False, ("CalibrunError" if isinstance(exc, CalibrunError) else type(exc).__name__,
                                   str(exc)))
         else:
             if value is not None:
                 done[seq] = (True, value)
-        try:
-            replies.send(reply)
-        except (BrokenPipeError, OSError):
-            return
+        outbox.put(reply)
 
 
 def _main(argv: list[str]) -> None:
