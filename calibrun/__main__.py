@@ -26,9 +26,6 @@ from calibrun.sweep import report_full_disk  # noqa: E402
 register()
 
 CONFIG_PACKAGE = "calibrun.conf"
-# flags that only show something (help, config, info): a preset without -m is fine with them
-_SHOW_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve", "--shell-completion",
-               "-sc", "--version"}
 
 
 @hydra.main(version_base=None, config_path=f"pkg://{CONFIG_PACKAGE}", config_name="config")
@@ -51,7 +48,7 @@ def preset_sweep(name: str) -> list[str] | None:
 
 def check_preset_mode(argv: list[str]) -> str | None:
     """A preset that is a sweep needs -m: the one line that says so, or None."""
-    if "-m" in argv or "--multirun" in argv or _SHOW_FLAGS & set(argv) or any(a.startswith("hydra.mode=")
+    if "-m" in argv or "--multirun" in argv or writer.SHOW_FLAGS & set(argv) or any(a.startswith("hydra.mode=")
                                                                                for a in argv):
         return None
     for arg in argv:

@@ -39,8 +39,9 @@ _WRITER: Writer | None = None
 ENV = "CALIBRUN_TRACKING_WRITER"
 EXIT_WAIT = 30.0  # seconds the parent waits, at its exit, for the writer to end the store's session
 _NO_TRACKING = ("tracking=off", "tracking.name=off")
-_SHOW_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve", "--shell-completion",
-               "-sc", "--version"}
+# Hydra's flags that only show something (no job, nothing tracked); calibrun.__main__ reads them here too
+SHOW_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve", "--shell-completion", "-sc",
+              "--version"}
 
 
 def wanted(argv: list[str]) -> bool:
@@ -50,7 +51,7 @@ def wanted(argv: list[str]) -> bool:
     system is POSIX (the pipe's descriptors are passed to the child)."""
     if os.environ.get(ENV, "").lower() in ("0", "off", "false", "no") or os.name != "posix" or "mlflow" in sys.modules:
         return False
-    return not any(a.lstrip("+") in _NO_TRACKING or a in _SHOW_FLAGS for a in argv)
+    return not any(a.lstrip("+") in _NO_TRACKING or a in SHOW_FLAGS for a in argv)
 
 
 def start(argv: list[str]) -> None:
@@ -363,7 +364,10 @@ class RemoteTracker:
             if self._writer.answered(seq):
                 continue
             run = self._outcome_here(run_id)
-            function(self._local, run if run[0] else (False, died), (True, None), *args, died=died)
+            try:
+                function(self._local, run if run[0] else (False, died), (True, None), *args, died=died)
+            except Exception as error:  # (the next ones are still ended)
+                log.warning("a job's record could not be ended after the tracking writer died: %s", error)
         self._completions = {}
 
     def _outcome_here(self, value) -> tuple[bool, object]:
