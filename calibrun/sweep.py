@@ -442,6 +442,7 @@ class SweepCallback(Callback):
                   f"hydra.sweep.dir")
         interrupts.install_signal_handlers()
         patches.compose_each_job_once()
+        patches.compose_by_group_choice()
         patches.order_jobs(spread)  # jobs sharing a calibration apart: parallel workers calibrate different keys
         sys.excepthook = _excepthook  # an interrupt that reaches the top closes the parent run, in one line
         atexit.unregister(_close_if_open)

@@ -6,6 +6,8 @@ the same (tests/unit/test_patches.py checks each against the library's own behav
 | `compose_once` | Hydra 1.3 | the composition only to read `hydra.mode` when nothing can set it |
 | `compose_faster` | Hydra 1.3 | the config repository's deep copies of the ConfigStore, re-parsing config files |
 | `compose_each_job_once` | Hydra 1.3 | a sweep's second composition of each job (validation pass, then launch) |
+| `compose_by_group_choice` | Hydra 1.3 | the defaults list and merge of jobs that choose the same groups |
+| `before_launch(hook)` | Hydra 1.3 | waiting for the tracking store before Hydra validates the jobs (`hook` after) |
 | `order_jobs(order)` | Hydra 1.3 | workers calibrating one key at once: jobs reordered (calibrun.sweep_order) |
 | `commit_without_fsync` | MLflow 3 (its engine) | an fsync per SQLite commit (WAL mode, `synchronous=NORMAL`) |
 | `check_pins_cheaply` | MLflow 3 | mapping every installed distribution's files to check calibrun's own pins |
@@ -175,7 +177,55 @@ def compose_faster() -> None:
     ImportlibResourcesConfigSource._read_config = read_config
 
 
-COMPOSED_KEEP = 256  # configs kept between Hydra's validation pass and the launch (beyond: composed twice)
+def compose_by_group_choice() -> None:
+    """Hydra composes each job of a sweep from scratch: its defaults list (the config files its group choices pick,
+    ~40 ms) and their merge (~30 ms), then the job's other overrides on top. Jobs that choose the same groups
+    (the lab's 24 jobs: 6 pairs of calibration and format) have the same defaults list and the same merged config
+    before those overrides: both are kept per search path and group overrides, and each job gets a copy of the
+    merged config with its own overrides applied, as Hydra does. The composed configs are the same
+    (tests/unit/test_patches.py composes jobs both ways). At most COMPOSED_KEEP choices are kept (beyond: composed
+    as before)."""
+    found = _unpatched("hydra-core", "hydra._internal.config_loader_impl", None, "create_defaults_list")
+    if found is None:
+        return
+    module, original = found
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.defaults_list import DefaultsList, Overrides
+
+    lists: dict = {}  # (search path, config name, flags, group overrides) -> DefaultsList
+    merged: dict = {}  # id(a kept defaults list) -> (that list, the merged config)
+
+    def create_defaults_list(repo, config_name, overrides_list, prepend_hydra, skip_missing):
+        split = Overrides(repo=repo, overrides_list=overrides_list)
+        configs = {id(o) for o in split.config_overrides}
+        key = (tuple((source.scheme(), source.path, source.provider) for source in repo.get_sources()), config_name,
+               prepend_hydra, skip_missing, tuple(o.input_line for o in overrides_list if id(o) not in configs))
+        kept = lists.get(key)
+        if kept is None and len(lists) >= COMPOSED_KEEP:
+            return original(repo=repo, config_name=config_name, overrides_list=overrides_list,
+                            prepend_hydra=prepend_hydra, skip_missing=skip_missing)
+        if kept is None:
+            kept = lists[key] = original(repo=repo, config_name=config_name, overrides_list=overrides_list,
+                                         prepend_hydra=prepend_hydra, skip_missing=skip_missing)
+        return DefaultsList(defaults=kept.defaults, config_overrides=split.config_overrides,
+                            defaults_tree=kept.defaults_tree, overrides=kept.overrides)
+
+    compose = ConfigLoaderImpl._compose_config_from_defaults_list
+
+    def compose_config_from_defaults_list(self, defaults, repo):
+        kept = merged.get(id(defaults))
+        if kept is None or kept[0] is not defaults:
+            config = compose(self, defaults, repo)
+            if any(found.defaults is defaults for found in lists.values()):
+                merged[id(defaults)] = (defaults, copy.deepcopy(config))
+            return config
+        return copy.deepcopy(kept[1])
+
+    _install(module, "create_defaults_list", create_defaults_list)
+    _install(ConfigLoaderImpl, "_compose_config_from_defaults_list", compose_config_from_defaults_list)
+
+
+COMPOSED_KEEP = 256  # configs (and group choices) kept while a sweep composes its jobs (beyond: composed again)
 
 
 def compose_each_job_once() -> None:
@@ -208,8 +258,10 @@ def before_launch(hook: Callable[[], None]) -> bool:
     """Run `hook` once, when Hydra's basic sweeper has validated the first batch of jobs (it composes every job's
     config: ~70 ms a job) and before it launches them: the sweep's tracking store is opened during that work
     (calibrun.sweep). False when the sweeper's method is not there to wrap (the caller then does the step at once)."""
+    if not enabled("hydra-core"):
+        return False
     found = _unpatched("hydra-core", "hydra._internal.core_plugins.basic_sweeper", "BasicSweeper",
-                       "validate_batch_is_legal", guard=True)
+                       "validate_batch_is_legal")
     if found is not None:
         sweeper, original = found
 

@@ -185,6 +185,39 @@ def test_compose_each_job_once_gives_the_same_configs_and_keeps_none_after_launc
     assert OmegaConf.to_yaml(again) == plain[0]
 
 
+@pytest.mark.parametrize("keep", [256, 1])
+def test_compose_by_group_choice_gives_the_same_configs_and_composes_each_choice_once(keep, loader, monkeypatch):
+    """Jobs that choose the same groups share their defaults list and merged config: each still gets its own
+    config, the same yaml as Hydra's (its own other overrides applied), and editing one never shows in another.
+    Beyond COMPOSED_KEEP choices, a job is composed as Hydra does, with the same result."""
+    from hydra._internal import config_loader_impl
+
+    monkeypatch.setattr(patches, "COMPOSED_KEEP", keep)
+
+    monkeypatch.setattr(config_loader_impl, "create_defaults_list", config_loader_impl.create_defaults_list)
+    monkeypatch.setattr(ConfigLoaderImpl, "_compose_config_from_defaults_list",
+                        ConfigLoaderImpl._compose_config_from_defaults_list)
+    jobs = [*JOBS, ["calibration=narrow", "batches=8", "format=qdq"],  # job 0's groups, other values
+            ["calibration=narrow", "batches=1", "format=qdq", "quant.per_channel=true"],
+            ["batches=8", "format=qdq", "calibration=narrow"], ["experiment=lab", "calibration=wide"], JOBS[1]]
+    master = loader.load_configuration("config", ["hydra.sweep.dir=/tmp/x"], RunMode.MULTIRUN)
+    plain = [OmegaConf.to_yaml(loader.load_sweep_config(master, job)) for job in jobs]
+    patches.compose_by_group_choice()
+    calls = []
+    compose = ConfigLoaderImpl._compose_config_from_defaults_list
+    monkeypatch.setattr(ConfigLoaderImpl, "_compose_config_from_defaults_list",
+                        lambda self, defaults, repo: calls.append(defaults) or compose(self, defaults, repo))
+    configs = [loader.load_sweep_config(master, job) for job in jobs]
+    assert [OmegaConf.to_yaml(c) for c in configs] == plain
+    assert "batches: 8" in plain[4]
+    assert "per_channel: true" in plain[5]
+    # jobs 0, 4 and 5 share one list; job 6 chooses the same groups in another order: its own (the key keeps the order);
+    # job 8 repeats job 1: composed again only when job 1's choice was not kept
+    assert len({id(defaults) for defaults in calls}) == (6 if keep > 1 else 7)  # calls keeps them alive: ids unique
+    configs[0].calibration.factor = 123.0  # one job's config is its own
+    assert loader.load_sweep_config(master, jobs[4]).calibration.factor != 123.0
+
+
 @pytest.mark.parametrize("switch", ["off", "OFF", "0", "false", "no"])
 def test_calibrun_patches_off_leaves_every_library_as_shipped(switch, monkeypatch, loader):
     from hydra._internal.hydra import Hydra
@@ -204,8 +237,20 @@ def test_calibrun_patches_off_leaves_every_library_as_shipped(switch, monkeypatc
     for module in (quant_utils, qdq_quantizer):
         monkeypatch.setattr(module, "find_by_name", module.find_by_name)
 
+    from hydra._internal import config_loader_impl
+
+    monkeypatch.setattr(config_loader_impl, "create_defaults_list", config_loader_impl.create_defaults_list)
+    monkeypatch.setattr(ConfigLoaderImpl, "_compose_config_from_defaults_list",
+                        ConfigLoaderImpl._compose_config_from_defaults_list)
+
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    monkeypatch.setattr(BasicSweeper, "validate_batch_is_legal", BasicSweeper.validate_batch_is_legal)
+
     def state():
-        return (Hydra.get_mode, ConfigLoaderImpl.load_sweep_config, *(vars(c).get(a) for c, a in zip(
+        return (Hydra.get_mode, ConfigLoaderImpl.load_sweep_config, config_loader_impl.create_defaults_list,
+                BasicSweeper.validate_batch_is_legal,
+                ConfigLoaderImpl._compose_config_from_defaults_list, *(vars(c).get(a) for c, a in zip(
             _classes(), ("_read_config", "__deepcopy__"), strict=True)),
             environment.warn_dependency_requirement_mismatches, *(vars(ONNXModel)[a] for a in (
                 "replace_input_of_all_nodes", "replace_node_input", "get_initializer", "initializer_extend")),
@@ -215,6 +260,8 @@ def test_calibrun_patches_off_leaves_every_library_as_shipped(switch, monkeypatc
     patches.compose_once()
     patches.compose_faster()
     patches.compose_each_job_once()
+    patches.compose_by_group_choice()
+    assert not patches.before_launch(lambda: None)  # off: the sweep waits for its store at once
     patches.check_pins_cheaply()
     patches.rewire_by_membership()
     patches.index_initializer_lookups()
