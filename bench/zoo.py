@@ -21,7 +21,11 @@ Per model:
 
 Goals printed at the end: calibrun never says "ok" where the check says "broken"; its verdict agrees with the
 check on at least 90% of the models; its best recommendation lifts at least two thirds of the broken ones (lifted:
-the check's label after the change is better than broken).
+the check's label after the change is better than broken). And issue 26's for the default job (item 3): at most
+1.5x the bare script's wall, beside each model's floor: the fixed costs no job of calibrun's can go under, measured
+here as fresh processes that only import (`import calibrun.__main__`: what calibrun's process imports; with
+`--tracked` also MLflow's store and client: what the tracking writer imports before it can record anything), the
+best of three each, over the bare script's time.
 """
 
 from __future__ import annotations
@@ -157,7 +161,7 @@ def bench(name: str, work_root: Path, rerun: bool = True, change: str | None = N
     bare_int8 = work / "bare_int8.onnx"
     bare = _measured([sys.executable, __file__, "--bare", name, str(built.folder), str(bare_int8)], ROOT,
                      work / "bare.log")
-    row["bare_seconds"], row["bare_peak_rss_mb"] = round(bare["seconds"], 1), round(bare["peak_rss_mb"])
+    row["bare_seconds"], row["bare_peak_rss_mb"] = round(bare["seconds"], 2), round(bare["peak_rss_mb"])
     row["bare"] = _judge(entry, built, bare_int8) if not bare["code"] else {"label": "-", "error": _error_line(
         work / "bare.log")}
 
@@ -219,6 +223,35 @@ def print_table(rows: list[dict]) -> None:
             print(f"    {r['model']} with {r['change']}: {_cell(r.get('after_change'))}")
         if r.get("calibrun_error"):
             print(f"    calibrun failed on {r['model']}: {r['calibrun_error']}")
+
+
+JOB_GOAL = 1.5  # issue 26 item 3: the default job / the bare script
+FLOOR_IMPORTS = {"calibrun": "import calibrun.__main__",
+                 "mlflow": "import mlflow.store.tracking.sqlalchemy_store; from mlflow import MlflowClient"}
+
+
+def import_floor(kinds: list[str]) -> dict[str, float]:
+    """Wall seconds of a fresh process that only imports (FLOOR_IMPORTS), the best of three, per kind."""
+    floors = {}
+    for kind in kinds:
+        best = None
+        for _ in range(3):
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-c", FLOOR_IMPORTS[kind]], cwd=ROOT, check=True)
+            seconds = time.perf_counter() - start
+            best = seconds if best is None else min(best, seconds)
+        floors[kind] = round(best, 2)
+    return floors
+
+
+def job_goal_line(rows: list[dict], floors: dict[str, float]) -> str:
+    """Issue 26 item 3: how many default jobs are within JOB_GOAL x the bare script, with each model's floor."""
+    timed = [r for r in rows if isinstance(r.get("time_ratio"), float)]
+    floor = max(floors.values()) if floors else 0.0
+    within = [r["model"] for r in timed if r["time_ratio"] <= JOB_GOAL]
+    parts = ", ".join(f"{r['model']} {r['time_ratio']}x (floor {floor / r['bare_seconds']:.2f}x)" for r in timed)
+    return (f"default job <= {JOB_GOAL}x the bare script: {len(within)} of {len(timed)} {within}; fixed costs "
+            f"{floors} s, the floor = the largest over the bare script's seconds: {parts}")
 
 
 def goals(rows: list[dict]) -> dict:
@@ -288,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"verdict agrees with the check: {g['agreement'] if g['agreement'] is not None else '-'} (goal >= 0.9)")
     print(f"broken models lifted by the best recommendation: {len(g['lifted'])} of {len(g['broken'])} "
           f"{g['lifted']} (goal >= 2/3)")
+    floors = import_floor(["calibrun", "mlflow"] if args.tracked else ["calibrun"])
+    print(job_goal_line(rows, floors))
+    g["fixed_costs"] = floors
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "goals": g, "machine": machine_line()}, indent=1,
                                         default=str))
