@@ -12,6 +12,13 @@
    (which also tags the model as pre-processed, silencing quantize_static's warning), or with plain
    `onnx.shape_inference.infer_shapes_path` when that fails.
 
+Before step 2, a model that computes in float16 is widened to float32 (`_widen_float16`): quantize_static
+calibrates and quantises float32 graphs (its scales take the type of the calibrated ranges, float32, and a
+float16 tensor beside a float32 scale is a model onnxruntime refuses to load). Every float16 weight becomes the
+float32 of the same value (exact), every Cast to float16 a Cast to float32, every float16 input, output and value
+type float32: the same network computing in float32, which is the reference the int8 model is measured against.
+Its inputs and outputs are then float32 (the step's line says so).
+
 The result must pass `onnx.checker`, load in onnxruntime and have a float32 first input, otherwise a one-line
 `CalibrunError` says why and nothing is written at `dst`. Every step works on files in a temporary folder
 beside `dst` with path-based onnx APIs, so models over 2 GB (external data) keep working; the result appears at
@@ -30,8 +37,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
-from onnx import AttributeProto, GraphProto, TensorProto, helper, version_converter
+from onnx import AttributeProto, GraphProto, TensorProto, helper, numpy_helper, version_converter
 from onnx.external_data_helper import load_external_data_for_model
 
 from calibrun.core.errors import CalibrunError, one_line
@@ -41,7 +49,7 @@ from calibrun.model.sessions import session
 
 log = logging.getLogger("calibrun")
 # Bump when a step changes what it writes: prepared models are cached by source hash and this version.
-PREPARE_VERSION = 1
+PREPARE_VERSION = 2  # 2: float16 models widened to float32
 
 TARGET_OPSET = 13  # the lowest opset quantize_static handles fully (per-axis QDQ, opset-13 Squeeze/Split/...)
 EXTERNAL_THRESHOLD = 1024  # tensors of this many bytes or more go to the external data file (onnx's default)
@@ -140,6 +148,7 @@ def prepare_model(src: str | Path, dst: str | Path) -> Prepared:
             current = _strip_initializer_inputs(model, work / "given.onnx", True, steps)
             del model  # the file holds it now; big models should not stay in memory twice
             _check(current, src)
+            current = _widen_float16(current, work / "widened.onnx", steps)
             current = _convert_opset(current, work / "converted.onnx", src, steps)
             current = _fold_constants(current, work / "folded.onnx", external, src, steps)
             _prune(work, keep=current)
@@ -177,6 +186,50 @@ def _strip_initializer_inputs(model: onnx.ModelProto, out: Path, external: bool,
         _step(steps, f"raised IR version {old_ir} -> {model.ir_version} to match the model's opsets")
     _save(model, out, external)
     return out
+
+
+_DTYPE_ATTRIBUTE_OPS = frozenset({"EyeLike", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                                  "Multinomial", "Bernoulli"})  # ops whose `dtype` attribute is their output's type
+
+
+def _widen_float16(current: Path, out: Path, steps: list[str]) -> Path:
+    """The model with float16 widened to float32 (module doc), or `current` when nothing in it is float16."""
+    model = onnx.load(str(current), load_external_data=False)
+    if not _widened(model, dry_run=True):
+        return current
+    model = onnx.load(str(current))  # now with the weights: they are converted
+    counts = _widened(model)
+    _save(model, out, external=True)
+    parts = ", ".join(_plural(n, what) for what, n in counts.items() if n)
+    _step(steps, f"widened float16 to float32 ({parts}): the int8 model takes and gives float32")
+    return out
+
+
+def _widened(model: onnx.ModelProto, dry_run: bool = False) -> Counter:
+    """Widen every float16 of `model` to float32 in place (`dry_run`: only count): what changed, by kind."""
+    f16, f32 = TensorProto.FLOAT16, TensorProto.FLOAT
+    counts: Counter = Counter()
+    for tensor in _tensors(model):
+        if tensor.data_type == f16:
+            counts["weight"] += 1
+            if not dry_run:
+                widened = numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float32), tensor.name)
+                tensor.CopyFrom(widened)
+    for graph in _graphs(model.graph):
+        for node in graph.node:
+            for attr in node.attribute:
+                cast = node.op_type == "Cast" and attr.name == "to"
+                typed = node.op_type in _DTYPE_ATTRIBUTE_OPS and attr.name == "dtype"
+                if (cast or typed) and attr.type == AttributeProto.INT and attr.i == f16:
+                    counts["Cast" if cast else "dtype attribute"] += 1
+                    if not dry_run:
+                        attr.i = f32
+        for value in (*graph.input, *graph.output, *graph.value_info):
+            if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type == f16:
+                counts["declared type"] += 1  # of an input, output or value
+                if not dry_run:
+                    value.type.tensor_type.elem_type = f32
+    return counts
 
 
 def _convert_opset(current: Path, out: Path, src: Path, steps: list[str]) -> Path:

@@ -670,3 +670,70 @@ def test_already_quantised_and_outputless_models_are_refused_before_any_work(tmp
         prepare_model(path, tmp_path / "out" / "p.onnx")
     assert list((tmp_path / "out").iterdir()) == []
     prepare_model(src, tmp_path / "out" / "p.onnx")  # a float model still passes
+
+
+def float16_net() -> onnx.ModelProto:
+    """A network that computes in float16, with every kind of float16 site: a float16 input and output, float16
+    weights, a Cast to float16, a Constant node's tensor, a ConstantOfShape value, an EyeLike's dtype."""
+    rng = np.random.default_rng(7)
+    f16 = TensorProto.FLOAT16
+    w = numpy_helper.from_array(rng.normal(0, 0.3, (8, 8)).astype(np.float16), "w")
+    b = numpy_helper.from_array(rng.normal(0, 0.3, (8,)).astype(np.float16), "b")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"]),
+        helper.make_node("Add", ["mm", "b"], ["pre"]),
+        helper.make_node("Relu", ["pre"], ["h"]),
+        helper.make_node("Constant", [], ["half"], value=numpy_helper.from_array(np.array(0.5, np.float16))),
+        helper.make_node("Mul", ["h", "half"], ["scaled"]),
+        helper.make_node("Cast", ["scaled"], ["widened"], to=TensorProto.FLOAT),
+        helper.make_node("Cast", ["widened"], ["back"], to=f16),  # float32 in the middle, back to float16
+        helper.make_node("Shape", ["w"], ["shape"]),
+        helper.make_node("ConstantOfShape", ["shape"], ["ones"],
+                         value=numpy_helper.from_array(np.array([1.0], np.float16))),
+        helper.make_node("EyeLike", ["ones"], ["eye"], dtype=f16),
+        helper.make_node("Add", ["ones", "eye"], ["m"]),
+        helper.make_node("MatMul", ["back", "m"], ["y"]),
+    ]
+    return _model(nodes, [helper.make_tensor_value_info("x", f16, ["N", 8])],
+                  [helper.make_tensor_value_info("y", f16, ["N", 8])], [w, b])
+
+
+def _float16_sites(model: onnx.ModelProto) -> list[str]:
+    from calibrun.model.prepare import _graphs, _tensors
+
+    found = [t.name for t in _tensors(model) if t.data_type == TensorProto.FLOAT16]
+    for graph in _graphs(model.graph):
+        found += [v.name for v in (*graph.input, *graph.output, *graph.value_info)
+                  if v.type.tensor_type.elem_type == TensorProto.FLOAT16]
+        found += [n.name or n.op_type for n in graph.node for a in n.attribute
+                  if a.name in ("to", "dtype") and a.i == TensorProto.FLOAT16]
+    return found
+
+
+@pytest.mark.parametrize("external", [False, True], ids=["inline", "external"])
+def test_a_float16_model_is_widened_to_the_same_network_in_float32(tmp_path, external):
+    """quantize_static writes float32 scales beside float16 tensors (onnxruntime then refuses the int8 model): the
+    prepared model computes the same network in float32, nothing float16 left, its inputs and outputs float32."""
+    model = float16_net()
+    assert _float16_sites(model)
+    reference = save(model, tmp_path / "reference.onnx")  # first: saving as external data rewrites `model`
+    src = save(model, tmp_path / "src" / "half.onnx", external)
+    prepared = prepare_model(src, tmp_path / "prepared.onnx")
+    widened = onnx.load(str(prepared.path))
+    assert _float16_sites(widened) == []
+    assert [i.elem_type for i in prepared.inputs] == [TensorProto.FLOAT]
+    assert widened.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
+    line, = _steps(prepared, "widened float16 to float32")
+    assert "(4 weights, 1 Cast, 1 dtype attribute, 2 declared types)" in line  # w, b, two constants; x and y
+    x = np.random.default_rng(0).normal(0, 1, (5, 8)).astype(np.float16)
+    half = run(reference, {"x": x})[0]
+    full = run(prepared.path, {"x": x.astype(np.float32)})[0]
+    np.testing.assert_allclose(full, half.astype(np.float32), rtol=2e-2, atol=2e-2)  # float16's own rounding
+    out = quantize(prepared, tmp_path / "int8.onnx")
+    assert "QuantizeLinear" in ops(out)
+    assert np.isfinite(run(out, {"x": x.astype(np.float32)})[0]).all()  # onnxruntime loads and runs it
+
+
+def test_a_float32_model_is_not_widened(tmp_path):
+    prepared = prepare_model(save(conv_net(), tmp_path / "conv.onnx"), tmp_path / "prepared.onnx")
+    assert not _steps(prepared, "widened")
