@@ -333,14 +333,14 @@ def _softmax_axis(node: onnx.NodeProto, model: onnx.ModelProto) -> int:
 
 
 def find_scores(model: onnx.ModelProto, output: str) -> tuple[onnx.NodeProto | None, str]:
-    """The Softmax/LogSoftmax behind `output` (through shape ops), or (None, why not)."""
+    """The Softmax/LogSoftmax behind `output` (through shape ops and Cast), or (None, why not)."""
     producers = {o: n for n in model.graph.node for o in n.output}
     name, path = output, []
     while name in producers:
         node = producers[name]
         if node.op_type in ("Softmax", "LogSoftmax"):
             return node, " -> ".join([node.op_type, *reversed(path)])
-        if node.op_type not in SHAPE_OPS or not node.input:
+        if node.op_type not in PASS_OPS or not node.input:
             return None, f"output {output!r} comes from {node.op_type} ({node.name or 'unnamed'}), not a Softmax"
         path.append(node.op_type)
         name = node.input[0]
@@ -371,7 +371,7 @@ def _producer_op(model: onnx.ModelProto, output: str) -> str | None:
     name = output
     while name in producers:
         node = producers[name]
-        if node.op_type not in SHAPE_OPS or not node.input:
+        if node.op_type not in PASS_OPS or not node.input:
             return node.op_type
         name = node.input[0]
     return None

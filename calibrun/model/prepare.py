@@ -2,7 +2,8 @@
 
 `prepare_model(src, dst)` runs these steps, each only when the model needs it:
 
-1. initializers listed as graph inputs (IR < 4 style) are removed from the inputs;
+1. initializers listed as graph inputs (IR < 4 style) are removed from the inputs, and a graph whose nodes are
+   out of order (onnxruntime sorts them itself; onnx's checker and tools do not) is sorted topologically;
 2. an opset below 13 is converted to 13 with `onnx.version_converter`, and an IR version too old for the
    model's opsets is raised to the smallest one that fits;
 3. constant subgraphs (`Constant`, `ConstantOfShape`, any node whose inputs are all constant) are folded into
@@ -49,7 +50,7 @@ from calibrun.model.sessions import session
 
 log = logging.getLogger("calibrun")
 # Bump when a step changes what it writes: prepared models are cached by source hash and this version.
-PREPARE_VERSION = 2  # 2: float16 models widened to float32
+PREPARE_VERSION = 2  # 2: float16 models widened to float32, unsorted graphs sorted
 
 TARGET_OPSET = 13  # the lowest opset quantize_static handles fully (per-axis QDQ, opset-13 Squeeze/Split/...)
 EXTERNAL_THRESHOLD = 1024  # tensors of this many bytes or more go to the external data file (onnx's default)
@@ -184,8 +185,71 @@ def _strip_initializer_inputs(model: onnx.ModelProto, out: Path, external: bool,
         _step(steps, f"stripped {len(listed)} initializers from graph inputs (IR {old_ir}{raised})")
     elif model.ir_version != old_ir:
         _step(steps, f"raised IR version {old_ir} -> {model.ir_version} to match the model's opsets")
+    _sort_nodes(model, steps)
     _save(model, out, external)
     return out
+
+
+def _sort_nodes(model: onnx.ModelProto, steps: list[str]) -> None:
+    """Put every graph's nodes in an order where each reads only what comes before it (ONNX requires it; onnxruntime
+    sorts a graph itself, so unsorted files run there: onnxruntime's own float16 converter writes them with
+    `keep_io_types=True`). A sorted graph keeps its order; otherwise the order stays as close to the file's as
+    the dependencies allow (the earliest ready node first). A node also depends on the producers of what its
+    subgraphs read from outside them."""
+    moved = 0
+    for graph in _graphs(model.graph):
+        order = _topological_order(graph)
+        if order != list(range(len(graph.node))):
+            nodes = [graph.node[i] for i in order]
+            moved += sum(a != b for a, b in zip(order, range(len(order)), strict=True))
+            del graph.node[:]
+            graph.node.extend(nodes)
+    if moved:
+        _step(steps, f"sorted the graph topologically ({_plural(moved, 'node')} moved; onnx requires the order, "
+                     "onnxruntime sorts it itself)")
+
+
+def _topological_order(graph: GraphProto) -> list[int]:
+    """Indices of `graph`'s nodes in dependency order, the file's order among ready nodes. A cycle (or a name
+    read before any node writes it) leaves the rest in the file's order: the checker then names the problem."""
+    import heapq
+
+    producer = {name: i for i, node in enumerate(graph.node) for name in node.output if name}
+    readers: list[list[int]] = [[] for _ in graph.node]
+    waiting = [0] * len(graph.node)
+    for i, node in enumerate(graph.node):
+        needs = {producer[name] for name in (*node.input, *_read_inside(node)) if name in producer} - {i}
+        waiting[i] = len(needs)
+        for j in needs:
+            readers[j].append(i)
+    ready = [i for i, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for k in readers[i]:
+            waiting[k] -= 1
+            if waiting[k] == 0:
+                heapq.heappush(ready, k)
+    if len(order) < len(graph.node):  # not a DAG: keep the file's order for what is left
+        placed = set(order)
+        order += [i for i in range(len(graph.node)) if i not in placed]
+    return order
+
+
+def _read_inside(node: onnx.NodeProto) -> set[str]:
+    """Names the node's subgraphs (If, Loop, Scan bodies, nested) read: those produced outside them are the node's
+    implicit inputs. (Names written inside are included too; they are never produced outside, ONNX's names being
+    unique.)"""
+    names: set[str] = set()
+    for attr in node.attribute:
+        subgraphs = [attr.g] if attr.type == AttributeProto.GRAPH else list(attr.graphs)
+        for sub in subgraphs:
+            for inner in sub.node:
+                names.update(inner.input)
+                names.update(_read_inside(inner))
+    return names
 
 
 _DTYPE_ATTRIBUTE_OPS = frozenset({"EyeLike", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",

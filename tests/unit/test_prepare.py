@@ -737,3 +737,38 @@ def test_a_float16_model_is_widened_to_the_same_network_in_float32(tmp_path, ext
 def test_a_float32_model_is_not_widened(tmp_path):
     prepared = prepare_model(save(conv_net(), tmp_path / "conv.onnx"), tmp_path / "prepared.onnx")
     assert not _steps(prepared, "widened")
+
+
+def unsorted_net() -> onnx.ModelProto:
+    """Nodes out of order (onnx's checker refuses it, onnxruntime runs it): an If first whose branches read `h`, a
+    value of the outer graph that a later MatMul writes (an implicit input); its condition is an input (a constant
+    one would be folded away with the If)."""
+    rng = np.random.default_rng(3)
+    w = _init(rng, "w", 4, 4)
+    then_branch = helper.make_graph([helper.make_node("Relu", ["h"], ["t"])], "then", [], [_float("t", ["N", 4])])
+    else_branch = helper.make_graph([helper.make_node("Neg", ["h"], ["e"])], "else", [], [_float("e", ["N", 4])])
+    nodes = [
+        helper.make_node("If", ["cond"], ["z"], then_branch=then_branch, else_branch=else_branch),
+        helper.make_node("Add", ["z", "h"], ["y"]),
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+    ]
+    inputs = [_float("x", ["N", 4]), helper.make_tensor_value_info("cond", TensorProto.BOOL, [])]
+    graph = helper.make_graph(nodes, "unsorted", inputs, [_float("y", ["N", 4])], initializer=[w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="tests")
+    model.ir_version = 8
+    with pytest.raises(onnx.checker.ValidationError, match="topologically sorted"):
+        onnx.checker.check_model(model)
+    return model
+
+
+def test_an_unsorted_graph_is_sorted_with_its_subgraphs_reads(tmp_path):
+    """The file runs in onnxruntime, which sorts it; the prepared model is sorted for onnx too (the If after the
+    MatMul its branches read), computes the same, and says so in one step."""
+    src = save(unsorted_net(), tmp_path / "unsorted.onnx")
+    feed = {"x": np.random.default_rng(0).normal(0, 1, (3, 4)).astype(np.float32), "cond": np.array(False)}
+    want = run(src, feed)[0]
+    prepared = prepare_model(src, tmp_path / "prepared.onnx")
+    assert _steps(prepared, "sorted the graph topologically")
+    order = [n.op_type for n in onnx.load(str(prepared.path)).graph.node]
+    assert order.index("MatMul") < order.index("If") < order.index("Add")
+    np.testing.assert_allclose(run(prepared.path, feed)[0], want, rtol=1e-6)

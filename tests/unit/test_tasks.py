@@ -139,6 +139,19 @@ def test_auto_finds_softmax_behind_flatten(tmp_path):
     assert "Softmax -> Flatten" in task.reason
 
 
+def test_auto_finds_softmax_behind_a_cast(tmp_path):
+    """A float16 export that keeps float32 outputs ends in Softmax (float16) -> Cast (float): still class scores
+    (docs/tasks.md rule 1 follows Cast); before, auto fell back to the outputs' SQNR."""
+    path = _save(tmp_path, [helper.make_node("Softmax", ["x"], ["s"], axis=1),
+                            helper.make_node("Cast", ["s"], ["y"], to=TensorProto.FLOAT)],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["N", 3])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])])
+    task = resolve(TaskSpec("auto"), path)
+    assert isinstance(task, Classification)
+    assert task.axis == 1
+    assert "Softmax -> Cast" in task.reason
+
+
 def test_softmax_behind_reshape_that_cannot_be_told(tmp_path):
     """Softmax over a 4-class axis reshaped to [N, 4, 4]: two axes of size 4, so the class axis is ambiguous:
     task=classification says so and asks for task.axis; auto says so and measures no task; task.axis decides."""
