@@ -92,6 +92,17 @@ def primary(inputs) -> InputInfo:
     return next((info for info in inputs if info.is_float), inputs[0])
 
 
+def computes_in_double(path: str | Path) -> bool:
+    """Whether the model's float tensors (weights, inputs, outputs, typed values of its top graph) are float64 and
+    none float32: onnxruntime's quantize_static then quantises nothing."""
+    model = onnx.load(str(path), load_external_data=False)
+    graph = model.graph
+    types = {t.data_type for t in graph.initializer}
+    types |= {v.type.tensor_type.elem_type for v in (*graph.input, *graph.output, *graph.value_info)
+              if v.type.HasField("tensor_type")}
+    return TensorProto.DOUBLE in types and TensorProto.FLOAT not in types
+
+
 # Ops that only a quantised graph holds (QDQ, QOperator, dynamic and integer-arithmetic forms).
 QUANTISED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
                            "ConvInteger", "QGemm", "QAttention", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM",

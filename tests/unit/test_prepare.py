@@ -772,3 +772,25 @@ def test_an_unsorted_graph_is_sorted_with_its_subgraphs_reads(tmp_path):
     order = [n.op_type for n in onnx.load(str(prepared.path)).graph.node]
     assert order.index("MatMul") < order.index("If") < order.index("Add")
     np.testing.assert_allclose(run(prepared.path, feed)[0], want, rtol=1e-6)
+
+
+def test_a_float64_model_is_told_apart_as_one_quantize_static_leaves_alone(tmp_path):
+    """computes_in_double: the reason the job's 'quantised nothing' line gives for a float64 model (quantize_static
+    quantises float32 tensors only); a float32 model, and one with both, are not such models."""
+    from calibrun.model import computes_in_double
+
+    def linear(dtype, weight_dtype) -> Path:
+        rng = np.random.default_rng(0)
+        w = numpy_helper.from_array(rng.normal(0, 0.3, (4, 4)).astype(weight_dtype), "w")
+        cast = [helper.make_node("Cast", ["x"], ["xc"], to=helper.np_dtype_to_tensor_dtype(np.dtype(weight_dtype)))]
+        graph = helper.make_graph([*cast, helper.make_node("MatMul", ["xc", "w"], ["y"])], "g",
+                                  [helper.make_tensor_value_info("x", dtype, ["N", 4])],
+                                  [helper.make_tensor_value_info("y", helper.np_dtype_to_tensor_dtype(
+                                      np.dtype(weight_dtype)), ["N", 4])], [w])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        return save(model, tmp_path / f"{dtype}-{np.dtype(weight_dtype).name}.onnx")
+
+    assert computes_in_double(linear(TensorProto.DOUBLE, np.float64))
+    assert not computes_in_double(linear(TensorProto.FLOAT, np.float32))
+    assert not computes_in_double(linear(TensorProto.FLOAT, np.float64))  # a float32 input beside float64 weights
