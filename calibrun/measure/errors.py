@@ -22,9 +22,11 @@ so memory holds no row's outputs beyond its batch:
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import posixpath
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +42,8 @@ from calibrun.lab.data import evaluation_rows
 from calibrun.measure.verdict import ROW_SHARE_KEY, SQNR_OK_DB
 from calibrun.model import FloatModel, open_float_model, primary
 from calibrun.model.sessions import session
+
+log = logging.getLogger("calibrun")
 
 DEFAULT_BATCH = 16  # evaluation rows per run when eval.batch_size is not set and the model does not pin one
 SQNR_CAP = 200.0  # dB reported when the int8 output equals the fp32 one exactly (no noise to divide by)
@@ -74,16 +78,24 @@ def run_feeds(sess, feeds: dict[str, np.ndarray], fixed: int | None, axes=None) 
 
 
 def compare(fp32_outputs: list[np.ndarray], int8_outputs: list[np.ndarray]) -> dict:
-    """max/mean |fp32 - int8| over every element of every output, and max |fp32 output|."""
+    """max/mean |fp32 - int8| over every element of every output, and max |fp32 output|. An output whose size
+    depends on the data (NonMaxSuppression's selections) and differs between the two is left out; when every
+    output does, nothing can be compared (an error)."""
     if len(fp32_outputs) != len(int8_outputs):
         raise CalibrunError(f"models have {len(fp32_outputs)} and {len(int8_outputs)} outputs")
-    diffs, refs = [], []
+    diffs, refs, varying = [], [], []
     for ref, got in zip(fp32_outputs, int8_outputs, strict=True):
         if ref.shape != got.shape:
-            raise CalibrunError(f"output shapes differ: {ref.shape} vs {got.shape}")
+            if ref.ndim != got.ndim:
+                raise CalibrunError(f"output shapes differ: {ref.shape} vs {got.shape}")
+            varying.append(f"{ref.shape} vs {got.shape}")
+            continue
         ref64 = ref.astype(np.float64).ravel()
         diffs.append(np.abs(ref64 - got.astype(np.float64).ravel()))
         refs.append(np.abs(ref64))
+    if not diffs:
+        raise CalibrunError(f"no output could be compared element by element: their sizes differ "
+                            f"({'; '.join(varying)}: data-dependent, after NonMaxSuppression, NonZero, ...)")
     diff = np.concatenate(diffs)
     return {
         "max_abs_error": float(diff.max()),
@@ -214,6 +226,25 @@ class RowShare:
         return {ROW_SHARE_KEY: float(np.count_nonzero(under)) / errors.size}
 
 
+_SAID_VARYING: set[str] = set()  # outputs whose data-dependent size was logged
+
+
+class RowSets:
+    """An integer output's rows (along axis 0) as multisets, batch by batch: the rows both models give over the
+    rows either gives (NonMaxSuppression's selected (batch, class, box) rows: the selections int8 kept)."""
+
+    def __init__(self):
+        self.shared = self.either = 0
+
+    def update(self, ref: np.ndarray, got: np.ndarray) -> None:
+        a, b = (Counter(map(tuple, x.reshape(x.shape[0], math.prod(x.shape[1:])).tolist())) for x in (ref, got))
+        self.shared += sum((a & b).values())
+        self.either += sum((a | b).values())
+
+    def iou(self) -> float:
+        return self.shared / self.either if self.either else 1.0
+
+
 def row_axis(shape: Sequence[int], rows: int | None, declared: Sequence | None = None) -> int | None:
     """The axis of an output that holds the batch's `rows` rows: the axes of that length, those the model declares
     free (not a fixed size) first, axis 0 first among them; None when no axis has that length (or `rows` is
@@ -235,6 +266,10 @@ class OutputErrors:
         self.names = list(names)
         self.shapes = dict(zip(self.names, shapes, strict=True)) if shapes is not None else {}
         self.stats: dict[str, ErrorStats] = {name: ErrorStats() for name in self.names}
+        # outputs whose size depends on the data (NonMaxSuppression's selections, NonZero): per output, the batches
+        # where fp32 and int8 gave different sizes and the batches seen; integer outputs' rows as sets
+        self.sizes: dict[str, list[int]] = {name: [0, 0] for name in self.names}
+        self.row_sets: dict[str, RowSets] = {}
         self.rows: dict[str, RowShare] = {name: RowShare() for name in self.names}
         self.parts: dict[str, ErrorStats] = {}
         self.blocks = {name: (axis, [(start, end, ErrorStats(), RowShare()) for start, end in spans])
@@ -247,8 +282,20 @@ class OutputErrors:
             raise CalibrunError(f"models have {len(ref_outputs)} and {len(got_outputs)} outputs")
         for name, ref, got in zip(self.names, ref_outputs, got_outputs, strict=True):
             ref, got = np.asarray(ref), np.asarray(got)
+            if ref.dtype.kind in "iub" and ref.ndim >= 1 and ref.ndim == got.ndim:
+                self.row_sets.setdefault(name, RowSets()).update(ref, got)
+            self.sizes[name][1] += 1
             if ref.shape != got.shape:
-                raise CalibrunError(f"output shapes differ: {ref.shape} vs {got.shape}")
+                if ref.ndim != got.ndim:
+                    raise CalibrunError(f"output {name!r} has rank {ref.ndim} in fp32 and {got.ndim} in int8")
+                if name not in _SAID_VARYING:  # once a process: every candidate a recommendation measures repeats it
+                    _SAID_VARYING.add(name)
+                    log.warning("output %r: its size depends on the data (fp32 %s, int8 %s in a batch): left out of "
+                                "the element-wise errors where the two differ%s", name, ref.shape, got.shape,
+                                f"; its rows compared as sets (out.{metric_key(name)}.row_iou)"
+                                if name in self.row_sets else "")
+                self.sizes[name][0] += 1
+                continue
             self.stats[name].update(ref, got)
             along = row_axis(ref.shape, rows, self.shapes.get(name))
             if along is not None:
@@ -268,6 +315,11 @@ class OutputErrors:
         stats = list(self.stats.values())
         count = sum(int(s.count) for s in stats)
         if not count:
+            varying = [name for name, (differ, _) in self.sizes.items() if differ]
+            if varying:
+                raise CalibrunError(f"no output could be compared element by element: the size of {varying} "
+                                    "depends on the data and fp32 and int8 differ on it in every batch (after "
+                                    "NonMaxSuppression, NonZero, ...); the other outputs are empty")
             raise CalibrunError("no evaluation rows were measured")
         out = {
             "max_abs_error": float(max(s.err_max for s in stats)),
@@ -277,6 +329,11 @@ class OutputErrors:
         for name, s in self.stats.items():
             key = metric_key(name)
             out.update({f"out.{key}.{metric}": value for metric, value in s.metrics().items()})
+            differ, batches = self.sizes[name]
+            if differ:
+                out[f"out.{key}.size_mismatch"] = differ / batches
+                if name in self.row_sets:
+                    out[f"out.{key}.row_iou"] = self.row_sets[name].iou()
             out.update({f"out.{key}.{metric}": value for metric, value in self.rows[name].metrics().items()})
             if name in self.parts:
                 for k in range(self.parts[name].parts):

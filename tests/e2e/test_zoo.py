@@ -170,3 +170,60 @@ def test_a_probability_per_row_is_decided_by_its_yes_decisions_on_a_wake_word_he
     assert verdict["metric"] == "task.decision_iou"
     assert verdict["status"] == ("ok" if iou >= 0.95 else "broken" if iou < 0.8 else "degraded")
     assert ("these rows test only the no side" in verdict["because"]) == (union == 0)
+
+
+def _with_nms(src, dst):
+    """NudeNet's YOLOv8n with onnx's NonMaxSuppression appended, as an end-to-end export does (NudeNet's own
+    thresholds: score 0.25, IoU 0.45): a second output, `selected` [K, 3] int64, whose K depends on the data."""
+    model = onnx.load(str(src))
+    h = onnx.helper
+    consts = [numpy_helper.from_array(np.array(v, dtype), name) for name, v, dtype in (
+        ("nms_start_boxes", [0], np.int64), ("nms_end_boxes", [4], np.int64), ("nms_start_scores", [4], np.int64),
+        ("nms_end_scores", [22], np.int64), ("nms_axis", [1], np.int64), ("nms_axis2", [2], np.int64),
+        ("nms_max", [100], np.int64), ("nms_iou", [0.45], np.float32), ("nms_score", [0.25], np.float32))]
+    model.graph.initializer.extend(consts)
+    model.graph.node.extend([
+        h.make_node("Transpose", ["output0"], ["nms_t"], perm=[0, 2, 1]),
+        h.make_node("Slice", ["nms_t", "nms_start_boxes", "nms_end_boxes", "nms_axis2"], ["nms_boxes"]),
+        h.make_node("Slice", ["output0", "nms_start_scores", "nms_end_scores", "nms_axis"], ["nms_scores"]),
+        h.make_node("NonMaxSuppression", ["nms_boxes", "nms_scores", "nms_max", "nms_iou", "nms_score"],
+                    ["selected"], center_point_box=1),
+    ])
+    model.graph.output.append(h.make_tensor_value_info("selected", onnx.TensorProto.INT64, ["K", 3]))
+    onnx.save(model, str(dst))
+    return dst
+
+
+@pytest.mark.slow
+def test_a_detector_with_nms_inside_is_measured_with_its_selections_as_sets(tmp_path):
+    """A trained detector whose graph ends in NonMaxSuppression (NudeNet + NMS, on the zoo's photos): int8 selects
+    other boxes than fp32, so the selections' size differs and the job used to fail ('output shapes differ'). Now it
+    completes; `selected` is compared as sets of (image, class, box) rows, and calibrun's row IoU equals one computed
+    here from both models' selections; the verdict comes from the other output."""
+    from tests.zoo import ZOO, run_rows
+
+    entry = ZOO["nudenet"]
+    built = entry.build(tmp_path / "data")
+    model = _with_nms(entry.path(), tmp_path / "nudenet_nms.onnx")
+    job = tmp_path / "job"
+    argv = [a for a in entry.overrides(built) if not a.startswith("model.path=")]
+    proc = run_python(["-m", "calibrun", *argv, f"model.path={model}", "tracking=off", "diagnostics=off",
+                       "recommend=off", f"cache.dir={tmp_path / 'cache'}", f"hydra.run.dir={job}"], cwd=REPO,
+                      timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "depends on the data" in proc.stderr
+    result = json.loads((job / "result.json").read_text())
+    metrics = result["metrics"]
+    assert metrics["out.selected.size_mismatch"] > 0
+    shared = either = 0
+    feeds = built.arrays()
+    from collections import Counter
+
+    for start in range(0, len(feeds["images"]), 16):  # calibrun's evaluation batches: 16 rows (NudeNet pins none)
+        part = {k: v[start:start + 16] for k, v in feeds.items()}
+        ref = Counter(map(tuple, run_rows(model, part, batch=16)[1].tolist()))
+        got = Counter(map(tuple, run_rows(job / "int8.onnx", part, batch=16)[1].tolist()))
+        shared, either = shared + sum((ref & got).values()), either + sum((ref | got).values())
+    assert metrics["out.selected.row_iou"] == pytest.approx(shared / either)
+    assert 0 < metrics["out.selected.row_iou"] < 1
+    assert result["verdict"]["metric"].startswith("out.output0")

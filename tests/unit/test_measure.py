@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from calibrun.core.errors import CalibrunError
 from calibrun.data import EvalData, lab_evaluation
 from calibrun.lab.data import evaluation_pieces, evaluation_rows
 from calibrun.lab.model import write_lab_model
@@ -190,3 +191,33 @@ def test_a_nearly_silent_row_is_not_flagged_for_a_small_error():
 ])
 def test_row_axis_of_an_output(shape, rows, declared, axis):
     assert measure.row_axis(shape, rows, declared) == axis
+
+
+def test_an_output_whose_size_depends_on_the_data_is_compared_as_a_set_of_rows():
+    """NonMaxSuppression's selections [K, 3]: fp32 and int8 select different numbers of boxes. Such an output is left
+    out of the element-wise errors where the sizes differ (the job no longer fails on it), its rows are compared as
+    sets (2 shared of 4 distinct rows here), and the share of batches where the sizes differ is kept."""
+    errors = measure.OutputErrors(["sel", "boxes"])
+    boxes = np.arange(12, dtype=np.float32).reshape(1, 3, 4)
+    ref = np.array([[0, 0, 1], [0, 0, 2], [0, 0, 5]])
+    got = np.array([[0, 0, 2], [0, 0, 1], [0, 0, 7]])  # the same size: compared element by element too
+    errors.update([ref, boxes], [got, boxes + 0.5])
+    errors.update([ref[:2], boxes], [ref, boxes])  # fp32 two rows, int8 three
+    m = errors.metrics()
+    assert m["out.sel.size_mismatch"] == pytest.approx(0.5)
+    assert m["out.sel.row_iou"] == pytest.approx((2 + 2) / (4 + 3))  # batch 1: {1, 2} of {1, 2, 5, 7}; batch 2: 2 of 3
+    assert m["out.sel.max_abs_error"] == 2.0  # batch 1 only: 5 vs 7 in its last row
+    assert "out.boxes.size_mismatch" not in m
+    assert m["out.boxes.max_abs_error"] == 0.5
+
+    empty = measure.OutputErrors(["sel", "boxes"])  # int8 selects nothing: the rows fp32 selected are all lost
+    empty.update([ref, boxes], [ref[:0], boxes])
+    assert empty.metrics()["out.sel.row_iou"] == 0.0
+
+    only = measure.OutputErrors(["sel"])
+    only.update([ref[:2]], [ref])
+    with pytest.raises(CalibrunError, match=r"the size of \['sel'\] depends on the data"):
+        only.metrics()
+    assert measure.compare([ref[:2], boxes], [ref, boxes + 1])["max_abs_error"] == 1.0  # the boxes alone
+    with pytest.raises(CalibrunError, match="no output could be compared"):
+        measure.compare([ref[:2]], [ref])
