@@ -90,6 +90,8 @@ def compare(fp32_outputs: list[np.ndarray], int8_outputs: list[np.ndarray]) -> d
                 raise CalibrunError(f"output shapes differ: {ref.shape} vs {got.shape}")
             varying.append(f"{ref.shape} vs {got.shape}")
             continue
+        if ref.dtype.kind not in "fiub":  # labels as strings: no distance (the job's metrics count equal ones)
+            continue
         ref64 = ref.astype(np.float64).ravel()
         diffs.append(np.abs(ref64 - got.astype(np.float64).ravel()))
         refs.append(np.abs(ref64))
@@ -270,6 +272,7 @@ class OutputErrors:
         # where fp32 and int8 gave different sizes and the batches seen; integer outputs' rows as sets
         self.sizes: dict[str, list[int]] = {name: [0, 0] for name in self.names}
         self.row_sets: dict[str, RowSets] = {}
+        self.same: dict[str, list[int]] = {}  # outputs of strings (a classifier's labels): [equal elements, elements]
         self.rows: dict[str, RowShare] = {name: RowShare() for name in self.names}
         self.parts: dict[str, ErrorStats] = {}
         self.blocks = {name: (axis, [(start, end, ErrorStats(), RowShare()) for start, end in spans])
@@ -295,6 +298,11 @@ class OutputErrors:
                                 f"; its rows compared as sets (out.{metric_key(name)}.row_iou)"
                                 if name in self.row_sets else "")
                 self.sizes[name][0] += 1
+                continue
+            if ref.dtype.kind not in "fiub":  # strings (scikit-learn's class labels): equal or not, no distance
+                same = self.same.setdefault(name, [0, 0])
+                same[0] += int(np.count_nonzero(ref == got))
+                same[1] += ref.size
                 continue
             self.stats[name].update(ref, got)
             along = row_axis(ref.shape, rows, self.shapes.get(name))
@@ -329,6 +337,8 @@ class OutputErrors:
         for name, s in self.stats.items():
             key = metric_key(name)
             out.update({f"out.{key}.{metric}": value for metric, value in s.metrics().items()})
+            if self.same.get(name, (0, 0))[1]:
+                out[f"out.{key}.agreement"] = self.same[name][0] / self.same[name][1]
             differ, batches = self.sizes[name]
             if differ:
                 out[f"out.{key}.size_mismatch"] = differ / batches

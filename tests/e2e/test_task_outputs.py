@@ -22,6 +22,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from mlflow import MlflowClient
 
@@ -192,6 +193,31 @@ def test_sklearn_pipeline_label_and_probabilities(tmp_path, sklearn_split):
     assert m["task.fp32_accuracy"] > 0.9
     assert 0.9 <= m["task.top1_agreement"] <= 1.0
     assert m["task.int8_accuracy"] > 0.85
+
+
+@pytest.mark.slow
+def test_sklearn_classifier_with_string_labels(tmp_path, sklearn_split):
+    """Class names as labels (skl2onnx writes them as a STRING output `label` beside `probabilities`): the job used to
+    fail converting 'setosa' to a float. The label output is compared as equal or not (out.label.agreement, as
+    computed here from both models' labels), the probabilities give the task."""
+    from sklearn.datasets import load_iris
+    from sklearn.neural_network import MLPClassifier
+
+    train_x, test_x, train_y, _ = sklearn_split(load_iris)
+    names = np.array(["setosa", "versicolor", "virginica"])
+    model = MLPClassifier((32,), max_iter=2000, random_state=0).fit(train_x, names[train_y])
+    path = converted(model, train_x, tmp_path / "iris.onnx", zipmap=False)
+    assert onnx.load(str(path)).graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.STRING
+    data = npy_data(tmp_path / "test.npz", "X", test_x, None)
+    result = result_of(tmp_path, calibrun(tmp_path, "model=file", f"model.path={path}", *data, "batches=2",
+                                          "hydra.run.dir=iris"), "iris")
+    assert result["task"]["output"] == "probabilities"
+    import onnxruntime as ort
+
+    labels = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(["label"], {"X": test_x})[0]
+              for p in (path, tmp_path / "iris" / "int8.onnx")]
+    assert result["metrics"]["out.label.agreement"] == pytest.approx(float(np.mean(labels[0] == labels[1])))
+    assert set(labels[0]) <= set(names)
 
 
 @pytest.mark.slow

@@ -221,3 +221,16 @@ def test_an_output_whose_size_depends_on_the_data_is_compared_as_a_set_of_rows()
     assert measure.compare([ref[:2], boxes], [ref, boxes + 1])["max_abs_error"] == 1.0  # the boxes alone
     with pytest.raises(CalibrunError, match="no output could be compared"):
         measure.compare([ref[:2]], [ref])
+
+
+def test_an_output_of_strings_is_compared_as_equal_or_not():
+    """A classifier's class names (skl2onnx's `label`, STRING): no distance between 'setosa' and 'virginica', so the
+    share of equal elements; the numeric outputs beside it keep their metrics, and the contract's compare skips it."""
+    errors = measure.OutputErrors(["label", "p"])
+    ref, got = np.array(["a", "b", "c", "a"]), np.array(["a", "b", "a", "a"])
+    errors.update([ref, np.ones((4, 2))], [got, np.ones((4, 2)) * 1.5])
+    m = errors.metrics()
+    assert m["out.label.agreement"] == 0.75
+    assert "out.label.max_abs_error" not in m
+    assert m["max_abs_error"] == 0.5
+    assert measure.compare([ref, np.ones(2)], [got, np.zeros(2)])["max_abs_error"] == 1.0
