@@ -103,6 +103,18 @@ def computes_in_double(path: str | Path) -> bool:
     return TensorProto.DOUBLE in types and TensorProto.FLOAT not in types
 
 
+def foreign_ops(path: str | Path) -> str:
+    """When every operator of the model's top graph is of another domain than ONNX's own (a scikit-learn model's
+    ai.onnx.ml TreeEnsembleRegressor, LinearRegressor, ...): those op types, counted; else ''."""
+    nodes = onnx.load(str(path), load_external_data=False).graph.node
+    if not nodes or any(node.domain in ("", "ai.onnx") for node in nodes):
+        return ""
+    counts: dict[str, int] = {}
+    for node in nodes:
+        counts[f"{node.domain}.{node.op_type}"] = counts.get(f"{node.domain}.{node.op_type}", 0) + 1
+    return ", ".join(f"{op} x{n}" if n > 1 else op for op, n in sorted(counts.items()))
+
+
 # Ops that only a quantised graph holds (QDQ, QOperator, dynamic and integer-arithmetic forms).
 QUANTISED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
                            "ConvInteger", "QGemm", "QAttention", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM",

@@ -4,8 +4,10 @@
 
 1. initializers listed as graph inputs (IR < 4 style) are removed from the inputs, and a graph whose nodes are
    out of order (onnxruntime sorts them itself; onnx's checker and tools do not) is sorted topologically;
-2. an opset below 13 is converted to 13 with `onnx.version_converter`, and an IR version too old for the
-   model's opsets is raised to the smallest one that fits;
+2. the ai.onnx opset is imported exactly once (quantize_static needs one import: skl2onnx imports it twice for
+   some scikit-learn models, a model of ai.onnx.ml ops alone may import none), an opset below 13 is converted
+   to 13 with `onnx.version_converter`, and an IR version too old for the model's opsets is raised to the
+   smallest one that fits;
 3. constant subgraphs (`Constant`, `ConstantOfShape`, any node whose inputs are all constant) are folded into
    initializers by onnxruntime's basic graph optimisation, with its fusions switched off so that only the
    constants change (a clean MatMul+Add stays MatMul+Add);
@@ -50,7 +52,7 @@ from calibrun.model.sessions import session
 
 log = logging.getLogger("calibrun")
 # Bump when a step changes what it writes: prepared models are cached by source hash and this version.
-PREPARE_VERSION = 2  # 2: float16 models widened to float32, unsorted graphs sorted
+PREPARE_VERSION = 2  # 2: float16 widened, unsorted graphs sorted, the ai.onnx opset imported once
 
 TARGET_OPSET = 13  # the lowest opset quantize_static handles fully (per-axis QDQ, opset-13 Squeeze/Split/...)
 EXTERNAL_THRESHOLD = 1024  # tensors of this many bytes or more go to the external data file (onnx's default)
@@ -304,7 +306,21 @@ def _convert_opset(current: Path, out: Path, src: Path, steps: list[str]) -> Pat
     """
     model = onnx.load(str(current), load_external_data=False)
     version = default_opset(model)
-    if version is None or version >= TARGET_OPSET:
+    # quantize_static reads the one ai.onnx opset import of every model ("Failed to find proper ai.onnx domain"
+    # with none, or with two: skl2onnx imports it twice for a scikit-learn LinearRegressor)
+    imports = [o for o in model.opset_import if o.domain in _DEFAULT_DOMAINS]
+    if len(imports) != 1:
+        others = [o for o in model.opset_import if o.domain not in _DEFAULT_DOMAINS]
+        version = version if version is not None else TARGET_OPSET
+        del model.opset_import[:]
+        model.opset_import.extend([helper.make_opsetid("", version), *others])
+        model.ir_version = max(model.ir_version, _min_ir_version(model))
+        changed = out.with_name("one_opset.onnx")
+        onnx.save_model(model, str(changed))
+        _step(steps, f"imported the ai.onnx opset once, version {version} (the model imported it "
+                     f"{len(imports)} times; quantize_static needs it once)")
+        current = changed
+    if version >= TARGET_OPSET:
         return current
     old_ir = model.ir_version
     try:

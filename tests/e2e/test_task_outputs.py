@@ -221,6 +221,29 @@ def test_sklearn_classifier_with_string_labels(tmp_path, sklearn_split):
 
 
 @pytest.mark.slow
+def test_sklearn_linear_regressor_that_imports_its_opset_twice(tmp_path):
+    """skl2onnx writes a Ridge regressor as one ai.onnx.ml LinearRegressor and imports the ai.onnx opset twice:
+    quantize_static failed ('Failed to find proper ai.onnx domain'). The job now runs: one import, nothing
+    quantised, and the warning says why (ai.onnx.ml operators only); the int8 model equals fp32 (200 dB)."""
+    pytest.importorskip("skl2onnx", reason="skl2onnx is not installed (the `test` extra has it)")
+    from skl2onnx import to_onnx
+    from sklearn.datasets import load_diabetes
+    from sklearn.linear_model import Ridge
+
+    x, y = load_diabetes(return_X_y=True)
+    x = x.astype(np.float32)
+    path = tmp_path / "ridge.onnx"
+    path.write_bytes(to_onnx(Ridge().fit(x, y), x[:1], target_opset={"": 17, "ai.onnx.ml": 3}).SerializeToString())
+    assert [o.domain for o in onnx.load(str(path)).opset_import].count("") == 2
+    data = npy_data(tmp_path / "rows.npz", "X", x, None)
+    run = calibrun(tmp_path, "model=file", f"model.path={path}", *data, "batches=2", "hydra.run.dir=ridge")
+    result = result_of(tmp_path, run, "ridge")
+    assert any(step.startswith("imported the ai.onnx opset once") for step in result["preparation"])
+    assert "its operators are all of other domains (ai.onnx.ml.LinearRegressor)" in run.stderr
+    assert result["metrics"]["max_abs_error"] == 0.0
+
+
+@pytest.mark.slow
 def test_sklearn_zipmap_output_is_the_class_output(tmp_path, sklearn_split):
     """A digits MLP converted with its ZipMap ({class: probability} per row): read as [N, 10], measured."""
     from sklearn.datasets import load_digits

@@ -794,3 +794,32 @@ def test_a_float64_model_is_told_apart_as_one_quantize_static_leaves_alone(tmp_p
     assert computes_in_double(linear(TensorProto.DOUBLE, np.float64))
     assert not computes_in_double(linear(TensorProto.FLOAT, np.float32))
     assert not computes_in_double(linear(TensorProto.FLOAT, np.float64))  # a float32 input beside float64 weights
+
+
+@pytest.mark.parametrize("imports", [0, 2])
+def test_the_ai_onnx_opset_is_imported_exactly_once(tmp_path, imports):
+    """quantize_static needs exactly one ai.onnx opset import ('Failed to find proper ai.onnx domain'): skl2onnx
+    imports it twice for a scikit-learn LinearRegressor, and a model of ai.onnx.ml ops alone may import none. The
+    prepared model imports it once (the highest version given, else 13), quantisable, computing the same; the
+    job's 'quantised nothing' line then names the foreign operators."""
+    from calibrun.model import foreign_ops
+
+    node = helper.make_node("LinearRegressor", ["x"], ["y"], domain="ai.onnx.ml", coefficients=[0.5, -1.0, 2.0],
+                            intercepts=[0.25])
+    graph = helper.make_graph([node], "linear", [_float("x", ["N", 3])], [_float("y", ["N", 1])])
+    opsets = [helper.make_opsetid("ai.onnx.ml", 1)] + [helper.make_opsetid("", 17)] * imports
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    src = save(model, tmp_path / "linear.onnx")
+    prepared = prepare_model(src, tmp_path / "prepared.onnx")
+    after = onnx.load(str(prepared.path))
+    assert [(o.domain, o.version) for o in after.opset_import if o.domain in ("", "ai.onnx")] == [
+        ("", 17 if imports else 13)]
+    assert _steps(prepared, f"imported the ai.onnx opset once, version {17 if imports else 13} (the model "
+                            f"imported it {imports} times")
+    feed = {"x": np.random.default_rng(0).normal(0, 1, (4, 3)).astype(np.float32)}
+    np.testing.assert_allclose(run(prepared.path, feed)[0], run(src, feed)[0], rtol=1e-6)
+    assert "QuantizeLinear" not in ops(quantize(prepared, tmp_path / "int8.onnx"))  # runs; nothing to quantise
+    assert foreign_ops(prepared.path) == "ai.onnx.ml.LinearRegressor"
+    assert foreign_ops(src) == "ai.onnx.ml.LinearRegressor"
+    assert foreign_ops(save(build_lab_model(), tmp_path / "lab.onnx")) == ""
