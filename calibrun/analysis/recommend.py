@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -45,7 +46,7 @@ log = logging.getLogger("calibrun")
 RECOMMEND_FILE = "recommendations.json"
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 STATUS_RANK = {"broken": 0, "degraded": 1, "ok": 2}
-MOSTLY_INT8 = 0.25  # a nodes_to_exclude candidate keeps at least 3/4 of the model's nodes out of it
+MOSTLY_INT8 = 0.25  # a nodes_to_exclude candidate keeps at least 3/4 of the int8 model's quantised nodes in int8
 
 
 @dataclass
@@ -59,12 +60,14 @@ class Candidate:
         return " ".join(self.changes)
 
 
-def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, graph_nodes: int,
+def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, quantised: Collection[str],
                saturates: bool = False) -> list[Candidate]:
-    """The single changes worth measuring for a job quantised with `options` by `method` (`graph_nodes`: the fp32
-    model's node count; `saturates`: this CPU's int8 kernels can saturate, calibrun.core.cpu). Keeping nodes in
-    float is a candidate only while the model stays mostly integer: at most MOSTLY_INT8 of its nodes excluded (on a
-    small model the top culprits are the whole model, and "keep it all in fp32" is no int8 recommendation)."""
+    """The single changes worth measuring for a job quantised with `options` by `method` (`quantised`: the nodes its
+    int8 model computes from int8 values, `quantised_nodes`; `saturates`: this CPU's int8 kernels can saturate,
+    calibrun.core.cpu). Keeping nodes in float is a candidate only while the model stays mostly integer: at most
+    MOSTLY_INT8 of its quantised nodes (with those the user excluded) in float. On a small model the top culprits
+    are the whole model; on a recurrent one quantize_static quantises only the few ops around the LSTM (two of
+    fifteen nodes in a PyTorch export): "keep it all in float" is no int8 recommendation."""
     found = []
     if not options.per_channel:
         found.append(Candidate(("quant.per_channel=true",), replace(options, per_channel=True)))
@@ -80,7 +83,8 @@ def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, gra
                                    replace(options, **wider)))
         culprits = (diagnosis or {}).get("culprits") or []
         nodes = [n for n in float_nodes(culprits[: conf.culprits]) if n not in options.nodes_to_exclude]
-        if nodes and len(options.nodes_to_exclude) + len(nodes) <= MOSTLY_INT8 * graph_nodes:
+        taken = len(options.nodes_to_exclude) + sum(n in quantised for n in nodes)
+        if nodes and taken <= MOSTLY_INT8 * (len(quantised) + len(options.nodes_to_exclude)):
             every = [*options.nodes_to_exclude, *nodes]
             found.append(Candidate((f"quant.nodes_to_exclude=[{','.join(every)}]",),
                                    replace(options, nodes_to_exclude=tuple(every))))
@@ -88,6 +92,16 @@ def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, gra
         if other != method:
             found.append(Candidate((f"method={other}",), options, method=other))
     return found
+
+
+def quantised_nodes(int8_path: Path) -> frozenset[str]:
+    """The nodes of a QDQ int8 model that read an int8 value (an output of a DequantizeLinear), Q/DQ pairs aside:
+    the part of the model a nodes_to_exclude candidate would return to float."""
+    import onnx
+
+    graph = onnx.load(str(int8_path), load_external_data=False).graph
+    dequantised = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    return frozenset(n.name for n in graph.node if n.op_type not in QDQ_OPS and dequantised.intersection(n.input))
 
 
 def culprits_upstream(table_path: Path, fp32_path: Path, metric: str) -> list[dict] | None:
@@ -189,13 +203,13 @@ def attach(ctx, result) -> None:
                      entry["status_after"], "" if entry["helps"] else ": not better, not offered")
             return entry
 
-        graph_nodes = sum(n for op, n in (result.ops or {}).items() if op not in QDQ_OPS)
+        quantised = quantised_nodes(ctx.job_dir / result.files["int8"])
         diagnosis = result.diagnosis
         if diagnosis and result.files.get("diagnostics"):
             upstream = culprits_upstream(ctx.job_dir / result.files["diagnostics"], fp32.path, rule.metric)
             if upstream is not None:
                 diagnosis = {**diagnosis, "culprits": upstream}
-        singles = candidates(ctx.options, cfg.format.name, spec.method, diagnosis, conf, graph_nodes,
+        singles = candidates(ctx.options, cfg.format.name, spec.method, diagnosis, conf, quantised,
                              saturates=cpu.int8_dot()["saturates"])
         for i, candidate in enumerate(singles):
             entry = measure(candidate, i)

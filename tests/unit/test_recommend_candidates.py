@@ -11,12 +11,15 @@ DIAGNOSIS = {"culprits": [{"tensor": "a", "node": "Concat_1", "float_nodes": ["R
                           {"tensor": "c", "node": "Conv_9", "float_nodes": []}]}
 
 
+NODES = frozenset({"Concat_1", "Reshape_2", "Conv_3", "Relu_4", *(f"Conv_{i}" for i in range(10, 106))})  # 100
+
+
 def changes(found):
     return [c.change for c in found]
 
 
 def test_qdq_candidates_from_the_same_ranges_and_other_methods():
-    found = candidates(QuantOptions(), "qdq", "minmax", DIAGNOSIS, CONF, graph_nodes=100)
+    found = candidates(QuantOptions(), "qdq", "minmax", DIAGNOSIS, CONF, quantised=NODES)
     assert changes(found) == ["quant.per_channel=true", "quant.activation_type=QInt16", "quant.weight_type=QInt16",
                               "quant.activation_type=QInt16 quant.weight_type=QInt16",
                               "quant.nodes_to_exclude=[Concat_1,Reshape_2,Conv_3,Relu_4]",
@@ -32,19 +35,19 @@ def test_qdq_candidates_from_the_same_ranges_and_other_methods():
 
 def test_qoperator_has_no_16_bit_and_a_set_option_is_not_proposed_again():
     options = QuantOptions(format="qoperator", per_channel=True)
-    found = candidates(options, "qoperator", "entropy", DIAGNOSIS, CONF, graph_nodes=100)
+    found = candidates(options, "qoperator", "entropy", DIAGNOSIS, CONF, quantised=NODES)
     assert changes(found) == ["method=percentile"]
-    uint = candidates(QuantOptions(activation_type="QUInt8"), "qdq", "minmax", None, CONF, graph_nodes=100)
+    uint = candidates(QuantOptions(activation_type="QUInt8"), "qdq", "minmax", None, CONF, quantised=NODES)
     assert "quant.activation_type=QUInt16" in changes(uint)
 
 
 def test_reduce_range_is_a_candidate_only_where_the_int8_kernels_can_saturate():
-    plain = changes(candidates(QuantOptions(), "qdq", "minmax", None, CONF, graph_nodes=100))
+    plain = changes(candidates(QuantOptions(), "qdq", "minmax", None, CONF, quantised=NODES))
     assert "quant.reduce_range=true" not in plain
-    found = candidates(QuantOptions(), "qoperator", "minmax", None, CONF, graph_nodes=100, saturates=True)
+    found = candidates(QuantOptions(), "qoperator", "minmax", None, CONF, quantised=NODES, saturates=True)
     assert changes(found)[:2] == ["quant.per_channel=true", "quant.reduce_range=true"]
     assert found[1].options == QuantOptions(reduce_range=True)
-    already = candidates(QuantOptions(reduce_range=True), "qdq", "minmax", None, CONF, graph_nodes=100,
+    already = candidates(QuantOptions(reduce_range=True), "qdq", "minmax", None, CONF, quantised=NODES,
                          saturates=True)
     assert "quant.reduce_range=true" not in changes(already)
     both = combined([found[1], found[0]], QuantOptions())
@@ -54,14 +57,22 @@ def test_reduce_range_is_a_candidate_only_where_the_int8_kernels_can_saturate():
 
 def test_user_exclusions_are_kept_and_a_model_that_would_be_mostly_float_gets_no_exclusion():
     options = QuantOptions(nodes_to_exclude=("Conv_3",))
-    found = candidates(options, "qdq", "minmax", DIAGNOSIS, CONF, graph_nodes=100)
+    found = candidates(options, "qdq", "minmax", DIAGNOSIS, CONF, quantised=NODES)
     assert "quant.nodes_to_exclude=[Conv_3,Concat_1,Reshape_2,Relu_4]" in changes(found)
-    small = candidates(QuantOptions(), "qdq", "minmax", DIAGNOSIS, CONF, graph_nodes=8)  # 4 of 8 nodes: half
+    few = {"Concat_1", "Reshape_2", "Conv_3", "Relu_4", "Conv_10", "Conv_11", "Conv_12", "Conv_13"}
+    small = candidates(QuantOptions(), "qdq", "minmax", DIAGNOSIS, CONF, quantised=few)  # 4 of 8 nodes: half
     assert not [c for c in changes(small) if c.startswith("quant.nodes_to_exclude")]
+    # a recurrent export: quantize_static quantised only the two ops around its LSTMs; the culprits' nodes are both
+    # (their float consumers are not quantised: only the quantised ones count)
+    rnn = candidates(QuantOptions(), "qdq", "minmax", DIAGNOSIS, CONF, quantised={"Concat_1", "Conv_3"})
+    assert not [c for c in changes(rnn) if c.startswith("quant.nodes_to_exclude")]
+    many = {"Concat_1", "Conv_3", *(f"Conv_{i}" for i in range(10, 16))}  # 2 of 8 quantised nodes: a quarter
+    assert "quant.nodes_to_exclude=[Concat_1,Reshape_2,Conv_3,Relu_4]" in changes(
+        candidates(QuantOptions(), "qdq", "minmax", DIAGNOSIS, CONF, quantised=many))
 
 
 def test_the_changes_that_helped_are_measured_together():
-    found = candidates(QuantOptions(), "qdq", "minmax", DIAGNOSIS, CONF, graph_nodes=100)
+    found = candidates(QuantOptions(), "qdq", "minmax", DIAGNOSIS, CONF, quantised=NODES)
     by = {c.change: c for c in found}
     helped = [by["method=entropy"], by["quant.activation_type=QInt16"], by["method=percentile"],
               by["quant.per_channel=true"]]  # best first
@@ -138,3 +149,27 @@ def test_a_combination_is_not_measured_when_fewer_changes_already_make_the_model
     for status, value in (("ok", 99.0), ("degraded", 19.0), ("broken", 1.0)):
         trial = {"change": three.change, "status_after": status, "after": value}
         assert sorted([trial, pair], key=lambda e: _rank(e, 1.0))[0] is pair
+
+
+def test_quantised_nodes_are_those_that_read_an_int8_value(tmp_path):
+    """In a QDQ model: the nodes reading a DequantizeLinear's output (a MatMul and the Add after it), not the Q/DQ
+    ops and not a node that reads float values only (the LSTM quantize_static leaves alone)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from calibrun.analysis.recommend import quantised_nodes
+
+    scale = helper.make_tensor("s", TensorProto.FLOAT, [], [0.1])
+    zero = helper.make_tensor("z", TensorProto.INT8, [], [0])
+    w = helper.make_tensor("w", TensorProto.INT8, [4, 4], [1] * 16)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="q"),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dq"),
+             helper.make_node("DequantizeLinear", ["w", "s", "z"], ["wd"], name="wdq"),
+             helper.make_node("MatMul", ["xd", "wd"], ["m"], name="matmul"),
+             helper.make_node("Add", ["m", "xd"], ["a"], name="add"),
+             helper.make_node("Relu", ["a"], ["y"], name="relu_float")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [scale, zero, w])
+    path = tmp_path / "qdq.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    assert quantised_nodes(path) == {"matmul", "add"}
