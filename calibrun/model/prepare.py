@@ -2,8 +2,9 @@
 
 `prepare_model(src, dst)` runs these steps, each only when the model needs it:
 
-1. initializers listed as graph inputs (IR < 4 style) are removed from the inputs, and a graph whose nodes are
-   out of order (onnxruntime sorts them itself; onnx's checker and tools do not) is sorted topologically;
+1. initializers listed as graph inputs (IR < 4 style) are removed from the inputs, a graph whose nodes are
+   out of order (onnxruntime sorts them itself; onnx's checker and tools do not) is sorted topologically, and
+   unnamed nodes are named (nodes_to_exclude selects by name);
 2. the ai.onnx opset is imported exactly once (quantize_static needs one import: skl2onnx imports it twice for
    some scikit-learn models, a model of ai.onnx.ml ops alone may import none), an opset below 13 is converted
    to 13 with `onnx.version_converter`, and an IR version too old for the model's opsets is raised to the
@@ -52,7 +53,7 @@ from calibrun.model.sessions import session
 
 log = logging.getLogger("calibrun")
 # Bump when a step changes what it writes: prepared models are cached by source hash and this version.
-PREPARE_VERSION = 2  # 2: float16 widened, unsorted graphs sorted, the ai.onnx opset imported once
+PREPARE_VERSION = 2  # 2: float16 widened, graphs sorted, nodes named, the ai.onnx opset imported once
 
 TARGET_OPSET = 13  # the lowest opset quantize_static handles fully (per-axis QDQ, opset-13 Squeeze/Split/...)
 EXTERNAL_THRESHOLD = 1024  # tensors of this many bytes or more go to the external data file (onnx's default)
@@ -188,8 +189,31 @@ def _strip_initializer_inputs(model: onnx.ModelProto, out: Path, external: bool,
     elif model.ir_version != old_ir:
         _step(steps, f"raised IR version {old_ir} -> {model.ir_version} to match the model's opsets")
     _sort_nodes(model, steps)
+    _name_nodes(model, steps)
     _save(model, out, external)
     return out
+
+
+def _name_nodes(model: onnx.ModelProto, steps: list[str]) -> None:
+    """Give every unnamed node a name (`<op type>_<n>`, unique in the model): onnxruntime's `nodes_to_exclude`
+    selects nodes by name (an unnamed node could not be kept in float, not even the nodes calibrun keeps in float
+    itself), and the diagnostics name the node behind each tensor."""
+    graphs = list(_graphs(model.graph))
+    taken = {node.name for graph in graphs for node in graph.node if node.name}
+    named = 0
+    for graph in graphs:
+        for node in graph.node:
+            if node.name:
+                continue
+            number = named
+            while f"{node.op_type}_{number}" in taken:
+                number += 1
+            node.name = f"{node.op_type}_{number}"
+            taken.add(node.name)
+            named += 1
+    if named:
+        _step(steps, f"named {_plural(named, 'unnamed node')} (onnxruntime's nodes_to_exclude and the diagnostics "
+                     "name nodes)")
 
 
 def _sort_nodes(model: onnx.ModelProto, steps: list[str]) -> None:

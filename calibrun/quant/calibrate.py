@@ -307,8 +307,10 @@ def _validate(path: Path, record: dict, method: str) -> float:
         raise ValueError("it holds no ranges")
     for name, data in tensors.items():
         lo, hi = data.range_value
-        if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)) and np.all(lo <= hi)):
-            raise ValueError(f"range of {name!r} is not finite and ordered")
+        # an infinite end is what calibration measured (an attention mask's -inf: calibrun.quant.quantize keeps its
+        # nodes in float); NaN or lo > hi no calibration gives
+        if np.any(np.isnan(lo)) or np.any(np.isnan(hi)) or not np.all(lo <= hi):
+            raise ValueError(f"range of {name!r} is NaN or not ordered")
     span = float(mine["span"])
     if not math.isfinite(span) or span < 0:
         raise ValueError("its data span is invalid")

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from onnxruntime.quantization.calibrate import HistogramCollector
+from onnxruntime.quantization.calibrate import HistogramCollector, TensorData
 
 log = logging.getLogger(__name__)
 
@@ -359,11 +359,31 @@ class FastHistogramCollector(HistogramCollector):
         super().__init__(method, symmetric, num_bins, num_quantized_bins, percentile, scenario)
         self.threads = threads or os.cpu_count() or 1
         self.progress = progress
+        # tensors with an infinite value (an attention mask's -inf): no histogram can hold them (numpy refuses an
+        # infinite range, in onnxruntime's collector too); their range is their min and max, not finite, and
+        # calibrun.quant.quantize keeps the nodes that read or write them in float
+        self.unbounded: dict[str, tuple] = {}
 
     def _each(self, name_to_arr, fn) -> None:
         items = list(name_to_arr.items())
         for (name, _), result in zip(items, largest_first(fn, items, self.threads), strict=True):
-            self.histogram_dict[name] = result
+            if isinstance(result, ChunkRange):
+                self.set_unbounded(name, result)
+            else:
+                self.histogram_dict[name] = result
+
+    def is_unbounded(self, tensor, chunk: ChunkRange) -> bool:
+        """Whether `tensor` has no histogram: it had an infinite value before, or this chunk has one."""
+        return tensor in self.unbounded or (chunk.size > 0 and not (np.isfinite(chunk.nan_low)
+                                                                     and np.isfinite(chunk.nan_high)))
+
+    def set_unbounded(self, tensor, chunk: ChunkRange) -> None:
+        """Record an unbounded tensor's chunk: its range grows with the chunk's min and max (NaN ignored)."""
+        self.histogram_dict.pop(tensor, None)
+        low, high = chunk.nan_low, chunk.nan_high
+        if tensor in self.unbounded:
+            low, high = np.fmin(self.unbounded[tensor][0], low), np.fmax(self.unbounded[tensor][1], high)
+        self.unbounded[tensor] = (low, high)
 
     def collect(self, name_to_arr):
         if self.method in {"distribution", "entropy"} or (self.method == "percentile" and not self.symmetric):
@@ -377,7 +397,10 @@ class FastHistogramCollector(HistogramCollector):
     # pieces with the same result (calibrun.quant.histogram_runs)
     def _value(self, tensor, data_arr):
         data_arr = _flat(data_arr)
-        return self.plan(tensor, ChunkRange.of(data_arr, absolute=False)).apply(data_arr)
+        chunk = ChunkRange.of(data_arr, absolute=False)
+        if self.is_unbounded(tensor, chunk):
+            return chunk  # `_each` records it
+        return self.plan(tensor, chunk).apply(data_arr)
 
     def _absolute(self, tensor, data_arr):
         if isinstance(data_arr, list):
@@ -385,6 +408,8 @@ class FastHistogramCollector(HistogramCollector):
             assert len(dtypes) == 1, f"The calibration expects only one element type but got {dtypes} for {tensor!r}"
         data = _flat(data_arr)
         chunk = ChunkRange.of(data, absolute=False)
+        if self.is_unbounded(tensor, chunk):
+            return chunk
         if chunk.needs_abs_low(first=tensor not in self.histogram_dict):
             chunk.abs_low = _abs_min(data)
         return self.plan(tensor, chunk).apply(data)
@@ -481,15 +506,16 @@ class FastHistogramCollector(HistogramCollector):
     # ------------------------------------------------------------------------------------------ thresholds
 
     def compute_collection_result(self):
-        if not self.histogram_dict:
+        if not self.histogram_dict and not self.unbounded:
             raise ValueError("Histogram has not been collected. Please run collect() first.")
-        if self.method == "entropy":
-            return self.compute_entropy()
-        if self.method == "percentile":
-            return self.compute_percentile()
-        if self.method == "distribution":
-            return self.compute_distribution()
-        raise ValueError("Only 'entropy', 'percentile' or 'distribution' methods are supported")
+        if self.method not in ("entropy", "percentile", "distribution"):
+            raise ValueError("Only 'entropy', 'percentile' or 'distribution' methods are supported")
+        result = {}
+        if self.histogram_dict:
+            result = getattr(self, f"compute_{self.method}")()
+        for tensor, (low, high) in self.unbounded.items():
+            result[tensor] = TensorData(lowest=np.asarray(low, np.float32), highest=np.asarray(high, np.float32))
+        return result
 
     def compute_entropy(self):
         """onnxruntime's compute_entropy: (lowest, highest, hist, edges) per tensor.

@@ -164,8 +164,8 @@ def collect_pieces(collector: FastHistogramCollector, pieces: Callable[[], Itera
     plans: dict = {}
 
     def take_counts(name: str, flat: np.ndarray) -> None:
-        plan = plans[name]
-        if plan.bins is None:
+        plan = plans.get(name)
+        if plan is None or plan.bins is None:
             return
         hist, edges = plan.counts(flat)
         counts[name] = (hist, edges) if name not in counts else (counts[name][0] + hist, edges)
@@ -193,7 +193,11 @@ def collect_pieces(collector: FastHistogramCollector, pieces: Callable[[], Itera
                     ranges[name] = ChunkRange(flat.dtype)
 
         each_piece(take_range, new_ranges)  # a tensor once a piece
-        plans.update((name, collector.plan(name, chunk_range)) for name, chunk_range in ranges.items())
+        for name, chunk_range in ranges.items():
+            if collector.is_unbounded(name, chunk_range):  # an infinite value: no histogram (FastHistogramCollector)
+                collector.set_unbounded(name, chunk_range)
+            else:
+                plans[name] = collector.plan(name, chunk_range)
         each_piece(take_counts)
     for name, plan in plans.items():
         collector.histogram_dict[name] = plan.finish(*counts.get(name, (None, None)))

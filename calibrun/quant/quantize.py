@@ -5,6 +5,7 @@ Everything here is post-calibration: changing any of these options reuses the ca
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
@@ -139,6 +141,10 @@ def quantize(
         copy = private_model_copy(model_path, private)  # a copy: see private_model_copy
         if _sixteen_bit(options):
             _opset_for_sixteen_bit(copy)
+        unbounded = unbounded_nodes(copy, calibration.ranges_path)
+        if unbounded:
+            options = dataclasses.replace(options, nodes_to_exclude=tuple(
+                dict.fromkeys([*options.nodes_to_exclude, *unbounded])))
         quantize_static(
             str(copy),
             str(tmp),
@@ -161,6 +167,36 @@ def quantize(
         if check is not None:
             check(tmp)
     return seconds
+
+
+_SAID_UNBOUNDED: set[str] = set()  # the sets of non-finite tensors already logged
+
+
+def unbounded_nodes(model_path: str | Path, ranges_path: str | Path) -> list[str]:
+    """The nodes that read or write a tensor whose calibrated range is not finite (a transformer's additive
+    attention mask is -inf where it masks): no scale represents it, and onnxruntime would quantise it with an
+    infinite one, which wrecks every row that passes the mask, masked or not. Those nodes stay in float (one
+    warning line); the int8 model keeps the mask exact."""
+    import json
+
+    from onnxruntime.quantization.calibrate import TensorsData
+
+    ranges = TensorsData.from_dict(json.loads(Path(ranges_path).read_text()))  # as quantize_static reads it
+    tensors = {name for name, data in ranges.items()
+               if not all(np.all(np.isfinite(np.asarray(end, np.float64))) for end in data.range_value)}
+    if not tensors:
+        return []
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    nodes = [n.name for n in graph.node if n.name and tensors.intersection([*n.input, *n.output])]
+    key = "\0".join(sorted(tensors))
+    if key not in _SAID_UNBOUNDED:  # once a process per set of tensors: the job's copy of the ranges is the same
+        _SAID_UNBOUNDED.add(key)
+        shown = sorted(tensors)
+        logging.getLogger("calibrun").warning(
+            "%d tensor(s) have a calibrated range that is not finite (%s%s: an attention mask's -inf?): the %d "
+            "node(s) that read or write them stay in float", len(shown), ", ".join(shown[:3]),
+            f" and {len(shown) - 3} more" if len(shown) > 3 else "", len(nodes))
+    return nodes
 
 
 def _sixteen_bit(options: QuantOptions) -> bool:

@@ -534,3 +534,44 @@ def test_entropy_thresholds_searched_in_forked_processes_are_the_same():
     assert {k: tuple(map(float, v[:2])) for k, v in two.compute_entropy().items()} == \
         {k: tuple(map(float, v[:2])) for k, v in one.compute_entropy().items()}
     assert module._forked_thresholds(items[:5], 128, 2, None) is None  # few tensors: searched in this process
+
+
+@pytest.mark.parametrize("method", ["entropy", "percentile", "distribution"])
+@pytest.mark.parametrize("pieces", [False, True], ids=["whole", "pieces"])
+def test_a_tensor_with_an_infinite_value_gets_its_min_and_max_and_no_histogram(method, pieces):
+    """An additive attention mask holds -inf where it masks: numpy (so onnxruntime's collector) refuses an infinite
+    range and the whole calibration failed. That tensor now keeps no histogram and its range is its min and max
+    (over every chunk, -inf included; calibrun.quant.quantize keeps its nodes in float); the other tensors' ranges
+    are exactly those of the collector without it, whole chunks or in pieces."""
+    from calibrun.quant.histogram import FastHistogramCollector
+    from calibrun.quant.histogram_runs import collect_pieces
+
+    rng = np.random.default_rng(3)
+    mask = [np.where(rng.random(400) < 0.3, -np.inf, 0.0).astype(np.float32) for _ in range(2)]
+    mask[1][0] = 2.0  # a later chunk widens the finite end too
+    values = [rng.normal(0, s, 4000).astype(np.float32) for s in (1.0, 2.0)]
+
+    def collector():
+        return FastHistogramCollector(method, method == "percentile", 512, 128, 99.9, "same", threads=2)
+
+    with_mask, alone = collector(), collector()
+    for m, v in zip(mask, values, strict=True):
+        for found, batch in ((with_mask, {"mask": [m], "v": [v]}), (alone, {"v": [v]})):
+            with contextlib.redirect_stdout(io.StringIO()):
+                if pieces:
+                    halves = [{k: a[0][: len(a[0]) // 2] for k, a in batch.items()},
+                              {k: a[0][len(a[0]) // 2:] for k, a in batch.items()}]
+                    collect_pieces(found, lambda halves=halves: iter(halves))
+                else:
+                    found.collect(batch)
+    with contextlib.redirect_stdout(io.StringIO()):
+        result, reference = with_mask.compute_collection_result(), alone.compute_collection_result()
+    assert "mask" not in with_mask.histogram_dict
+    low, high = result["mask"].range_value
+    assert (float(low), float(high)) == (-np.inf, 2.0)
+
+    def ends(found):  # a (low, high, hist, edges) tuple, or a TensorData (distribution)
+        return found[:2] if isinstance(found, tuple) else found.range_value
+
+    for got, want in zip(ends(result["v"]), ends(reference["v"]), strict=True):
+        assert np.array_equal(got, want)

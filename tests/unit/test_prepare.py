@@ -353,8 +353,9 @@ def test_upsample_is_converted_then_its_constant_folded(tmp_path):
     assert "Resize" in ops(prepared.path)
     assert "Constant" not in ops(prepared.path)
     # The converter already typed every tensor: quant_pre_process may only tag the model as pre-processed.
-    assert [line.split(" ")[0] for line in prepared.steps][:2] == ["converted", "folded"]
-    assert prepared.steps[2].startswith(("inferred shapes", "tagged as pre-processed"))
+    # (its nodes are unnamed: naming them comes first)
+    assert [line.split(" ")[0] for line in prepared.steps][:3] == ["named", "converted", "folded"]
+    assert prepared.steps[3].startswith(("inferred shapes", "tagged as pre-processed"))
 
 
 def test_constant_nodes_detection():
@@ -528,7 +529,8 @@ def test_plain_onnx_shape_inference_when_quant_pre_process_fails(tmp_path, monke
     src = save(conv_net(), tmp_path / "conv.onnx")
     prepared = prepare_model(src, tmp_path / "prepared.onnx")
     assert "exploded" in caplog.text
-    (line,) = prepared.steps
+    named, line = prepared.steps  # conv_net's nodes are unnamed
+    assert named.startswith("named ")
     assert "onnx.shape_inference" in line
     model = onnx.load(str(prepared.path))
     assert PRE_PROCESS_KEY not in {p.key for p in model.metadata_props}
@@ -823,3 +825,19 @@ def test_the_ai_onnx_opset_is_imported_exactly_once(tmp_path, imports):
     assert foreign_ops(prepared.path) == "ai.onnx.ml.LinearRegressor"
     assert foreign_ops(src) == "ai.onnx.ml.LinearRegressor"
     assert foreign_ops(save(build_lab_model(), tmp_path / "lab.onnx")) == ""
+
+
+def test_unnamed_nodes_get_unique_names(tmp_path):
+    """onnxruntime's nodes_to_exclude selects nodes by name: an unnamed node could not be kept in float. Each gets
+    `<op>_<n>`, never a name the model already has; named nodes keep theirs."""
+    rng = np.random.default_rng(2)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["r"], name="Relu_0"),
+             helper.make_node("Relu", ["r"], ["y"])]
+    src = save(_model(nodes, [_float("x", ["N", 4])], [_float("y", ["N", 4])], [_init(rng, "w", 4, 4)]),
+               tmp_path / "unnamed.onnx")
+    prepared = prepare_model(src, tmp_path / "prepared.onnx")
+    names = [n.name for n in onnx.load(str(prepared.path)).graph.node]
+    assert names == ["MatMul_0", "Relu_0", "Relu_1"]
+    assert _steps(prepared, "named 2 unnamed nodes")
+    again = prepare_model(save(build_lab_model(), tmp_path / "lab.onnx"), tmp_path / "lab_prepared.onnx")
+    assert not _steps(again, "named")
