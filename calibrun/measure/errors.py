@@ -233,10 +233,20 @@ _SAID_VARYING: set[str] = set()  # outputs whose data-dependent size was logged
 
 class RowSets:
     """An integer output's rows (along axis 0) as multisets, batch by batch: the rows both models give over the
-    rows either gives (NonMaxSuppression's selected (batch, class, box) rows: the selections int8 kept)."""
+    rows either gives (NonMaxSuppression's selected (batch, class, box) rows: the selections int8 kept). Only for
+    outputs of such rows (`holds`): a class per row or a map of classes is not a set, and would cost a Python tuple
+    per row on every batch."""
+
+    ROW_MAX = 16  # entries of a row: index tuples, not maps
 
     def __init__(self):
         self.shared = self.either = 0
+
+    @classmethod
+    def holds(cls, ref: np.ndarray, got: np.ndarray) -> bool:
+        """Whether both arrays are integer [K, k] rows of at most ROW_MAX entries."""
+        return (ref.dtype.kind in "iub" and got.dtype.kind in "iub" and ref.ndim == got.ndim == 2
+                and ref.shape[1] == got.shape[1] <= cls.ROW_MAX)
 
     def update(self, ref: np.ndarray, got: np.ndarray) -> None:
         a, b = (Counter(map(tuple, x.reshape(x.shape[0], math.prod(x.shape[1:])).tolist())) for x in (ref, got))
@@ -285,7 +295,7 @@ class OutputErrors:
             raise CalibrunError(f"models have {len(ref_outputs)} and {len(got_outputs)} outputs")
         for name, ref, got in zip(self.names, ref_outputs, got_outputs, strict=True):
             ref, got = np.asarray(ref), np.asarray(got)
-            if ref.dtype.kind in "iub" and ref.ndim >= 1 and ref.ndim == got.ndim:
+            if RowSets.holds(ref, got):
                 self.row_sets.setdefault(name, RowSets()).update(ref, got)
             self.sizes[name][1] += 1
             if ref.shape != got.shape:

@@ -172,18 +172,33 @@ def quantize(
 _SAID_UNBOUNDED: set[str] = set()  # the sets of non-finite tensors already logged
 
 
+_UNBOUNDED: dict[tuple, frozenset[str]] = {}  # (ranges file, its mtime and size) -> its non-finite tensors
+
+
+def _unbounded_tensors(path: Path) -> frozenset[str]:
+    """The tensors of a ranges file whose range is not finite; read once per file version (a histogram method's
+    file holds every histogram: parsing it for each recommendation candidate would cost more than the answer)."""
+    import json
+
+    from onnxruntime.quantization.calibrate import TensorsData
+
+    stat = path.stat()
+    key = (str(path), stat.st_mtime_ns, stat.st_size)
+    if key not in _UNBOUNDED:
+        ranges = TensorsData.from_dict(json.loads(path.read_text()))  # as quantize_static reads it
+        if len(_UNBOUNDED) > 64:
+            _UNBOUNDED.clear()
+        _UNBOUNDED[key] = frozenset(name for name, data in ranges.items() if not all(
+            np.all(np.isfinite(np.asarray(end, np.float64))) for end in data.range_value))
+    return _UNBOUNDED[key]
+
+
 def unbounded_nodes(model_path: str | Path, ranges_path: str | Path) -> list[str]:
     """The nodes that read or write a tensor whose calibrated range is not finite (a transformer's additive
     attention mask is -inf where it masks): no scale represents it, and onnxruntime would quantise it with an
     infinite one, which wrecks every row that passes the mask, masked or not. Those nodes stay in float (one
     warning line); the int8 model keeps the mask exact."""
-    import json
-
-    from onnxruntime.quantization.calibrate import TensorsData
-
-    ranges = TensorsData.from_dict(json.loads(Path(ranges_path).read_text()))  # as quantize_static reads it
-    tensors = {name for name, data in ranges.items()
-               if not all(np.all(np.isfinite(np.asarray(end, np.float64))) for end in data.range_value)}
+    tensors = _unbounded_tensors(Path(ranges_path))
     if not tensors:
         return []
     graph = onnx.load(str(model_path), load_external_data=False).graph

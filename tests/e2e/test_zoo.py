@@ -65,16 +65,22 @@ def test_check_labels_itself_ok_and_a_damaged_copy_broken(name, tmp_path):
     assert damaged.label == BROKEN, damaged.to_json()
 
 
+def _job(entry, built, job, model=None):
+    """calibrun's default job on a zoo model's built data (tracking, diagnostics and recommendations off), on
+    `model` instead of the zoo's file when given (an export of it): (the process, result.json)."""
+    argv = [a for a in entry.overrides(built) if model is None or not a.startswith("model.path=")]
+    proc = run_python(["-m", "calibrun", *argv, *([f"model.path={model}"] if model is not None else []),
+                       "tracking=off", "diagnostics=off", "recommend=off", f"cache.dir={job.parent / 'cache'}",
+                       f"hydra.run.dir={job}"], cwd=REPO, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc, json.loads((job / "result.json").read_text())
+
+
 def _default_job(name: str, tmp_path):
-    """The zoo model's data built and calibrun's default job on it (tracking, diagnostics and recommendations off):
-    (entry, built data, job folder, result.json)."""
+    """The zoo model's data built and its default job: (entry, built data, job folder, result.json)."""
     entry = ZOO[name]
     built = entry.build(tmp_path / "data")
-    job = tmp_path / "job"
-    proc = run_python(["-m", "calibrun", *entry.overrides(built), "tracking=off", "diagnostics=off", "recommend=off",
-                       f"cache.dir={tmp_path / 'cache'}", f"hydra.run.dir={job}"], cwd=REPO, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return entry, built, job, json.loads((job / "result.json").read_text())
+    return entry, built, tmp_path / "job", _job(entry, built, tmp_path / "job")[1]
 
 
 @pytest.mark.slow
@@ -108,12 +114,7 @@ def test_a_float16_export_is_quantised_as_its_float32_twin(tmp_path, keep_io_typ
     declared = onnx.load(str(half)).graph.input[0].type.tensor_type.elem_type
     assert declared == (onnx.TensorProto.FLOAT if keep_io_types else onnx.TensorProto.FLOAT16)
     job = tmp_path / "job16"
-    argv = [a for a in entry.overrides(built) if not a.startswith("model.path=")]
-    proc = run_python(["-m", "calibrun", *argv, f"model.path={half}", "tracking=off", "diagnostics=off",
-                       "recommend=off", f"cache.dir={tmp_path / 'cache'}", f"hydra.run.dir={job}"], cwd=REPO,
-                      timeout=240)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads((job / "result.json").read_text())
+    _, result = _job(entry, built, job, half)
     assert any(step.startswith("widened float16 to float32") for step in result["preparation"])
     assert any(step.startswith("sorted the graph") for step in result["preparation"]) is keep_io_types
     assert result["task"]["name"] == original["task"]["name"] == "classification"
@@ -206,13 +207,8 @@ def test_a_detector_with_nms_inside_is_measured_with_its_selections_as_sets(tmp_
     built = entry.build(tmp_path / "data")
     model = _with_nms(entry.path(), tmp_path / "nudenet_nms.onnx")
     job = tmp_path / "job"
-    argv = [a for a in entry.overrides(built) if not a.startswith("model.path=")]
-    proc = run_python(["-m", "calibrun", *argv, f"model.path={model}", "tracking=off", "diagnostics=off",
-                       "recommend=off", f"cache.dir={tmp_path / 'cache'}", f"hydra.run.dir={job}"], cwd=REPO,
-                      timeout=240)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc, result = _job(entry, built, job, model)
     assert "depends on the data" in proc.stderr
-    result = json.loads((job / "result.json").read_text())
     metrics = result["metrics"]
     assert metrics["out.selected.size_mismatch"] > 0
     shared = either = 0
