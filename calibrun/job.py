@@ -323,9 +323,9 @@ def compute(ctx: JobContext) -> JobResult:
         culprits = result.diagnosis["culprits"]
         if culprits:
             top = culprits[0]
-            log.info("diagnosis: %s; top culprit %s (node %s, %s, %.0f%% of the added error)",
-                     result.diagnosis["overall"], top["tensor"], top["node"], top["verdict"],
-                     100 * (top["noise_share"] or 0))
+            where = f"node {top['node']}" if top["node"] else "a graph input"
+            log.info("diagnosis: %s; top culprit %s (%s, %s, %.0f%% of the added error)", result.diagnosis["overall"],
+                     top["tensor"], where, top["verdict"], 100 * (top["noise_share"] or 0))
     return result
 
 

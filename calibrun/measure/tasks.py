@@ -160,6 +160,9 @@ class Classification(Task):
         labels = None if labels is None else np.asarray(labels).reshape(-1)
         if self.output is None:  # predicted classes only
             ref_top, got_top = self._rows(fp32, int8, self.predicted)
+            if ref_top.size and ref_top.min() >= 0 and got_top.min() >= 0:  # a class map: per class IoU too
+                self._count_classes(ref_top, got_top, int(max(ref_top.max(), got_top.max())) + 1,
+                                    rows=len(np.asarray(fp32[self.predicted])))
         else:
             ref, got = self._flat(np.asarray(fp32[self.output])), self._flat(np.asarray(int8[self.output]))
             classes = ref.shape[1]
@@ -195,8 +198,12 @@ class Classification(Task):
         if len(ref_top) <= rows and not self.positional:
             return
         self.positional = True
-        if self.inter is None or len(self.inter) != classes:
+        if self.inter is None:
             self.inter, self.union = np.zeros(classes, np.int64), np.zeros(classes, np.int64)
+        elif len(self.inter) < classes:  # predicted classes: a later batch shows a higher class
+            grow = classes - len(self.inter)
+            self.inter, self.union = np.pad(self.inter, (0, grow)), np.pad(self.union, (0, grow))
+        classes = len(self.inter)
         inter = np.bincount(ref_top[ref_top == got_top], minlength=classes)
         self.inter += inter
         self.union += np.bincount(ref_top, minlength=classes) + np.bincount(got_top, minlength=classes) - inter
@@ -493,14 +500,16 @@ class _Graph:
         return found
 
     def predicted_classes(self, out: Output) -> str | None:
-        """Why an integer output holds one predicted class per row (None: the graph does not say so)."""
-        if out.kind != "integer" or (out.shape is not None and not (len(out.shape) == 1 or out.shape[1:] == [1])):
+        """Why an integer output holds predicted classes: one per row (None: the graph does not say so), or, from an
+        ArgMax, one per position of a map (a segmentation's class map [N, H, W])."""
+        if out.kind != "integer":
             return None
+        per_row = out.shape is None or len(out.shape) == 1 or out.shape[1:] == [1]
         node = self._classic(out.name, 0)
-        if node is not None:
+        if node is not None and per_row:
             return f"the labels of {node.op_type} ({ML})"
         if self.argmaxes(out.name):
-            return "computed from an ArgMax"
+            return "computed from an ArgMax" + ("" if per_row else ", a class per position")
         return None
 
     def scores(self, out: Output) -> Candidate | None:

@@ -504,3 +504,32 @@ def test_auto_takes_a_decision_only_when_it_is_the_models_one_output(tmp_path):
     path = _save(tmp_path, nodes, [x], outputs)
     assert type(resolve(TaskSpec("auto"), path)) is Task
     assert type(resolve(TaskSpec("auto", output="p"), path)) is Decision
+
+
+def test_a_map_of_predicted_classes_is_measured_by_its_mean_iou(tmp_path):
+    """A segmentation export with its ArgMax inside: an integer [N, H, W] class map. auto takes it as predicted
+    classes, one per position (it used to measure none and fall back to the outputs' SQNR), and the per-class IoU
+    is counted as for a map of class scores, a class first seen in a later batch included."""
+    path = _save(tmp_path, [helper.make_node("ArgMax", ["x"], ["cls"], axis=1, keepdims=0)],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 8, 8])],
+                 [helper.make_tensor_value_info("cls", TensorProto.INT64, ["N", 8, 8])])
+    task = resolve(TaskSpec("auto"), path)
+    assert isinstance(task, Classification)
+    assert task.predicted == "cls" and task.output is None
+    assert "a class per position" in task.reason
+    ref = np.zeros((2, 8, 8), np.int64)
+    ref[:, :4] = 1
+    got = ref.copy()
+    got[0, 0] = 0  # 8 of class 1's 64 positions lost to the background
+    task.update({"cls": ref}, {"cls": got}, None)
+    later_ref, later_got = ref.copy(), ref.copy()
+    later_ref[:, 6:] = 3  # class 3 appears: 32 positions, int8 gives 16 of them
+    later_got[:, 6:] = 3
+    later_got[:, 7:] = 0
+    task.update({"cls": later_ref}, {"cls": later_got}, None)
+    m = task.metrics()
+    background = (64 + 32) / (72 + 48)  # shared over either's, batch 1 + batch 2 (class 2: nowhere, left out)
+    ones = (56 + 64) / (64 + 64)
+    threes = 16 / 32
+    assert m["task.mean_iou"] == pytest.approx((background + ones + threes) / 3)
+    assert m["task.top1_agreement"] == pytest.approx((256 - 8 - 16) / 256)
