@@ -29,7 +29,7 @@ from calibrun.measure import errors as measure
 from calibrun.measure import tasks, verdict
 from calibrun.measure.diagnosis import as_table, classify_model
 from calibrun.measure.tensor_stats import StreamingDiagnostics
-from calibrun.model import FloatModel, check_model_file, computes_in_double, file_sha256, foreign_ops, open_float_model
+from calibrun.model import FloatModel, check_model_file, file_sha256, open_float_model, why_nothing_quantised
 from calibrun.model.digits import ensure_digits
 from calibrun.model.prepare import PREPARE_VERSION, external_data_path, prepare_model
 from calibrun.quant import cache as cache_store
@@ -272,13 +272,7 @@ def compute(ctx: JobContext) -> JobResult:
     quantised = any(ops.get(op) for op in ("QuantizeLinear", "DequantizeLinear")) or \
         any(op.startswith("QLinear") for op in ops)
     if not quantised:
-        others = foreign_ops(fp32.path)
-        why = ("it computes in float64 (double), and quantize_static quantises float32 tensors only: export it in "
-               "float32" if computes_in_double(fp32.path) else
-               f"its operators are all of other domains ({others}): quantize_static quantises ONNX's own operators "
-               "only" if others
-               else "no QuantizeLinear/DequantizeLinear or QLinear op at the graph's top level; a network inside an "
-               "If or Loop subgraph is not quantised")
+        why = why_nothing_quantised(fp32.path)
         log.warning("onnxruntime quantised nothing in this model (%s): the int8 model computes in float", why)
     errors = measure.evaluate(fp32.path, int8_path, evaluation, ctx.fresh_task(), cfg.ort.intra_op_threads,
                               cfg.eval.batch_size, budget=budget, used=eval_memory)

@@ -9,6 +9,7 @@ digits example classifier and its data).
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,27 +93,24 @@ def primary(inputs) -> InputInfo:
     return next((info for info in inputs if info.is_float), inputs[0])
 
 
-def computes_in_double(path: str | Path) -> bool:
-    """Whether the model's float tensors (weights, inputs, outputs, typed values of its top graph) are float64 and
-    none float32: onnxruntime's quantize_static then quantises nothing."""
-    model = onnx.load(str(path), load_external_data=False)
-    graph = model.graph
+def why_nothing_quantised(path: str | Path) -> str:
+    """Why quantize_static may have quantised nothing in the model (read once, without its weights' values): it
+    computes in float64 (its float tensors: weights, inputs, outputs, typed values of the top graph, float64 and
+    none float32), its operators are all of other domains than ONNX's own (a scikit-learn model's ai.onnx.ml
+    TreeEnsembleRegressor, LinearRegressor, ...), or else what the graph's top level does not show."""
+    graph = onnx.load(str(path), load_external_data=False).graph
     types = {t.data_type for t in graph.initializer}
     types |= {v.type.tensor_type.elem_type for v in (*graph.input, *graph.output, *graph.value_info)
               if v.type.HasField("tensor_type")}
-    return TensorProto.DOUBLE in types and TensorProto.FLOAT not in types
-
-
-def foreign_ops(path: str | Path) -> str:
-    """When every operator of the model's top graph is of another domain than ONNX's own (a scikit-learn model's
-    ai.onnx.ml TreeEnsembleRegressor, LinearRegressor, ...): those op types, counted; else ''."""
-    nodes = onnx.load(str(path), load_external_data=False).graph.node
-    if not nodes or any(node.domain in ("", "ai.onnx") for node in nodes):
-        return ""
-    counts: dict[str, int] = {}
-    for node in nodes:
-        counts[f"{node.domain}.{node.op_type}"] = counts.get(f"{node.domain}.{node.op_type}", 0) + 1
-    return ", ".join(f"{op} x{n}" if n > 1 else op for op, n in sorted(counts.items()))
+    if TensorProto.DOUBLE in types and TensorProto.FLOAT not in types:
+        return ("it computes in float64 (double), and quantize_static quantises float32 tensors only: export it in "
+                "float32")
+    if graph.node and not any(node.domain in ("", "ai.onnx") for node in graph.node):
+        counts = Counter(f"{node.domain}.{node.op_type}" for node in graph.node)
+        others = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in sorted(counts.items()))
+        return f"its operators are all of other domains ({others}): quantize_static quantises ONNX's own operators only"
+    return ("no QuantizeLinear/DequantizeLinear or QLinear op at the graph's top level; a network inside an If or "
+            "Loop subgraph is not quantised")
 
 
 # Ops that only a quantised graph holds (QDQ, QOperator, dynamic and integer-arithmetic forms).

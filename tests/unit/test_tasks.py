@@ -515,7 +515,8 @@ def test_a_map_of_predicted_classes_is_measured_by_its_mean_iou(tmp_path):
                  [helper.make_tensor_value_info("cls", TensorProto.INT64, ["N", 8, 8])])
     task = resolve(TaskSpec("auto"), path)
     assert isinstance(task, Classification)
-    assert task.predicted == "cls" and task.output is None
+    assert task.predicted == "cls"
+    assert task.output is None
     assert "a class per position" in task.reason
     ref = np.zeros((2, 8, 8), np.int64)
     ref[:, :4] = 1
