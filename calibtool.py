@@ -75,15 +75,14 @@ def run(argv: list[str]) -> dict:
         seed_v = check_seed(_int(seed, "SEED"), "seed")
         factor_v = check_factor(_float(factor, "FACTOR"), "factor")
         batches_v = check_positive_int(_int(batches, "BATCHES"), "batches", MAX_BATCHES)
-        from calibrun.model import check_loadable, open_float_model
+        from calibrun.model import open_float_model
 
-        model = open_float_model(src)  # a missing or broken file is named before onnxruntime is imported
+        open_float_model(src)  # a missing or broken file is named before onnxruntime is imported
         from calibrun.quant.calibrate import cache_from_env
-        from calibrun.quant.quantize import QuantOptions, quantize_lab
+        from calibrun.quant.quantize import QuantOptions, quantize_lab_file
 
         options = QuantOptions(format=fmt.lower())
-        model = check_loadable(model)
-        result = quantize_lab(model, out, seed_v, factor_v, batches_v, options=options, cache=cache_from_env())
+        result = quantize_lab_file(src, out, seed_v, factor_v, batches_v, options=options, cache=cache_from_env())
         return {key: result[key] for key in QUANTIZE_KEYS}
     if command == "scales":
         from calibrun.model.graph import scales

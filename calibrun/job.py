@@ -7,9 +7,7 @@ writes `result.json`.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import json
 import logging
 import re
 from dataclasses import dataclass
@@ -21,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from calibrun import config
 from calibrun.core import cpu
-from calibrun.core.errors import CalibrunError, one_line
+from calibrun.core.errors import CalibrunError
 from calibrun.core.files import DIAGNOSTICS_FILE, RANGES_FILE, strict_json, temp_dir, write_json
 from calibrun.data import EvalData, calibration_data, evaluation_data
 from calibrun.lab.model import write_lab_model
@@ -29,9 +27,9 @@ from calibrun.measure import errors as measure
 from calibrun.measure import tasks, verdict
 from calibrun.measure.diagnosis import as_table, classify_model
 from calibrun.measure.tensor_stats import StreamingDiagnostics
-from calibrun.model import FloatModel, check_model_file, file_sha256, open_float_model, why_nothing_quantised
+from calibrun.model import FloatModel, check_model_file, file_sha256, why_nothing_quantised
 from calibrun.model.digits import ensure_digits
-from calibrun.model.prepare import PREPARE_VERSION, external_data_path, prepare_model
+from calibrun.model.prepared import prepared_model
 from calibrun.quant import cache as cache_store
 from calibrun.quant.calibrate import Calibration, CalibrationCache
 from calibrun.quant.quantize import QuantOptions, quantize_with, resolve_exclusions
@@ -74,83 +72,21 @@ def eval_source(cfg: DictConfig) -> dict:
     return {**OmegaConf.to_container(cfg.eval_data, resolve=True), "seed": cfg.eval.seed, "rows": cfg.eval.rows}
 
 
-def prepared_record(source_sha256: str) -> dict:
-    """What decides a prepared model (its cache key, calibrun.quant.cache.key_of)."""
-    return {"kind": "prepared model", "source_sha256": source_sha256, "prepare_version": PREPARE_VERSION,
-            "onnxruntime": onnxruntime.__version__}
-
-
 def prepare(cfg: DictConfig, job_dir: Path) -> tuple[FloatModel, list[str]]:
     """The prepared float model: the lab model or the user's file made quantisable (calibrun.model.prepare).
 
-    A user's model is prepared once per source file into the cache's `models` folder (calibrun.quant.cache), so a
-    sweep of many jobs shares one prepared copy; without a cache, into the job folder. A cached copy is used
-    only when its bytes (and its external data file's) still have the sha256 recorded beside it when it was
-    made; a truncated or replaced one is reported in one warning line and prepared again.
+    A user's model is prepared once per source file into the cache's `models` folder (calibrun.model.prepared), so
+    a sweep of many jobs shares one prepared copy; the lab model, and any model without a cache, into the job folder.
     """
-    with temp_dir("src") as tmp:
-        if cfg.model.name == "lab":
+    if cfg.model.name == "lab":
+        with temp_dir("src") as tmp:
             source = write_lab_model(Path(tmp) / "lab.onnx")
-            target = job_dir / "fp32.onnx"
-        else:
-            if cfg.model.name == "digits":
-                source = ensure_digits(cache_store.folder(cfg.cache.dir, "digits")) / "digits.onnx"
-            else:
-                source = check_model_file(Path(cfg.model.path).expanduser().resolve())
-            target = job_dir / "fp32.onnx"
-            if cfg.cache.enabled:
-                folder = cache_store.folder(cfg.cache.dir, "models", create=True)
-                sha256 = file_sha256(source)
-                target = folder / f"{cache_store.key_of(prepared_record(sha256))}.onnx"
-                old = folder / f"{sha256[:32]}-prep{PREPARE_VERSION}-ort{onnxruntime.__version__}.onnx"
-                if old.is_file() and not target.is_file():
-                    log.info("prepared model cache: %s is of the earlier naming and is not read; preparing the "
-                             "model again as %s", old, target.name)
-        record_file = target.with_suffix(".steps.json")
-        cached = target.parent != job_dir
-        # in the cache: one process prepares a model at a time; the others wait for it, then reuse its file
-        with (cache_store.claim(target.with_suffix(".lock"), cfg.cache.wait, f"preparing {source}") if cached
-              else contextlib.nullcontext()):
-            if cached and target.is_file():
-                reused = _verified_prepared(target, record_file)
-                if reused is not None:
-                    log.info("prepared model %s (reused, sha256 verified)", target)
-                    return open_float_model(target, sha256=reused["model_sha256"]), list(reused["steps"])
-            prepared = prepare_model(source, target)
-            record = {"steps": list(prepared.steps), "model_sha256": file_sha256(prepared.path),
-                      "data_sha256": file_sha256(prepared.data_path) if prepared.data_path else None}
-            write_json(record_file, record)
-    return open_float_model(prepared.path, sha256=record["model_sha256"]), list(prepared.steps)
-
-
-def _verified_prepared(target: Path, record_file: Path) -> dict | None:
-    """The record of a cached prepared model whose files still match it; None (with one warning line when
-    something is wrong rather than merely missing) when it must be prepared again."""
-    problem = None
-    try:
-        record = json.loads(record_file.read_text())
-        if not isinstance(record, dict) or not isinstance(record.get("model_sha256"), str):
-            problem = "it has no recorded sha256"
-        elif file_sha256(target) != record["model_sha256"]:
-            problem = "its bytes do not match the sha256 recorded when it was made (truncated or replaced?)"
-        else:
-            data = external_data_path(target)
-            want = record.get("data_sha256")
-            if want is not None and (not data.is_file() or file_sha256(data) != want):
-                problem = f"its data file {data.name} is missing or does not match its recorded sha256"
-            elif not isinstance(record.get("steps"), list):
-                problem = "its record has no preparation steps"
-    except FileNotFoundError:
-        # No record yet: another job may have just placed the model and be hashing it (a parallel sweep on a
-        # fresh cache). Preparing again gives the same bytes; nothing is wrong, so no warning.
-        log.info("prepared model %s has no sha256 record beside it (yet); preparing it again", target)
-        return None
-    except (OSError, ValueError) as exc:
-        problem = f"its record is unreadable ({one_line(exc)})"
-    if problem is None:
-        return record
-    log.warning("prepared model cache %s is unusable: %s; preparing it again", target, problem)
-    return None
+            return prepared_model(source, None, cfg.cache.wait, job_dir)
+    if cfg.model.name == "digits":
+        source = ensure_digits(cache_store.folder(cfg.cache.dir, "digits")) / "digits.onnx"
+    else:
+        source = check_model_file(Path(cfg.model.path).expanduser().resolve())
+    return prepared_model(source, cfg.cache.dir if cfg.cache.enabled else None, cfg.cache.wait, job_dir)
 
 
 def _used(cfg: DictConfig, data, evaluation, errors: dict) -> dict:

@@ -17,6 +17,7 @@ from calibrun.core.errors import CalibrunError
 from calibrun.data import images, npy
 from calibrun.data.batches import EvalData, FeedBatches
 from calibrun.data.images import ImageTransform
+from calibrun.data.inputs import input_dtype
 from calibrun.lab.data import evaluation_pieces, lab_batches
 from calibrun.model import FloatModel
 
@@ -40,10 +41,11 @@ def lab_evaluation(fp32: FloatModel, seed: int, rows: int) -> EvalData:
     """The lab rule's evaluation rows, generated batch by batch (the same rows as one draw)."""
     info = fp32.lab_input()
     pieces = evaluation_pieces(info, seed, rows)
+    dtype = input_dtype(info)  # float32; float16 or double for a model that declares it (cast from float32)
 
     def feeds(sizes):
         for array in pieces(sizes):
-            yield {info.name: array}
+            yield {info.name: array if array.dtype == dtype else array.astype(dtype)}
 
     return EvalData(rows, feeds, None, None, {"source": "lab", "seed": seed, "rows": rows}, [info.name])
 

@@ -421,6 +421,7 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     blocks = blocks_of(fp32_path)  # reads the model's structure (cached, calibrun.model.structure) before the
     # sessions hold their weights: the whole file is read once, here, not beside them
     ref_sess, got_sess = session(fp32_path, threads), session(int8_path, threads)
+    ref_floats, got_floats = declared_floats(ref_sess), declared_floats(got_sess)
     names = [o.name for o in ref_sess.get_outputs()]
     errors = OutputErrors(names, blocks, [o.shape for o in ref_sess.get_outputs()])
     primary_input = primary(infos).name if infos else None
@@ -442,8 +443,8 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
                 shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         for start, stop, part in feed_rows.runs(feeds, axes, per_run):
             try:
-                ref = [as_array(v) for v in ref_sess.run(None, part, shrink)]
-                got = [as_array(v) for v in got_sess.run(None, part, shrink)]
+                ref = [as_array(v) for v in ref_sess.run(None, floats_as_declared(part, ref_floats), shrink)]
+                got = [as_array(v) for v in got_sess.run(None, floats_as_declared(part, got_floats), shrink)]
             except Exception as exc:  # onnxruntime's own Fail/InvalidArgument on bad feeds
                 raise CalibrunError(f"running the models on the evaluation data failed: {one_line(exc)}") from exc
             errors.update(ref, got, feed_rows.count(part, axes))
@@ -463,6 +464,22 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     if task is not None:
         metrics.update(task.metrics())
     return metrics
+
+
+_FLOAT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
+
+
+def declared_floats(sess) -> dict[str, type]:
+    """The numpy float type each float input of an onnxruntime session declares."""
+    return {i.name: _FLOAT_TYPES[i.type] for i in sess.get_inputs() if i.type in _FLOAT_TYPES}
+
+
+def floats_as_declared(feeds: dict, floats: dict[str, type]) -> dict:
+    """`feeds` with each float array in the float type its model declares for it: a float16 model (calibtool's `error`
+    runs one as given) is compared with the int8 model of its float32 widening (calibrun.model.prepare) on the same
+    rows. Arrays already of that type are passed as they are (no copy)."""
+    return {name: value.astype(floats[name]) if name in floats and isinstance(value, np.ndarray)
+            and value.dtype.kind == "f" and value.dtype != floats[name] else value for name, value in feeds.items()}
 
 
 def rows_per_run(fp32_path, feeds, fixed: int | None, size: int, budget: int | None, used: dict | None,

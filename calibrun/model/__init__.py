@@ -18,6 +18,8 @@ from onnx import TensorProto
 
 from calibrun.core.errors import CalibrunError, one_line
 
+LAB_FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE)  # what the lab rule's rows feed
+
 
 @dataclass(frozen=True)
 class InputInfo:
@@ -190,15 +192,16 @@ class FloatModel:
         return primary(self.inputs)
 
     def lab_input(self) -> InputInfo:
-        """The input the synthetic lab rule feeds: it serves exactly one float input."""
+        """The input the synthetic lab rule feeds: it serves exactly one float input (its rows are drawn in float32
+        and fed in the type the input declares: calibtool's `error` runs a float16 model as given)."""
         if len(self.inputs) != 1:
             names = [i.name for i in self.inputs]
             raise CalibrunError(f"{self.path}: the lab data rule serves a single float input, the model has {names};"
                                 " give a data source for each (data=npy)")
-        if not self.info.is_float:
+        if self.info.elem_type not in LAB_FLOAT_TYPES:
             type_name = TensorProto.DataType.Name(self.info.elem_type) if self.info.elem_type else "of no known type"
             raise CalibrunError(f"{self.path}: input {self.info.name!r} is {type_name}; the lab data rule feeds one "
-                                "float32 input (give your data: data=npy)")
+                                "float input (float32, float16 or double; give your data: data=npy)")
         if not self.info.shape:
             raise CalibrunError(f"{self.path}: input {self.info.name!r} has no known shape (rank 0 or missing); "
                                 "the lab data rule needs [rows, ...]")

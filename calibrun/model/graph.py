@@ -3,6 +3,7 @@ float graph's outputs."""
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from onnx import numpy_helper
 from calibrun.core.errors import CalibrunError
 from calibrun.model import graph_inputs, load_model
 from calibrun.model.structure import structure
+
+log = logging.getLogger("calibrun")
 
 # QOperator ops whose inputs are (x, x_scale, x_zero_point, ...): where the input scale sits when no
 # QuantizeLinear reads the graph input directly.
@@ -170,20 +173,44 @@ def op_counts(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def scales_summary(model: onnx.ModelProto, where: str = "model") -> dict:
-    """The `scales` contract: input_scale, input_zero_point, observed_span, quantize/dequantize node counts."""
-    quant = input_quant(model, where)
+    """The `scales` contract: input_scale, input_zero_point, observed_span, quantize/dequantize node counts.
+
+    A statically quantised model whose graph input stays float (its first op is one onnxruntime does not quantise:
+    a Cos, a Resize, a float16 model's input Cast; or nodes kept in float) has no input scale: the three input
+    fields are None (`input_stays_float` says why in one line). A model with no QuantizeLinear and no QLinear op at
+    all is not a quantised model (an error)."""
     ops = op_counts(model)
+    try:
+        quant = input_quant(model, where)
+    except CalibrunError:
+        if not ops.get("QuantizeLinear") and not any(op in _QLINEAR_X_SCALE for op in ops):
+            raise
+        quant = None
     return {
-        "input_scale": quant.scale,
-        "input_zero_point": quant.zero_point,
-        "observed_span": quant.observed_span,
+        "input_scale": quant.scale if quant else None,
+        "input_zero_point": quant.zero_point if quant else None,
+        "observed_span": quant.observed_span if quant else None,
         "quantize_nodes": ops.get("QuantizeLinear", 0),
         "dequantize_nodes": ops.get("DequantizeLinear", 0),
     }
 
 
 def scales(path: str | Path) -> dict:
-    return scales_summary(load_model(path), str(path))
+    """calibtool's `scales`; a warning line when the graph input stays float (its fields are null)."""
+    model = load_model(path)
+    summary = scales_summary(model, str(path))
+    if summary["input_scale"] is None:
+        log.warning(input_stays_float(model, str(path)))
+    return summary
+
+
+def input_stays_float(model: onnx.ModelProto, where: str) -> str:
+    """The line for a quantised model whose graph input no QuantizeLinear or QLinear op reads."""
+    name = graph_inputs(model)[0].name
+    readers = sorted({node.op_type for node in model.graph.node if name in node.input})
+    return (f"{where}: graph input {name!r} stays float (read by {', '.join(readers) or 'no node'}, not by a "
+            "QuantizeLinear or QLinear op: quantisation starts further in); input_scale, input_zero_point and "
+            "observed_span are null")
 
 
 def keep_only(graph: onnx.GraphProto, outputs: list[str]) -> None:

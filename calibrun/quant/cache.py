@@ -3,7 +3,7 @@
 subfolder of `cache.dir` per kind:
 
     ranges/<key>.json, <key>.key.json     calibration ranges (calibrun.quant.calibrate.CalibrationCache)
-    models/<key>.onnx, <key>.steps.json   prepared models (calibrun.job.prepare)
+    models/<key>.onnx, <key>.steps.json   prepared models (calibrun.model.prepared)
     <kind>/<key>.lock                     held by the process computing that entry (`claim`)
     digits/                               the digits example's model and data (fixed inputs: made once)
 

@@ -5,6 +5,7 @@ Everything here is post-calibration: changing any of these options reuses the ca
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -24,7 +25,7 @@ from calibrun.core.errors import CalibrunError
 from calibrun.core.files import atomic_path, check_not_source, check_writable, temp_dir
 from calibrun.lab.data import lab_batches
 from calibrun.model import FloatModel, external_files, private_model_copy
-from calibrun.model.graph import input_quant, op_counts, scales_summary
+from calibrun.model.graph import input_quant, input_stays_float, op_counts, scales_summary
 from calibrun.model.prepare import default_opset
 from calibrun.quant.calibrate import METHODS, Calibration, CalibrationCache, CalibrationSpec, calibrated
 
@@ -366,13 +367,15 @@ def quantize_with(
     ranges_copy: str | Path | None = None,
     threads: int = 0,
     input_may_stay_float: bool = False,
+    log_float_input: bool = False,
     budget: int | None = None,
     used: dict | None = None,
 ) -> dict:
     """Calibrate (cached) on `data` (a sized, re-iterable source with identity()), quantise, describe the model.
 
     `ranges_copy`: also keep the calibration ranges there (onnxruntime's cache format).
-    `input_may_stay_float`: excluded nodes may leave the graph input in fp32 (its scale fields are then None).
+    `input_may_stay_float`: the graph input may stay float (excluded nodes, a first op onnxruntime does not quantise:
+    its scale fields are then None, with a warning line when `log_float_input`); else that is an error.
     `budget`, `used`: memory.budget in bytes (None: auto) and a dict for what the calibration pass used
     (calibrun.quant.calibrate.run_calibration).
     """
@@ -392,13 +395,15 @@ def quantize_with(
                 shutil.copyfile(cal.ranges_path, tmp)
     written = onnx.load(str(out))
     try:
-        summary = scales_summary(written, str(out))
-    except CalibrunError:
+        summary = scales_summary(written, str(out))  # input fields None where the graph input stays float
+    except CalibrunError:  # nothing quantised (a float64 model, foreign ops): the job says why
         if not input_may_stay_float:
             raise
         ops = op_counts(written)
         summary = {"input_scale": None, "input_zero_point": None, "observed_span": None,
                    "quantize_nodes": ops.get("QuantizeLinear", 0), "dequantize_nodes": ops.get("DequantizeLinear", 0)}
+    if summary["input_scale"] is None and log_float_input:
+        log.warning(input_stays_float(written, str(out)))
     return {
         "out": str(out),
         "bytes": out.stat().st_size,
@@ -416,10 +421,33 @@ def quantize_with(
 
 
 def quantize_lab(fp32: FloatModel, out: str | Path, seed: int, factor: float, batches: int, spec=None,
-                 options=None, cache=None, ranges_copy=None) -> dict:
+                 options=None, cache=None, ranges_copy=None, input_may_stay_float: bool = False) -> dict:
     """Calibrate on the lab rule (docs/lab.md), quantise, and describe the written model."""
     data = lab_batches(fp32.lab_input(), seed, factor, batches)
-    return quantize_with(fp32, out, data, spec, options, cache, ranges_copy)
+    return quantize_with(fp32, out, data, spec, options, cache, ranges_copy, input_may_stay_float=input_may_stay_float,
+                         log_float_input=input_may_stay_float)
+
+def quantize_lab_file(src: str | Path, out: str | Path, seed: int, factor: float, batches: int,
+                      options: QuantOptions | None = None, cache: CalibrationCache | None = None) -> dict:
+    """calibtool's `quantize`: a float model file as the user gives it, prepared as the Hydra runner prepares one
+    (calibrun.model.prepared: float16 widened to float32, an unsorted graph sorted, old opsets converted, ...; kept
+    in the cache's `models` folder), then calibrated on the lab rule and quantised. The file is checked (readable,
+    float, runnable by onnxruntime, one input the lab rule can feed) before any work, so that a problem is named as
+    the user gave it, not as the prepared copy."""
+    from calibrun.model import check_loadable, open_float_model
+    from calibrun.model.prepared import prepared_model
+
+    fp32 = check_loadable(open_float_model(src))
+    out = check_writable(out)
+    check_not_source(fp32.path, out, external_files(fp32.path))
+    fp32.lab_input()
+    with temp_dir("src") if cache is None else contextlib.nullcontext() as tmp:  # with a cache: its models folder
+        root, wait = (cache.root, cache.wait) if cache is not None else (None, 0.0)
+        prepared, steps = prepared_model(fp32.path, root, wait, Path(tmp or "."))
+        for step in steps:
+            log.info("prepared %s: %s", fp32.path.name, step)
+        return quantize_lab(prepared, out, seed, factor, batches, options=options, cache=cache,
+                            input_may_stay_float=True)
 
 # --- config: this concept's options (the `format` node; calibrun.config assembles the schema) ---
 

@@ -244,6 +244,71 @@ def test_quantize_same_arguments_twice_is_identical(lab_model, calibtool):
     assert (calibtool.cwd / "a.onnx").read_bytes() == (calibtool.cwd / "b.onnx").read_bytes()
 
 
+# --- any float model: what the Hydra runner prepares, calibtool prepares too ---
+
+
+def _float16_io_mlp() -> onnx.ModelProto:
+    """onnxruntime's own float16 converter with the float32 inputs and outputs kept (`keep_io_types`): the graph
+    input is read by a Cast, which quantize_static does not quantise."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    return convert_float_to_float16(mlp(features=6), keep_io_types=True)
+
+
+def _awkward_models() -> dict:
+    from tests.unit import test_prepare as built
+
+    return {"float16": built.float16_net, "float16-io-types-kept": _float16_io_mlp, "ir3-initializer-inputs":
+            built.ir3_mlp, "opset9-upsample": built.upsample_opset9, "cos-first": unquantised_input_model}
+
+
+@pytest.mark.parametrize("name", list(_awkward_models()))
+def test_quantize_and_error_work_on_any_float_model(name, tmp_path, calibtool):
+    """Float models an outside tool brings, each valid and run by onnxruntime as it is: float16 (quantize_static
+    alone writes an int8 model onnxruntime refuses), old IR and opsets, a graph input read first by an op
+    onnxruntime does not quantise. quantize writes an int8 model onnxruntime runs; where no QuantizeLinear reads the
+    graph input, input_scale and input_zero_point are null and one warning line says why; error compares each
+    model fed the lab rows in the type it declares (a float16 model in float16)."""
+    fp32 = save(_awkward_models()[name](), tmp_path / f"{name}.onnx")
+    code, stdout, stderr = calibtool("quantize", fp32, "int8.onnx", 11, 1.5, 3)
+    assert code == 0, stderr
+    result = one_json(stdout)
+    out = calibtool.cwd / "int8.onnx"
+    assert set(result) == QUANTIZE_KEYS
+    assert result["ops"] == dict(op_types(out))
+    assert result["ops"].get("QuantizeLinear", 0) >= 1
+    model = onnx.load(str(fp32))
+    inits = {t.name for t in model.graph.initializer}
+    (given,) = [i for i in model.graph.input if i.name not in inits]
+    shape = [d.dim_value for d in given.type.tensor_type.shape.dim[1:]]
+    rng = np.random.default_rng(11)
+    every = np.concatenate([(rng.normal(0, 1, (16, *shape)) * 1.5).astype(np.float32).ravel() for _ in range(3)])
+    assert result["span"] == float(every.max() - every.min())
+    read_by_quantize = [n for n in onnx.load(str(out)).graph.node if n.op_type == "QuantizeLinear"
+                        and n.input[0] == given.name]
+    if read_by_quantize:
+        assert (result["input_scale"], result["input_zero_point"]) == pinned_input_quant(out)
+        assert "stays float" not in stderr
+    else:
+        assert result["input_scale"] is None
+        assert result["input_zero_point"] is None
+        assert f"graph input '{given.name}' stays float" in stderr
+        code, stdout, stderr = calibtool("scales", out)
+        assert code == 0, stderr
+        assert one_json(stdout)["input_scale"] is None
+        assert "stays float" in stderr
+
+    code, stdout, stderr = calibtool("error", fp32, out, 5, 40)
+    assert code == 0, stderr
+    rows = np.random.default_rng(5).normal(0, 1, (40, *shape)).astype(np.float32)
+    declared = onnx.helper.tensor_dtype_to_np_dtype(given.type.tensor_type.elem_type)
+    ref = run_model(fp32, {given.name: rows.astype(declared)})[0].astype(np.float64)
+    got = run_model(out, {given.name: rows})[0].astype(np.float64)
+    error = one_json(stdout)
+    assert error["max_abs_error"] == pytest.approx(np.abs(ref - got).max(), rel=1e-6)
+    assert 0 < error["max_abs_error"] < np.abs(ref).max()  # quantised, and not garbage
+
+
 # --- exit 2: wrong argument counts ---
 
 USAGE_CASES = {
@@ -304,7 +369,6 @@ class Assets:
         self.text = root / "text.onnx"
         self.text.write_text("this is not an ONNX model\n" * 20)
         self.int64 = save(int_input_model(), root / "int64.onnx")
-        self.cos = save(unquantised_input_model(), root / "cos.onnx")
         self.folder = root / "a_folder.onnx"
         self.folder.mkdir()
         self.int8_qop = root / "int8_qop.onnx"
@@ -368,9 +432,6 @@ BAD_CASES.update({
     "error-int8-int64-input": (lambda a, o: ["error", a.lab, a.int64, 1, 8], "no input"),
     "error-int8-of-other-features": (lambda a, o: ["error", a.lab, a.int8_f5, 1, 8], ""),
     "scales-of-fp32-model": (lambda a, o: ["scales", a.lab], "not quantised"),
-    "quantize-input-not-quantised-qdq": (lambda a, o: quantize(a, o, "1", "1", "2", "qdq", src=a.cos), "'x'"),
-    "quantize-input-not-quantised-qop": (lambda a, o: quantize(a, o, "1", "1", "2", "qoperator", src=a.cos),
-                                         "'x'"),
     "seed-word": (lambda a, o: quantize(a, o, seed="abc"), "SEED"),
     "seed-float": (lambda a, o: quantize(a, o, seed="1.5"), "SEED"),
     "seed-negative": (lambda a, o: quantize(a, o, seed="-1"), "seed"),
@@ -699,3 +760,24 @@ def test_help_exits_0_and_names_the_command_as_called(flag, tmp_path):
 
 def run_calibtool_help(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=60)
+
+
+def test_quantize_makes_the_int8_model_the_hydra_runner_makes(tmp_path, calibtool):
+    """One preparation for both faces: `calibtool quantize` of a float16 file and `python -m calibrun model=file` of it
+    (matched calibration, its seed, the same batches, QDQ) write the same bytes; the runner's job reuses the
+    prepared model and the ranges calibtool left in the shared cache."""
+    from calibrun.lab import CALIB_SEED
+    from tests.conftest import run_python
+    from tests.unit.test_prepare import float16_net
+
+    fp32 = save(float16_net(), tmp_path / "half.onnx")
+    code, stdout, stderr = calibtool("quantize", fp32, "int8.onnx", CALIB_SEED, 1.0, 8)
+    assert code == 0, stderr
+    assert one_json(stdout)["input_scale"] > 0
+    run = tmp_path / "run"
+    proc = run_python(["-m", "calibrun", "model=file", f"model.path={fp32}", "calibration=match", "batches=8",
+                       "tracking=off", "recommend=off", "analysis=none", f"hydra.run.dir={run}",
+                       f"cache.dir={calibtool.cache}"], tmp_path, clean_env())
+    assert proc.returncode == 0, proc.stderr
+    assert (run / "int8.onnx").read_bytes() == (calibtool.cwd / "int8.onnx").read_bytes()
+    assert json.loads((run / "result.json").read_text())["metrics"]["cache_hit"] == 1  # the ranges calibtool wrote

@@ -71,10 +71,11 @@ def test_prepared_models_are_keyed_by_their_record(tmp_path, caplog):
     from omegaconf import OmegaConf
 
     from calibrun.config import Config
-    from calibrun.job import prepare, prepared_record
+    from calibrun.job import prepare
     from calibrun.lab.model import write_lab_model
     from calibrun.model import file_sha256
     from calibrun.model.prepare import PREPARE_VERSION
+    from calibrun.model.prepared import prepared_record
 
     src = write_lab_model(tmp_path / "lab.onnx")
     cfg = OmegaConf.structured(Config)

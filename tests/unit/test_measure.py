@@ -234,3 +234,17 @@ def test_an_output_of_strings_is_compared_as_equal_or_not():
     assert "out.label.max_abs_error" not in m
     assert m["max_abs_error"] == 0.5
     assert measure.compare([ref, np.ones(2)], [got, np.zeros(2)])["max_abs_error"] == 1.0
+
+
+def test_each_model_is_fed_its_floats_in_the_type_it_declares():
+    """calibtool's `error` runs a float16 model as given beside the float32 int8 model of its widening: a float array
+    is cast to the type each session declares, anything else (integers, bool, a matching type) is passed as it is."""
+    from calibrun.measure.errors import floats_as_declared
+
+    x = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
+    ids = np.arange(2, dtype=np.int64)
+    fed = floats_as_declared({"x": x, "ids": ids, "same": x}, {"x": np.float16, "same": np.float32})
+    assert fed["x"].dtype == np.float16
+    np.testing.assert_array_equal(fed["x"], x.astype(np.float16))
+    assert fed["ids"] is ids
+    assert fed["same"] is x

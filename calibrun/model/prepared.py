@@ -1,0 +1,93 @@
+"""A user's float model, prepared once per source file (calibrun.model.prepare) and kept in the cache's `models`
+folder (calibrun.quant.cache), so that a sweep of many jobs, or calibtool run after run, shares one prepared copy.
+The Hydra runner (calibrun.job.prepare) and calibtool's `quantize` both take their model from here: the same file
+gives the same prepared model, so the same int8 model, whichever of the two quantises it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from pathlib import Path
+
+import onnxruntime
+
+from calibrun.core.errors import one_line
+from calibrun.core.files import write_json
+from calibrun.model import FloatModel, file_sha256, open_float_model
+from calibrun.model.prepare import PREPARE_VERSION, external_data_path, prepare_model
+from calibrun.quant import cache as cache_store
+
+log = logging.getLogger("calibrun")
+
+
+def prepared_record(source_sha256: str) -> dict:
+    """What decides a prepared model (its cache key, calibrun.quant.cache.key_of)."""
+    return {"kind": "prepared model", "source_sha256": source_sha256, "prepare_version": PREPARE_VERSION,
+            "onnxruntime": onnxruntime.__version__}
+
+
+def prepared_model(source: Path, cache_root: str | Path | None, wait: float,
+                   folder: Path) -> tuple[FloatModel, list[str]]:
+    """The prepared float model of `source` and its preparation steps (one human line each).
+
+    With a cache (`cache_root`) it is prepared once into `<cache_root>/models/<key>.onnx`; a cached copy is used
+    only when its bytes (and its external data file's) still have the sha256 recorded beside it when it was made; a
+    truncated or replaced one is reported in one warning line and prepared again. One process prepares a model at
+    a time; the others wait for it (at most `wait` seconds), then reuse its file. Without a cache, into
+    `folder/fp32.onnx`.
+    """
+    target = folder / "fp32.onnx"
+    if cache_root is not None:
+        models = cache_store.folder(cache_root, "models", create=True)
+        sha256 = file_sha256(source)
+        target = models / f"{cache_store.key_of(prepared_record(sha256))}.onnx"
+        old = models / f"{sha256[:32]}-prep{PREPARE_VERSION}-ort{onnxruntime.__version__}.onnx"
+        if old.is_file() and not target.is_file():
+            log.info("prepared model cache: %s is of the earlier naming and is not read; preparing the "
+                     "model again as %s", old, target.name)
+    record_file = target.with_suffix(".steps.json")
+    cached = cache_root is not None
+    with (cache_store.claim(target.with_suffix(".lock"), wait, f"preparing {source}") if cached
+          else contextlib.nullcontext()):
+        if cached and target.is_file():
+            reused = _verified(target, record_file)
+            if reused is not None:
+                log.info("prepared model %s (reused, sha256 verified)", target)
+                return open_float_model(target, sha256=reused["model_sha256"]), list(reused["steps"])
+        prepared = prepare_model(source, target)
+        record = {"steps": list(prepared.steps), "model_sha256": file_sha256(prepared.path),
+                  "data_sha256": file_sha256(prepared.data_path) if prepared.data_path else None}
+        write_json(record_file, record)
+    return open_float_model(prepared.path, sha256=record["model_sha256"]), list(prepared.steps)
+
+
+def _verified(target: Path, record_file: Path) -> dict | None:
+    """The record of a cached prepared model whose files still match it; None (with one warning line when
+    something is wrong rather than merely missing) when it must be prepared again."""
+    problem = None
+    try:
+        record = json.loads(record_file.read_text())
+        if not isinstance(record, dict) or not isinstance(record.get("model_sha256"), str):
+            problem = "it has no recorded sha256"
+        elif file_sha256(target) != record["model_sha256"]:
+            problem = "its bytes do not match the sha256 recorded when it was made (truncated or replaced?)"
+        else:
+            data = external_data_path(target)
+            want = record.get("data_sha256")
+            if want is not None and (not data.is_file() or file_sha256(data) != want):
+                problem = f"its data file {data.name} is missing or does not match its recorded sha256"
+            elif not isinstance(record.get("steps"), list):
+                problem = "its record has no preparation steps"
+    except FileNotFoundError:
+        # No record yet: another job may have just placed the model and be hashing it (a parallel sweep on a
+        # fresh cache). Preparing again gives the same bytes; nothing is wrong, so no warning.
+        log.info("prepared model %s has no sha256 record beside it (yet); preparing it again", target)
+        return None
+    except (OSError, ValueError) as exc:
+        problem = f"its record is unreadable ({one_line(exc)})"
+    if problem is None:
+        return record
+    log.warning("prepared model cache %s is unusable: %s; preparing it again", target, problem)
+    return None
