@@ -46,6 +46,7 @@ from calibrun.quant.cache import key_of
 from calibrun.quant.histogram import ALGORITHM as HISTOGRAM_ALGORITHM
 from calibrun.quant.histogram import FastHistogramCollector
 from calibrun.quant.histogram_runs import HistogramPieces
+from calibrun.quant.histogram_worker import HistogramWorker
 from calibrun.quant.reader import make_reader
 
 log = logging.getLogger(__name__)
@@ -382,44 +383,61 @@ def run_calibration(model_path: str | Path, data, input_name: str, spec: Calibra
                                                getattr(data, "axes", None))
         chunk = spec.batches_per_collect
         outputs = None
-        pieces: HistogramPieces | None | bool = False  # histogram methods: planned on the first chunk
         if spec.method != "minmax":
-            _fast_collector(calibrator, threads)
+            _fast_collector(calibrator, threads, budget)
             outputs = calibrator.infer_session = ReusedOutputs(calibrator.infer_session, sets=chunk)
-        for start in range(0, total, chunk):
-            end = min(start + chunk, total)
-            reader.set_range(start, end)
-            if spec.method == "minmax":
-                calibrator.collect_data(reader)
-            else:
-                batches = list(iter(reader.get_next, None))
-                if pieces is False:  # the first chunk decides (calibrun.quant.histogram_runs)
-                    pieces = HistogramPieces.plan(copy, sorted(calibrator.tensors_to_calibrate), batches, budget,
-                                                  threads, getattr(data, "axes", None), outputs,
-                                                  used if used is not None else {})
-                    if pieces is not None and pieces.segments is not None:  # the pieces' sessions run it all
-                        outputs.release()
-                        calibrator.infer_session = outputs = pieces.fallback = None
-                if pieces is not None:
-                    pieces.collect(calibrator.collector, batches)
-                else:
-                    outputs.rewind()
-                    calibrator.collect_data(make_reader(batches, input_name))
-                del batches
-            interrupts.check()
-            progress.update(end)
-        if outputs is not None:
-            outputs.release()
-        if spec.method != "minmax":
-            search = Progress(f"choosing {spec.method} ranges", len(calibrator.collector.histogram_dict),
-                              unit="tensors")
-            calibrator.collector.progress = search.update
-        tensors = calibrator.compute_data()
+        try:
+            _calibrate_chunks(calibrator, reader, spec, data, copy, budget, threads, used, outputs, progress, total,
+                              input_name)
+            if spec.method != "minmax":
+                search = Progress(f"choosing {spec.method} ranges", len(calibrator.collector.histogram_dict),
+                                  unit="tensors")
+                calibrator.collector.progress = search.update
+            tensors = calibrator.compute_data()
+        finally:
+            worker = getattr(getattr(calibrator, "collector", None), "worker", None)
+            if worker is not None:  # however the pass ended (an interrupt, an error)
+                worker.close()
+                calibrator.collector.worker = None
         del calibrator
     return tensors, tracked.span
 
 
-def _fast_collector(calibrator, threads: int) -> None:
+def _calibrate_chunks(calibrator, reader, spec: CalibrationSpec, data, copy, budget, threads: int, used, outputs,
+                      progress, total: int, input_name: str) -> None:
+    """The pass over the calibration data, `spec.batches_per_collect` batches at a time (run_calibration)."""
+    chunk = spec.batches_per_collect
+    pieces: HistogramPieces | None | bool = False  # histogram methods: planned on the first chunk
+    for start in range(0, total, chunk):
+        end = min(start + chunk, total)
+        reader.set_range(start, end)
+        if spec.method == "minmax":
+            calibrator.collect_data(reader)
+        else:
+            batches = list(iter(reader.get_next, None))
+            if pieces is False:  # the first chunk decides (calibrun.quant.histogram_runs)
+                record = used if used is not None else {}
+                pieces = HistogramPieces.plan(copy, sorted(calibrator.tensors_to_calibrate), batches, budget,
+                                              threads, getattr(data, "axes", None), outputs, record)
+                worker = getattr(calibrator.collector, "worker", None)
+                if worker is not None and record.get("budget_bytes"):
+                    worker.limit = record["budget_bytes"] // 4
+                if pieces is not None and pieces.segments is not None:  # the pieces' sessions run it all
+                    outputs.release()
+                    calibrator.infer_session = outputs = pieces.fallback = None
+            if pieces is not None:
+                pieces.collect(calibrator.collector, batches)
+            else:
+                outputs.rewind()
+                calibrator.collect_data(make_reader(batches, input_name))
+            del batches
+        interrupts.check()
+        progress.update(end)
+    if outputs is not None:
+        outputs.release()
+
+
+def _fast_collector(calibrator, threads: int, budget: int | None = None) -> None:
     """Give onnxruntime's histogram calibrator calibrun's collector (same histograms and ranges, computed in a
     fraction of the time: calibrun/quant/histogram.py), built from the calibrator's own settings. onnxruntime's
     `collect_data` creates its collector only when it has none, and `compute_data` asks it for the ranges."""
@@ -428,6 +446,10 @@ def _fast_collector(calibrator, threads: int) -> None:
         num_quantized_bins=calibrator.num_quantized_bins, percentile=calibrator.percentile,
         scenario=calibrator.scenario, threads=threads,
     )
+    # forked now, before the first batch fills onnxruntime's arenas (calibrun.quant.histogram_worker); its mapping
+    # holds a quarter of memory.budget (auto: of its floor, before the first chunk tells the budget)
+    calibrator.collector.worker = HistogramWorker.start(calibrator.collector, calibrator.collector.threads,
+                                                        (budget or memory.AUTO_FLOOR) // 4)
 
 
 @contextlib.contextmanager

@@ -13,8 +13,9 @@ onnxruntime (quantization/calibrate.py) spends its time in two places:
   sorts the data. `histogram` here returns the same counts and edges as `np.histogram` (bins are decided by the
   edges exactly as numpy decides them: a float32 position, int32 bins and one `bincount` per block; the values
   within a rounding margin of an edge, zeros on the middle edge among them, are compared with that edge), and
-  `FastHistogramCollector` spreads the tensors of a batch over threads, largest first (numpy releases the GIL in
-  its loops; blocks of _BLOCK elements keep each call long enough for threads to overlap). The symmetric
+  `FastHistogramCollector` gives about half of each large batch to a worker process
+  (calibrun.quant.histogram_worker: np.bincount holds the GIL, so threads bin no faster than one), else spreads the
+  tensors of a batch over threads, largest first. The symmetric
   percentile histogram of |x| is binned block by block, without a copy of |x|. Range growth and re-binning
   (`merge_histogram`) are onnxruntime's code, unchanged in effect, except where onnxruntime breaks: a range
   growing so far that it would need more than MAX_GROWN_BINS bins (it asks for billions), and an empty tensor in
@@ -242,6 +243,9 @@ def largest_first(fn, items: list[tuple], threads: int, pool: ThreadPoolExecutor
     return [done[i] for i in range(len(items))]
 
 
+_FORK_LEAST = 1 << 22  # values in a batch below which the worker process is not used (calibrun.quant.histogram_worker)
+
+
 def _size(data_arr) -> int:
     return sum(np.size(a) for a in data_arr) if isinstance(data_arr, list) else np.size(data_arr)
 
@@ -363,10 +367,14 @@ class FastHistogramCollector(HistogramCollector):
         # infinite range, in onnxruntime's collector too); their range is their min and max, not finite, and
         # calibrun.quant.quantize keeps the nodes that read or write them in float
         self.unbounded: dict[str, tuple] = {}
+        self.worker = None  # a calibrun.quant.histogram_worker.HistogramWorker: bins half of each large batch
 
-    def _each(self, name_to_arr, fn) -> None:
+    def _each(self, name_to_arr, fn_name: str) -> None:
         items = list(name_to_arr.items())
-        for (name, _), result in zip(items, largest_first(fn, items, self.threads), strict=True):
+        found = self.worker.map(self, fn_name, items) if self.worker is not None else None
+        if found is None:
+            found = largest_first(getattr(self, fn_name), items, self.threads)
+        for (name, _), result in zip(items, found, strict=True):
             if isinstance(result, ChunkRange):
                 self.set_unbounded(name, result)
             else:
@@ -387,9 +395,9 @@ class FastHistogramCollector(HistogramCollector):
 
     def collect(self, name_to_arr):
         if self.method in {"distribution", "entropy"} or (self.method == "percentile" and not self.symmetric):
-            return self._each(name_to_arr, self._value)
+            return self._each(name_to_arr, "_value")
         if self.method == "percentile":
-            return self._each(name_to_arr, self._absolute)
+            return self._each(name_to_arr, "_absolute")
         raise ValueError("Only 'entropy', 'percentile' or 'distribution' methods are supported")
 
     # collect_value + merge_histogram of onnxruntime, np.histogram replaced by `histogram`; each split into a plan
@@ -526,7 +534,11 @@ class FastHistogramCollector(HistogramCollector):
         the histograms reach them through the fork, only the two thresholds come back; the same function, the
         same thresholds. Anywhere a process cannot be forked, one tensor after another here."""
         items = list(self.histogram_dict.items())
-        found = _forked_thresholds(items, self.num_quantized_bins, self.threads, self.progress)
+        found = None
+        if self.worker is not None and len(items) > 1:  # the binning worker, already there: no pool to fork
+            found = self.worker.thresholds(items, self.num_quantized_bins, self.progress)
+        if found is None:
+            found = _forked_thresholds(items, self.num_quantized_bins, self.threads, self.progress)
         if found is None:
             found = []
             for _tensor, histogram_ in items:

@@ -170,6 +170,16 @@ def collect_pieces(collector: FastHistogramCollector, pieces: Callable[[], Itera
         hist, edges = plan.counts(flat)
         counts[name] = (hist, edges) if name not in counts else (counts[name][0] + hist, edges)
 
+    def take_all(take: Callable[[str, np.ndarray], None], flats: list[tuple], pool: ThreadPoolExecutor) -> None:
+        if take is take_counts and collector.worker is not None:  # half of a large piece in the worker process
+            wanted = [(name, flat) for name, flat in flats if name in plans and plans[name].bins is not None]
+            found = collector.worker.counts(plans, wanted)
+            if found is not None:
+                for (name, _), (hist, edges) in zip(wanted, found, strict=True):
+                    counts[name] = (hist, edges) if name not in counts else (counts[name][0] + hist, edges)
+                return
+        largest_first(take, flats, collector.threads, pool)
+
     with ThreadPoolExecutor(max(1, collector.threads)) as pool, ThreadPoolExecutor(1) as lead:
 
         def each_piece(take: Callable[[str, np.ndarray], None], before=None) -> None:
@@ -181,9 +191,9 @@ def collect_pieces(collector: FastHistogramCollector, pieces: Callable[[], Itera
                 if before is not None:
                     before(flats)
                 if overlap:
-                    pending = lead.submit(largest_first, take, flats, collector.threads, pool)
+                    pending = lead.submit(take_all, take, flats, pool)
                 else:
-                    largest_first(take, flats, collector.threads, pool)
+                    take_all(take, flats, pool)
             if pending is not None:
                 pending.result()
 

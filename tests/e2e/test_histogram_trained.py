@@ -254,7 +254,7 @@ def reference_calibration(monkeypatch, *args, **kwargs):
     """run_calibration as onnxruntime calibrates: its own collector (calibrun's is not installed), on the
     session's fresh outputs."""
     with monkeypatch.context() as patch:
-        patch.setattr(calibrate, "_fast_collector", lambda calibrator, threads: None)
+        patch.setattr(calibrate, "_fast_collector", lambda calibrator, threads, budget=None: None)
         patch.setattr(calibrate, "ReusedOutputs", _FreshOutputs)
         with contextlib.redirect_stdout(io.StringIO()):
             return run_calibration(*args, **kwargs)

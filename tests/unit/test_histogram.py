@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
+import signal
 
 import numpy as np
 import onnx
@@ -575,3 +577,108 @@ def test_a_tensor_with_an_infinite_value_gets_its_min_and_max_and_no_histogram(m
 
     for got, want in zip(ends(result["v"]), ends(reference["v"]), strict=True):
         assert np.array_equal(got, want)
+
+
+# ---------------------------------------------------------------------------------------------- the worker process
+
+
+def _with_worker(monkeypatch, method: str, symmetric: bool):
+    """A collector with its binning worker process (calibrun.quant.histogram_worker), made for any batch size."""
+    from calibrun.quant import histogram_worker
+    from calibrun.quant.histogram import FastHistogramCollector
+
+    monkeypatch.setattr(histogram_worker, "_FORK_LEAST", 1000)  # before the fork: the worker sees it too
+    collector = FastHistogramCollector(method, symmetric, 512, 128, 99.99, "same", threads=2)
+    collector.worker = histogram_worker.HistogramWorker(collector)
+    return collector
+
+
+def _same_histograms(a, b) -> None:
+    assert a.histogram_dict.keys() == b.histogram_dict.keys()
+    for name, entry in a.histogram_dict.items():
+        for x, y in zip(entry, b.histogram_dict[name], strict=True):
+            assert np.asarray(x).dtype == np.asarray(y).dtype, name
+            assert np.array_equal(x, y, equal_nan=True), name
+
+
+@pytest.mark.parametrize("pieces", [False, True], ids=["whole", "pieces"])
+@pytest.mark.parametrize(("method", "symmetric"), [("entropy", False), ("distribution", False),
+                                                   ("percentile", False), ("percentile", True)])
+def test_the_worker_process_bins_and_searches_as_this_one_does(monkeypatch, method, symmetric, pieces):
+    """About half of each batch binned in the worker (the collector's own functions on a copy of the collector made by
+    the fork, the batch through the shared mapping), whole or in pieces, and half of the entropy search there: the
+    histograms and the ranges of one process, bit for bit, chunk after chunk (ranges that grow, NaN, float16, an
+    empty tensor)."""
+    from calibrun.quant.histogram import FastHistogramCollector
+    from calibrun.quant.histogram_runs import collect_pieces
+
+    alone = FastHistogramCollector(method, symmetric, 512, 128, 99.99, "same", threads=1)
+    helped = _with_worker(monkeypatch, method, symmetric)
+    used = []
+    split = helped.worker._split
+    monkeypatch.setattr(helped.worker, "_split", lambda *a: used.append(split(*a)) or used[-1])
+    try:
+        for index, chunk in enumerate(_chunks(np.random.default_rng(21))):
+            names = [n for n in chunk if not (method == "percentile" and symmetric and n == "e" and index == 0)]
+            with np.errstate(invalid="ignore"), contextlib.suppress(RuntimeWarning):
+                alone.collect({n: [chunk[n]] for n in names})
+                if pieces:
+                    collect_pieces(helped, lambda chunk=chunk, names=names: iter([{n: chunk[n] for n in names}]))
+                else:
+                    helped.collect({n: [chunk[n]] for n in names})
+        assert used
+        assert all(found is not None for found in used)  # the worker took part in every batch
+        _same_histograms(alone, helped)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            want, got = alone.compute_collection_result(), helped.compute_collection_result()
+        assert want.keys() == got.keys()
+        for name in want:  # (lowest, highest, ...) per tensor, or TensorData where it has no histogram
+            a, b = (getattr(r, "range_value", r) for r in (want[name], got[name]))
+            for x, y in zip(a, b, strict=True):
+                assert np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True), name
+    finally:
+        helped.worker.close()
+
+
+def test_a_worker_that_dies_leaves_its_part_to_this_process(monkeypatch, caplog):
+    """Killed between batches (out of memory, a stray kill): one warning line, the batch binned here, the same
+    histograms; the worker is not used again."""
+    from calibrun.quant.histogram import FastHistogramCollector
+
+    chunks = _chunks(np.random.default_rng(4))
+    alone = FastHistogramCollector("entropy", False, 512, 128, 99.99, "same", threads=1)
+    helped = _with_worker(monkeypatch, "entropy", False)
+    pid = helped.worker.pid
+    with np.errstate(invalid="ignore"):
+        for index, chunk in enumerate(chunks):
+            if index == 1:
+                os.kill(pid, signal.SIGKILL)
+            alone.collect({n: [v] for n, v in chunk.items()})
+            helped.collect({n: [v] for n, v in chunk.items()})
+    _same_histograms(alone, helped)
+    assert helped.worker.pid is None
+    assert [r.getMessage() for r in caplog.records if "worker process ended" in r.getMessage()]
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped: no zombie left
+
+
+def test_an_error_in_the_worker_is_raised_here_and_close_ends_it(monkeypatch):
+    from calibrun.quant.histogram import FastHistogramCollector
+
+    here = os.getpid()
+    original = FastHistogramCollector._value
+
+    def fails_there(self, tensor, data_arr):
+        if os.getpid() != here:
+            raise ValueError(f"binning {tensor} failed")
+        return original(self, tensor, data_arr)
+
+    monkeypatch.setattr(FastHistogramCollector, "_value", fails_there)
+    helped = _with_worker(monkeypatch, "entropy", False)
+    pid = helped.worker.pid
+    chunk = _chunks(np.random.default_rng(4))[0]
+    with pytest.raises(ValueError, match="binning .* failed"):
+        helped.collect({n: [v] for n, v in chunk.items()})
+    helped.worker.close()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
