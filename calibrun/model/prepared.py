@@ -29,17 +29,20 @@ def prepared_record(source_sha256: str) -> dict:
 
 
 def prepared_model(source: Path, cache_root: str | Path | None, wait: float,
-                   folder: Path) -> tuple[FloatModel, list[str]]:
+                   folder: Path | None) -> tuple[FloatModel, list[str]]:
     """The prepared float model of `source` and its preparation steps (one human line each).
 
     With a cache (`cache_root`) it is prepared once into `<cache_root>/models/<key>.onnx`; a cached copy is used
     only when its bytes (and its external data file's) still have the sha256 recorded beside it when it was made; a
     truncated or replaced one is reported in one warning line and prepared again. One process prepares a model at
     a time; the others wait for it (at most `wait` seconds), then reuse its file. Without a cache, into
-    `folder/fp32.onnx`.
+    `folder/fp32.onnx` (`folder` is needed only then).
     """
-    target = folder / "fp32.onnx"
-    if cache_root is not None:
+    if cache_root is None:
+        if folder is None:
+            raise ValueError("prepared_model: without a cache, a folder to prepare the model into")
+        target = folder / "fp32.onnx"
+    else:
         models = cache_store.folder(cache_root, "models", create=True)
         sha256 = file_sha256(source)
         target = models / f"{cache_store.key_of(prepared_record(sha256))}.onnx"

@@ -443,7 +443,7 @@ def quantize_lab_file(src: str | Path, out: str | Path, seed: int, factor: float
     fp32.lab_input()
     with temp_dir("src") if cache is None else contextlib.nullcontext() as tmp:  # with a cache: its models folder
         root, wait = (cache.root, cache.wait) if cache is not None else (None, 0.0)
-        prepared, steps = prepared_model(fp32.path, root, wait, Path(tmp or "."))
+        prepared, steps = prepared_model(fp32.path, root, wait, Path(tmp) if tmp else None)
         for step in steps:
             log.info("prepared %s: %s", fp32.path.name, step)
         return quantize_lab(prepared, out, seed, factor, batches, options=options, cache=cache,
