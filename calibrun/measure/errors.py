@@ -37,6 +37,7 @@ from calibrun.core import interrupts
 from calibrun.core.bounds import MAX_ROWS, check_positive_int
 from calibrun.core.errors import CalibrunError, one_line
 from calibrun.data import rows as feed_rows
+from calibrun.data.inputs import input_dtype, is_float
 from calibrun.lab import EVAL_ROWS, EVAL_SEED
 from calibrun.lab.data import evaluation_rows
 from calibrun.measure.verdict import ROW_SHARE_KEY, SQNR_OK_DB
@@ -417,11 +418,13 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     size = batch_size_for(fixed, batch_size)
     if fixed is not None and evaluation.rows % fixed:
         raise CalibrunError(f"rows ({evaluation.rows}) must be a multiple of the model's fixed batch axis ({fixed})")
-    int8_inputs = [i.name for i in load_model(int8_path).graph.input]  # a clear error for a missing file
+    int8_model = load_model(int8_path)  # a clear error for a missing file
+    int8_inputs = [i.name for i in int8_model.graph.input]
+    ref_floats, got_floats = declared_floats(infos), declared_floats(graph_inputs(int8_model))
+    del int8_model
     blocks = blocks_of(fp32_path)  # reads the model's structure (cached, calibrun.model.structure) before the
     # sessions hold their weights: the whole file is read once, here, not beside them
     ref_sess, got_sess = session(fp32_path, threads), session(int8_path, threads)
-    ref_floats, got_floats = declared_floats(ref_sess), declared_floats(got_sess)
     names = [o.name for o in ref_sess.get_outputs()]
     errors = OutputErrors(names, blocks, [o.shape for o in ref_sess.get_outputs()])
     primary_input = primary(infos).name if infos else None
@@ -466,12 +469,9 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     return metrics
 
 
-_FLOAT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
-
-
-def declared_floats(sess) -> dict[str, type]:
-    """The numpy float type each float input of an onnxruntime session declares."""
-    return {i.name: _FLOAT_TYPES[i.type] for i in sess.get_inputs() if i.type in _FLOAT_TYPES}
+def declared_floats(infos) -> dict[str, np.dtype]:
+    """The numpy float type each float input (calibrun.model.InputInfo) declares."""
+    return {info.name: input_dtype(info) for info in infos if is_float(info)}
 
 
 def floats_as_declared(feeds: dict, floats: dict[str, type]) -> dict:

@@ -163,20 +163,22 @@ def collect_pieces(collector: FastHistogramCollector, pieces: Callable[[], Itera
     counts: dict[str, tuple] = {}
     plans: dict = {}
 
+    def add_counts(name: str, hist: np.ndarray, edges: np.ndarray) -> None:
+        counts[name] = (hist, edges) if name not in counts else (counts[name][0] + hist, edges)
+
     def take_counts(name: str, flat: np.ndarray) -> None:
         plan = plans.get(name)
         if plan is None or plan.bins is None:
             return
-        hist, edges = plan.counts(flat)
-        counts[name] = (hist, edges) if name not in counts else (counts[name][0] + hist, edges)
+        add_counts(name, *plan.counts(flat))
 
     def take_all(take: Callable[[str, np.ndarray], None], flats: list[tuple], pool: ThreadPoolExecutor) -> None:
         if take is take_counts and collector.worker is not None:  # half of a large piece in the worker process
             wanted = [(name, flat) for name, flat in flats if name in plans and plans[name].bins is not None]
             found = collector.worker.counts(plans, wanted)
             if found is not None:
-                for (name, _), (hist, edges) in zip(wanted, found, strict=True):
-                    counts[name] = (hist, edges) if name not in counts else (counts[name][0] + hist, edges)
+                for (name, _), found_counts in zip(wanted, found, strict=True):
+                    add_counts(name, *found_counts)
                 return
         largest_first(take, flats, collector.threads, pool)
 

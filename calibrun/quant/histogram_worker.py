@@ -31,7 +31,7 @@ import warnings
 
 import numpy as np
 
-from calibrun.quant.histogram import _FORK_LEAST, _flat, _searcher, _size, entropy_threshold, histogram
+from calibrun.quant.histogram import _FORK_LEAST, BinPlan, _flat, _searcher, _size, entropy_threshold
 
 log = logging.getLogger(__name__)
 
@@ -209,9 +209,7 @@ def _serve(collector, conn, buffer: mmap.mmap) -> None:
             if kind == "search":  # `fn_name` holds num_quantized_bins, `states` the histograms
                 answer = ("ok", [entropy_threshold(histogram_, fn_name) for histogram_ in states])
             elif kind == "counts":
-                answer = ("ok", [histogram(data, bins, range=range_, bounds=bounds, absolute=absolute)
-                                 for (name, data), (bins, range_, bounds, absolute) in
-                                 zip(arrays, (states[name] for name, _ in arrays), strict=True)])
+                answer = ("ok", [BinPlan(*states[name], finish=None).counts(data) for name, data in arrays])
             else:
                 for name, (entry, unbounded) in states.items():
                     if entry is not None:
