@@ -11,7 +11,8 @@
    smallest one that fits;
 3. constant subgraphs (`Constant`, `ConstantOfShape`, any node whose inputs are all constant) are folded into
    initializers by onnxruntime's basic graph optimisation, with its fusions switched off so that only the
-   constants change (a clean MatMul+Add stays MatMul+Add);
+   constants change (a clean MatMul+Add stays MatMul+Add); the same pass removes Casts to the type their input
+   already has (its CastElimination), and runs for them alone too (`noop_casts`);
 4. shapes are inferred with onnxruntime's `quant_pre_process(skip_optimization=True, skip_symbolic_shape=True)`
    (which also tags the model as pre-processed, silencing quantize_static's warning), or with plain
    `onnx.shape_inference.infer_shapes_path` when that fails.
@@ -53,7 +54,8 @@ from calibrun.model.sessions import session
 
 log = logging.getLogger("calibrun")
 # Bump when a step changes what it writes: prepared models are cached by source hash and this version.
-PREPARE_VERSION = 2  # 2: float16 widened, graphs sorted, nodes named, the ai.onnx opset imported once
+PREPARE_VERSION = 3  # 2: float16 widened, graphs sorted, nodes named, the ai.onnx opset imported once; 3: no-op
+# Casts removed
 
 TARGET_OPSET = 13  # the lowest opset quantize_static handles fully (per-axis QDQ, opset-13 Squeeze/Split/...)
 EXTERNAL_THRESHOLD = 1024  # tensors of this many bytes or more go to the external data file (onnx's default)
@@ -360,12 +362,16 @@ def _convert_opset(current: Path, out: Path, src: Path, steps: list[str]) -> Pat
 
 
 def _fold_constants(current: Path, out: Path, external: bool, src: Path, steps: list[str]) -> Path:
-    """Fold constant subgraphs into initializers with onnxruntime's basic optimisation, only if there are any."""
+    """Fold constant subgraphs into initializers with onnxruntime's basic optimisation, only if there are any, or
+    if a Cast casts to the type its input already has (onnxruntime's CastElimination, a rule of the same level,
+    removes it: a float16 model exported with its float32 inputs kept reads each input through a Cast that
+    widening made float32 -> float32, and quantize_static quantises no graph input a Cast reads)."""
     model = onnx.load(str(current), load_external_data=False)
-    foldable = constant_nodes(model.graph)
-    if not foldable:
+    foldable, casts = constant_nodes(model.graph), noop_casts(model, current, out.with_name("typed.onnx"))
+    if not foldable and not casts:
         return current
-    log.info("%d constant nodes (%s): folding them with onnxruntime", len(foldable), _counts(foldable))
+    log.info("%d constant nodes (%s), %d no-op Casts: onnxruntime's basic optimisation", len(foldable),
+             _counts(foldable), len(casts))
     config = {"session.optimized_model_external_initializers_file_name": out.name + ".data",
               "session.optimized_model_external_initializers_min_size_in_bytes": str(EXTERNAL_THRESHOLD)}
     session(current, optimize="basic", save_optimized=out, config=config if external else None,
@@ -379,10 +385,21 @@ def _fold_constants(current: Path, out: Path, external: bool, src: Path, steps: 
     _drop_unused_opsets(folded)  # onnxruntime lists every domain it knows (com.microsoft, ai.onnx.ml, ...)
     clean = out.with_name("folded_clean.onnx")
     onnx.save_model(folded, str(clean))
-    removed, added = before - after, after - before
-    line = f"folded {_plural(sum(removed.values()), 'constant node')} into initializers ({_format_counts(removed)})"
-    line += " with onnxruntime basic optimisation"
-    if added:
+    kept = Counter(node.name for node in folded.graph.node)  # names the source may repeat: counted
+    gone = []
+    for node in model.graph.node:
+        if kept[node.name]:
+            kept[node.name] -= 1
+        else:
+            gone.append(node)
+    constant = {node.name for node in foldable}
+    parts = []
+    if folds := [node for node in gone if node.name in constant]:
+        parts.append(f"folded {_plural(len(folds), 'constant node')} into initializers ({_counts(folds)})")
+    if others := [node for node in gone if node.name not in constant]:  # no-op Casts, and what else it removed
+        parts.append(f"removed {_plural(len(others), 'no-op node')} ({_counts(others)})")
+    line = "; ".join(parts) + " with onnxruntime basic optimisation"
+    if added := after - before:
         line += f"; nodes added: {_format_counts(added)}"
     _step(steps, line)
     return clean
@@ -525,6 +542,28 @@ def constant_nodes(graph: GraphProto) -> list[onnx.NodeProto]:
             found.append(node)
             constant.update(node.output)
     return found
+
+
+def noop_casts(model: onnx.ModelProto, path: Path, scratch: Path) -> list[onnx.NodeProto]:
+    """The Cast nodes of `model`'s main graph (saved at `path`) whose input already has the type they cast to: types
+    from the declared inputs, initializers and values, and onnx's type inference where it works (on the file, written
+    to `scratch`, then removed)."""
+    casts = [node for node in model.graph.node if node.op_type == "Cast" and node.domain in _DEFAULT_DOMAINS]
+    if not casts:
+        return []
+    typed = model.graph
+    try:
+        onnx.shape_inference.infer_shapes_path(str(path), str(scratch))
+        typed = onnx.load(str(scratch), load_external_data=False).graph
+    except Exception:  # type inference refuses some valid models: the declared types are what is known then
+        pass
+    finally:
+        scratch.unlink(missing_ok=True)
+    types = {t.name: t.data_type for t in typed.initializer}
+    types.update({v.name: v.type.tensor_type.elem_type for v in (*typed.input, *typed.value_info, *typed.output)
+                  if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type})
+    return [node for node in casts
+            if any(a.name == "to" and a.i == types.get(node.input[0]) for a in node.attribute)]
 
 
 def default_opset(model: onnx.ModelProto) -> int | None:

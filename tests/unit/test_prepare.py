@@ -741,6 +741,57 @@ def test_a_float32_model_is_not_widened(tmp_path):
     assert not _steps(prepared, "widened")
 
 
+def noop_cast_net() -> onnx.ModelProto:
+    """A float32 MLP whose input is read by a Cast to float (a no-op), with a float -> int32 -> float round trip
+    in the middle (two Casts that change the values: they stay)."""
+    rng = np.random.default_rng(5)
+    nodes = [
+        helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
+        helper.make_node("MatMul", ["xf", "w"], ["h"]),
+        helper.make_node("Cast", ["h"], ["hd"], to=TensorProto.INT32),
+        helper.make_node("Cast", ["hd"], ["hf"], to=TensorProto.FLOAT),
+        helper.make_node("Relu", ["hf"], ["y"]),
+    ]
+    return _model(nodes, [_float("x", ["N", 8])], [_float("y", ["N", 8])], [_init(rng, "w", 8, 8)])
+
+
+def test_noop_casts_are_removed_so_the_input_is_quantised(tmp_path):
+    """A Cast to the type its input already has is removed (onnxruntime's CastElimination): a float16 model exported
+    with its float32 inputs kept reads its input through a Cast that widening makes float32 -> float32, and
+    quantize_static quantises no graph input a Cast reads. Casts that change the type stay; outputs are unchanged."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    src = save(noop_cast_net(), tmp_path / "casts.onnx")
+    prepared = prepare_model(src, tmp_path / "prepared.onnx")
+    assert _steps(prepared, "removed 1 no-op node (Cast)")
+    graph = onnx.load(str(prepared.path)).graph
+    assert [n.op_type for n in graph.node] == ["MatMul", "Cast", "Cast", "Relu"]
+    assert graph.node[0].input[0] == "x"
+    feed = feeds(src, 1)
+    np.testing.assert_array_equal(run(src, feed)[0], run(prepared.path, feed)[0])
+
+    kept = convert_float_to_float16(noop_cast_net(), keep_io_types=True)  # inputs and outputs stay float32
+    src = save(kept, tmp_path / "f16io.onnx")
+    assert [n.op_type for n in kept.graph.node if "x" in n.input] == ["Cast"]
+    prepared = prepare_model(src, tmp_path / "f16io_prepared.onnx")
+    assert _steps(prepared, "widened")
+    assert _steps(prepared, "removed")
+    int8 = quantize(prepared, tmp_path / "int8.onnx")
+    readers = [n.op_type for n in onnx.load(str(int8)).graph.node if "x" in n.input]
+    assert readers == ["QuantizeLinear"]
+
+
+def test_a_model_without_noop_casts_is_not_optimised(tmp_path):
+    """No constant to fold and no no-op Cast: onnxruntime's pass does not run (the graph is kept as it is)."""
+    model = noop_cast_net()
+    del model.graph.node[0]
+    model.graph.node[0].input[0] = "x"
+    prepared = prepare_model(save(model, tmp_path / "m.onnx"), tmp_path / "prepared.onnx")
+    assert not _steps(prepared, "removed")
+    assert not _steps(prepared, "folded")
+    assert ops(prepared.path) == ["MatMul", "Cast", "Cast", "Relu"]
+
+
 def unsorted_net() -> onnx.ModelProto:
     """Nodes out of order (onnx's checker refuses it, onnxruntime runs it): an If first whose branches read `h`, a
     value of the outer graph that a later MatMul writes (an implicit input); its condition is an input (a constant
