@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from calibrun.config import PATH_KEYS, check_readable, register_resolvers, tracking_enabled, validate
 from calibrun.core import interrupts, patches
 from calibrun.core.errors import CalibrunError, one_line
-from calibrun.core.files import full_error, write_json
+from calibrun.core.files import full_error, is_full, write_json
 from calibrun.core.progress import SweepProgress
 from calibrun.sweep_order import spread, sweeper_lines
 from calibrun.tracking import (
@@ -275,6 +275,18 @@ def _closed_before_jobs() -> str:
     return f" ({closed})"
 
 
+def _parent_here(sweep_dir: Path) -> dict | None:
+    """The parent run as this process keeps it for its jobs (`_jobs_need_not_wait`), or None."""
+    record = sys.modules.get("calibrun.tracking.record")
+    return None if record is None else record.HERE.get(sweep_dir.resolve())
+
+
+def _forget_parent(sweep_dir: Path) -> None:
+    record = sys.modules.get("calibrun.tracking.record")
+    if record is not None:
+        record.HERE.pop(sweep_dir.resolve(), None)
+
+
 def _close_if_open() -> None:
     """At exit: a sweep whose end callback never ran (Hydra failed outside the jobs, e.g. writing a job's .hydra/
     config on a full disk, and exited through its own error report) leaves no parent run RUNNING: it is closed
@@ -304,6 +316,21 @@ def report_full_disk(exc: OSError, output_dir, filename: str) -> None:
 # --- the callback ------------------------------------------------------------------------------------------------
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+
+
+def _jobs_need_not_wait(config: DictConfig, tracker: Tracker) -> bool:
+    """Whether the first job may start before the tracking writer has imported MLflow and started the parent run
+    (~1.5-2.5 s of a fresh process, the lab sweep's whole start before): the jobs run in this process (Hydra's basic
+    launcher: they take the parent run's pending id from here, `record.HERE`), through the writer (its requests are
+    served in order: the parent run exists before a job's run names it), in an SQLite store this process has
+    checked itself (calibrun.tracking.check_sqlite: a file it may write, an MLflow store, the experiment not deleted),
+    and not resumed (which reads the store first). Else the first job waits for the parent run (`_parent_ready`):
+    a server is asked for only once MLflow is there, and a launcher's workers read the parent from the folder."""
+    return (OmegaConf.select(config, "hydra.launcher._target_", default="") == BASIC_LAUNCHER
+            and getattr(tracker, "pipelined", False) and tracker.uri.startswith("sqlite:///") and not config.resume)
 
 
 def _parent_ready() -> None:
@@ -341,13 +368,21 @@ def _tracker(config: DictConfig, check: bool = False) -> Tracker | None:
                    http_retries=t.get("http_retries"))
 
 
-def _earlier_parent(sweep_dir: Path, tracker: Tracker) -> str | None:
+def _earlier_parent(sweep_dir: Path, tracker: Tracker, experiment: str) -> str | None:
     """The parent run of this folder's earlier sweep, when it is in this store (resume continues it)."""
     try:
         parent = json.loads((sweep_dir / PARENT_FILE).read_text())
     except (OSError, ValueError):
         return None
-    if parent.get("tracking_uri") != tracker.uri or parent.get("experiment_id") != tracker.experiment_id:
+    if parent.get("tracking_uri") != tracker.uri:
+        return None
+    if parent.get("run_id") is None:  # recorded before the tracking writer had started the run (`_start`)
+        if parent.get("experiment") != experiment:
+            return None
+        from calibrun.tracking import record
+
+        return tracker.run(record.parent_by_folder, sweep_dir)
+    if parent.get("experiment_id") != tracker.experiment_id:
         return None
     run_id = parent.get("run_id")
     return run_id if run_id and tracker.status(run_id) is not None else None
@@ -379,7 +414,7 @@ def sweep_name(config: DictConfig) -> str:
 
 
 def _parent_run(config: DictConfig, tracker: Tracker, sweep_dir: Path, swept: list[str]) -> str:
-    run_id = _earlier_parent(sweep_dir, tracker) if config.resume else None
+    run_id = _earlier_parent(sweep_dir, tracker, config.tracking.experiment) if config.resume else None
     if run_id is not None:
         tracker.reopen(run_id)
         _SWEEP.update(tracker=tracker, run_id=run_id)
@@ -463,8 +498,23 @@ class SweepCallback(Callback):
         except Exception as exc:  # the store failed past its check
             _fail(f"MLflow tracking store {resolve_uri(config.tracking.uri)}: {one_line(exc)}"
                   + _closed_before_jobs())
-        _SWEEP["parent"] = (config, sweep_dir, run_id, {"swept": swept, "values": sweep_values(config)})
+        info = {"swept": swept, "values": sweep_values(config)}
         basic = OmegaConf.select(config, "hydra.sweeper._target_", default="") == BASIC_SWEEPER
+        if basic and _jobs_need_not_wait(config, tracker):
+            _SWEEP["run_id"] = run_id  # a Pending answer: the writer puts the id in its place
+            from calibrun.tracking import record
+
+            try:  # what a resumed sweep finds the parent run by if the writer cannot record its id (a full disk)
+                write_json(sweep_dir / PARENT_FILE, {"run_id": None, "tracking_uri": tracker.uri,
+                                                     "experiment": config.tracking.experiment, **info})
+            except OSError as exc:
+                line = (str(full_error(sweep_dir, f"cannot write {PARENT_FILE}")) if is_full(exc) else
+                        f"cannot write {sweep_dir / PARENT_FILE}: {exc.strerror or exc}")
+                _fail(line + _closed_before_jobs())
+            record.HERE[sweep_dir.resolve()] = {"run_id": run_id, "tracking_uri": tracker.uri, **info}
+            tracker.later(record.record_parent, sweep_dir, run_id, info)
+            return
+        _SWEEP["parent"] = (config, sweep_dir, run_id, info)
         if not (basic and patches.before_launch(_parent_ready)):
             _parent_ready()
 
@@ -497,11 +547,13 @@ class SweepCallback(Callback):
         parent_file = sweep_dir / PARENT_FILE
         link = None
         headline = None
-        if tracking_enabled(config) and parent_file.is_file():
+        here = _parent_here(sweep_dir)
+        if tracking_enabled(config) and (here is not None or parent_file.is_file()):
             tracker = None
             try:
-                parent = json.loads(parent_file.read_text())
+                parent = dict(here) if here is not None else json.loads(parent_file.read_text())
                 tracker = _SWEEP.get("tracker") or open_tracker(parent["tracking_uri"], config.tracking.experiment)
+                parent["run_id"] = tracker.resolve(parent["run_id"])
                 for path in files:  # the report files and plots; the model bundle stays on disk
                     tracker.log_artifact(parent["run_id"], path, "report")
                 tracker.log(parent["run_id"], metrics=counts, tags={"calibrun.problems": str(len(problems))})
@@ -519,6 +571,7 @@ class SweepCallback(Callback):
                 else:
                     problems.append(f"MLflow parent run not closed: {one_line(error)}")
         _SWEEP.clear()
+        _forget_parent(sweep_dir)
         if link:
             print(link, file=sys.stderr)
         if problems:

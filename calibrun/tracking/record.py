@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from calibrun import config
 from calibrun.core.errors import one_line
-from calibrun.core.files import DIAGNOSTICS_FILE, RANGES_FILE
+from calibrun.core.files import DIAGNOSTICS_FILE, RANGES_FILE, write_json
 from calibrun.job import job_identity
 from calibrun.model import file_sha256
 from calibrun.result import JobResult
@@ -34,11 +34,45 @@ from calibrun.tracking import (
 log = logging.getLogger("calibrun")
 
 
+# sweep folder -> its parent run, for the jobs this process runs before the tracking writer has recorded it
+HERE: dict[Path, dict] = {}
+
+
 def parent_of(sweep_dir: Path | None) -> dict:
-    """The sweep's parent run as the sweep callback recorded it ({} outside a tracked sweep)."""
-    if sweep_dir is None or not (sweep_dir / PARENT_FILE).is_file():
+    """The sweep's parent run as the sweep callback recorded it ({} outside a tracked sweep): in this process, as
+    the callback keeps it (`HERE`: its run id may be a Pending answer of the tracking writer), else from the sweep
+    folder's PARENT_FILE."""
+    if sweep_dir is None:
+        return {}
+    if (kept := HERE.get(sweep_dir.resolve())) is not None:
+        return dict(kept)
+    if not (sweep_dir / PARENT_FILE).is_file():
         return {}
     return json.loads((sweep_dir / PARENT_FILE).read_text())
+
+
+def record_parent(tracker: Tracker, sweep_dir: Path, run_id: str, info: dict) -> None:
+    """The parent run's id in the sweep folder's PARENT_FILE, where a resumed sweep finds it. Run by the tracking
+    writer right after it started the run, when the sweep's first jobs did not wait for it (calibrun.sweep). A file
+    that cannot be written is one warning line: the sweep wrote the file before its jobs without the id, and a
+    resumed sweep then finds the run by its sweep folder (`parent_by_folder`)."""
+    try:
+        write_json(sweep_dir / PARENT_FILE, {"run_id": run_id, "tracking_uri": tracker.uri,
+                                             "experiment_id": tracker.experiment_id, **info})
+    except OSError as exc:
+        log.warning("MLflow parent run %s: its id not recorded in %s (%s); resume=true finds it by the sweep "
+                    "folder", run_id, sweep_dir / PARENT_FILE, exc.strerror or exc)
+        return
+    log.info("MLflow parent run %s in %s", run_id, tracker.uri)
+
+
+def parent_by_folder(tracker: Tracker, sweep_dir: Path) -> str | None:
+    """The latest parent run (no parent of its own) this store holds for the sweep folder, or None."""
+    folder = str(sweep_dir.resolve()).replace("'", "\\'")
+    found = [r for r in tracker.client.search_runs([tracker.experiment_id],
+                                                   f"tags.`calibrun.sweep_dir` = '{folder}'", max_results=10000)
+             if "mlflow.parentRunId" not in r.data.tags]
+    return max(found, key=lambda r: r.info.start_time).info.run_id if found else None
 
 
 GROUPS = ("calibration", "format", "method", "model", "data", "eval_data", "cache", "tracking", "experiment")

@@ -269,7 +269,7 @@ class RemoteTracker:
             from calibrun.tracking import check_store, http_settings
 
             try:
-                check_store(uri, http_settings(http_timeout, http_retries)[0])
+                check_store(uri, http_settings(http_timeout, http_retries)[0], experiment)
             except Exception as exc:
                 raise _calibrun_error(f"MLflow tracking store {uri} is not usable: {one_line(exc)}") from None
         try:
@@ -380,6 +380,17 @@ class RemoteTracker:
         """`function(tracker, *args, **kwargs)` with the writer's Tracker (a module-level function: it is pickled by
         name), waiting for its answer."""
         return self._call("run", (function, *args), kwargs)
+
+    def later(self, function, *args) -> None:
+        """`run` without waiting: its error is raised by the next call that waits."""
+        if self._local is not None:
+            function(self._local, *(self.resolve(a) for a in args))
+            return
+        try:
+            self._writer.submit("call", self._key, "run", (function, *args), {})
+        except WriterDied as exc:
+            self._lost(exc)
+            raise _calibrun_error(f"{exc}; its {_what('run', (function,))} did not complete") from None
 
     def close(self, run_id, status: str) -> Exception | None:
         """Tracker.close, which never raises (a dead writer: tried once more in this process). The errors of the

@@ -229,6 +229,20 @@ def test_lab_mlflow_parent_with_24_children(lab):
         in proc.stderr
     artifacts = {a.path for a in client.list_artifacts(children[0].info.run_id)}
     assert {"result.json", "config_resolved.yaml", "ranges.json"} <= artifacts
+    diagnosed = next(c for c in children
+                     if "diagnostics.json" in {a.path for a in client.list_artifacts(c.info.run_id)})
+    import mlflow
+
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(client.tracking_uri)  # load_table finds the runs through the global store
+    try:
+        table = client.load_table(experiment.experiment_id, "diagnostics.json", run_ids=[diagnosed.info.run_id])
+    finally:
+        mlflow.set_tracking_uri(before)
+    written = json.loads((Path(diagnosed.data.tags["calibrun.job_dir"]) / "diagnostics.json").read_text())
+    assert list(table.columns)[:len(written)] == list(written)  # (load_table adds the run_id column)
+    assert table["tensor"].tolist() == written["tensor"]
+    assert table["sqnr_db"].tolist() == written["sqnr_db"]
     report_artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     assert {"report/calib_report.json", "report/report.md", "report/error_vs_factor.png"} <= report_artifacts
     # 24 jobs, 12 calibrations: format is post-calibration, so every second job is a cache hit.

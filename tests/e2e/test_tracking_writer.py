@@ -106,3 +106,48 @@ def test_a_writer_killed_mid_sweep_fails_the_jobs_it_had_not_recorded_and_the_re
     for job in failed:  # their runs, where the writer had started them, closed FAILED
         lost = [r for r in found.values() if r.data.tags.get("calibrun.job_dir") == str(tmp_path / "sweep" / job)]
         assert [r.info.status for r in lost] in ([], ["FAILED"])
+
+
+# calibrun as WRAPPER runs it, telling each time the sweep waits for its parent run before a job
+WAITS = ("import sys\n"
+         "import calibrun.sweep as sweep\n"
+         "ready = sweep._parent_ready\n"
+         "def told():\n"
+         "    print('waited for the parent run', file=sys.stderr)\n"
+         "    ready()\n"
+         "sweep._parent_ready = told\n" + WRAPPER)
+
+
+def test_the_first_job_does_not_wait_for_the_parent_run_and_resume_finds_it_by_its_folder(tmp_path):
+    """Through the writer, a fresh sweep's jobs start while the writer still imports MLflow: they name the parent run
+    by its pending id (the writer serves requests in order), and the writer records the id in the sweep folder once
+    it has started the run. Before the jobs the folder holds the parent's record without the id; a resumed sweep
+    that finds only that (the writer could not write it: a full disk) finds the run by its sweep folder."""
+    uri = fresh_mlflow_store(tmp_path)
+    command = [sys.executable, "-c", WAITS, "-m", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+               f"cache.dir={tmp_path / 'cache'}", "calibration=narrow,match"]
+    proc = subprocess.run(command, cwd=tmp_path, env=clean_env(MLFLOW_TRACKING_URI=uri), capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "waited for the parent run" not in proc.stderr
+    assert "mlflow imported: False" in proc.stderr
+    found = runs(tmp_path)
+    (parent,) = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
+    assert sorted(r.data.tags.get("mlflow.parentRunId") for r in found if r is not parent) == [parent.info.run_id] * 2
+    assert f"MLflow parent run {parent.info.run_id} in {uri}" in proc.stderr  # the writer's line
+    record = json.loads((tmp_path / "sweep" / "mlflow_parent.json").read_text())
+    assert record["run_id"] == parent.info.run_id
+    assert record["experiment_id"] == parent.info.experiment_id
+    assert parent.info.status == "FINISHED"
+
+    record.update(run_id=None, experiment="calibrun")  # as the sweep wrote it before its jobs
+    del record["experiment_id"]
+    (tmp_path / "sweep" / "mlflow_parent.json").write_text(json.dumps(record))
+    (tmp_path / "sweep" / "1" / "result.json").unlink()
+    resumed = subprocess.run([*command, "resume=true"], cwd=tmp_path, env=clean_env(MLFLOW_TRACKING_URI=uri),
+                             capture_output=True, text=True, timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"continuing MLflow parent run {parent.info.run_id}" in resumed.stderr
+    again = runs(tmp_path)
+    assert [r.info.run_id for r in again if "mlflow.parentRunId" not in r.data.tags] == [parent.info.run_id]
+    assert {r.info.status for r in again} <= {"FINISHED", "FAILED"}

@@ -56,10 +56,13 @@ def test_the_stores_error_is_the_in_process_trackers_line(served, tmp_path):
     uri = fresh_mlflow_store(tmp_path)
     client = MlflowClient(uri)
     client.delete_experiment(client.create_experiment("gone"))
-    tracker = writer.RemoteTracker(served, uri, "gone", check=True)  # what only MLflow finds comes when waited for
+    tracker = writer.RemoteTracker(served, uri, "gone")  # unchecked: what MLflow finds comes when waited for
     with pytest.raises(CalibrunError, match=f"MLflow tracking store {uri} is not usable: experiment 'gone' .* is "
                                             "deleted"):
         _ = tracker.experiment_id
+    with pytest.raises(CalibrunError, match=f"MLflow tracking store {uri} is not usable: experiment 'gone' .* is "
+                                            "deleted"):  # checked: found by the store's own check, at once
+        writer.RemoteTracker(served, uri, "gone", check=True)
     (tmp_path / "folder.db").mkdir()  # what the store's own check finds stops at once, in this process
     with pytest.raises(CalibrunError, match="is a folder, not a database file"):
         writer.RemoteTracker(served, f"sqlite:///{tmp_path / 'folder.db'}", "exp", check=True)
