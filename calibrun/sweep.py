@@ -24,6 +24,7 @@ import re
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -38,6 +39,7 @@ from calibrun.sweep_order import spread, sweeper_lines
 from calibrun.tracking import (
     MAX_RUN_NAME,
     PARENT_FILE,
+    PARENTS_HERE,
     Tracker,
     faithful,
     link_line,
@@ -275,18 +277,6 @@ def _closed_before_jobs() -> str:
     return f" ({closed})"
 
 
-def _parent_here(sweep_dir: Path) -> dict | None:
-    """The parent run as this process keeps it for its jobs (`_jobs_need_not_wait`), or None."""
-    record = sys.modules.get("calibrun.tracking.record")
-    return None if record is None else record.HERE.get(sweep_dir.resolve())
-
-
-def _forget_parent(sweep_dir: Path) -> None:
-    record = sys.modules.get("calibrun.tracking.record")
-    if record is not None:
-        record.HERE.pop(sweep_dir.resolve(), None)
-
-
 def _close_if_open() -> None:
     """At exit: a sweep whose end callback never ran (Hydra failed outside the jobs, e.g. writing a job's .hydra/
     config on a full disk, and exited through its own error report) leaves no parent run RUNNING: it is closed
@@ -324,7 +314,7 @@ BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 def _jobs_need_not_wait(config: DictConfig, tracker: Tracker) -> bool:
     """Whether the first job may start before the tracking writer has imported MLflow and started the parent run
     (~1.5-2.5 s of a fresh process, the lab sweep's whole start before): the jobs run in this process (Hydra's basic
-    launcher: they take the parent run's pending id from here, `record.HERE`), through the writer (its requests are
+    launcher: they take the parent run's pending id from here, PARENTS_HERE), through the writer (its requests are
     served in order: the parent run exists before a job's run names it), in an SQLite store this process has
     checked itself (calibrun.tracking.check_sqlite: a file it may write, an MLflow store, the experiment not deleted),
     and not resumed (which reads the store first). Else the first job waits for the parent run (`_parent_ready`):
@@ -381,7 +371,7 @@ def _earlier_parent(sweep_dir: Path, tracker: Tracker, experiment: str) -> str |
             return None
         from calibrun.tracking import record
 
-        return tracker.run(record.parent_by_folder, sweep_dir)
+        return tracker.run(record.parent_by_folder, sweep_dir, int(parent.get("since_ms", 0)))
     if parent.get("experiment_id") != tracker.experiment_id:
         return None
     run_id = parent.get("run_id")
@@ -506,12 +496,13 @@ class SweepCallback(Callback):
 
             try:  # what a resumed sweep finds the parent run by if the writer cannot record its id (a full disk)
                 write_json(sweep_dir / PARENT_FILE, {"run_id": None, "tracking_uri": tracker.uri,
-                                                     "experiment": config.tracking.experiment, **info})
+                                                     "experiment": config.tracking.experiment,
+                                                     "since_ms": int(time.time() * 1000), **info})
             except OSError as exc:
                 line = (str(full_error(sweep_dir, f"cannot write {PARENT_FILE}")) if is_full(exc) else
                         f"cannot write {sweep_dir / PARENT_FILE}: {exc.strerror or exc}")
                 _fail(line + _closed_before_jobs())
-            record.HERE[sweep_dir.resolve()] = {"run_id": run_id, "tracking_uri": tracker.uri, **info}
+            PARENTS_HERE[sweep_dir.resolve()] = {"run_id": run_id, "tracking_uri": tracker.uri, **info}
             tracker.later(record.record_parent, sweep_dir, run_id, info)
             return
         _SWEEP["parent"] = (config, sweep_dir, run_id, info)
@@ -547,7 +538,7 @@ class SweepCallback(Callback):
         parent_file = sweep_dir / PARENT_FILE
         link = None
         headline = None
-        here = _parent_here(sweep_dir)
+        here = PARENTS_HERE.get(sweep_dir.resolve())  # (`_jobs_need_not_wait`)
         if tracking_enabled(config) and (here is not None or parent_file.is_file()):
             tracker = None
             try:
@@ -571,7 +562,7 @@ class SweepCallback(Callback):
                 else:
                     problems.append(f"MLflow parent run not closed: {one_line(error)}")
         _SWEEP.clear()
-        _forget_parent(sweep_dir)
+        PARENTS_HERE.pop(sweep_dir.resolve(), None)
         if link:
             print(link, file=sys.stderr)
         if problems:

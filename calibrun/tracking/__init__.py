@@ -48,6 +48,9 @@ def _not_a_lock(record: logging.LogRecord) -> bool:
 logging.getLogger("mlflow.store.db.utils").addFilter(_not_a_lock)
 
 PARENT_FILE = "mlflow_parent.json"
+# sweep folder -> its parent run, for the jobs this process runs before the tracking writer has recorded it in the
+# folder's PARENT_FILE (calibrun.sweep; its run id may be a Pending answer of the writer)
+PARENTS_HERE: dict[Path, dict] = {}
 HTTP_TIMEOUT = 10  # seconds per request to a tracking server (MLflow's own default: 120)
 HTTP_RETRIES = 1  # retries per request (MLflow's own default: 7, about four minutes on a dead server)
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")  # the UI opens its ML page, not GenAI

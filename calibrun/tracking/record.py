@@ -24,6 +24,7 @@ from calibrun.result import JobResult
 from calibrun.tracking import (
     MAX_RUN_NAME,
     PARENT_FILE,
+    PARENTS_HERE,
     Tracker,
     faithful,
     open_tracker,
@@ -34,17 +35,13 @@ from calibrun.tracking import (
 log = logging.getLogger("calibrun")
 
 
-# sweep folder -> its parent run, for the jobs this process runs before the tracking writer has recorded it
-HERE: dict[Path, dict] = {}
-
-
 def parent_of(sweep_dir: Path | None) -> dict:
     """The sweep's parent run as the sweep callback recorded it ({} outside a tracked sweep): in this process, as
-    the callback keeps it (`HERE`: its run id may be a Pending answer of the tracking writer), else from the sweep
-    folder's PARENT_FILE."""
+    the callback keeps it (PARENTS_HERE: its run id may be a Pending answer of the tracking writer), else from the
+    sweep folder's PARENT_FILE."""
     if sweep_dir is None:
         return {}
-    if (kept := HERE.get(sweep_dir.resolve())) is not None:
+    if (kept := PARENTS_HERE.get(sweep_dir.resolve())) is not None:
         return dict(kept)
     if not (sweep_dir / PARENT_FILE).is_file():
         return {}
@@ -66,12 +63,13 @@ def record_parent(tracker: Tracker, sweep_dir: Path, run_id: str, info: dict) ->
     log.info("MLflow parent run %s in %s", run_id, tracker.uri)
 
 
-def parent_by_folder(tracker: Tracker, sweep_dir: Path) -> str | None:
-    """The latest parent run (no parent of its own) this store holds for the sweep folder, or None."""
+def parent_by_folder(tracker: Tracker, sweep_dir: Path, since_ms: int) -> str | None:
+    """The latest parent run (no parent of its own) this store holds for the sweep folder, started at `since_ms`
+    (epoch milliseconds) or later: not the run of an earlier sweep in a folder of the same name. Or None."""
     folder = str(sweep_dir.resolve()).replace("'", "\\'")
-    found = [r for r in tracker.client.search_runs([tracker.experiment_id],
-                                                   f"tags.`calibrun.sweep_dir` = '{folder}'", max_results=10000)
-             if "mlflow.parentRunId" not in r.data.tags]
+    found = [r for r in tracker.client.search_runs(
+        [tracker.experiment_id], f"tags.`calibrun.sweep_dir` = '{folder}' and attributes.start_time >= {since_ms}",
+        max_results=10000) if "mlflow.parentRunId" not in r.data.tags]
     return max(found, key=lambda r: r.info.start_time).info.run_id if found else None
 
 

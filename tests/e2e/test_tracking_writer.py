@@ -140,7 +140,7 @@ def test_the_first_job_does_not_wait_for_the_parent_run_and_resume_finds_it_by_i
     assert record["experiment_id"] == parent.info.experiment_id
     assert parent.info.status == "FINISHED"
 
-    record.update(run_id=None, experiment="calibrun")  # as the sweep wrote it before its jobs
+    record.update(run_id=None, experiment="calibrun", since_ms=parent.info.start_time)  # as written before the jobs
     del record["experiment_id"]
     (tmp_path / "sweep" / "mlflow_parent.json").write_text(json.dumps(record))
     (tmp_path / "sweep" / "1" / "result.json").unlink()

@@ -101,3 +101,29 @@ def test_a_writer_is_started_only_where_it_pays(monkeypatch, argv, env, imported
     if not imported:
         monkeypatch.delitem(sys.modules, "mlflow")
     assert writer.wanted(argv) is expected
+
+
+def test_a_parent_run_is_found_by_its_sweep_folder_from_when_its_record_was_written(tmp_path):
+    """What a resumed sweep finds when the writer could not record the parent run's id (calibrun.sweep writes the
+    record without it before the jobs): the latest run of that sweep folder without a parent of its own, started
+    since the record was written; not a job's run, not another folder's, not an earlier sweep's in the same folder."""
+    import time
+
+    from calibrun.tracking import Tracker
+    from calibrun.tracking.record import parent_by_folder
+
+    tracker = Tracker(fresh_mlflow_store(tmp_path), "exp")
+    folder, reused = tmp_path / "sweep", tmp_path / "reused"
+    earlier = tracker.start_run("sweep", {"calibrun.sweep_dir": str(reused)})  # a sweep whose folder was removed
+    first = tracker.start_run("sweep", {"calibrun.sweep_dir": str(folder)})
+    time.sleep(0.01)
+    since = int(time.time() * 1000)
+    time.sleep(0.01)
+    parent = tracker.start_run("sweep", {"calibrun.sweep_dir": str(folder)})
+    tracker.start_run("job", {"calibrun.sweep_dir": str(folder)}, parent_id=parent)
+    tracker.start_run("sweep", {"calibrun.sweep_dir": str(tmp_path / "other")})
+    assert parent_by_folder(tracker, folder, since) == parent
+    assert parent_by_folder(tracker, folder, 0) == parent != first  # the latest
+    assert parent_by_folder(tracker, reused, 0) == earlier
+    assert parent_by_folder(tracker, reused, since) is None  # started before the record was written
+    assert parent_by_folder(tracker, tmp_path / "none", 0) is None
