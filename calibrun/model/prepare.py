@@ -54,8 +54,8 @@ from calibrun.model.sessions import session
 
 log = logging.getLogger("calibrun")
 # Bump when a step changes what it writes: prepared models are cached by source hash and this version.
-PREPARE_VERSION = 3  # 2: float16 widened, graphs sorted, nodes named, the ai.onnx opset imported once; 3: no-op
-# Casts removed
+# 2: float16 widened, graphs sorted, nodes named, the ai.onnx opset imported once; 3: no-op Casts removed
+PREPARE_VERSION = 3
 
 TARGET_OPSET = 13  # the lowest opset quantize_static handles fully (per-axis QDQ, opset-13 Squeeze/Split/...)
 EXTERNAL_THRESHOLD = 1024  # tensors of this many bytes or more go to the external data file (onnx's default)
@@ -380,7 +380,7 @@ def _fold_constants(current: Path, out: Path, external: bool, src: Path, steps: 
     folded = onnx.load(str(out), load_external_data=False)
     before, after = _op_counts(model.graph.node), _op_counts(folded.graph.node)
     if before == after:
-        log.info("onnxruntime folded nothing; keeping the model as it was")
+        log.info("onnxruntime changed nothing; keeping the model as it was")
         return current
     _drop_unused_opsets(folded)  # onnxruntime lists every domain it knows (com.microsoft, ai.onnx.ml, ...)
     clean = out.with_name("folded_clean.onnx")
@@ -398,7 +398,7 @@ def _fold_constants(current: Path, out: Path, external: bool, src: Path, steps: 
         parts.append(f"folded {_plural(len(folds), 'constant node')} into initializers ({_counts(folds)})")
     if others := [node for node in gone if node.name not in constant]:  # no-op Casts, and what else it removed
         parts.append(f"removed {_plural(len(others), 'no-op node')} ({_counts(others)})")
-    line = "; ".join(parts) + " with onnxruntime basic optimisation"
+    line = ("; ".join(parts) or "rewrote nodes") + " with onnxruntime basic optimisation"
     if added := after - before:
         line += f"; nodes added: {_format_counts(added)}"
     _step(steps, line)

@@ -458,7 +458,7 @@ class Tracker:
     def __init__(self, uri: str, experiment: str, check: bool = False, http_timeout: float | None = None,
                  http_retries: int | None = None):
         self.uri = uri
-        self._artifacts: dict[str, str] = {}  # run id -> its artifact URI, as create_run gave it (`log_artifact`)
+        self._artifacts: dict[str, object] = {}  # run id -> its artifact URI from create_run, or its repository
         timeout, _ = http_settings(http_timeout, http_retries)
         try:
             if check:
@@ -603,13 +603,15 @@ class Tracker:
         """A file onto the run. For a run this Tracker started, into its artifact store directly: MlflowClient
         looks the run up to find where its artifacts go (a get_run of the whole run, ~6 ms on SQLite), and
         create_run said so already."""
-        uri = self._artifacts.get(run_id)
-        if uri is None or Path(path).is_dir():
+        repository = self._artifacts.get(run_id)
+        if repository is None or Path(path).is_dir():
             self.client.log_artifact(run_id, str(path), artifact_path)
             return
-        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+        if isinstance(repository, str):  # its URI, until the first file
+            from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
-        get_artifact_repository(uri, tracking_uri=self.uri).log_artifact(str(path), artifact_path)
+            repository = self._artifacts[run_id] = get_artifact_repository(repository, tracking_uri=self.uri)
+        repository.log_artifact(str(path), artifact_path)
 
     def log_table(self, run_id: str, table: dict[str, list], artifact_file: str) -> None:
         """A table of columns as MlflowClient.log_table logs it (the file in pandas' "split" layout, values that are
