@@ -48,6 +48,19 @@ class Rule:
     broken: float  # below (goal max) / above (goal min) this is broken
     says: str  # the measurement in words, for `because`: "{value}" is filled in
     worst: bool = False  # the worst output's SQNR: re-found in each run's metrics (the worst output may move)
+    digits: int | None = None  # the decimals `says` shows of the value (None: shown as it is)
+
+    def shown(self, value: float) -> float:
+        """`value` as `says` may round it without crossing a threshold: 19.996 dB is shown 19.9, not 20.0 beside
+        "ok >= 20", and an agreement of 0.9496 94.9%, not 95.0%."""
+        if self.digits is None or not math.isfinite(value):
+            return value
+        scale = 10 ** self.digits
+        rounded = round(value * scale) / scale
+        for edge in (self.ok, self.broken):
+            if (value < edge) != (rounded < edge):
+                return (math.floor if value < edge else math.ceil)(value * scale) / scale
+        return rounded
 
     def value(self, metrics: Mapping[str, float]) -> float:
         """This rule's metric in `metrics` (NaN when missing)."""
@@ -76,13 +89,13 @@ class Rule:
 
 
 AGREEMENT = Rule("task.top1_agreement", "max", 0.95, 0.80, "int8's top-1 class is fp32's on {value:.1%} of the "
-                 "predictions")
+                 "predictions", digits=3)
 IOU = Rule("task.iou", "max", 0.95, 0.80, "int8's and fp32's maps share {value:.1%} of the pixels either marks "
-                                          "(IoU)")
+                                          "(IoU)", digits=3)
 MEAN_IOU = Rule("task.mean_iou", "max", 0.95, 0.80, "per class, int8's and fp32's positions of that class share "
-                "{value:.1%} of the positions either gives it (mean IoU over the classes)")
+                "{value:.1%} of the positions either gives it (mean IoU over the classes)", digits=3)
 DECISION_IOU = Rule("task.decision_iou", "max", 0.95, 0.80, "int8 and fp32 say yes to {value:.1%} of the rows "
-                    "either says yes to (IoU of the yes decisions)")
+                    "either says yes to (IoU of the yes decisions)", digits=3)
 # the first the run measured decides: mean IoU only where rows hold positions
 TASK_RULES = (MEAN_IOU, AGREEMENT, IOU, DECISION_IOU)
 SQNR_OK_DB = 20.0
@@ -130,7 +143,7 @@ def _sqnr_rule(key: str) -> Rule:
     where = _where(_PART.match(key))
     return Rule(key, "max", SQNR_OK_DB, SQNR_BROKEN_DB,
                 f"the worst output, {where}, is at {{value:.1f}} dB SQNR against fp32 (error RMS {{rms:.0%}} of the "
-                "signal's)", worst=True)
+                "signal's)", worst=True, digits=1)
 
 
 def rule_for(metrics: Mapping[str, float], conf=None) -> Rule | None:
@@ -160,7 +173,7 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None) -> 
     value = float(metrics[rule.metric])
     status = rule.status(value, metrics)
     rms = 10 ** (-value / 20) if math.isfinite(value) else math.inf
-    said = rule.says.format(value=value, rms=rms)
+    said = rule.says.format(value=rule.shown(value), rms=rms)
     if status != rule.status(value):  # only the rows' share differs from the value's own status: it kept ok away
         key, share = rows_under(metrics)
         said += (f", but {share:.0%} of the rows carry an error over {10 ** (-SQNR_OK_DB / 20):.0%} of the "

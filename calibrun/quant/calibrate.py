@@ -389,11 +389,16 @@ def run_calibration(model_path: str | Path, data, input_name: str, spec: Calibra
         try:
             _calibrate_chunks(calibrator, reader, spec, data, copy, budget, threads, used, outputs, progress, total,
                               input_name)
-            if spec.method != "minmax":
-                search = Progress(f"choosing {spec.method} ranges", len(calibrator.collector.histogram_dict),
-                                  unit="tensors")
-                calibrator.collector.progress = search.update
-            tensors = calibrator.compute_data()
+            if spec.method != "minmax" and not calibrator.tensors_to_calibrate:
+                # nothing at the graph's top level to calibrate (a network inside an If): no range, as MinMax finds
+                # none (onnxruntime's histogram collector would refuse: "Histogram has not been collected")
+                tensors = TensorsData(spec.calibrate_method, {})
+            else:
+                if spec.method != "minmax":
+                    search = Progress(f"choosing {spec.method} ranges", len(calibrator.collector.histogram_dict),
+                                      unit="tensors")
+                    calibrator.collector.progress = search.update
+                tensors = calibrator.compute_data()
         finally:
             worker = getattr(getattr(calibrator, "collector", None), "worker", None)
             if worker is not None:  # however the pass ended (an interrupt, an error)

@@ -204,3 +204,22 @@ def test_any_output_or_part_with_too_many_rows_under_keeps_ok_away():
     rule = verdict.rule_for(metrics)
     assert rule.status(35.0) == "ok"  # the value alone (no rows measured) keeps the old rule
     assert rule.status(35.0, metrics) == "degraded"
+
+
+@pytest.mark.parametrize(("metrics", "shown", "status"), [
+    ({"out.logits.sqnr_db": 19.996, "out.logits.rows_under_20db": 0.4}, "at 19.9 dB", "degraded"),  # captcha CRNN
+    ({"out.logits.sqnr_db": 20.04}, "at 20.0 dB", "ok"),
+    ({"out.logits.sqnr_db": 9.96}, "at 9.9 dB", "broken"),
+    ({"out.logits.sqnr_db": 10.0}, "at 10.0 dB", "degraded"),
+    ({"task.top1_agreement": 0.9496}, "on 94.9% of", "degraded"),
+    ({"task.top1_agreement": 0.79996}, "on 79.9% of", "broken"),
+    ({"task.iou": 0.95004}, "share 95.0% of", "ok"),
+    ({"task.iou": 0.8764}, "share 87.6% of", "degraded"),
+])
+def test_the_value_in_words_never_rounds_across_a_threshold(metrics, shown, status):
+    """`because` shows the value rounded, but never onto the other side of a threshold it states beside it (the
+    captcha CRNN's 19.996 dB read "20.0 dB ... degraded (ok >= 20 ...)")."""
+    got = verdict.decide(metrics)
+    assert got["status"] == status
+    assert shown in got["because"]
+    assert got["value"] == next(iter(metrics.values()))  # the value itself is not rounded
