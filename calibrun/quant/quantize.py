@@ -83,12 +83,17 @@ class _AdviceOnce(logging.Filter):
     writes), are dropped; its warnings stay, but for one kind written once per weight: with per-channel weights,
     "Axis 1 is out-of-range for weight 'batch_norm2d_0.w_0' with rank 1" for every rank-1 weight (a
     BatchNormalization's scale: 94 lines on a PP-PicoDet), which onnxruntime then quantises per tensor; the first
-    is shown, saying so, and the rest dropped."""
+    is shown, saying so, and the rest dropped. Likewise a QOperator model's "Inference failed or unsupported type to
+    quantize for tensor 'Cast@1', type is tensor_type {" and the type's protobuf text on eight more lines, for every
+    tensor of a type onnxruntime does not quantise (an int64 shape; 36 of them, 300 lines, on NudeNet): the first in
+    one line naming the type, the rest dropped."""
 
     PREFIX = ("Please use QuantFormat.QDQ", "The original model opset version is")
     QUIET = f"{os.sep}onnxruntime{os.sep}quantization{os.sep}"
     PER_WEIGHT = re.compile(r"Axis -?\d+ is out-of-range for weight '.*' with rank \d+")
     PER_WEIGHT_NOTE = ": onnxruntime quantises it per tensor (further weights like it are not named)"
+    PER_TENSOR = re.compile(r"Inference failed or unsupported type to quantize for tensor (?P<name>'.*'), type is "
+                            r"(?P<type>.*)\.", re.DOTALL)
 
     def __init__(self):
         super().__init__()
@@ -104,12 +109,28 @@ class _AdviceOnce(logging.Filter):
             self.seen.add("per weight")
             record.msg, record.args = message + self.PER_WEIGHT_NOTE, None
             return True
+        if (found := self.PER_TENSOR.fullmatch(message)) is not None:
+            if "per tensor" in self.seen:
+                return False
+            self.seen.add("per tensor")
+            kind = re.search(r"elem_type: (\d+)", found["type"])
+            kind = _type_name(int(kind[1])) if kind else "its type unknown"
+            record.msg, record.args = (f"onnxruntime does not quantise tensor {found['name']} ({kind}): not a float "
+                                       "type, or no type known (further tensors like it are not named)"), None
+            return True
         if not message.startswith(self.PREFIX):
             return True
         if message in self.seen:
             return False
         self.seen.add(message)
         return True
+
+
+def _type_name(elem_type: int) -> str:
+    try:
+        return onnx.TensorProto.DataType.Name(elem_type)
+    except ValueError:
+        return f"element type {elem_type}"
 
 
 ADVICE_ONCE = _AdviceOnce()

@@ -106,6 +106,10 @@ def test_old_conv_classifier_with_npy_data(tmp_path):
     assert prepared.opset_import[0].version >= 13
     # data: 48 rows at batch 1 -> 48 batches (fewer than asked for), span of the real calibration rows
     assert result["params"]["rows_per_batch"] == 1
+    # each shortfall said once, by the data source, naming its file
+    assert proc.stderr.count("calib.npz: 100 batches requested, the data has 48 rows") == 1
+    assert proc.stderr.count("eval.npz: 256 evaluation rows requested, the data has 40; using 40") == 1
+    assert "were requested" not in proc.stderr
     calib = np.load(tmp_path / "calib.npz")["image"]
     assert result["metrics"]["span"] == float(calib.max() - calib.min())
     # task metrics: labels are the fp32 model's own predictions, so fp32 accuracy is exactly 1

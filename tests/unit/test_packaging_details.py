@@ -97,3 +97,23 @@ def test_onnxruntimes_per_weight_axis_warnings_are_shown_once_saying_what_happen
         "Axis 1 is out-of-range for weight 'batch_norm2d_0.w_0' with rank 1: onnxruntime quantises it per tensor "
         "(further weights like it are not named)",
         "Axis 1 is out-of-range for something else"]
+
+
+def test_onnxruntimes_per_tensor_type_warnings_are_one_line_once(caplog):
+    """A QOperator model makes onnxruntime warn, for every tensor of a type it does not quantise, with the type's
+    protobuf text on eight more lines (36 tensors on NudeNet): the first is one line naming the type, the rest
+    are dropped; the same words about something else pass."""
+    from onnx import TensorProto, helper
+
+    quantize.ADVICE_ONCE.seen.clear()
+    quantize.advice_once()
+    kind = helper.make_tensor_type_proto(TensorProto.INT64, [1])
+    with caplog.at_level(logging.WARNING):
+        for name in ("Cast@1", "Shape@2", "Gather@3"):
+            logging.warning(f"Inference failed or unsupported type to quantize for tensor {name!r}, type is {kind}.")
+        logging.warning("Inference failed for another reason")
+    assert [r.getMessage() for r in caplog.records] == [
+        "onnxruntime does not quantise tensor 'Cast@1' (INT64): not a float type, or no type known (further tensors "
+        "like it are not named)",
+        "Inference failed for another reason"]
+    assert "\n" in str(kind)  # what onnxruntime's line held
