@@ -320,7 +320,7 @@ def _jobs_need_not_wait(config: DictConfig, tracker: Tracker) -> bool:
     and not resumed (which reads the store first). Else the first job waits for the parent run (`_parent_ready`):
     a server is asked for only once MLflow is there, and a launcher's workers read the parent from the folder."""
     return (OmegaConf.select(config, "hydra.launcher._target_", default="") == BASIC_LAUNCHER
-            and getattr(tracker, "pipelined", False) and tracker.uri.startswith("sqlite:///") and not config.resume)
+            and tracker.pipelined and tracker.uri.startswith("sqlite:///") and not config.resume)
 
 
 def _parent_ready() -> None:

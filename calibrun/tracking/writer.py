@@ -243,7 +243,8 @@ def _calibrun_error(message: str):
     return CalibrunError(message)
 
 
-NO_WAIT = frozenset({"log", "log_datasets", "log_artifact", "log_table"})  # answered None: their errors come later
+# answered None: their errors come later (`later`: Tracker.later, a step run without waiting)
+NO_WAIT = frozenset({"log", "log_datasets", "log_artifact", "log_table", "later"})
 LATER = frozenset({"start_run", "log_model"})  # their ids are Pending until resolved
 
 
@@ -380,17 +381,6 @@ class RemoteTracker:
         """`function(tracker, *args, **kwargs)` with the writer's Tracker (a module-level function: it is pickled by
         name), waiting for its answer."""
         return self._call("run", (function, *args), kwargs)
-
-    def later(self, function, *args) -> None:
-        """`run` without waiting: its error is raised by the next call that waits."""
-        if self._local is not None:
-            function(self._local, *(self.resolve(a) for a in args))
-            return
-        try:
-            self._writer.submit("call", self._key, "run", (function, *args), {})
-        except WriterDied as exc:
-            self._lost(exc)
-            raise _calibrun_error(f"{exc}; its {_what('run', (function,))} did not complete") from None
 
     def close(self, run_id, status: str) -> Exception | None:
         """Tracker.close, which never raises (a dead writer: tried once more in this process). The errors of the
