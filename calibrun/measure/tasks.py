@@ -374,10 +374,21 @@ def class_axis(model: onnx.ModelProto, output: str, softmax: onnx.NodeProto) -> 
 
 
 def _producer_op(model: onnx.ModelProto, output: str) -> str | None:
-    producers = {o: n for n in model.graph.node for o in n.output}
-    name = output
+    """The op that writes `output`'s values (through shape ops and Cast; None: a graph input). Through an If too:
+    the op both branches write that output with (an openWakeWord head's Sigmoid, whose If picks between two), else
+    If."""
+    return _op_behind(model.graph, output, {})
+
+
+def _op_behind(graph: onnx.GraphProto, name: str, outer: dict) -> str | None:
+    producers = {**outer, **{o: n for n in graph.node for o in n.output}}  # a branch also reads the outer values
     while name in producers:
         node = producers[name]
+        if node.op_type == "If":
+            k = list(node.output).index(name)
+            ops = {_op_behind(a.g, a.g.output[k].name, producers) for a in node.attribute
+                   if a.name in ("then_branch", "else_branch")}
+            return ops.pop() if len(ops) == 1 else "If"
         if node.op_type not in PASS_OPS or not node.input:
             return node.op_type
         name = node.input[0]

@@ -506,6 +506,32 @@ def test_auto_takes_a_decision_only_when_it_is_the_models_one_output(tmp_path):
     assert type(resolve(TaskSpec("auto", output="p"), path)) is Decision
 
 
+def _wake_word_head(tmp_path, other: str):
+    """openWakeWord's hey_jarvis head in small: an If on a score picks between a verifier's Sigmoid (then) and the
+    outer Sigmoid it was given (else, through Identity); `other` replaces the then branch's last op."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1])
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node(other, ["r"], ["p2"])],
+                             "then", [], [helper.make_tensor_value_info("p2", TensorProto.FLOAT, ["N", 1])])
+    orelse = helper.make_graph([helper.make_node("Identity", ["p1"], ["p1b"])], "else", [],
+                               [helper.make_tensor_value_info("p1b", TensorProto.FLOAT, ["N", 1])])
+    nodes = [helper.make_node("Sigmoid", ["x"], ["p1"]),
+             helper.make_node("ReduceMax", ["p1"], ["top"], keepdims=0),
+             helper.make_node("Constant", [], ["half"], value=helper.make_tensor("half", TensorProto.FLOAT, [], [0.5])),
+             helper.make_node("GreaterOrEqual", ["top", "half"], ["check"]),
+             helper.make_node("If", ["check"], ["y"], then_branch=then, else_branch=orelse)]
+    return _save(tmp_path, nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])])
+
+
+def test_a_probability_an_if_picks_from_two_sigmoids_is_a_decision(tmp_path):
+    """The op behind an output is followed into an If: where both branches write it with a Sigmoid (one of them the
+    outer graph's, passed through), the output is a probability per row, as its twin head without the If is
+    (openWakeWord's alexa and hey_jarvis); where one branch writes something else, it is not."""
+    assert type(resolve(TaskSpec("auto"), _wake_word_head(tmp_path, "Sigmoid"))) is Decision
+    task = resolve(TaskSpec("auto"), _wake_word_head(tmp_path, "Tanh"))
+    assert type(task) is Task
+    assert "from If" in task.reason
+
+
 def test_a_map_of_predicted_classes_is_measured_by_its_mean_iou(tmp_path):
     """A segmentation export with its ArgMax inside: an integer [N, H, W] class map. auto takes it as predicted
     classes, one per position (it used to measure none and fall back to the outputs' SQNR), and the per-class IoU
