@@ -114,7 +114,7 @@ class _AdviceOnce(logging.Filter):
                 return False
             self.seen.add("per tensor")
             kind = re.search(r"elem_type: (\d+)", found["type"])
-            kind = _type_name(int(kind[1])) if kind else "its type unknown"
+            kind = onnx.TensorProto.DataType.Name(int(kind[1])) if kind else "its type unknown"
             record.msg, record.args = (f"onnxruntime does not quantise tensor {found['name']} ({kind}): not a float "
                                        "type, or no type known (further tensors like it are not named)"), None
             return True
@@ -124,13 +124,6 @@ class _AdviceOnce(logging.Filter):
             return False
         self.seen.add(message)
         return True
-
-
-def _type_name(elem_type: int) -> str:
-    try:
-        return onnx.TensorProto.DataType.Name(elem_type)
-    except ValueError:
-        return f"element type {elem_type}"
 
 
 ADVICE_ONCE = _AdviceOnce()
