@@ -691,6 +691,17 @@ class Tracker:
         return error
 
 
+def latest_run(tracker: Tracker, key: str, value: str, also: str = "", parentless: bool = False) -> str | None:
+    """The id of the latest run (by start time) of `tracker`'s experiment whose tag `key` is `value` and that meets
+    the filter clause `also`; with `parentless`, only runs without a parent of their own (a sweep's parent runs).
+    None when there is none."""
+    escaped = value.replace("'", "\\'")
+    found = [r for r in tracker.client.search_runs([tracker.experiment_id], f"tags.`{key}` = '{escaped}'"
+                                                   + (f" and {also}" if also else ""), max_results=10000)
+             if not parentless or "mlflow.parentRunId" not in r.data.tags]
+    return max(found, key=lambda r: r.info.start_time).info.run_id if found else None
+
+
 class _OnnxFlavor:
     """mlflow.onnx as Model.log's flavor, without the serving check of the input example.
 

@@ -27,6 +27,7 @@ from calibrun.tracking import (
     PARENTS_HERE,
     Tracker,
     faithful,
+    latest_run,
     open_tracker,
     resolve_uri,
     shorten_middle,
@@ -66,11 +67,8 @@ def record_parent(tracker: Tracker, sweep_dir: Path, run_id: str, info: dict) ->
 def parent_by_folder(tracker: Tracker, sweep_dir: Path, since_ms: int) -> str | None:
     """The latest parent run (no parent of its own) this store holds for the sweep folder, started at `since_ms`
     (epoch milliseconds) or later: not the run of an earlier sweep in a folder of the same name. Or None."""
-    folder = str(sweep_dir.resolve()).replace("'", "\\'")
-    found = [r for r in tracker.client.search_runs(
-        [tracker.experiment_id], f"tags.`calibrun.sweep_dir` = '{folder}' and attributes.start_time >= {since_ms}",
-        max_results=10000) if "mlflow.parentRunId" not in r.data.tags]
-    return max(found, key=lambda r: r.info.start_time).info.run_id if found else None
+    return latest_run(tracker, "calibrun.sweep_dir", str(sweep_dir.resolve()), f"attributes.start_time >= {since_ms}",
+                      parentless=True)
 
 
 GROUPS = ("calibration", "format", "method", "model", "data", "eval_data", "cache", "tracking", "experiment")

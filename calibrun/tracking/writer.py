@@ -408,14 +408,12 @@ FINDING_TAGS = ("calibrun.job_dir", "calibrun.sweep_dir")  # a job's run, a swee
 def _started_run(tracker, tags: dict) -> str | None:
     """The RUNNING run that a start_run with these tags made (the writer died before answering), or None: a job's
     run by its folder, a sweep's parent run by the sweep's folder (and no parent of its own)."""
+    from calibrun.tracking import latest_run
+
     key = "calibrun.job_dir" if "calibrun.job_dir" in tags else "calibrun.sweep_dir"
     if key not in tags:
         return None
-    value = tags[key].replace("'", "\\'")
-    found = [r for r in tracker.client.search_runs([tracker.experiment_id], f"tags.`{key}` = '{value}' and "
-                                                   "attributes.status = 'RUNNING'", max_results=1000)
-             if key == "calibrun.job_dir" or "mlflow.parentRunId" not in r.data.tags]
-    return max(found, key=lambda r: r.info.start_time).info.run_id if found else None
+    return latest_run(tracker, key, tags[key], "attributes.status = 'RUNNING'", parentless=key == "calibrun.sweep_dir")
 
 
 def _nothing(tracker) -> None:
