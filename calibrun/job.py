@@ -29,6 +29,7 @@ from calibrun.measure.diagnosis import as_table, classify_model
 from calibrun.measure.tensor_stats import StreamingDiagnostics
 from calibrun.model import FloatModel, check_model_file, file_sha256, why_nothing_quantised
 from calibrun.model.digits import ensure_digits
+from calibrun.model.one_row import fails_on_two_rows, pinned_copy
 from calibrun.model.prepared import prepared_model
 from calibrun.quant import cache as cache_store
 from calibrun.quant.calibrate import Calibration, CalibrationCache
@@ -166,13 +167,21 @@ class JobContext:
                            spec.op_types or None)
 
 
-def context(cfg: DictConfig, job_dir: Path) -> JobContext:
+def context(cfg: DictConfig, job_dir: Path, one_row: JobContext | None = None) -> JobContext:
     """The job's context: the prepared model, its data sources and its task, each checked (a bad exclusion name,
-    evaluation file or task output fails here, before any calibration)."""
+    evaluation file or task output fails here, before any calibration). `one_row`: the context of a first try
+    whose model runs only one row at a time (`one_row_context`): the model with its batch axes pinned to 1, each
+    input's batch axis as that context inferred it, and as many calibration rows as its batches held."""
     fp32, steps = prepare(cfg, job_dir)
+    data_source, source, batches = cfg.data, eval_source(cfg), cfg.batches
+    if one_row is not None:
+        fp32 = pinned_copy(fp32, one_row.evaluation.axes, job_dir)
+        steps = [*steps, "pinned each input's batch axis to one row (the model runs one row at a time)"]
+        data_source = _with_axes(OmegaConf.to_container(cfg.data, resolve=True), one_row.data.axes)
+        source = _with_axes(source, one_row.evaluation.axes)
+        batches = one_row.data.rows  # the rows the first try's batches held, a batch each
     options, record = resolve_exclusions(fp32.path, config.quant_options(cfg))  # names checked before any work
-    data = calibration_data(cfg.data, fp32, cfg.calibration.seed, cfg.calibration.factor, cfg.batches)
-    source = eval_source(cfg)
+    data = calibration_data(data_source, fp32, cfg.calibration.seed, cfg.calibration.factor, batches)
     evaluation = evaluation_data(source, fp32, source["seed"], source["rows"])
     try:
         task = tasks.resolve(tasks.spec_of(cfg.task), fp32.path, labels=evaluation.labels,
@@ -185,6 +194,45 @@ def context(cfg: DictConfig, job_dir: Path) -> JobContext:
         if task.static_classes:  # before any work when the graph states the classes
             evaluation.check_labels(task.static_classes, task.output)
     return JobContext(cfg, job_dir, fp32, steps, options, record.get("exclusions"), data, source, evaluation, task)
+
+
+def _with_axes(source: dict, axes: dict) -> dict:
+    """A data source's config with each batched input's batch axis set explicitly (`axes`; None: a constant)."""
+    inputs = {name: dict(conf or {}) for name, conf in (source.get("inputs") or {}).items()}
+    for name, axis in axes.items():
+        if axis is not None:
+            inputs.setdefault(name, {})["batch_axis"] = axis
+    return {**source, "inputs": inputs}
+
+
+def one_row_context(ctx: JobContext) -> JobContext | None:
+    """After a failed first try: the job's context again with the model pinned to one row per run, when the model
+    is one exported for one row at a time (calibrun.model.one_row: two evaluation rows fail, the first alone runs);
+    None otherwise (the first failure stands)."""
+    from calibrun.data.rows import pinned_rows
+
+    if ctx.cfg.model.name != "file" or "lab" in (ctx.cfg.data.name, ctx.cfg.eval_data.name) or \
+            any(s.startswith("pinned each input") for s in ctx.steps):
+        return None  # (the lab rule feeds one float input with rows on axis 0: no axes to keep)
+    try:
+        if pinned_rows({i.name: i.shape for i in ctx.fp32.inputs}, ctx.evaluation.axes) is not None:
+            return None  # the model pins its batch already
+        feeds, _ = next(iter(ctx.evaluation.batches(2)))
+        error = fails_on_two_rows(ctx.fp32.path, feeds, ctx.evaluation.axes, ctx.cfg.ort.intra_op_threads)
+        rows = ctx.data.rows
+    except Exception:  # noqa: BLE001 (the data or the model fail here too: the first failure stands)
+        return None
+    if error is None:
+        return None
+    log.warning("the model fails on two rows at once and runs one (onnxruntime on two rows: %s): it was exported "
+                "for one row at a time; running it one row per run, as its input axes pinned to 1 would (%d "
+                "calibration rows: the %d batches' rows)", error, rows, len(ctx.data))
+    quiet, level = logging.getLogger("calibrun"), logging.getLogger("calibrun").level
+    quiet.setLevel(logging.ERROR)  # the data's and the task's lines were said by the first try
+    try:
+        return context(ctx.cfg, ctx.job_dir, one_row=ctx)
+    finally:
+        quiet.setLevel(level)
 
 
 def compute(ctx: JobContext) -> JobResult:

@@ -27,7 +27,7 @@ from calibrun.core.files import (
     remove_temp_orphans,
 )
 from calibrun.core.interrupts import die_of, install_signal_handlers
-from calibrun.job import compute, context, job_identity, job_params
+from calibrun.job import compute, context, job_identity, job_params, one_row_context
 from calibrun.measure import verdict
 from calibrun.model import file_sha256
 from calibrun.quant import cache
@@ -87,7 +87,13 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
         if invalid is not None:
             raise invalid
         ctx = context(cfg, job_dir)
-        result = compute(ctx)
+        try:
+            result = compute(ctx)
+        except Exception:
+            retry = one_row_context(ctx)  # a model exported for one row at a time: again, a row per run
+            if retry is None:
+                raise
+            ctx, result = retry, compute(retry)
         analysis.attach(ctx, result)
         if recommend.enabled(cfg, multirun=sweep_dir is not None):
             recommend.attach(ctx, result)

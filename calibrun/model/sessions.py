@@ -23,7 +23,7 @@ def no_spinning(options) -> None:
 
 
 def session(path: str | Path, intra_op_threads: int = 0, *, optimize: bool | str = True, arena: bool = True,
-            mem_pattern: bool = False, priority_order: bool = False, log_level: int = 3,
+            mem_pattern: bool = False, priority_order: bool = False, log_level: int = 4,
             save_optimized: Path | None = None, config: dict[str, str] | None = None,
             disabled_optimizers: Sequence[str] = (), providers: Sequence[str] = CPU, shown: str | None = None,
             failed: Callable[[BaseException], str] | None = None):
@@ -38,6 +38,9 @@ def session(path: str | Path, intra_op_threads: int = 0, *, optimize: bool | str
     numbers. `priority_order`: onnxruntime's priority-based execution order (frees activations as soon as their
     readers ran). `save_optimized`: write the optimised model there (`config` adds session config entries, e.g.
     where its external initializers go). Intra-op threads never spin (`no_spinning`).
+    `log_level` 4 (fatal only): onnxruntime's own error lines are not printed, every failure is raised and
+    calibrun reports it once, in one line (a model that fails on two rows printed a red line of onnxruntime's
+    before the job ran it one row at a time and ended ok).
     """
     import onnxruntime as ort
 

@@ -1,5 +1,6 @@
 """A stateful model end to end (docs/data.md): `python -m calibrun` quantises a recurrent step with a state input
-[2, N, 4] (rows on axis 1) and an int64 scalar `sr`, without any graph surgery; the in-process tests of feeding
+[2, N, 4] (rows on axis 1) and an int64 scalar `sr`, without any graph surgery, and a trained model exported for one row
+at a time runs a row per run; the in-process tests of feeding
 inputs are in tests/unit/test_data_inputs.py, the bad inputs in test_bad_inputs.py."""
 
 from __future__ import annotations
@@ -82,3 +83,51 @@ def test_a_model_of_integer_inputs_only_quantises_from_its_data(tmp_path):
     assert result["metrics"]["quantize_nodes"] >= 1  # the activations computed from it are quantised
     assert result["verdict"]["metric"] == "out.y.sqnr_db"
     assert result["used"]["calibration_source"]["inputs"][0]["dtype"] == "int64"
+
+
+def test_a_model_exported_for_one_row_at_a_time_runs_a_row_per_run(tmp_path):
+    """khmersm's trained transformer declares [batch, seq] inputs but fails on two rows (its attention Reshapes were
+    traced with one): the job finds that after its first try failed, pins the model's batch axes to 1 in a copy, keeps
+    each input's batch axis (axis 0, not the seq axis a pinned shape would leave free) and runs the rows one per run,
+    with no line of onnxruntime's own on stderr. The rows are char ids drawn from its vocabulary (no Khmer text ships
+    in a package the tests use): what is asserted is how they are run and that the verdict is the one the test
+    computes from both models, not what it says of the words."""
+    from tests.trained import KHMERSM, khmersm_model, package_file
+
+    model = khmersm_model()
+    vocabulary = json.loads(package_file(*KHMERSM, "khmersm/config.json").read_text(encoding="utf-8"))["char2id"]
+    ids = np.array(sorted(v for v in vocabulary.values() if v >= 2), np.int64)  # not <pad> or <unk>
+    rng = np.random.default_rng(3)
+    calib, evaluation = tmp_path / "calib.npz", tmp_path / "eval.npz"
+    for path, rows in ((calib, 24), (evaluation, 20)):
+        x = rng.choice(ids, (rows, 40))
+        np.savez(path, x=x, mask=np.ones_like(x, bool))
+    proc = run_python(["-m", "calibrun", "model=file", f"model.path={model}", "data=npy", f"data.path={calib}",
+                       "eval_data=npy", f"eval_data.path={evaluation}", "tracking=off", "recommend=off",
+                       f"cache.dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("fails on two rows at once and runs one") == 1
+    assert "[E:onnxruntime" not in proc.stderr
+    assert proc.stderr.count("evaluation rows requested") == 1  # the data's lines are not said again
+    run = tmp_path / "run"
+    result = json.loads((run / "result.json").read_text())
+    assert result["status"] == "ok"
+    assert result["preparation"][-1].startswith("pinned each input's batch axis to one row")
+    used = result["used"]
+    assert (used["calibration_rows"], used["calibration_batches"], used["calibration_rows_per_batch"]) == (24, 24, 1)
+    assert (used["eval_rows"], used["eval_batches"]) == (20, 20)
+    assert result["eval_source"]["inputs"] == {"x": {"batch_axis": 0}, "mask": {"batch_axis": 0}}
+    assert used["diagnostics_rows"] == 20
+
+    import onnxruntime as ort
+
+    def emissions(path):
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        with np.load(evaluation) as data:
+            return np.concatenate([session.run(None, {"x": data["x"][i:i + 1], "mask": data["mask"][i:i + 1]})[0]
+                                   for i in range(len(data["x"]))]).astype(np.float64)
+
+    ref, got = emissions(model), emissions(run / "int8.onnx")
+    sqnr = 10 * np.log10(np.square(ref).mean() / np.square(ref - got).mean())
+    assert result["verdict"]["metric"] == "out.emissions.sqnr_db"
+    assert result["verdict"]["value"] == pytest.approx(sqnr, abs=0.01)

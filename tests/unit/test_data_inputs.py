@@ -271,3 +271,50 @@ def test_a_model_with_float16_bool_and_int_inputs_quantises_and_evaluates(typed,
     assert metrics["rows"] == 20
     assert 0 < metrics["out.y.relative_error"] < 0.05
     assert metrics["eval_min"] == pytest.approx(float(np.load(path)["a"].min()))  # the primary input: `a`, float32
+
+
+# ------------------------------------------------------------------------------- a model exported for one row
+
+
+def _one_row_model(path, broken=False):
+    """x [N, 4] -> Reshape to [1, 4] (a batch traced into a shape constant) -> MatMul -> y [1, 3]; `broken`: the
+    Reshape's shape is [1, 5], which no row fits."""
+    from onnx import helper, numpy_helper
+
+    shape = numpy_helper.from_array(np.array([1, 5 if broken else 4], np.int64), "shape")
+    weight = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("MatMul", ["r", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])], [shape, weight])
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_a_model_that_runs_one_row_and_fails_on_two_is_told_apart(tmp_path):
+    from calibrun.model.one_row import fails_on_two_rows
+
+    feeds = {"x": np.ones((3, 4), np.float32)}
+    error = fails_on_two_rows(_one_row_model(tmp_path / "one.onnx"), feeds, {"x": 0})
+    assert error is not None
+    assert "Reshape" in error
+    assert "\n" not in error
+    # one row fails too: broken for another reason; a model that takes two rows; fewer than two rows: None
+    assert fails_on_two_rows(_one_row_model(tmp_path / "bad.onnx", broken=True), feeds, {"x": 0}) is None
+    assert fails_on_two_rows(save(stateful_model(), tmp_path / "s.onnx"), {
+        "input": np.ones((3, 8), np.float32), "state": np.ones((2, 3, 4), np.float32),
+        "sr": np.array(16000, np.int64)}, {"input": 0, "state": 1, "sr": None}) is None
+    assert fails_on_two_rows(_one_row_model(tmp_path / "one2.onnx"), {"x": feeds["x"][:1]}, {"x": 0}) is None
+
+
+def test_the_pinned_copy_declares_one_row_on_each_batch_axis_and_nothing_else(tmp_path):
+    from calibrun.model.one_row import pinned_copy
+
+    fp32 = open_float_model(save(stateful_model(), tmp_path / "s.onnx"))
+    pinned = pinned_copy(fp32, {"input": 0, "state": 1, "sr": None}, tmp_path)
+    shapes = {i.name: i.shape for i in pinned.inputs}
+    assert shapes["input"] == (1, 8)
+    assert shapes["state"] == (2, 1, 4)
+    assert shapes["sr"] == {i.name: i.shape for i in fp32.inputs}["sr"]  # a constant keeps its shape
+    assert pinned_rows(shapes, {"input": 0, "state": 1, "sr": None}) == 1
+    assert pinned.path == tmp_path / "fp32_one_row.onnx"
+    assert pinned.sha256 != fp32.sha256

@@ -1,0 +1,72 @@
+"""Models exported for one row at a time: graph inputs that declare a free batch axis (`[batch, seq]`) while a node
+inside was traced with one row (a Reshape to `[seq, 1, heads, dim]`), so onnxruntime fails on any batch of two or
+more rows. Such an export is common (PyTorch's tracer bakes the batch it saw into shape constants) and runs as its
+package runs it, one row per call.
+
+`fails_on_two_rows` tells such a model apart from a model that fails for another reason (it runs one row, and two
+rows of the same data fail); `pinned_copy` writes the model with each input's batch axis declared 1, which every
+stage already treats as a model that pins its batch (calibrun.data.rows.pinned_rows): one row per run, `batches`
+counting runs. The caller keeps each input's batch axis as it was inferred before (with the axis pinned, the rule
+"the one axis that is not fixed" would pick another one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from calibrun.core.errors import one_line
+from calibrun.core.files import temp_dir
+from calibrun.data import rows as feed_rows
+from calibrun.model import FloatModel, external_files, open_float_model
+
+
+def fails_on_two_rows(path: str | Path, feeds: Mapping[str, np.ndarray], axes: Mapping[str, int | None],
+                      threads: int = 0) -> str | None:
+    """onnxruntime's one-line error for the first two rows of `feeds` when the model at `path` runs the first row
+    alone; None when two rows run, one row fails too, or the feeds hold fewer than two rows."""
+    from calibrun.model.sessions import session
+
+    if feed_rows.count(feeds, axes) < 2:
+        return None
+    try:
+        sess = session(path, threads, optimize=False, log_level=4)
+    except Exception:  # noqa: BLE001 (a model onnxruntime cannot load: not this case; the first error stands)
+        return None
+    try:
+        sess.run(None, feed_rows.take(feeds, axes, 0, 2))
+        return None
+    except Exception as exc:  # noqa: BLE001 (onnxruntime's own Fail/InvalidArgument types)
+        two = one_line(exc)
+    try:
+        sess.run(None, feed_rows.take(feeds, axes, 0, 1))
+    except Exception:  # noqa: BLE001 (one row fails too: the model is broken for another reason)
+        return None
+    return two
+
+
+def pinned_copy(fp32: FloatModel, axes: Mapping[str, int | None], folder: Path) -> FloatModel:
+    """The model with the batch axis of each input that has rows (`axes`; None: a constant) declared 1, written
+    as `folder/fp32_one_row.onnx` (weights inline, or in a data file beside it for a model that keeps them so)."""
+    model = onnx.load(str(fp32.path))
+    for value in model.graph.input:
+        axis = axes.get(value.name, 0)
+        dims = value.type.tensor_type.shape.dim
+        if axis is not None and axis < len(dims):
+            dims[axis].Clear()
+            dims[axis].dim_value = 1
+    target = folder / "fp32_one_row.onnx"
+    external = bool(external_files(fp32.path))
+    with temp_dir("one-row", folder) as tmp:  # written whole, then moved into place
+        staged = Path(tmp) / target.name
+        if external:
+            onnx.save_model(model, str(staged), save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=target.name + ".data", convert_attribute=False)
+            Path(tmp, target.name + ".data").replace(folder / (target.name + ".data"))
+        else:
+            onnx.save_model(model, str(staged))
+        staged.replace(target)
+    return open_float_model(target)
