@@ -432,7 +432,8 @@ class Output:
     """A graph output as the task rules see it."""
 
     name: str
-    kind: str  # "float", "integer", "zipmap" (a ZipMap's sequence of {class: probability}), "other"
+    kind: str  # "float", "integer", "zipmap" (a ZipMap's sequence of {class: probability}), another tensor's
+    # element type ("bool", "string"), "other"
     shape: list | None  # None: unknown (or not a tensor)
     producer: str  # the op that writes it, through value-keeping ops ("input" for a graph input)
 
@@ -470,7 +471,8 @@ class _Graph:
         node = self.producers.get(info.name, (None, 0))[0]
         if info.type.HasField("tensor_type"):
             elem = info.type.tensor_type.elem_type
-            kind = "float" if elem in FLOATS else "integer" if elem in INTEGERS else "other"
+            kind = "float" if elem in FLOATS else "integer" if elem in INTEGERS else \
+                TensorProto.DataType.Name(elem).lower() if elem else "other"
             shape = _shape(self.model, info.name)
         else:
             kind = "zipmap" if node is not None and node.op_type == "ZipMap" else "other"

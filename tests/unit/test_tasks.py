@@ -232,6 +232,13 @@ def test_auto_names_model_classifier_for_a_lone_float_vector_output_it_does_not_
                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1, 1, 96])], "embedding.onnx")
     assert "model.classifier" not in resolve(TaskSpec("auto"), vector).reason  # not an [N, C] output
 
+    mask = _save(tmp_path, [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Not", ["m"], ["keep"])],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 1, 96]),
+                  helper.make_tensor_value_info("m", TensorProto.BOOL, ["N", "T"])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1, 1, 96]),
+                  helper.make_tensor_value_info("keep", TensorProto.BOOL, ["N", "T"])], "mask.onnx")
+    assert "'keep' (bool [?, ?], from Not)" in resolve(TaskSpec("auto"), mask).reason  # its type, not "other"
+
 
 # ------------------------------------------------------------------------ multi-output models (issue 29)
 
