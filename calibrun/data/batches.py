@@ -145,14 +145,18 @@ def _plan(total: int, per_batch: int, pinned: bool, requested: int, where: str) 
         if rest and pinned:
             tail = f"; the last {rest} rows are dropped (the model pins batches of {per_batch})"
         elif rest:
-            tail = f" plus a last batch of {rest} rows"
+            tail = f" plus a last batch of {rest} {_plural(rest, 'row')}"
         else:
             tail = ""
-        logger.warning(
-            "%s: %d batches requested, the data has %d rows: %d full batches of %d%s; using %d batches",
-            where, requested, total, full, per_batch, tail, count,
-        )
+        # every requested batch served (the last one short): said, not warned
+        say = logger.warning if count < requested else logger.info
+        say("%s: %d batches requested, the data has %d rows: %d full %s of %d%s; using %d %s", where, requested,
+            total, full, _plural(full, "batch"), per_batch, tail, count, _plural(count, "batch"))
     return count, min(total, count * per_batch)
+
+
+def _plural(count: int, noun: str) -> str:
+    return noun if count == 1 else noun + ("es" if noun.endswith("ch") else "s")
 
 
 def _cap_rows(total: int, rows: int | None, where: str) -> int:

@@ -771,3 +771,17 @@ def test_8_bit_modes_become_rgb_in_0_1(tmp_path, mode):
     assert feed["img"].max() <= 1
 
 
+
+
+def test_a_short_last_batch_of_the_batches_requested_is_said_not_warned(tmp_path, caplog):
+    np.save(tmp_path / "d.npy", rows(33))
+    with caplog.at_level(logging.INFO, logger="calibrun"):
+        feeds = npy_calibration(tmp_path / "d.npy", [vec()], batches=3)
+    assert [f["x"].shape[0] for f in feeds] == [16, 16, 1]
+    said = [r for r in caplog.records if "3 batches requested" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.INFO]
+    assert "2 full batches of 16 plus a last batch of 1 row; using 3 batches" in said[0].getMessage()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="calibrun"):
+        npy_calibration(tmp_path / "d.npy", [vec()], batches=5)
+    assert any(r.levelno == logging.WARNING and "5 batches requested" in r.getMessage() for r in caplog.records)
