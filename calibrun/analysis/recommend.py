@@ -24,6 +24,8 @@ best value; short of ok, the best value, then the fewest changes.
 
 Cost: one quantisation and one evaluation pass over `recommend.rows` rows a candidate (plus a calibration for a
 method), reported in result.json `used.recommend`; every candidate, better or not, is in `recommendations.json`.
+None is measured where the verdict's metric is already at its best (an agreement or IoU of 1, every output exact:
+int8 decides as fp32 does on these rows), since no change can better it; `recommendations.json` says why.
 """
 
 from __future__ import annotations
@@ -161,6 +163,17 @@ def attach(ctx, result) -> None:
     start = time.perf_counter()
     rule = verdict.rule_for(result.metrics, cfg.verdict)
     better = 1.0 if rule.goal == "max" else -1.0
+    value = result.verdict["value"]
+    if value is not None and rule.unbeatable(float(value)):  # int8 decides as fp32 does: nothing can be better
+        log.info("recommend: none measured: %s is %.6g, its best (no change can make it better)", rule.metric, value)
+        result.recommendations = []
+        result.used = {**(result.used or {}), "recommend": {
+            "rows": 0, "candidates": 0, "not_measured": 0, "seconds": 0.0, "before": finite(float(value))}}
+        write_json(ctx.job_dir / RECOMMEND_FILE, {"metric": rule.metric, "goal": rule.goal, "rows": 0,
+                                                   "before": finite(float(value)), "measured": [], "not_measured": [],
+                                                   "why": f"{rule.metric} is at its best ({value:g})"})
+        result.files[RECOMMEND_FILE.removesuffix(".json")] = RECOMMEND_FILE
+        return
     evaluation = ctx.evaluation if conf.rows is None else ctx.evaluation.head(conf.rows)
     spec = config.calibration_spec(cfg)
     cache = CalibrationCache(cfg.cache.dir) if cfg.cache.enabled else None

@@ -40,14 +40,13 @@ from calibrun.data import rows as feed_rows
 from calibrun.data.inputs import input_dtype, is_float
 from calibrun.lab import EVAL_ROWS, EVAL_SEED
 from calibrun.lab.data import evaluation_rows
-from calibrun.measure.verdict import ROW_SHARE_KEY, SQNR_OK_DB
+from calibrun.measure.verdict import ROW_SHARE_KEY, SQNR_CAP, SQNR_OK_DB
 from calibrun.model import FloatModel, open_float_model, primary
 from calibrun.model.sessions import session
 
 log = logging.getLogger("calibrun")
 
 DEFAULT_BATCH = 16  # evaluation rows per run when eval.batch_size is not set and the model does not pin one
-SQNR_CAP = 200.0  # dB reported when the int8 output equals the fp32 one exactly (no noise to divide by)
 SEGMENTS_MAX = 16  # outputs whose last axis has at most this many entries get per-entry metrics
 
 

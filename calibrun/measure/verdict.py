@@ -49,6 +49,12 @@ class Rule:
     says: str  # the measurement in words, for `because`: "{value}" is filled in
     worst: bool = False  # the worst output's SQNR: re-found in each run's metrics (the worst output may move)
     digits: int | None = None  # the decimals `says` shows of the value (None: shown as it is)
+    best: float | None = None  # the value no change can better (int8 decides as fp32 does; None: no such value)
+
+    def unbeatable(self, value: float) -> bool:
+        """`value` is this metric's best: no change can make the model better by it."""
+        return self.best is not None and math.isfinite(value) and (
+            value >= self.best if self.goal == "max" else value <= self.best)
 
     def shown(self, value: float) -> float:
         """`value` as `says` may round it without crossing a threshold: 19.996 dB is shown 19.9, not 20.0 beside
@@ -89,17 +95,18 @@ class Rule:
 
 
 AGREEMENT = Rule("task.top1_agreement", "max", 0.95, 0.80, "int8's top-1 class is fp32's on {value:.1%} of the "
-                 "predictions", digits=3)
+                 "predictions", digits=3, best=1.0)
 IOU = Rule("task.iou", "max", 0.95, 0.80, "int8's and fp32's maps share {value:.1%} of the pixels either marks "
-                                          "(IoU)", digits=3)
+                                          "(IoU)", digits=3, best=1.0)
 MEAN_IOU = Rule("task.mean_iou", "max", 0.95, 0.80, "per class, int8's and fp32's positions of that class share "
-                "{value:.1%} of the positions either gives it (mean IoU over the classes)", digits=3)
+                "{value:.1%} of the positions either gives it (mean IoU over the classes)", digits=3, best=1.0)
 DECISION_IOU = Rule("task.decision_iou", "max", 0.95, 0.80, "int8 and fp32 say yes to {value:.1%} of the rows "
-                    "either says yes to (IoU of the yes decisions)", digits=3)
+                    "either says yes to (IoU of the yes decisions)", digits=3, best=1.0)
 # the first the run measured decides: mean IoU only where rows hold positions
 TASK_RULES = (MEAN_IOU, AGREEMENT, IOU, DECISION_IOU)
 SQNR_OK_DB = 20.0
 SQNR_BROKEN_DB = 10.0
+SQNR_CAP = 200.0  # dB reported when the int8 output equals the fp32 one exactly (no noise to divide by)
 ROW_SHARE_KEY = f"rows_under_{SQNR_OK_DB:g}db"  # calibrun.measure.errors.RowShare: rows over the ok bound
 ROWS_UNDER_OK = 0.05  # ok needs at most 1 row in 20 over the bound, in every output and part
 _PART = re.compile(r"^out\.(?P<output>.+?)(?:\.concat(?P<part>\d+))?\.sqnr_db$")
@@ -143,7 +150,7 @@ def _sqnr_rule(key: str) -> Rule:
     where = _where(_PART.match(key))
     return Rule(key, "max", SQNR_OK_DB, SQNR_BROKEN_DB,
                 f"the worst output, {where}, is at {{value:.1f}} dB SQNR against fp32 (error RMS {{rms:.0%}} of the "
-                "signal's)", worst=True, digits=1)
+                "signal's)", worst=True, digits=1, best=SQNR_CAP)
 
 
 def rule_for(metrics: Mapping[str, float], conf=None) -> Rule | None:

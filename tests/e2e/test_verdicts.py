@@ -8,6 +8,7 @@ real onnxruntime, Hydra and MLflow): each path that decides a verdict, and a rec
 - NudeNet's YOLOv8n on photos, no task: its class scores, one Concat input of output0, are crushed on the boxes'
   int8 grid: broken on that part's SQNR, though the whole output's SQNR looks fine. Tracked: the MLflow tag.
 - det_yolox with the README's custom detection task: `verdict.metric` decides with its thresholds.
+- The lab model kept all in float: its metric at its best, no recommendation is measured.
 """
 
 from __future__ import annotations
@@ -102,6 +103,23 @@ def test_a_sound_classifier_is_ok(tmp_path):
     assert verdict["value"] >= 0.95
     assert "397 evaluation rows" in verdict["because"]
 
+
+def test_no_candidate_is_measured_where_int8_already_computes_as_fp32(tmp_path):
+    """The lab model with every node kept in float: its output is fp32's exactly (SQNR at its cap), so no change can
+    make it better and none is measured; the same job quantised measures its candidates."""
+    nodes = "quant.nodes_to_exclude=[fc1_matmul,fc1_add,relu,fc2_matmul,fc2_add]"
+    run = calibrun(tmp_path, nodes, "hydra.run.dir=float")
+    result = _done(tmp_path, run, "float")
+    assert result["verdict"]["value"] == 200.0  # calibrun.measure.verdict.SQNR_CAP: no error at all
+    assert result["recommendations"] == []
+    assert result["used"]["recommend"]["candidates"] == 0
+    written = json.loads((tmp_path / "float" / "recommendations.json").read_text())
+    assert written["measured"] == []
+    assert written["why"] == "out.y.sqnr_db is at its best (200)"
+    assert "recommend: none measured: out.y.sqnr_db is 200, its best" in run.stderr
+    quantised = _done(tmp_path, calibrun(tmp_path, "hydra.run.dir=int8"), "int8")
+    assert quantised["verdict"]["value"] < 200.0
+    assert quantised["used"]["recommend"]["candidates"] >= 4
 
 def test_a_detector_whose_scores_are_crushed_is_broken_on_that_part_and_tagged(photos, tmp_path):
     store = fresh_mlflow_store(tmp_path)

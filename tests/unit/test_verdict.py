@@ -223,3 +223,15 @@ def test_the_value_in_words_never_rounds_across_a_threshold(metrics, shown, stat
     assert got["status"] == status
     assert shown in got["because"]
     assert got["value"] == next(iter(metrics.values()))  # the value itself is not rounded
+
+
+def test_a_metric_at_its_best_cannot_be_bettered_and_a_custom_one_always_can():
+    assert verdict.AGREEMENT.unbeatable(1.0)
+    assert not verdict.AGREEMENT.unbeatable(0.999)
+    assert verdict.DECISION_IOU.unbeatable(1.0)
+    sqnr = verdict.rule_for({"out.y.sqnr_db": verdict.SQNR_CAP})
+    assert sqnr.unbeatable(verdict.SQNR_CAP)
+    assert not sqnr.unbeatable(199.0)
+    assert not sqnr.unbeatable(math.nan)
+    custom = verdict.rule_for({"m": 1.0}, conf("m", "max", 0.9, 0.5))
+    assert not custom.unbeatable(1.0)  # a metric calibrun does not know has no best
