@@ -430,7 +430,9 @@ for _kind, _word in BAD_FILES.items():
         BAD_CASES[f"error-fp32-{_kind}"] = (lambda a, o, k=_kind: ["error", getattr(a, k), a.int8, 1, 8], _word)
         BAD_CASES[f"error-int8-{_kind}"] = (lambda a, o, k=_kind: ["error", a.lab, getattr(a, k), 1, 8], _word)
 BAD_CASES.update({
-    "quantize-int64-input": (lambda a, o: quantize(a, o, src=a.int64), "INT64"),
+    "quantize-int64-input": (lambda a, o: quantize(a, o, src=a.int64),
+                             "INT64; the lab data rule feeds one float input (float32, float16 or double; give your "
+                             "data: python -m calibrun data=npy)"),
     "scales-int64-input": (lambda a, o: ["scales", a.int64], "not quantised"),
     "error-fp32-int64-input": (lambda a, o: ["error", a.int64, a.int8, 1, 8], "INT64"),
     "error-int8-int64-input": (lambda a, o: ["error", a.lab, a.int64, 1, 8], "no input"),
