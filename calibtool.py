@@ -82,7 +82,12 @@ def run(argv: list[str]) -> dict:
         from calibrun.quant.quantize import QuantOptions, quantize_lab_file
 
         options = QuantOptions(format=fmt.lower())
-        result = quantize_lab_file(src, out, seed_v, factor_v, batches_v, options=options, cache=cache_from_env())
+        try:
+            result = quantize_lab_file(src, out, seed_v, factor_v, batches_v, options=options, cache=cache_from_env())
+        except Exception as exc:
+            from calibrun.model.one_row import lab_rule_error
+
+            raise lab_rule_error(src, exc) from exc
         return {key: result[key] for key in QUANTIZE_KEYS}
     if command == "scales":
         from calibrun.model.graph import scales
@@ -93,7 +98,12 @@ def run(argv: list[str]) -> dict:
     rows_v = check_positive_int(_int(rows, "ROWS"), "rows", MAX_ROWS)
     from calibrun.measure import errors as measure
 
-    return measure.error(fp32, int8, seed_v, rows_v)
+    try:
+        return measure.error(fp32, int8, seed_v, rows_v)
+    except Exception as exc:
+        from calibrun.model.one_row import lab_rule_error
+
+        raise lab_rule_error(fp32, exc) from exc
 
 
 class _HeldLogs(logging.Handler):

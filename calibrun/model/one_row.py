@@ -12,6 +12,7 @@ counting runs. The caller keeps each input's batch axis as it was inferred befor
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -70,3 +71,24 @@ def pinned_copy(fp32: FloatModel, axes: Mapping[str, int | None], folder: Path) 
             onnx.save_model(model, str(staged))
         staged.replace(target)
     return open_float_model(target)
+
+
+def lab_rule_error(path: str | Path, failure: BaseException) -> BaseException:
+    """calibtool's error for a model the lab rule's batches failed on: one naming the export for one row at a time
+    when that is what it is (the contract's batches are 16 rows: calibtool does not change them), else `failure`."""
+    from calibrun.core.errors import CalibrunError
+    from calibrun.lab.data import evaluation_rows
+    from calibrun.model import open_float_model
+
+    try:
+        info = open_float_model(path).lab_input()
+        error = fails_on_two_rows(path, {info.name: evaluation_rows(info, 0, 2)}, {info.name: 0})
+    except Exception:  # noqa: BLE001 (the model is unusable in another way: the first failure stands)
+        return failure
+    if error is None:
+        return failure
+    node = re.search(r"while running (\w+) node\. Name:'([^']*)'", error)  # the error line stays short
+    shown = f"its {node[1]} node {node[2]!r}".replace(" ''", "") if node else error[:117] + "..." * (len(error) > 117)
+    return CalibrunError(f"{path}: onnxruntime fails on two rows at once and runs one ({shown}): the model was "
+                         "exported for one row at a time; calibtool's batches are 16 rows (its contract), python -m "
+                         "calibrun model=file runs such a model one row per run")

@@ -392,6 +392,12 @@ class Assets:
         onnx.save_model(symbolic, str(self.symbolic))
         self.unknown_op = _tiny(root / "unknown_op.onnx", "FooBar", ["N", 4])  # no kernel in onnxruntime
         self.scalar = _tiny(root / "scalar.onnx", "Relu", [])  # a rank-0 input: no rows to make
+        one_row = onnx.load(str(self.lab))  # exported for one row: a Reshape to [1, 16] traced in front of fc1
+        one_row.graph.initializer.append(onnx.numpy_helper.from_array(np.array([1, 16], np.int64), "one_row_shape"))
+        one_row.graph.node.insert(0, onnx.helper.make_node("Reshape", ["x", "one_row_shape"], ["x_one_row"]))
+        one_row.graph.node[1].input[0] = "x_one_row"
+        self.one_row = root / "one_row.onnx"
+        onnx.save_model(one_row, str(self.one_row))
         bad = onnx.load(str(self.lab))  # w1 is 16x32; claim the input has 5 features: MatMul cannot work
         bad.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 5
         self.bad_shapes = root / "bad_shapes.onnx"
@@ -467,6 +473,8 @@ BAD_CASES.update({
     "error-fp32-already-quantised": (lambda a, o: ["error", a.int8, a.int8, 1, 8], "already quantised"),
     "quantize-no-outputs": (lambda a, o: quantize(a, o, src=a.no_outputs), "no graph output"),
     "error-fp32-no-outputs": (lambda a, o: ["error", a.no_outputs, a.int8, 1, 8], "no graph output"),
+    "quantize-one-row-export": (lambda a, o: quantize(a, o, src=a.one_row), "exported for one row at a time"),
+    "error-one-row-export": (lambda a, o: ["error", a.one_row, a.int8, 1, 8], "exported for one row at a time"),
     "quantize-symbolic-features": (lambda a, o: quantize(a, o, src=a.symbolic), "axis 1 is symbolic"),
     "error-symbolic-features": (lambda a, o: ["error", a.symbolic, a.int8, 1, 8], "axis 1 is symbolic"),
     # models onnxruntime cannot run: named as given, not as a temp copy inside the calibration
