@@ -71,16 +71,41 @@ def check_keys(argv: list[str]) -> str | None:
     from calibrun.config import is_setting, unknown_key_message
 
     overrides = [a for a in argv if not a.startswith("-") and "=" in a]
+    parser = OverridesParser.create()
     try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except Exception:  # Hydra names a malformed override itself
-        return None
+        parsed = parser.parse_overrides(overrides)
+    except Exception:  # noqa: BLE001 (Hydra's OverrideParseException, on several lines): named here in one
+        return unreadable(parser, overrides)
     for override in parsed:
         key = override.key_or_group
         if override.package or "/" in key:  # `group@package=...`, `hydra/launcher=...`: Hydra's to judge
             continue
         if not is_setting(key):
             return unknown_key_message(key)
+    return None
+
+
+def unreadable(parser, overrides: list[str]) -> str | None:
+    """The one line for the first override Hydra's grammar cannot read: it, Hydra's reason, and for an input's key
+    with a character a key cannot hold, the key to write instead (calibrun.data.inputs.spelled)."""
+    from calibrun.config import is_input_key
+    from calibrun.data.inputs import spelled
+
+    for arg in overrides:
+        try:
+            parser.parse_overrides([arg])
+        except Exception as exc:  # noqa: BLE001 (OverrideParseException)
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip(" ^")]  # not the caret's line
+            reason = "; ".join(line for line in lines if not line.startswith(("See https://", "Error parsing")))
+            key, _, value = arg.lstrip("+~").partition("=")
+            if is_input_key(key):  # normalise's `++`, not the user's
+                arg = arg.lstrip("+")
+            hint = ""
+            if ".inputs." in key and not is_input_key(key) or is_input_key(key) and spelled(key) != key:
+                hint = f"; an input name's characters a key cannot hold are written as _: {spelled(key)}={value}"
+            reason = reason or "not in Hydra's override grammar"
+            return (f"cannot read the override {arg!r}: {reason} (Hydra's grammar: "
+                    f"https://hydra.cc/docs/advanced/override_grammar/basic/){hint}")
     return None
 
 
@@ -123,6 +148,7 @@ def main() -> None:
     logging.raiseExceptions = False  # a handler that cannot write (a full disk) prints no traceback per record
     patches.guard_callbacks(check_callbacks)
     patches.on_full_disk(report_full_disk)
+    patches.one_line_errors()
     _app()
 
 

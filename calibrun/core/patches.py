@@ -21,6 +21,7 @@ lives with its concept, passed in:
 |---|---|---|
 | `guard_callbacks(check)` | Hydra 1.3 | runs `check(config)` (core.trust) before Hydra instantiates any callback |
 | `on_full_disk(handler)` | Hydra 1.3 | a full disk as Hydra writes `.hydra/` goes to `handler` (calibrun.sweep) |
+| `one_line_errors()` | Hydra 1.3 | an error in the command line or the composed config is one line (Hydra's: 4+) |
 
 Each applies only to the library versions it was written against (`SUPPORTED`) and does nothing on another
 version. `CALIBRUN_PATCHES=off` in the environment turns the speed patches off (the libraries then run as
@@ -601,3 +602,58 @@ def on_full_disk(handler: Callable) -> None:
             raise
 
     _install(hydra_utils, "_save_config", save_config)
+
+
+def one_line_errors() -> None:
+    """Hydra's report of an error it raises composing the config from the command line (hydra._internal.utils
+    .run_and_report: the message, the OmegaConf cause with its full_key and object_type lines, the grammar's link,
+    the HYDRA_FULL_ERROR hint) is one line, `calibrun: error: <message>; <cause>`, and exit status 1, as calibrun's
+    own errors are. Other exceptions are Hydra's to report as before; HYDRA_FULL_ERROR=1 keeps Hydra's whole report."""
+    found = _unpatched("hydra-core", "hydra._internal.utils", None, "run_and_report", guard=True)
+    if found is None:
+        return
+    hydra_utils, original = found
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    def run_and_report(func):
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            return original(func)
+        caught: list[BaseException] = []
+
+        def guarded():
+            try:
+                return func()
+            except (HydraException, OmegaConfBaseException) as exc:
+                caught.append(exc)
+                return None
+
+        result = original(guarded)
+        if caught:
+            print(f"calibrun: error: {_one_line(caught[0])}", file=sys.stderr)
+            sys.exit(1)
+        return result
+
+    _install(hydra_utils, "run_and_report", run_and_report)
+
+
+def _one_line(exc: BaseException) -> str:
+    """A Hydra or OmegaConf error and its cause on one line: the lines joined with "; ", a tab-indented list (the
+    options of a group) joined with ", " after its heading, without the config search path, the full_key and
+    object_type lines and the grammar's link."""
+    said: list[str] = []
+    for part in (exc, exc.__cause__):
+        if part is None:
+            continue
+        for line in str(part).splitlines():
+            if line.startswith("Config search path:"):
+                break
+            text = line.strip()
+            if not text or text.startswith(("full_key:", "object_type=", "See https://")):
+                continue
+            if line.startswith("\t") and said and said[-1].endswith((":", ",")):
+                said[-1] += (" " if said[-1].endswith(":") else " ") + text + ","
+                continue
+            said.append(text)
+    said = [line.rstrip(",") for line in said]
+    return "; ".join(dict.fromkeys(said)) or type(exc).__name__

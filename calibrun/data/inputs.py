@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,17 +158,47 @@ def constant(info: InputInfo, array, axis: int | None, where: str) -> Constant:
     return Constant(values, row, where)
 
 
+KEY_CHARACTER = re.compile(r"[A-Za-z0-9_\-]")  # what Hydra's override grammar takes in a key (besides the dots)
+
+
+def spelled(name: str) -> str:
+    """An input name as an override key can hold it: each character Hydra's key grammar refuses (tf2onnx's
+    `input_1:0`, a `/` in a scope) as `_` (dots stay: a dotted name is nested, then joined back)."""
+    return "".join(c if c == "." or KEY_CHARACTER.fullmatch(c) else "_" for c in name)
+
+
+def _named(node: Mapping, options: Collection[str]) -> dict[str, Any]:
+    """{input name: its options} of an `inputs` node. A name with dots (PyTorch's `input.1`) arrives nested, as
+    OmegaConf reads `data.inputs.input.1.value=...` (inputs: {input: {1: {value: ...}}}): joined back."""
+    out: dict[str, Any] = {}
+
+    def walk(name: str, value) -> None:
+        if isinstance(value, Mapping) and value and not any(str(k) in options for k in value):
+            for key, inner in value.items():
+                walk(f"{name}.{key}", inner)
+        else:
+            out[name] = value
+
+    for key, value in node.items():
+        walk(str(key), value)
+    return out
+
+
 def overrides(node: Mapping | None, inputs: Sequence[InputInfo], key: str) -> dict[str, Mapping]:
     """`<key>.inputs` as {name: {value, batch_axis}} (InputConf's fields, its defaults filled in), every name
-    checked against the model's inputs and every option against InputConf's."""
-    node = dict(node or {})
+    checked against the model's inputs (a name with characters a key cannot hold given as `spelled`) and every
+    option against InputConf's."""
+    options = {f.name: f.default for f in dataclasses.fields(InputConf)}
     names = [info.name for info in inputs]
+    aliases = {spelled(n): n for n in names if spelled(n) != n and sum(spelled(m) == spelled(n) for m in names) == 1}
+    node = {aliases.get(name, name): given for name, given in _named(dict(node or {}), options).items()}
     unknown = [name for name in node if name not in names]
     if unknown:
+        hint = (f"; an input name with characters a key cannot hold is written with _ in their place: "
+                f"{', '.join(f'{spelled(n)} for {n}' for n in names if spelled(n) != n)}" if aliases else "")
         raise CalibrunError(f"config {key}.inputs: {', '.join(map(repr, unknown))} "
                             f"{'is not an input' if len(unknown) == 1 else 'are not inputs'} of the model "
-                            f"(inputs: {', '.join(names)})")
-    options = {f.name: f.default for f in dataclasses.fields(InputConf)}
+                            f"(inputs: {', '.join(names)}){hint}")
     out = {}
     for name, given in node.items():
         if not isinstance(given, Mapping):

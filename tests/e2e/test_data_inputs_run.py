@@ -131,3 +131,35 @@ def test_a_model_exported_for_one_row_at_a_time_runs_a_row_per_run(tmp_path):
     sqnr = 10 * np.log10(np.square(ref).mean() / np.square(ref - got).mean())
     assert result["verdict"]["metric"] == "out.emissions.sqnr_db"
     assert result["verdict"]["value"] == pytest.approx(sqnr, abs=0.01)
+
+
+@pytest.mark.parametrize(("names", "key"), [(("input.1", "sr.1", "out"), "sr.1"), (("input_1:0", "sr:0", "out:0"),
+                                                                                   "sr_0")], ids=["dotted", "colon"])
+def test_input_names_of_exporters_are_set_from_the_command_line(tmp_path, names, key):
+    """PyTorch's exports name inputs `input.1` (the config nests a dotted key: joined back), tf2onnx's `input_1:0`
+    (no override key can hold ':': written `sr_0`); the constant reaches the model either way."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    x, sr, out = names
+    rng = np.random.default_rng(4)
+    weight = numpy_helper.from_array(rng.normal(0, 0.3, (8, 4)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", [x, "w"], ["m"]), helper.make_node("Cast", [sr], ["s"], to=TensorProto.FLOAT),
+         helper.make_node("Mul", ["m", "s"], [out])], "g",
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["N", 8]),
+         helper.make_tensor_value_info(sr, TensorProto.INT64, [])],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, ["N", 4])], [weight])
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    rows = rng.normal(size=(48, 8)).astype(np.float32)
+    np.savez(tmp_path / "calib.npz", **{x: rows[:32]})
+    np.savez(tmp_path / "eval.npz", **{x: rows[32:]})
+    proc = run_python(["-m", "calibrun", "model=file", f"model.path={model}", "data=npy",
+                       f"data.path={tmp_path / 'calib.npz'}", "eval_data=npy",
+                       f"eval_data.path={tmp_path / 'eval.npz'}", f"data.inputs.{key}.value=2",
+                       f"eval_data.inputs.{key}.value=2", "tracking=off", "recommend=off",
+                       f"cache.dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    inputs = {entry["name"]: entry for entry in result["used"]["calibration_source"]["inputs"]}
+    assert inputs[sr]["constant"]["value"] == 2

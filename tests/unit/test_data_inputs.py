@@ -318,3 +318,21 @@ def test_the_pinned_copy_declares_one_row_on_each_batch_axis_and_nothing_else(tm
     assert pinned_rows(shapes, {"input": 0, "state": 1, "sr": None}) == 1
     assert pinned.path == tmp_path / "fp32_one_row.onnx"
     assert pinned.sha256 != fp32.sha256
+
+
+# ------------------------------------------------------------- input names an override key cannot hold as they are
+
+
+def test_a_dotted_input_name_nested_by_the_config_is_joined_back_and_a_colon_is_spelled_with_an_underscore():
+    from calibrun.data.inputs import overrides, spelled
+
+    inputs = [InputInfo("input.1", TensorProto.FLOAT, ("N", 8)), InputInfo("sr:0", TensorProto.INT64, ())]
+    # data.inputs.input.1.batch_axis=0 reaches the data source as OmegaConf nests it
+    given = overrides({"input": {"1": {"batch_axis": 0}}, "sr_0": {"value": 16000}}, inputs, "data")
+    assert given["input.1"]["batch_axis"] == 0
+    assert given["sr:0"]["value"] == 16000
+    assert spelled("serving_default/input_1:0") == "serving_default_input_1_0"
+    with pytest.raises(CalibrunError, match=re.escape("'sr' is not an input of the model (inputs: input.1, sr:0); "
+                                                      "an input name with characters a key cannot hold is "
+                                                      "written with _ in their place: sr_0 for sr:0")):
+        overrides({"sr": {"value": 1}}, inputs, "data")

@@ -548,3 +548,19 @@ def test_initializer_index_answers_as_the_linear_scan_through_appends_removals_a
     field.append(tensor("f8", TensorProto.FLOAT8E4M3FN))
     same(names, ("f8", "a"))
     assert names.sync().float8
+
+
+def test_hydra_errors_are_one_line_with_their_cause_and_a_groups_options():
+    from hydra.errors import ConfigCompositionException, MissingConfigException
+
+    from calibrun.core.patches import _one_line
+
+    merged = ConfigCompositionException("Error merging override batches=abc")
+    merged.__cause__ = ValueError("Value 'abc' of type 'str' could not be converted to Integer\n    full_key: "
+                                  "batches\n    object_type=Config")
+    assert _one_line(merged) == ("Error merging override batches=abc; Value 'abc' of type 'str' could not be "
+                                 "converted to Integer")
+    missing = MissingConfigException("In 'config': Could not find 'calibration/foo'\n\nAvailable options in "
+                                     "'calibration':\n\tmatch\n\tnarrow\n\twide\nConfig search path:\n\tprovider=hydra")
+    assert _one_line(missing) == ("In 'config': Could not find 'calibration/foo'; Available options in "
+                                  "'calibration': match, narrow, wide")
