@@ -101,7 +101,7 @@ def unreadable(parser, overrides: list[str]) -> str | None:
             if is_input_key(key):  # normalise's `++`, not the user's
                 arg = arg.lstrip("+")
             hint = ""
-            if ".inputs." in key and not is_input_key(key) or is_input_key(key) and spelled(key) != key:
+            if is_input_key(key) and spelled(key) != key:
                 hint = f"; an input name's characters a key cannot hold are written as _: {spelled(key)}={value}"
             reason = reason or "not in Hydra's override grammar"
             return (f"cannot read the override {arg!r}: {reason} (Hydra's grammar: "

@@ -227,12 +227,12 @@ def one_row_context(ctx: JobContext) -> JobContext | None:
     log.warning("the model fails on two rows at once and runs one (onnxruntime on two rows: %s): it was exported "
                 "for one row at a time; running it one row per run, as its input axes pinned to 1 would (%d "
                 "calibration rows: the %d batches' rows)", error, rows, len(ctx.data))
-    quiet, level = logging.getLogger("calibrun"), logging.getLogger("calibrun").level
-    quiet.setLevel(logging.ERROR)  # the data's and the task's lines were said by the first try
+    level = log.level
+    log.setLevel(logging.ERROR)  # the data's and the task's lines were said by the first try
     try:
         return context(ctx.cfg, ctx.job_dir, one_row=ctx)
     finally:
-        quiet.setLevel(level)
+        log.setLevel(level)
 
 
 def compute(ctx: JobContext) -> JobResult:

@@ -652,7 +652,7 @@ def _one_line(exc: BaseException) -> str:
             if not text or text.startswith(("full_key:", "object_type=", "See https://")):
                 continue
             if line.startswith("\t") and said and said[-1].endswith((":", ",")):
-                said[-1] += (" " if said[-1].endswith(":") else " ") + text + ","
+                said[-1] += f" {text},"
                 continue
             said.append(text)
     said = [line.rstrip(",") for line in said]
