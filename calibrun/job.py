@@ -31,6 +31,7 @@ from calibrun.model import FloatModel, check_model_file, file_sha256, why_nothin
 from calibrun.model.digits import ensure_digits
 from calibrun.model.one_row import fails_on_two_rows, pinned_copy
 from calibrun.model.prepared import prepared_model
+from calibrun.model.structure import structure
 from calibrun.quant import cache as cache_store
 from calibrun.quant.calibrate import Calibration, CalibrationCache
 from calibrun.quant.quantize import QuantOptions, quantize_with, resolve_exclusions
@@ -284,7 +285,9 @@ def compute(ctx: JobContext) -> JobResult:
                "int8_sha256": file_sha256(int8_path), "ranges_sha256": file_sha256(job_dir / RANGES_FILE)},
     )
     try:
-        result.verdict = verdict.decide(result.metrics, cfg.verdict, rows=int(errors["rows"]))
+        result.verdict = verdict.decide(result.metrics, cfg.verdict, rows=int(errors["rows"]),
+                                        names={measure.metric_key(o.name): o.name
+                                               for o in structure(fp32.path).graph.output})
     except ValueError as exc:  # verdict.metric names no metric of this run
         raise CalibrunError(f"config {exc}") from None
     if result.verdict is not None and not quantised:

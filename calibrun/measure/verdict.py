@@ -166,9 +166,12 @@ def rule_for(metrics: Mapping[str, float], conf=None) -> Rule | None:
     return _sqnr_rule(worst[0]) if worst is not None else None
 
 
-def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None) -> dict | None:
+def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
+           names: Mapping[str, str] | None = None) -> dict | None:
     """result.json `verdict`: {status, metric, value, because}; None without anything to decide on. A verdict.metric
-    the run did not measure is an error (the run's metric names listed)."""
+    the run did not measure is an error (the run's metric names listed). `names`: an output's name in its metric
+    keys -> its name in the model, where they differ (calibrun.measure.errors.metric_key: `out:0` is `out_0` in a
+    key); `because` names the output as the model does."""
     rule = rule_for(metrics, conf)
     if rule is None:
         return None
@@ -192,6 +195,9 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None) -> 
                 "only the no side")
     on = f" ({rows} evaluation rows)" if rows else ""
     because = f"{said}{on}: {status} ({rule.bounds()})"
+    for key, name in (names or {}).items():
+        if key != name:
+            because = because.replace(f"output {key!r}", f"output {name!r}")
     return {"status": status, "metric": rule.metric, "value": value if math.isfinite(value) else None,
             "because": because}
 

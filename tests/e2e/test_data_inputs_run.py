@@ -163,3 +163,4 @@ def test_input_names_of_exporters_are_set_from_the_command_line(tmp_path, names,
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     inputs = {entry["name"]: entry for entry in result["used"]["calibration_source"]["inputs"]}
     assert inputs[sr]["constant"]["value"] == 2
+    assert f"output {out!r}" in result["verdict"]["because"]  # named as the model names it, not as a metric key

@@ -235,3 +235,11 @@ def test_a_metric_at_its_best_cannot_be_bettered_and_a_custom_one_always_can():
     assert not sqnr.unbeatable(math.nan)
     custom = verdict.rule_for({"m": 1.0}, conf("m", "max", 0.9, 0.5))
     assert not custom.unbeatable(1.0)  # a metric calibrun does not know has no best
+
+
+def test_because_names_an_output_as_the_model_does_not_as_its_metric_key():
+    metrics = {"out.out_0.sqnr_db": 15.0}
+    assert "output 'out_0'" in verdict.decide(metrics)["because"]
+    named = verdict.decide(metrics, names={"out_0": "out:0", "y": "y"})
+    assert "output 'out:0'" in named["because"]
+    assert named["metric"] == "out.out_0.sqnr_db"  # the key stays the metric's
