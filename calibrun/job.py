@@ -8,6 +8,8 @@ writes `result.json`.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import logging
 import re
 from dataclasses import dataclass
@@ -175,8 +177,11 @@ def context(cfg: DictConfig, job_dir: Path, one_row: JobContext | None = None) -
     input's batch axis as that context inferred it, and as many calibration rows as its batches held."""
     fp32, steps = prepare(cfg, job_dir)
     data_source, source, batches = cfg.data, eval_source(cfg), cfg.batches
-    if one_row is not None:
-        fp32 = pinned_copy(fp32, one_row.evaluation.axes, job_dir)
+    if one_row is not None:  # a copy per prepared model and axes in the cache's models folder, else in the job's
+        axes = one_row.evaluation.axes
+        tag = hashlib.sha256(json.dumps([fp32.sha256, sorted(axes.items(), key=str)]).encode()).hexdigest()[:32]
+        shared = cache_store.folder(cfg.cache.dir, "models", create=True) if cfg.cache.enabled else None
+        fp32 = pinned_copy(fp32, axes, shared or job_dir, f"{tag}-one-row.onnx" if shared else "fp32_one_row.onnx")
         steps = [*steps, "pinned each input's batch axis to one row (the model runs one row at a time)"]
         data_source = _with_axes(OmegaConf.to_container(cfg.data, resolve=True), one_row.data.axes)
         source = _with_axes(source, one_row.evaluation.axes)

@@ -49,9 +49,14 @@ def fails_on_two_rows(path: str | Path, feeds: Mapping[str, np.ndarray], axes: M
     return two
 
 
-def pinned_copy(fp32: FloatModel, axes: Mapping[str, int | None], folder: Path) -> FloatModel:
+def pinned_copy(fp32: FloatModel, axes: Mapping[str, int | None], folder: Path, name: str = "fp32_one_row.onnx"
+                ) -> FloatModel:
     """The model with the batch axis of each input that has rows (`axes`; None: a constant) declared 1, written
-    as `folder/fp32_one_row.onnx` (weights inline, or in a data file beside it for a model that keeps them so)."""
+    as `folder/name` (weights inline, or in a data file beside it for a model that keeps them so); a copy already
+    there is reused (the same model and axes give the same bytes: `name` says which, in a shared folder)."""
+    target = folder / name
+    if target.is_file():
+        return open_float_model(target)
     model = onnx.load(str(fp32.path))
     for value in model.graph.input:
         axis = axes.get(value.name, 0)
@@ -59,9 +64,8 @@ def pinned_copy(fp32: FloatModel, axes: Mapping[str, int | None], folder: Path) 
         if axis is not None and axis < len(dims):
             dims[axis].Clear()
             dims[axis].dim_value = 1
-    target = folder / "fp32_one_row.onnx"
     external = bool(external_files(fp32.path))
-    with temp_dir("one-row", folder) as tmp:  # written whole, then moved into place
+    with temp_dir("one-row", folder) as tmp:  # written whole, the data first, then moved into place
         staged = Path(tmp) / target.name
         if external:
             onnx.save_model(model, str(staged), save_as_external_data=True, all_tensors_to_one_file=True,

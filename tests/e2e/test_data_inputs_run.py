@@ -6,6 +6,7 @@ inputs are in tests/unit/test_data_inputs.py, the bad inputs in test_bad_inputs.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -118,6 +119,10 @@ def test_a_model_exported_for_one_row_at_a_time_runs_a_row_per_run(tmp_path):
     assert (used["eval_rows"], used["eval_batches"]) == (20, 20)
     assert result["eval_source"]["inputs"] == {"x": {"batch_axis": 0}, "mask": {"batch_axis": 0}}
     assert used["diagnostics_rows"] == 20
+    pinned = Path(result["files"]["fp32"])  # the pinned copy, made once per prepared model in the cache
+    assert pinned.parent == tmp_path / "cache" / "models"
+    assert pinned.name.endswith("-one-row.onnx")
+    assert (pinned.parent / (pinned.name + ".data")).is_file()  # khmersm keeps its weights in a data file
 
     import onnxruntime as ort
 
