@@ -150,7 +150,7 @@ def attach(ctx, result) -> None:
     that helped, best first) and `used.recommend` to `result`; writes recommendations.json."""
     from calibrun import config
     from calibrun.analysis.evaluate import Evaluator
-    from calibrun.core.files import temp_dir, write_json
+    from calibrun.core.files import temp_dir
     from calibrun.data.rows import pinned_rows
     from calibrun.measure import verdict
     from calibrun.quant.calibrate import CalibrationCache
@@ -166,13 +166,7 @@ def attach(ctx, result) -> None:
     value = result.verdict["value"]
     if value is not None and rule.unbeatable(float(value)):  # int8 decides as fp32 does: nothing can be better
         log.info("recommend: none measured: %s is %.6g, its best (no change can make it better)", rule.metric, value)
-        result.recommendations = []
-        result.used = {**(result.used or {}), "recommend": {
-            "rows": 0, "candidates": 0, "not_measured": 0, "seconds": 0.0, "before": finite(float(value))}}
-        write_json(ctx.job_dir / RECOMMEND_FILE, {"metric": rule.metric, "goal": rule.goal, "rows": 0,
-                                                   "before": finite(float(value)), "measured": [], "not_measured": [],
-                                                   "why": f"{rule.metric} is at its best ({value:g})"})
-        result.files[RECOMMEND_FILE.removesuffix(".json")] = RECOMMEND_FILE
+        _record(ctx, result, rule, float(value), 0, [], [], [], 0.0, why=f"{rule.metric} is at its best ({value:g})")
         return
     evaluation = ctx.evaluation if conf.rows is None else ctx.evaluation.head(conf.rows)
     spec = config.calibration_spec(cfg)
@@ -266,20 +260,29 @@ def attach(ctx, result) -> None:
                     members, current = fewer, trial
     offered = sorted((e for e in measured if e.get("helps")), key=lambda e: _rank(e, better))
     seconds = time.perf_counter() - start
-    result.recommendations = [{k: e[k] for k in ("change", "metric", "before", "after", "status_after")}
-                              for e in offered]
-    result.used = {**(result.used or {}), "recommend": {
-        "rows": evaluation.rows, "candidates": len(measured), "not_measured": len(skipped),
-        "seconds": round(seconds, 3), "before": finite(before)}}
-    write_json(ctx.job_dir / RECOMMEND_FILE, {"metric": rule.metric, "goal": rule.goal, "rows": evaluation.rows,
-                                               "before": finite(before), "measured": measured,
-                                               "not_measured": skipped})
-    result.files[RECOMMEND_FILE.removesuffix(".json")] = RECOMMEND_FILE
+    _record(ctx, result, rule, before, evaluation.rows, offered, measured, skipped, seconds)
     if offered:
         log.info("recommend: best: %s (%s %.6g -> %.6g, %s); %d candidates in %.1f s", offered[0]["change"],
                  rule.metric, before, offered[0]["after"], offered[0]["status_after"], len(measured), seconds)
     else:
         log.info("recommend: none of %d candidates made %s better (%.1f s)", len(measured), rule.metric, seconds)
+
+
+def _record(ctx, result, rule, before: float, rows: int, offered: list[dict], measured: list[dict],
+            skipped: list[str], seconds: float, why: str | None = None) -> None:
+    """result.json's `recommendations` and `used.recommend`, and the job folder's recommendations.json (`why`: the
+    reason none was measured)."""
+    from calibrun.core.files import write_json
+
+    result.recommendations = [{k: e[k] for k in ("change", "metric", "before", "after", "status_after")}
+                              for e in offered]
+    result.used = {**(result.used or {}), "recommend": {
+        "rows": rows, "candidates": len(measured), "not_measured": len(skipped), "seconds": round(seconds, 3),
+        "before": finite(before)}}
+    written = {"metric": rule.metric, "goal": rule.goal, "rows": rows, "before": finite(before), "measured": measured,
+               "not_measured": skipped}
+    write_json(ctx.job_dir / RECOMMEND_FILE, {**written, **({"why": why} if why else {})})
+    result.files[RECOMMEND_FILE.removesuffix(".json")] = RECOMMEND_FILE
 
 
 def _outranked(candidate: Candidate, measured: list[dict]) -> dict | None:
