@@ -31,7 +31,7 @@ from calibrun.measure.diagnosis import as_table, classify_model
 from calibrun.measure.tensor_stats import StreamingDiagnostics
 from calibrun.model import FloatModel, check_model_file, file_sha256, why_nothing_quantised
 from calibrun.model.digits import ensure_digits
-from calibrun.model.one_row import fails_on_two_rows, pinned_copy
+from calibrun.model.one_row import failing, fails_on_two_rows, pinned_copy
 from calibrun.model.prepared import prepared_model
 from calibrun.model.structure import structure
 from calibrun.quant import cache as cache_store
@@ -230,9 +230,9 @@ def one_row_context(ctx: JobContext) -> JobContext | None:
         return None
     if error is None:
         return None
-    log.warning("the model fails on two rows at once and runs one (onnxruntime on two rows: %s): it was exported "
-                "for one row at a time; running it one row per run, as its input axes pinned to 1 would (%d "
-                "calibration rows: the %d batches' rows)", error, rows, len(ctx.data))
+    log.warning("the model fails on two rows at once and runs one (on two rows, %s fails): it was exported for one "
+                "row at a time; running it one row per run, as its input axes pinned to 1 would (%d calibration rows: "
+                "the %d batches' rows)", failing(error), rows, len(ctx.data))
     level = log.level
     log.setLevel(logging.ERROR)  # the data's and the task's lines were said by the first try
     try:

@@ -49,6 +49,15 @@ def fails_on_two_rows(path: str | Path, feeds: Mapping[str, np.ndarray], axes: M
     return two
 
 
+def failing(error: str) -> str:
+    """onnxruntime's error on two rows, short: the node that failed (`its Reshape node 'node_view'`), else the
+    error's start."""
+    node = re.search(r"while running (\w+) node\. Name:'([^']*)'", error)
+    if node is None:
+        return error if len(error) <= 120 else error[:117] + "..."
+    return f"its {node[1]} node {node[2]!r}" if node[2] else f"its {node[1]} node"
+
+
 def pinned_copy(fp32: FloatModel, axes: Mapping[str, int | None], folder: Path, name: str = "fp32_one_row.onnx"
                 ) -> FloatModel:
     """The model with the batch axis of each input that has rows (`axes`; None: a constant) declared 1, written
@@ -91,8 +100,6 @@ def lab_rule_error(path: str | Path, failure: BaseException) -> BaseException:
         return failure
     if error is None:
         return failure
-    node = re.search(r"while running (\w+) node\. Name:'([^']*)'", error)  # the error line stays short
-    shown = f"its {node[1]} node {node[2]!r}".replace(" ''", "") if node else error[:117] + "..." * (len(error) > 117)
-    return CalibrunError(f"{path}: onnxruntime fails on two rows at once and runs one ({shown}): the model was "
-                         "exported for one row at a time; calibtool's batches are 16 rows (its contract), python -m "
-                         "calibrun model=file runs such a model one row per run")
+    return CalibrunError(f"{path}: onnxruntime fails on two rows at once and runs one ({failing(error)}): the model "
+                         "was exported for one row at a time; calibtool's batches are 16 rows (its contract), python "
+                         "-m calibrun model=file runs such a model one row per run")

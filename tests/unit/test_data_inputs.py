@@ -336,3 +336,14 @@ def test_a_dotted_input_name_nested_by_the_config_is_joined_back_and_a_colon_is_
                                                       "an input name with characters a key cannot hold is "
                                                       "written with _ in their place: sr_0 for sr:0")):
         overrides({"sr": {"value": 1}}, inputs, "data")
+
+
+def test_the_failure_on_two_rows_is_said_short_by_the_node_that_failed():
+    from calibrun.model.one_row import failing
+
+    ort = ("[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running Reshape node. Name:'{}' "
+           "Status Message: /onnxruntime_src/onnxruntime/core/providers/cpu/tensor/reshape_helper.h:91 ...")
+    assert failing(ort.format("node_view")) == "its Reshape node 'node_view'"
+    assert failing(ort.format("")) == "its Reshape node"
+    assert failing("x" * 200) == "x" * 117 + "..."
+    assert failing("short") == "short"
