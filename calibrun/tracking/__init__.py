@@ -45,7 +45,15 @@ def _not_a_lock(record: logging.LogRecord) -> bool:
     return "database is locked" not in record.getMessage()
 
 
+def _not_table_setup(record: logging.LogRecord) -> bool:
+    """MLflow's two INFO lines as it creates a fresh store's tables ("Creating initial MLflow database tables...",
+    "Updating database tables"), in its own format among calibrun's lines on the first run a newcomer makes; the
+    store's address is in calibrun's own MLflow line at the end of the run."""
+    return not (record.levelno <= logging.INFO and ("database tables" in record.getMessage()))
+
+
 logging.getLogger("mlflow.store.db.utils").addFilter(_not_a_lock)
+logging.getLogger("mlflow.store.db.utils").addFilter(_not_table_setup)
 
 PARENT_FILE = "mlflow_parent.json"
 # sweep folder -> its parent run, for the jobs this process runs before the tracking writer has recorded it in the
