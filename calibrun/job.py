@@ -40,6 +40,7 @@ from calibrun.quant.quantize import QuantOptions, quantize_with, resolve_exclusi
 from calibrun.result import JobResult
 
 log = logging.getLogger("calibrun")
+ONE_ROW_STEP = "pinned each input's batch axis to one row (the model runs one row at a time)"  # in `preparation`
 
 TASK_KEYS = ("top1_agreement", "fp32_accuracy", "int8_accuracy")
 METRIC_KEYS = ("span", "input_scale", "input_zero_point", "observed_span", "max_abs_error", "mean_abs_error",
@@ -182,9 +183,9 @@ def context(cfg: DictConfig, job_dir: Path, one_row: JobContext | None = None) -
         tag = hashlib.sha256(json.dumps([fp32.sha256, sorted(axes.items(), key=str)]).encode()).hexdigest()[:32]
         shared = cache_store.folder(cfg.cache.dir, "models", create=True) if cfg.cache.enabled else None
         fp32 = pinned_copy(fp32, axes, shared or job_dir, f"{tag}-one-row.onnx" if shared else "fp32_one_row.onnx")
-        steps = [*steps, "pinned each input's batch axis to one row (the model runs one row at a time)"]
+        steps = [*steps, ONE_ROW_STEP]
         data_source = _with_axes(OmegaConf.to_container(cfg.data, resolve=True), one_row.data.axes)
-        source = _with_axes(source, one_row.evaluation.axes)
+        source = _with_axes(source, axes)
         batches = one_row.data.rows  # the rows the first try's batches held, a batch each
     options, record = resolve_exclusions(fp32.path, config.quant_options(cfg))  # names checked before any work
     data = calibration_data(data_source, fp32, cfg.calibration.seed, cfg.calibration.factor, batches)
@@ -218,7 +219,7 @@ def one_row_context(ctx: JobContext) -> JobContext | None:
     from calibrun.data.rows import pinned_rows
 
     if ctx.cfg.model.name != "file" or "lab" in (ctx.cfg.data.name, ctx.cfg.eval_data.name) or \
-            any(s.startswith("pinned each input") for s in ctx.steps):
+            ONE_ROW_STEP in ctx.steps:
         return None  # (the lab rule feeds one float input with rows on axis 0: no axes to keep)
     try:
         if pinned_rows({i.name: i.shape for i in ctx.fp32.inputs}, ctx.evaluation.axes) is not None:

@@ -23,6 +23,7 @@ from calibrun.core.errors import one_line
 from calibrun.core.files import temp_dir
 from calibrun.data import rows as feed_rows
 from calibrun.model import FloatModel, external_files, open_float_model
+from calibrun.model.prepare import save_onnx
 
 
 def fails_on_two_rows(path: str | Path, feeds: Mapping[str, np.ndarray], axes: Mapping[str, int | None],
@@ -76,12 +77,10 @@ def pinned_copy(fp32: FloatModel, axes: Mapping[str, int | None], folder: Path, 
     external = bool(external_files(fp32.path))
     with temp_dir("one-row", folder) as tmp:  # written whole, the data first, then moved into place
         staged = Path(tmp) / target.name
-        if external:
-            onnx.save_model(model, str(staged), save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=target.name + ".data", convert_attribute=False)
-            Path(tmp, target.name + ".data").replace(folder / (target.name + ".data"))
-        else:
-            onnx.save_model(model, str(staged))
+        save_onnx(model, staged, external)
+        data = Path(tmp, target.name + ".data")
+        if data.is_file():  # (every tensor under the threshold: none)
+            data.replace(folder / data.name)
         staged.replace(target)
     return open_float_model(target)
 
@@ -91,7 +90,6 @@ def lab_rule_error(path: str | Path, failure: BaseException) -> BaseException:
     when that is what it is (the contract's batches are 16 rows: calibtool does not change them), else `failure`."""
     from calibrun.core.errors import CalibrunError
     from calibrun.lab.data import evaluation_rows
-    from calibrun.model import open_float_model
 
     try:
         info = open_float_model(path).lab_input()

@@ -192,7 +192,7 @@ def _strip_initializer_inputs(model: onnx.ModelProto, out: Path, external: bool,
         _step(steps, f"raised IR version {old_ir} -> {model.ir_version} to match the model's opsets")
     _sort_nodes(model, steps)
     _name_nodes(model, steps)
-    _save(model, out, external)
+    save_onnx(model, out, external)
     return out
 
 
@@ -291,7 +291,7 @@ def _widen_float16(current: Path, out: Path, steps: list[str]) -> Path:
         return current
     model = onnx.load(str(current))  # now with the weights: they are converted
     counts = _widened(model)
-    _save(model, out, external=True)
+    save_onnx(model, out, external=True)
     parts = ", ".join(_plural(n, what) for what, n in counts.items() if n)
     _step(steps, f"widened float16 to float32 ({parts}): the int8 model takes and gives float32")
     return out
@@ -653,8 +653,9 @@ def _step(steps: list[str], line: str) -> None:
 # --- files -------------------------------------------------------------------------------------------------
 
 
-def _save(model: onnx.ModelProto, path: Path, external: bool) -> None:
-    """Save to a fresh path (onnx appends to an existing data file, so names are never reused)."""
+def save_onnx(model: onnx.ModelProto, path: Path, external: bool) -> None:
+    """Save to a fresh path (onnx appends to an existing data file, so names are never reused); `external`: the
+    weights in `<name>.data` beside it."""
     if external:
         onnx.save_model(
             model,
