@@ -171,6 +171,52 @@ def typed_inputs_model(features: int = 4, outputs: int = 3) -> onnx.ModelProto:
     )
 
 
+def masked_attention(dim: int = 16, seed: int = 0) -> onnx.ModelProto:
+    """One attention head as a PyTorch export of a Hugging Face encoder writes its mask: the int64 attention_mask
+    [batch, seq] cast to float, (1 - mask) * float32's lowest (-3.4e38) added to the scaled scores before the Softmax;
+    x [batch, seq, dim] -> y [batch, seq, dim] (the attended values, projected). Random weights: a mechanism, not a
+    trained model (the trained one is in the bench's zoo)."""
+    rng = np.random.default_rng(seed)
+    weights = [numpy_helper.from_array((rng.normal(0, 1, (dim, dim)) / np.sqrt(dim)).astype(np.float32), name)
+               for name in ("wq", "wk", "wv", "wo")]
+    constants = [numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+                 numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "fill"),
+                 numpy_helper.from_array(np.array(np.sqrt(dim), np.float32), "root"),
+                 numpy_helper.from_array(np.array([1], np.int64), "axis1")]
+    nodes = [
+        helper.make_node("Cast", ["attention_mask"], ["mask_f"], to=TensorProto.FLOAT, name="cast"),
+        helper.make_node("Unsqueeze", ["mask_f", "axis1"], ["mask_3d"], name="unsqueeze"),
+        helper.make_node("Sub", ["one", "mask_3d"], ["inverted"], name="invert"),
+        helper.make_node("Mul", ["inverted", "fill"], ["bias"], name="fill_mask"),
+        *(helper.make_node("MatMul", ["x", w], [o], name=n) for w, o, n in (("wq", "q", "query"), ("wk", "k", "key"),
+                                                                            ("wv", "v", "value"))),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1], name="key_t"),
+        helper.make_node("MatMul", ["q", "kt"], ["raw"], name="scores"),
+        helper.make_node("Div", ["raw", "root"], ["scaled"], name="scale"),
+        helper.make_node("Add", ["scaled", "bias"], ["masked"], name="add_mask"),
+        helper.make_node("Softmax", ["masked"], ["probs"], axis=-1, name="softmax"),
+        helper.make_node("MatMul", ["probs", "v"], ["context"], name="context"),
+        helper.make_node("MatMul", ["context", "wo"], ["y"], name="project"),
+    ]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", dim]),
+              helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", dim])]
+    return _finish(nodes, "masked_attention", inputs, outputs, [*weights, *constants], OPSET)
+
+
+def padded_rows(path: str | Path, rows: int, seed: int, seq: int = 12, dim: int = 16, outlier: float = 30.0) -> Path:
+    """masked_attention's feeds as an npz: x with one channel `outlier` times the others (a residual stream's outlier
+    channel), each row's mask padded from a random length (4..seq) on."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, seq, dim)).astype(np.float32)
+    x[..., 0] *= outlier
+    mask = np.ones((rows, seq), np.int64)
+    for row in range(rows):
+        mask[row, rng.integers(4, seq + 1):] = 0
+    np.savez(path, x=x, attention_mask=mask)
+    return Path(path)
+
+
 def save(model: onnx.ModelProto, path: str | Path) -> Path:
     """Save `model` to `path` (parent folders created) and return the path."""
     path = Path(path)

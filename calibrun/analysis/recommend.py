@@ -7,15 +7,23 @@ Candidates, each written as the override a user types:
   `quant.reduce_range=true` on a CPU whose int8 kernels can saturate (x86 without VNNI: calibrun.core.cpu),
   16-bit activations `quant.activation_type=QInt16`, weights `quant.weight_type=QInt16` and both (QDQ only:
   onnxruntime's QOperator has no 16-bit kernels; both, because the rounding errors of weights and activations add,
-  so either alone is bounded by the other's and may not help while both do), and `quant.nodes_to_exclude=[...]`
+  so either alone is bounded by the other's and may not help while both do), `quant.nodes_to_exclude=[...]`
   with the nodes that keep the top culprits in float (QDQ with diagnostics): the diagnosed tensors upstream of the
   verdict's metric (an output, or the Concat input that fills its worst part) with the largest noise shares, the
-  model's culprits for a task metric;
+  model's culprits for a task metric; and `quant.op_types_to_quantize=[...]` with the matrix ops alone (Conv,
+  ConvTranspose, Gemm, MatMul: what int8 kernels speed up) where the int8 model also quantises other ops: the
+  element-wise ops, normalisations and Softmax left in float are where ranges int8 cannot hold meet (a
+  transformer's attention mask fill, -3.4e38 or -1e4, added to its scores: on one grid each score rounds to zero;
+  the residual stream's outlier channels before a LayerNormalization);
 - other calibration methods (`recommend.methods`, none by default: a histogram method's calibration pass is slow,
   two passes where its tensors exceed memory.budget), calibrated through the calibration cache (a later run with
   that method reuses the ranges);
 - the changes that each helped, together (one more quantisation; a change another helping candidate already makes
-  is left out, and the same set of changes is never measured twice), then with each one left out in turn, the
+  is left out, and the same set of changes is never measured twice), with both 16-bit changes among them when
+  they did not help alone and no single change made the model ok (16-bit removes rounding error only, so its gain
+  is bounded by every other error source, and a change that removes one can unmask it: on a MiniLM sentence
+  encoder both 16-bit changes alone left 1.2 dB, since its attention mask fill dequantises to -inf on a 16-bit
+  grid, and with the matrix ops alone quantised they reach 53 dB), then with each one left out in turn, the
   weakest first, while the fewer changes keep what the combination reached; a combination is not measured where
   a change with fewer changes already makes the model ok (it could not rank first: `_outranked`).
 
@@ -33,7 +41,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Collection
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -49,6 +57,7 @@ RECOMMEND_FILE = "recommendations.json"
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 STATUS_RANK = {"broken": 0, "degraded": 1, "ok": 2}
 MOSTLY_INT8 = 0.25  # a nodes_to_exclude candidate keeps at least 3/4 of the int8 model's quantised nodes in int8
+MATRIX_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # the op types int8 kernels speed up
 
 
 @dataclass
@@ -56,16 +65,18 @@ class Candidate:
     changes: tuple[str, ...]  # overrides, as typed
     options: object  # calibrun.quant.quantize.QuantOptions
     method: str | None = None  # another calibration method, None: the job's ranges
+    wider: bool = False  # both 16-bit changes: a member of the combination even where it did not help alone
 
     @property
     def change(self) -> str:
         return " ".join(self.changes)
 
 
-def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, quantised: Collection[str],
+def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, quantised: Mapping[str, str],
                saturates: bool = False) -> list[Candidate]:
     """The single changes worth measuring for a job quantised with `options` by `method` (`quantised`: the nodes its
-    int8 model computes from int8 values, `quantised_nodes`; `saturates`: this CPU's int8 kernels can saturate,
+    int8 model computes from int8 values and their op types, `quantised_nodes`; `saturates`: this CPU's int8
+    kernels can saturate,
     calibrun.core.cpu). Keeping nodes in float is a candidate only while the model stays mostly integer: at most
     MOSTLY_INT8 of its quantised nodes (with those the user excluded) in float. On a small model the top culprits
     are the whole model; on a recurrent one quantize_static quantises only the few ops around the LSTM (two of
@@ -82,7 +93,7 @@ def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, qua
             found.append(Candidate((f"quant.{key}={kind}",), replace(options, **{key: kind})))
         if len(wider) == 2:  # the errors of weights and activations add: each alone is bounded by the other's
             found.append(Candidate(tuple(f"quant.{key}={kind}" for key, kind in wider.items()),
-                                   replace(options, **wider)))
+                                   replace(options, **wider), wider=True))
         culprits = (diagnosis or {}).get("culprits") or []
         nodes = [n for n in float_nodes(culprits[: conf.culprits]) if n not in options.nodes_to_exclude]
         taken = len(options.nodes_to_exclude) + sum(n in quantised for n in nodes)
@@ -90,20 +101,24 @@ def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, qua
             every = [*options.nodes_to_exclude, *nodes]
             found.append(Candidate((f"quant.nodes_to_exclude=[{','.join(every)}]",),
                                    replace(options, nodes_to_exclude=tuple(every))))
+    matrix = sorted({op for op in quantised.values() if op in MATRIX_OPS})
+    if matrix and not options.op_types_to_quantize and any(op not in MATRIX_OPS for op in quantised.values()):
+        found.append(Candidate((f"quant.op_types_to_quantize=[{','.join(matrix)}]",),
+                               replace(options, op_types_to_quantize=tuple(matrix))))
     for other in conf.methods:
         if other != method:
             found.append(Candidate((f"method={other}",), options, method=other))
     return found
 
 
-def quantised_nodes(int8_path: Path) -> frozenset[str]:
-    """The nodes of a QDQ int8 model that read an int8 value (an output of a DequantizeLinear), Q/DQ pairs aside:
-    the part of the model a nodes_to_exclude candidate would return to float."""
+def quantised_nodes(int8_path: Path) -> dict[str, str]:
+    """The nodes of a QDQ int8 model that read an int8 value (an output of a DequantizeLinear), Q/DQ pairs aside,
+    and their op types: the part of the model a nodes_to_exclude candidate would return to float."""
     import onnx
 
     graph = onnx.load(str(int8_path), load_external_data=False).graph
     dequantised = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
-    return frozenset(n.name for n in graph.node if n.op_type not in QDQ_OPS and dequantised.intersection(n.input))
+    return {n.name: n.op_type for n in graph.node if n.op_type not in QDQ_OPS and dequantised.intersection(n.input)}
 
 
 def culprits_upstream(table_path: Path, fp32_path: Path, metric: str) -> list[dict] | None:
@@ -139,7 +154,8 @@ def combined(helped: list[Candidate], options) -> Candidate | None:
     merged = options
     for c in quant:
         diff = {k: getattr(c.options, k) for k in ("per_channel", "reduce_range", "activation_type", "weight_type",
-                                                   "nodes_to_exclude") if getattr(c.options, k) != getattr(options, k)}
+                                                   "nodes_to_exclude", "op_types_to_quantize")
+                if getattr(c.options, k) != getattr(options, k)}
         merged = replace(merged, **diff)
     changes = tuple(dict.fromkeys(ch for c in (*methods, *quant) for ch in c.changes))  # each change once
     return Candidate(changes, merged, methods[0].method if methods else None)
@@ -225,6 +241,10 @@ def attach(ctx, result) -> None:
                 helped.append(candidate)
         helped.sort(key=lambda c: -better * next(e["after"] for e in measured if e["change"] == c.change))
         members = [c for c in helped if c.method is None] + [c for c in helped if c.method is not None][:1]
+        wide = next((c for c in singles if c.wider and c not in helped
+                     and next(e for e in measured if e["change"] == c.change)["after"] is not None), None)
+        if wide is not None and members and not any(e.get("helps") and e["status_after"] == "ok" for e in measured):
+            members.append(wide)  # its gain is bounded by the error sources the others remove
         members = [c for c in members  # a change another member already makes is no member of its own
                    if not any(o is not c and set(c.changes) < set(o.changes) for o in members)]
 

@@ -4,7 +4,8 @@ errors.py        the streaming error metrics per output (`evaluate`), the calibt
 tasks.py         task metrics (classification, dense, custom) fed the same batches
 tensor_stats.py  per-tensor diagnostics of one job: streamed statistics of every quantised tensor (the QDQ pairs
                  come from calibrun.model.pairs)
-diagnosis.py     each tensor's verdict (clipping, mixed, coarse, sound) and the model's diagnosis: the culprits
+diagnosis.py     each tensor's verdict (overflow, clipping, mixed, coarse, sound) and the model's diagnosis: the
+                 culprits
 verdict.py       the job's headline verdict, ok / degraded / broken, from what the int8 model does
 sweep_diagnosis.py  the sweep-level diagnosis the aggregator writes: per run, and would more samples help
 """

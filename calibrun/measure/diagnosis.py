@@ -41,7 +41,7 @@ CULPRITS = 5  # tensors named in every run's diagnosis
 OVERALL_SHARE = 1 / 3  # a problem verdict holding this share of the added error is the model's verdict
 ACCUMULATED_DB = SQNR_OK_DB  # an output under the verdict's ok SQNR with only sound tensors: the error accumulates
 
-VERDICTS = ("clipping", "mixed", "coarse", "sound")
+VERDICTS = ("overflow", "clipping", "mixed", "coarse", "sound")
 
 
 def _sort_key(row: Mapping) -> tuple:
@@ -70,7 +70,9 @@ def _is_mixed(row: Mapping) -> bool:
 
 
 def classify(diag_row: Mapping) -> str:
-    """"clipping" if clip_cost > CLIP_COST_THRESHOLD (rows without clip_cost: clipped_fraction > CLIP_THRESHOLD);
+    """"overflow" if the int8 model made any of its values inf or NaN where the truth is finite (`nonfinite`: a
+    dequantised value beyond float32's range, as a 16-bit grid over a mask's -3.4e38 gives);
+    else "clipping" if clip_cost > CLIP_COST_THRESHOLD (rows without clip_cost: clipped_fraction > CLIP_THRESHOLD);
     else "mixed" if the tensor's parts span ranges MIXED_RATIO apart with the narrowest under MIXED_STEPS steps
     (or a part under COARSE_SQNR_DB against fp32, `worst_part_fp32_sqnr_db`);
     else "coarse" if the tensor used fewer than COARSE_THRESHOLD of the levels it could reach,
@@ -79,6 +81,8 @@ def classify(diag_row: Mapping) -> str:
     or (rows with a clip_cost) if its local SQNR `qdq_sqnr_db` is under COARSE_SQNR_DB; else "sound".
     Clipping wins (its error is unbounded), then mixed (a coarse narrow part is its symptom).
     """
+    if diag_row.get("nonfinite"):
+        return "overflow"
     cost = diag_row.get("clip_cost")
     if cost is not None:
         if cost > CLIP_COST_THRESHOLD:

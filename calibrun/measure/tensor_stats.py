@@ -29,6 +29,8 @@ initializers excluded), over the evaluation batches (running statistics only, ne
 - `qdq_sqnr_db`: the same between the int8 model's own tensor before and after the pair (onnxruntime's
   `qdq_err`): the noise this one pair adds. Where quantize_static fused a Relu (or Clip) into the pair, the
   "before" value is taken after that Relu/Clip, so the removed activation is not counted as noise;
+- `nonfinite`: the values the int8 model made inf or NaN where the truth is finite (a dequantised value beyond
+  float32's range: a 16-bit grid over a range reaching -3.4e38);
 - `mixed_ratio`, `mixed_detail`: for a tensor made of parts (a Concat's inputs, or the entries of a graph
   output's short last axis, a detector's boxes and scores), the widest part's fp32 span over the narrowest
   one's, and the parts' spans; `worst_part_sqnr_db`: the lowest local SQNR of a part;
@@ -88,8 +90,8 @@ OUTPUT_BUDGET = 256 * 2**20
 
 # The columns of a diagnostics row, in table order (as_table adds `verdict`).
 COLUMNS = ("tensor", "node", "op_type", "role", "calib_min", "calib_max", "eval_min", "eval_max", "scale",
-           "zero_point", "qtype", "qmin", "qmax", "repr_min", "repr_max", "clipped_fraction", "clip_cost", "levels",
-           "grid_used", "sqnr_db", "qdq_sqnr_db", "mixed_ratio", "mixed_detail", "worst_part_sqnr_db",
+           "zero_point", "qtype", "qmin", "qmax", "repr_min", "repr_max", "clipped_fraction", "clip_cost", "nonfinite",
+           "levels", "grid_used", "sqnr_db", "qdq_sqnr_db", "mixed_ratio", "mixed_detail", "worst_part_sqnr_db",
            "narrowest_part_steps", "worst_part_fp32_sqnr_db", "added_nsr", "noise_share", "elements", "distinct_values",
            "consumers", "float_nodes")
 
@@ -116,10 +118,21 @@ def _plain(value) -> float | list[float] | None:
     return float(array[0]) if array.size == 1 else [float(v) for v in array]
 
 
+def _energy(values: np.ndarray) -> float:
+    """The sum of squares, in float64 where float32's overflows (a mask's fill value, -3.4e38, squared)."""
+    total = float(np.dot(values, values))
+    if total == math.inf:
+        wide = values.astype(np.float64)
+        total = float(np.dot(wide, wide))
+    return total
+
+
 def _db(signal: float, noise: float) -> float:
+    if math.isnan(signal) or math.isnan(noise):
+        return math.nan
     if noise <= 0:
         return math.inf
-    if signal <= 0:
+    if signal <= 0 or noise == math.inf:
         return -math.inf
     return 10 * math.log10(signal / noise)
 
@@ -181,12 +194,17 @@ class TensorStats:
         self.distinct: np.ndarray | None = np.empty(0, np.float32)  # None once more than the grid size
         self.ref_energy = self.ref_noise = 0.0
         self.pre_energy = self.pre_noise = 0.0
+        self.nonfinite = 0  # values the int8 model made inf or NaN where the truth is finite
         n = len(parts.bounds) - 1 if parts else 0
         self.part_min, self.part_max = np.full(n, np.inf), np.full(n, -np.inf)
         self.part_energy, self.part_noise = np.zeros(n), np.zeros(n)
         self.part_ref_energy, self.part_ref_noise = np.zeros(n), np.zeros(n)
 
     def update(self, ref: np.ndarray | None, pre: np.ndarray, post: np.ndarray) -> None:
+        with np.errstate(over="ignore", invalid="ignore"):  # int8 values that overflowed: counted, not warned of
+            self._update(ref, pre, post)
+
+    def _update(self, ref: np.ndarray | None, pre: np.ndarray, post: np.ndarray) -> None:
         pair = self.pair
         if self.fused is not None:  # the Relu/Clip quantize_static removed: "before" is taken after it
             pre = np.clip(pre, *self.fused)
@@ -210,7 +228,7 @@ class TensorStats:
                 excess = self.lo - flat[flat < self.lo - half].astype(np.float64)
                 self.clip_energy += float(np.dot(excess, excess))
         # DQ computed (q - zp) * scale in float32: dividing back in float32 lands within rounding of q - zp
-        q = np.rint(post_flat / np.float32(pair.grid.scale)).astype(np.int32)
+        q = np.rint(post_flat / np.float32(pair.grid.scale)).astype(np.int32)  # NaN casts to some level
         q += pair.grid.zero_point - pair.grid.qmin
         np.clip(q, 0, self.levels_count - 1, out=q)
         self.levels += np.bincount(q, minlength=self.levels_count)
@@ -221,11 +239,14 @@ class TensorStats:
                 self.distinct = None
         if ref is not None:
             diff = post_flat - flat
-            self.ref_energy += float(np.dot(flat, flat))
-            self.ref_noise += float(np.dot(diff, diff))
+            self.ref_energy += _energy(flat)
+            self.ref_noise += _energy(diff)
         local = post_flat - pre_flat
-        self.pre_energy += float(np.dot(pre_flat, pre_flat))
-        self.pre_noise += float(np.dot(local, local))
+        noise = _energy(local)
+        self.pre_energy += _energy(pre_flat)
+        self.pre_noise += noise
+        if not math.isfinite(noise):
+            self.nonfinite += int(np.count_nonzero(~np.isfinite(post_flat) & np.isfinite(flat)))
         if self.parts is not None:
             self._update_parts(values, pre, post, ref is not None)
 
@@ -281,6 +302,7 @@ class TensorStats:
             "distinct_values": self.levels_count if self.distinct is None else int(self.distinct.size),
             "sqnr_db": _db(self.ref_energy, self.ref_noise) if self.has_ref else None,
             "qdq_sqnr_db": _db(self.pre_energy, self.pre_noise),
+            "nonfinite": self.nonfinite,
             "mixed_ratio": None, "mixed_detail": None, "worst_part_sqnr_db": None,
         }
         if self.parts is not None and np.all(np.isfinite(self.part_min)):

@@ -392,3 +392,43 @@ def test_pieces_give_a_group_half_the_budget_and_a_model_per_group_the_whole(lab
 
     monkeypatch.setattr(tensor_stats, "Segments", cannot_cut)
     assert groups() == [LAB_TENSORS[0:2], LAB_TENSORS[2:4], LAB_TENSORS[4:]]
+
+
+def _stats(scale: float, zero_point: int):
+    from types import SimpleNamespace
+
+    from calibrun.measure.tensor_stats import TensorStats
+    from calibrun.model.pairs import Grid
+
+    grid = Grid(scale=scale, zero_point=zero_point, qtype="int8", qmin=-128, qmax=127)
+    return TensorStats(SimpleNamespace(tensor="t", grid=grid), None, None)
+
+
+def test_an_attention_mask_fill_value_gives_numbers_not_null():
+    """-3.4e38 squared overflows float32's sums: they are taken in float64 there, so the SQNRs are numbers (they were
+    inf / inf, null in diagnostics.json)."""
+    fill = np.finfo(np.float32).min
+    scale = np.float32(-float(fill) / 255)
+    values = np.array([fill, fill, 1.5, -2.0, 0.25], np.float32)
+    dequantised = ((np.clip(np.rint(values / scale) + 127, -128, 127) - 127) * scale).astype(np.float32)
+    stats = _stats(float(scale), 127)
+    stats.update(values, values, dequantised)
+    row = stats.row()
+    assert math.isfinite(row["sqnr_db"])
+    assert math.isfinite(row["qdq_sqnr_db"])
+    assert row["nonfinite"] == 0
+
+
+def test_values_the_int8_model_made_inf_or_nan_are_counted_as_an_overflow_without_a_warning():
+    import warnings
+
+    truth = np.array([[1.0, -2.0, 0.5, 3.0]], np.float32)
+    got = np.array([[np.inf, -2.0, np.nan, -np.inf]], np.float32)
+    stats = _stats(0.05, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's overflow / invalid-value warnings would reach the user's stderr
+        stats.update(truth, truth, got)
+        row = stats.row()
+    assert row["nonfinite"] == 3
+    assert classify(row) == "overflow"
+    assert classify({**row, "nonfinite": 0}) != "overflow"

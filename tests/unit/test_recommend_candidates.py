@@ -11,7 +11,12 @@ DIAGNOSIS = {"culprits": [{"tensor": "a", "node": "Concat_1", "float_nodes": ["R
                           {"tensor": "c", "node": "Conv_9", "float_nodes": []}]}
 
 
-NODES = frozenset({"Concat_1", "Reshape_2", "Conv_3", "Relu_4", *(f"Conv_{i}" for i in range(10, 106))})  # 100
+def typed(names):
+    """Quantised nodes as quantised_nodes gives them: name -> op type (read off the name here)."""
+    return {name: name.split("_")[0] for name in names}
+
+
+NODES = typed({"Concat_1", "Reshape_2", "Conv_3", "Relu_4", *(f"Conv_{i}" for i in range(10, 106))})  # 100
 
 
 def changes(found):
@@ -23,20 +28,37 @@ def test_qdq_candidates_from_the_same_ranges_and_other_methods():
     assert changes(found) == ["quant.per_channel=true", "quant.activation_type=QInt16", "quant.weight_type=QInt16",
                               "quant.activation_type=QInt16 quant.weight_type=QInt16",
                               "quant.nodes_to_exclude=[Concat_1,Reshape_2,Conv_3,Relu_4]",
-                              "method=percentile", "method=entropy"]
+                              "quant.op_types_to_quantize=[Conv]", "method=percentile", "method=entropy"]
     assert found[1].options.activation_type == "QInt16"
     assert found[1].method is None
     # both 16-bit changes as one candidate: either alone is bounded by the other's rounding error
     assert found[3].options == QuantOptions(activation_type="QInt16", weight_type="QInt16")
     assert found[4].options.nodes_to_exclude == ("Concat_1", "Reshape_2", "Conv_3", "Relu_4")
-    assert found[5].method == "percentile"
-    assert found[5].options == QuantOptions()
+    assert found[3].wider
+    assert not any(c.wider for c in found[:3])
+    assert found[5].options == QuantOptions(op_types_to_quantize=("Conv",))
+    assert found[6].method == "percentile"
+    assert found[6].options == QuantOptions()
+
+
+def test_the_matrix_ops_alone_only_where_other_ops_are_quantised_and_the_user_set_no_op_types():
+    def matrix(options, quantised):
+        return [c for c in changes(candidates(options, "qdq", "minmax", None, CONF, quantised=quantised))
+                if c.startswith("quant.op_types_to_quantize")]
+
+    mixed = typed({"MatMul_1", "Gemm_2", "Add_3", "Softmax_4", "ConvTranspose_5"})
+    assert matrix(QuantOptions(), mixed) == ["quant.op_types_to_quantize=[ConvTranspose,Gemm,MatMul]"]
+    assert matrix(QuantOptions(), typed({"MatMul_1", "Conv_2"})) == []  # nothing else is quantised
+    assert matrix(QuantOptions(), typed({"Add_1", "Mul_2"})) == []  # no matrix op
+    assert matrix(QuantOptions(op_types_to_quantize=("MatMul", "Add")), mixed) == []  # the user's choice
+    qop = candidates(QuantOptions(format="qoperator"), "qoperator", "minmax", None, CONF, quantised=mixed)
+    assert "quant.op_types_to_quantize=[ConvTranspose,Gemm,MatMul]" in changes(qop)  # no 16-bit there, this one is
 
 
 def test_qoperator_has_no_16_bit_and_a_set_option_is_not_proposed_again():
     options = QuantOptions(format="qoperator", per_channel=True)
     found = candidates(options, "qoperator", "entropy", DIAGNOSIS, CONF, quantised=NODES)
-    assert changes(found) == ["method=percentile"]
+    assert changes(found) == ["quant.op_types_to_quantize=[Conv]", "method=percentile"]
     uint = candidates(QuantOptions(activation_type="QUInt8"), "qdq", "minmax", None, CONF, quantised=NODES)
     assert "quant.activation_type=QUInt16" in changes(uint)
 
@@ -59,14 +81,14 @@ def test_user_exclusions_are_kept_and_a_model_that_would_be_mostly_float_gets_no
     options = QuantOptions(nodes_to_exclude=("Conv_3",))
     found = candidates(options, "qdq", "minmax", DIAGNOSIS, CONF, quantised=NODES)
     assert "quant.nodes_to_exclude=[Conv_3,Concat_1,Reshape_2,Relu_4]" in changes(found)
-    few = {"Concat_1", "Reshape_2", "Conv_3", "Relu_4", "Conv_10", "Conv_11", "Conv_12", "Conv_13"}
+    few = typed({"Concat_1", "Reshape_2", "Conv_3", "Relu_4", "Conv_10", "Conv_11", "Conv_12", "Conv_13"})
     small = candidates(QuantOptions(), "qdq", "minmax", DIAGNOSIS, CONF, quantised=few)  # 4 of 8 nodes: half
     assert not [c for c in changes(small) if c.startswith("quant.nodes_to_exclude")]
     # a recurrent export: quantize_static quantised only the two ops around its LSTMs; the culprits' nodes are both
     # (their float consumers are not quantised: only the quantised ones count)
-    rnn = candidates(QuantOptions(), "qdq", "minmax", DIAGNOSIS, CONF, quantised={"Concat_1", "Conv_3"})
+    rnn = candidates(QuantOptions(), "qdq", "minmax", DIAGNOSIS, CONF, quantised=typed({"Concat_1", "Conv_3"}))
     assert not [c for c in changes(rnn) if c.startswith("quant.nodes_to_exclude")]
-    many = {"Concat_1", "Conv_3", *(f"Conv_{i}" for i in range(10, 16))}  # 2 of 8 quantised nodes: a quarter
+    many = typed({"Concat_1", "Conv_3", *(f"Conv_{i}" for i in range(10, 16))})  # 2 of 8 quantised: a quarter
     assert "quant.nodes_to_exclude=[Concat_1,Reshape_2,Conv_3,Relu_4]" in changes(
         candidates(QuantOptions(), "qdq", "minmax", DIAGNOSIS, CONF, quantised=many))
 
@@ -84,6 +106,10 @@ def test_the_changes_that_helped_are_measured_together():
     overlapping = combined([by["quant.activation_type=QInt16 quant.weight_type=QInt16"],
                             by["quant.activation_type=QInt16"]], QuantOptions())
     assert overlapping.change == "quant.activation_type=QInt16 quant.weight_type=QInt16"  # each change once
+    matrix = combined([by["quant.op_types_to_quantize=[Conv]"],
+                       by["quant.activation_type=QInt16 quant.weight_type=QInt16"]], QuantOptions())
+    assert matrix.options == QuantOptions(op_types_to_quantize=("Conv",), activation_type="QInt16",
+                                          weight_type="QInt16")  # every option a member changes is carried
 
 
 def test_best_first_is_the_best_status_then_fewest_changes_when_ok_and_the_best_value_short_of_it():
@@ -172,4 +198,4 @@ def test_quantised_nodes_are_those_that_read_an_int8_value(tmp_path):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [scale, zero, w])
     path = tmp_path / "qdq.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    assert quantised_nodes(path) == {"matmul", "add"}
+    assert quantised_nodes(path) == {"matmul": "MatMul", "add": "Add"}

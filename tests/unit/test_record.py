@@ -21,8 +21,8 @@ def test_verdicts_are_no_one_hot_metrics_and_every_count_is_there():
     assert "diagnosis.input.clipping" not in metrics  # a word: the tag diagnosis.input carries it
     assert "diagnosis.overall.mixed" not in metrics
     assert {k: v for k, v in metrics.items() if k.startswith("diagnosis.counts.")} == {
-        "diagnosis.counts.clipping": 1, "diagnosis.counts.mixed": 2, "diagnosis.counts.coarse": 0,
-        "diagnosis.counts.sound": 0}
+        "diagnosis.counts.overflow": 0, "diagnosis.counts.clipping": 1, "diagnosis.counts.mixed": 2,
+        "diagnosis.counts.coarse": 0, "diagnosis.counts.sound": 0}
 
 
 def test_the_headline_comes_first_and_spans_are_named_unambiguously():
