@@ -11,7 +11,7 @@ Candidates, each written as the override a user types:
   with the nodes that keep the top culprits in float (QDQ with diagnostics): the diagnosed tensors upstream of the
   verdict's metric (an output, or the Concat input that fills its worst part) with the largest noise shares, the
   model's culprits for a task metric; and `quant.op_types_to_quantize=[...]` with the matrix ops alone (Conv,
-  ConvTranspose, Gemm, MatMul: what int8 kernels speed up) where the int8 model also quantises other ops: the
+  ConvTranspose, Gemm, MatMul: what int8 kernels speed up) where the QDQ int8 model also quantises other ops: the
   element-wise ops, normalisations and Softmax left in float are where ranges int8 cannot hold meet (a
   transformer's attention mask fill, -3.4e38 or -1e4, added to its scores: on one grid each score rounds to zero;
   the residual stream's outlier channels before a LayerNormalization);
@@ -101,10 +101,10 @@ def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, qua
             every = [*options.nodes_to_exclude, *nodes]
             found.append(Candidate((f"quant.nodes_to_exclude=[{','.join(every)}]",),
                                    replace(options, nodes_to_exclude=tuple(every))))
-    matrix = sorted({op for op in quantised.values() if op in MATRIX_OPS})
-    if matrix and not options.op_types_to_quantize and any(op not in MATRIX_OPS for op in quantised.values()):
-        found.append(Candidate((f"quant.op_types_to_quantize=[{','.join(matrix)}]",),
-                               replace(options, op_types_to_quantize=tuple(matrix))))
+        matrix = sorted({op for op in quantised.values() if op in MATRIX_OPS})
+        if matrix and not options.op_types_to_quantize and any(op not in MATRIX_OPS for op in quantised.values()):
+            found.append(Candidate((f"quant.op_types_to_quantize=[{','.join(matrix)}]",),
+                                   replace(options, op_types_to_quantize=tuple(matrix))))
     for other in conf.methods:
         if other != method:
             found.append(Candidate((f"method={other}",), options, method=other))
