@@ -150,8 +150,12 @@ def _plan(total: int, per_batch: int, pinned: bool, requested: int, where: str) 
             tail = ""
         # every requested batch served (the last one short): said, not warned
         say = logger.warning if count < requested else logger.info
-        say("%s: %d batches requested, the data has %d rows: %d full %s of %d%s; using %d %s", where, requested,
-            total, full, _plural(full, "batch"), per_batch, tail, count, _plural(count, "batch"))
+        if full == 0:  # one short batch: "0 full batches of 16 plus a last batch of 12 rows" said it twice over
+            held = f"one batch of {total} {_plural(total, 'row')} (fewer than {per_batch})"
+        else:
+            held = f"{full} full {_plural(full, 'batch')} of {per_batch}{tail}"
+        say("%s: %d batches requested, the data has %d rows: %s; using %d %s", where, requested, total, held, count,
+            _plural(count, "batch"))
     return count, min(total, count * per_batch)
 
 

@@ -785,3 +785,13 @@ def test_a_short_last_batch_of_the_batches_requested_is_said_not_warned(tmp_path
     with caplog.at_level(logging.INFO, logger="calibrun"):
         npy_calibration(tmp_path / "d.npy", [vec()], batches=5)
     assert any(r.levelno == logging.WARNING and "5 batches requested" in r.getMessage() for r in caplog.records)
+
+
+def test_fewer_rows_than_one_batch_are_said_as_one_batch(tmp_path, caplog):
+    np.save(tmp_path / "d.npy", rows(12))
+    with caplog.at_level(logging.INFO, logger="calibrun"):
+        feeds = npy_calibration(tmp_path / "d.npy", [vec()], batches=64)
+    assert [f["x"].shape[0] for f in feeds] == [12]
+    said = [r.getMessage() for r in caplog.records if "64 batches requested" in r.getMessage()]
+    assert said == [f"{tmp_path / 'd.npy'}: 64 batches requested, the data has 12 rows: one batch of 12 rows (fewer "
+                    "than 16); using 1 batch"]
