@@ -24,10 +24,12 @@ from calibrun.core import cpu
 from calibrun.core.errors import CalibrunError
 from calibrun.core.files import DIAGNOSTICS_FILE, RANGES_FILE, strict_json, temp_dir, write_json
 from calibrun.data import EvalData, calibration_data, evaluation_data
+from calibrun.data.rows import pinned_rows
 from calibrun.lab.model import write_lab_model
 from calibrun.measure import errors as measure
 from calibrun.measure import tasks, verdict
 from calibrun.measure.diagnosis import as_table, classify_model
+from calibrun.measure.rows_apart import rows_depend
 from calibrun.measure.tensor_stats import StreamingDiagnostics
 from calibrun.model import FloatModel, check_model_file, file_sha256, why_nothing_quantised
 from calibrun.model.digits import ensure_digits
@@ -216,8 +218,6 @@ def one_row_context(ctx: JobContext) -> JobContext | None:
     """After a failed first try: the job's context again with the model pinned to one row per run, when the model
     is one exported for one row at a time (calibrun.model.one_row: two evaluation rows fail, the first alone runs);
     None otherwise (the first failure stands)."""
-    from calibrun.data.rows import pinned_rows
-
     if ctx.cfg.model.name != "file" or "lab" in (ctx.cfg.data.name, ctx.cfg.eval_data.name) or \
             ONE_ROW_STEP in ctx.steps:
         return None  # (the lab rule feeds one float input with rows on axis 0: no axes to keep)
@@ -262,6 +262,13 @@ def compute(ctx: JobContext) -> JobResult:
     if not quantised:
         why = why_nothing_quantised(fp32.path)
         log.warning("onnxruntime quantised nothing in this model (%s): the int8 model computes in float", why)
+    size = measure.batch_size_for(pinned_rows({i.name: i.shape for i in fp32.inputs}, evaluation.axes),
+                                  cfg.eval.batch_size)
+    depend = rows_depend(fp32.path, evaluation, size, cfg.ort.intra_op_threads)
+    if depend is not None:
+        log.warning("the model's output for a row depends on the rows fed beside it: %s; calibration and evaluation "
+                    "feed %d rows at a time, so this job measures it on pieces of %d rows (frames of one sequence? "
+                    "set eval.batch_size to a whole sequence's rows)", depend, size, size)
     errors = measure.evaluate(fp32.path, int8_path, evaluation, ctx.fresh_task(), cfg.ort.intra_op_threads,
                               cfg.eval.batch_size, budget=budget, used=eval_memory)
     rows = None
@@ -285,7 +292,7 @@ def compute(ctx: JobContext) -> JobResult:
         exclusions=ctx.exclusions,
         eval_source=ctx.eval_source,
         used={**_used(cfg, data, evaluation, errors), "diagnostics_rows": diag.rows_seen if diag is not None else 0,
-              "memory": _memory_used(budget, calibration_memory, eval_memory, diag)},
+              "memory": _memory_used(budget, calibration_memory, eval_memory, diag), "rows_depend": depend},
         task=ctx.task.describe(),
         files={"fp32": _relative(fp32.path, job_dir), "int8": int8_path.name, "ranges": RANGES_FILE,
                "int8_sha256": file_sha256(int8_path), "ranges_sha256": file_sha256(job_dir / RANGES_FILE)},
@@ -298,6 +305,8 @@ def compute(ctx: JobContext) -> JobResult:
         raise CalibrunError(f"config {exc}") from None
     if result.verdict is not None and not quantised:
         result.verdict["because"] += "; onnxruntime quantised nothing: the model computes in float"
+    if result.verdict is not None and depend is not None:
+        result.verdict["because"] += f"; measured on pieces of {size} rows: the model's rows depend on each other"
     if rows is not None:
         write_json(job_dir / DIAGNOSTICS_FILE, as_table(rows))  # column-oriented, strict JSON
         result.files["diagnostics"] = DIAGNOSTICS_FILE

@@ -136,8 +136,9 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
         raise
     m = result.metrics
     scale = "fp32 (not quantised)" if m.get("input_scale") is None else f"{m['input_scale']:.6g}"
+    used = (result.used or {}).get("calibration_batches", cfg.batches)  # the batches the data held, not those asked
     log.info("%s factor=%s batches=%s %s: input_scale=%s max_abs_error=%.6g cache_hit=%s -> %s",
-             cfg.calibration.name, cfg.calibration.factor, cfg.batches, cfg.format.name, scale,
+             cfg.calibration.name, cfg.calibration.factor, used, cfg.format.name, scale,
              m["max_abs_error"], bool(m["cache_hit"]), job_dir / RESULT_FILE)
     log.info(verdict.line(result.verdict))  # the job's last line: the headline
     if run_id is not None and sweep_dir is None:  # a sweep prints its parent run's link at its end

@@ -217,6 +217,24 @@ def padded_rows(path: str | Path, rows: int, seed: int, seq: int = 12, dim: int 
     return Path(path)
 
 
+def frame_conv(features: int = 8, channels: int = 4, width: int = 5, seed: int = 0) -> onnx.ModelProto:
+    """A model whose rows are frames of one sequence, as madmom's audio CNNs are exported: x [T, F] (no batch axis)
+    -> a convolution over `width` frames -> y [T - width + 1, channels] (a Sigmoid per frame). It cannot run fewer
+    than `width` rows."""
+    rng = np.random.default_rng(seed)
+    weight = numpy_helper.from_array(rng.normal(0, 0.5, (channels, 1, width, features)).astype(np.float32), "w")
+    axes = numpy_helper.from_array(np.array([0, 1], np.int64), "axes")
+    squeeze = numpy_helper.from_array(np.array([0, 3], np.int64), "squeeze_axes")
+    nodes = [helper.make_node("Unsqueeze", ["x", "axes"], ["x4"], name="to_image"),
+             helper.make_node("Conv", ["x4", "w"], ["c"], name="conv"),
+             helper.make_node("Squeeze", ["c", "squeeze_axes"], ["s"], name="squeeze"),
+             helper.make_node("Transpose", ["s"], ["t"], perm=[1, 0], name="frames_first"),
+             helper.make_node("Sigmoid", ["t"], ["y"], name="sigmoid")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["frames", features])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["out_frames", channels])]
+    return _finish(nodes, "frame_conv", inputs, outputs, [weight, axes, squeeze], OPSET)
+
+
 def save(model: onnx.ModelProto, path: str | Path) -> Path:
     """Save `model` to `path` (parent folders created) and return the path."""
     path = Path(path)

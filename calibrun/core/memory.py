@@ -110,21 +110,23 @@ def live_bytes(model: str | Path | onnx.ModelProto, feeds: Mapping[str, np.ndarr
 
 
 def row_bytes(model: str | Path | onnx.ModelProto, feeds: Mapping[str, np.ndarray], axes=None) -> dict[str, int]:
-    """Bytes of one row of every float tensor a node of `model` produces (and of the graph inputs), from ONNX shape
-    inference with the inputs pinned to the shapes of `feeds` with one row on their batch axes (`axes`,
-    calibrun.data.rows: axis 0 by default; a constant keeps its whole shape). Tensors whose shape or type stays
-    unknown are left out. Never raises: a model shape inference cannot handle gives {}."""
-    from calibrun.data.rows import axis_of, one_row_shape
+    """Bytes of one row of every float tensor a node of `model` produces (and of the graph inputs): ONNX shape
+    inference with the inputs pinned to the shapes of `feeds` as they are, each size divided by the feed's rows
+    (along the batch axes, `axes`, calibrun.data.rows). The feed's own shapes, not one row: a model whose rows are
+    frames of a sequence (a convolution over them) can be invalid at one row, and onnx's shape inference then aborts
+    the process (an assertion in its C++, madmom's onset CNN) where the shapes that are run are fine. Tensors whose
+    shape or type stays unknown are left out. Never raises: a model shape inference cannot handle gives {}."""
+    from calibrun.data.rows import count
 
     try:
+        rows = max(1, count(feeds, axes))
         model = _structure(model)
         initializers = {t.name for t in model.graph.initializer}
         for info in model.graph.input:
             if info.name in initializers or info.name not in feeds:
                 continue
-            shape = one_row_shape(np.shape(feeds[info.name]), axis_of(axes, info.name))
             elem = info.type.tensor_type.elem_type or TensorProto.FLOAT
-            info.CopyFrom(helper.make_tensor_value_info(info.name, elem, list(shape)))
+            info.CopyFrom(helper.make_tensor_value_info(info.name, elem, list(np.shape(feeds[info.name]))))
         del model.graph.value_info[:]
         inferred = shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception as exc:  # noqa: BLE001 (shape inference fails in many ways; the budget then has no sizes)
@@ -141,7 +143,7 @@ def row_bytes(model: str | Path | onnx.ModelProto, feeds: Mapping[str, np.ndarra
         if any(d <= 0 for d in dims):
             continue
         itemsize = helper.tensor_dtype_to_np_dtype(tensor.elem_type).itemsize
-        sizes[info.name] = int(np.prod(dims, dtype=np.int64)) * itemsize
+        sizes[info.name] = -(-int(np.prod(dims, dtype=np.int64)) * itemsize // rows)
     return sizes
 
 

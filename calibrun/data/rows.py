@@ -77,12 +77,6 @@ def join(parts: Sequence[Mapping[str, np.ndarray]], axes: Axes | None = None) ->
     return out
 
 
-def one_row_shape(shape: Sequence[int], axis: int | None) -> tuple[int, ...]:
-    """The shape of one row of an array of `shape` (a constant's whole shape)."""
-    shape = tuple(int(d) for d in shape)
-    return shape if axis is None else (*shape[:axis], 1, *shape[axis + 1:])
-
-
 def pinned_rows(shapes: Mapping[str, Sequence], axes: Axes | None = None) -> int | None:
     """The rows the model pins its batch axes to (`shapes`: input name -> graph shape), None when they are free.
     Inputs that pin different sizes cannot share one batch: an error naming them."""

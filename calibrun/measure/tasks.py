@@ -681,6 +681,8 @@ def _from_candidate(c: Candidate, spec: TaskSpec, facts: Labels | None, reason: 
     if c.axis is None:
         return Task(f"{reason}, but which axis of it holds the classes cannot be told (shapes unknown or "
                     f"ambiguous after a reshape): no task metrics; set task=classification task.axis=K{tail}")
+    if c.rank and c.axis % c.rank == 0:  # a Softmax over the rows (a sequence's frames, a model without a batch axis)
+        return Task(f"{reason}, but over axis 0, the rows' axis: no class per row; no task metrics{tail}")
     detail = f"{reason}; class axis {c.axis}" + (f" ({c.classes} classes)" if c.classes else "")
     if c.predicted is not None:
         detail += f"; integer output {c.predicted!r} is its predicted class (compared with the labels directly)"
@@ -756,6 +758,9 @@ def _guess_scores(graph: _Graph, outputs: list[Output], spec: TaskSpec, facts: L
     output of shape [N, C] whose C classes hold the labels is taken as logits; model.classifier=true on a
     single float output takes its last axis."""
     floats = [o for o in outputs if o.kind == "float"]
+    if classifier and len(floats) == 1 and floats[0].shape is not None and len(floats[0].shape) == 1:
+        return Task(f"model.classifier=true, but output {floats[0].name!r} has one axis, the rows': no class axis; no "
+                    "task metrics"), False
     if classifier and len(floats) == 1 and (floats[0].shape is None or len(floats[0].shape) != 2):
         o = floats[0]
         return Classification(o.name, -1, spec.top_k, f"model.classifier=true; output {o.name!r} ({o.producer}) "

@@ -516,7 +516,16 @@ class StreamingDiagnostics:
             size = min(rows - start, self.rows_per_run or 1)
             if self.fixed is not None:
                 size = rows - start  # a model that pins its first axis takes the batch as it comes
-            self._run(feed_rows.take(feeds, self.axes, start, start + size))
+            try:
+                self._run(feed_rows.take(feeds, self.axes, start, start + size))
+            except CalibrunError:
+                if self.rows_per_run is not None or size == rows - start:
+                    raise
+                # the first run, of one row, failed where the evaluation ran the batch: rows that are frames of one
+                # sequence (a convolution over them needs several); from now on each batch as it comes
+                log.info("diagnostics: the model does not run one row at a time; each batch is diagnosed whole")
+                self.fixed = rows
+                continue
             start += size
         self.batches += 1
 

@@ -153,3 +153,21 @@ def test_evaluator_keeps_a_batch_over_the_budget_as_runs_of_rows(tmp_path):
     assert whole.keys() == split.keys()
     for key in whole:
         assert split[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-7)
+
+
+def test_shape_inference_sees_the_feed_as_it_is_run_not_one_row(monkeypatch):
+    """A model whose rows are frames of a sequence (a convolution over them) can be invalid at one row, where onnx's
+    shape inference aborted the process (madmom's onset CNN): the inputs are pinned to the feed's own shapes, and
+    the sizes divided by its rows."""
+    seen = []
+    infer = memory.shape_inference.infer_shapes
+
+    def spy(model, **kwargs):
+        seen.append([d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim])
+        return infer(model, **kwargs)
+
+    monkeypatch.setattr(memory.shape_inference, "infer_shapes", spy)
+    feeds = {"x": np.zeros((5, 1, 32, 32), np.float32)}
+    sizes = memory.row_bytes(_chain(width=8), feeds)
+    assert seen == [[5, 1, 32, 32]]
+    assert sizes["a"] == 8 * 32 * 32 * 4  # one row's

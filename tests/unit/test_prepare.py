@@ -879,7 +879,17 @@ def test_the_ai_onnx_opset_is_imported_exactly_once(tmp_path, imports):
     foreign = "its operators are all of other domains (ai.onnx.ml.LinearRegressor):"
     assert why_nothing_quantised(prepared.path).startswith(foreign)
     assert why_nothing_quantised(src).startswith(foreign)
-    assert why_nothing_quantised(save(build_lab_model(), tmp_path / "lab.onnx")).startswith("no QuantizeLinear")
+    lab = why_nothing_quantised(save(build_lab_model(), tmp_path / "lab.onnx"))
+    assert lab == "no QuantizeLinear/DequantizeLinear or QLinear op at the graph's top level"  # no If: none named
+    # a LightGBM export: a Cast of ONNX's own beside ai.onnx.ml ops (luscinia's), no If or Loop anywhere
+    trees = helper.make_graph([helper.make_node("Cast", ["x"], ["c"], to=TensorProto.FLOAT),
+                               helper.make_node("LinearRegressor", ["c"], ["y"], domain="ai.onnx.ml",
+                                                coefficients=[0.5, -1.0, 2.0])],
+                              "trees", [_float("x", ["N", 3])], [_float("y", ["N", 1])])
+    mixed = helper.make_model(trees, opset_imports=[helper.make_opsetid("ai.onnx.ml", 1), helper.make_opsetid("", 17)])
+    mixed.ir_version = 8
+    assert why_nothing_quantised(save(mixed, tmp_path / "mixed.onnx")) == (
+        "none of its operators (Cast, ai.onnx.ml.LinearRegressor) is one quantize_static quantises")
 
 
 def test_unnamed_nodes_get_unique_names(tmp_path):

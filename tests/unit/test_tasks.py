@@ -567,3 +567,21 @@ def test_a_map_of_predicted_classes_is_measured_by_its_mean_iou(tmp_path):
     threes = 16 / 32
     assert m["task.mean_iou"] == pytest.approx((background + ones + threes) / 3)
     assert m["task.top1_agreement"] == pytest.approx((256 - 8 - 16) / 256)
+
+
+def test_a_softmax_over_the_rows_is_no_class_per_row(tmp_path):
+    """madmom's beat TCN ends in Softmax over its frames then Squeeze: [T] scores, one per frame, summing to one over
+    the rows. auto took axis 0 for the class axis and the job then failed ("would be axis 0, the rows"); it now
+    measures none and says why. model.classifier=true on a one-axis output the same."""
+    path = _save(tmp_path, [helper.make_node("Softmax", ["x"], ["y"], axis=0)],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T"])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T"])], "frames.onnx")
+    picked = resolve(TaskSpec("auto"), path)
+    assert picked.name == "none"
+    assert "over axis 0, the rows' axis: no class per row" in picked.reason
+    mean = _save(tmp_path, [helper.make_node("ReduceMean", ["x"], ["y"], axes=[0], keepdims=0)],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", 24])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [24])], "pooled.onnx")
+    told = resolve(TaskSpec("auto"), mean, classifier=True)
+    assert told.name == "none"
+    assert "has one axis, the rows': no class axis" in told.reason

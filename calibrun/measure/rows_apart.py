@@ -1,0 +1,65 @@
+"""Whether a model computes each row on its own: calibration and evaluation feed a few rows at a time (16 by
+default), which measures the model only if its output for a row does not depend on the rows fed beside it. A model
+whose "rows" are the frames of one sequence (madmom's audio networks take `[T, F]` with no batch axis: an LSTM or a
+convolution over the frames) is then measured on 16-frame pieces of a sequence it is never run on, and its verdict
+says nothing of a whole track (a helper's beat tracker: ok at 36 dB in pieces, 16 dB over 1500 frames).
+
+The test follows from the definition: the fp32 model's outputs for the first evaluation batch against its outputs
+for the batch's two halves, joined. Independent rows give the same values (within float rounding: a kernel may sum
+a batch in another order); rows of one sequence give other values, or another number of output rows (a convolution
+over frames), or an output with no row axis (a mean over the frames). Integer outputs are not compared (a detector's
+in-graph NMS numbers its boxes by batch row).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from calibrun.data import rows as feed_rows
+
+ROUNDING = 1e-4  # relative difference float rounding of a batch's sums can make; rows of one sequence differ more
+
+
+def rows_depend(fp32_path, evaluation, batch_size: int, threads: int = 0) -> str | None:
+    """Why the model's output for a row depends on the other rows of its batch (one line), None when it does not or
+    when it cannot be told (fewer than 2 rows, a model that does not run half a batch)."""
+    from calibrun.model.sessions import session
+
+    feeds = next(iter(evaluation.batches(batch_size)), (None, None))[0]
+    if feeds is None:
+        return None
+    rows = feed_rows.count(feeds, evaluation.axes)
+    if rows < 2:
+        return None
+    half = rows // 2
+    try:
+        sess = session(fp32_path, threads)
+        names = [o.name for o in sess.get_outputs()]
+        whole = sess.run(None, feeds)
+        first = sess.run(None, feed_rows.take(feeds, evaluation.axes, 0, half))
+        second = sess.run(None, feed_rows.take(feeds, evaluation.axes, half, rows))
+    except Exception:  # noqa: BLE001 (a model exported for whole batches only: the test cannot be made)
+        return None
+    for name, all_rows, a, b in zip(names, whole, first, second, strict=True):
+        why = _differs(np.asarray(all_rows), np.asarray(a), np.asarray(b))
+        if why is not None:
+            return f"output {name!r} {why} ({rows} rows, then {half} and {rows - half})"
+    return None
+
+
+def _differs(whole: np.ndarray, a: np.ndarray, b: np.ndarray) -> str | None:
+    if not np.issubdtype(whole.dtype, np.floating) or whole.ndim == 0:
+        return None
+    axis = next((k for k in range(whole.ndim) if a.ndim == b.ndim == whole.ndim
+                 and whole.shape[k] == a.shape[k] + b.shape[k]
+                 and all(whole.shape[j] == a.shape[j] == b.shape[j] for j in range(whole.ndim) if j != k)), None)
+    if axis is None:
+        if whole.shape == a.shape == b.shape:
+            return "has no axis of rows: it pools over the rows fed"
+        return f"has {whole.shape} for the batch but {a.shape} and {b.shape} for its halves"
+    joined = np.concatenate([a, b], axis=axis).astype(np.float64)
+    scale = float(np.sqrt(np.mean(np.square(whole, dtype=np.float64)))) or 1.0
+    gap = float(np.max(np.abs(joined - whole))) if whole.size else 0.0
+    if not np.isfinite(gap) or gap > ROUNDING * scale:
+        return f"changes when its batch is split in two (by {gap / scale:.1%} of its RMS)"
+    return None
