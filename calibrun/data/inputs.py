@@ -142,6 +142,14 @@ def constant(info: InputInfo, array, axis: int | None, where: str) -> Constant:
         raise CalibrunError(f"input {declared(info)}: {where} is not an array ({exc})") from None
     values = cast(raw, info, 1.0, where)
     rank = len(info.shape)
+    if values.ndim < rank and all(map(is_fixed, info.shape)):
+        # every axis fixed: no batch axis to repeat a row along (a [25] state beside free-batch inputs); the value
+        # fills the declared shape, fed whole (for a model that pins its batch, the same as one row repeated)
+        try:
+            values = np.ascontiguousarray(np.broadcast_to(values, tuple(info.shape)))
+        except ValueError:
+            raise CalibrunError(f"input {declared(info)}: {where} has shape {fmt_shape(values.shape)}, which does not "
+                                "fill the input's fixed shape") from None
     if values.ndim == rank:
         dims = list(zip(info.shape, values.shape, strict=True))
         row = None

@@ -39,7 +39,7 @@ from calibrun.data.batches import (
     check_inputs,
     source_axes,
 )
-from calibrun.data.inputs import Constant, declared
+from calibrun.data.inputs import Constant, declared, spelled
 from calibrun.data.inputs import fmt_shape as _fmt_shape
 from calibrun.data.rows import along, is_fixed
 from calibrun.model import InputInfo
@@ -342,13 +342,18 @@ def _check_row_counts(columns: dict[str, _ArrayColumn], root: Path) -> None:
         for segment in column.segments:
             counts = per_file.setdefault(segment.file.path, {})
             counts[name] = counts.get(name, 0) + segment.shape[column.axis]
+    # an input whose declared axes are all fixed (an RNN's [25] state beside [T, F] frames) has no rows of its own
+    fixed = [name for name, column in columns.items() if column.info.shape and all(map(is_fixed, column.info.shape))]
+    hint = (f"; {', '.join(repr(n) for n in fixed)} declare{'s' if len(fixed) == 1 else ''} no free axis: a constant "
+            "is saved without its first axis (a 0-d array for one value, filled to the declared shape) or given as "
+            f"data.inputs.{spelled(fixed[0])}.value=...") if fixed else ""
     for path, counts in per_file.items():
         if len(counts) == len(columns) and len(set(counts.values())) > 1:
             raise CalibrunError(f"{path}: the inputs' arrays hold different row counts (along their batch axes): "
-                                f"{counts}")
+                                f"{counts}{hint}")
     totals = {name: column.rows for name, column in columns.items()}
     if len(set(totals.values())) > 1:
-        raise CalibrunError(f"{root}: the inputs have different row counts (along their batch axes): {totals}")
+        raise CalibrunError(f"{root}: the inputs have different row counts (along their batch axes): {totals}{hint}")
 
 
 def npy_calibration(path, inputs: Sequence[InputInfo], batches: int, factor: float = 1.0,

@@ -347,3 +347,33 @@ def test_the_failure_on_two_rows_is_said_short_by_the_node_that_failed():
     assert failing(ort.format("")) == "its Reshape node"
     assert failing("x" * 200) == "x" * 117 + "..."
     assert failing("short") == "short"
+
+
+def _fixed_state_model(tmp_path):
+    """x [N, 4] beside `bias` [4], every axis of it fixed (as an RNN's [25] state beside [T, F] frames)."""
+    from onnx import helper
+
+    graph = helper.make_graph([helper.make_node("Add", ["x", "bias"], ["y"])], "fixed",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
+                               helper.make_tensor_value_info("bias", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return open_float_model(save(model, tmp_path / "fixed.onnx"))
+
+
+def test_a_value_for_an_input_with_every_axis_fixed_fills_its_shape(tmp_path):
+    """madmom's BLSTM: data.inputs.<state>.value=0 for a [25] state was one row repeated to the batch's 16 rows, and
+    onnxruntime refused it ("Got: 16 Expected: 25"). An input with no free axis has no rows: the value fills it."""
+    import onnxruntime
+
+    fp32 = _fixed_state_model(tmp_path)
+    np.savez(tmp_path / "d.npz", x=np.ones((20, 4), np.float32))
+    feeds = list(calibration_data(npy(tmp_path / "d.npz", {"bias": {"value": 0.5}}), fp32, 0, 1.0, 2))
+    assert [f["bias"].tolist() for f in feeds] == [[0.5] * 4] * 2
+    sess = onnxruntime.InferenceSession(str(fp32.path))
+    assert sess.run(None, feeds[0])[0].shape == (16, 4)
+    np.savez(tmp_path / "e.npz", x=np.ones((20, 4), np.float32), bias=np.zeros(4, np.float32))
+    with pytest.raises(CalibrunError, match=re.escape("'bias' declares no free axis: a constant is saved without its "
+                                                      "first axis")):
+        calibration_data(npy(tmp_path / "e.npz"), fp32, 0, 1.0, 1)
