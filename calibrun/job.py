@@ -267,8 +267,9 @@ def compute(ctx: JobContext) -> JobResult:
     depend = rows_depend(fp32.path, evaluation, size, cfg.ort.intra_op_threads)
     if depend is not None:
         log.warning("the model's output for a row depends on the rows fed beside it: %s; calibration and evaluation "
-                    "feed %d rows at a time, so this job measures it on pieces of %d rows (frames of one sequence? "
-                    "set eval.batch_size to a whole sequence's rows)", depend, size, size)
+                    "feed %d rows at a time, so this job measures it on batches of %d rows: set eval.batch_size to the "
+                    "rows it is run on at a time (a whole sequence of frames; 1 where it normalises over its batch)",
+                    depend, size, size)
     errors = measure.evaluate(fp32.path, int8_path, evaluation, ctx.fresh_task(), cfg.ort.intra_op_threads,
                               cfg.eval.batch_size, budget=budget, used=eval_memory)
     rows = None
@@ -306,7 +307,7 @@ def compute(ctx: JobContext) -> JobResult:
     if result.verdict is not None and not quantised:
         result.verdict["because"] += "; onnxruntime quantised nothing: the model computes in float"
     if result.verdict is not None and depend is not None:
-        result.verdict["because"] += f"; measured on pieces of {size} rows: the model's rows depend on each other"
+        result.verdict["because"] += f"; measured on batches of {size} rows: the model's rows depend on each other"
     if rows is not None:
         write_json(job_dir / DIAGNOSTICS_FILE, as_table(rows))  # column-oriented, strict JSON
         result.files["diagnostics"] = DIAGNOSTICS_FILE

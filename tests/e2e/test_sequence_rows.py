@@ -4,7 +4,7 @@ as madmom's audio networks are exported: x [T, F] with no batch axis, a convolut
 - It cannot run one row: the per-tensor diagnostics, which start with one row to size their runs, diagnose each
   batch whole instead of failing the job (it failed with onnxruntime's "Invalid input shape").
 - Its output for a row depends on the rows beside it: the job says so in one warning, result.json `used.rows_depend`
-  names the output, and the verdict's sentence says it was measured on pieces of 16 rows.
+  names the output, and the verdict's sentence says it was measured on batches of 16 rows.
 - The job's summary line gives the batches the data held, not the 64 asked for.
 - A model whose rows are independent (the lab's) gets no such warning.
 """
@@ -42,7 +42,7 @@ def test_frames_of_one_sequence_are_diagnosed_whole_and_said_to_depend_on_each_o
     warned = [line for line in run.stderr.splitlines() if "depends on the rows fed beside it" in line]
     assert len(warned) == 1
     assert "WARNING" in warned[0]
-    assert result["verdict"]["because"].endswith("; measured on pieces of 16 rows: the model's rows depend on each "
+    assert result["verdict"]["because"].endswith("; measured on batches of 16 rows: the model's rows depend on each "
                                                  "other")
     assert "match factor=1.0 batches=3 qdq" in run.stderr  # 40 rows: 3 batches, not the 64 asked for
 
