@@ -262,9 +262,9 @@ def compute(ctx: JobContext) -> JobResult:
     if not quantised:
         why = why_nothing_quantised(fp32.path)
         log.warning("onnxruntime quantised nothing in this model (%s): the int8 model computes in float", why)
-    size = measure.batch_size_for(pinned_rows({i.name: i.shape for i in fp32.inputs}, evaluation.axes),
-                                  cfg.eval.batch_size)
-    depend = rows_depend(fp32.path, evaluation, size, cfg.ort.intra_op_threads)
+    pinned = pinned_rows({i.name: i.shape for i in fp32.inputs}, evaluation.axes)
+    size = measure.batch_size_for(pinned, cfg.eval.batch_size)
+    depend = rows_depend(fp32.path, evaluation, cfg.ort.intra_op_threads) if pinned is None else None
     if depend is not None:
         log.warning("the model's output for a row depends on the rows fed beside it: %s; calibration and evaluation "
                     "feed %d rows at a time, so this job measures it on batches of %d rows: set eval.batch_size to the "
