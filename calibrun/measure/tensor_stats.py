@@ -261,12 +261,12 @@ class TensorStats:
             self.part_min[k] = min(self.part_min[k], float(part.min()))
             self.part_max[k] = max(self.part_max[k], float(part.max()))
             flat_pre = part_pre.reshape(-1)
-            self.part_energy[k] += float(np.dot(flat_pre, flat_pre))
-            self.part_noise[k] += float(np.dot(noise, noise))
+            self.part_energy[k] += _energy(flat_pre)
+            self.part_noise[k] += _energy(noise)
             if is_ref:
                 flat, error = part.reshape(-1), (post[index] - part).reshape(-1)
-                self.part_ref_energy[k] += float(np.dot(flat, flat))
-                self.part_ref_noise[k] += float(np.dot(error, error))
+                self.part_ref_energy[k] += _energy(flat)
+                self.part_ref_noise[k] += _energy(error)
 
     def nsr(self) -> float:
         """Local noise-to-signal ratio (this pair's own noise), of the worst part when there are parts."""

@@ -108,20 +108,23 @@ def why_nothing_quantised(path: str | Path) -> str:
         return ("it computes in float64 (double), and quantize_static quantises float32 tensors only: export it in "
                 "float32")
     if graph.node and not any(node.domain in ("", "ai.onnx") for node in graph.node):
-        counts = Counter(f"{node.domain}.{node.op_type}" for node in graph.node)
-        others = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in sorted(counts.items()))
-        return f"its operators are all of other domains ({others}): quantize_static quantises ONNX's own operators only"
+        return (f"its operators are all of other domains ({_ops(graph)}): quantize_static quantises ONNX's own "
+                "operators only")
     from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
     if graph.node and not any(node.op_type in QDQRegistry or node.op_type in QLinearOpsRegistry for node in graph.node
                               if node.domain in ("", "ai.onnx")):
-        counts = Counter(node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
-                         for node in graph.node)
-        ops = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in sorted(counts.items()))
-        return f"none of its operators ({ops}) is one quantize_static quantises"
+        return f"none of its operators ({_ops(graph)}) is one quantize_static quantises"
     subgraphs = sorted({node.op_type for node in graph.node if node.op_type in ("If", "Loop", "Scan")})
     return ("no QuantizeLinear/DequantizeLinear or QLinear op at the graph's top level" +
             (f"; the network inside its {' and '.join(subgraphs)} subgraphs is not quantised" if subgraphs else ""))
+
+
+def _ops(graph: onnx.GraphProto) -> str:
+    """The graph's op types with their counts, another domain's prefixed with it: "Cast, ai.onnx.ml.ZipMap x2"."""
+    counts = Counter(node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+                     for node in graph.node)
+    return ", ".join(f"{op} x{n}" if n > 1 else op for op, n in sorted(counts.items()))
 
 
 # Ops that only a quantised graph holds (QDQ, QOperator, dynamic and integer-arithmetic forms).
