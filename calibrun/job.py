@@ -31,7 +31,7 @@ from calibrun.measure import tasks, verdict
 from calibrun.measure.diagnosis import as_table, classify_model
 from calibrun.measure.rows_apart import rows_depend
 from calibrun.measure.tensor_stats import StreamingDiagnostics
-from calibrun.model import FloatModel, check_model_file, file_sha256, why_nothing_quantised
+from calibrun.model import FloatModel, check_model_file, file_sha256, float_weighted_ops, why_nothing_quantised
 from calibrun.model.digits import ensure_digits
 from calibrun.model.one_row import failing, fails_on_two_rows, pinned_copy
 from calibrun.model.prepared import prepared_model
@@ -262,6 +262,10 @@ def compute(ctx: JobContext) -> JobResult:
     if not quantised:
         why = why_nothing_quantised(fp32.path)
         log.warning("onnxruntime quantised nothing in this model (%s): the int8 model computes in float", why)
+    left = float_weighted_ops(fp32.path)
+    if left and quantised:
+        log.info("quantize_static has no static int8 form of %s: their weights and work stay in float",
+                 ", ".join(f"{op} x{n}" if n > 1 else op for op, n in left.items()))
     pinned = pinned_rows({i.name: i.shape for i in fp32.inputs}, evaluation.axes)
     size = measure.batch_size_for(pinned, cfg.eval.batch_size)
     depend = rows_depend(fp32.path, evaluation, cfg.ort.intra_op_threads) if pinned is None else None
@@ -293,7 +297,8 @@ def compute(ctx: JobContext) -> JobResult:
         exclusions=ctx.exclusions,
         eval_source=ctx.eval_source,
         used={**_used(cfg, data, evaluation, errors), "diagnostics_rows": diag.rows_seen if diag is not None else 0,
-              "memory": _memory_used(budget, calibration_memory, eval_memory, diag), "rows_depend": depend},
+              "memory": _memory_used(budget, calibration_memory, eval_memory, diag), "rows_depend": depend,
+              "float_weighted_ops": left},
         task=ctx.task.describe(),
         files={"fp32": _relative(fp32.path, job_dir), "int8": int8_path.name, "ranges": RANGES_FILE,
                "int8_sha256": file_sha256(int8_path), "ranges_sha256": file_sha256(job_dir / RANGES_FILE)},

@@ -120,6 +120,22 @@ def why_nothing_quantised(path: str | Path) -> str:
             (f"; the network inside its {' and '.join(subgraphs)} subgraphs is not quantised" if subgraphs else ""))
 
 
+# ONNX's computations with learned matrices that quantize_static has no static int8 form of (onnxruntime quantises
+# LSTM only dynamically, quantize_dynamic): in a static int8 model their weights and work stay in float
+FLOAT_ONLY_OPS = ("Einsum", "GRU", "LSTM", "RNN")
+
+
+def float_weighted_ops(path: str | Path) -> dict[str, int]:
+    """op type -> count of the top graph's FLOAT_ONLY_OPS nodes that read a learned matrix (an initializer of two or
+    more axes): left in float whatever the calibration (madmom's LSTM and GRU networks: only the ops around them got
+    Q/DQ pairs, and nothing said so). A Cast of weights stored as int8 is no computation and is not counted."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    matrices = {t.name for t in graph.initializer if len(t.dims) >= 2}
+    found = Counter(node.op_type for node in graph.node if node.domain in ("", "ai.onnx")
+                    and node.op_type in FLOAT_ONLY_OPS and matrices.intersection(node.input))
+    return dict(sorted(found.items()))
+
+
 def _ops(graph: onnx.GraphProto) -> str:
     """The graph's op types with their counts, another domain's prefixed with it: "Cast, ai.onnx.ml.ZipMap x2"."""
     counts = Counter(node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"

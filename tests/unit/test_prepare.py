@@ -906,3 +906,30 @@ def test_unnamed_nodes_get_unique_names(tmp_path):
     assert _steps(prepared, "named 2 unnamed nodes")
     again = prepare_model(save(build_lab_model(), tmp_path / "lab.onnx"), tmp_path / "lab_prepared.onnx")
     assert not _steps(again, "named")
+
+
+def test_ops_with_learned_matrices_that_quantize_static_leaves_in_float_are_named(tmp_path):
+    """An LSTM (onnxruntime quantises it dynamically only) keeps its weights and work in float in a static int8
+    model, whatever the calibration; a MatMul on a weight is quantised and not named (madmom's LSTM and GRU
+    networks: only the ops around them got Q/DQ pairs, and nothing said so)."""
+    from calibrun.model import float_weighted_ops
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.normal(size=(1, 8, 3)).astype(np.float32), "W"),
+               numpy_helper.from_array(rng.normal(size=(1, 8, 2)).astype(np.float32), "R"),
+               numpy_helper.from_array(rng.normal(size=(2, 4)).astype(np.float32), "head")]
+    nodes = [helper.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=2),
+             helper.make_node("Squeeze", ["y"], ["h"]),
+             helper.make_node("MatMul", ["h", "head"], ["out"])]
+    graph = helper.make_graph(nodes, "rnn", [_float("x", [5, 1, 3])], [_float("out", None)], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    assert float_weighted_ops(save(model, tmp_path / "rnn.onnx")) == {"LSTM": 1}
+    assert float_weighted_ops(save(build_lab_model(), tmp_path / "lab.onnx")) == {}
+    stored = helper.make_graph([helper.make_node("Cast", ["q"], ["w"], to=TensorProto.FLOAT),
+                                helper.make_node("MatMul", ["x", "w"], ["out"])], "int8_weights", [_float("x", [1, 2])],
+                               [_float("out", None)],
+                               [numpy_helper.from_array(np.ones((2, 2), np.int8), "q")])
+    cast = helper.make_model(stored, opset_imports=[helper.make_opsetid("", 17)])
+    cast.ir_version = 8
+    assert float_weighted_ops(save(cast, tmp_path / "cast.onnx")) == {}  # tinyocr's int8-stored weights
