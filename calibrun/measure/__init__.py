@@ -8,4 +8,5 @@ diagnosis.py     each tensor's verdict (overflow, clipping, mixed, coarse, sound
                  culprits
 verdict.py       the job's headline verdict, ok / degraded / broken, from what the int8 model does
 sweep_diagnosis.py  the sweep-level diagnosis the aggregator writes: per run, and would more samples help
+rows_apart.py    whether the model's output for a row depends on the rows fed beside it (frames of one sequence)
 """
