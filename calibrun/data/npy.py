@@ -129,9 +129,13 @@ def _check_data_shape(segment: _Segment, info: InputInfo, axis: int) -> None:
         )
     for index, dim in enumerate(info.shape):
         if index != axis and is_fixed(dim) and shape[index] != dim:
+            # rows on that axis instead (trueocr's `feats` [1, N, 16] saved as [rows, N, 16]) would fit: say how
+            fits = all(not is_fixed(d) or shape[k] == d for k, d in enumerate(info.shape) if k != index)
+            hint = (f"; if the rows are on axis {index}, set data.inputs.{spelled(info.name)}.batch_axis={index} (and "
+                    "the same under eval_data.)") if fits else ""
             raise CalibrunError(
                 f"input {declared(info)}: {segment.where} has shape {_fmt_shape(shape)}: axis {index} is "
-                f"{shape[index]}, the model wants {dim} (rows are on axis {axis})"
+                f"{shape[index]}, the model wants {dim} (rows are on axis {axis}){hint}"
             )
 
 

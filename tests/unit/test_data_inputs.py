@@ -377,3 +377,22 @@ def test_a_value_for_an_input_with_every_axis_fixed_fills_its_shape(tmp_path):
     with pytest.raises(CalibrunError, match=re.escape("'bias' declares no free axis: a constant is saved without its "
                                                       "first axis")):
         calibration_data(npy(tmp_path / "e.npz"), fp32, 0, 1.0, 1)
+
+
+def test_rows_on_a_fixed_axis_of_one_get_the_batch_axis_that_fits(tmp_path):
+    """trueocr's reading-order model takes `feats` [1, N, 16] (its rows on axis 1); data saved as [rows, N, 16] was
+    refused without the fix, which works: data.inputs.feats.batch_axis=0."""
+    from onnx import helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["feats"], ["y"])], "order",
+                              [helper.make_tensor_value_info("feats", TensorProto.FLOAT, [1, "N", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "N", 16])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    fp32 = open_float_model(save(model, tmp_path / "order.onnx"))
+    np.savez(tmp_path / "d.npz", feats=np.ones((32, 12, 16), np.float32))
+    with pytest.raises(CalibrunError, match=re.escape("axis 0 is 32, the model wants 1 (rows are on axis 1); if the "
+                                                      "rows are on axis 0, set data.inputs.feats.batch_axis=0")):
+        calibration_data(npy(tmp_path / "d.npz"), fp32, 0, 1.0, 1)
+    feeds = list(calibration_data(npy(tmp_path / "d.npz", {"feats": {"batch_axis": 0}}), fp32, 0, 1.0, 2))
+    assert [f["feats"].shape for f in feeds] == [(1, 12, 16), (1, 12, 16)]  # the model pins that axis to one row
