@@ -116,8 +116,11 @@ def _db(value) -> str:
 
 
 def _diagnosis_section(diagnosis: dict) -> str:
-    lines = ["| run | verdict | input clipped | input grid used | input SQNR | top culprit (node) | max abs error |",
-             "|---|---|---:|---:|---:|---|---:|"]
+    # the input's verdict first (the lab's story: its calibration span), then the model's from all its tensors: a run
+    # whose input is sound can clip inside (an entropy run: 97% of its added noise in clipping tensors)
+    lines = ["| run | input verdict | input clipped | input grid used | input SQNR | model's diagnosis | top culprit "
+             "(node) | max abs error |",
+             "|---|---|---:|---:|---:|---|---|---:|"]
     advice = []
     for label, run in diagnosis["runs"].items():
         if run.get("verdict") is None:
@@ -132,9 +135,10 @@ def _diagnosis_section(diagnosis: dict) -> str:
         else:
             worst = (run.get("worst_tensors") or [{}])[0]
             culprit = f"{worst.get('tensor', 'n/a')} ({_db(worst.get('sqnr_db'))})" if worst else "n/a"
-        lines.append(f"| {label} | **{run['verdict']}** | {_pct(inp.get('clipped_fraction'))} | "
-                     f"{_pct(inp.get('grid_used'))} | {_db(inp.get('sqnr_db'))} | {culprit} | "
-                     f"{run['max_abs_error']:.4g} |")
+        said = f"**{run['verdict']}**" if run.get("input") else "- (float)"  # no pair on the input: no verdict of it
+        lines.append(f"| {label} | {said} | {_pct(inp.get('clipped_fraction'))} | "
+                     f"{_pct(inp.get('grid_used'))} | {_db(inp.get('sqnr_db'))} | {run.get('overall') or 'n/a'} | "
+                     f"{culprit} | {run['max_abs_error']:.4g} |")
         advice += [f"- {label}: `{r['change']}`: {r['metric']} {_fmt(r['before'])} -> {_fmt(r['after'])} "
                    f"({r['status_after']})" for r in run.get("recommendations") or []]
     if len(lines) == 2:

@@ -407,3 +407,18 @@ def test_the_report_lists_a_basic_sweeps_runs_as_the_user_wrote_them_not_as_they
     aggregate.build(sweep)
     runs = json.loads((sweep / "report" / "runs.json").read_text())
     assert [r["job"] for r in runs["runs"]] == ["0", "1", "2", "3", "4", "5"]
+
+
+def test_the_report_s_diagnosis_table_gives_the_model_s_diagnosis_beside_the_input_s():
+    """An entropy run whose input is sound clips inside (97% of its added noise): the table said "sound" alone."""
+    from calibrun.report.markdown import _diagnosis_section
+
+    run = {"verdict": "sound", "overall": "clipping", "max_abs_error": 0.5,
+           "input": {"clipped_fraction": 0.0, "grid_used": 0.9, "sqnr_db": 40.0},
+           "culprits": [{"tensor": "t", "node": "n", "verdict": "clipping", "noise_share": 0.97}]}
+    floating = {**run, "verdict": "coarse", "input": None}
+    table = _diagnosis_section({"runs": {"entropy": run, "float input": floating}, "samples": {}})
+    rows = [line for line in table.splitlines() if line.startswith("| entropy") or line.startswith("| float input")]
+    assert rows[0].split(" | ")[1:2] == ["**sound**"]
+    assert rows[0].split(" | ")[5] == "clipping"
+    assert rows[1].split(" | ")[1] == "- (float)"
