@@ -238,6 +238,7 @@ class Dense(Task):
         super().__init__(reason)
         self.output, self.threshold = output, float(threshold)
         self.total = self.agree = self.inter = self.union = self.ref_pos = self.got_pos = 0
+        self.channels: tuple[np.ndarray, np.ndarray] | None = None  # a map's [N, C, H, W] channels: their IoU's parts
 
     def update(self, fp32, int8, labels) -> None:
         ref = np.asarray(fp32[self.output]) > self.threshold
@@ -248,15 +249,25 @@ class Dense(Task):
         self.union += int(np.count_nonzero(ref | got))
         self.ref_pos += int(np.count_nonzero(ref))
         self.got_pos += int(np.count_nonzero(got))
+        if ref.ndim == 4 and ref.shape[1] > 1:  # channels of other meanings (a text core beside distances)
+            inter, union = (np.count_nonzero(a, axis=(0, 2, 3)) for a in (ref & got, ref | got))
+            self.channels = (inter, union) if self.channels is None else (self.channels[0] + inter,
+                                                                          self.channels[1] + union)
 
     keys = ("task.iou", "task.pixel_agreement")  # the IoU's and the agreement's metric names
 
     def metrics(self) -> dict[str, float]:
+        """The IoU of the thresholded maps; of a map with several channels ([N, C, H, W]), each channel's
+        (`task.iou.chK`) and the worst as `task.iou`: one channel lost is a map lost, and a channel always above the
+        threshold (a positive distance) would make the whole map's IoU read 1."""
         if not self.total:
             return {}
         iou, agreement = self.keys
-        return {iou: self.inter / self.union if self.union else 1.0,
-                agreement: self.agree / self.total,
+        out = {iou: self.inter / self.union if self.union else 1.0}
+        if self.channels is not None:
+            each = [float(i / u) if u else 1.0 for i, u in zip(*self.channels, strict=True)]
+            out = {iou: min(each), **{f"{iou}.ch{k}": value for k, value in enumerate(each)}}
+        return {**out, agreement: self.agree / self.total,
                 "task.fp32_positive": self.ref_pos / self.total,
                 "task.int8_positive": self.got_pos / self.total}
 

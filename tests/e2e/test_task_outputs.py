@@ -283,3 +283,27 @@ def test_rules_on_other_trained_models(tmp_path, sklearn_split):
     task = resolve(TaskSpec("auto"), path, labels=train_y)
     assert (task.output, task.predicted) == ("probabilities", "label")
     assert "TreeEnsembleClassifier" in task.reason
+
+
+def test_a_dense_map_of_several_channels_is_decided_by_its_worst_channel(tmp_path):
+    """task=dense on an [N, 3, H, W] output (trueocr's detector: a text core beside two distance channels): each
+    channel's IoU is a metric, the worst is `task.iou`, and the verdict's sentence names it."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.normal(size=(3, 1, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "map",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, 16, 16])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "map.onnx")
+    data = npy_data(tmp_path / "rows.npz", "x", rng.normal(size=(32, 1, 16, 16)).astype(np.float32), None)
+    run = calibrun(tmp_path, "model=file", f"model.path={tmp_path / 'map.onnx'}", *data, "task=dense",
+                   "task.threshold=0", "hydra.run.dir=map")
+    result = result_of(tmp_path, run, "map")
+    channels = {k: v for k, v in result["metrics"].items() if k.startswith("task.iou.ch")}
+    assert sorted(channels) == ["task.iou.ch0", "task.iou.ch1", "task.iou.ch2"]
+    assert result["metrics"]["task.iou"] == min(channels.values())
+    worst = min(channels, key=channels.get)
+    assert result["verdict"]["because"].endswith(f"; the worst of the map's 3 channels ({worst})")

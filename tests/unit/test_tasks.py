@@ -92,6 +92,24 @@ def test_dense_iou_and_agreement():
     assert empty.metrics()["task.fp32_positive"] == 0.0
 
 
+def test_a_map_of_several_channels_is_as_good_as_its_worst_channel():
+    """trueocr's detector: [N, 3, h, w], a text-core channel beside two positive distance channels. task=dense over
+    the whole map read 100% (the distances are always above the threshold) while the core channel's IoU was 0."""
+    rng = np.random.default_rng(0)
+    ref = np.concatenate([rng.normal(size=(2, 1, 4, 4)), np.full((2, 2, 4, 4), 5.0)], axis=1)
+    got = ref.copy()
+    got[:, 0] = -ref[:, 0]  # the core channel's decisions all flipped
+    task = Dense("out", threshold=0.0)
+    task.update({"out": ref}, {"out": got}, None)
+    m = task.metrics()
+    assert m["task.iou.ch0"] == 0.0
+    assert m["task.iou.ch1"] == m["task.iou.ch2"] == 1.0
+    assert m["task.iou"] == 0.0
+    one = Dense("out")
+    one.update({"out": np.full((2, 1, 3, 3), 0.9)}, {"out": np.full((2, 1, 3, 3), 0.9)}, None)
+    assert "task.iou.ch0" not in one.metrics()  # one channel: the map's own IoU, as before
+
+
 def test_custom_weighted_by_rows():
     task = Custom("tests.unit.test_tasks:batch_metric")
     ref = np.eye(3)[[0, 1, 2, 0]]
