@@ -160,24 +160,27 @@ def quantize(
         if unbounded:
             options = dataclasses.replace(options, nodes_to_exclude=tuple(
                 dict.fromkeys([*options.nodes_to_exclude, *unbounded])))
-        quantize_static(
-            str(copy),
-            str(tmp),
-            calibration_data_reader=None,  # the ranges come from the cache file: no calibration here
-            quant_format=FORMATS[options.format],
-            op_types_to_quantize=_op_types_to_quantize(options, calibration),
-            per_channel=options.per_channel,
-            reduce_range=options.reduce_range,
-            activation_type=QUANT_TYPES[options.activation_type],
-            weight_type=QUANT_TYPES[options.weight_type],
-            nodes_to_exclude=list(options.nodes_to_exclude),
-            calibrate_method=METHODS[calibration.method],
-            extra_options={"ActivationSymmetric": options.activation_symmetric,
-                           **({"WeightSymmetric": options.weight_symmetric}
-                              if options.weight_symmetric is not None else {}),
-                           **({"TensorQuantOverrides": overrides(options)} if options.tensor_types else {})},
-            calibration_cache_path=calibration.ranges_path,
-        )
+        # onnxruntime still computes a scale for each unbounded tensor (inf / inf: numpy's RuntimeWarnings on stderr,
+        # trueocr's reading-order model and its -inf mask); calibrun said them once and keeps their nodes in float
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore") if unbounded else contextlib.nullcontext():
+            quantize_static(
+                str(copy),
+                str(tmp),
+                calibration_data_reader=None,  # the ranges come from the cache file: no calibration here
+                quant_format=FORMATS[options.format],
+                op_types_to_quantize=_op_types_to_quantize(options, calibration),
+                per_channel=options.per_channel,
+                reduce_range=options.reduce_range,
+                activation_type=QUANT_TYPES[options.activation_type],
+                weight_type=QUANT_TYPES[options.weight_type],
+                nodes_to_exclude=list(options.nodes_to_exclude),
+                calibrate_method=METHODS[calibration.method],
+                extra_options={"ActivationSymmetric": options.activation_symmetric,
+                               **({"WeightSymmetric": options.weight_symmetric}
+                                  if options.weight_symmetric is not None else {}),
+                               **({"TensorQuantOverrides": overrides(options)} if options.tensor_types else {})},
+                calibration_cache_path=calibration.ranges_path,
+            )
         seconds = time.perf_counter() - start
         if check is not None:
             check(tmp)

@@ -290,6 +290,7 @@ def test_an_attention_mask_of_minus_infinity_stays_float(tmp_path, method):
     run = calibrun(tmp_path, *argv, "hydra.run.dir=job")
     assert run.returncode == 0, run.stderr[-2000:]
     assert "calibrated range that is not finite" in run.stderr
+    assert "RuntimeWarning" not in run.stderr  # onnxruntime's scale of inf / inf: said by calibrun, not by numpy
     int8 = onnx.load(str(tmp_path / "job" / "int8.onnx"))
     quantised = {i for n in int8.graph.node if n.op_type == "QuantizeLinear" for i in n.input}
     assert not quantised & {"additive", "additive3", "masked"}
