@@ -31,7 +31,14 @@ from calibrun.measure import tasks, verdict
 from calibrun.measure.diagnosis import as_table, classify_model
 from calibrun.measure.rows_apart import rows_depend
 from calibrun.measure.tensor_stats import StreamingDiagnostics
-from calibrun.model import FloatModel, check_model_file, file_sha256, float_weighted_ops, why_nothing_quantised
+from calibrun.model import (
+    FloatModel,
+    check_model_file,
+    file_sha256,
+    float_weighted_ops,
+    format_counts,
+    why_nothing_quantised,
+)
 from calibrun.model.digits import ensure_digits
 from calibrun.model.one_row import failing, fails_on_two_rows, pinned_copy
 from calibrun.model.prepared import prepared_model
@@ -265,7 +272,7 @@ def compute(ctx: JobContext) -> JobResult:
     left = float_weighted_ops(fp32.path)
     if left and quantised:
         log.info("quantize_static has no static int8 form of %s: their weights and work stay in float",
-                 ", ".join(f"{op} x{n}" if n > 1 else op for op, n in left.items()))
+                 format_counts(left))
     pinned = pinned_rows({i.name: i.shape for i in fp32.inputs}, evaluation.axes)
     size = measure.batch_size_for(pinned, cfg.eval.batch_size)
     depend = rows_depend(fp32.path, evaluation, cfg.ort.intra_op_threads) if pinned is None else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,11 +137,15 @@ def float_weighted_ops(path: str | Path) -> dict[str, int]:
     return dict(sorted(found.items()))
 
 
+def format_counts(counts: Mapping[str, int]) -> str:
+    """Op types with their counts, in name order: "Cast, LSTM x6"."""
+    return ", ".join(f"{op} x{n}" if n > 1 else op for op, n in sorted(counts.items()))
+
+
 def _ops(graph: onnx.GraphProto) -> str:
     """The graph's op types with their counts, another domain's prefixed with it: "Cast, ai.onnx.ml.ZipMap x2"."""
-    counts = Counter(node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
-                     for node in graph.node)
-    return ", ".join(f"{op} x{n}" if n > 1 else op for op, n in sorted(counts.items()))
+    return format_counts(Counter(node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+                                 for node in graph.node))
 
 
 # Ops that only a quantised graph holds (QDQ, QOperator, dynamic and integer-arithmetic forms).

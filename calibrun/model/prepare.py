@@ -50,7 +50,15 @@ from onnx.external_data_helper import load_external_data_for_model
 
 from calibrun.core.errors import CalibrunError, one_line
 from calibrun.core.files import atomic_path, check_writable, device_full, full_error, is_full, temp_name
-from calibrun.model import InputInfo, check_not_quantised, check_outputs, float_input, graph_inputs, load_model
+from calibrun.model import (
+    InputInfo,
+    check_not_quantised,
+    check_outputs,
+    float_input,
+    format_counts,
+    graph_inputs,
+    load_model,
+)
 from calibrun.model.sessions import session
 
 log = logging.getLogger("calibrun")
@@ -443,7 +451,7 @@ def _fold_constants(current: Path, out: Path, external: bool, src: Path, steps: 
         parts.append(f"removed {_plural(len(others), 'no-op node')} ({_counts(others)})")
     line = ("; ".join(parts) or "rewrote nodes") + " with onnxruntime basic optimisation"
     if added := after - before:
-        line += f"; nodes added: {_format_counts(added)}"
+        line += f"; nodes added: {format_counts(added)}"
     _step(steps, line)
     return clean
 
@@ -673,11 +681,7 @@ def _op_counts(nodes: Iterable[onnx.NodeProto]) -> Counter:
 
 
 def _counts(nodes: Iterable[onnx.NodeProto]) -> str:
-    return _format_counts(_op_counts(nodes))
-
-
-def _format_counts(counts: Counter) -> str:
-    return ", ".join(f"{op} x{n}" if n > 1 else op for op, n in sorted(counts.items()))
+    return format_counts(_op_counts(nodes))
 
 
 def _props(model: onnx.ModelProto) -> dict[str, str]:
