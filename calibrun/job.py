@@ -318,8 +318,8 @@ def compute(ctx: JobContext) -> JobResult:
         raise CalibrunError(f"config {exc}") from None
     if result.verdict is not None and not quantised:
         result.verdict["because"] += "; onnxruntime quantised nothing: the model computes in float"
-    channels = {k: v for k, v in result.metrics.items() if re.fullmatch(r"task\.iou\.ch\d+", k)}
-    if result.verdict is not None and result.verdict["metric"] == "task.iou" and channels:
+    channels = {k: v for k, v in result.metrics.items() if re.fullmatch(r"task\.dice\.ch\d+", k)}
+    if result.verdict is not None and result.verdict["metric"] == "task.dice" and channels:
         worst = min(channels, key=channels.get)
         result.verdict["because"] += f"; the worst of the map's {len(channels)} channels ({worst})"
     if result.verdict is not None and depend is not None:

@@ -9,12 +9,17 @@ batch's labels (or None); `metrics()` gives the floats, keyed `task.<name>`.
   per row, both accuracies. The class axis is `task.axis`, else found from the graph: the axis of the Softmax
   (LogSoftmax) that produces the output, followed through Reshape/Flatten/Squeeze/Unsqueeze/Identity by matching
   its size in the output's shape. Every position other than the class axis is one prediction (a sequence
-  model's time steps, a segmentation model's pixels).
-- dense: the fp32 and int8 maps thresholded at `task.threshold` (value > threshold): IoU of the two positive
-  sets and the fraction of elements on which they agree, over every evaluation element (IoU 1.0 when neither
-  map has a positive element; `task.fp32_positive` says how much there was).
+  model's time steps, a segmentation model's pixels); then `task.class_dice`, the Dice of the positions each model
+  gives a class other than the one fp32 gives most positions (the background, a CTC model's blank), pooled over
+  those classes, which the verdict reads, and `task.mean_iou` (per class, averaged over the classes either
+  predicts).
+- dense: the fp32 and int8 maps thresholded at `task.threshold` (value > threshold): IoU and Dice of the two
+  positive sets (`task.iou`, `task.dice`: the verdict reads the Dice, `dice` below) and the fraction of elements on
+  which they agree, over every evaluation element (1.0 when neither map has a positive element;
+  `task.fp32_positive` says how much there was).
 - decision: one probability per row (a Sigmoid's [N] or [N, 1]), the same counts as dense over rows:
-  `task.decision_iou` (the rows both models say yes to over the rows either does) and `task.decision_agreement`.
+  `task.decision_iou` (the rows both models say yes to over the rows either does), `task.decision_dice` and
+  `task.decision_agreement`.
   auto takes it only when it is the model's one output (or `task.output`): beside other outputs, a recurrent state
   above all, the decision on a row fed fp32's state says nothing of the error the state carries to the next rows,
   which the worst output's SQNR does see.
@@ -98,6 +103,7 @@ class Classification(Task):
         self.positional = False  # more than one prediction per row (a map's or a sequence's positions)
         self.inter: np.ndarray | None = None  # per class: positions both models give it
         self.union: np.ndarray | None = None  # per class: positions either model gives it
+        self.ref: np.ndarray | None = None  # per class: positions fp32 gives it
         self.labelled = self.fp32_correct = self.int8_correct = 0
         self.classes: int | None = None
         self.seen: set[int] = set()  # label values seen (paired with `predicted`: at most `classes` of them)
@@ -199,14 +205,16 @@ class Classification(Task):
             return
         self.positional = True
         if self.inter is None:
-            self.inter, self.union = np.zeros(classes, np.int64), np.zeros(classes, np.int64)
+            self.inter, self.union, self.ref = (np.zeros(classes, np.int64) for _ in range(3))
         elif len(self.inter) < classes:  # predicted classes: a later batch shows a higher class
             grow = classes - len(self.inter)
-            self.inter, self.union = np.pad(self.inter, (0, grow)), np.pad(self.union, (0, grow))
+            self.inter, self.union, self.ref = (np.pad(a, (0, grow)) for a in (self.inter, self.union, self.ref))
         classes = len(self.inter)
         inter = np.bincount(ref_top[ref_top == got_top], minlength=classes)
+        ref = np.bincount(ref_top, minlength=classes)
         self.inter += inter
-        self.union += np.bincount(ref_top, minlength=classes) + np.bincount(got_top, minlength=classes) - inter
+        self.ref += ref
+        self.union += ref + np.bincount(got_top, minlength=classes) - inter
 
     def metrics(self) -> dict[str, float]:
         if not self.predictions or self.unfit is not None:
@@ -215,6 +223,8 @@ class Classification(Task):
         if self.positional and self.union is not None and self.union.any():
             present = self.union > 0  # the classes either model predicts somewhere
             out["task.mean_iou"] = float(np.mean(self.inter[present] / self.union[present]))
+            others = np.arange(len(self.ref)) != self.ref.argmax()  # all but fp32's most frequent class
+            out["task.class_dice"] = float(dice(self.inter[others].sum(), self.union[others].sum()))
         if self.classes is not None and self.classes > self.top_k:
             out[f"task.top{self.top_k}_agreement"] = self.topk / self.predictions
         if self.labelled:
@@ -229,6 +239,15 @@ class Classification(Task):
         if self.unfit is not None:
             out["not_measured"] = self.unfit
         return out
+
+
+def dice(inter: np.ndarray, union: np.ndarray) -> np.ndarray:
+    """The Dice (F1) of two sets from their intersections and unions, 2|A & B| / (|A| + |B|) (1 where both are
+    empty): the share of the decisions the two models make (each model's counted) that the other model shares. A
+    classifier's top-1 agreement is this over its classes, a changed row costing one of each model's decisions; the
+    IoU counts a changed decision against the union and so reads about twice the change."""
+    inter, union = np.asarray(inter, np.float64), np.asarray(union, np.float64)
+    return np.divide(2 * inter, union + inter, out=np.ones(inter.shape), where=union > 0)
 
 
 class Dense(Task):
@@ -254,19 +273,23 @@ class Dense(Task):
             self.channels = (inter, union) if self.channels is None else (self.channels[0] + inter,
                                                                           self.channels[1] + union)
 
-    keys = ("task.iou", "task.pixel_agreement")  # the IoU's and the agreement's metric names
+    keys = ("task.iou", "task.dice", "task.pixel_agreement")  # the IoU's, the Dice's and the agreement's names
 
     def metrics(self) -> dict[str, float]:
-        """The IoU of the thresholded maps; of a map with several channels ([N, C, H, W]), each channel's
-        (`task.iou.chK`) and the worst as `task.iou`: one channel lost is a map lost, and a channel always above the
-        threshold (a positive distance) would make the whole map's IoU read 1."""
+        """The IoU and the Dice of the thresholded maps; of a map with several channels ([N, C, H, W]), each
+        channel's (`task.iou.chK`, `task.dice.chK`) and the worst as `task.iou` and `task.dice`: one channel lost is
+        a map lost, and a channel always above the threshold (a positive distance) would make the whole map's read 1."""
         if not self.total:
             return {}
-        iou, agreement = self.keys
-        out = {iou: self.inter / self.union if self.union else 1.0}
-        if self.channels is not None:
-            each = [float(i / u) if u else 1.0 for i, u in zip(*self.channels, strict=True)]
-            out = {iou: min(each), **{f"{iou}.ch{k}": value for k, value in enumerate(each)}}
+        iou, dice_key, agreement = self.keys
+        inter, union = (self.channels if self.channels is not None
+                        else (np.array([self.inter]), np.array([self.union])))
+        out = {}
+        for key, values in ((iou, np.divide(inter, union, out=np.ones(len(inter)), where=union > 0)),
+                            (dice_key, dice(inter, union))):
+            out[key] = float(values.min())
+            if self.channels is not None:
+                out.update({f"{key}.ch{k}": float(value) for k, value in enumerate(values)})
         return {**out, agreement: self.agree / self.total,
                 "task.fp32_positive": self.ref_pos / self.total,
                 "task.int8_positive": self.got_pos / self.total}
@@ -281,7 +304,7 @@ class Decision(Dense):
     says is all of it; agreement over the rows would call it 97% right when 3% of the rows are yes)."""
 
     name = "decision"
-    keys = ("task.decision_iou", "task.decision_agreement")
+    keys = ("task.decision_iou", "task.decision_dice", "task.decision_agreement")
 
 
 class Custom(Task):

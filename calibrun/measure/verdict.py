@@ -3,13 +3,17 @@
 
 One rule for every built-in metric: count the model's decisions that quantisation changed.
 
-- A task metric decides when the run has one. Classification: `task.top1_agreement`, the share of rows whose int8
-  top-1 class is fp32's; with a prediction per position (a map's pixels, a sequence's steps), where the majority
-  class would dominate that share, `task.mean_iou`: per class, the positions both models give it over the
-  positions either gives it, averaged over the classes either predicts (the segmentation's mIoU). Dense map:
-  `task.iou`, int8's positive pixels against fp32's: 1 - IoU is the share of the pixels that matter (the union of
-  both masks) that changed side. In each, ok means at most 1 decision in 20 changed (>= 0.95), broken more than 1
-  in 5 (< 0.80), degraded in between.
+- A task metric decides when the run has one, each the share of the two models' decisions that the other model
+  shares. Classification: `task.top1_agreement`, the share of rows whose int8 top-1 class is fp32's; with a
+  prediction per position (a map's pixels, a sequence's steps), where the majority class would dominate that share,
+  `task.class_dice`: the Dice, 2|A & B| / (|A| + |B|), of the positions each model gives a class other than the one
+  fp32 gives most positions (the background), pooled over those classes. Dense map: `task.dice`, int8's positive
+  pixels against fp32's; a probability per row: `task.decision_dice`, the rows each says yes to. A two-class Softmax
+  map and a Sigmoid map of the same probability get the same verdict. The Dice over a classifier's classes is its top-1
+  agreement (a changed row is one of fp32's decisions int8 lacks and one of int8's fp32 lacks, out of 2N), so one
+  rule holds for both; the IoU counts a changed decision against the union and reads about twice the change (the
+  IoUs are logged beside). In each, ok means at most 1 decision in 20 changed (>= 0.95), broken more than 1 in 5
+  (< 0.80), degraded in between.
 - A custom metric decides with `verdict.metric`, `verdict.goal` (max|min), `verdict.ok`, `verdict.broken`.
 - Without a task metric, the worst model output's SQNR (int8 against fp32, in dB; an output a Concat joins, like a
   detector's boxes and scores in one tensor, counts each Concat input's part, so a part the whole's energy hides
@@ -96,14 +100,14 @@ class Rule:
 
 AGREEMENT = Rule("task.top1_agreement", "max", 0.95, 0.80, "int8's top-1 class is fp32's on {value:.1%} of the "
                  "predictions", digits=3, best=1.0)
-IOU = Rule("task.iou", "max", 0.95, 0.80, "int8's and fp32's maps share {value:.1%} of the pixels either marks "
-                                          "(IoU)", digits=3, best=1.0)
-MEAN_IOU = Rule("task.mean_iou", "max", 0.95, 0.80, "per class, int8's and fp32's positions of that class share "
-                "{value:.1%} of the positions either gives it (mean IoU over the classes)", digits=3, best=1.0)
-DECISION_IOU = Rule("task.decision_iou", "max", 0.95, 0.80, "int8 and fp32 say yes to {value:.1%} of the rows "
-                    "either says yes to (IoU of the yes decisions)", digits=3, best=1.0)
-# the first the run measured decides: mean IoU only where rows hold positions
-TASK_RULES = (MEAN_IOU, AGREEMENT, IOU, DECISION_IOU)
+DICE = Rule("task.dice", "max", 0.95, 0.80, "int8 and fp32 share {value:.1%} of the pixels each marks (Dice)",
+            digits=3, best=1.0)
+CLASS_DICE = Rule("task.class_dice", "max", 0.95, 0.80, "int8 and fp32 share {value:.1%} of the positions each gives "
+                  "a class other than the most frequent one (Dice)", digits=3, best=1.0)
+DECISION_DICE = Rule("task.decision_dice", "max", 0.95, 0.80, "int8 and fp32 share {value:.1%} of the rows each "
+                     "says yes to (Dice of the yes decisions)", digits=3, best=1.0)
+# the first the run measured decides: the classes' Dice only where rows hold positions
+TASK_RULES = (CLASS_DICE, AGREEMENT, DICE, DECISION_DICE)
 SQNR_OK_DB = 20.0
 SQNR_BROKEN_DB = 10.0
 SQNR_CAP = 200.0  # dB reported when the int8 output equals the fp32 one exactly (no noise to divide by)
@@ -188,9 +192,9 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
         key, share = rows_under(metrics)
         said += (f", but {share:.0%} of the rows carry an error over {10 ** (-SQNR_OK_DB / 20):.0%} of the "
                  f"output's signal RMS in {_where(_SHARE.match(key))}")
-    if rule.metric in (IOU.metric, DECISION_IOU.metric) and metrics.get("task.fp32_positive") == 0 \
+    if rule.metric in (DICE.metric, DECISION_DICE.metric) and metrics.get("task.fp32_positive") == 0 \
             and metrics.get("task.int8_positive") == 0:  # an empty union: nothing changed side, nothing was tested
-        unit = "row" if rule is DECISION_IOU else "pixel"
+        unit = "row" if rule is DECISION_DICE else "pixel"
         said = (f"neither model marks any {unit} over the task threshold: no decision changed, but these rows test "
                 "only the no side")
     on = f" ({rows} evaluation rows)" if rows else ""

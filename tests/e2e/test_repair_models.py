@@ -68,7 +68,7 @@ def test_int16_repairs_a_text_detector_whose_error_is_spread_without_fp32(tmp_pa
     job = tmp_path / "job"
     record = json.loads((job / "repair.json").read_text())
     assert result["verdict"]["status"] == "broken"
-    assert (record["metric"], record["target"]) == ("task.iou", 0.95)  # the verdict's metric, to its ok threshold
+    assert (record["metric"], record["target"]) == ("task.dice", 0.95)  # the verdict's metric, to its ok threshold
     assert record["ranking"] == "noise"
     assert not (job / "sensitivity.json").exists()  # no trial ranked the tensors
     assert record["reached"], record["steps"]

@@ -147,6 +147,19 @@ def test_pnet_face_map_agreement_per_position(tmp_path, face_crops):
     assert "predictions for" not in run.stderr  # said once, in the pick's line
     assert 0.5 <= m["task.top1_agreement"] <= 1.0
     assert "task.fp32_accuracy" not in m
+    # the verdict reads the Dice of the face positions (class 1; fp32's most frequent class is 0, not a face),
+    # recomputed here from both models' maps
+    import onnxruntime as ort
+
+    ref, got = (ort.InferenceSession(str(path)).run(["softmax"], {"input_1": rows})[0].argmax(axis=3).ravel()
+                for path in (model_path("mtcnn_pnet"), tmp_path / "pnet" / "int8.onnx"))
+    assert np.count_nonzero(ref == 0) > np.count_nonzero(ref == 1) > 0
+    dice = 2 * np.count_nonzero((ref == 1) & (got == 1)) / (np.count_nonzero(ref == 1) + np.count_nonzero(got == 1))
+    assert m["task.class_dice"] == pytest.approx(dice)
+    verdict = result["verdict"]
+    assert (verdict["metric"], verdict["value"]) == ("task.class_dice", m["task.class_dice"])
+    assert verdict["status"] == ("ok" if verdict["value"] >= 0.95 else "broken" if verdict["value"] < 0.8
+                                 else "degraded")
 
 
 # ---------------------------------------------------------------------------------------------- skl2onnx
@@ -287,7 +300,8 @@ def test_rules_on_other_trained_models(tmp_path, sklearn_split):
 
 def test_a_dense_map_of_several_channels_is_decided_by_its_worst_channel(tmp_path):
     """task=dense on an [N, 3, H, W] output (trueocr's detector: a text core beside two distance channels): each
-    channel's IoU is a metric, the worst is `task.iou`, and the verdict's sentence names it."""
+    channel's IoU and Dice are metrics, the worst is `task.iou` / `task.dice`, and the verdict's sentence names the
+    worst channel by the Dice it decides by."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
@@ -305,5 +319,9 @@ def test_a_dense_map_of_several_channels_is_decided_by_its_worst_channel(tmp_pat
     channels = {k: v for k, v in result["metrics"].items() if k.startswith("task.iou.ch")}
     assert sorted(channels) == ["task.iou.ch0", "task.iou.ch1", "task.iou.ch2"]
     assert result["metrics"]["task.iou"] == min(channels.values())
-    worst = min(channels, key=channels.get)
+    dice = {k: v for k, v in result["metrics"].items() if k.startswith("task.dice.ch")}
+    assert sorted(dice) == ["task.dice.ch0", "task.dice.ch1", "task.dice.ch2"]
+    assert result["verdict"]["metric"] == "task.dice"
+    assert result["verdict"]["value"] == result["metrics"]["task.dice"] == min(dice.values())
+    worst = min(dice, key=dice.get)
     assert result["verdict"]["because"].endswith(f"; the worst of the map's 3 channels ({worst})")

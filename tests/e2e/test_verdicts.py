@@ -1,7 +1,7 @@
 """The headline verdict and the measured recommendations, end to end on trained models (`python -m calibrun`,
 real onnxruntime, Hydra and MLflow): each path that decides a verdict, and a recommendation that is what it says.
 
-- The text detector ocr_det (PP-OCRv4, a dense map) at 160x160 on pages of text: its int8 map is broken (task.iou);
+- The text detector ocr_det (PP-OCRv4, a dense map) at 160x160 on pages of text: its int8 map is broken (task.dice);
   the measured recommendations are better than before, best first, and the best one, appended to the command line
   as it is written, gives the model it measured.
 - scikit-learn's digits classifier on the real test split: ok (task.top1_agreement).
@@ -60,8 +60,10 @@ def test_a_broken_detector_gets_measured_recommendations_and_the_best_one_is_wha
     first = calibrun(tmp_path, *common, "recommend.methods=[entropy]", "hydra.run.dir=first")  # + another method
     result = _done(tmp_path, first, "first")
     verdict = result["verdict"]
-    assert (verdict["status"], verdict["metric"]) == ("broken", "task.iou")
-    assert verdict["value"] == result["metrics"]["task.iou"] < 0.8
+    assert (verdict["status"], verdict["metric"]) == ("broken", "task.dice")
+    assert verdict["value"] == result["metrics"]["task.dice"] < 0.8
+    iou = result["metrics"]["task.iou"]
+    assert verdict["value"] == pytest.approx(2 * iou / (1 + iou))  # one set of pixels: Dice = 2 IoU / (1 + IoU)
     assert _last_line(first) == f"verdict: BROKEN: {verdict['because']}"
     offered = result["recommendations"]
     assert offered, "no candidate helped"

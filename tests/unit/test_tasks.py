@@ -69,6 +69,9 @@ def test_a_map_of_classes_gets_the_mean_iou_of_each_class():
     assert m["task.top1_agreement"] == pytest.approx(29 / 32)  # the background keeps the share high
     # class 0: both 27 of the union 30; class 1: 2 of 4; class 2: 0 of 1
     assert m["task.mean_iou"] == pytest.approx((27 / 30 + 2 / 4 + 0 / 1) / 3)
+    # the Dice of every class but fp32's most frequent (0): both give class 1 to 2 positions, fp32 gives classes
+    # 1 and 2 to 4 positions, int8 to 3
+    assert m["task.class_dice"] == pytest.approx(2 * 2 / (4 + 3))
 
 
 def test_one_prediction_a_row_has_no_mean_iou():
@@ -84,11 +87,12 @@ def test_dense_iou_and_agreement():
     task.update({"m": ref}, {"m": got}, None)
     m = task.metrics()
     assert m["task.iou"] == pytest.approx(1 / 3)
+    assert m["task.dice"] == pytest.approx(2 / 4)
     assert m["task.pixel_agreement"] == pytest.approx(2 / 4)
     assert m["task.fp32_positive"] == pytest.approx(0.5)
     empty = Dense("m")
     empty.update({"m": np.zeros((2, 3))}, {"m": np.zeros((2, 3))}, None)
-    assert empty.metrics()["task.iou"] == 1.0
+    assert empty.metrics()["task.iou"] == empty.metrics()["task.dice"] == 1.0
     assert empty.metrics()["task.fp32_positive"] == 0.0
 
 
@@ -105,9 +109,11 @@ def test_a_map_of_several_channels_is_as_good_as_its_worst_channel():
     assert m["task.iou.ch0"] == 0.0
     assert m["task.iou.ch1"] == m["task.iou.ch2"] == 1.0
     assert m["task.iou"] == 0.0
+    assert (m["task.dice.ch0"], m["task.dice.ch1"], m["task.dice"]) == (0.0, 1.0, 0.0)
     one = Dense("out")
     one.update({"out": np.full((2, 1, 3, 3), 0.9)}, {"out": np.full((2, 1, 3, 3), 0.9)}, None)
-    assert "task.iou.ch0" not in one.metrics()  # one channel: the map's own IoU, as before
+    assert "task.iou.ch0" not in one.metrics()  # one channel: the map's own IoU and Dice, as before
+    assert "task.dice.ch0" not in one.metrics()
 
 
 def test_custom_weighted_by_rows():
@@ -516,6 +522,7 @@ def test_task_decision_chooses_a_probability_per_row_outright(tmp_path):
     assert (picked.output, picked.threshold) == ("y", 0.3)
     picked.update({"y": np.array([[0.1], [0.4], [0.9]])}, {"y": np.array([[0.35], [0.2], [0.8]])}, None)
     assert picked.metrics()["task.decision_iou"] == pytest.approx(1 / 3)
+    assert picked.metrics()["task.decision_dice"] == pytest.approx(2 / 4)
     assert picked.metrics()["task.decision_agreement"] == pytest.approx(1 / 3)
 
 
@@ -585,6 +592,9 @@ def test_a_map_of_predicted_classes_is_measured_by_its_mean_iou(tmp_path):
     threes = 16 / 32
     assert m["task.mean_iou"] == pytest.approx((background + ones + threes) / 3)
     assert m["task.top1_agreement"] == pytest.approx((256 - 8 - 16) / 256)
+    # fp32 gives class 1 the most positions (128; class 0 96): the Dice of the others, pooled: classes 0 and 3 share
+    # 96 + 16 positions, fp32 gives them 96 + 32, int8 120 + 16
+    assert m["task.class_dice"] == pytest.approx(2 * (96 + 16) / (96 + 32 + 120 + 16))
 
 
 def test_a_softmax_over_the_rows_is_no_class_per_row(tmp_path):

@@ -26,10 +26,64 @@ def test_agreement_decides_a_classifier(value, status):
     assert f"{value:.1%}" in got["because"]
 
 
-def test_a_map_of_classes_is_decided_by_its_mean_iou():
+def test_a_map_of_classes_is_decided_by_the_dice_of_its_classes_but_the_background():
     """A background that agrees everywhere cannot hide the classes that changed."""
-    v = verdict.decide({"task.top1_agreement": 0.998, "task.mean_iou": 0.86})
-    assert (v["status"], v["metric"]) == ("degraded", "task.mean_iou")
+    v = verdict.decide({"task.top1_agreement": 0.998, "task.mean_iou": 0.80, "task.class_dice": 0.89})
+    assert (v["status"], v["metric"]) == ("degraded", "task.class_dice")
+
+
+def test_a_two_class_softmax_map_is_judged_as_the_sigmoid_map_of_its_probability():
+    """MTCNN's PNet writes face / not face as a 2-class Softmax per position; the same probability as a one-channel
+    Sigmoid map would be a dense map. Both verdicts read the Dice of the face positions: the background's agreement
+    (nearly every position) does not count, as the dense map's negatives do not."""
+    from calibrun.measure.tasks import Classification, Dense
+
+    rng = np.random.default_rng(1)
+    face = rng.uniform(size=(4, 1, 12, 12)) ** 4  # mostly background
+    moved = np.clip(face + rng.normal(scale=0.15, size=face.shape), 0, 1)
+    dense = Dense("p")
+    dense.update({"p": face}, {"p": moved}, None)
+    classes = Classification("s", axis=1)
+    classes.update({"s": np.concatenate([1 - face, face], axis=1)}, {"s": np.concatenate([1 - moved, moved], axis=1)},
+                   None)
+    two, one = classes.metrics(), dense.metrics()
+    assert two["task.class_dice"] == pytest.approx(one["task.dice"])
+    assert one["task.dice"] < 0.95
+    assert verdict.decide(two)["status"] == verdict.decide(one)["status"]
+    assert two["task.top1_agreement"] > one["task.dice"]  # the agreement over every position is the background's
+
+
+def test_a_set_of_decisions_is_judged_as_a_classifier_is():
+    """One rule for agreement and Dice: a classifier of N rows whose k rows change class has top-1 agreement
+    1 - k/N, and the Dice over its classes (each model's decisions pooled) is the same number, where the IoU over
+    them reads about twice the change. So 1 changed pixel in 20 of a map's positive pixels (the same count moved
+    elsewhere) is the ok edge, as 1 changed row in 20 is."""
+    from calibrun.measure.tasks import Classification, Dense
+
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(200, 4))
+    got = ref.copy()
+    got[:20] = np.roll(ref[:20], 1, axis=1)  # rows whose argmax moves (ties aside)
+    per_class = Classification("p", axis=1)
+    per_class.update({"p": ref[None].transpose(0, 2, 1)}, {"p": got[None].transpose(0, 2, 1)}, None)  # positions
+    rowwise = Classification("p", axis=1)
+    rowwise.update({"p": ref}, {"p": got}, None)
+    agreement = rowwise.metrics()["task.top1_agreement"]
+    inter, union = per_class.inter, per_class.union  # the Dice pooled over the classes: 2 x both / (|A| + |B|)
+    assert agreement == 0.9
+    assert 2 * inter.sum() / (union + inter).sum() == pytest.approx(agreement)
+    assert inter.sum() / union.sum() == pytest.approx(0.9 / 1.1)  # the IoU: 20 changes over a union of 220
+    mask = np.zeros((1, 1, 20, 20))
+    mask[0, 0, :10] = 1.0  # fp32 marks 200 pixels; int8 moves 10 of them elsewhere
+    moved = mask.copy()
+    moved[0, 0, 0, :10] = 0.0
+    moved[0, 0, 19, :10] = 1.0
+    dense = Dense("m")
+    dense.update({"m": mask}, {"m": moved}, None)
+    m = dense.metrics()
+    assert m["task.dice"] == pytest.approx(0.95)
+    assert m["task.iou"] == pytest.approx(190 / 210)
+    assert verdict.decide(m)["status"] == "ok"
 
 
 def test_a_probability_per_row_is_decided_by_its_yes_decisions():
@@ -43,18 +97,18 @@ def test_a_probability_per_row_is_decided_by_its_yes_decisions():
     task.update({"p": fp32[:, None]}, {"p": np.full((100, 1), 0.02, np.float32)}, None)
     metrics = task.metrics()
     assert metrics["task.decision_agreement"] == 0.97
-    assert metrics["task.decision_iou"] == 0.0
+    assert metrics["task.decision_iou"] == metrics["task.decision_dice"] == 0.0
     assert verdict.decide({**metrics, "out.p.sqnr_db": 25.0})["status"] == "broken"
     silent = Decision("p")
     silent.update({"p": np.full((88, 1), 0.004, np.float32)}, {"p": np.full((88, 1), 0.007, np.float32)}, None)
     got = verdict.decide({**silent.metrics(), "out.p.sqnr_db": 4.6}, rows=88)
-    assert (got["status"], got["metric"]) == ("ok", "task.decision_iou")
+    assert (got["status"], got["metric"]) == ("ok", "task.decision_dice")
     assert "neither model marks any row over the task threshold: no decision changed" in got["because"]
 
 
 def test_a_task_metric_wins_over_a_bad_sqnr():
-    assert verdict.decide({"task.iou": 0.97, "out.map.sqnr_db": 3.0})["status"] == "ok"
-    assert verdict.decide({"task.iou": 0.5, "out.map.sqnr_db": 60.0})["status"] == "broken"
+    assert verdict.decide({"task.dice": 0.97, "out.map.sqnr_db": 3.0})["status"] == "ok"
+    assert verdict.decide({"task.dice": 0.5, "out.map.sqnr_db": 60.0})["status"] == "broken"
 
 
 @pytest.mark.parametrize(("db", "status"), [(32.0, "ok"), (20.0, "ok"), (15.0, "degraded"), (9.9, "broken"),
@@ -213,8 +267,8 @@ def test_any_output_or_part_with_too_many_rows_under_keeps_ok_away():
     ({"out.logits.sqnr_db": 10.0}, "at 10.0 dB", "degraded"),
     ({"task.top1_agreement": 0.9496}, "on 94.9% of", "degraded"),
     ({"task.top1_agreement": 0.79996}, "on 79.9% of", "broken"),
-    ({"task.iou": 0.95004}, "share 95.0% of", "ok"),
-    ({"task.iou": 0.8764}, "share 87.6% of", "degraded"),
+    ({"task.dice": 0.95004}, "share 95.0% of", "ok"),
+    ({"task.dice": 0.8764}, "share 87.6% of", "degraded"),
 ])
 def test_the_value_in_words_never_rounds_across_a_threshold(metrics, shown, status):
     """`because` shows the value rounded, but never onto the other side of a threshold it states beside it (the
@@ -228,7 +282,7 @@ def test_the_value_in_words_never_rounds_across_a_threshold(metrics, shown, stat
 def test_a_metric_at_its_best_cannot_be_bettered_and_a_custom_one_always_can():
     assert verdict.AGREEMENT.unbeatable(1.0)
     assert not verdict.AGREEMENT.unbeatable(0.999)
-    assert verdict.DECISION_IOU.unbeatable(1.0)
+    assert verdict.DECISION_DICE.unbeatable(1.0)
     sqnr = verdict.rule_for({"out.y.sqnr_db": verdict.SQNR_CAP})
     assert sqnr.unbeatable(verdict.SQNR_CAP)
     assert not sqnr.unbeatable(199.0)
