@@ -311,6 +311,9 @@ def validate(cfg: DictConfig, swept: Iterable[str] = (), sweep_job: bool = False
     if cfg.model.name == "file":
         need(bool(cfg.model.path), "model.path", "is required with model=file (model.path=/path/to/model.onnx)",
              cfg.model.path)
+    else:  # a path beside the built-in model would be ignored: the job would quantise the lab's model instead
+        need(not cfg.model.path, "model.path", f"is read only with model=file (model={cfg.model.name} is calibrun's "
+             "built-in model); add model=file", cfg.model.path)
     for key in ("data", "eval_data"):
         if _swept_group(key, swept):
             continue
@@ -318,6 +321,9 @@ def validate(cfg: DictConfig, swept: Iterable[str] = (), sweep_job: bool = False
         need(source.name in DATA_SOURCES, f"{key}.name", f"must be one of {list(DATA_SOURCES)}", source.name)
         if source.name != "lab":
             need(bool(source.path), f"{key}.path", f"is required with {key}={source.name}", source.path)
+        else:  # the lab's rows would be used, the path ignored
+            need(not source.path, f"{key}.path", f"is read only with {key}=npy or {key}=images ({key}=lab draws "
+                 "the lab's rows); add one", source.path)
         if source.name == "images":
             _check_image_source(source, key)
     need(cfg.tracking.name in TRACKING, "tracking.name", f"must be one of {list(TRACKING)}", cfg.tracking.name)

@@ -189,6 +189,22 @@ def test_model_file_without_path_fails_validate(hydra_ctx, path):
         validate(cfg)
 
 
+@pytest.mark.parametrize(("overrides", "key", "add"), [
+    (["model.path=/models/m.onnx"], "model.path", "add model=file"),
+    (["model=digits", "model.path=/models/m.onnx"], "model.path", "add model=file"),
+    (["data.path=/data/calib.npz"], "data.path", "data=npy or data=images"),
+    (["eval_data.path=/data/eval.npz"], "eval_data.path", "eval_data=npy or eval_data=images"),
+], ids=["model-lab", "model-digits", "data-lab", "eval-lab"])
+def test_a_path_the_chosen_source_would_ignore_is_refused(hydra_ctx, overrides, key, add):
+    """`model.path=m.onnx` without `model=file` used to run the lab's MLP and fail on the user's data with a shape
+    error about input 'x' (a helper session's first command on an unseen model): the path is named instead."""
+    cfg = make(*overrides)
+    with pytest.raises(CalibrunError) as err:
+        validate(cfg)
+    assert str(err.value).startswith(f"config {key}: is read only with ")
+    assert add in str(err.value)
+
+
 def test_model_file_with_path_passes(hydra_ctx, tmp_path):
     path = str(tmp_path / "model.onnx")
     Path(path).write_bytes(b"")  # validate checks that it is there (what it holds is checked when it is opened)
