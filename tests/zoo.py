@@ -1347,7 +1347,6 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
     ZooModel("ddddocr_ocr", "ddddocr_ocr", "ddddocr 1.6.1", "ocr",
              "ddddocr's beta captcha reader: CNN, LSTM, time-major CTC logits over 8210 characters (declared [1, "
              "seqlen])", True, build_ddddocr_ocr, check_ddddocr_ocr, (CER,),
-             "128 rendered 4-6 character captchas (Pillow's font), even rows calibrate, odd rows evaluate",
-             batch_axes=(("input1", 0),)),
+             "128 rendered 4-6 character captchas (Pillow's font), even rows calibrate, odd rows evaluate"),
 )}
 

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import zipfile
 from collections.abc import Iterator, Sequence
@@ -43,6 +44,8 @@ from calibrun.data.inputs import Constant, declared, spelled
 from calibrun.data.inputs import fmt_shape as _fmt_shape
 from calibrun.data.rows import along, is_fixed
 from calibrun.model import InputInfo
+
+log = logging.getLogger("calibrun")
 
 NPY_SUFFIXES = (".npy", ".npz")
 LABELS = "labels"
@@ -120,6 +123,28 @@ def _scan_npz(file: _File) -> dict[str, _Segment]:
     return segments
 
 
+def _fits(shape: Sequence[int], declared_shape: Sequence, axis: int) -> bool:
+    """Whether data of `shape` fits the declared shape with its rows on `axis` (every other fixed size equal)."""
+    return len(shape) == len(declared_shape) and all(
+        not is_fixed(d) or shape[k] == d for k, d in enumerate(declared_shape) if k != axis)
+
+
+def _rows_axis(segment: _Segment, info: InputInfo, axis: int, key: str) -> int:
+    """The inferred batch axis, unless the data cannot hold its rows there and can on axis 0 where the model fixes
+    axis 0 at 1: then axis 0 (the rule's own fallback, the usual batch axis), said in one line. A model that pins its
+    batch to one row and leaves another axis free (ddddocr's OCR input [1, 1, 64, W]; trueocr's `feats` [1, N, 16])
+    has that free axis inferred as its rows, and its data [rows, 1, 64, 160] fits only with the rows on axis 0: fed
+    one row at a time, as batch_axis=0 would. Another axis fixed at 1 is no such evidence: [N, 1] data saved as
+    [20, 2] is a wrong width, not 2 rows of 20."""
+    if axis == 0 or info.shape[0] != 1 or _fits(segment.shape, info.shape, axis) \
+            or not _fits(segment.shape, info.shape, 0):
+        return axis
+    log.info("%s: input %s: %s holds %d on axis 0, which the model fixes at 1: its rows, fed one at a time (set "
+             "%s.inputs.%s.batch_axis to choose)", key, declared(info), segment.where, segment.shape[0], key,
+             spelled(info.name))
+    return 0
+
+
 def _check_data_shape(segment: _Segment, info: InputInfo, axis: int) -> None:
     shape = segment.shape
     if len(shape) != len(info.shape):
@@ -129,8 +154,8 @@ def _check_data_shape(segment: _Segment, info: InputInfo, axis: int) -> None:
         )
     for index, dim in enumerate(info.shape):
         if index != axis and is_fixed(dim) and shape[index] != dim:
-            # rows on that axis instead (trueocr's `feats` [1, N, 16] saved as [rows, N, 16]) would fit: say how
-            fits = all(not is_fixed(d) or shape[k] == d for k, d in enumerate(info.shape) if k != index)
+            # rows on that axis instead would fit (an axis fixed at more than 1, or one a batch_axis set): say how
+            fits = _fits(shape, info.shape, index)
             hint = (f"; if the rows are on axis {index}, set data.inputs.{spelled(info.name)}.batch_axis={index} (and "
                     "the same under eval_data.)") if fits else ""
             raise CalibrunError(
@@ -237,6 +262,7 @@ class _NpySource:
     """The layout of an npy source: one column of segments per input, plus optional labels."""
 
     def __init__(self, path, inputs: Sequence[InputInfo], given: dict | None = None, key: str = "data"):
+        source = key  # `key` names an npz member below
         inputs = list(inputs)
         given = feeding.overrides(given, inputs, key)
         self.axes = feeding.batch_axes(inputs, given, key)
@@ -317,8 +343,10 @@ class _NpySource:
             axis = self.axes[info.name]
             if axis is None or len(segments[0].shape) < len(info.shape):  # no batch axis in the data: a constant
                 self.constants[info.name] = _file_constant(info, segments, axis)
-            else:
-                self.columns[info.name] = _ArrayColumn(info, segments, axis)
+                continue
+            if given.get(info.name, {}).get("batch_axis") is None:  # inferred: the data may show where the rows are
+                axis = _rows_axis(segments[0], info, axis, source)
+            self.columns[info.name] = _ArrayColumn(info, segments, axis)
         self.inputs = [info for info in inputs if info.name in self.columns or info.name in self.constants]
         check_inputs(self.inputs, self.constants, self.axes)
         self.axes = source_axes(self.columns, self.constants)

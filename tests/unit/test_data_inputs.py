@@ -379,20 +379,42 @@ def test_a_value_for_an_input_with_every_axis_fixed_fills_its_shape(tmp_path):
         calibration_data(npy(tmp_path / "e.npz"), fp32, 0, 1.0, 1)
 
 
-def test_rows_on_a_fixed_axis_of_one_get_the_batch_axis_that_fits(tmp_path):
-    """trueocr's reading-order model takes `feats` [1, N, 16] (its rows on axis 1); data saved as [rows, N, 16] was
-    refused without the fix, which works: data.inputs.feats.batch_axis=0."""
+def _order_model(tmp_path, first):
     from onnx import helper
 
     graph = helper.make_graph([helper.make_node("Relu", ["feats"], ["y"])], "order",
-                              [helper.make_tensor_value_info("feats", TensorProto.FLOAT, [1, "N", 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "N", 16])])
+                              [helper.make_tensor_value_info("feats", TensorProto.FLOAT, [first, "N", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [first, "N", 16])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    fp32 = open_float_model(save(model, tmp_path / "order.onnx"))
+    return open_float_model(save(model, tmp_path / f"order{first}.onnx"))
+
+
+def test_rows_on_an_axis_the_model_fixes_at_one_are_found_there(tmp_path, caplog):
+    """trueocr's reading-order model takes `feats` [1, N, 16] and ddddocr's OCR model [1, 1, 64, W]: a batch pinned
+    to one row beside a free axis, which the rule infers as the rows. Data saved as [rows, N, 16] fits only with its
+    rows on axis 0, the rule's own fallback: they are fed one at a time there, said in one line (it was refused with
+    a hint to set batch_axis=0). A batch_axis that is set is kept, and refused with the hint where the data does not
+    fit it."""
+    fp32 = _order_model(tmp_path, 1)
     np.savez(tmp_path / "d.npz", feats=np.ones((32, 12, 16), np.float32))
+    with caplog.at_level("INFO", logger="calibrun"):
+        feeds = list(calibration_data(npy(tmp_path / "d.npz"), fp32, 0, 1.0, 2))
+    assert [f["feats"].shape for f in feeds] == [(1, 12, 16), (1, 12, 16)]  # the model pins that axis to one row
+    (said,) = [r.getMessage() for r in caplog.records if "which the model fixes at 1" in r.getMessage()]
+    assert "holds 32 on axis 0" in said
+    assert "data.inputs.feats.batch_axis" in said
+    given = list(calibration_data(npy(tmp_path / "d.npz", {"feats": {"batch_axis": 0}}), fp32, 0, 1.0, 2))
+    assert [f["feats"].shape for f in given] == [(1, 12, 16), (1, 12, 16)]
     with pytest.raises(CalibrunError, match=re.escape("axis 0 is 32, the model wants 1 (rows are on axis 1); if the "
                                                       "rows are on axis 0, set data.inputs.feats.batch_axis=0")):
+        calibration_data(npy(tmp_path / "d.npz", {"feats": {"batch_axis": 1}}), fp32, 0, 1.0, 1)
+
+
+def test_rows_are_not_moved_onto_an_axis_fixed_at_more_than_one(tmp_path):
+    """An axis the model fixes at 4 is no pinned single row: the data's 32 there is refused, with the hint."""
+    fp32 = _order_model(tmp_path, 4)
+    np.savez(tmp_path / "d.npz", feats=np.ones((32, 12, 16), np.float32))
+    with pytest.raises(CalibrunError, match=re.escape("axis 0 is 32, the model wants 4 (rows are on axis 1); if the "
+                                                      "rows are on axis 0, set data.inputs.feats.batch_axis=0")):
         calibration_data(npy(tmp_path / "d.npz"), fp32, 0, 1.0, 1)
-    feeds = list(calibration_data(npy(tmp_path / "d.npz", {"feats": {"batch_axis": 0}}), fp32, 0, 1.0, 2))
-    assert [f["feats"].shape for f in feeds] == [(1, 12, 16), (1, 12, 16)]  # the model pins that axis to one row
