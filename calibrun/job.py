@@ -167,9 +167,17 @@ class JobContext:
     eval_source: dict  # everything that rebuilds the evaluation rows (result.json `eval_source`)
     evaluation: EvalData  # the evaluation rows, served batch by batch (re-iterable)
     task: tasks.Task  # the task metric, fresh: each measurement feeds a copy
+    keep_reference: bool = False  # keep the evaluation's fp32 outputs for the recommendations (`reference`)
+    reference: object | None = None  # a calibrun.analysis.evaluate.Evaluator the evaluation filled, or None
 
     def fresh_task(self) -> tasks.Task:
         return copy.deepcopy(self.task)
+
+    def close_reference(self) -> None:
+        """Remove the kept fp32 outputs (their temp folder); a no-op when none are kept."""
+        if self.reference is not None:
+            self.reference.close()
+            self.reference = None
 
     def calibration_of(self, result: JobResult) -> Calibration:
         """The job's own calibration (its ranges file, in the job folder): what a change of post-calibration options
@@ -281,8 +289,13 @@ def compute(ctx: JobContext) -> JobResult:
                     "feed %d rows at a time, so this job measures it on batches of %d rows: set eval.batch_size to the "
                     "rows it is run on at a time (a whole sequence of frames; 1 where it normalises over its batch)",
                     depend, size, size)
+    ctx.close_reference()
+    if ctx.keep_reference:
+        from calibrun.analysis.evaluate import Evaluator
+
+        ctx.reference = Evaluator.kept(fp32.path, cfg.ort.intra_op_threads, ctx.fresh_task())
     errors = measure.evaluate(fp32.path, int8_path, evaluation, ctx.fresh_task(), cfg.ort.intra_op_threads,
-                              cfg.eval.batch_size, budget=budget, used=eval_memory)
+                              cfg.eval.batch_size, budget=budget, used=eval_memory, keep=ctx.reference)
     rows = None
     if cfg.format.name == "qdq" and cfg.diagnostics.enabled and ops.get("QuantizeLinear"):  # an activation pair
         # a pass of its own after the evaluation's: its two sessions and the evaluation's are never alive together

@@ -87,16 +87,23 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
         if invalid is not None:
             raise invalid
         ctx = context(cfg, job_dir)
+        recommending = recommend.enabled(cfg, multirun=sweep_dir is not None)
+        ctx.keep_reference = recommending and cfg.recommend.rows is None  # its fp32 outputs: no second fp32 pass
         try:
-            result = compute(ctx)
-        except Exception:
-            retry = one_row_context(ctx)  # a model exported for one row at a time: again, a row per run
-            if retry is None:
-                raise
-            ctx, result = retry, compute(retry)
-        analysis.attach(ctx, result)
-        if recommend.enabled(cfg, multirun=sweep_dir is not None):
-            recommend.attach(ctx, result)
+            try:
+                result = compute(ctx)
+            except Exception:
+                ctx.close_reference()
+                retry = one_row_context(ctx)  # a model exported for one row at a time: again, a row per run
+                if retry is None:
+                    raise
+                retry.keep_reference = ctx.keep_reference
+                ctx, result = retry, compute(retry)
+            analysis.attach(ctx, result)
+            if recommending:
+                recommend.attach(ctx, result)
+        finally:
+            ctx.close_reference()
         later = run_id is not None and sweep_dir is not None and tracker.pipelined
         if run_id is not None:
             model_id = track(tracker, run_id, cfg, result, job_dir, job, resolve=not later)

@@ -81,18 +81,20 @@ class Evaluator:
                  budget: int | None = None):
         """`budget`: memory.budget in bytes (None: auto, calibrun.core.memory): a batch of `rows` rows whose live
         activations exceed it is kept as runs of fewer rows, one file each, as calibrun.measure.errors.evaluate runs
-        them (every session of a trial then runs at most that many rows at once)."""
+        them (every session of a trial then runs at most that many rows at once). `evaluation` None: an empty
+        store that another pass over the fp32 model fills (`kept`)."""
         self.threads = threads
         self.task = task
         self.blocks = blocks_of(fp32_path)  # outputs a Concat joins: measured per Concat input too
         self._dir = temp_dir("eval")
         self._tmp = Path(self._dir.name)
         self.count = 0
+        if evaluation is None:
+            return
         try:
             fp32 = session(fp32_path, threads)
-            self.output_names = [o.name for o in fp32.get_outputs()]
-            self.output_shapes = [o.shape for o in fp32.get_outputs()]
-            self.input_names = [i.name for i in fp32.get_inputs()]
+            self.start([o.name for o in fp32.get_outputs()], [o.shape for o in fp32.get_outputs()],
+                       [i.name for i in fp32.get_inputs()])
             axes = getattr(evaluation, "axes", None)
             fixed = feed_rows.pinned_rows({i.name: i.shape for i in fp32.get_inputs()}, axes)
             per_run = None
@@ -102,18 +104,35 @@ class Evaluator:
                     per_run = rows_per_run(fp32_path, batch, fixed, count, budget, None, axes)
                 for start, stop, feeds in feed_rows.runs(batch, axes, per_run):
                     labels = batch_labels if per_run >= count or batch_labels is None else batch_labels[start:stop]
-                    outputs = fp32.run(None, feeds)
-                    arrays = {f"o{k}": as_array(v) for k, v in enumerate(outputs)}
-                    arrays.update({f"i{k}": feeds[name] for k, name in enumerate(self.input_names)})
-                    arrays["rows"] = np.asarray(feed_rows.count(feeds, axes))
-                    if labels is not None:
-                        arrays["labels"] = np.asarray(labels)
-                    np.savez(self._tmp / f"{self.count}.npz", **arrays)
-                    self.count += 1
+                    self.add(feeds, fp32.run(None, feeds), labels, feed_rows.count(feeds, axes))
             del fp32
         except BaseException:
             self.close()
             raise
+        self.ready()
+
+    @classmethod
+    def kept(cls, fp32_path: str | Path, threads: int = 0, task=None) -> Evaluator:
+        """An empty store for the fp32 outputs another pass computes anyway (calibrun.measure.errors.evaluate's
+        `keep`: the job's own evaluation), so the measurements that follow (the recommendations) need no fp32 pass
+        of their own; `start`, `add` per run, then `ready`."""
+        return cls(fp32_path, None, 0, threads, task)
+
+    def start(self, output_names: list[str], output_shapes: list, input_names: list[str]) -> None:
+        self.output_names, self.output_shapes, self.input_names = output_names, output_shapes, input_names
+
+    def add(self, feeds: Feeds, outputs: Sequence, labels, rows: int) -> None:
+        """One run's feeds, fp32 outputs, labels and row count, as one file."""
+        arrays = {f"o{k}": as_array(v) for k, v in enumerate(outputs)}
+        arrays.update({f"i{k}": feeds[name] for k, name in enumerate(self.input_names)})
+        arrays["rows"] = np.asarray(rows)
+        if labels is not None:
+            arrays["labels"] = np.asarray(labels)
+        np.savez(self._tmp / f"{self.count}.npz", **arrays)
+        self.count += 1
+
+    def ready(self) -> None:
+        """Every run added: an empty store is an error (and removed)."""
         if not self.count:
             self.close()
             raise CalibrunError("the analysis needs at least one evaluation batch")

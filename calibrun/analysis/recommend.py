@@ -191,8 +191,10 @@ def attach(ctx, result) -> None:
     measured: list[dict] = []
     helped: list[Candidate] = []
     rows = pinned_rows({i.name: i.shape for i in fp32.inputs}, ctx.evaluation.axes) or cfg.analysis.batch_rows
-    with Evaluator(fp32.path, evaluation, rows, cfg.ort.intra_op_threads, ctx.fresh_task(),
-                   budget=config.memory_budget(cfg)) as evaluator, \
+    kept = ctx.reference if evaluation is ctx.evaluation else None  # the evaluation's own fp32 outputs
+    ctx.reference = None  # closed with this block
+    with kept or Evaluator(fp32.path, evaluation, rows, cfg.ort.intra_op_threads, ctx.fresh_task(),
+                           budget=config.memory_budget(cfg)) as evaluator, \
             temp_dir("rec") as tmp:
         if evaluation is ctx.evaluation:  # every row: the verdict's own value
             before = float(result.verdict["value"]) if result.verdict["value"] is not None else math.nan

@@ -389,7 +389,7 @@ def batch_size_for(fixed: int | None, requested: int | None) -> int:
 
 def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batch_size: int | None = None,
              progress: str | None = "evaluation", budget: int | None = None,
-             used: dict | None = None) -> dict[str, float]:
+             used: dict | None = None, keep=None) -> dict[str, float]:
     """Run the fp32 and int8 models over `evaluation` (a calibrun.data.EvalData) batch by batch; return the
     error metrics (module docstring), the primary input's eval_min/eval_max/eval_span, `rows`, `eval_batches`,
     `eval_batch_size` and the task's metrics.
@@ -401,7 +401,9 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     `budget` (memory.budget in bytes, None: auto; calibrun.core.memory): a batch whose rows' live activations, twice
     (calibrun.core.memory.live_bytes, and kernels' workspace), exceed the budget is run in runs of fewer rows
     (onnxruntime may round a row differently in a smaller batch, and the running sums add per run: equal to one
-    run's within float rounding). `used` (a dict) receives `eval_rows_per_run`.
+    run's within float rounding). `used` (a dict) receives `eval_rows_per_run`. `keep` (an empty
+    calibrun.analysis.evaluate.Evaluator, `kept`) receives every run's feeds, fp32 outputs and labels: the
+    recommendations measure against them without an fp32 pass of their own.
     """
     import onnxruntime as ort
 
@@ -426,6 +428,8 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     ref_sess, got_sess = session(fp32_path, threads), session(int8_path, threads)
     names = [o.name for o in ref_sess.get_outputs()]
     errors = OutputErrors(names, blocks, [o.shape for o in ref_sess.get_outputs()])
+    if keep is not None:
+        keep.start(names, [o.shape for o in ref_sess.get_outputs()], [i.name for i in ref_sess.get_inputs()])
     primary_input = primary(infos).name if infos else None
     span = InputRange()
     batches = evaluation.sizes(size)
@@ -450,9 +454,11 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
             except Exception as exc:  # onnxruntime's own Fail/InvalidArgument on bad feeds
                 raise CalibrunError(f"running the models on the evaluation data failed: {one_line(exc)}") from exc
             errors.update(ref, got, feed_rows.count(part, axes))
+            part_labels = labels if labels is None or per_run >= rows else labels[start:stop]
             if task is not None:
-                part_labels = labels if labels is None or per_run >= rows else labels[start:stop]
                 task.update(dict(zip(names, ref, strict=True)), dict(zip(names, got, strict=True)), part_labels)
+            if keep is not None:
+                keep.add(part, ref, part_labels, feed_rows.count(part, axes))
             del ref, got
         if primary_input in feeds:
             span.update(feeds[primary_input])
@@ -460,6 +466,8 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
         done += 1
         if bar is not None:
             bar.update(done)
+    if keep is not None:
+        keep.ready()
     metrics = {"rows": evaluation.rows, "eval_batches": done, "eval_batch_size": size, **errors.metrics()}
     if primary_input is not None and math.isfinite(span.low):
         metrics.update(span.metrics())

@@ -190,6 +190,27 @@ def test_evaluator_streams_batches_and_matches_whole_set_numbers(narrow):
     assert metrics["task.rows"] == pytest.approx((6 * 10 * 10 + 4 * 4) / 64)
 
 
+def test_the_evaluations_own_fp32_outputs_measure_the_int8_model_as_the_evaluation_did(narrow):
+    """A single run's recommendations measure against the fp32 outputs its evaluation computed (`keep`) instead of a
+    second fp32 pass: the int8 model measured against them gives the evaluation's numbers, bit for bit, labels and
+    task included, and the store is gone once closed."""
+    fp32, int8, _, feeds = narrow
+    labels = np.arange(64)
+    data = EvalData.from_arrays(feeds, labels)
+    kept = Evaluator.kept(fp32.path, task=Custom("tests.unit.test_analysis:two_output_task"))
+    evaluated = measure.evaluate(fp32.path, int8, data, Custom("tests.unit.test_analysis:two_output_task"),
+                                 batch_size=10, progress=None, keep=kept)
+    with kept as ev:
+        assert ev.count == 7  # one file per run of the evaluation: 64 rows in runs of 10
+        folder = ev._tmp
+        again = ev.model(int8)
+    assert not folder.exists()
+    for key in ("max_abs_error", "mean_abs_error", "out.y.sqnr_db", "task.sign_agreement", "task.rows"):
+        assert again[key] == evaluated[key], key
+    with pytest.raises(CalibrunError, match="at least one evaluation batch"):
+        Evaluator.kept(fp32.path).ready()
+
+
 def test_task_fn_spec_errors_are_clear():
     with pytest.raises(CalibrunError, match="must be module:function"):
         load_function("tests.detection")
