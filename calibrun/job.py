@@ -40,8 +40,10 @@ from calibrun.model import (
     why_nothing_quantised,
 )
 from calibrun.model.digits import ensure_digits
+from calibrun.model.graph import blocks_of
 from calibrun.model.one_row import failing, fails_on_two_rows, pinned_copy
 from calibrun.model.prepared import prepared_model
+from calibrun.model.sessions import session
 from calibrun.model.structure import structure
 from calibrun.quant import cache as cache_store
 from calibrun.quant.calibrate import Calibration, CalibrationCache
@@ -283,7 +285,9 @@ def compute(ctx: JobContext) -> JobResult:
                  format_counts(left))
     pinned = pinned_rows({i.name: i.shape for i in fp32.inputs}, evaluation.axes)
     size = measure.batch_size_for(pinned, cfg.eval.batch_size)
-    depend = rows_depend(fp32.path, evaluation, cfg.ort.intra_op_threads) if pinned is None else None
+    blocks_of(fp32.path)  # the model's structure read (and cached) before a session holds its weights
+    fp32_session = session(fp32.path, cfg.ort.intra_op_threads)  # the rows probe's and the evaluation's
+    depend = rows_depend(fp32.path, evaluation, cfg.ort.intra_op_threads, fp32_session) if pinned is None else None
     if depend is not None:
         log.warning("the model's output for a row depends on the rows fed beside it: %s; calibration and evaluation "
                     "feed %d rows at a time, so this job measures it on batches of %d rows: set eval.batch_size to the "
@@ -295,7 +299,9 @@ def compute(ctx: JobContext) -> JobResult:
 
         ctx.reference = Evaluator.kept(fp32.path, cfg.ort.intra_op_threads, ctx.fresh_task())
     errors = measure.evaluate(fp32.path, int8_path, evaluation, ctx.fresh_task(), cfg.ort.intra_op_threads,
-                              cfg.eval.batch_size, budget=budget, used=eval_memory, keep=ctx.reference)
+                              cfg.eval.batch_size, budget=budget, used=eval_memory, keep=ctx.reference,
+                              fp32_session=fp32_session)
+    del fp32_session  # before the diagnostics' sessions: never alive together
     rows = None
     if cfg.format.name == "qdq" and cfg.diagnostics.enabled and ops.get("QuantizeLinear"):  # an activation pair
         # a pass of its own after the evaluation's: its two sessions and the evaluation's are never alive together

@@ -389,7 +389,7 @@ def batch_size_for(fixed: int | None, requested: int | None) -> int:
 
 def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batch_size: int | None = None,
              progress: str | None = "evaluation", budget: int | None = None,
-             used: dict | None = None, keep=None) -> dict[str, float]:
+             used: dict | None = None, keep=None, fp32_session=None) -> dict[str, float]:
     """Run the fp32 and int8 models over `evaluation` (a calibrun.data.EvalData) batch by batch; return the
     error metrics (module docstring), the primary input's eval_min/eval_max/eval_span, `rows`, `eval_batches`,
     `eval_batch_size` and the task's metrics.
@@ -403,7 +403,8 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     (onnxruntime may round a row differently in a smaller batch, and the running sums add per run: equal to one
     run's within float rounding). `used` (a dict) receives `eval_rows_per_run`. `keep` (an empty
     calibrun.analysis.evaluate.Evaluator, `kept`) receives every run's feeds, fp32 outputs and labels: the
-    recommendations measure against them without an fp32 pass of their own.
+    recommendations measure against them without an fp32 pass of their own. `fp32_session`: the fp32 model's
+    session when the caller holds one (the rows probe's), else one is opened.
     """
     import onnxruntime as ort
 
@@ -425,7 +426,7 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     del int8_model
     blocks = blocks_of(fp32_path)  # reads the model's structure (cached, calibrun.model.structure) before the
     # sessions hold their weights: the whole file is read once, here, not beside them
-    ref_sess, got_sess = session(fp32_path, threads), session(int8_path, threads)
+    ref_sess, got_sess = fp32_session or session(fp32_path, threads), session(int8_path, threads)
     names = [o.name for o in ref_sess.get_outputs()]
     errors = OutputErrors(names, blocks, [o.shape for o in ref_sess.get_outputs()])
     if keep is not None:

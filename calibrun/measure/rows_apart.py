@@ -23,9 +23,10 @@ PROBE_ROWS = 8  # rows run whole and in halves (a session and 16 rows' runs: 1.7
 # convolution over up to 8 frames still runs them whole
 
 
-def rows_depend(fp32_path, evaluation, threads: int = 0) -> str | None:
+def rows_depend(fp32_path, evaluation, threads: int = 0, sess=None) -> str | None:
     """Why the model's output for a row depends on the other rows fed with it (one line), None when it does not or
-    when it cannot be told (fewer than 2 rows, a model that pins its batch or does not run PROBE_ROWS rows)."""
+    when it cannot be told (fewer than 2 rows, a model that pins its batch or does not run PROBE_ROWS rows). `sess`:
+    an fp32 session the caller holds (the evaluation's), else one is opened."""
     from calibrun.model.sessions import session
 
     feeds = next(iter(evaluation.batches(PROBE_ROWS)), (None, None))[0]
@@ -36,7 +37,7 @@ def rows_depend(fp32_path, evaluation, threads: int = 0) -> str | None:
         return None
     half = rows // 2
     try:
-        sess = session(fp32_path, threads)
+        sess = sess or session(fp32_path, threads)
         names = [o.name for o in sess.get_outputs()]
         whole = sess.run(None, feeds)
     except Exception:  # noqa: BLE001 (a model exported for other batch sizes only: the test cannot be made)
