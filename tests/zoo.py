@@ -593,16 +593,21 @@ def _captcha_decode():
     return importlib.import_module(f"{package}.recognizer").decode
 
 
+def _texts_cer(ref: list[str], got: list[str]) -> Score:
+    """The OCR check's score: the character error rate of int8's texts against fp32's, and how many texts changed."""
+    errors = sum(_edit(list(a), list(b)) for a, b in zip(ref, got, strict=True))
+    value = errors / max(sum(len(a) for a in ref), 1)
+    changed = sum(a != b for a, b in zip(ref, got, strict=True))
+    return Score(CER.label(value), CER.metric, value, {"texts_changed": changed})
+
+
 def check_captcha(fp32: Path, int8: Path, built: Built) -> Score:
     """Character error rate of int8's text against fp32's, both read by the package's decode."""
     decode = _captcha_decode()
     feeds = built.arrays()
     # one run of every row: the logits are time-major ([20, N, 37]), run_rows would join batches on the time axis
     ref, got = (decode(session(path).run(None, feeds)[0])[0] for path in (fp32, int8))
-    errors = sum(_edit(list(a), list(b)) for a, b in zip(ref, got, strict=True))
-    value = errors / max(sum(len(a) for a in ref), 1)
-    changed = sum(a != b for a, b in zip(ref, got, strict=True))
-    return Score(CER.label(value), CER.metric, value, {"texts_changed": changed})
+    return _texts_cer(ref, got)
 
 
 # --- MTCNN: ONet (face / not face on a crop) and PNet (face probability map) -------------------------------------
@@ -1237,10 +1242,7 @@ def check_ddddocr_ocr(fp32: Path, int8: Path, built: Built) -> Score:
     rows = built.arrays()["input1"]
     ref, got = ([_ddddocr_text(sess.run(None, {"input1": row[None]})[0]) for row in rows]
                 for sess in (session(fp32), session(int8)))
-    errors = sum(_edit(list(a), list(b)) for a, b in zip(ref, got, strict=True))
-    value = errors / max(sum(len(a) for a in ref), 1)
-    changed = sum(a != b for a, b in zip(ref, got, strict=True))
-    return Score(CER.label(value), CER.metric, value, {"texts_changed": changed})
+    return _texts_cer(ref, got)
 
 
 # ------------------------------------------------------------------------------------------------ registry
