@@ -425,7 +425,7 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     ref_floats, got_floats = declared_floats(infos), declared_floats(graph_inputs(int8_model))
     del int8_model
     blocks = blocks_of(fp32_path)  # reads the model's structure (cached, calibrun.model.structure) before the
-    # sessions hold their weights: the whole file is read once, here, not beside them
+    # sessions hold their weights: the whole file is read once, here or by the caller of a given fp32_session
     ref_sess, got_sess = fp32_session or session(fp32_path, threads), session(int8_path, threads)
     names = [o.name for o in ref_sess.get_outputs()]
     errors = OutputErrors(names, blocks, [o.shape for o in ref_sess.get_outputs()])
