@@ -778,10 +778,17 @@ def _auto(graph: _Graph, spec: TaskSpec, facts: Labels | None, classifier: bool 
     flat = [f"{o.name!r} {why}" for o in outputs if (why := graph.not_dense(o))]
     # a lone float [N, C] output may be logits or C regression values: not guessed, but the way to say it is named
     floats = [o for o in outputs if o.kind == "float"]
-    logits = floats[0] if len(floats) == 1 and floats[0].shape is not None and len(floats[0].shape) == 2 and \
-        (floats[0].shape[1] or 0) >= 2 and classifier is None else None
-    hint = (f"; if {logits.name!r} holds class logits, model.classifier=true measures top-1 agreement (or give "
-            "labels)") if logits is not None else ""
+    logits = floats[0] if len(floats) == 1 and floats[0].shape is not None and len(floats[0].shape) >= 2 and \
+        (floats[0].shape[-1] or 0) >= 2 and classifier is None else None
+    hint = ""
+    if logits is not None and len(logits.shape) == 2:
+        hint = (f"; if {logits.name!r} holds class logits, model.classifier=true measures top-1 agreement (or give "
+                "labels)")
+    elif logits is not None and sum(d != 1 for d in logits.shape[:-1]) >= 2:  # rows and positions beside the
+        # last axis: a sequence's or a map's logits (a CTC recogniser's, read by argmax); an embedding [N, 1, 1, 96]
+        # has no positions
+        hint = (f"; if {logits.name!r} holds class logits on its last axis (a class per position: a CTC "
+                "recogniser's steps), model.classifier=true measures each position's class")
     return Task(f"{where} class scores, predicted classes, a probability map or a probability per row: "
                 f"{_names(str(o) for o in outputs)}" + (f"; {'; '.join(flat)}" if flat else "") + hint), False
 

@@ -254,7 +254,13 @@ def test_auto_names_model_classifier_for_a_lone_float_vector_output_it_does_not_
     vector = _save(tmp_path, [helper.make_node("Relu", ["x"], ["y"])],
                    [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 1, 96])],
                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1, 1, 96])], "embedding.onnx")
-    assert "model.classifier" not in resolve(TaskSpec("auto"), vector).reason  # not an [N, C] output
+    assert "model.classifier" not in resolve(TaskSpec("auto"), vector).reason  # not an [N, C] output, no positions
+    steps = _save(tmp_path, [helper.make_node("Relu", ["x"], ["y"])],  # the captcha CRNN's time-major CTC logits
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [20, "N", 37])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [20, "N", 37])], "steps.onnx")
+    said = resolve(TaskSpec("auto"), steps).reason
+    assert "if 'y' holds class logits on its last axis (a class per position" in said
+    assert "model.classifier=true measures each position's class" in said
 
     mask = _save(tmp_path, [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Not", ["m"], ["keep"])],
                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 1, 96]),
