@@ -225,6 +225,9 @@ class Classification(Task):
             out["task.mean_iou"] = float(np.mean(self.inter[present] / self.union[present]))
             others = np.arange(len(self.ref)) != self.ref.argmax()  # all but fp32's most frequent class
             out["task.class_dice"] = float(dice(self.inter[others].sum(), self.union[others].sum()))
+            got = self.union + self.inter - self.ref  # per class: positions int8 gives it
+            out["task.fp32_positive"] = float(self.ref[others].sum() / self.predictions)
+            out["task.int8_positive"] = float(got[others].sum() / self.predictions)
         if self.classes is not None and self.classes > self.top_k:
             out[f"task.top{self.top_k}_agreement"] = self.topk / self.predictions
         if self.labelled:

@@ -192,11 +192,16 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
         key, share = rows_under(metrics)
         said += (f", but {share:.0%} of the rows carry an error over {10 ** (-SQNR_OK_DB / 20):.0%} of the "
                  f"output's signal RMS in {_where(_SHARE.match(key))}")
-    if rule.metric in (DICE.metric, DECISION_DICE.metric) and metrics.get("task.fp32_positive") == 0 \
-            and metrics.get("task.int8_positive") == 0:  # an empty union: nothing changed side, nothing was tested
-        unit = "row" if rule is DECISION_DICE else "pixel"
-        said = (f"neither model marks any {unit} over the task threshold: no decision changed, but these rows test "
-                "only the no side")
+    if rule.metric in (DICE.metric, DECISION_DICE.metric, CLASS_DICE.metric) \
+            and metrics.get("task.fp32_positive") == 0 and metrics.get("task.int8_positive") == 0:
+        # an empty union: nothing changed side, nothing was tested
+        if rule is CLASS_DICE:
+            said = ("neither model gives any position a class other than the most frequent one: no decision changed, "
+                    "but these rows test only that class")
+        else:
+            unit = "row" if rule is DECISION_DICE else "pixel"
+            said = (f"neither model marks any {unit} over the task threshold: no decision changed, but these rows "
+                    "test only the no side")
     on = f" ({rows} evaluation rows)" if rows else ""
     because = f"{said}{on}: {status} ({rule.bounds()})"
     for key, name in (names or {}).items():

@@ -72,6 +72,7 @@ def test_a_map_of_classes_gets_the_mean_iou_of_each_class():
     # the Dice of every class but fp32's most frequent (0): both give class 1 to 2 positions, fp32 gives classes
     # 1 and 2 to 4 positions, int8 to 3
     assert m["task.class_dice"] == pytest.approx(2 * 2 / (4 + 3))
+    assert (m["task.fp32_positive"], m["task.int8_positive"]) == (4 / 32, 3 / 32)  # positions of those classes
 
 
 def test_one_prediction_a_row_has_no_mean_iou():

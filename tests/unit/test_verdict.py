@@ -32,6 +32,20 @@ def test_a_map_of_classes_is_decided_by_the_dice_of_its_classes_but_the_backgrou
     assert (v["status"], v["metric"]) == ("degraded", "task.class_dice")
 
 
+def test_a_map_where_no_model_finds_anything_but_the_background_says_what_was_tested():
+    """A class map where both models give every position fp32's most frequent class: no decision changed (Dice 1,
+    ok), and `because` says these rows test only that class, as a dense map's empty union says."""
+    from calibrun.measure.tasks import Classification
+
+    scores = np.zeros((3, 2, 4, 4))
+    scores[:, 0] = 1.0  # class 0 everywhere, in both models
+    task = Classification("s", axis=1)
+    task.update({"s": scores}, {"s": scores + 0.1}, None)
+    got = verdict.decide(task.metrics(), rows=3)
+    assert (got["status"], got["metric"], got["value"]) == ("ok", "task.class_dice", 1.0)
+    assert "neither model gives any position a class other than the most frequent one" in got["because"]
+
+
 def test_a_two_class_softmax_map_is_judged_as_the_sigmoid_map_of_its_probability():
     """MTCNN's PNet writes face / not face as a 2-class Softmax per position; the same probability as a one-channel
     Sigmoid map would be a dense map. Both verdicts read the Dice of the face positions: the background's agreement
