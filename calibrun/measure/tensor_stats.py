@@ -73,7 +73,7 @@ from calibrun.data import rows as feed_rows
 from calibrun.model import graph_inputs, load_model, private_model_copy
 from calibrun.model.graph import constant_tensors, keep_only
 from calibrun.model.pairs import Pair, find_pairs, fused_bounds
-from calibrun.model.segments import SegmentError, Segments
+from calibrun.model.segments import Carried, SegmentError, Segments
 from calibrun.model.sessions import session
 
 log = logging.getLogger(__name__)
@@ -484,6 +484,8 @@ class StreamingDiagnostics:
         self.rows_per_run: int | None = None  # set from the first run's output bytes (one row)
         self.max_rows = max_rows  # diagnose the first max_rows evaluation rows (None: all)
         self.rows_seen = 0
+        self.pending: list[dict[str, np.ndarray]] = []  # runs waiting for the pieces (self.segments): _flush
+        self.carry_runs = 1
 
     def __enter__(self):
         return self
@@ -574,6 +576,9 @@ class StreamingDiagnostics:
             groups = self._split(sizes, self.budget // 2)
             self.segments = self._cut(groups)
             self.groups = groups
+            held = max((sum(sizes.get(name, 0) for name in names) for pieces in self.segments
+                        for names in pieces.held_between), default=0)
+            self.carry_runs = max(1, self.budget // 4 // max(1, 2 * held * (self.fixed or 1)))
             how = "one pass over each evaluation batch, each model in as many pieces"
         except SegmentError as exc:
             log.info("diagnostics: the models cannot be cut into pieces (%s): a pass per group", exc)
@@ -627,23 +632,15 @@ class StreamingDiagnostics:
     def _grouped(self, feeds: Mapping[str, np.ndarray], rows: int) -> None:
         """One batch in groups, rows one run at a time (`rows_per_run` is 1: one row's tensors exceed the budget) or
         the batch as it comes for a model that pins its first axis. Each tensor sees the same runs in the same order
-        as in one pass. With pieces (self.segments): per run, piece by piece, each group's tensors as its piece ends.
+        as in one pass. With pieces (self.segments): piece by piece, each over every run (`_pieces`).
         Without: group by group, each group's pair of sessions existing only for its pass (one pair at a time)."""
         self.rows_per_run = 1
         size = rows if self.fixed is not None else 1
         if self.segments is not None:
-            fp32_pieces, int8_pieces = self.segments
             for start in range(0, rows, size):
-                part = feed_rows.take(feeds, self.axes, start, start + size)
-                try:
-                    for group, ref, got in zip(self.groups, fp32_pieces.run(part), int8_pieces.run(part),
-                                               strict=True):
-                        self._update(group, ref, got)
-                except CalibrunError:
-                    raise
-                except Exception as exc:  # onnxruntime's own Fail/InvalidArgument types on bad feeds
-                    raise CalibrunError(f"running {self.int8_where} on the evaluation feeds failed: "
-                                        f"{one_line(exc)}") from exc
+                self.pending.append(feed_rows.take(feeds, self.axes, start, min(rows, start + size)))
+                if len(self.pending) >= self.carry_runs:
+                    self._flush()
             return
         for group, (fp32_file, fp32_names, int8_file, int8_names) in zip(self.groups, self.group_files,
                                                                          strict=True):
@@ -655,6 +652,43 @@ class StreamingDiagnostics:
                 self._update(group, ref, got)
                 del ref, got
             del fp32_sess, int8_sess
+
+    def _flush(self) -> None:
+        """The pending runs piece after piece: piece k's two sessions (fp32 and QDQ) opened once for all of them
+        and closed before piece k + 1's open (a session per run and piece cost ocr_rec's diagnostics 2.7 s of
+        its 11.6 s in 375 session loads), what each run carries to later pieces held in a quarter of the budget
+        (`carry_runs` runs are pending at most: as many as the carried tensors' inferred sizes fit there) and
+        saved beside the pieces beyond it. Each tensor sees the same runs in the same order as run by run."""
+        pending, self.pending = self.pending, []
+        if not pending:
+            return
+        fp32_pieces, int8_pieces = self.segments
+        store = Carried(Path(self._tmp.name), self.budget // 4)
+        runs = range(len(pending))
+        for run, part in enumerate(pending):
+            store.put(run, (dict(part), dict(part)))
+        del pending
+        last = len(self.groups) - 1
+        for k, group in enumerate(self.groups):
+            try:
+                # one run: a session at a time, as run by run (two alive together cost ocr_det at 1024 37 MB)
+                fp32_sess, int8_sess = (None, None) if len(runs) == 1 else (fp32_pieces.open(k), int8_pieces.open(k))
+                for run in runs:
+                    fp32_carried, int8_carried = store.take(run)
+                    ref = fp32_pieces.step(k, fp32_sess or fp32_pieces.open(k), fp32_carried)
+                    got = int8_pieces.step(k, int8_sess or int8_pieces.open(k), int8_carried)
+                    self._update(group, ref, got)
+                    del ref, got
+                    if k < last:
+                        store.put(run, (fp32_carried, int8_carried))
+                    del fp32_carried, int8_carried
+            except CalibrunError:
+                raise
+            except Exception as exc:  # onnxruntime's own Fail/InvalidArgument types on bad feeds
+                raise CalibrunError(f"running {self.int8_where} on the evaluation feeds failed: "
+                                    f"{one_line(exc)}") from exc
+            finally:
+                fp32_sess = int8_sess = None
 
     def _update(self, group: list[TensorStats], ref: dict, got: dict) -> None:
         for stats in group:
@@ -691,6 +725,7 @@ class StreamingDiagnostics:
         return max(0.0, _bounded(own) - incoming, _bounded(stats.part_nsr()))
 
     def rows(self) -> list[dict]:
+        self._flush()
         if not self.rows_seen:
             raise CalibrunError("diagnostics need at least one evaluation feed")
         rows = []

@@ -45,8 +45,9 @@ class Segments:
 
     `model_path` must keep its weights in external data (calibrun.model.private_model_copy writes it so): the
     pieces are written beside it and point into the same data file, so no weight is copied. Each piece's session
-    is opened for its run and closed after it: sessions kept open hold their threads, buffers and allocator
-    arenas together (ocr_det at 512 then failed under a 1.6 GB address-space limit it passes otherwise)."""
+    is opened for its piece (`open`, then `step` per run) and dropped before the next: sessions kept open hold
+    their threads, buffers and allocator arenas together (ocr_det at 512 then failed under a 1.6 GB address-space
+    limit it passes otherwise)."""
 
     def __init__(self, model_path: str | Path, groups: Sequence[Sequence[str]],
                  open_session: Callable[[Path], object]):
@@ -116,15 +117,69 @@ class Segments:
                 raise SegmentError(f"onnxruntime cannot load piece {k}: {one_line(exc)}") from exc
             self.pieces.append((path, inputs, outputs))
         self.open_session = open_session
+        # the tensors a run holds between piece k and piece k + 1 (graph inputs included until their last reader)
+        alive = {name for piece in self.pieces if piece for name in piece[1]} - {
+            name for piece in self.pieces if piece for name in piece[2]}
+        self.held_between: list[list[str]] = []
+        for k, piece in enumerate(self.pieces):
+            alive |= set(piece[2]) if piece else set()
+            alive -= set(self.expire[k])
+            self.held_between.append(sorted(alive))
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
+        """One run through every piece, one session at a time: each group's tensors as its piece ends."""
         carried = dict(feeds)
-        for k, piece in enumerate(self.pieces):
-            if piece is not None:  # a session of one piece at a time: each holds its own threads and buffers
-                path, inputs, outputs = piece
-                session = self.open_session(path)
-                carried.update(zip(outputs, session.run(outputs, {n: carried[n] for n in inputs}), strict=True))
-                del session
-            yield {name: carried[name] for name in self.groups[k]}
-            for name in self.expire[k]:
-                carried.pop(name, None)
+        for k in range(len(self.pieces)):
+            yield self.step(k, self.open(k), carried)
+
+    def open(self, k: int):
+        """Piece k's session (None for a piece without nodes): each holds its own threads and buffers, so the
+        caller keeps it only while it runs that piece."""
+        piece = self.pieces[k]
+        return None if piece is None else self.open_session(piece[0])
+
+    def step(self, k: int, session, carried: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Piece k run on one run's `carried` tensors (the feeds, then what earlier pieces wrote), which gets the
+        piece's outputs and loses what no later piece or group reads; returns group k's tensors."""
+        piece = self.pieces[k]
+        if piece is not None:
+            _, inputs, outputs = piece
+            carried.update(zip(outputs, session.run(outputs, {n: carried[n] for n in inputs}), strict=True))
+        group = {name: carried[name] for name in self.groups[k]}
+        for name in self.expire[k]:
+            carried.pop(name, None)
+        return group
+
+
+class Carried:
+    """What several runs carry from piece to piece when the pieces run one after the other over all of them (a
+    piece's session then opens once for the runs, not once per run): each run's tensors held in memory while
+    they fit `limit` bytes in all, else saved in `folder` until that run's turn."""
+
+    def __init__(self, folder: Path, limit: int):
+        self.folder, self.limit = Path(folder), limit
+        self.held: dict[int, tuple] = {}
+        self.saved: dict[int, tuple[Path, list]] = {}
+        self.bytes: dict[int, int] = {}
+
+    def put(self, run: int, tensors: Sequence[dict[str, np.ndarray]]) -> None:
+        size = sum(a.nbytes for part in tensors for a in part.values())
+        if sum(self.bytes.values()) + size <= self.limit or not self.held and not self.saved:
+            self.held[run], self.bytes[run] = tuple(tensors), size
+            return
+        names = [list(part) for part in tensors]
+        arrays = {f"a{i}": a for i, a in enumerate(a for part in tensors for a in part.values())}
+        path = self.folder / f"carried-{run}.npz"
+        np.savez(path, **arrays)
+        self.saved[run] = (path, names)
+
+    def take(self, run: int) -> tuple[dict[str, np.ndarray], ...]:
+        if run in self.held:
+            self.bytes.pop(run)
+            return self.held.pop(run)
+        path, names = self.saved.pop(run)
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = iter(npz[f"a{i}"] for i in range(sum(len(part) for part in names)))
+            tensors = tuple({name: next(arrays) for name in part} for part in names)
+        path.unlink()
+        return tensors

@@ -343,6 +343,74 @@ def test_diagnostics_in_groups_run_each_node_once_in_pieces(lab, monkeypatch):
         assert row["clipped_fraction"] == whole["clipped_fraction"]
 
 
+def test_pieces_run_over_the_waiting_runs_open_each_session_once_and_give_the_same_rows(lab, monkeypatch):
+    """Runs wait for the pieces while their carried tensors fit a quarter of the budget; then each piece's session
+    opens once for all of them (not once per run) and every tensor sees the same runs in the same order: the rows
+    are equal to those of run by run. A 1-byte budget: every run but the first is carried on disk."""
+    from calibrun.measure import tensor_stats
+    from calibrun.model import segments
+
+    run = lab["runs"]["narrow"]
+    opened = []
+    real = tensor_stats._session
+
+    def counted(path, *args, **kwargs):
+        opened.append(Path(path).parent.name)
+        return real(path, *args, **kwargs)
+
+    def diagnose(wait: int | None) -> list[dict]:
+        opened.clear()
+        plan = tensor_stats.StreamingDiagnostics._plan
+
+        def planned(self, feeds):
+            plan(self, feeds)
+            if wait is not None:
+                self.carry_runs = wait
+
+        monkeypatch.setattr(tensor_stats.StreamingDiagnostics, "_plan", planned)
+        with tensor_stats.StreamingDiagnostics(lab["fp32"], run["path"], run["ranges"], budget=1) as diag:
+            diag.update({LAB_INPUT: lab["rows"][:24]})
+            diag.update({LAB_INPUT: lab["rows"][24:31]})
+            rows = diag.rows()
+            assert list(Path(diag._tmp.name).glob("carried-*")) == []  # each read back once and removed
+            return rows
+
+    monkeypatch.setattr(tensor_stats, "_session", counted)
+    one_by_one = diagnose(None)
+    assert opened.count("int8-pieces") == (1 + 31) * len(LAB_TENSORS)  # the budget carries one run at a time
+    spilled = []
+    put = segments.Carried.put
+
+    def counted_put(self, run, tensors):
+        put(self, run, tensors)
+        spilled.extend([run] if run in self.saved else [])
+
+    monkeypatch.setattr(segments.Carried, "put", counted_put)
+    waiting = diagnose(100)
+    assert opened.count("int8-pieces") == 2 * len(LAB_TENSORS)  # loaded when cut, then once for the 31 runs
+    assert set(spilled) == set(range(31))  # a quarter of 1 byte holds one run at most: the others wait on disk
+    assert waiting == one_by_one
+
+
+def test_carried_tensors_over_the_limit_go_to_disk_and_come_back_equal(tmp_path):
+    from calibrun.model.segments import Carried
+
+    store = Carried(tmp_path, limit=100)
+    small = ({"x": np.arange(4, dtype=np.float32)}, {"x": np.arange(4, dtype=np.float32)})
+    big = ({"a:0": np.arange(40, dtype=np.int64).reshape(5, 8), "b/1": np.ones(3, bool)}, {})
+    store.put(0, small)
+    store.put(1, big)  # 32 + 323 bytes > 100: saved
+    assert [p.name for p in tmp_path.iterdir()] == ["carried-1.npz"]
+    back = store.take(1)
+    assert list(back[0]) == ["a:0", "b/1"]
+    assert back[1] == {}
+    np.testing.assert_array_equal(back[0]["a:0"], big[0]["a:0"])
+    assert back[0]["b/1"].dtype == bool
+    assert list(tmp_path.iterdir()) == []  # read back once, then gone
+    assert store.take(0) is not None
+    assert store.bytes == {}
+
+
 def test_keep_only_drops_what_no_wanted_tensor_needs_and_keeps_what_a_subgraph_reads():
     from onnx import TensorProto, helper
 
