@@ -190,7 +190,8 @@ class TensorStats:
         self.eval_min, self.eval_max = math.inf, -math.inf
         self.clipped = 0
         self.clip_energy = 0.0
-        self.levels = np.zeros(self.levels_count, np.int64)
+        self.levels = np.zeros(self.levels_count, bool)  # the grid's levels some value hit
+        self.core: tuple[np.float32, np.float32] | None = None  # the longest run of them, as values (_count_levels)
         self.distinct: np.ndarray | None = np.empty(0, np.float32)  # None once more than the grid size
         self.ref_energy = self.ref_noise = 0.0
         self.pre_energy = self.pre_noise = 0.0
@@ -227,11 +228,7 @@ class TensorStats:
             if low < self.lo - half:
                 excess = self.lo - flat[flat < self.lo - half].astype(np.float64)
                 self.clip_energy += float(np.dot(excess, excess))
-        # DQ computed (q - zp) * scale in float32: dividing back in float32 lands within rounding of q - zp
-        q = np.rint(post_flat / np.float32(pair.grid.scale)).astype(np.int32)  # NaN casts to some level
-        q += pair.grid.zero_point - pair.grid.qmin
-        np.clip(q, 0, self.levels_count - 1, out=q)
-        self.levels += np.bincount(q, minlength=self.levels_count)
+        self._count_levels(post_flat)
         if self.distinct is not None:  # a strided sample: sorting every value of every batch costs seconds
             step = max(1, flat.size // DISTINCT_SAMPLE)
             self.distinct = np.union1d(self.distinct, np.unique(flat[::step]))
@@ -249,6 +246,36 @@ class TensorStats:
             self.nonfinite += int(np.count_nonzero(~np.isfinite(post_flat) & np.isfinite(flat)))
         if self.parts is not None:
             self._update_parts(values, pre, post, ref is not None)
+
+    def _level(self, post: np.ndarray) -> np.ndarray:
+        """The grid index (q - qmin) of each int8 value, in float32 as DQ computed it."""
+        grid = self.pair.grid
+        q = np.rint(np.divide(post, np.float32(grid.scale), dtype=np.float32)).astype(np.int32)
+        q += grid.zero_point - grid.qmin
+        return np.clip(q, 0, self.levels_count - 1, out=q)
+
+    def _count_levels(self, post: np.ndarray) -> None:
+        """Mark the levels these values hit. Only the values outside the longest run of levels hit so far can hit a
+        new one: the others are left out before each value's level is computed and counted (`np.bincount`, a third
+        of the diagnostics' statistics when every value was), exactly: the run's ends are level centres, and a value
+        between two centres rounds to a level between them."""
+        ends = np.array([post.min(), post.max()], dtype=np.float32)
+        if self.core is not None and np.all(np.isfinite(ends)):  # NaN: every value, as before
+            low, high = self.core
+            if low <= ends[0] and ends[1] <= high:
+                return
+            post = post[(post < low) | (post > high)]
+        # DQ computed (q - zp) * scale in float32: dividing back in float32 lands within rounding of q - zp
+        hit = np.bincount(self._level(post), minlength=self.levels_count).astype(bool)  # NaN casts to some level
+        if (hit & ~self.levels).any():
+            self.levels |= hit
+            edges = np.flatnonzero(np.diff(np.concatenate(([False], self.levels, [False])).astype(np.int8)))
+            starts, stops = edges[0::2], edges[1::2] - 1  # runs of levels hit: [start, stop]
+            longest = int(np.argmax(stops - starts))
+            grid = self.pair.grid
+            offset = grid.zero_point - grid.qmin
+            self.core = (np.float32((int(starts[longest]) - offset) * grid.scale),
+                         np.float32((int(stops[longest]) - offset) * grid.scale))
 
     def _update_parts(self, values: np.ndarray, pre: np.ndarray, post: np.ndarray, is_ref: bool) -> None:
         axis, bounds = self.parts.axis, self.parts.bounds

@@ -500,3 +500,31 @@ def test_values_the_int8_model_made_inf_or_nan_are_counted_as_an_overflow_withou
     assert row["nonfinite"] == 3
     assert classify(row) == "overflow"
     assert classify({**row, "nonfinite": 0}) != "overflow"
+
+
+@pytest.mark.parametrize("zero_point", [-128, 0, 37])
+def test_the_levels_hit_are_those_of_every_value_though_values_inside_the_levels_hit_are_left_out(zero_point):
+    """Batches of dequantised values whose levels fill gaps, extend the run of levels hit on both sides, sit on a
+    run's ends, fall outside the grid (clipped to its ends) and hold NaN: the levels counted equal np.unique of every
+    value's level, batch after batch, though only values outside the longest run of levels hit are counted."""
+    rng = np.random.default_rng(zero_point + 200)
+    scale = np.float32(0.0173)
+    stats = _stats(float(scale), zero_point)
+
+    def dequantised(levels) -> np.ndarray:
+        return ((np.asarray(levels, np.float32) - zero_point) * scale).astype(np.float32)
+
+    every = []
+    batches = [dequantised(rng.integers(-20, 21, 500) + zero_point // 2),  # a run in the middle
+               dequantised([-60, -59, 80, 127, 127]) ,  # outside the run, beside it and at the grid's end
+               dequantised(rng.integers(-20, 21, 300) + zero_point // 2),  # inside the run: adds nothing
+               dequantised(np.arange(-128, 128)[::3]),  # gaps on both sides
+               np.array([1e6, -1e6, np.float32(scale) * 0.49], np.float32),  # off the grid: its ends
+               np.array([np.nan, 0.0], np.float32)]  # NaN: every value counted as before
+    for batch in batches:
+        stats.update(batch, batch, batch)
+        every.append(batch)
+        values = np.concatenate(every)
+        q = np.rint(values / scale).astype(np.int32) + zero_point + 128
+        expected = np.unique(np.clip(q, 0, 255)).size
+        assert stats.row()["levels"] == expected
