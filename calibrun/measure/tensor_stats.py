@@ -67,11 +67,12 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization.calibrate import load_tensors_data
 
+from calibrun.core import memory
 from calibrun.core.errors import CalibrunError, one_line
 from calibrun.core.files import temp_dir
 from calibrun.data import rows as feed_rows
 from calibrun.model import graph_inputs, load_model, private_model_copy
-from calibrun.model.graph import constant_tensors, keep_only
+from calibrun.model.graph import constant_tensors, fold_weight_dequantize, keep_only
 from calibrun.model.pairs import Pair, find_pairs, fused_bounds
 from calibrun.model.segments import Carried, SegmentError, Segments
 from calibrun.model.sessions import session
@@ -406,17 +407,20 @@ def _save(model: onnx.ModelProto, path: Path) -> Path:
     return path
 
 
-def _augmented(model_path: Path, folder: Path, tensors: Sequence[str], only: bool = False
+def _augmented(model_path: Path, folder: Path, tensors: Sequence[str], only: bool = False, fold: int | None = None
                ) -> tuple[Path, list[str]]:
     """A private copy of the model with `tensors` added as graph outputs (float, shape left to onnxruntime);
     returns the file and its output names in order. `only`: `tensors` are its only outputs, and the nodes none
     of them needs are dropped (calibrun.model.graph.keep_only: a group's pass runs the graph up to its last
-    tensor)."""
+    tensor). `fold`: the QDQ model's weights are dequantised once, here, if their floats take at most this many
+    bytes (calibrun.model.graph.fold_weight_dequantize)."""
     folder.mkdir()
     copy = private_model_copy(model_path, folder)
     model = onnx.load(str(copy))
     if only:
         keep_only(model.graph, list(tensors))
+    if fold is not None:
+        fold_weight_dequantize(model, fold)
     present = {o.name for o in model.graph.output}
     for name in tensors:
         if name not in present:
@@ -489,12 +493,18 @@ class StreamingDiagnostics:
         written = {name: i for i, node in enumerate(int8_model.graph.node) for name in node.output}
         self.in_graph_order = sorted(self.stats, key=lambda stats: written.get(stats.pair.post, -1))
         del fp32_model, int8_model
+        # the QDQ sessions dequantise every weight on every run, and onnxruntime's kernels take weights that are
+        # computed (not constant) unpacked: dequantised once, the jobs of ddddocr's OCR model (64 runs of one row)
+        # and ocr_cls are 10-15% shorter (docs/memory.md). The floats are a copy of the weights beside the fp32
+        # session's: at most a quarter of the budget (ResNet-50's 100 MB are not: 590 -> 651 MB at the same time)
+        self.fold_limit = memory.resolve(budget, {}) // 4
         self._tmp = temp_dir("diag")
         try:
             root = Path(self._tmp.name)
             fp32_file, self.fp32_names = _augmented(Path(fp32_path), root / "fp32", self.fp32_wanted)
             int8_file, self.int8_names = _augmented(Path(int8_qdq_path), root / "int8",
-                                                    [n for p in self.pairs for n in (p.pre, p.post)])
+                                                    [n for p in self.pairs for n in (p.pre, p.post)],
+                                                    fold=self.fold_limit)
             self.fp32_sess = _session(fp32_file, threads, Path(fp32_path), optimize=True)
             self.int8_sess = _session(int8_file, threads, Path(int8_qdq_path))
         except BaseException:
@@ -590,7 +600,6 @@ class StreamingDiagnostics:
         what a piece carries to the next ones and to its own intermediates (ocr_det at 1024: a whole budget per
         group peaked at 2.46x plain inference, half at 1.81x, in the same time). A model that cannot be cut runs
         once per group instead, each group up to the whole budget."""
-        from calibrun.core import memory
 
         sizes = memory.row_bytes(self.fp32_where, feeds, self.axes)
         self.budget = memory.resolve(self.setting, sizes)
@@ -616,7 +625,7 @@ class StreamingDiagnostics:
                 fp32_file, fp32_names = (_augmented(Path(self.fp32_where), root / f"fp32-{index}", fp32_wanted,
                                                     only=True) if fp32_wanted else (None, []))
                 int8_file, int8_names = _augmented(Path(self.int8_where), root / f"int8-{index}", int8_wanted,
-                                                   only=True)
+                                                   only=True, fold=self.fold_limit)
                 self.group_files.append((fp32_file, fp32_names, int8_file, int8_names))
             how = "one pass over each evaluation batch per group"
         log.info("diagnostics: %d groups of tensors (%.0f MB of diagnosed tensors per row, memory.budget %.0f MB): %s",
@@ -630,7 +639,13 @@ class StreamingDiagnostics:
         for name, where, optimize in (("fp32", self.fp32_where, True), ("int8", self.int8_where, False)):
             folder = Path(self._tmp.name) / f"{name}-pieces"
             folder.mkdir()
-            pieces.append(Segments(private_model_copy(where, folder), self._names(groups, fp32=name == "fp32"),
+            copy = private_model_copy(where, folder)
+            if name == "int8":
+                model = onnx.load(str(copy))
+                if fold_weight_dequantize(model, self.fold_limit):  # a new file: onnx appends to an existing one
+                    copy = _save(model, folder / "folded.onnx")
+                del model
+            pieces.append(Segments(copy, self._names(groups, fp32=name == "fp32"),
                                    lambda path, where=where, optimize=optimize: _session(
                                        path, self.threads, Path(where), optimize=optimize)))
         return pieces[0], pieces[1]

@@ -313,7 +313,7 @@ def test_diagnostics_in_groups_run_each_node_once_in_pieces(lab, monkeypatch):
             return diag.rows()
 
     monkeypatch.setattr(tensor_stats, "_session", counted)
-    full = len(onnx.load(str(run["path"])).graph.node)
+    full = len(onnx.load(str(run["path"])).graph.node)  # a budget of 1 byte: the weights' floats do not fit it
     pieces = grouped()
     runs = 31  # one row a run: one row's tensors exceed the budget
     int8 = [count for folder, count in nodes if folder == "int8-pieces"]
@@ -529,3 +529,31 @@ def test_the_levels_hit_are_those_of_every_value_though_values_inside_the_levels
             q = np.rint(values / scale).astype(np.int32) + zero_point + 128
         expected = np.unique(np.clip(q, 0, 255)).size
         assert stats.row()["levels"] == expected
+
+
+def test_the_qdq_sessions_read_weights_dequantised_once_and_measure_what_they_measured(lab, monkeypatch):
+    """Under the default budget the diagnostics' QDQ copy holds the lab's weights and biases as floats (no
+    DequantizeLinear of an initializer left), and its rows are those of the copy that dequantises on every run
+    (within float rounding: onnxruntime may pack a constant weight for its kernel)."""
+    from calibrun.measure import tensor_stats
+
+    run = lab["runs"]["narrow"]
+
+    def diagnose() -> tuple[list[dict], int]:
+        with tensor_stats.StreamingDiagnostics(lab["fp32"], run["path"], run["ranges"]) as diag:
+            copy = onnx.load(str(Path(diag._tmp.name) / "int8" / "augmented.onnx"))
+            weights = {t.name for t in copy.graph.initializer}
+            left = sum(n.op_type == "DequantizeLinear" and set(n.input) <= weights for n in copy.graph.node)
+            diag.update({LAB_INPUT: lab["rows"][:31]})
+            return diag.rows(), left
+
+    folded, left = diagnose()
+    assert left == 0
+    monkeypatch.setattr(tensor_stats, "fold_weight_dequantize", lambda model, limit=None: 0)
+    unfolded, left = diagnose()
+    assert left == 4  # two weights, two biases
+    for row, plain in zip(folded, unfolded, strict=True):
+        assert row["tensor"] == plain["tensor"]
+        assert row["levels"] == plain["levels"]
+        for key in ("sqnr_db", "qdq_sqnr_db"):
+            assert row[key] == pytest.approx(plain[key], rel=1e-6)

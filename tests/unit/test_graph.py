@@ -29,3 +29,59 @@ def test_a_part_metric_is_computed_from_its_concat_input_and_what_feeds_it(tmp_p
     assert metric_tensor(model, "task.top1_agreement", metric_key) is None
     assert upstream(model.graph, "c") == {"c", "b", "x"}
     assert upstream(model.graph, "y/out") == {"y/out", "cat", "a", "c", "b", "x"}
+
+
+def test_weights_dequantised_once_are_onnxruntimes_dequantizelinear_to_the_bit():
+    """fold_weight_dequantize replaces each DequantizeLinear of initializers (per tensor and per channel, int8, uint8,
+    int16, int32 biases, with and without a zero point) by the float initializer onnxruntime's kernel computes, bit
+    for bit; a DequantizeLinear of an activation and one whose output is a graph output stay."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, numpy_helper
+
+    from calibrun.model.graph import fold_weight_dequantize
+
+    rng = np.random.default_rng(3)
+    weights = {
+        "w8": (rng.integers(-128, 128, (6, 5)).astype(np.int8), np.float32(0.0123), np.int8(-3), None),
+        "wu8": (rng.integers(0, 256, (4, 3)).astype(np.uint8), np.float32(0.731), np.uint8(128), None),
+        "w16": (rng.integers(-32768, 32768, (3, 7)).astype(np.int16), np.float32(1.7e-5), np.int16(11), None),
+        "wch": (rng.integers(-127, 128, (4, 2, 3)).astype(np.int8), (rng.random(4) * 0.1 + 1e-3).astype(np.float32),
+                np.zeros(4, np.int8), 0),
+        "wax": (rng.integers(-127, 128, (2, 5)).astype(np.int8), (rng.random(5) * 0.1).astype(np.float32), None, 1),
+        "bias": (rng.integers(-2**20, 2**20, 6).astype(np.int32), np.float32(3.1e-6), None, None),
+    }
+    nodes, initializers, outputs = [], [], []
+    for name, (q, scale, zero, axis) in weights.items():
+        initializers += [numpy_helper.from_array(q, f"{name}_q"),
+                         numpy_helper.from_array(np.asarray(scale), f"{name}_s")]
+        inputs = [f"{name}_q", f"{name}_s"]
+        if zero is not None:
+            initializers.append(numpy_helper.from_array(np.asarray(zero), f"{name}_z"))
+            inputs.append(f"{name}_z")
+        nodes.append(helper.make_node("DequantizeLinear", inputs, [name], **({} if axis is None else {"axis": axis})))
+        nodes.append(helper.make_node("Identity", [name], [f"{name}_out"]))
+        outputs.append(f"{name}_out")
+    nodes.append(helper.make_node("QuantizeLinear", ["x", "w8_s", "w8_z"], ["xq"]))
+    nodes.append(helper.make_node("DequantizeLinear", ["xq", "w8_s", "w8_z"], ["x_dq"]))  # an activation's
+    nodes.append(helper.make_node("DequantizeLinear", ["w8_q", "w8_s"], ["shown"]))  # a graph output itself
+    outputs += ["x_dq", "shown"]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
+                              initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)  # int16: opset 21
+
+    def run(m):
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        session = ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return session.run(outputs, {"x": np.array([0.1, -0.2, 0.3], np.float32)})
+
+    before = run(model)
+    assert fold_weight_dequantize(model) == len(weights)
+    assert [n.op_type for n in model.graph.node].count("DequantizeLinear") == 2
+    assert {t.name for t in model.graph.initializer} >= set(weights)
+    assert "wu8_q" not in {t.name for t in model.graph.initializer}  # read by nothing now: dropped
+    for got, want in zip(run(model), before, strict=True):
+        assert got.dtype == want.dtype
+        assert got.tobytes() == want.tobytes()
