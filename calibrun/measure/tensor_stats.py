@@ -437,7 +437,11 @@ def _session(path: Path, threads: int, where: Path, optimize: bool = False):
     collect_activations: no fusion of the pairs; the fp32 model has no pairs, and its extra outputs survive
     onnxruntime's fusions), no memory arena (hundreds of extra outputs per run: the arena would keep growing
     over runs), onnxruntime's memory pattern as it defaults."""
-    return session(path, threads, optimize=optimize, arena=False, mem_pattern=True,
+    # unoptimised (the QDQ copy, its weights dequantised once: fold_weight_dequantize): no packing of constant
+    # weights either, so that its kernels sum as they did with weights dequantised per run (the same numbers to
+    # the bit on the lab, ocr_cls and the captcha CRNN; no slower)
+    config = None if optimize else {"session.disable_prepacking": "1"}
+    return session(path, threads, optimize=optimize, arena=False, mem_pattern=True, config=config,
                    shown=f"the augmented copy of {where}")
 
 

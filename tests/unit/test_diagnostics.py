@@ -533,8 +533,8 @@ def test_the_levels_hit_are_those_of_every_value_though_values_inside_the_levels
 
 def test_the_qdq_sessions_read_weights_dequantised_once_and_measure_what_they_measured(lab, monkeypatch):
     """Under the default budget the diagnostics' QDQ copy holds the lab's weights and biases as floats (no
-    DequantizeLinear of an initializer left), and its rows are those of the copy that dequantises on every run
-    (within float rounding: onnxruntime may pack a constant weight for its kernel)."""
+    DequantizeLinear of an initializer left), and its rows are those of the copy that dequantises on every run, to
+    the bit (its session packs no constant weight: a packed MatMul sums in another order)."""
     from calibrun.measure import tensor_stats
 
     run = lab["runs"]["narrow"]
@@ -552,8 +552,4 @@ def test_the_qdq_sessions_read_weights_dequantised_once_and_measure_what_they_me
     monkeypatch.setattr(tensor_stats, "fold_weight_dequantize", lambda model, limit=None: 0)
     unfolded, left = diagnose()
     assert left == 4  # two weights, two biases
-    for row, plain in zip(folded, unfolded, strict=True):
-        assert row["tensor"] == plain["tensor"]
-        assert row["levels"] == plain["levels"]
-        for key in ("sqnr_db", "qdq_sqnr_db"):
-            assert row[key] == pytest.approx(plain[key], rel=1e-6)
+    assert folded == unfolded
