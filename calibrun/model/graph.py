@@ -316,7 +316,8 @@ def fold_weight_dequantize(model: onnx.ModelProto, limit: int | None = None) -> 
             shape = [1] * q.ndim
             shape[axis % q.ndim] = -1
             scale, zero = scale.reshape(shape), zero.reshape(shape)
-        values = (q.astype(np.int32) - zero.astype(np.int32)).astype(np.float32) * scale
+        with np.errstate(over="ignore"):  # a mask's fill scale: inf, as onnxruntime's float32 product gives it
+            values = (q.astype(np.int32) - zero.astype(np.int32)).astype(np.float32) * scale
         folded.append(numpy_helper.from_array(values.astype(np.float32), node.output[0]))
         used.update(inputs)
     if limit is not None and sum(t.ByteSize() for t in folded) > limit:
