@@ -170,7 +170,7 @@ def attach(ctx, result) -> None:
     from calibrun.data.rows import pinned_rows
     from calibrun.measure import verdict
     from calibrun.quant.calibrate import CalibrationCache
-    from calibrun.quant.quantize import quantize, quantize_with
+    from calibrun.quant.quantize import quantize, quantize_with, reusing_copies
 
     cfg, fp32 = ctx.cfg, ctx.fp32
     conf = cfg.recommend
@@ -195,7 +195,7 @@ def attach(ctx, result) -> None:
     ctx.reference = None  # closed with this block
     with kept or Evaluator(fp32.path, evaluation, rows, cfg.ort.intra_op_threads, ctx.fresh_task(),
                            budget=config.memory_budget(cfg)) as evaluator, \
-            temp_dir("rec") as tmp:
+            temp_dir("rec") as tmp, reusing_copies():
         if evaluation is ctx.evaluation:  # every row: the verdict's own value
             before = float(result.verdict["value"]) if result.verdict["value"] is not None else math.nan
         else:

@@ -32,7 +32,7 @@ from calibrun.analysis.evaluate import metric_of
 from calibrun.analysis.sensitivity import gain, reached
 from calibrun.core.files import atomic_path, temp_dir
 from calibrun.measure.sweep_diagnosis import rows_of_table
-from calibrun.quant.quantize import SIXTEEN_BIT, QuantOptions, bias_nodes, quantize
+from calibrun.quant.quantize import SIXTEEN_BIT, QuantOptions, bias_nodes, quantize, reusing_copies
 
 log = logging.getLogger("calibrun")
 
@@ -141,7 +141,7 @@ def repair(fp32_path: Path, calibration, options: QuantOptions, ranking: Sequenc
     order = [e["tensor"] for e in ranking]
     steps: list[dict] = []
     front: list[dict] = []
-    with temp_dir("rep") as tmp:
+    with temp_dir("rep") as tmp, reusing_copies():
         made = itertools.count()
         best: dict = {}
 

@@ -43,7 +43,7 @@ from calibrun.core.files import atomic_path, finite, temp_dir
 from calibrun.model.pairs import find_pairs
 from calibrun.model.sessions import session
 from calibrun.quant.calibrate import Calibration
-from calibrun.quant.quantize import QuantOptions, quantize
+from calibrun.quant.quantize import QuantOptions, quantize, reusing_copies
 
 log = logging.getLogger("calibrun")
 
@@ -248,7 +248,7 @@ def fallback(fp32_path: Path, calibration: Calibration, options: QuantOptions, r
                     "is probably out of reach of these tensors (other kinds, per-channel weights or another "
                     "calibration may reach it)", metric, best_possible, target)
 
-    with temp_dir("fb") as tmp:
+    with temp_dir("fb") as tmp, reusing_copies():
         made = itertools.count()
 
         def trial(nodes: list[str]) -> tuple[float, Path, dict]:

@@ -12,6 +12,7 @@ import importlib
 import json
 import math
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -686,3 +687,37 @@ def test_weight_symmetric_sets_the_weights_zero_points(tmp_path, fp32, symmetric
     assert weights
     points = [int(inits[n.input[2]].reshape(-1)[0]) for n in weights]
     assert all(p == 0 for p in points) == zero, points
+
+
+def test_quantisations_in_a_row_reuse_one_private_copy_per_type_width_and_write_the_same_models(tmp_path, fp32,
+                                                                                                 monkeypatch):
+    """Within reusing_copies (the recommendations, the repair, the fallback) quantize() copies a model once for 8-bit
+    and once for 16-bit types, however many quantisations follow; each model is the one a fresh copy gives, and a
+    changed model file gets a copy of its own."""
+    from calibrun.quant import quantize as quantize_module
+
+    cache = CalibrationCache(tmp_path / "cache")
+    quantize_lab(fp32, tmp_path / "default.onnx", SEED, FACTOR, BATCHES, cache=cache)
+    runs = [QuantOptions(), QuantOptions(activation_type="QInt16"), QuantOptions(per_channel=True),
+            QuantOptions(weight_type="QInt16"), QuantOptions()]
+    alone = []
+    for i, options in enumerate(runs):
+        quantize_lab(fp32, tmp_path / f"alone{i}.onnx", SEED, FACTOR, BATCHES, options=options, cache=cache)
+        alone.append((tmp_path / f"alone{i}.onnx").read_bytes())
+    copies = []
+    real = quantize_module.private_model_copy
+
+    def counted(path, folder):
+        copies.append(Path(path).name)
+        return real(path, folder)
+
+    monkeypatch.setattr(quantize_module, "private_model_copy", counted)
+    with quantize_module.reusing_copies():
+        for i, options in enumerate(runs):
+            quantize_lab(fp32, tmp_path / f"reused{i}.onnx", SEED, FACTOR, BATCHES, options=options, cache=cache)
+            assert (tmp_path / f"reused{i}.onnx").read_bytes() == alone[i]
+        assert len(copies) == 2  # one 8-bit copy, one 16-bit copy
+        os.utime(fp32.path, ns=(time.time_ns(), time.time_ns() + 10**9))  # the file changed: a new copy
+        quantize_lab(fp32, tmp_path / "again.onnx", SEED, FACTOR, BATCHES, cache=cache)
+        assert len(copies) == 3
+    assert quantize_module._COPIES is None
