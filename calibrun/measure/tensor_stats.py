@@ -683,8 +683,9 @@ class StreamingDiagnostics:
         self.rows_per_run = 1
         size = rows if self.fixed is not None else 1
         if self.segments is not None:
-            for start in range(0, rows, size):
-                self.pending.append(feed_rows.take(feeds, self.axes, start, min(rows, start + size)))
+            for start in range(0, rows, size):  # a copy: a view would keep the whole batch (or .npz member) alive
+                part = feed_rows.take(feeds, self.axes, start, min(rows, start + size))
+                self.pending.append({name: np.array(value, copy=True) for name, value in part.items()})
                 if len(self.pending) >= self.carry_runs:
                     self._flush()
             return
