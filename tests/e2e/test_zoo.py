@@ -233,3 +233,40 @@ def test_a_detector_with_nms_inside_is_measured_with_its_selections_as_sets(tmp_
     assert metrics["out.selected.row_iou"] == pytest.approx(shared / either)
     assert 0 < metrics["out.selected.row_iou"] < 1
     assert result["verdict"]["metric"].startswith("out.output0")
+
+
+@pytest.mark.slow
+def test_diagnostics_in_pieces_over_waiting_runs_equal_them_run_by_run_on_a_trained_detector(tmp_path, monkeypatch):
+    """tinyocr's DBNet detector: one row's diagnosed tensors exceed the budget, so each model runs in pieces; with
+    its evaluation rows waiting for the pieces (each piece's sessions opened once for them, weights dequantised once)
+    the rows are those of run by run (sessions per run and piece, the weights dequantised per run), to the bit."""
+    from calibrun.data import npy
+    from calibrun.measure import tensor_stats
+    from calibrun.model import graph_inputs, load_model
+
+    entry, built, job, result = _default_job("tiny_det", tmp_path)
+    fp32, int8, ranges = result["files"]["fp32"], job / "int8.onnx", job / "ranges.json"
+    infos = graph_inputs(load_model(fp32))
+    evaluation = npy.npy_evaluation(built.eval, infos)
+    opened = []
+    real = tensor_stats._session
+    monkeypatch.setattr(tensor_stats, "_session", lambda path, *a, **k: opened.append(path) or real(path, *a, **k))
+
+    def diagnose(one_by_one: bool) -> tuple[list[dict], int, int]:
+        opened.clear()
+        if one_by_one:
+            monkeypatch.setattr(tensor_stats, "fold_weight_dequantize", lambda model, limit=None: 0)
+            monkeypatch.setattr(tensor_stats, "MIN_WAITING", 10**9)
+        with tensor_stats.StreamingDiagnostics(fp32, int8, ranges, axes=evaluation.axes) as diag:
+            rows = diag.over(evaluation, batch_size=16, progress=None)
+            return rows, len(diag.groups), diag.carry_runs
+
+    waiting, groups, carry = diagnose(False)
+    pieces_opened = len(opened)
+    assert groups > 1
+    assert carry >= tensor_stats.MIN_WAITING
+    one, _, single = diagnose(True)
+    assert single == 1
+    assert len(opened) > 2 * pieces_opened  # a session per run and piece
+    assert [r["tensor"] for r in waiting] == [r["tensor"] for r in one]
+    assert waiting == one
