@@ -4,6 +4,7 @@ float graph's outputs."""
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -286,33 +287,33 @@ def upstream(graph: onnx.GraphProto, *tensors: str) -> set[str]:
 def fold_weight_dequantize(model: onnx.ModelProto, limit: int | None = None) -> int:
     """Replace each DequantizeLinear whose inputs are all initializers (a quantised weight or bias) by the float
     initializer it computes, as onnxruntime's kernel does: (int32(q) - int32(zero point)) as float32 times the
-    float32 scale, per tensor or along `axis` (one rounding: the same bits). None when the float weights would
-    take more than `limit` bytes. Returns the nodes folded."""
-    from onnx import numpy_helper
+    float32 scale, per tensor or along `axis` (one rounding: the same bits). Nothing is folded when the floats would
+    take more than `limit` bytes (counted from the shapes, before any is computed). Returns the nodes folded."""
+    from onnx import helper
 
     graph = model.graph
     initializers = {t.name: t for t in graph.initializer}
-    consumers: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers[name] = consumers.get(name, 0) + 1
     outputs = {o.name for o in graph.output}
-    kept, folded, used = [], [], set()
-    for node in graph.node:
+
+    def foldable(node: onnx.NodeProto) -> bool:
         inputs = [n for n in node.input if n]
-        if (node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx") or node.output[0] in outputs
-                or not all(n in initializers for n in inputs)):
-            kept.append(node)
-            continue
+        return (node.op_type == "DequantizeLinear" and node.domain in ("", "ai.onnx") and node.output[0] not in outputs
+                and len(inputs) >= 2 and all(n in initializers for n in inputs)
+                and initializers[inputs[1]].data_type == onnx.TensorProto.FLOAT
+                and helper.tensor_dtype_to_np_dtype(initializers[inputs[0]].data_type).kind in "iu"
+                and not any(a.name == "block_size" and a.i for a in node.attribute))
+
+    nodes = [node for node in graph.node if foldable(node)]
+    if not nodes or limit is not None and sum(4 * math.prod(initializers[n.input[0]].dims) for n in nodes) > limit:
+        return 0
+    folded, used = [], set()
+    for node in nodes:
+        inputs = [n for n in node.input if n]
         q = numpy_helper.to_array(initializers[inputs[0]])
         scale = numpy_helper.to_array(initializers[inputs[1]])
         zero = numpy_helper.to_array(initializers[inputs[2]]) if len(inputs) > 2 else np.zeros_like(scale, np.int32)
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
-        if scale.dtype != np.float32 or q.dtype.kind not in "iu" or any(a.name == "block_size" and a.i
-                                                                        for a in node.attribute):
-            kept.append(node)
-            continue
         if scale.ndim == 1 and q.ndim > 0:
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
             shape = [1] * q.ndim
             shape[axis % q.ndim] = -1
             scale, zero = scale.reshape(shape), zero.reshape(shape)
@@ -320,13 +321,12 @@ def fold_weight_dequantize(model: onnx.ModelProto, limit: int | None = None) -> 
             values = (q.astype(np.int32) - zero.astype(np.int32)).astype(np.float32) * scale
         folded.append(numpy_helper.from_array(values.astype(np.float32), node.output[0]))
         used.update(inputs)
-    if limit is not None and sum(t.ByteSize() for t in folded) > limit:
-        return 0
-    if folded:
-        del graph.node[:]
-        graph.node.extend(kept)
-        still = {n for node in kept for n in node.input} | outputs
-        remaining = [t for t in graph.initializer if t.name not in used or t.name in still]
-        del graph.initializer[:]
-        graph.initializer.extend(remaining + folded)
+    dropped = {id(node) for node in nodes}
+    kept = [node for node in graph.node if id(node) not in dropped]
+    del graph.node[:]
+    graph.node.extend(kept)
+    still = {n for node in kept for n in node.input} | outputs
+    remaining = [t for t in graph.initializer if t.name not in used or t.name in still]
+    del graph.initializer[:]
+    graph.initializer.extend(remaining + folded)
     return len(folded)

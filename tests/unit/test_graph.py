@@ -78,7 +78,11 @@ def test_weights_dequantised_once_are_onnxruntimes_dequantizelinear_to_the_bit()
         return session.run(outputs, {"x": np.array([0.1, -0.2, 0.3], np.float32)})
 
     before = run(model)
-    assert fold_weight_dequantize(model) == len(weights)
+    floats = 4 * sum(q.size for q, *_ in weights.values())  # float32 each
+    nodes = len(model.graph.node)
+    assert fold_weight_dequantize(model, limit=floats - 1) == 0  # over the limit: nothing folded
+    assert len(model.graph.node) == nodes
+    assert fold_weight_dequantize(model, limit=floats) == len(weights)
     assert [n.op_type for n in model.graph.node].count("DequantizeLinear") == 2
     assert {t.name for t in model.graph.initializer} >= set(weights)
     assert "wu8_q" not in {t.name for t in model.graph.initializer}  # read by nothing now: dropped
