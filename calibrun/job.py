@@ -329,12 +329,16 @@ def compute(ctx: JobContext) -> JobResult:
         files={"fp32": _relative(fp32.path, job_dir), "int8": int8_path.name, "ranges": RANGES_FILE,
                "int8_sha256": file_sha256(int8_path), "ranges_sha256": file_sha256(job_dir / RANGES_FILE)},
     )
+    names = {measure.metric_key(o.name): o.name for o in structure(fp32.path).graph.output}
     try:
-        result.verdict = verdict.decide(result.metrics, cfg.verdict, rows=int(errors["rows"]),
-                                        names={measure.metric_key(o.name): o.name
-                                               for o in structure(fp32.path).graph.output})
+        result.verdict = verdict.decide(result.metrics, cfg.verdict, rows=int(errors["rows"]), names=names)
     except ValueError as exc:  # verdict.metric names no metric of this run
         raise CalibrunError(f"config {exc}") from None
+    task_output = (result.task or {}).get("output")
+    unread = verdict.unread_output(result.metrics, measure.metric_key(task_output)) \
+        if result.verdict is not None and result.verdict["metric"].startswith("task.") and task_output else None
+    if unread is not None:  # not the verdict's: the task decides; but said, as DTLN's state at 0 dB beside its mask
+        result.verdict["because"] += verdict.unread_note(*unread, names)
     if result.verdict is not None and not quantised:
         result.verdict["because"] += "; onnxruntime quantised nothing: the model computes in float"
     channels = {k: v for k, v in result.metrics.items() if re.fullmatch(r"task\.dice\.ch\d+", k)}

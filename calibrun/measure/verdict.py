@@ -128,6 +128,32 @@ def worst_output(metrics: Mapping[str, float]) -> tuple[str, float] | None:
     return key, float(value)
 
 
+def unread_output(metrics: Mapping[str, float], task_output: str) -> tuple[str, float] | None:
+    """(metric key, value) of the lowest SQNR among the outputs (and their Concat parts) other than `task_output`
+    (its metric key), when it is under SQNR_BROKEN_DB: an output a task's verdict does not read; else None."""
+    found = [(value, key) for value, key in _numbers(metrics, _PART)
+             if not _ENTRY.search(key) and _PART.match(key)["output"] != task_output]
+    if not found:
+        return None
+    value, key = min(found, key=lambda p: (p[0] if math.isfinite(p[0]) else -math.inf, p[1]))
+    return (key, float(value)) if not value >= SQNR_BROKEN_DB else None
+
+
+def unread_note(key: str, value: float, names: Mapping[str, str] | None = None) -> str:
+    """What `because` adds for unread_output's (key, value); `names` as decide's."""
+    return _named(f"; {_where(_PART.match(key))}, which the task's metric does not read, is at {value:.1f} dB SQNR "
+                  "(an output the model takes back, as a recurrent state, carries that error into its next call)",
+                  names)
+
+
+def _named(text: str, names: Mapping[str, str] | None) -> str:
+    """`text` with each output named as the model names it (decide's `names`)."""
+    for key, name in (names or {}).items():
+        if key != name:
+            text = text.replace(f"output {key!r}", f"output {name!r}")
+    return text
+
+
 def rows_under(metrics: Mapping[str, float]) -> tuple[str, float] | None:
     """(metric key, value) of the largest share of rows whose error, against the output's mean signal, is under
     SQNR_OK_DB, over every output and Concat part (`out.X[.concatJ].rows_under_20db`); None when the run measured
@@ -203,10 +229,7 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
             said = (f"neither model marks any {unit} over the task threshold: no decision changed, but these rows "
                     "test only the no side")
     on = f" ({rows} evaluation rows)" if rows else ""
-    because = f"{said}{on}: {status} ({rule.bounds()})"
-    for key, name in (names or {}).items():
-        if key != name:
-            because = because.replace(f"output {key!r}", f"output {name!r}")
+    because = _named(f"{said}{on}: {status} ({rule.bounds()})", names)
     return {"status": status, "metric": rule.metric, "value": value if math.isfinite(value) else None,
             "because": because}
 

@@ -311,3 +311,21 @@ def test_because_names_an_output_as_the_model_does_not_as_its_metric_key():
     named = verdict.decide(metrics, names={"out_0": "out:0", "y": "y"})
     assert "output 'out:0'" in named["because"]
     assert named["metric"] == "out.out_0.sqnr_db"  # the key stays the metric's
+
+
+def test_an_output_the_task_does_not_read_is_named_when_it_is_broken():
+    """DTLN's stage 1: the task reads the mask (Dice 0.996, ok); its recurrent state's first Concat part is at 0.04
+    dB. The verdict stays the task's; the note names the worst other output or part under the broken bound, as the
+    model names it, and nothing when every other output is over it or the task's own output is the low one."""
+    metrics = {"task.dice": 0.996, "out.mask.sqnr_db": 40.5, "out.state_0.sqnr_db": 23.5,
+               "out.state_0.concat0.sqnr_db": 0.04, "out.state_0.concat1.sqnr_db": 23.7,
+               "out.state_0.ch0.sqnr_db": -3.0}  # one entry of a last axis: never the decision
+    assert verdict.decide(metrics)["status"] == "ok"
+    key, value = verdict.unread_output(metrics, "mask")
+    assert (key, value) == ("out.state_0.concat0.sqnr_db", 0.04)
+    note = verdict.unread_note(key, value, {"state_0": "state:0"})
+    assert "output 'state:0' (the part its Concat's input 0 fills)" in note
+    assert "0.0 dB SQNR" in note
+    assert verdict.unread_output({**metrics, "out.state_0.concat0.sqnr_db": 12.0}, "mask") is None
+    assert verdict.unread_output({"task.dice": 0.5, "out.mask.sqnr_db": 3.0}, "mask") is None
+    assert verdict.unread_output({**metrics, "out.state_0.concat0.sqnr_db": -math.inf}, "mask")[1] == -math.inf
