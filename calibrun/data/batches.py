@@ -293,6 +293,7 @@ class EvalData:
         self.classes = classes  # class folder names, for image class folders
         self.identity = identity if identity is not None else {}  # source kind, files, transform, rows
         self.inputs = list(inputs)
+        self.state: dict[str, str] = {}  # input -> the output it takes back on the next row (calibrun.measure.feedback)
         # where the labels come from, as (first row, where) spans in row order: an error names the file
         self.label_sources: list[tuple[int, str]] = []
 
@@ -336,7 +337,7 @@ class EvalData:
         labels = None if self.labels is None else self.labels[:rows]
         head = EvalData(rows, self._pieces, labels, self.classes, {**self.identity, "rows": rows}, self.inputs,
                         self.axes)
-        head.label_sources = self.label_sources
+        head.label_sources, head.state = self.label_sources, self.state
         return head
 
     def sizes(self, size: int) -> list[int]:

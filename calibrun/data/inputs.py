@@ -9,6 +9,10 @@
   (never split; the input then has no batch axis); one with one axis fewer (a scalar for an `[N]` input, `[2, 128]`
   for a `[2, N, 128]` state) is one row, repeated along the batch axis to every batch's rows.
 - the calibration factor multiplies float inputs only.
+- fed back (`eval_data.inputs.<name>.from_output`, a recurrent state): the evaluation runs its rows in order, one at a
+  time, and each model (fp32, int8, every candidate) feeds this input its own output of the previous row; the first
+  row takes the state its data (or `value`) holds. An error the int8 model makes in its state then reaches every
+  later row, as it does when the model is streamed (calibrun.measure.feedback).
 """
 
 from __future__ import annotations
@@ -110,6 +114,7 @@ class InputConf:
 
     value: Any = None  # a constant fed with every batch: a number or a nested list (null: from the data files)
     batch_axis: int | None = None  # the axis rows are counted along (null: inferred from the graph shape)
+    from_output: str | None = None  # eval_data only: the output this input takes back on the next row (a state)
 
 
 @dataclass(frozen=True)
@@ -245,6 +250,38 @@ def config_constants(inputs: Sequence[InputInfo], given: Mapping[str, Mapping], 
         if value is not None:
             value = value.tolist() if isinstance(value, np.ndarray) else _plain(value)
             out[info.name] = constant(info, value, axes[info.name], f"config {key}.inputs.{info.name}.value")
+    return out
+
+
+def fed_back(given: Mapping[str, Mapping], inputs: Sequence[InputInfo], outputs: Sequence, key: str) -> dict[str, str]:
+    """{input: output} of `<key>.inputs.<name>.from_output` (`given` as `overrides` returns it), each output checked
+    against the model's (`outputs`: onnx ValueInfoProto): it exists, has the input's element type, and its declared
+    axes do not contradict the input's. Only the evaluation feeds a state back: under `data` it is an error (the
+    calibration rows carry the state their data holds)."""
+    wanted = {name: conf["from_output"] for name, conf in given.items() if conf.get("from_output") is not None}
+    if wanted and key != "eval_data":
+        name = next(iter(wanted))
+        raise CalibrunError(f"config {key}.inputs.{name}.from_output: is read by the evaluation only "
+                            f"(eval_data.inputs.{name}.from_output); calibration rows feed the state their data holds")
+    infos = {info.name: info for info in inputs}
+    declared_outputs = {o.name: o for o in outputs}
+    out = {}
+    for name, output in wanted.items():
+        where = f"config {key}.inputs.{name}.from_output"
+        if not isinstance(output, str) or output not in declared_outputs:
+            raise CalibrunError(f"{where}: {output!r} is not an output of the model (outputs: "
+                                f"{', '.join(declared_outputs)})")
+        tensor = declared_outputs[output].type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim] \
+            if tensor.HasField("shape") else None
+        info = infos[name]
+        if tensor.elem_type and info.elem_type and tensor.elem_type != info.elem_type:
+            raise CalibrunError(f"{where}: output {output!r} is {TensorProto.DataType.Name(tensor.elem_type)}, input "
+                                f"{declared(info)} takes {TensorProto.DataType.Name(info.elem_type)}")
+        if shape is not None and info.has_shape and (len(shape) != len(info.shape) or any(
+                is_fixed(a) and is_fixed(b) and a != b for a, b in zip(shape, info.shape, strict=False))):
+            raise CalibrunError(f"{where}: output {output!r} {fmt_shape(shape)} does not fit input {declared(info)}")
+        out[name] = output
     return out
 
 

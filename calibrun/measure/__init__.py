@@ -1,6 +1,7 @@
 """Measuring an int8 model against its fp32 original.
 
 errors.py        the streaming error metrics per output (`evaluate`), the calibtool `error` contract
+feedback.py      a recurrent state fed back in the evaluation: rows in order, each model carrying its own
 tasks.py         task metrics (classification, dense, custom) fed the same batches
 tensor_stats.py  per-tensor diagnostics of one job: streamed statistics of every quantised tensor (the QDQ pairs
                  come from calibrun.model.pairs)

@@ -40,6 +40,7 @@ from calibrun.data import rows as feed_rows
 from calibrun.data.inputs import input_dtype, is_float
 from calibrun.lab import EVAL_ROWS, EVAL_SEED
 from calibrun.lab.data import evaluation_rows
+from calibrun.measure import feedback
 from calibrun.measure.verdict import ROW_SHARE_KEY, SQNR_CAP, SQNR_OK_DB
 from calibrun.model import FloatModel, open_float_model, primary
 from calibrun.model.sessions import session
@@ -438,6 +439,13 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     done = 0
     per_run = None
     shrink = None  # onnxruntime RunOptions
+    state = getattr(evaluation, "state", None) or {}
+    if state:  # rows in order, one at a time, each model feeding back its own state (calibrun.measure.feedback)
+        per_run = feedback.rows_per_run(state, fixed)
+        if used is not None:
+            used["eval_rows_per_run"] = per_run
+    pairs = feedback.output_indices(state, names)
+    ref_state, got_state = feedback.Carried(pairs, names), feedback.Carried(pairs, names)
     for feeds, labels in evaluation.batches(size):
         missing = [name for name in feeds if name not in int8_inputs]
         if missing:
@@ -449,11 +457,14 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
                 shrink = ort.RunOptions()
                 shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         for start, stop, part in feed_rows.runs(feeds, axes, per_run):
+            part, got_part = ref_state.feeds(part), got_state.feeds(part)
             try:
                 ref = [as_array(v) for v in ref_sess.run(None, floats_as_declared(part, ref_floats), shrink)]
-                got = [as_array(v) for v in got_sess.run(None, floats_as_declared(part, got_floats), shrink)]
+                got = [as_array(v) for v in got_sess.run(None, floats_as_declared(got_part, got_floats), shrink)]
             except Exception as exc:  # onnxruntime's own Fail/InvalidArgument on bad feeds
                 raise CalibrunError(f"running the models on the evaluation data failed: {one_line(exc)}") from exc
+            ref_state.took(ref)
+            got_state.took(got)
             errors.update(ref, got, feed_rows.count(part, axes))
             part_labels = labels if labels is None or per_run >= rows else labels[start:stop]
             if task is not None:

@@ -137,11 +137,21 @@ def unread_output(metrics: Mapping[str, float], task_output: str) -> tuple[str, 
     return worst if worst is not None and not worst[1] >= SQNR_BROKEN_DB else None
 
 
-def unread_note(key: str, value: float, names: Mapping[str, str] | None = None) -> str:
-    """What `because` adds for unread_output's (key, value); `names` as decide's."""
+def unread_note(key: str, value: float, names: Mapping[str, str] | None = None,
+                fed_back: Mapping[str, str] | None = None) -> str:
+    """What `because` adds for unread_output's (key, value); `names` as decide's; `fed_back`: the evaluation's
+    state inputs, {input: output} (EvalData.state; output names as the model's)."""
+    output = _PART.match(key)["output"]
+    output = (names or {}).get(output, output)
+    into = [name for name, out in (fed_back or {}).items() if out == output]
+    if into:
+        why = (f"fed back as input {into[0]!r} on every next row, so that error is in the task's metric: the rows ran "
+               "in order, each model carrying its own state")
+    else:
+        why = ("an output the model takes back, as a recurrent state, carries that error into its next call; "
+               f"eval_data.inputs.<its input>.from_output={output} measures that, rows in order")
     return _named(f"; {_where(_PART.match(key))}, which the task's metric does not read, is at {value:.1f} dB SQNR "
-                  "(an output the model takes back, as a recurrent state, carries that error into its next call)",
-                  names)
+                  f"({why})", names)
 
 
 def _named(text: str, names: Mapping[str, str] | None) -> str:
@@ -195,11 +205,12 @@ def rule_for(metrics: Mapping[str, float], conf=None) -> Rule | None:
 
 
 def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
-           names: Mapping[str, str] | None = None) -> dict | None:
+           names: Mapping[str, str] | None = None, fed_back: bool = False) -> dict | None:
     """result.json `verdict`: {status, metric, value, because}; None without anything to decide on. A verdict.metric
     the run did not measure is an error (the run's metric names listed). `names`: an output's name in its metric
     keys -> its name in the model, where they differ (calibrun.measure.errors.metric_key: `out:0` is `out_0` in a
-    key); `because` names the output as the model does."""
+    key); `because` names the output as the model does. `fed_back`: the rows ran in order, each model feeding back
+    its own state (calibrun.measure.feedback)."""
     rule = rule_for(metrics, conf)
     if rule is None:
         return None
@@ -226,7 +237,8 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
             unit = "row" if rule is DECISION_DICE else "pixel"
             said = (f"neither model marks any {unit} over the task threshold: no decision changed, but these rows "
                     "test only the no side")
-    on = f" ({rows} evaluation rows)" if rows else ""
+    order = ", in order, each model feeding back its own state" if fed_back else ""
+    on = f" ({rows} evaluation rows{order})" if rows else ""
     because = _named(f"{said}{on}: {status} ({rule.bounds()})", names)
     return {"status": status, "metric": rule.metric, "value": value if math.isfinite(value) else None,
             "because": because}

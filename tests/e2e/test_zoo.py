@@ -13,6 +13,7 @@ import pytest
 from onnx import numpy_helper
 
 from calibrun.core import cpu
+from calibrun.model.sessions import session
 from tests.conftest import REPO, run_python
 from tests.zoo import AGREEMENT, BROKEN, CER, DEGRADED, LABELS, OK, ZOO
 
@@ -270,3 +271,64 @@ def test_diagnostics_in_pieces_over_waiting_runs_equal_them_run_by_run_on_a_trai
     assert len(opened) > 2 * pieces_opened  # a session per run and piece
     assert [r["tensor"] for r in waiting] == [r["tensor"] for r in one]
     assert waiting == one
+
+
+@pytest.mark.slow
+def test_a_recurrent_state_fed_back_is_measured_as_the_model_is_streamed(tmp_path):
+    """DTLN's first stage (a mask from a block's spectrum, an LSTM state [1, 2, 128, 2] carried from block to block),
+    its evaluation rows the blocks of 15 s in order: with `eval_data.inputs.input_3.from_output` (the zoo's job sets
+    it), calibrun's mask SQNR and Dice are those of the fp32 and the int8 model each streamed here on its own state
+    from the first row's, and the verdict says the rows ran so. Fed the recorded state instead, the mask's error is
+    the one a single block makes: the fed-back error includes it and what the int8 state carries on."""
+    from tests.zoo import run_rows
+
+    entry, built, job, result = _default_job("dtln_mask", tmp_path)
+    feeds = built.arrays()
+    rows = len(feeds["input_2"])
+    assert result["used"]["eval_rows"] == rows
+    assert rows > 1000
+
+    def streamed(path):
+        sess, state, masks = session(path), feeds["input_3"][:1], []
+        for block in feeds["input_2"]:
+            mask, state = sess.run(None, {"input_2": block[None], "input_3": state})
+            masks.append(mask)
+        return np.concatenate(masks).astype(np.float64)
+
+    ref, got = streamed(entry.path()), streamed(job / "int8.onnx")
+    assert result["metrics"]["out.activation_2.sqnr_db"] == pytest.approx(
+        10 * np.log10(np.sum(ref**2) / np.sum((ref - got) ** 2)), abs=1e-3)
+    a, b = ref > 0.5, got > 0.5
+    assert result["metrics"]["task.dice"] == pytest.approx(2 * np.sum(a & b) / (a.sum() + b.sum()), abs=1e-6)
+    assert "in order, each model feeding back its own state" in result["verdict"]["because"]
+    forced, forced_int8 = (run_rows(path, feeds)[0].astype(np.float64) for path in (entry.path(), job / "int8.onnx"))
+    forced_sqnr = 10 * np.log10(np.sum(forced**2) / np.sum((forced - forced_int8) ** 2))
+    assert forced_sqnr != pytest.approx(result["metrics"]["out.activation_2.sqnr_db"], abs=0.5)
+
+
+@pytest.mark.slow
+def test_a_stateful_models_candidates_are_combined_per_call_and_judged_streamed(tmp_path):
+    """Silero VAD with its state fed back: every candidate is measured streamed (what is offered) and per call (each
+    row fed fp32's state); the combination takes every change that helped either way (and both 16-bit changes, short
+    of ok), so a change that a diverged stream hides is still combined."""
+    entry = ZOO["silero_vad"]
+    built = entry.build(tmp_path / "data")
+    job = tmp_path / "job"
+    proc = run_python(["-m", "calibrun", *entry.overrides(built), "tracking=off", "recommend=on",
+                       f"cache.dir={tmp_path / 'cache'}", f"hydra.run.dir={job}"], cwd=REPO, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((job / "result.json").read_text())
+    assert "in order, each model feeding back its own state" in result["verdict"]["because"]
+    measured = json.loads((job / "recommendations.json").read_text())["measured"]
+    assert all("per_call_after" in e for e in measured)
+    wide = {"quant.activation_type=QInt16", "quant.weight_type=QInt16"}
+    members = {c for e in measured if e.get("helps") or e.get("per_call_helps") for c in e["change"].split(" ")}
+    combined = [e for e in measured if set(e["change"].split(" ")) - wide and len(e["change"].split(" ")) > 1]
+    assert combined
+    for entry_ in combined:
+        assert set(entry_["change"].split(" ")) <= members | wide, entry_["change"]
+    hidden = {e["change"] for e in measured if not e["helps"] and e.get("per_call_helps")}
+    assert any(h in e["change"] for e in combined for h in hidden)  # a change the stream hid was combined
+    offered = result["recommendations"]
+    assert offered
+    assert all(e["after"] > e["before"] for e in offered)

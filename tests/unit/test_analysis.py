@@ -172,7 +172,13 @@ def failing_in_workers_task(fp32_outputs, int8_outputs, labels):
     return two_output_task(fp32_outputs, int8_outputs, labels)
 
 
-def test_evaluator_streams_batches_and_matches_whole_set_numbers(narrow):
+@pytest.mark.parametrize("held", [True, False], ids=["held", "written"])
+def test_evaluator_streams_batches_and_matches_whole_set_numbers(narrow, monkeypatch, held):
+    """The same metrics whether the evaluation's runs are held in memory (small ones) or written, one file each."""
+    from calibrun.analysis import evaluate
+
+    if not held:
+        monkeypatch.setattr(evaluate, "HELD_RUN_BYTES", 0)
     fp32, int8, _, feeds = narrow
     ref = plain_session(fp32.path, True).run(None, feeds)[0].astype(np.float64)
     got = plain_session(int8, True).run(None, feeds)[0].astype(np.float64)
@@ -180,7 +186,9 @@ def test_evaluator_streams_batches_and_matches_whole_set_numbers(narrow):
     with Evaluator(fp32.path, EvalData.from_arrays(feeds, labels), 10,
                    task=Custom("tests.unit.test_analysis:two_output_task")) as ev:
         metrics = ev.model(int8)
-        assert len(list(ev._tmp.iterdir())) == 7  # 64 rows in batches of 10: one reference file each
+        assert ev.count == 7  # 64 rows in batches of 10: one run each
+        assert len(list(ev._tmp.iterdir())) == (0 if held else 7)
+        assert len(ev.batches.held) == (7 if held else 0)
     assert metrics["max_abs_error"] == pytest.approx(np.abs(ref - got).max(), rel=1e-9)
     assert metrics["mean_abs_error"] == pytest.approx(np.abs(ref - got).mean(), rel=1e-9)
     sqnr = 10 * math.log10(np.square(ref).sum() / np.square(ref - got).sum())

@@ -1,0 +1,59 @@
+"""A recurrent state fed back in the evaluation (`eval_data.inputs.<name>.from_output`, docs/data.md).
+
+A stateful model (a VAD, a noise suppressor, a streaming recogniser) takes back an output as an input on its next
+call. Fed the state its data recorded (the fp32 stream's), each row measures one call; an error the int8 model makes
+in its state never reaches a later row. With the state fed back, the rows run in order, one at a time, and each
+model (fp32, int8, every candidate the analysis measures) feeds the state input its own output of the previous row:
+the first row takes the state its data holds, every later one the model's own. What the measurement then sees is
+what streaming the int8 model does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from calibrun.core.errors import CalibrunError
+from calibrun.data.inputs import fmt_shape
+
+
+def output_indices(state: Mapping[str, str], output_names: Sequence[str]) -> dict[str, int]:
+    """{state input: the index of the output it takes back} (`state`: EvalData.state, input -> output name)."""
+    return {name: list(output_names).index(output) for name, output in state.items()}
+
+
+def rows_per_run(state: Mapping[str, str], pinned: int | None) -> int:
+    """The rows a run holds when a state is fed back: one (the next row needs this one's state)."""
+    if state and pinned is not None and pinned != 1:
+        name = next(iter(state))
+        raise CalibrunError(f"config eval_data.inputs.{name}.from_output: the rows run one at a time, in order, but "
+                            f"the model pins its batch at {pinned} rows")
+    return 1
+
+
+class Carried:
+    """One model's state over the evaluation rows in order: `feeds(part)` is the run's feeds with each state input
+    replaced by the model's own output of the previous run (`took(outputs)` records it); the first run keeps its
+    data's state. `pairs`: output_indices."""
+
+    def __init__(self, pairs: Mapping[str, int], output_names: Sequence[str]):
+        self.pairs = dict(pairs)
+        self.output_names = list(output_names)
+        self.last: dict[str, np.ndarray] | None = None
+
+    def feeds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if not self.last:
+            return dict(feeds)
+        for name, value in self.last.items():
+            want = feeds[name]
+            if value.shape != want.shape or value.dtype != want.dtype:
+                output = self.output_names[self.pairs[name]]
+                raise CalibrunError(f"config eval_data.inputs.{name}.from_output: output {output!r} gives "
+                                    f"{value.dtype} {fmt_shape(value.shape)} on a row, input {name!r} takes "
+                                    f"{want.dtype} {fmt_shape(want.shape)}")
+        return {**feeds, **self.last}
+
+    def took(self, outputs: Sequence[np.ndarray]) -> None:
+        if self.pairs:
+            self.last = {name: np.asarray(outputs[index]) for name, index in self.pairs.items()}

@@ -1,0 +1,140 @@
+"""A recurrent state fed back in the evaluation (`eval_data.inputs.<name>.from_output`, calibrun.measure.feedback):
+the rows run in order, each model feeding its state input its own output of the previous row, in the job's
+evaluation, in the analysis' stored batches, and in an analysis Evaluator of its own alike."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from calibrun.analysis.evaluate import Evaluator
+from calibrun.core.errors import CalibrunError
+from calibrun.data import calibration_data, evaluation_data
+from calibrun.measure import feedback, verdict
+from calibrun.measure.errors import evaluate
+from calibrun.model import open_float_model
+from calibrun.model.sessions import session
+from calibrun.quant.quantize import quantize_with
+from tests.modelzoo import save, stateful_model
+
+ROWS = 40
+STATE = {"state": {"from_output": "stateN"}, "sr": {"value": 16000}}
+
+
+def npy(path, inputs=None) -> dict:
+    return {"name": "npy", "path": str(path), "inputs": inputs or {}}
+
+
+@pytest.fixture
+def stream(tmp_path):
+    """The stateful model, rows of one stream in order (`input` [40, 8]; `state` [2, 40, 4], each row the state
+    the fp32 model carried into it from zeros) and an int8 model calibrated on them."""
+    fp32 = open_float_model(save(stateful_model(), tmp_path / "m.onnx"))
+    rng = np.random.default_rng(3)
+    x = rng.normal(0, 2, size=(ROWS, 8)).astype(np.float32)
+    sess, state, states = session(fp32.path), np.zeros((2, 1, 4), np.float32), []
+    for row in x:
+        states.append(state)
+        state = sess.run(None, {"input": row[None], "state": state, "sr": np.array(16000)})[1]
+    data = tmp_path / "d.npz"
+    np.savez(data, input=x, state=np.concatenate(states, axis=1))
+    int8 = tmp_path / "int8.onnx"
+    quantize_with(fp32, int8, calibration_data(npy(data, {"sr": {"value": 16000}}), fp32, 0, 1.0, 3))
+    return fp32, data, int8
+
+
+def _closed_loop(path, x, first_state) -> tuple[np.ndarray, np.ndarray]:
+    """The model streamed by hand: each row fed the state its own previous row gave."""
+    sess, state, outs, states = session(path), first_state, [], []
+    for row in x:
+        out, state = sess.run(None, {"input": row[None], "state": state, "sr": np.array(16000)})
+        outs.append(out)
+        states.append(state)
+    return np.concatenate(outs), np.concatenate(states, axis=1)
+
+
+def _sqnr(ref, got) -> float:
+    ref, got = ref.astype(np.float64), got.astype(np.float64)
+    return float(10 * np.log10(np.sum(ref**2) / np.sum((ref - got) ** 2)))
+
+
+def test_the_evaluation_streams_each_model_on_its_own_state(stream):
+    fp32, data, int8 = stream
+    arrays = np.load(data)
+    ref, ref_state = _closed_loop(fp32.path, arrays["input"], arrays["state"][:, :1])
+    got, got_state = _closed_loop(int8, arrays["input"], arrays["state"][:, :1])
+    evaluation = evaluation_data(npy(data, STATE), fp32, 0, ROWS)
+    assert evaluation.state == {"state": "stateN"}
+    used: dict = {}
+    fed = evaluate(fp32.path, int8, evaluation, progress=None, batch_size=16, used=used)
+    assert used["eval_rows_per_run"] == 1
+    assert fed["out.output.sqnr_db"] == pytest.approx(_sqnr(ref, got), rel=1e-5)
+    assert fed["out.stateN.sqnr_db"] == pytest.approx(_sqnr(ref_state, got_state), rel=1e-5)
+    # fed the recorded (fp32) state instead, the int8 model's own state error never reaches a later row
+    forced = evaluate(fp32.path, int8, evaluation_data(npy(data, {"sr": {"value": 16000}}), fp32, 0, ROWS),
+                      progress=None, batch_size=16)
+    assert forced["out.output.sqnr_db"] != pytest.approx(fed["out.output.sqnr_db"], rel=1e-3)
+
+
+def test_the_analysis_measures_every_candidate_on_its_own_state(stream):
+    """The stored batches of the job's evaluation (`kept`) and an Evaluator's own fp32 pass give the int8 model the
+    metrics the job's evaluation gave it: each candidate streams its own state from the first row's."""
+    fp32, data, int8 = stream
+    evaluation = evaluation_data(npy(data, STATE), fp32, 0, ROWS)
+    kept = Evaluator.kept(fp32.path, state=evaluation.state)
+    with kept:
+        job = evaluate(fp32.path, int8, evaluation, progress=None, batch_size=16, keep=kept)
+        assert kept.count == ROWS  # a run per row
+        from_kept = kept.model(int8)
+    with Evaluator(fp32.path, evaluation, 16) as own:
+        from_own = own.model(int8)
+        assert own.batches.state == {"state": "stateN"}
+    for metrics in (from_kept, from_own):
+        for key in ("out.output.sqnr_db", "out.stateN.sqnr_db", "max_abs_error"):
+            assert metrics[key] == pytest.approx(job[key], rel=1e-6), key
+
+
+def test_only_the_evaluation_feeds_a_state_back(stream):
+    fp32, data, _ = stream
+    with pytest.raises(CalibrunError, match=r"^config data\.inputs\.state\.from_output: is read by the evaluation "
+                                            r"only \(eval_data\.inputs\.state\.from_output\)"):
+        calibration_data(npy(data, STATE), fp32, 0, 1.0, 3)
+
+
+@pytest.mark.parametrize(("inputs", "message"), [
+    ({"state": {"from_output": "stateM"}}, r"'stateM' is not an output of the model \(outputs: output, stateN\)"),
+    ({"sr": {"value": 16000, "from_output": "output"}}, r"output 'output' is FLOAT, input 'sr' \(INT64 \[\]\) takes "
+                                                         r"INT64"),
+    ({"input": {"from_output": "output"}}, r"output 'output' \[\?, 3\] does not fit input 'input' \(FLOAT \[N, 8\]\)"),
+])
+def test_a_state_the_model_cannot_take_back_is_one_line(stream, inputs, message):
+    fp32, data, _ = stream
+    with pytest.raises(CalibrunError, match=message):
+        evaluation_data(npy(data, {"sr": {"value": 16000}, **inputs}), fp32, 0, ROWS)
+
+
+def test_a_state_whose_row_does_not_fit_or_a_batch_pinned_past_one_row_is_refused():
+    carried = feedback.Carried({"state": 1}, ["out", "stateN"])
+    feeds = {"x": np.zeros((1, 2), np.float32), "state": np.zeros((2, 1, 4), np.float32)}
+    assert carried.feeds(feeds)["state"] is feeds["state"]  # the first row: the data's state
+    carried.took([np.zeros(1), np.ones((2, 1, 3), np.float32)])
+    with pytest.raises(CalibrunError, match=r"output 'stateN' gives float32 \[2, 1, 3\] on a row, input 'state' "
+                                            r"takes float32 \[2, 1, 4\]"):
+        carried.feeds(feeds)
+    carried.took([np.zeros(1), np.full((2, 1, 4), 7, np.float32)])
+    assert (carried.feeds(feeds)["state"] == 7).all()
+    assert feedback.rows_per_run({"state": "stateN"}, None) == feedback.rows_per_run({"state": "stateN"}, 1) == 1
+    with pytest.raises(CalibrunError, match="pins its batch at 4 rows"):
+        feedback.rows_per_run({"state": "stateN"}, 4)
+
+
+def test_the_verdict_says_the_rows_ran_in_order_and_where_a_broken_state_went():
+    metrics = {"task.dice": 0.97, "out.mask.sqnr_db": 30.0, "out.state.sqnr_db": 2.0}
+    assert "(235 evaluation rows, in order, each model feeding back its own state)" in \
+        verdict.decide(metrics, rows=235, fed_back=True)["because"]
+    assert "(235 evaluation rows)" in verdict.decide(metrics, rows=235)["because"]
+    key, value = verdict.unread_output(metrics, "mask")
+    told = verdict.unread_note(key, value, fed_back={"state_in": "state"})
+    assert "fed back as input 'state_in' on every next row, so that error is in the task's metric" in told
+    untold = verdict.unread_note(key, value)
+    assert "eval_data.inputs.<its input>.from_output=state measures that" in untold
