@@ -141,7 +141,9 @@ class _Actors:
             ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
         path, per, batches, names, pairs = args
         model = ray.put(Path(path).read_bytes())
-        data = [ray.put((batches.folder / f"{i}.npz").read_bytes()) for i in range(batches.count)]
+        # the runs written to files (the ones held in memory travel inside `batches`)
+        data = {i: ray.put((batches.folder / f"{i}.npz").read_bytes()) for i in range(batches.count)
+                if i not in batches.held}
         actor = ray.remote(num_cpus=per)(_TrialActor)
         self.actors = [actor.remote(model, per, batches, data, names, pairs) for _ in range(workers)]
         self.per = per
@@ -200,7 +202,7 @@ class _Actors:
 class _TrialActor:
     """A Ray actor holding a session of the switch model and the evaluation batches (written to its own folder)."""
 
-    def __init__(self, model: bytes, threads: int, batches, data: list, names: list[str], pairs: int):
+    def __init__(self, model: bytes, threads: int, batches, data: dict, names: list[str], pairs: int):
         import copy
 
         import ray
@@ -208,7 +210,7 @@ class _TrialActor:
         self.folder = temp_dir("trials")
         folder = Path(self.folder.name)
         (folder / "switch.onnx").write_bytes(model)
-        for i, blob in enumerate(ray.get(list(data))):
+        for i, blob in zip(data, ray.get(list(data.values())), strict=True):
             (folder / f"{i}.npz").write_bytes(blob)
         batches = copy.copy(batches)
         batches.folder = folder

@@ -34,6 +34,9 @@ def test_trials_on_ray_actors_give_the_serial_ranking(narrow, tmp_path, monkeypa
     _same_ranking(serial, parallel)
     assert not ray.is_initialized()  # the Ray the analysis started is stopped again
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from calibrun.analysis import evaluate
+
+    monkeypatch.setattr(evaluate, "HELD_RUN_BYTES", 0)  # the runs written to files, sent to the actors as bytes
     try:
         serial, parallel = _serial_and_parallel(narrow, 0, "auto")
         assert (parallel["workers"], parallel["backend"]) == (2, "ray")
