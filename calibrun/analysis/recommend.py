@@ -345,15 +345,7 @@ def _outranked(candidate: Candidate, measured: list[dict]) -> dict | None:
 
 
 def _rank(entry: dict, better: float) -> tuple:
-    """With a state fed back (`eval_data.inputs.<name>.from_output`, calibrun.measure.feedback) each candidate is judged
-streamed (its `after`, status and whether it is offered) and also measured per call, each row fed the state fp32
-carried (`per_call_after` in recommendations.json, one more evaluation pass): a change that helped either way is a
-member of the combination. A stream amplifies what one call changes, so a change that lowers the per-call error can
-leave a diverged stream as diverged until another change joins it: on Silero VAD, streamed, every single change left
-its state under 0 dB, while per call the matrix ops alone had helped (3.0 -> 5.9 dB) and, with both 16-bit changes,
-made it ok streamed (41.7 dB).
-
-Best first: the best status after the change; among changes that make the model ok, the fewest changes,
+    """Best first: the best status after the change; among changes that make the model ok, the fewest changes,
     then the best value; short of ok, the best value (the one closest to ok), then the fewest changes."""
     status = entry["status_after"]
     changes, value = len(entry["change"].split(" ")), -better * entry["after"]
