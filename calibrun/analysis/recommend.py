@@ -262,7 +262,8 @@ def attach(ctx, result) -> None:
         search = "per_call_after" if per_call else "after"  # the value that orders the members
 
         def value(candidate: Candidate) -> float:
-            return next(e[search] for e in measured if e["change"] == candidate.change)
+            found = next(e[search] for e in measured if e["change"] == candidate.change)
+            return found if found is not None else -better * math.inf  # not measured (NaN): the weakest
 
         helped.sort(key=lambda c: -better * value(c))
         members = [c for c in helped if c.method is None] + [c for c in helped if c.method is not None][:1]
