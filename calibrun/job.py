@@ -24,6 +24,7 @@ from calibrun.core import cpu
 from calibrun.core.errors import CalibrunError
 from calibrun.core.files import DIAGNOSTICS_FILE, RANGES_FILE, strict_json, temp_dir, write_json
 from calibrun.data import EvalData, calibration_data, evaluation_data
+from calibrun.data.inputs import spelled
 from calibrun.data.rows import pinned_rows
 from calibrun.lab.model import write_lab_model
 from calibrun.measure import errors as measure
@@ -209,6 +210,8 @@ def context(cfg: DictConfig, job_dir: Path, one_row: JobContext | None = None) -
     options, record = resolve_exclusions(fp32.path, config.quant_options(cfg))  # names checked before any work
     data = calibration_data(data_source, fp32, cfg.calibration.seed, cfg.calibration.factor, batches)
     evaluation = evaluation_data(source, fp32, source["seed"], source["rows"])
+    if one_row is None and source.get("name") != "lab":
+        _hint_state(fp32, evaluation)
     try:
         task = tasks.resolve(tasks.spec_of(cfg.task), fp32.path, labels=evaluation.labels,
                              classifier=cfg.model.classifier)
@@ -220,6 +223,19 @@ def context(cfg: DictConfig, job_dir: Path, one_row: JobContext | None = None) -
         if task.static_classes:  # before any work when the graph states the classes
             evaluation.check_labels(task.static_classes, task.output)
     return JobContext(cfg, job_dir, fp32, steps, options, record.get("exclusions"), data, source, evaluation, task)
+
+
+def _hint_state(fp32: FloatModel, evaluation: EvalData) -> None:
+    """One line for each input that looks like a recurrent state (calibrun.measure.feedback.look_alike) and is not
+    fed back: what the evaluation then measures, and the override that streams it."""
+    from calibrun.measure.feedback import look_alike
+
+    for name, output in look_alike(fp32.inputs, structure(fp32.path).graph.output):
+        if name not in evaluation.state:
+            log.info("input %r has the type and shape of output %r, as a recurrent state does: each evaluation row is "
+                     "fed the %r its data holds (one call at a time); if the model takes %r back on its next call, "
+                     "eval_data.inputs.%s.from_output=%s evaluates the rows in order, each model streaming its own "
+                     "(docs/data.md)", name, output, name, output, spelled(name), output)
 
 
 def _with_axes(source: dict, axes: dict) -> dict:

@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from calibrun.core.errors import CalibrunError
-from calibrun.data.inputs import fmt_shape
+from calibrun.data.inputs import fmt_shape, is_float
+from calibrun.data.rows import is_fixed
 
 
 def output_indices(state: Mapping[str, str], output_names: Sequence[str]) -> dict[str, int]:
@@ -57,3 +58,33 @@ class Carried:
     def took(self, outputs: Sequence[np.ndarray]) -> None:
         if self.pairs:
             self.last = {name: np.asarray(outputs[index]) for name, index in self.pairs.items()}
+
+
+def look_alike(inputs: Sequence, outputs: Sequence) -> list[tuple[str, str]]:
+    """(input, output) pairs where a float input other than the primary one (calibrun.model.primary) has an output's
+    element type, rank and sizes (an axis free on either side fits any size): what a recurrent state looks like.
+    Each output pairs once; among several, one of the same sizes, free axes alike, then one whose name starts with
+    the input's (`h` -> `hn`). A hint only: nothing in a graph says that the caller feeds the output back."""
+    from calibrun.model import primary
+
+    first = primary(inputs).name if inputs else None
+    shapes = {}
+    for output in outputs:
+        tensor = output.type.tensor_type
+        if tensor.HasField("shape"):
+            shapes[output.name] = (tensor.elem_type, [d.dim_value if d.HasField("dim_value") and d.dim_value > 0
+                                                      else None for d in tensor.shape.dim])
+    found, used = [], set()
+    for info in inputs:
+        if info.name == first or not info.has_shape or not info.shape or not is_float(info):
+            continue
+        sizes = [d if is_fixed(d) else None for d in info.shape]
+        fits = [(dims != sizes, not name.startswith(info.name), k, name)
+                for k, (name, (elem, dims)) in enumerate(shapes.items())
+                if name not in used and elem == info.elem_type and len(dims) == len(sizes)
+                and all(a is None or b is None or a == b for a, b in zip(dims, sizes, strict=True))]
+        if fits:
+            name = min(fits)[3]
+            used.add(name)
+            found.append((info.name, name))
+    return found

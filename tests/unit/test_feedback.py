@@ -138,3 +138,27 @@ def test_the_verdict_says_the_rows_ran_in_order_and_where_a_broken_state_went():
     assert "fed back as input 'state_in' on every next row, so that error is in the task's metric" in told
     untold = verdict.unread_note(key, value)
     assert "eval_data.inputs.<its input>.from_output=state measures that" in untold
+
+
+def test_an_input_with_an_outputs_type_and_shape_is_hinted_as_a_state_and_the_primary_input_never():
+    import onnx
+    from onnx import TensorProto, helper
+
+    from calibrun.model import graph_inputs
+
+    model = stateful_model()
+    assert feedback.look_alike(list(graph_inputs(model)), model.graph.output) == [("state", "stateN")]
+    # a denoiser's output has its input's shape: the primary input is never a state; nor is an integer input
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"]), helper.make_node("Identity", ["ids"], ["ids_out"]),
+         helper.make_node("Identity", ["h"], ["h_next"]), helper.make_node("Identity", ["h"], ["hn"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8]),
+         helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 8]),
+         helper.make_tensor_value_info("h", TensorProto.FLOAT, [2, "N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8]),
+         helper.make_tensor_value_info("ids_out", TensorProto.INT64, ["N", 8]),
+         helper.make_tensor_value_info("h_next", TensorProto.FLOAT, [2, "N", 3]),
+         helper.make_tensor_value_info("hn", TensorProto.FLOAT, [None, "N", 4])])
+    model = helper.make_model(graph)
+    onnx.checker.check_model(model)
+    assert feedback.look_alike(list(graph_inputs(model)), model.graph.output) == [("h", "hn")]
