@@ -28,7 +28,7 @@ from calibrun.data.inputs import spelled
 from calibrun.data.rows import pinned_rows
 from calibrun.lab.model import write_lab_model
 from calibrun.measure import errors as measure
-from calibrun.measure import tasks, verdict
+from calibrun.measure import feedback, tasks, verdict
 from calibrun.measure.diagnosis import as_table, classify_model
 from calibrun.measure.rows_apart import rows_depend
 from calibrun.measure.tensor_stats import StreamingDiagnostics
@@ -228,9 +228,7 @@ def context(cfg: DictConfig, job_dir: Path, one_row: JobContext | None = None) -
 def _hint_state(fp32: FloatModel, evaluation: EvalData) -> None:
     """One line for each input that looks like a recurrent state (calibrun.measure.feedback.look_alike) and is not
     fed back: what the evaluation then measures, and the override that streams it."""
-    from calibrun.measure.feedback import look_alike
-
-    for name, output in look_alike(fp32.inputs, structure(fp32.path).graph.output):
+    for name, output in feedback.look_alike(fp32.inputs, structure(fp32.path).graph.output):
         if name not in evaluation.state:
             log.info("input %r has the type and shape of output %r, as a recurrent state does: each evaluation row is "
                      "fed the %r its data holds (one call at a time); if the model takes %r back on its next call, "
@@ -348,7 +346,7 @@ def compute(ctx: JobContext) -> JobResult:
     names = {measure.metric_key(o.name): o.name for o in structure(fp32.path).graph.output}
     try:
         result.verdict = verdict.decide(result.metrics, cfg.verdict, rows=int(errors["rows"]), names=names,
-                                        fed_back=bool(evaluation.state))
+                                        streamed=feedback.streamed(evaluation.state))
     except ValueError as exc:  # verdict.metric names no metric of this run
         raise CalibrunError(f"config {exc}") from None
     task_output = (result.task or {}).get("output")

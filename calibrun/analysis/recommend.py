@@ -30,10 +30,10 @@ Candidates, each written as the override a user types:
 With a state fed back (`eval_data.inputs.<name>.from_output`, calibrun.measure.feedback) each candidate is judged
 streamed (its `after`, status and whether it is offered) and also measured per call, each row fed the state fp32
 carried (`per_call_after` in recommendations.json, one more evaluation pass): a change that helped either way is a
-member of the combination. A stream amplifies what one call changes, so a change that lowers the per-call error can
-leave a diverged stream as diverged until another change joins it: on Silero VAD, streamed, every single change left
-its state under 0 dB, while per call the matrix ops alone had helped (3.0 -> 5.9 dB) and, with both 16-bit changes,
-made it ok streamed (41.7 dB).
+member of the combination (`combined_members`), ranked by its per-call value. A stream amplifies what one call
+changes, so a change that lowers the per-call error can leave a diverged stream as diverged, its streamed value
+moved by noise, until another change joins it: DTLN's refine stage, streamed at -15.1 dB, stayed there under
+per-channel weights and 16-bit weights (-15.1, -15.1), which per call had helped (12.8 -> 13.6, 13.6 dB).
 
 Best first: the best status after the change; among the changes that make the model ok the fewest changes, then the
 best value; short of ok, the best value, then the fewest changes.
@@ -176,7 +176,7 @@ def attach(ctx, result) -> None:
     from calibrun.analysis.evaluate import Evaluator
     from calibrun.core.files import temp_dir
     from calibrun.data.rows import pinned_rows
-    from calibrun.measure import verdict
+    from calibrun.measure import feedback, verdict
     from calibrun.quant.calibrate import CalibrationCache
     from calibrun.quant.quantize import quantize, quantize_with, reusing_copies
 
@@ -185,7 +185,8 @@ def attach(ctx, result) -> None:
     if result.verdict is None:
         return
     start = time.perf_counter()
-    rule = verdict.rule_for(result.metrics, cfg.verdict)
+    streamed = feedback.streamed(ctx.evaluation.state)
+    rule = verdict.rule_for(result.metrics, cfg.verdict, streamed)
     better = 1.0 if rule.goal == "max" else -1.0
     value = result.verdict["value"]
     if value is not None and rule.unbeatable(float(value)):  # int8 decides as fp32 does: nothing can be better
@@ -197,7 +198,6 @@ def attach(ctx, result) -> None:
     cache = CalibrationCache(cfg.cache.dir) if cfg.cache.enabled else None
     own = ctx.calibration_of(result)
     measured: list[dict] = []
-    helped: list[Candidate] = []
     rows = pinned_rows({i.name: i.shape for i in fp32.inputs}, ctx.evaluation.axes) or cfg.analysis.batch_rows
     kept = ctx.reference if evaluation is ctx.evaluation else None  # the evaluation's own fp32 outputs
     ctx.reference = None  # closed with this block
@@ -233,7 +233,7 @@ def attach(ctx, result) -> None:
                 log.info("recommend: %s: could not be measured: %s", candidate.change, entry["error"])
                 return entry
             after = rule.value(after_metrics)
-            decided = verdict.decide(after_metrics, cfg.verdict)
+            decided = verdict.decide(after_metrics, cfg.verdict, streamed=streamed)
             entry.update(after=finite(after), status_after=decided["status"] if decided else None,
                          seconds=round(time.perf_counter() - began, 3))
             entry["helps"] = _better(after, before, better)
@@ -255,24 +255,9 @@ def attach(ctx, result) -> None:
         singles = candidates(ctx.options, cfg.format.name, spec.method, diagnosis, conf, quantised,
                              saturates=cpu.int8_dot()["saturates"])
         for i, candidate in enumerate(singles):
-            entry = measure(candidate, i)
-            measured.append(entry)
-            if entry.get("helps") or entry.get("per_call_helps"):
-                helped.append(candidate)
-        search = "per_call_after" if per_call else "after"  # the value that orders the members
-
-        def value(candidate: Candidate) -> float:
-            found = next(e[search] for e in measured if e["change"] == candidate.change)
-            return found if found is not None else -better * math.inf  # not measured (NaN): the weakest
-
-        helped.sort(key=lambda c: -better * value(c))
-        members = [c for c in helped if c.method is None] + [c for c in helped if c.method is not None][:1]
-        wide = next((c for c in singles if c.wider and c not in helped
-                     and next(e for e in measured if e["change"] == c.change)["after"] is not None), None)
-        if wide is not None and members and not any(e.get("helps") and e["status_after"] == "ok" for e in measured):
-            members.append(wide)  # its gain is bounded by the error sources the others remove
-        members = [c for c in members  # a change another member already makes is no member of its own
-                   if not any(o is not c and set(c.changes) < set(o.changes) for o in members)]
+            measured.append(measure(candidate, i))
+        members = combined_members(singles, measured, better)
+        value = _value_of(measured, better)
 
         def once(candidate: Candidate) -> dict | None:
             """The candidate's entry: measured before (the same changes), measured now, or None where it cannot be
@@ -328,6 +313,34 @@ def _record(ctx, result, rule, before: float, rows: int, offered: list[dict], me
                "not_measured": skipped}
     write_json(ctx.job_dir / RECOMMEND_FILE, {**written, **({"why": why} if why else {})})
     result.files[RECOMMEND_FILE.removesuffix(".json")] = RECOMMEND_FILE
+
+
+def _value_of(measured: list[dict], better: float):
+    """candidate -> the value that orders the members of a combination: per call where the entries hold it (a state
+    fed back), else the metric's; a value not measured (NaN) is the weakest."""
+    search = "per_call_after" if any("per_call_after" in e for e in measured) else "after"
+
+    def value(candidate: Candidate) -> float:
+        found = next(e.get(search) for e in measured if e["change"] == candidate.change)
+        return found if found is not None else -better * math.inf
+
+    return value
+
+
+def combined_members(singles: list[Candidate], measured: list[dict], better: float) -> list[Candidate]:
+    """The single changes measured together, best first: each that helped (streamed, or per call where a state is
+    fed back: `per_call_helps`), one calibration method at most; both 16-bit changes too when they did not help and
+    no change made the model ok; none that another member already makes."""
+    entry = {e["change"]: e for e in measured}
+    value = _value_of(measured, better)
+    helped = sorted((c for c in singles if entry[c.change].get("helps") or entry[c.change].get("per_call_helps")),
+                    key=lambda c: -better * value(c))
+    members = [c for c in helped if c.method is None] + [c for c in helped if c.method is not None][:1]
+    wide = next((c for c in singles if c.wider and c not in helped and entry[c.change]["after"] is not None), None)
+    if wide is not None and members and not any(e.get("helps") and e["status_after"] == "ok" for e in measured):
+        members.append(wide)  # its gain is bounded by the error sources the others remove
+    return [c for c in members  # a change another member already makes is no member of its own
+            if not any(o is not c and set(c.changes) < set(o.changes) for o in members)]
 
 
 def _better(after, before: float, better: float) -> bool:

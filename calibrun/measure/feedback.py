@@ -24,6 +24,14 @@ def output_indices(state: Mapping[str, str], output_names: Sequence[str]) -> dic
     return {name: list(output_names).index(output) for name, output in state.items()}
 
 
+def streamed(state: Mapping[str, str]) -> tuple[str, ...]:
+    """The outputs fed back (`state`: EvalData.state, input -> output) as their metric keys name them: what the
+    worst-output verdict reads through the other outputs (calibrun.measure.verdict.rule_for)."""
+    from calibrun.measure.errors import metric_key
+
+    return tuple(metric_key(output) for output in state.values())
+
+
 def rows_per_run(state: Mapping[str, str], pinned: int | None) -> int:
     """The rows a run holds when a state is fed back: one (the next row needs this one's state)."""
     if state and pinned is not None and pinned != 1:

@@ -25,6 +25,10 @@ One rule for every built-in metric: count the model's decisions that quantisatio
   energy, is under 20 dB, in every output and part (`out.<name>.rows_under_20db`, calibrun.measure.errors), the
   same 1 in 20 as the decisions above. The pooled SQNR averages the error over the rows; an error concentrated on
   a few rows flips their decisions while the average stays at 20 dB. The share only ever turns ok into degraded.
+  With a state fed back (`eval_data.inputs.<name>.from_output`: rows in order, each model streaming its own), the
+  state outputs are not read by this rule (while another output was measured): their error reaches every later row
+  of the outputs that the rule reads, which is where it matters to the caller; read on their own too, it would be
+  counted twice. `because` says their own SQNR beside.
 
 The per-tensor diagnosis (calibrun.measure.tensor_stats) is the explanation beneath the verdict, never the
 headline: a model whose tensors are each sound can still be broken at its outputs (the error builds up).
@@ -35,7 +39,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from calibrun.core.errors import need
@@ -54,6 +58,7 @@ class Rule:
     worst: bool = False  # the worst output's SQNR: re-found in each run's metrics (the worst output may move)
     digits: int | None = None  # the decimals `says` shows of the value (None: shown as it is)
     best: float | None = None  # the value no change can better (int8 decides as fp32 does; None: no such value)
+    skip: tuple[str, ...] = ()  # the worst-output rule: outputs it does not read (a state fed back: `streamed`)
 
     def unbeatable(self, value: float) -> bool:
         """`value` is this metric's best: no change can make the model better by it."""
@@ -75,7 +80,7 @@ class Rule:
     def value(self, metrics: Mapping[str, float]) -> float:
         """This rule's metric in `metrics` (NaN when missing)."""
         if self.worst:
-            found = worst_output(metrics)
+            found = worst_output(metrics, self.skip)
             return found[1] if found is not None else math.nan
         return float(metrics.get(self.metric, math.nan))
 
@@ -85,7 +90,7 @@ class Rule:
             return "broken"
         sign = 1.0 if self.goal == "max" else -1.0
         if sign * value >= sign * self.ok:
-            rows = rows_under(metrics) if self.worst and metrics is not None else None
+            rows = rows_under(metrics, self.skip) if self.worst and metrics is not None else None
             return "degraded" if rows is not None and rows[1] > ROWS_UNDER_OK else "ok"
         return "broken" if sign * value < sign * self.broken else "degraded"
 
@@ -118,12 +123,12 @@ _SHARE = re.compile(r"^out\.(?P<output>.+?)(?:\.concat(?P<part>\d+))?\." + re.es
 _ENTRY = re.compile(r"\.ch\d+\.sqnr_db$")  # one entry of a last axis: an explanation, not a decision
 
 
-def worst_output(metrics: Mapping[str, float], other_than: str | None = None) -> tuple[str, float] | None:
-    """(metric key, value) of the lowest output SQNR, over every output (but `other_than`, a metric key's output
-    name) and, for an output a Concat joins, every Concat input's part of it (`out.X.concatJ.sqnr_db`); None when
+def worst_output(metrics: Mapping[str, float], skip: Collection[str] = ()) -> tuple[str, float] | None:
+    """(metric key, value) of the lowest output SQNR, over every output (but those in `skip`, metric keys' output
+    names) and, for an output a Concat joins, every Concat input's part of it (`out.X.concatJ.sqnr_db`); None when
     the run measured none."""
     found = [(value, key) for value, key in _numbers(metrics, _PART)
-             if not _ENTRY.search(key) and _PART.match(key)["output"] != other_than]
+             if not _ENTRY.search(key) and _PART.match(key)["output"] not in skip]
     if not found:
         return None
     value, key = min(found, key=lambda p: (p[0] if math.isfinite(p[0]) else -math.inf, p[1]))
@@ -133,7 +138,7 @@ def worst_output(metrics: Mapping[str, float], other_than: str | None = None) ->
 def unread_output(metrics: Mapping[str, float], task_output: str) -> tuple[str, float] | None:
     """(metric key, value) of the lowest SQNR among the outputs (and their Concat parts) other than `task_output`
     (its metric key), when it is under SQNR_BROKEN_DB: an output a task's verdict does not read; else None."""
-    worst = worst_output(metrics, other_than=task_output)
+    worst = worst_output(metrics, (task_output,))
     return worst if worst is not None and not worst[1] >= SQNR_BROKEN_DB else None
 
 
@@ -162,11 +167,11 @@ def _named(text: str, names: Mapping[str, str] | None) -> str:
     return text
 
 
-def rows_under(metrics: Mapping[str, float]) -> tuple[str, float] | None:
+def rows_under(metrics: Mapping[str, float], skip: Collection[str] = ()) -> tuple[str, float] | None:
     """(metric key, value) of the largest share of rows whose error, against the output's mean signal, is under
-    SQNR_OK_DB, over every output and Concat part (`out.X[.concatJ].rows_under_20db`); None when the run measured
-    none."""
-    found = _numbers(metrics, _SHARE)
+    SQNR_OK_DB, over every output (but those in `skip`) and Concat part (`out.X[.concatJ].rows_under_20db`); None
+    when the run measured none."""
+    found = [(value, key) for value, key in _numbers(metrics, _SHARE) if _SHARE.match(key)["output"] not in skip]
     if not found:
         return None
     value, key = max(found)
@@ -184,34 +189,39 @@ def _where(match: re.Match) -> str:
                                              if match["part"] is not None else "")
 
 
-def _sqnr_rule(key: str) -> Rule:
+def _sqnr_rule(key: str, skip: tuple[str, ...] = ()) -> Rule:
     where = _where(_PART.match(key))
     return Rule(key, "max", SQNR_OK_DB, SQNR_BROKEN_DB,
                 f"the worst output, {where}, is at {{value:.1f}} dB SQNR against fp32 (error RMS {{rms:.0%}} of the "
-                "signal's)", worst=True, digits=1, best=SQNR_CAP)
+                "signal's)", worst=True, digits=1, best=SQNR_CAP, skip=skip)
 
 
-def rule_for(metrics: Mapping[str, float], conf=None) -> Rule | None:
+def rule_for(metrics: Mapping[str, float], conf=None, streamed: Collection[str] = ()) -> Rule | None:
     """The rule that decides a run with these metrics: `verdict.metric` when set, else the task's, else the worst
-    output's SQNR; None when the run measured nothing to decide on."""
+    output's SQNR; None when the run measured nothing to decide on. `streamed`: the outputs (metric keys' names) the
+    evaluation fed back as a state (calibrun.measure.feedback): the worst-output rule reads the others, through which
+    the state's error already shows on every later row, unless no other output was measured."""
     if conf is not None and conf.metric:
         return Rule(conf.metric, conf.goal, float(conf.ok), float(conf.broken),
                     f"{conf.metric} = {{value:.6g}} (set by verdict.metric)")
     for rule in TASK_RULES:
         if rule.metric in metrics:
             return rule
-    worst = worst_output(metrics)
-    return _sqnr_rule(worst[0]) if worst is not None else None
+    skip = tuple(streamed)
+    worst = worst_output(metrics, skip) if skip else None
+    if worst is None:
+        skip, worst = (), worst_output(metrics)
+    return _sqnr_rule(worst[0], skip) if worst is not None else None
 
 
 def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
-           names: Mapping[str, str] | None = None, fed_back: bool = False) -> dict | None:
+           names: Mapping[str, str] | None = None, streamed: Collection[str] = ()) -> dict | None:
     """result.json `verdict`: {status, metric, value, because}; None without anything to decide on. A verdict.metric
     the run did not measure is an error (the run's metric names listed). `names`: an output's name in its metric
     keys -> its name in the model, where they differ (calibrun.measure.errors.metric_key: `out:0` is `out_0` in a
-    key); `because` names the output as the model does. `fed_back`: the rows ran in order, each model feeding back
-    its own state (calibrun.measure.feedback)."""
-    rule = rule_for(metrics, conf)
+    key); `because` names the output as the model does. `streamed`: the outputs (metric keys' names) each model fed
+    back as its own state, rows in order (calibrun.measure.feedback; rule_for)."""
+    rule = rule_for(metrics, conf, streamed)
     if rule is None:
         return None
     if rule.metric not in metrics:
@@ -224,7 +234,7 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
     rms = 10 ** (-value / 20) if math.isfinite(value) else math.inf
     said = rule.says.format(value=rule.shown(value), rms=rms)
     if status != rule.status(value):  # only the rows' share differs from the value's own status: it kept ok away
-        key, share = rows_under(metrics)
+        key, share = rows_under(metrics, rule.skip)
         said += (f", but {share:.0%} of the rows carry an error over {10 ** (-SQNR_OK_DB / 20):.0%} of the "
                  f"output's signal RMS in {_where(_SHARE.match(key))}")
     if rule.metric in (DICE.metric, DECISION_DICE.metric, CLASS_DICE.metric) \
@@ -237,9 +247,22 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
             unit = "row" if rule is DECISION_DICE else "pixel"
             said = (f"neither model marks any {unit} over the task threshold: no decision changed, but these rows "
                     "test only the no side")
-    order = ", in order, each model feeding back its own state" if fed_back else ""
+    order = ", in order, each model feeding back its own state" if streamed else ""
     on = f" ({rows} evaluation rows{order})" if rows else ""
-    because = _named(f"{said}{on}: {status} ({rule.bounds()})", names)
+    because = f"{said}{on}: {status} ({rule.bounds()})"
+    if rule.skip:  # the states' own SQNR, said beside: read through the outputs they feed, not counted twice
+        lowest: dict[str, tuple[float, str]] = {}  # each state output's worst part
+        for number, key in _numbers(metrics, _PART):
+            output = _PART.match(key)["output"]
+            if output in rule.skip and not _ENTRY.search(key):
+                lowest[output] = min(lowest.get(output, (math.inf, key)), (float(number), key))
+        states = ", ".join(f"{_where(_PART.match(key))} at {number:.1f} dB" for number, key in
+                           (lowest[o] for o in sorted(lowest)))
+        one = len(lowest) == 1
+        because += (f"; the state{'' if one else 's'} fed back ({states} on {'its' if one else 'their'} own) "
+                    f"{'is' if one else 'are'} read through the outputs {'it feeds' if one else 'they feed'} on every "
+                    "later row")
+    because = _named(because, names)
     return {"status": status, "metric": rule.metric, "value": value if math.isfinite(value) else None,
             "because": because}
 

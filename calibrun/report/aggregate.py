@@ -572,6 +572,23 @@ def _diagnosis(r: _Report) -> dict:
     return {"runs": runs, "samples": samples}
 
 
+def _streamed(config: dict) -> tuple[str, ...]:
+    """The outputs a run fed back as a state (`eval_data.inputs.<name>.from_output`), as metric keys name them."""
+    from calibrun.measure.errors import metric_key
+
+    found: list[str] = []
+
+    def walk(node) -> None:  # a dotted input name arrives nested (calibrun.data.inputs._named)
+        if isinstance(node, dict):
+            if isinstance(node.get("from_output"), str):
+                found.append(metric_key(node["from_output"]))
+            for value in node.values():
+                walk(value)
+
+    walk((config.get("eval_data") or {}).get("inputs") or {})
+    return tuple(found)
+
+
 def _more_batches(group: list[Run]) -> dict | None:
     """When the trend says more samples help: the sweep's own measurement of it, the verdict's metric of the run
     with the most batches against the one with the fewest, offered only when it is better."""
@@ -579,7 +596,7 @@ def _more_batches(group: list[Run]) -> dict | None:
 
     ordered = sorted(group, key=lambda run: int(run.config["batches"]))
     fewest, most = ordered[0], ordered[-1]
-    rule = verdict.rule_for(most.metrics)
+    rule = verdict.rule_for(most.metrics, streamed=_streamed(most.config))
     if rule is None:
         return None
     before, after = rule.value(fewest.metrics), rule.value(most.metrics)

@@ -131,7 +131,7 @@ def test_a_state_whose_row_does_not_fit_or_a_batch_pinned_past_one_row_is_refuse
 def test_the_verdict_says_the_rows_ran_in_order_and_where_a_broken_state_went():
     metrics = {"task.dice": 0.97, "out.mask.sqnr_db": 30.0, "out.state.sqnr_db": 2.0}
     assert "(235 evaluation rows, in order, each model feeding back its own state)" in \
-        verdict.decide(metrics, rows=235, fed_back=True)["because"]
+        verdict.decide(metrics, rows=235, streamed=("state",))["because"]
     assert "(235 evaluation rows)" in verdict.decide(metrics, rows=235)["because"]
     key, value = verdict.unread_output(metrics, "mask")
     told = verdict.unread_note(key, value, fed_back={"state_in": "state"})
@@ -162,3 +162,20 @@ def test_an_input_with_an_outputs_type_and_shape_is_hinted_as_a_state_and_the_pr
     model = helper.make_model(graph)
     onnx.checker.check_model(model)
     assert feedback.look_alike(list(graph_inputs(model)), model.graph.output) == [("h", "hn")]
+
+
+def test_a_state_fed_back_is_read_through_the_outputs_it_feeds_not_twice():
+    metrics = {"out.y.sqnr_db": 25.0, "out.y.rows_under_20db": 0.0, "out.state.sqnr_db": 2.0,
+               "out.state.concat0.sqnr_db": 0.5, "out.state.concat1.sqnr_db": 9.0, "out.state.rows_under_20db": 1.0}
+    alone = verdict.decide(metrics, rows=100)
+    assert (alone["status"], alone["metric"]) == ("broken", "out.state.concat0.sqnr_db")
+    streamed = verdict.decide(metrics, rows=100, streamed=("state",))
+    assert (streamed["status"], streamed["metric"], streamed["value"]) == ("ok", "out.y.sqnr_db", 25.0)
+    assert streamed["because"].endswith("; the state fed back (output 'state' (the part its Concat's input 0 fills) "
+                                        "at 0.5 dB on its own) is read through the outputs it feeds on every later row")
+    rule = verdict.rule_for(metrics, streamed=("state",))
+    # a candidate's metrics: the rule re-finds its worst output among the outputs it reads
+    assert rule.value({**metrics, "out.y.sqnr_db": 12.0}) == 12.0
+    assert rule.status(22.0, {**metrics, "out.y.rows_under_20db": 0.5}) == "degraded"  # the rows' share of y only
+    only_state = {k: v for k, v in metrics.items() if k.startswith("out.state")}
+    assert verdict.decide(only_state, streamed=("state",))["metric"] == "out.state.concat0.sqnr_db"  # nothing else

@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from calibrun.analysis.recommend import candidates, combined
+from calibrun.analysis.recommend import candidates, combined, combined_members
 from calibrun.quant.quantize import QuantOptions
 
 CONF = SimpleNamespace(methods=["percentile", "entropy"], culprits=2)
@@ -199,3 +199,26 @@ def test_quantised_nodes_are_those_that_read_an_int8_value(tmp_path):
     path = tmp_path / "qdq.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     assert quantised_nodes(path) == {"matmul": "MatMul", "add": "Add"}
+
+
+def test_with_a_state_fed_back_a_change_that_helped_per_call_is_combined_and_members_rank_per_call():
+    """A diverged stream hides what one change does (DTLN's refine stage: per-channel weights left the streamed block
+    at -15.1 dB, per call 12.8 -> 13.6 dB): with a state fed back a change that helped per call is a member, and the
+    members rank by their per-call values; a change that helped neither way is not."""
+    found = candidates(QuantOptions(), "qdq", "minmax", None, CONF, quantised=NODES)
+    by = {c.change: c for c in found}
+    act, chan, weight = (by[k] for k in ("quant.activation_type=QInt16", "quant.per_channel=true",
+                                         "quant.weight_type=QInt16"))
+    singles = [chan, act, weight]
+
+    def entry(candidate, after, helps, per_call=None, per_call_helps=None):
+        e = {"change": candidate.change, "after": after, "helps": helps, "status_after": "broken"}
+        if per_call is not None:
+            e.update(per_call_after=per_call, per_call_helps=per_call_helps)
+        return e
+
+    streamed = [entry(chan, -15.1, False, 13.6, True), entry(act, 13.5, True, 24.2, True),
+                entry(weight, -15.2, False, 12.9, False)]
+    assert changes(combined_members(singles, streamed, 1.0)) == [act.change, chan.change]  # per call: 24.2, 13.6
+    alone = [{k: v for k, v in e.items() if not k.startswith("per_call")} for e in streamed]
+    assert changes(combined_members(singles, alone, 1.0)) == [act.change]  # no state: what helped streamed only
