@@ -21,7 +21,7 @@ import onnx
 from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
 from calibrun.core import patches
-from calibrun.core.errors import CalibrunError
+from calibrun.core.errors import CalibrunError, one_line
 from calibrun.core.files import atomic_path, check_not_source, check_writable, temp_dir
 from calibrun.lab.data import lab_batches
 from calibrun.model import FloatModel, external_files, private_model_copy
@@ -160,7 +160,8 @@ def quantize(
                 dict.fromkeys([*options.nodes_to_exclude, *unbounded])))
         # onnxruntime still computes a scale for each unbounded tensor (inf / inf: numpy's RuntimeWarnings on stderr,
         # trueocr's reading-order model and its -inf mask); calibrun said them once and keeps their nodes in float
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore") if unbounded else contextlib.nullcontext():
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore") if unbounded else contextlib.nullcontext(), \
+                _said_as_onnxruntimes(options):
             quantize_static(
                 str(copy),
                 str(tmp),
@@ -183,6 +184,46 @@ def quantize(
         if check is not None:
             check(tmp)
     return seconds
+
+
+@contextlib.contextmanager
+def _said_as_onnxruntimes(options: QuantOptions):
+    """An error quantize_static raises (a numpy ValueError deep in its quantizer: GTCRN's grouped ConvTranspose
+    under per-channel weights, `operands could not be broadcast together with shapes (16,) (8,)`) as one line that
+    says it is onnxruntime's, with the options that differ from the defaults, the node it was quantising (a `node`
+    in its frames) and the function that failed."""
+    try:
+        yield
+    except (CalibrunError, MemoryError):
+        raise
+    except Exception as exc:
+        where, node = None, None
+        tb = exc.__traceback__
+        while tb is not None:  # innermost last: the failing function and the node nearest to it win
+            frame = tb.tb_frame
+            if "onnxruntime" in frame.f_code.co_filename:
+                where = frame.f_code.co_name
+                found = frame.f_locals.get("node")
+                node = found if isinstance(found, onnx.NodeProto) else node
+            tb = tb.tb_next
+        default = QuantOptions(format=options.format)
+        changed = [_shown(f.name, getattr(options, f.name)) for f in dataclasses.fields(options)
+                   if getattr(options, f.name) != getattr(default, f.name)]
+        at = f" at node {node.name!r} ({node.op_type})" if node is not None and node.name else ""
+        raise CalibrunError(f"onnxruntime's quantize_static failed{at}"
+                            f"{' with ' + ' '.join(changed) if changed else ''}"
+                            f"{f' in {where}' if where else ''}: {one_line(exc)}") from exc
+
+
+def _shown(name: str, value) -> str:
+    """An option as the override that sets it, short: `quant.per_channel=true`, `quant.tensor_types` (3 tensors)."""
+    if isinstance(value, dict):
+        return f"quant.{name} ({len(value)} tensor{'s' if len(value) != 1 else ''})"
+    if isinstance(value, bool):
+        value = str(value).lower()
+    elif isinstance(value, tuple):
+        value = f"[{','.join(value[:3])}{',...' if len(value) > 3 else ''}]"
+    return f"quant.{name}={value}"
 
 
 _COPIES: dict | None = None  # within `reusing_copies`: (model, its version, 16-bit) -> its private copy

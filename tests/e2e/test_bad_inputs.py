@@ -62,6 +62,22 @@ def conv_model() -> onnx.ModelProto:
     return model
 
 
+def grouped_transpose_model() -> onnx.ModelProto:
+    """A ConvTranspose of two groups ([N, 16, 1, 8] -> [N, 16, 1, 12], weight [16, 8, 1, 5]) with a bias, as GTCRN's
+    decoder has: onnxruntime's per-channel bias quantisation fails on it (16 biases, 8 weight scales)."""
+    rng = np.random.default_rng(4)
+    graph = helper.make_graph(
+        [helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], group=2, name="up")], "tests_grouped_transpose",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16, 1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16, 1, 12])],
+        initializer=[numpy_helper.from_array(rng.normal(0, 0.1, (16, 8, 1, 5)).astype(np.float32), "w"),
+                     numpy_helper.from_array(rng.normal(0, 0.1, 16).astype(np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
 class Assets:
     """Input files shared by the cases (read only: the fixture checks that no case touched them)."""
 
@@ -78,6 +94,9 @@ class Assets:
         self.folder_model = root / "a_folder.onnx"
         self.folder_model.mkdir()
         self.conv = save(conv_model(), root / "conv.onnx")
+        self.grouped = save(grouped_transpose_model(), root / "grouped.onnx")
+        self.grouped_rows = root / "grouped_rows.npy"
+        np.save(self.grouped_rows, np.random.default_rng(5).normal(0, 1, (16, 16, 1, 8)).astype(np.float32))
 
         rows = np.random.default_rng(1).normal(0, 1, (64, 16)).astype(np.float32)
         nan, inf = rows.copy(), rows.copy()
@@ -237,6 +256,12 @@ CASES = [
     Case("calibrun-model-truncated-tracked", "calibrun", file_model("truncated"), "not an ONNX model",
          tracking=True),
     Case("calibrun-model-int64-input", "calibrun", file_model("int64"), "INT64"),
+    # onnxruntime's own quantize_static raises (a numpy ValueError deep in its quantizer): one line saying so,
+    # with the option, the node and the function
+    Case("calibrun-quantize-static-fails-inside-onnxruntime", "calibrun",
+         lambda a, r: ["model=file", f"model.path={a.grouped}", "data=npy", f"data.path={a.grouped_rows}",
+                       "eval_data=npy", f"eval_data.path={a.grouped_rows}", "quant.per_channel=true", "batches=1"],
+         "onnxruntime's quantize_static failed at node 'up' (ConvTranspose) with quant.per_channel=true in "),
     Case("calibrun-model-is-a-folder", "calibrun", file_model("folder_model"), "not a file"),
     # data sources
     Case("data-npz-nan-tracked", "calibrun", npy_data("nan_npz"), "NaN", tracking=True),
