@@ -197,22 +197,40 @@ def _said_as_onnxruntimes(options: QuantOptions):
     except (CalibrunError, MemoryError):
         raise
     except Exception as exc:
-        where, node = None, None
-        tb = exc.__traceback__
-        while tb is not None:  # innermost last: the failing function and the node nearest to it win
-            frame = tb.tb_frame
-            if "onnxruntime" in frame.f_code.co_filename:
-                where = frame.f_code.co_name
-                found = frame.f_locals.get("node")
-                node = found if isinstance(found, onnx.NodeProto) else node
+        frames, tb = [], exc.__traceback__
+        while tb is not None:
+            if "onnxruntime" in tb.tb_frame.f_code.co_filename:
+                frames.append(tb.tb_frame)
             tb = tb.tb_next
+        where = frames[-1].f_code.co_name if frames else None
+        at = ""
+        for frame in reversed(frames):  # the innermost frame that names what it quantised (an outer loop's `node`
+            local = frame.f_locals      # may be a later node than the one that failed: GTCRN's ScatterND)
+            node = local.get("node") if isinstance(local.get("node"), onnx.NodeProto) else None
+            tensor = next((local[k] for k in ("bias_name", "weight_name", "tensor_name")
+                           if isinstance(local.get(k), str)), None)
+            if node is None and tensor is not None:
+                node = _reader(local.get("self"), tensor)
+            if node is not None and node.name:
+                at = f" at node {node.name!r} ({node.op_type})"
+            elif tensor is not None:
+                at = f" on tensor {tensor!r}"
+            if at:
+                break
         default = QuantOptions(format=options.format)
         changed = [_shown(f.name, getattr(options, f.name)) for f in dataclasses.fields(options)
                    if getattr(options, f.name) != getattr(default, f.name)]
-        at = f" at node {node.name!r} ({node.op_type})" if node is not None and node.name else ""
         raise CalibrunError(f"onnxruntime's quantize_static failed{at}"
                             f"{' with ' + ' '.join(changed) if changed else ''}"
                             f"{f' in {where}' if where else ''}: {one_line(exc)}") from exc
+
+
+def _reader(quantizer, tensor: str) -> onnx.NodeProto | None:
+    """The first node of the model `quantizer` (onnxruntime's, its `model` an ONNXModel) reads `tensor` in."""
+    try:
+        return next((n for n in quantizer.model.nodes() if tensor in n.input), None)
+    except AttributeError:
+        return None
 
 
 def _shown(name: str, value) -> str:

@@ -64,12 +64,14 @@ def conv_model() -> onnx.ModelProto:
 
 def grouped_transpose_model() -> onnx.ModelProto:
     """A ConvTranspose of two groups ([N, 16, 1, 8] -> [N, 16, 1, 12], weight [16, 8, 1, 5]) with a bias, as GTCRN's
-    decoder has: onnxruntime's per-channel bias quantisation fails on it (16 biases, 8 weight scales)."""
+    decoder has: onnxruntime's per-channel bias quantisation fails on it (16 biases, 8 weight scales), after its
+    loop over the nodes has reached the Relu behind it (the error must name the ConvTranspose, not the last node)."""
     rng = np.random.default_rng(4)
     graph = helper.make_graph(
-        [helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], group=2, name="up")], "tests_grouped_transpose",
+        [helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], group=2, name="up"),
+         helper.make_node("Relu", ["y"], ["z"], name="after")], "tests_grouped_transpose",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16, 1, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16, 1, 12])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 16, 1, 12])],
         initializer=[numpy_helper.from_array(rng.normal(0, 0.1, (16, 8, 1, 5)).astype(np.float32), "w"),
                      numpy_helper.from_array(rng.normal(0, 0.1, 16).astype(np.float32), "b")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="tests")
