@@ -194,7 +194,7 @@ def _said_as_onnxruntimes(options: QuantOptions):
     in its frames) and the function that failed."""
     try:
         yield
-    except (CalibrunError, MemoryError):
+    except (CalibrunError, MemoryError, OSError):  # calibrun's own, and a full disk or a missing file: said elsewhere
         raise
     except Exception as exc:
         frames, tb = [], exc.__traceback__

@@ -179,3 +179,18 @@ def test_a_state_fed_back_is_read_through_the_outputs_it_feeds_not_twice():
     assert rule.status(22.0, {**metrics, "out.y.rows_under_20db": 0.5}) == "degraded"  # the rows' share of y only
     only_state = {k: v for k, v in metrics.items() if k.startswith("out.state")}
     assert verdict.decide(only_state, streamed=("state",))["metric"] == "out.state.concat0.sqnr_db"  # nothing else
+
+
+def test_a_constant_state_is_the_first_rows_and_every_later_row_takes_the_models_own(stream, tmp_path):
+    """Only the inputs in the files (`input`); the state a config value (zeros, one row [2, 4]): the stream starts
+    from it, as a package starts from its zero state."""
+    fp32, data, int8 = stream
+    x = np.load(data)["input"]
+    only_x = tmp_path / "x.npz"
+    np.savez(only_x, input=x)
+    zeros = np.zeros((2, 1, 4), np.float32)
+    ref, _ = _closed_loop(fp32.path, x, zeros)
+    got, _ = _closed_loop(int8, x, zeros)
+    inputs = {"state": {"from_output": "stateN", "value": [[0.0] * 4] * 2}, "sr": {"value": 16000}}
+    fed = evaluate(fp32.path, int8, evaluation_data(npy(only_x, inputs), fp32, 0, ROWS), progress=None)
+    assert fed["out.output.sqnr_db"] == pytest.approx(_sqnr(ref, got), rel=1e-5)
