@@ -25,7 +25,7 @@ from calibrun.core.errors import CalibrunError
 from calibrun.core.files import temp_dir
 from calibrun.data import rows as feed_rows
 from calibrun.measure import feedback
-from calibrun.measure.errors import OutputErrors, as_array, rows_per_run
+from calibrun.measure.errors import Gathered, OutputErrors, as_array, rows_per_run
 from calibrun.model.graph import blocks_of
 from calibrun.model.sessions import session
 
@@ -71,6 +71,15 @@ class Batches:
         task = copy.deepcopy(self.task)
         state = self.state if fed_back else {}
         carried = feedback.Carried(feedback.output_indices(state, self.output_names), self.output_names)
+        names = self.output_names
+
+        def measure(ref, got, labels, rows, along=None) -> None:
+            errors.update(ref, got, rows, along)
+            if task is not None:
+                task.update(dict(zip(names, ref, strict=True)), dict(zip(names, got, strict=True)), labels)
+
+        # a stream's one-row runs measured 64 at once (calibrun.measure.errors.Gathered), fed back or per call alike
+        gathered = Gathered(measure, names, self.output_shapes) if self.state else None
         for i in range(self.count):
             feeds, ref, labels, rows = self.batch(i)
             got = [as_array(o) for o in run(carried.feeds(feeds))]
@@ -78,10 +87,12 @@ class Batches:
             if len(got) < len(ref):
                 raise CalibrunError(f"the int8 model has {len(got)} outputs, the fp32 model {len(ref)}")
             got = got[: len(ref)]
-            errors.update(ref, got, rows)
-            if task is not None:
-                task.update(dict(zip(self.output_names, ref, strict=True)),
-                            dict(zip(self.output_names, got, strict=True)), labels)
+            if gathered is not None:
+                gathered.add(ref, got, labels, rows)
+            else:
+                measure(ref, got, labels, rows)
+        if gathered is not None:
+            gathered.flush()
         metrics = errors.metrics()
         if task is not None:
             metrics.update(task.metrics())

@@ -27,7 +27,7 @@ import math
 import posixpath
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -211,7 +211,16 @@ class RowShare:
         self.signal = 0.0  # sum of squared fp32 values
         self.values = 0
 
+    SMALL = 2**16  # values: a batch this small is taken whole (a stream's gathered rows), not a row at a time
+
     def update(self, ref: np.ndarray, got: np.ndarray, axis: int) -> None:
+        if ref.size <= self.SMALL:
+            r = np.moveaxis(np.asarray(ref, np.float64), axis, 0).reshape(ref.shape[axis], -1)
+            g = np.moveaxis(np.asarray(got, np.float64), axis, 0).reshape(ref.shape[axis], -1)
+            self.errors.append(np.square(r - g).mean(axis=1) if r.shape[1] else np.zeros(r.shape[0]))
+            self.signal += float(np.square(r).sum())
+            self.values += r.size
+            return
         errors = np.empty(ref.shape[axis])
         for row in range(ref.shape[axis]):  # a row at a time: float64 copies of one row only
             r = np.asarray(np.take(ref, row, axis=axis), np.float64)
@@ -290,11 +299,12 @@ class OutputErrors:
                        for name, (axis, spans) in (blocks or {}).items() if name in self.stats}
 
     def update(self, ref_outputs: Sequence[np.ndarray], got_outputs: Sequence[np.ndarray],
-               rows: int | None = None) -> None:
-        """One batch of both models' outputs; `rows`: the batch's row count (None: no per-row share)."""
+               rows: int | None = None, axes: Sequence[int | None] | None = None) -> None:
+        """One batch of both models' outputs; `rows`: the batch's row count (None: no per-row share); `axes`: each
+        output's row axis when the caller knows it (Gathered), else found from the shapes (row_axis)."""
         if len(ref_outputs) != len(got_outputs):
             raise CalibrunError(f"models have {len(ref_outputs)} and {len(got_outputs)} outputs")
-        for name, ref, got in zip(self.names, ref_outputs, got_outputs, strict=True):
+        for k, (name, ref, got) in enumerate(zip(self.names, ref_outputs, got_outputs, strict=True)):
             ref, got = np.asarray(ref), np.asarray(got)
             if RowSets.holds(ref, got):
                 self.row_sets.setdefault(name, RowSets()).update(ref, got)
@@ -316,7 +326,7 @@ class OutputErrors:
                 same[1] += ref.size
                 continue
             self.stats[name].update(ref, got)
-            along = row_axis(ref.shape, rows, self.shapes.get(name))
+            along = axes[k] if axes is not None else row_axis(ref.shape, rows, self.shapes.get(name))
             if along is not None:
                 self.rows[name].update(ref, got, along)
             if ref.ndim >= 3 and 2 <= ref.shape[-1] <= SEGMENTS_MAX:
@@ -364,6 +374,46 @@ class OutputErrors:
                 out.update({f"out.{key}.concat{j}.{metric}": value
                             for metric, value in {**stats.metrics(), **share.metrics()}.items()})
         return out
+
+
+class Gathered:
+    """The outputs of consecutive one-row runs (a stream: calibrun.measure.feedback), joined along each output's row
+    axis `size` rows at a time and measured at once by `measure(ref, got, labels, rows, axes)`. A row's own update
+    cost DTLN's first stage 0.25 ms of Python over its outputs and parts, against onnxruntime's 0.06 ms a row; the
+    sums are the same up to float rounding. Runs whose outputs are not all float (rows compared as sets), or have no
+    row axis, or change shape, are measured as they come."""
+
+    def __init__(self, measure: Callable, names: Sequence[str], shapes: Sequence | None = None, size: int = 64):
+        self.measure, self.size = measure, size
+        self.declared = list(shapes) if shapes is not None else [None] * len(names)
+        self.runs: list[tuple[list[np.ndarray], list[np.ndarray], np.ndarray | None]] = []
+        self.axes: list[int | None] | None = None
+
+    def add(self, ref: Sequence[np.ndarray], got: Sequence[np.ndarray], labels, rows: int) -> None:
+        axes = [row_axis(r.shape, rows, d) for r, d in zip(ref, self.declared, strict=False)]
+        if rows != 1 or None in axes or any(np.asarray(r).dtype.kind != "f" for r in (*ref, *got)) or \
+                any(r.shape != g.shape for r, g in zip(ref, got, strict=True)):
+            self.flush()
+            self.measure(ref, got, labels, rows, None)
+            return
+        if self.runs and (axes != self.axes or [r.shape for r in ref] != [r.shape for r in self.runs[0][0]]):
+            self.flush()
+        self.axes = axes
+        self.runs.append((list(ref), list(got), labels))
+        if len(self.runs) >= self.size:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.runs:
+            return
+        runs, self.runs = self.runs, []
+        if len(runs) == 1:
+            self.measure(runs[0][0], runs[0][1], runs[0][2], 1, self.axes)
+            return
+        ref = [np.concatenate([r[0][k] for r in runs], axis=a) for k, a in enumerate(self.axes)]
+        got = [np.concatenate([r[1][k] for r in runs], axis=a) for k, a in enumerate(self.axes)]
+        labels = None if runs[0][2] is None else np.concatenate([np.asarray(r[2]).reshape(-1) for r in runs])
+        self.measure(ref, got, labels, len(runs), self.axes)
 
 
 class InputRange:
@@ -446,6 +496,13 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
             used["eval_rows_per_run"] = per_run
     pairs = feedback.output_indices(state, names)
     ref_state, got_state = feedback.Carried(pairs, names), feedback.Carried(pairs, names)
+
+    def measure(ref, got, labels, rows, along=None) -> None:
+        errors.update(ref, got, rows, along)
+        if task is not None:
+            task.update(dict(zip(names, ref, strict=True)), dict(zip(names, got, strict=True)), labels)
+
+    gathered = Gathered(measure, names, shapes) if state else None  # a stream's one-row runs, measured 64 at once
     for feeds, labels in evaluation.batches(size):
         missing = [name for name in feeds if name not in int8_inputs]
         if missing:
@@ -465,10 +522,11 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
                 raise CalibrunError(f"running the models on the evaluation data failed: {one_line(exc)}") from exc
             ref_state.took(ref)
             got_state.took(got)
-            errors.update(ref, got, feed_rows.count(part, axes))
             part_labels = labels if labels is None or per_run >= rows else labels[start:stop]
-            if task is not None:
-                task.update(dict(zip(names, ref, strict=True)), dict(zip(names, got, strict=True)), part_labels)
+            if gathered is not None:
+                gathered.add(ref, got, part_labels, feed_rows.count(part, axes))
+            else:
+                measure(ref, got, part_labels, feed_rows.count(part, axes))
             if keep is not None:
                 keep.add(part, ref, part_labels, feed_rows.count(part, axes))
             del ref, got
@@ -478,6 +536,8 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
         done += 1
         if bar is not None:
             bar.update(done)
+    if gathered is not None:
+        gathered.flush()
     if keep is not None:
         keep.ready()
     metrics = {"rows": evaluation.rows, "eval_batches": done, "eval_batch_size": size, **errors.metrics()}
