@@ -1586,6 +1586,116 @@ def check_slovorez(fp32: Path, int8: Path, built: Built) -> Score:
                  {"words": len(words), "words_same": sum(a == b for a, b in zip(ref, got, strict=True))})
 
 
+# --- arabic-name-romanizer: a GRU seq2seq transliterator's attention decoder, stepped by a beam search -------------
+ROMANIZER_DIR = "arabic_name_romanizer/resources"
+
+
+def _romanizer():
+    """The package's own modules (inference.py: `beam_search`, `encode_source_ids`, `pad_batch`, `OnnxBackend`;
+    vocab.py; persian.py's `script_of`), loaded from the wheel under a stand-in package (its __init__ loads the
+    dictionary); the model folder's files extracted beside each other."""
+    import importlib.util
+    import sys
+    import types
+
+    from tests.trained import ROMANIZER
+
+    name = "calibrun_zoo_romanizer"
+    if name not in sys.modules:
+        package = types.ModuleType(name)
+        package.__path__ = []
+        sys.modules[name] = package
+        for module in ("normalize", "persian", "vocab", "spelling_prior", "inference"):
+            spec = importlib.util.spec_from_file_location(
+                f"{name}.{module}", package_file(*ROMANIZER, f"arabic_name_romanizer/{module}.py"))
+            loaded = importlib.util.module_from_spec(spec)
+            sys.modules[f"{name}.{module}"] = loaded
+            spec.loader.exec_module(loaded)
+            setattr(package, module, loaded)
+    return sys.modules[name]
+
+
+def _romanizer_file(member: str) -> Path:
+    from tests.trained import ROMANIZER
+
+    return package_file(*ROMANIZER, f"{ROMANIZER_DIR}/{member}")
+
+
+def romanizer_units(n: int, seed: int = 0) -> list[tuple[str, str, str, str]]:
+    """`n` single-word name units of the package's own dictionary (names.sqlite3, table `units`: the Arabic key, its
+    romanisation, the country, the role), drawn with a fixed seed among those its Arabic-script model reads
+    (persian.py's `script_of`)."""
+    import sqlite3
+
+    romanizer = _romanizer()
+    with sqlite3.connect(f"file:{_romanizer_file('names.sqlite3')}?mode=ro", uri=True) as db:
+        rows = db.execute("SELECT arabic_key, latin, country, role FROM units ORDER BY rowid").fetchall()
+    rows = [r for r in rows if " " not in r[0] and 2 <= len(r[0]) <= 12
+            and romanizer.persian.script_of(r[0], r[2] or None) == "arabic"]
+    return [rows[i] for i in np.random.default_rng(seed).choice(len(rows), n, replace=False)]
+
+
+class _Recorder:
+    """The package's OnnxBackend around a decoder model, recording each step's feed (the prefix's last token: the
+    decoder reads no other)."""
+
+    def __init__(self, decoder: Path, record: bool = False):
+        romanizer = _romanizer()
+        folder = _romanizer_file("meta.json").parent
+        for member in ("encoder.onnx", "decoder.onnx"):
+            _romanizer_file(member)
+        self.meta = romanizer.inference.load_meta(folder)
+        self.backend = romanizer.inference.OnnxBackend(folder, self.meta, 1)
+        self.backend.decoder = session(decoder)  # the model under test in place of the package's
+        self.dynamic_state_names = self.backend.dynamic_state_names
+        self.rows: list[dict] | None = [] if record else None
+
+    def encode(self, src, src_mask):
+        return self.backend.encode(src, src_mask)
+
+    def step(self, prefix, state):
+        if self.rows is not None:
+            self.rows.append({"prefix": prefix[:, -1:].astype(np.int64),
+                              **{k: state[k] for k in self.meta["state_names"]}})
+        return self.backend.step(prefix, state)
+
+
+def romanize(decoder: Path, units: list[tuple], record: bool = False) -> tuple[list[str], list[dict]]:
+    """The package's beam search (its meta.json's beam width 2, length 32, alpha 1) over `units`, all encoded in one
+    batch as the package encodes a batch (padded to the longest source), with `decoder` for its steps: the best
+    text per unit, and (with `record`) every step's feed."""
+    romanizer = _romanizer()
+    backend = _Recorder(decoder, record)
+    vocab = romanizer.vocab.CharVocab.load(_romanizer_file("vocab.json"))
+    src = [romanizer.inference.encode_source_ids(vocab, key, country or None, role) for key, _, country, role in units]
+    meta = backend.meta
+    hyps = romanizer.inference.beam_search(backend, src, vocab, int(meta["beam_width"]), int(meta["max_tgt_len"]),
+                                           float(meta["length_alpha"]))
+    return [h[0][0] if h else "" for h in hyps], backend.rows or []
+
+
+def build_romanizer_decoder(folder: Path) -> Built:
+    """96 dictionary units; the fp32 beam search over the even ones (calibration) and the odd ones (evaluation), each
+    half in one batch: a row is one step of one beam with the state fp32 carried into it."""
+    from tests.trained import model_path as path_of
+
+    units = romanizer_units(96)
+    calib, evals = units[0::2], units[1::2]
+
+    def feed(half: list[tuple]) -> dict[str, np.ndarray]:
+        _, steps = romanize(path_of("romanizer_decoder"), half, record=True)
+        return {k: np.concatenate([s[k] for s in steps]) for k in steps[0]}
+
+    return Built(folder, _save(folder, "calib", feed(calib)), _save(folder, "eval", feed(evals)), {"units": evals})
+
+
+def check_romanizer_decoder(fp32: Path, int8: Path, built: Built) -> Score:
+    """Character error rate of int8's best romanisation against fp32's, each beam search run whole (int8 carrying
+    its own state and choosing its own beams)."""
+    ref, got = (romanize(path, built.extra["units"])[0] for path in (fp32, int8))
+    return _texts_cer(ref, got)
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -1721,5 +1831,12 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              build_slovorez, check_slovorez, (MORPHEME_F1,),
              "512 words of the package's own annotated dictionary (base_dict.json, seeded draws), padded to the "
              "longest; even words calibrate, odd words evaluate"),
+    ZooModel("romanizer_decoder", "romanizer_decoder", "arabic-name-romanizer 0.2.0", "text",
+             "arabic-name-romanizer's decoder step: a GRU cell and attention over the encoder's memory -> log "
+             "probabilities of the next Latin character and the next state (beam search, width 2)", True,
+             build_romanizer_decoder, check_romanizer_decoder, (CER,),
+             "96 single-word units of the package's own dictionary (names.sqlite3, seeded draws): every step of the "
+             "fp32 beam search over the even ones calibrates, over the odd ones evaluates",
+             extra_overrides=("eval.rows=4096",)),
 )}
 
