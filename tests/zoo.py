@@ -1472,6 +1472,230 @@ def check_surfaces_knn(fp32: Path, int8: Path, built: Built) -> Score:
                  {"rms_difference": rms, "surrogate_rmse": built.extra["surrogate_rmse"], "rows": len(ref)})
 
 
+# --- Slovorez: a Russian morpheme segmenter (a character tagger, BIES over seven morpheme types) -------------------
+MORPHEME_F1 = Threshold(
+    "morpheme_f1", 0.95, 0.80, True,
+    "F1 of int8's morphemes against fp32's (the same span of the word and the same type: prefix, root, suffix, "
+    "ending, postfix, link, hyphen) after the package's own greedy BIES decode: one morpheme in 20 changed is about "
+    "the gap between the package's own boundary F1 on seen and on unseen roots (95.95 and 91.83, its README); past "
+    "1 in 5 a morpheme index built on it files words under other roots and endings")
+SLOVOREZ_DIR = "slovorez/models/slovorez-test"
+
+
+def _slovorez_file(name: str) -> Path:
+    from tests.trained import SLOVOREZ
+
+    return package_file(*SLOVOREZ, f"{SLOVOREZ_DIR}/{name}")
+
+
+def _slovorez_tokenizer():
+    """The package's SlovorezTokenizer (core/process.py: its encode_batch and decode_predictions_detail), loaded from
+    the wheel with its config.json; its imports of the package's vocabulary (core/vocab/base.py, morpheme.py) are
+    loaded from the wheel too, under stand-in packages (the package's __init__ loads its C++ tokenizer)."""
+    import importlib.util
+    import json
+    import sys
+    import types
+
+    from tests.trained import SLOVOREZ
+
+    def load(name: str, member: str):
+        spec = importlib.util.spec_from_file_location(name, package_file(*SLOVOREZ, member))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    if "calibrun_zoo_slovorez.process" not in sys.modules:
+        for name in ("calibrun_zoo_slovorez", "calibrun_zoo_slovorez.vocab"):
+            package = types.ModuleType(name)
+            package.__path__ = []
+            sys.modules[name] = package
+        base = load("calibrun_zoo_slovorez.vocab.base", "slovorez/core/vocab/base.py")
+        morpheme = load("calibrun_zoo_slovorez.vocab.morpheme", "slovorez/core/vocab/morpheme.py")
+        vocab = sys.modules["calibrun_zoo_slovorez.vocab"]
+        for key in ("PAD_TOKEN", "UNK_TOKEN", "PAD_ID", "UNK_ID"):
+            setattr(vocab, key, getattr(base, key))
+        vocab.morpheme = morpheme
+        names = {"slovorez.core.vocab": vocab, "slovorez.core.vocab.morpheme": morpheme}  # what process.py imports
+        saved = {name: sys.modules.get(name) for name in names}
+        sys.modules.update(names)
+        try:
+            load("calibrun_zoo_slovorez.process", "slovorez/core/process.py")
+        finally:
+            for name, module in saved.items():
+                if module is None:
+                    del sys.modules[name]
+                else:
+                    sys.modules[name] = module
+    process = sys.modules["calibrun_zoo_slovorez.process"]
+    return process.SlovorezTokenizer.from_config(json.loads(_slovorez_file("config.json").read_text()))
+
+
+def russian_words(n: int, seed: int = 0) -> tuple[list[str], list[list[tuple[str, int]]]]:
+    """`n` words of the package's own dictionary (base_dict.json: 95,912 Russian words with their annotated
+    morphemes, the data set it was trained and tested on), drawn with a fixed seed: the words and their annotation
+    ((text, morpheme type id) each)."""
+    import json
+
+    entries = json.loads(_slovorez_file("base_dict.json").read_text(encoding="utf-8"))
+    words = sorted(entries)
+    picked = [words[i] for i in np.random.default_rng(seed).choice(len(words), n, replace=False)]
+    return picked, [[(text, int(kind)) for text, kind in entries[w]["morphemes"]] for w in picked]
+
+
+def build_slovorez(folder: Path) -> Built:
+    """512 dictionary words as the package encodes a batch (lower-case letters to its char ids, int32, padded with 0
+    to the batch's longest word: here the longest of all 512, so both files have one width); even words calibrate,
+    odd words evaluate."""
+    tokenizer = _slovorez_tokenizer()
+    words, truth = russian_words(512)
+    width = max(map(len, words))
+
+    def feed(batch: list[str]) -> dict[str, np.ndarray]:
+        ids = tokenizer.encode_batch(batch)
+        return {"input_layer": np.pad(ids, ((0, 0), (0, width - ids.shape[1])))}
+
+    return _split(words, feed, folder, {"words": words[1::2], "truth": truth[1::2]})
+
+
+def slovorez_morphemes(words: list[str], probs: np.ndarray) -> list[set[tuple[int, int, int]]]:
+    """Each word's morphemes by the package's greedy decode (decode_predictions_detail, use_viterbi=False as its
+    predict defaults): (start, end, type id) in the word."""
+    out = []
+    for result in _slovorez_tokenizer().decode_predictions_detail(words, probs.astype(np.float32), "zoo"):
+        spans, start = set(), 0
+        for text, kind, _ in result["morphemes"]:
+            spans.add((start, start + len(text), int(kind)))
+            start += len(text)
+        out.append(spans)
+    return out
+
+
+def morpheme_f1(ref: list[set], got: list[set]) -> float:
+    same = sum(len(a & b) for a, b in zip(ref, got, strict=True))
+    return 2 * same / max(sum(map(len, ref)) + sum(map(len, got)), 1)
+
+
+def check_slovorez(fp32: Path, int8: Path, built: Built) -> Score:
+    """Morpheme F1 of int8's segmentation against fp32's over the evaluation words."""
+    feeds, words = built.arrays(), built.extra["words"]
+    ref, got = (slovorez_morphemes(words, run_rows(path, feeds, batch=64)[0]) for path in (fp32, int8))
+    value = morpheme_f1(ref, got)
+    return Score(MORPHEME_F1.label(value), MORPHEME_F1.metric, value,
+                 {"words": len(words), "words_same": sum(a == b for a, b in zip(ref, got, strict=True))})
+
+
+# --- arabic-name-romanizer: a GRU seq2seq transliterator's attention decoder, stepped by a beam search -------------
+ROMANIZER_DIR = "arabic_name_romanizer/resources"
+
+
+def _romanizer():
+    """The package's own modules (inference.py: `beam_search`, `encode_source_ids`, `pad_batch`, `OnnxBackend`;
+    vocab.py; persian.py's `script_of`), loaded from the wheel under a stand-in package (its __init__ loads the
+    dictionary); the model folder's files extracted beside each other."""
+    import importlib.util
+    import sys
+    import types
+
+    from tests.trained import ROMANIZER
+
+    name = "calibrun_zoo_romanizer"
+    if name not in sys.modules:
+        package = types.ModuleType(name)
+        package.__path__ = []
+        sys.modules[name] = package
+        for module in ("normalize", "persian", "vocab", "spelling_prior", "inference"):
+            spec = importlib.util.spec_from_file_location(
+                f"{name}.{module}", package_file(*ROMANIZER, f"arabic_name_romanizer/{module}.py"))
+            loaded = importlib.util.module_from_spec(spec)
+            sys.modules[f"{name}.{module}"] = loaded
+            spec.loader.exec_module(loaded)
+            setattr(package, module, loaded)
+    return sys.modules[name]
+
+
+def _romanizer_file(member: str) -> Path:
+    from tests.trained import ROMANIZER
+
+    return package_file(*ROMANIZER, f"{ROMANIZER_DIR}/{member}")
+
+
+def romanizer_units(n: int, seed: int = 0) -> list[tuple[str, str, str, str]]:
+    """`n` single-word name units of the package's own dictionary (names.sqlite3, table `units`: the Arabic key, its
+    romanisation, the country, the role), drawn with a fixed seed among those its Arabic-script model reads
+    (persian.py's `script_of`)."""
+    import sqlite3
+
+    romanizer = _romanizer()
+    with sqlite3.connect(f"file:{_romanizer_file('names.sqlite3')}?mode=ro", uri=True) as db:
+        rows = db.execute("SELECT arabic_key, latin, country, role FROM units ORDER BY rowid").fetchall()
+    rows = [r for r in rows if " " not in r[0] and 2 <= len(r[0]) <= 12
+            and romanizer.persian.script_of(r[0], r[2] or None) == "arabic"]
+    return [rows[i] for i in np.random.default_rng(seed).choice(len(rows), n, replace=False)]
+
+
+class _Recorder:
+    """The package's OnnxBackend around a decoder model, recording each step's feed (the prefix's last token: the
+    decoder reads no other)."""
+
+    def __init__(self, decoder: Path, record: bool = False):
+        romanizer = _romanizer()
+        folder = _romanizer_file("meta.json").parent
+        for member in ("encoder.onnx", "decoder.onnx"):
+            _romanizer_file(member)
+        self.meta = romanizer.inference.load_meta(folder)
+        self.backend = romanizer.inference.OnnxBackend(folder, self.meta, 1)
+        self.backend.decoder = session(decoder)  # the model under test in place of the package's
+        self.dynamic_state_names = self.backend.dynamic_state_names
+        self.rows: list[dict] | None = [] if record else None
+
+    def encode(self, src, src_mask):
+        return self.backend.encode(src, src_mask)
+
+    def step(self, prefix, state):
+        if self.rows is not None:
+            self.rows.append({"prefix": prefix[:, -1:].astype(np.int64),
+                              **{k: state[k] for k in self.meta["state_names"]}})
+        return self.backend.step(prefix, state)
+
+
+def romanize(decoder: Path, units: list[tuple], record: bool = False) -> tuple[list[str], list[dict]]:
+    """The package's beam search (its meta.json's beam width 2, length 32, alpha 1) over `units`, all encoded in one
+    batch as the package encodes a batch (padded to the longest source), with `decoder` for its steps: the best
+    text per unit, and (with `record`) every step's feed."""
+    romanizer = _romanizer()
+    backend = _Recorder(decoder, record)
+    vocab = romanizer.vocab.CharVocab.load(_romanizer_file("vocab.json"))
+    src = [romanizer.inference.encode_source_ids(vocab, key, country or None, role) for key, _, country, role in units]
+    meta = backend.meta
+    hyps = romanizer.inference.beam_search(backend, src, vocab, int(meta["beam_width"]), int(meta["max_tgt_len"]),
+                                           float(meta["length_alpha"]))
+    return [h[0][0] if h else "" for h in hyps], backend.rows or []
+
+
+def build_romanizer_decoder(folder: Path) -> Built:
+    """96 dictionary units; the fp32 beam search over the even ones (calibration) and the odd ones (evaluation), each
+    half in one batch: a row is one step of one beam with the state fp32 carried into it."""
+    from tests.trained import model_path as path_of
+
+    units = romanizer_units(96)
+    calib, evals = units[0::2], units[1::2]
+
+    def feed(half: list[tuple]) -> dict[str, np.ndarray]:
+        _, steps = romanize(path_of("romanizer_decoder"), half, record=True)
+        return {k: np.concatenate([s[k] for s in steps]) for k in steps[0]}
+
+    return Built(folder, _save(folder, "calib", feed(calib)), _save(folder, "eval", feed(evals)), {"units": evals})
+
+
+def check_romanizer_decoder(fp32: Path, int8: Path, built: Built) -> Score:
+    """Character error rate of int8's best romanisation against fp32's, each beam search run whole (int8 carrying
+    its own state and choosing its own beams)."""
+    ref, got = (romanize(path, built.extra["units"])[0] for path in (fp32, int8))
+    return _texts_cer(ref, got)
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -1601,5 +1825,18 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "hyperparameters -> 1 value)", True, build_surfaces_knn, check_surfaces_knn, (SURROGATE_ERROR,),
              "KNeighborsClassifierFunction's 1440 configurations (search space x cv x dataset), seeded order, "
              "alternating", extra_overrides=("eval.rows=4096",)),
+    ZooModel("slovorez", "slovorez", "slovorez 0.1.0", "text",
+             "Slovorez Russian morpheme segmenter: a word's char ids -> BIES tags over 7 morpheme types per "
+             "character (27 classes; an embedding, then five Conv1d layers computing in float16)", True,
+             build_slovorez, check_slovorez, (MORPHEME_F1,),
+             "512 words of the package's own annotated dictionary (base_dict.json, seeded draws), padded to the "
+             "longest; even words calibrate, odd words evaluate"),
+    ZooModel("romanizer_decoder", "romanizer_decoder", "arabic-name-romanizer 0.2.0", "text",
+             "arabic-name-romanizer's decoder step: a GRU cell and attention over the encoder's memory -> log "
+             "probabilities of the next Latin character and the next state (beam search, width 2)", True,
+             build_romanizer_decoder, check_romanizer_decoder, (CER,),
+             "96 single-word units of the package's own dictionary (names.sqlite3, seeded draws): every step of the "
+             "fp32 beam search over the even ones calibrates, over the odd ones evaluates",
+             extra_overrides=("eval.rows=4096",)),
 )}
 
