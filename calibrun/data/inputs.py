@@ -180,7 +180,7 @@ def spelled(name: str) -> str:
     return "".join(c if c == "." or KEY_CHARACTER.fullmatch(c) else "_" for c in name)
 
 
-def _named(node: Mapping, options: Collection[str]) -> dict[str, Any]:
+def named(node: Mapping, options: Collection[str]) -> dict[str, Any]:
     """{input name: its options} of an `inputs` node. A name with dots (PyTorch's `input.1`) arrives nested, as
     OmegaConf reads `data.inputs.input.1.value=...` (inputs: {input: {1: {value: ...}}}): joined back."""
     out: dict[str, Any] = {}
@@ -204,7 +204,7 @@ def overrides(node: Mapping | None, inputs: Sequence[InputInfo], key: str) -> di
     options = {f.name: f.default for f in dataclasses.fields(InputConf)}
     names = [info.name for info in inputs]
     aliases = {spelled(n): n for n in names if spelled(n) != n and sum(spelled(m) == spelled(n) for m in names) == 1}
-    node = {aliases.get(name, name): given for name, given in _named(dict(node or {}), options).items()}
+    node = {aliases.get(name, name): given for name, given in named(dict(node or {}), options).items()}
     unknown = [name for name in node if name not in names]
     if unknown:
         hint = (f"; an input name with characters a key cannot hold is written with _ in their place: "

@@ -574,19 +574,13 @@ def _diagnosis(r: _Report) -> dict:
 
 def _streamed(config: dict) -> tuple[str, ...]:
     """The outputs a run fed back as a state (`eval_data.inputs.<name>.from_output`), as metric keys name them."""
+    from calibrun.config import INPUT_KEYS
+    from calibrun.data.inputs import named
     from calibrun.measure.errors import metric_key
 
-    found: list[str] = []
-
-    def walk(node) -> None:  # a dotted input name arrives nested (calibrun.data.inputs._named)
-        if isinstance(node, dict):
-            if isinstance(node.get("from_output"), str):
-                found.append(metric_key(node["from_output"]))
-            for value in node.values():
-                walk(value)
-
-    walk((config.get("eval_data") or {}).get("inputs") or {})
-    return tuple(found)
+    given = named((config.get("eval_data") or {}).get("inputs") or {}, INPUT_KEYS)
+    return tuple(metric_key(conf["from_output"]) for conf in given.values()
+                 if isinstance(conf, dict) and isinstance(conf.get("from_output"), str))
 
 
 def _more_batches(group: list[Run]) -> dict | None:

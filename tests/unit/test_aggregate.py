@@ -422,3 +422,14 @@ def test_the_report_s_diagnosis_table_gives_the_model_s_diagnosis_beside_the_inp
     assert rows[0].split(" | ")[1:2] == ["**sound**"]
     assert rows[0].split(" | ")[5] == "clipping"
     assert rows[1].split(" | ")[1] == "- (float)"
+
+
+def test_a_sweeps_more_batches_rule_reads_through_the_states_its_runs_fed_back():
+    """The aggregator's rule (more batches, the worst output) leaves out the outputs a run fed back as a state, as the
+    job's verdict does: read from the run's config, a dotted input name nested as the config nests it."""
+    from calibrun.report.aggregate import _streamed
+
+    config = {"eval_data": {"inputs": {"input": {"1": {"from_output": "state:0"}}, "h": {"from_output": "hn"},
+                                       "sr": {"value": 16000}}}}
+    assert _streamed(config) == ("state_0", "hn")
+    assert _streamed({"eval_data": {"inputs": {}}}) == _streamed({}) == ()
