@@ -151,9 +151,15 @@ def _sensitivity(ctx, result, int8_path: Path, evaluator, measured: dict, goal: 
                                 onnx.load(str(fp32.path), load_external_data=False))
         _repair(ctx, result, int8_path, evaluator, measured, goal, seconds, {"ranking": ranking, "by": "noise"})
         return
-    ranked = rank(fp32.path, int8_path, evaluator, goal.metric, goal.goal, a.strategy, tuple(a.kinds),
+    # with a state fed back the tensors are ranked per call (each row fed the state fp32 carried: what one tensor
+    # changes, which a diverged stream hides) and the fallback or repair is judged streamed, as the recommendations
+    ranking_on = evaluator.per_call() if evaluator.state else evaluator
+    ranked = rank(fp32.path, int8_path, ranking_on, goal.metric, goal.goal, a.strategy, tuple(a.kinds),
                   cfg.ort.intra_op_threads, only=set(a.tensors) if a.tensors else None, groups=a.groups,
-                  workers=a.workers, backend=a.backend, confirm=a.confirm, int8_metrics=measured)
+                  workers=a.workers, backend=a.backend, confirm=a.confirm,
+                  int8_metrics=measured if ranking_on is evaluator else None)
+    if ranking_on is not evaluator:
+        ranked["measured"] = "per call: each row fed the state fp32 carried (the fallback or repair: streamed)"
     ranked["int8_metric"] = metric_of(measured, goal.metric)
     log.info("sensitivity: %d tensors in %.1f s (%d trials, %.3f s per tensor, %s); most sensitive: %s",
              ranked["tensors"], ranked["seconds"], ranked["trials"], ranked["seconds_per_tensor"], a.strategy,

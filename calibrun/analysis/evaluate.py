@@ -181,6 +181,14 @@ class Evaluator:
             self.close()
             raise CalibrunError("the analysis needs at least one evaluation batch")
 
+    def per_call(self) -> Evaluator:
+        """The same stored runs measured per call: each row fed the state fp32 carried, whatever `state` (a search's
+        signal where a diverged stream hides what one change does; calibrun.analysis.recommend). A view: the
+        original owns the temp folder and closes it."""
+        view = copy.copy(self)
+        view.state = {}
+        return view
+
     def __enter__(self) -> Evaluator:
         return self
 

@@ -194,3 +194,18 @@ def test_a_constant_state_is_the_first_rows_and_every_later_row_takes_the_models
     inputs = {"state": {"from_output": "stateN", "value": [[0.0] * 4] * 2}, "sr": {"value": 16000}}
     fed = evaluate(fp32.path, int8, evaluation_data(npy(only_x, inputs), fp32, 0, ROWS), progress=None)
     assert fed["out.output.sqnr_db"] == pytest.approx(_sqnr(ref, got), rel=1e-5)
+
+
+def test_the_per_call_view_measures_the_stored_runs_each_fed_the_recorded_state(stream):
+    """Evaluator.per_call (what the sensitivity ranking measures with a state fed back): the same stored runs, each row
+    fed the state fp32 carried, as an evaluation without the state fed back; the evaluator itself still streams."""
+    fp32, data, int8 = stream
+    recorded = npy(data, {"sr": {"value": 16000}})
+    with Evaluator(fp32.path, evaluation_data(npy(data, STATE), fp32, 0, ROWS), 16) as fed, \
+            Evaluator(fp32.path, evaluation_data(recorded, fp32, 0, ROWS), 16) as plain:
+        view = fed.per_call()
+        assert view.batches.state == {}
+        assert fed.batches.state == {"state": "stateN"}
+        per_call, streamed, forced = view.model(int8), fed.model(int8), plain.model(int8)
+    assert per_call["out.output.sqnr_db"] == pytest.approx(forced["out.output.sqnr_db"], rel=1e-6)
+    assert per_call["out.output.sqnr_db"] != pytest.approx(streamed["out.output.sqnr_db"], rel=1e-3)
