@@ -338,3 +338,44 @@ def test_a_stateful_models_candidates_are_combined_per_call_and_judged_streamed(
     offered = result["recommendations"]
     assert offered
     assert all(e["after"] > e["before"] for e in offered)
+
+
+@pytest.mark.slow
+def test_a_stateful_models_repair_is_ranked_per_call_and_judged_streamed(tmp_path):
+    """analysis=repair on Silero VAD with its state fed back: the sensitivity ranking's int8 baseline is the per-call
+    one (each row fed the state fp32 carried: computed here over the same rows), and the repaired model's value is
+    its streamed one (each model carrying its own state from the first row's: streamed here by hand)."""
+    entry = ZOO["silero_vad"]
+    built = entry.build(tmp_path / "data")
+    job = tmp_path / "job"
+    proc = run_python(["-m", "calibrun", *entry.overrides(built), "tracking=off", "recommend=off", "analysis=repair",
+                       f"cache.dir={tmp_path / 'cache'}", f"hydra.run.dir={job}"], cwd=REPO, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((job / "result.json").read_text())
+    ranked = json.loads((job / "sensitivity.json").read_text())
+    repaired = json.loads((job / "repair.json").read_text())
+    assert ranked["measured"].startswith("per call")
+    feeds = built.arrays()
+    rows = result["used"]["eval_rows"]
+    x, states = feeds["input"][:rows], feeds["state"][:, :rows]
+    sr = np.array(16000, np.int64)
+
+    def sqnr(ref, got):
+        return 10 * np.log10(np.sum(ref**2) / np.sum((ref - got) ** 2))
+
+    def per_call(path):
+        sess = session(path)
+        return np.concatenate([sess.run(None, {"input": x[i:i + 1], "state": states[:, i:i + 1], "sr": sr})[0]
+                               for i in range(rows)]).astype(np.float64)
+
+    def streamed(path):
+        sess, state, out = session(path), states[:, :1], []
+        for i in range(rows):
+            o, state = sess.run(None, {"input": x[i:i + 1], "state": state, "sr": sr})
+            out.append(o)
+        return np.concatenate(out).astype(np.float64)
+
+    assert ranked["metric"] == "out.output.sqnr_db"
+    assert ranked["baseline"] == pytest.approx(sqnr(per_call(entry.path()), per_call(job / "int8.onnx")), abs=1e-3)
+    assert repaired["value"] == pytest.approx(
+        sqnr(streamed(entry.path()), streamed(job / repaired["model"])), abs=1e-3)
