@@ -71,15 +71,8 @@ class Batches:
         task = copy.deepcopy(self.task)
         state = self.state if fed_back else {}
         carried = feedback.Carried(feedback.output_indices(state, self.output_names), self.output_names)
-        names = self.output_names
-
-        def measure(ref, got, labels, rows, along=None) -> None:
-            errors.update(ref, got, rows, along)
-            if task is not None:
-                task.update(dict(zip(names, ref, strict=True)), dict(zip(names, got, strict=True)), labels)
-
         # a stream's one-row runs measured 64 at once (calibrun.measure.errors.Gathered), fed back or per call alike
-        gathered = Gathered(measure, names, self.output_shapes) if self.state else None
+        gathered = Gathered(errors, task, self.output_names, self.output_shapes, 64 if self.state else 1)
         for i in range(self.count):
             feeds, ref, labels, rows = self.batch(i)
             got = [as_array(o) for o in run(carried.feeds(feeds))]
@@ -87,12 +80,8 @@ class Batches:
             if len(got) < len(ref):
                 raise CalibrunError(f"the int8 model has {len(got)} outputs, the fp32 model {len(ref)}")
             got = got[: len(ref)]
-            if gathered is not None:
-                gathered.add(ref, got, labels, rows)
-            else:
-                measure(ref, got, labels, rows)
-        if gathered is not None:
-            gathered.flush()
+            gathered.add(ref, got, labels, rows)
+        gathered.flush()
         metrics = errors.metrics()
         if task is not None:
             metrics.update(task.metrics())

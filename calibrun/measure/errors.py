@@ -27,7 +27,7 @@ import math
 import posixpath
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -377,24 +377,32 @@ class OutputErrors:
 
 
 class Gathered:
-    """The outputs of consecutive one-row runs (a stream: calibrun.measure.feedback), joined along each output's row
-    axis `size` rows at a time and measured at once by `measure(ref, got, labels, rows, axes)`. A row's own update
-    cost DTLN's first stage 0.25 ms of Python over its outputs and parts, against onnxruntime's 0.06 ms a row; the
-    sums are the same up to float rounding. Runs whose outputs are not all float (rows compared as sets), or have no
-    row axis, or change shape, are measured as they come."""
+    """Both models' outputs of each run measured into `errors` (an OutputErrors) and `task`; consecutive one-row runs
+    (a stream: calibrun.measure.feedback) joined along each output's row axis `size` rows at a time and measured at
+    once. A row's own update cost DTLN's first stage 0.25 ms of Python over its outputs and parts, against
+    onnxruntime's 0.06 ms a row; the sums are the same up to float rounding. `size` 1: every run measured as it comes
+    (the evaluation without a state, to the bit as before). Runs whose outputs are not all float (rows compared as
+    sets), or have no row axis, or change shape, are measured as they come."""
 
-    def __init__(self, measure: Callable, names: Sequence[str], shapes: Sequence | None = None, size: int = 64):
-        self.measure, self.size = measure, size
-        self.declared = list(shapes) if shapes is not None else [None] * len(names)
+    def __init__(self, errors: OutputErrors, task, names: Sequence[str], shapes: Sequence | None = None,
+                 size: int = 64):
+        self.errors, self.task, self.names, self.size = errors, task, list(names), size
+        self.declared = list(shapes) if shapes is not None else [None] * len(self.names)
         self.runs: list[tuple[list[np.ndarray], list[np.ndarray], np.ndarray | None]] = []
         self.axes: list[int | None] | None = None
 
-    def add(self, ref: Sequence[np.ndarray], got: Sequence[np.ndarray], labels, rows: int) -> None:
-        axes = [row_axis(r.shape, rows, d) for r, d in zip(ref, self.declared, strict=False)]
-        if rows != 1 or None in axes or any(np.asarray(r).dtype.kind != "f" for r in (*ref, *got)) or \
+    def _measure(self, ref, got, labels, rows: int | None, axes) -> None:
+        self.errors.update(ref, got, rows, axes)
+        if self.task is not None:
+            self.task.update(dict(zip(self.names, ref, strict=True)), dict(zip(self.names, got, strict=True)), labels)
+
+    def add(self, ref: Sequence[np.ndarray], got: Sequence[np.ndarray], labels, rows: int | None) -> None:
+        axes = [row_axis(r.shape, rows, d) for r, d in zip(ref, self.declared, strict=False)] \
+            if self.size > 1 and rows == 1 else None
+        if axes is None or None in axes or any(np.asarray(r).dtype.kind != "f" for r in (*ref, *got)) or \
                 any(r.shape != g.shape for r, g in zip(ref, got, strict=True)):
             self.flush()
-            self.measure(ref, got, labels, rows, None)
+            self._measure(ref, got, labels, rows, None)
             return
         if self.runs and (axes != self.axes or [r.shape for r in ref] != [r.shape for r in self.runs[0][0]]):
             self.flush()
@@ -408,12 +416,12 @@ class Gathered:
             return
         runs, self.runs = self.runs, []
         if len(runs) == 1:
-            self.measure(runs[0][0], runs[0][1], runs[0][2], 1, self.axes)
+            self._measure(runs[0][0], runs[0][1], runs[0][2], 1, self.axes)
             return
         ref = [np.concatenate([r[0][k] for r in runs], axis=a) for k, a in enumerate(self.axes)]
         got = [np.concatenate([r[1][k] for r in runs], axis=a) for k, a in enumerate(self.axes)]
         labels = None if runs[0][2] is None else np.concatenate([np.asarray(r[2]).reshape(-1) for r in runs])
-        self.measure(ref, got, labels, len(runs), self.axes)
+        self._measure(ref, got, labels, len(runs), self.axes)
 
 
 class InputRange:
@@ -496,13 +504,7 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
             used["eval_rows_per_run"] = per_run
     pairs = feedback.output_indices(state, names)
     ref_state, got_state = feedback.Carried(pairs, names), feedback.Carried(pairs, names)
-
-    def measure(ref, got, labels, rows, along=None) -> None:
-        errors.update(ref, got, rows, along)
-        if task is not None:
-            task.update(dict(zip(names, ref, strict=True)), dict(zip(names, got, strict=True)), labels)
-
-    gathered = Gathered(measure, names, shapes) if state else None  # a stream's one-row runs, measured 64 at once
+    gathered = Gathered(errors, task, names, shapes, 64 if state else 1)  # a stream's one-row runs: 64 at once
     for feeds, labels in evaluation.batches(size):
         missing = [name for name in feeds if name not in int8_inputs]
         if missing:
@@ -523,10 +525,7 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
             ref_state.took(ref)
             got_state.took(got)
             part_labels = labels if labels is None or per_run >= rows else labels[start:stop]
-            if gathered is not None:
-                gathered.add(ref, got, part_labels, feed_rows.count(part, axes))
-            else:
-                measure(ref, got, part_labels, feed_rows.count(part, axes))
+            gathered.add(ref, got, part_labels, feed_rows.count(part, axes))
             if keep is not None:
                 keep.add(part, ref, part_labels, feed_rows.count(part, axes))
             del ref, got
@@ -536,8 +535,7 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
         done += 1
         if bar is not None:
             bar.update(done)
-    if gathered is not None:
-        gathered.flush()
+    gathered.flush()
     if keep is not None:
         keep.ready()
     metrics = {"rows": evaluation.rows, "eval_batches": done, "eval_batch_size": size, **errors.metrics()}

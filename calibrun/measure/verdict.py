@@ -251,13 +251,10 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
     on = f" ({rows} evaluation rows{order})" if rows else ""
     because = f"{said}{on}: {status} ({rule.bounds()})"
     if rule.skip:  # the states' own SQNR, said beside: read through the outputs they feed, not counted twice
-        lowest: dict[str, tuple[float, str]] = {}  # each state output's worst part
-        for number, key in _numbers(metrics, _PART):
-            output = _PART.match(key)["output"]
-            if output in rule.skip and not _ENTRY.search(key):
-                lowest[output] = min(lowest.get(output, (math.inf, key)), (float(number), key))
-        states = ", ".join(f"{_where(_PART.match(key))} at {number:.1f} dB" for number, key in
-                           (lowest[o] for o in sorted(lowest)))
+        outputs = {_PART.match(k)["output"] for k in metrics if _PART.match(k)}
+        lowest = [found for state in sorted(rule.skip)  # each state's worst part: worst_output over it alone
+                  if (found := worst_output(metrics, outputs - {state})) is not None]
+        states = ", ".join(f"{_where(_PART.match(key))} at {number:.1f} dB" for key, number in lowest)
         one = len(lowest) == 1
         because += (f"; the state{'' if one else 's'} fed back ({states} on {'its' if one else 'their'} own) "
                     f"{'is' if one else 'are'} read through the outputs {'it feeds' if one else 'they feed'} on every "
