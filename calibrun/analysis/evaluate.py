@@ -42,12 +42,13 @@ class Batches:
 
     def __init__(self, folder: Path, count: int, input_names: list[str], output_names: list[str], blocks, task,
                  output_shapes: list | None = None, state: dict[str, str] | None = None,
-                 held: dict[int, dict[str, np.ndarray]] | None = None):
+                 held: dict[int, dict[str, np.ndarray]] | None = None, stream: bool = False):
         self.folder, self.count = folder, count
         self.held = held or {}  # run index -> its arrays, for the runs kept in memory (Evaluator.add)
         self.input_names, self.output_names, self.blocks, self.task = input_names, output_names, blocks, task
         self.output_shapes = output_shapes
         self.state = dict(state or {})  # input -> the output it takes back (calibrun.measure.feedback): runs in order
+        self.stream = stream  # the runs are a stream's one-row runs (a state fed back, or its per-call view)
 
     def batch(self, i: int) -> tuple[Feeds, list[np.ndarray], np.ndarray | None, int | None]:
         """Batch i: its feeds, fp32 outputs, labels and row count."""
@@ -63,16 +64,15 @@ class Batches:
         rows = int(data["rows"]) if "rows" in data else None
         return feeds, reference, labels, rows
 
-    def run(self, run: RunFn, fed_back: bool = True) -> dict[str, float]:
+    def run(self, run: RunFn) -> dict[str, float]:
         """Metrics of `run(feeds) -> outputs` (outputs in the fp32 model's order) over every evaluation batch. With a
-        state (`state`), each run is fed its own previous output there; `fed_back=False`: the state fp32 carried (the
-        error of each call alone)."""
+        state (`state`), each run is fed its own previous output there (Evaluator.per_call: none, the state fp32
+        carried, the error of each call alone)."""
         errors = OutputErrors(self.output_names, self.blocks, self.output_shapes)
         task = copy.deepcopy(self.task)
-        state = self.state if fed_back else {}
-        carried = feedback.Carried(feedback.output_indices(state, self.output_names), self.output_names)
+        carried = feedback.Carried(feedback.output_indices(self.state, self.output_names), self.output_names)
         # a stream's one-row runs measured 64 at once (calibrun.measure.errors.Gathered), fed back or per call alike
-        gathered = Gathered(errors, task, self.output_names, self.output_shapes, 64 if self.state else 1)
+        gathered = Gathered(errors, task, self.output_names, self.output_shapes, 64 if self.stream else 1)
         for i in range(self.count):
             feeds, ref, labels, rows = self.batch(i)
             got = [as_array(o) for o in run(carried.feeds(feeds))]
@@ -106,6 +106,7 @@ class Evaluator:
         self.task = task
         self.blocks = blocks_of(fp32_path)  # outputs a Concat joins: measured per Concat input too
         self.state = dict(getattr(evaluation, "state", None) or {})
+        self.stream = bool(self.state)  # stays in the per-call view, whose state is none
         self._dir = temp_dir("eval")
         self._tmp = Path(self._dir.name)
         self.count = 0
@@ -144,6 +145,7 @@ class Evaluator:
         of their own; `start`, `add` per run, then `ready`."""
         kept = cls(fp32_path, None, 0, threads, task)
         kept.state = dict(state or {})  # the evaluation's (EvalData.state): its runs are stored in order
+        kept.stream = bool(kept.state)
         return kept
 
     def start(self, output_names: list[str], output_shapes: list, input_names: list[str]) -> None:
@@ -191,16 +193,16 @@ class Evaluator:
     @property
     def batches(self) -> Batches:
         return Batches(self._tmp, self.count, self.input_names, self.output_names, self.blocks, self.task,
-                       self.output_shapes, self.state, self._held)
+                       self.output_shapes, self.state, self._held, self.stream)
 
-    def run(self, run: RunFn, fed_back: bool = True) -> dict[str, float]:
+    def run(self, run: RunFn) -> dict[str, float]:
         """Metrics of `run(feeds) -> outputs` (outputs in the fp32 model's order) over every evaluation batch."""
-        return self.batches.run(run, fed_back)
+        return self.batches.run(run)
 
-    def model(self, path: str | Path, fed_back: bool = True) -> dict[str, float]:
-        """Metrics of the int8 model file `path` (one session, every batch); `fed_back` as Batches.run's."""
+    def model(self, path: str | Path) -> dict[str, float]:
+        """Metrics of the int8 model file `path` (one session, every batch)."""
         sess = session(path, self.threads)
-        return self.run(lambda feeds: sess.run(None, feeds), fed_back)
+        return self.run(lambda feeds: sess.run(None, feeds))
 
 
 def metric_of(metrics: Mapping[str, float], name: str) -> float:

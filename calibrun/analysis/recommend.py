@@ -211,9 +211,9 @@ def attach(ctx, result) -> None:
         # a state fed back (calibrun.measure.feedback): the streamed metric judges each candidate, the per-call one
         # (each row fed the recorded state) chooses which to combine: a stream amplifies what one call changes, so a
         # change that lowers the per-call error can leave a diverged stream as diverged until another joins it
-        per_call = bool(evaluator.batches.state)
-        per_call_before = rule.value(evaluator.model(ctx.job_dir / result.files["int8"], fed_back=False)) \
-            if per_call else math.nan
+        per_call = evaluator.per_call() if evaluator.state else None
+        per_call_before = rule.value(per_call.model(ctx.job_dir / result.files["int8"])) \
+            if per_call is not None else math.nan
 
         def measure(candidate: Candidate, index: int) -> dict:
             path = Path(tmp) / f"{index}.onnx"
@@ -237,11 +237,11 @@ def attach(ctx, result) -> None:
             entry.update(after=finite(after), status_after=decided["status"] if decided else None,
                          seconds=round(time.perf_counter() - began, 3))
             entry["helps"] = _better(after, before, better)
-            if per_call:
-                entry["per_call_after"] = finite(rule.value(evaluator.model(path, fed_back=False)))
+            if per_call is not None:
+                entry["per_call_after"] = finite(rule.value(per_call.model(path)))
                 entry["per_call_helps"] = _better(entry["per_call_after"], per_call_before, better)
             said = f"; per call {per_call_before:.6g} -> {entry['per_call_after']:.6g}" \
-                if per_call and entry["per_call_after"] is not None else ""
+                if per_call is not None and entry["per_call_after"] is not None else ""
             log.info("recommend: %s: %s %.6g -> %.6g (%s)%s%s", candidate.change, rule.metric, before, after,
                      entry["status_after"], said, "" if entry["helps"] else ": not better, not offered")
             return entry
