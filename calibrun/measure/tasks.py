@@ -32,7 +32,8 @@ batch's labels (or None); `metrics()` gives the floats, keyed `task.<name>`.
   with labels the accuracies come from it. With labels, an output whose class count cannot hold them is not
   the class output. Without such an output, labels (or `model.classifier=true`) make the one float [N, C] output
   they fit the logits; then a one-channel map (N, 1, H, W) or a Sigmoid map of rank >= 3 is dense when it has
-  real spatial extent (every axis after the channels unknown or longer than 1); else none.
+  real spatial extent (every axis but the rows' and the channels' unknown or longer than 1; a 4-D map's channel
+  axis carried from the Conv behind it through each Transpose, as a Keras export's [N, H, W, C]); else none.
   When two outputs qualify, or labels fit none, it measures none. The pick and why (and why not the other
   outputs) are one log line, kept in result.json. Labels that turn out not to fit (values beyond the class
   count) leave the task unmeasured: no task metric is logged.
@@ -65,7 +66,7 @@ LEGACY = {"task.top1_agreement": "top1_agreement", "task.fp32_accuracy": "fp32_a
 class TaskSpec:
     name: str = "auto"
     output: str | None = None  # the output judged (default: the first)
-    axis: int | None = None  # classification: the class axis (None: from the Softmax, else -1)
+    axis: int | None = None  # classification: the class axis (None: from the Softmax, else -1); dense: channels
     threshold: float = 0.5  # dense: value > threshold is positive
     top_k: int = 5
     fn: str | None = None  # custom: module:function
@@ -256,15 +257,17 @@ def dice(inter: np.ndarray, union: np.ndarray) -> np.ndarray:
 class Dense(Task):
     name = "dense"
 
-    def __init__(self, output: str, threshold: float = 0.5, reason: str = ""):
+    def __init__(self, output: str, threshold: float = 0.5, reason: str = "", axis: int = 1):
         super().__init__(reason)
-        self.output, self.threshold = output, float(threshold)
+        self.output, self.threshold, self.axis = output, float(threshold), axis  # axis: a 4-D map's channels
         self.total = self.agree = self.inter = self.union = self.ref_pos = self.got_pos = 0
-        self.channels: tuple[np.ndarray, np.ndarray] | None = None  # a map's [N, C, H, W] channels: their IoU's parts
+        self.channels: tuple[np.ndarray, np.ndarray] | None = None  # a map's channels: their IoU's parts
 
     def update(self, fp32, int8, labels) -> None:
         ref = np.asarray(fp32[self.output]) > self.threshold
         got = np.asarray(int8[self.output]) > self.threshold
+        if ref.ndim == 4 and self.axis != 1:  # channels last ([N, H, W, C]): counted as [N, C, H, W]
+            ref, got = np.moveaxis(ref, self.axis, 1), np.moveaxis(got, self.axis, 1)
         self.total += ref.size
         self.agree += int(np.count_nonzero(ref == got))
         self.inter += int(np.count_nonzero(ref & got))
@@ -298,7 +301,8 @@ class Dense(Task):
                 "task.int8_positive": self.got_pos / self.total}
 
     def describe(self) -> dict:
-        return {**super().describe(), "output": self.output, "threshold": self.threshold}
+        found = {"output": self.output, "threshold": self.threshold}
+        return {**super().describe(), **found, **({"channel_axis": self.axis} if self.axis != 1 else {})}
 
 
 class Decision(Dense):
@@ -463,6 +467,10 @@ FLOATS = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProt
 INTEGERS = {TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8,
             TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64}
 PROBABILITY_OPS = ("Sigmoid", "HardSigmoid")  # a map of their values is one of probabilities (task.threshold 0.5)
+CHANNELS_FIRST_OPS = {"Conv", "ConvTranspose", "BatchNormalization", "InstanceNormalization", "MaxPool",
+                      "AveragePool", "LpPool"}  # ONNX defines them on [N, C, ...]: their channels are axis 1
+LAYOUT_KEEPING_OPS = {"Sigmoid", "HardSigmoid", "Relu", "LeakyRelu", "Clip", "Tanh", "Neg", "Abs", "Exp", "Cast",
+                      "Identity", "Dropout", "Add", "Sub", "Mul", "Div", "PRelu"}  # element-wise: an axis stays put
 PASS_OPS = SHAPE_OPS | {"Cast", "Transpose"}  # ops that keep the values of a tensor (what a class output may pass
 # through; a Transpose moves the class axis, which class_axis carries through its perm)
 ML = "ai.onnx.ml"
@@ -631,21 +639,62 @@ class _Graph:
 
     def dense(self, out: Output) -> str | None:
         """Why the output is a probability map (None: it is not one). A map has real spatial extent: every axis
-        after the channel axis is unknown or longer than 1 (an embedding [N, 1, 1, 96] or a vector [N, 1, 1, 1] is no
-        map, whatever its rank); IoU of values thresholded at task.threshold means something only there."""
+        but the rows' and the channels' is unknown or longer than 1 (an embedding [N, 1, 1, 96] or a vector
+        [N, 1, 1, 1] is no map, whatever its rank); IoU of values thresholded at task.threshold means something only
+        there."""
         shape = out.shape
-        if out.kind != "float" or shape is None or not _spatial(shape) or out.producer not in PROBABILITY_OPS:
+        if out.kind != "float" or shape is None or out.producer not in PROBABILITY_OPS:
             return None
-        if len(shape) == 4 and shape[1] == 1:
-            return f"is a one-channel {out.producer} map {_fmt(shape)}"
-        return f"is a {out.producer} map of rank {len(shape)}"
+        axis, carried = self.map_axis(out)
+        if not _spatial(shape, axis):
+            return None
+        how = carried or "its last axis, of size 1"
+        where = "" if axis == 1 else f" (channels on axis {axis}: {how})"
+        if len(shape) == 4 and shape[axis] == 1:
+            return f"is a one-channel {out.producer} map {_fmt(shape)}{where}"
+        return f"is a {out.producer} map of rank {len(shape)}{where}"
+
+    def map_axis(self, out: Output) -> tuple[int, str | None]:
+        """The channel axis of a 4-D map and, when the graph says it, how: axis 1 of the channels-first op that
+        computes it (ONNX's Conv, pooling and normalisation ops work on [N, C, ...]) carried through each
+        Transpose between them, as tf2onnx returns a Keras model to its channels-last layout ([N, H, W, C]);
+        where no such op is found through element-wise ops, axis 3 of [N, H, W, 1] (one channel, last: read as
+        channels first its last axis, of size 1, would leave the map no width); else axis 1."""
+        shape = out.shape
+        if shape is None or len(shape) != 4:
+            return 1, None
+        carried = self._carried_channels(out.name)
+        if carried is not None:
+            return carried
+        if shape[3] == 1 and shape[1] != 1:
+            return 3, None
+        return 1, None
+
+    def _carried_channels(self, name: str) -> tuple[int, str] | None:
+        perms, path = [], []
+        while name in self.producers:
+            node = self.producers[name][0]
+            if node.op_type in CHANNELS_FIRST_OPS:
+                if not perms:
+                    return 1, None  # the op's own layout
+                axis = 1
+                for perm in reversed(perms):  # a Transpose moves axis a to perm.index(a)
+                    axis = (perm or [3, 2, 1, 0]).index(axis)
+                return axis, f"{node.op_type}'s channels carried through {' -> '.join(reversed(path))}"
+            if node.op_type == "Transpose":
+                perms.append(next((list(a.ints) for a in node.attribute if a.name == "perm"), None))
+            elif node.op_type not in LAYOUT_KEEPING_OPS:
+                return None
+            path.append(node.op_type)
+            name = next((i for i in node.input if i in self.producers), None)
+        return None
 
     def not_dense(self, out: Output) -> str | None:
         """Why a 4-D one-channel output is not a probability map (no real spatial extent, or values that are no
         probabilities: a log-mel spectrogram), for the reason line; else None."""
         shape = out.shape
         if out.kind == "float" and shape is not None and len(shape) == 4 and shape[1] == 1:
-            if not _spatial(shape):
+            if not _spatial(shape, 1):
                 return f"{_fmt(shape)} has no spatial extent (an embedding or a vector, not a map)"
             if out.producer not in PROBABILITY_OPS:
                 return f"{_fmt(shape)} holds no probabilities (from {out.producer}, not a Sigmoid)"
@@ -663,9 +712,10 @@ def _decision(out: Output) -> str | None:
     return f"is one {out.producer} probability per row {_fmt(shape)}: a yes/no decision"
 
 
-def _spatial(shape: list) -> bool:
-    """Every axis after the first two (rows, channels) is unknown or longer than 1, and there is at least one."""
-    return len(shape) >= 3 and all(d is None or d > 1 for d in shape[2:])
+def _spatial(shape: list, channels: int = 1) -> bool:
+    """Every axis but the rows' (0) and the channels' is unknown or longer than 1, and there is at least one."""
+    positions = [d for k, d in enumerate(shape) if k not in (0, channels)]
+    return len(shape) >= 3 and all(d is None or d > 1 for d in positions)
 
 
 def resolve(spec: TaskSpec, model_path, labels=None, classifier: bool | None = None) -> Task:
@@ -698,7 +748,11 @@ def resolve(spec: TaskSpec, model_path, labels=None, classifier: bool | None = N
         return task
     kind, found = (Dense, graph.dense) if spec.name == "dense" else (Decision, _decision)
     output = spec.output or _single([o.name for o in graph.outputs if found(o)]) or names[0]
-    return kind(output, spec.threshold, f"task={spec.name} on output {output!r}, threshold {spec.threshold}")
+    reason = f"task={spec.name} on output {output!r}, threshold {spec.threshold}"
+    if kind is Decision:
+        return Decision(output, spec.threshold, reason)
+    axis = spec.axis if spec.axis is not None else graph.map_axis(graph.by_name[output])[0]
+    return Dense(output, spec.threshold, reason + ("" if axis == 1 else f", channels on axis {axis}"), axis)
 
 
 def _single(items: list):
@@ -804,7 +858,10 @@ def _auto(graph: _Graph, spec: TaskSpec, facts: Labels | None, classifier: bool 
                     "task.output=NAME to choose)"), True
     if maps:
         o, why, kind = maps[0]
-        return kind(o.name, spec.threshold, f"output {o.name!r} {why} at task.threshold {spec.threshold:g}"), False
+        reason = f"output {o.name!r} {why} at task.threshold {spec.threshold:g}"
+        if kind is Dense:
+            return Dense(o.name, spec.threshold, reason, graph.map_axis(o)[0]), False
+        return kind(o.name, spec.threshold, reason), False
     where = f"output {spec.output!r} is neither" if spec.output else "no output is"
     flat = [f"{o.name!r} {why}" for o in outputs if (why := graph.not_dense(o))]
     # a lone float [N, C] output may be logits or C regression values: not guessed, but the way to say it is named
@@ -912,7 +969,8 @@ class TaskConf:
 
     name: str = "auto"
     output: str | None = None  # the output judged (default: the first)
-    axis: int | None = None  # classification: class axis (None: from the Softmax, else -1)
+    axis: int | None = None  # classification: class axis (None: from the Softmax, else -1); dense: a 4-D map's
+    # channel axis (None: from the graph, docs/tasks.md)
     threshold: float = 0.5  # dense: value > threshold is positive
     top_k: int = 5
     fn: str | None = None  # custom: module:function

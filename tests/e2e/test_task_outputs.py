@@ -325,3 +325,30 @@ def test_a_dense_map_of_several_channels_is_decided_by_its_worst_channel(tmp_pat
     assert result["verdict"]["value"] == result["metrics"]["task.dice"] == min(dice.values())
     worst = min(dice, key=dice.get)
     assert result["verdict"]["because"].endswith(f"; the worst of the map's 3 channels ({worst})")
+
+
+def test_a_channels_last_map_is_found_and_measured_per_channel(tmp_path):
+    """A Keras model exported by tf2onnx ends `Conv -> Sigmoid -> Transpose(0, 2, 3, 1)`: task=auto finds the map
+    [N, 16, 16, 3] with its channels on axis 3 (the Conv's axis 1 carried through the Transpose) and measures each of
+    the 3 channels, not each of the 16 rows of pixels."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.normal(size=(3, 1, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                               helper.make_node("Sigmoid", ["c"], ["s"]),
+                               helper.make_node("Transpose", ["s"], ["y"], perm=[0, 2, 3, 1])], "keras",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16, 16, 3])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "keras.onnx")
+    data = npy_data(tmp_path / "rows.npz", "x", rng.normal(size=(32, 1, 16, 16)).astype(np.float32), None)
+    run = calibrun(tmp_path, "model=file", f"model.path={tmp_path / 'keras.onnx'}", *data, "hydra.run.dir=keras")
+    result = result_of(tmp_path, run, "keras")
+    assert result["task"]["name"] == "dense"
+    assert result["task"]["channel_axis"] == 3
+    assert "channels on axis 3: Conv's channels carried through Sigmoid -> Transpose" in result["task"]["reason"]
+    dice = {k: v for k, v in result["metrics"].items() if k.startswith("task.dice.ch")}
+    assert sorted(dice) == ["task.dice.ch0", "task.dice.ch1", "task.dice.ch2"]
+    assert result["verdict"]["value"] == result["metrics"]["task.dice"] == min(dice.values())

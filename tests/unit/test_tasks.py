@@ -273,6 +273,71 @@ def test_a_probability_map_transposed_is_still_one(tmp_path):
     assert type(picked) is Dense, picked.reason
 
 
+def _keras_map(tmp_path, channels: int, perms: list, name: str):
+    """A Conv's map ([N, C, 8, 8]) through a Sigmoid and the given Transposes, as tf2onnx returns a Keras model to
+    its channels-last layout."""
+    w = helper.make_tensor("w", TensorProto.FLOAT, [channels, 3, 1, 1], [0.1] * 3 * channels)
+    nodes, last = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Sigmoid", ["c"], ["s"])], "s"
+    for k, perm in enumerate(perms):
+        nodes.append(helper.make_node("Transpose", [last], [f"t{k}"], perm=perm))
+        last = f"t{k}"
+    nodes.append(helper.make_node("Identity", [last], ["y"]))
+    shape = ["N", channels, 8, 8]
+    for perm in perms:
+        shape = [shape[a] for a in perm]
+    return _save(tmp_path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], name, [w])
+
+
+@pytest.mark.parametrize(("channels", "perms", "axis"), [
+    (2, [[0, 2, 3, 1]], 3),  # tf2onnx's NCHW -> NHWC: a Keras model's two-channel sigmoid map [N, 8, 8, 2]
+    (1, [[0, 2, 3, 1]], 3),  # its one-channel map [N, 8, 8, 1]
+    (2, [[0, 2, 3, 1], [0, 3, 1, 2]], 1),  # there and back: channels first again
+    (2, [[0, 3, 2, 1]], 3),  # height and width swapped on the way: the channels still end last
+    (2, [[0, 1, 3, 2]], 1),  # only height and width swapped
+])
+def test_auto_carries_a_maps_channels_through_transposes(tmp_path, channels, perms, axis):
+    """A channels-last map ([N, H, W, C], a Keras export) is a map whose channels are its last axis: each channel
+    is measured on its own, not each row of pixels (the channels' axis carried from the Conv through each
+    Transpose, as a Softmax's class axis is)."""
+    path = _keras_map(tmp_path, channels, perms, "keras.onnx")
+    picked = resolve(TaskSpec("auto"), path)
+    assert type(picked) is Dense, picked.reason
+    assert picked.axis == axis
+    assert ("Conv's channels carried through" in picked.reason) == (axis != 1)
+    assert picked.describe().get("channel_axis", 1) == axis
+
+
+def test_a_channels_last_map_is_measured_per_channel():
+    """[N, H, W, 2]: a channel whose decisions int8 flips is lost, whatever the other channel does; counted along
+    the last axis, the same numbers as the same map channels first."""
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(2, 2, 5, 5))
+    got = ref.copy()
+    got[:, 1] = -ref[:, 1]
+    first, last = Dense("y", 0.0, axis=1), Dense("y", 0.0, axis=3)
+    first.update({"y": ref}, {"y": got}, None)
+    last.update({"y": np.moveaxis(ref, 1, 3)}, {"y": np.moveaxis(got, 1, 3)}, None)
+    assert last.metrics() == first.metrics()
+    assert last.metrics()["task.dice.ch1"] == 0.0
+    assert last.metrics()["task.dice.ch0"] == 1.0
+
+
+def test_a_one_channel_map_last_without_a_conv_is_a_map(tmp_path):
+    """[N, 8, 8, 1] from a Sigmoid with no channels-first op behind it: its last axis, of size 1, is the channel
+    (read as channels first, the map would have no width); [N, 4, 1, 1] stays a vector. task=dense task.axis sets the
+    axis."""
+    path = _save(tmp_path, [helper.make_node("Sigmoid", ["x"], ["y"])],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, 8, 1])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8, 8, 1])])
+    picked = resolve(TaskSpec("auto"), path)
+    assert type(picked) is Dense
+    assert picked.axis == 3
+    assert "one-channel Sigmoid map [?, 8, 8, 1] (channels on axis 3: its last axis, of size 1)" in picked.reason
+    assert resolve(TaskSpec("dense"), path).axis == 3
+    assert resolve(TaskSpec("dense", axis=2), path).axis == 2
+
+
 def test_auto_names_model_classifier_for_a_lone_float_vector_output_it_does_not_guess(tmp_path):
     """A lone float [N, C] output without a Softmax may be logits or C regression values (OriNet's [N, 4] logits, a
     box regressor's [N, 4]): auto measures none and says how to tell it; with model.classifier=true it is logits."""
