@@ -97,9 +97,10 @@ def run(argv: list[str]) -> dict:
     seed_v = check_seed(_int(seed, "SEED"), "seed")
     rows_v = check_positive_int(_int(rows, "ROWS"), "rows", MAX_ROWS)
     from calibrun.measure import errors as measure
+    from calibrun.quant.calibrate import cache_from_env
 
     try:
-        return measure.error(fp32, int8, seed_v, rows_v)
+        return measure.error(fp32, int8, seed_v, rows_v, cache=cache_from_env())
     except Exception as exc:
         from calibrun.model.one_row import lab_rule_error
 

@@ -210,6 +210,10 @@ def context(cfg: DictConfig, job_dir: Path, one_row: JobContext | None = None) -
     options, record = resolve_exclusions(fp32.path, config.quant_options(cfg))  # names checked before any work
     data = calibration_data(data_source, fp32, cfg.calibration.seed, cfg.calibration.factor, batches)
     evaluation = evaluation_data(source, fp32, source["seed"], source["rows"])
+    kept = _whole_batches(fp32, evaluation)
+    if kept != evaluation.rows:
+        source = {**source, "rows": kept}  # recorded so: the aggregator rebuilds the same rows
+        evaluation = evaluation_data(source, fp32, source["seed"], kept)
     if one_row is None and source.get("name") != "lab":
         _hint_state(fp32, evaluation)
     try:
@@ -223,6 +227,21 @@ def context(cfg: DictConfig, job_dir: Path, one_row: JobContext | None = None) -
         if task.static_classes:  # before any work when the graph states the classes
             evaluation.check_labels(task.static_classes, task.output)
     return JobContext(cfg, job_dir, fp32, steps, options, record.get("exclusions"), data, source, evaluation, task)
+
+
+def _whole_batches(fp32: FloatModel, evaluation: EvalData) -> int:
+    """The evaluation rows a model that pins its batch axis at k rows can run: the rows of whole batches of k, the
+    rest left out in one warning line (eval.rows is 256 by default, whatever k is); fewer than k rows: an error."""
+    fixed = pinned_rows({info.name: info.shape for info in fp32.inputs}, evaluation.axes)
+    if fixed is None or evaluation.rows % fixed == 0:
+        return evaluation.rows
+    kept = evaluation.rows - evaluation.rows % fixed
+    if not kept:
+        raise CalibrunError(f"the model pins its batch axis at {fixed} rows and the evaluation has {evaluation.rows}: "
+                            f"give at least {fixed} rows (eval.rows, or more in eval_data's file)")
+    log.warning("the model pins its batch axis at %d rows: measuring %d of the %d evaluation rows (the last %d do "
+                "not fill a batch)", fixed, kept, evaluation.rows, evaluation.rows - kept)
+    return kept
 
 
 def _hint_state(fp32: FloatModel, evaluation: EvalData) -> None:

@@ -235,6 +235,25 @@ def frame_conv(features: int = 8, channels: int = 4, width: int = 5, seed: int =
     return _finish(nodes, "frame_conv", inputs, outputs, [weight, axes, squeeze], OPSET)
 
 
+def old_opset_pool(opset: int = 6) -> onnx.ModelProto:
+    """Conv -> AveragePool over [N, 1, 8] at `opset` (IR 3, the weight also listed as a graph input): at opset 6
+    onnxruntime cannot load the file as it is (it has no kernel for AveragePool-1, only 7 and later); at 13 it is the
+    same computation onnxruntime runs, the reference a test compares with."""
+    weight = np.random.default_rng(3).normal(0, 0.5, (2, 1, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1], name="conv"),
+             helper.make_node("AveragePool", ["c"], ["y"], kernel_shape=[2], strides=[2], name="pool")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 8])]
+    if opset < 9:
+        inputs.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [2, 1, 3]))
+    graph = helper.make_graph(nodes, "old_pool", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                                                        ["N", 2, 4])],
+                              initializer=[numpy_helper.from_array(weight, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="tests")
+    model.ir_version = 3 if opset < 9 else IR_VERSION
+    onnx.checker.check_model(model)
+    return model
+
+
 def save(model: onnx.ModelProto, path: str | Path) -> Path:
     """Save `model` to `path` (parent folders created) and return the path."""
     path = Path(path)

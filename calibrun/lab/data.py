@@ -51,11 +51,12 @@ class LabBatches:
     Nothing is held in memory beyond the batch being served, so a pass over 512 image batches costs one batch.
     """
 
-    def __init__(self, seed: int, factor: float, batches: int, shape: tuple[int, ...]):
+    def __init__(self, seed: int, factor: float, batches: int, shape: tuple[int, ...], dtype=np.float32):
         self.seed = check_seed(seed)
         self.factor = check_factor(factor)
         self.batches = check_positive_int(batches, "batches", MAX_BATCHES)
         self.shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype)  # the input's type: the float32 rows cast to it (a double input's model)
 
     def __len__(self) -> int:
         return self.batches
@@ -68,7 +69,7 @@ class LabBatches:
                 batch = (rng.normal(0, 1, self.shape) * self.factor).astype(np.float32)
             if not np.all(np.isfinite(batch)):
                 raise CalibrunError(f"calibration batch {index}: N(0, 1) * factor {self.factor:g} overflows float32")
-            yield batch
+            yield batch if self.dtype == np.float32 else batch.astype(self.dtype)
 
     def identity(self) -> dict:
         """Everything that decides these arrays (enters the calibration cache key)."""
@@ -79,11 +80,14 @@ class LabBatches:
             "batches": self.batches,
             "rows_per_batch": self.shape[0],
             "batch_shape": list(self.shape),
+            **({"dtype": str(self.dtype)} if self.dtype != np.float32 else {}),
         }
 
 
 def lab_batches(info: InputInfo, seed: int, factor: float, batches: int) -> LabBatches:
-    return LabBatches(seed, factor, batches, batch_shape(info))
+    from calibrun.data.inputs import input_dtype  # (calibrun.data imports this module)
+
+    return LabBatches(seed, factor, batches, batch_shape(info), input_dtype(info))
 
 
 def evaluation_rows(info: InputInfo, seed: int, rows: int) -> np.ndarray:

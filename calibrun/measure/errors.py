@@ -21,6 +21,7 @@ so memory holds no row's outputs beyond its batch:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import math
@@ -595,13 +596,26 @@ def outputs(path: str | Path, fp32: FloatModel, feeds, threads: int = 0, axes=No
 CONTRACT_KEYS = ("rows", "max_abs_error", "mean_abs_error", "max_abs_output")
 
 
-def error(fp32_path: str | Path, int8_path: str | Path, seed: int, rows: int, threads: int = 0) -> dict:
-    """The `error` contract: |fp32 - int8| over all output elements on the lab evaluation rows."""
+def error(fp32_path: str | Path, int8_path: str | Path, seed: int, rows: int, threads: int = 0,
+          cache=None) -> dict:
+    """The `error` contract: |fp32 - int8| over all output elements on the lab evaluation rows. The fp32 reference
+    is the model as given (a float16 model runs in float16); where onnxruntime cannot load that file (an opset it no
+    longer runs), the model prepared from it as `quantize` prepares it (kept in `cache`'s models folder when given),
+    said in one log line."""
     rows = check_positive_int(rows, "rows", MAX_ROWS)
     from calibrun.data import lab_evaluation
+    from calibrun.model import check_loadable
+    from calibrun.model.prepared import prepared_source
 
-    fp32 = open_float_model(fp32_path)
-    metrics = evaluate(fp32.path, int8_path, lab_evaluation(fp32, seed, rows), None, threads, progress=None)
+    given = open_float_model(fp32_path)
+    try:
+        check_loadable(given)
+        reference = contextlib.nullcontext(given)
+    except CalibrunError as exc:
+        log.warning("%s; the error is measured against the model prepared from it", exc)
+        reference = prepared_source(given.path, cache)
+    with reference as fp32:
+        metrics = evaluate(fp32.path, int8_path, lab_evaluation(fp32, seed, rows), None, threads, progress=None)
     return {key: metrics[key] for key in CONTRACT_KEYS}
 
 # --- config: this concept's options (the `eval` node; calibrun.config assembles the schema) ---

@@ -218,6 +218,11 @@ class FloatModel:
     path: Path
     inputs: tuple[InputInfo, ...]
     sha256: str
+    source: Path | None = None  # the file the user gave, where `path` is its prepared copy: what messages name
+
+    @property
+    def shown(self) -> Path:
+        return self.source or self.path
 
     @property
     def info(self) -> InputInfo:
@@ -229,15 +234,15 @@ class FloatModel:
         and fed in the type the input declares: calibtool's `error` runs a float16 model as given)."""
         if len(self.inputs) != 1:
             names = [i.name for i in self.inputs]
-            raise CalibrunError(f"{self.path}: the lab data rule serves a single float input, the model has {names};"
+            raise CalibrunError(f"{self.shown}: the lab data rule serves a single float input, the model has {names};"
                                 " give a data source for each (python -m calibrun data=npy; calibtool has the lab "
                                 "rule only)")
         if self.info.elem_type not in LAB_FLOAT_TYPES:
             type_name = TensorProto.DataType.Name(self.info.elem_type) if self.info.elem_type else "of no known type"
-            raise CalibrunError(f"{self.path}: input {self.info.name!r} is {type_name}; the lab data rule feeds one "
+            raise CalibrunError(f"{self.shown}: input {self.info.name!r} is {type_name}; the lab data rule feeds one "
                                 "float input (float32, float16 or double; give your data: python -m calibrun data=npy)")
         if not self.info.shape:
-            raise CalibrunError(f"{self.path}: input {self.info.name!r} has no known shape (rank 0 or missing); "
+            raise CalibrunError(f"{self.shown}: input {self.info.name!r} has no known shape (rank 0 or missing); "
                                 "the lab data rule needs [rows, ...]")
         return self.info
 

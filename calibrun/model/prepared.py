@@ -9,12 +9,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import onnxruntime
 
 from calibrun.core.errors import one_line
-from calibrun.core.files import write_json
+from calibrun.core.files import temp_dir, write_json
 from calibrun.model import FloatModel, file_sha256, open_float_model
 from calibrun.model.prepare import PREPARE_VERSION, external_data_path, prepare_model
 from calibrun.quant import cache as cache_store
@@ -26,6 +28,20 @@ def prepared_record(source_sha256: str) -> dict:
     """What decides a prepared model (its cache key, calibrun.quant.cache.key_of)."""
     return {"kind": "prepared model", "source_sha256": source_sha256, "prepare_version": PREPARE_VERSION,
             "onnxruntime": onnxruntime.__version__}
+
+
+@contextlib.contextmanager
+def prepared_source(src: str | Path, cache=None) -> Iterator[FloatModel]:
+    """calibtool's float model: the file as the user gives it, prepared as the runner prepares it (below), in the
+    cache's `models` folder (`cache`: a CalibrationCache), else in a temp folder removed when the block ends. An
+    opset onnxruntime no longer runs is converted there, as in a job, instead of refused."""
+    fp32 = open_float_model(src)
+    with temp_dir("src") if cache is None else contextlib.nullcontext() as tmp:
+        root, wait = (cache.root, cache.wait) if cache is not None else (None, 0.0)
+        prepared, steps = prepared_model(fp32.path, root, wait, Path(tmp) if tmp else None)
+        for step in steps:
+            log.info("prepared %s: %s", fp32.path.name, step)
+        yield prepared
 
 
 def prepared_model(source: Path, cache_root: str | Path | None, wait: float,
@@ -58,12 +74,13 @@ def prepared_model(source: Path, cache_root: str | Path | None, wait: float,
             reused = _verified(target, record_file)
             if reused is not None:
                 log.info("prepared model %s (reused, sha256 verified)", target)
-                return open_float_model(target, sha256=reused["model_sha256"]), list(reused["steps"])
+                return replace(open_float_model(target, sha256=reused["model_sha256"]), source=source), \
+                    list(reused["steps"])
         prepared = prepare_model(source, target)
         record = {"steps": list(prepared.steps), "model_sha256": file_sha256(prepared.path),
                   "data_sha256": file_sha256(prepared.data_path) if prepared.data_path else None}
         write_json(record_file, record)
-    return open_float_model(prepared.path, sha256=record["model_sha256"]), list(prepared.steps)
+    return replace(open_float_model(prepared.path, sha256=record["model_sha256"]), source=source), list(prepared.steps)
 
 
 def _verified(target: Path, record_file: Path) -> dict | None:

@@ -34,7 +34,7 @@ from onnxruntime.quantization.calibrate import (
 from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
 from calibrun.core import interrupts, memory
-from calibrun.core.errors import CalibrunError
+from calibrun.core.errors import CalibrunError, one_line
 from calibrun.core.errors import need as check
 from calibrun.core.files import atomic_path, temp_dir, write_json
 from calibrun.core.progress import Progress
@@ -48,6 +48,9 @@ from calibrun.quant.histogram import FastHistogramCollector
 from calibrun.quant.histogram_runs import HistogramPieces
 from calibrun.quant.histogram_worker import HistogramWorker
 from calibrun.quant.reader import make_reader
+
+_ORT = onnxruntime.capi.onnxruntime_pybind11_state
+ORT_RUN_ERRORS = (_ORT.Fail, _ORT.InvalidArgument, _ORT.RuntimeException, _ORT.NotImplemented)  # a run's failures
 
 log = logging.getLogger(__name__)
 
@@ -415,27 +418,32 @@ def _calibrate_chunks(calibrator, reader, spec: CalibrationSpec, data, copy, bud
     pieces: HistogramPieces | None | bool = False  # histogram methods: planned on the first chunk
     for start in range(0, total, chunk):
         end = min(start + chunk, total)
-        reader.set_range(start, end)
-        if spec.method == "minmax":
-            calibrator.collect_data(reader)
-        else:
-            batches = list(iter(reader.get_next, None))
-            if pieces is False:  # the first chunk decides (calibrun.quant.histogram_runs)
-                record = used if used is not None else {}
-                pieces = HistogramPieces.plan(copy, sorted(calibrator.tensors_to_calibrate), batches, budget,
-                                              threads, getattr(data, "axes", None), outputs, record)
-                worker = getattr(calibrator.collector, "worker", None)
-                if worker is not None and record.get("budget_bytes"):
-                    worker.limit = record["budget_bytes"] // 4
-                if pieces is not None and pieces.segments is not None:  # the pieces' sessions run it all
-                    outputs.release()
-                    calibrator.infer_session = outputs = pieces.fallback = None
-            if pieces is not None:
-                pieces.collect(calibrator.collector, batches)
+        try:
+            reader.set_range(start, end)
+            if spec.method == "minmax":
+                calibrator.collect_data(reader)
             else:
-                outputs.rewind()
-                calibrator.collect_data(make_reader(batches, input_name))
-            del batches
+                batches = list(iter(reader.get_next, None))
+                if pieces is False:  # the first chunk decides (calibrun.quant.histogram_runs)
+                    record = used if used is not None else {}
+                    pieces = HistogramPieces.plan(copy, sorted(calibrator.tensors_to_calibrate), batches, budget,
+                                                  threads, getattr(data, "axes", None), outputs, record)
+                    worker = getattr(calibrator.collector, "worker", None)
+                    if worker is not None and record.get("budget_bytes"):
+                        worker.limit = record["budget_bytes"] // 4
+                    if pieces is not None and pieces.segments is not None:  # the pieces' sessions run it all
+                        outputs.release()
+                        calibrator.infer_session = outputs = pieces.fallback = None
+                if pieces is not None:
+                    pieces.collect(calibrator.collector, batches)
+                else:
+                    outputs.rewind()
+                    calibrator.collect_data(make_reader(batches, input_name))
+                del batches
+        except ORT_RUN_ERRORS as exc:  # onnxruntime's own text, with what it was doing when it failed
+            where = f"batch {start}" if end == start + 1 else f"batches {start}..{end - 1}"
+            raise CalibrunError(f"calibration: onnxruntime fails to run the model on calibration {where}: "
+                                f"{one_line(exc)}") from exc
         interrupts.check()
         progress.update(end)
     if outputs is not None:

@@ -545,20 +545,17 @@ def quantize_lab_file(src: str | Path, out: str | Path, seed: int, factor: float
     """calibtool's `quantize`: a float model file as the user gives it, prepared as the Hydra runner prepares one
     (calibrun.model.prepared: float16 widened to float32, an unsorted graph sorted, old opsets converted, ...; kept
     in the cache's `models` folder), then calibrated on the lab rule and quantised. The file is checked (readable,
-    float, runnable by onnxruntime, one input the lab rule can feed) before any work, so that a problem is named as
-    the user gave it, not as the prepared copy."""
-    from calibrun.model import check_loadable, open_float_model
-    from calibrun.model.prepared import prepared_model
+    float, one input the lab rule can feed) before any work, so that a problem is named as the user gave it, not as
+    the prepared copy; what onnxruntime cannot run is found by the preparation, as the runner finds it (an opset
+    onnxruntime no longer runs is converted there, not refused), and named by the source file."""
+    from calibrun.model import open_float_model
+    from calibrun.model.prepared import prepared_source
 
-    fp32 = check_loadable(open_float_model(src))
+    fp32 = open_float_model(src)
     out = check_writable(out)
     check_not_source(fp32.path, out, external_files(fp32.path))
     fp32.lab_input()
-    with temp_dir("src") if cache is None else contextlib.nullcontext() as tmp:  # with a cache: its models folder
-        root, wait = (cache.root, cache.wait) if cache is not None else (None, 0.0)
-        prepared, steps = prepared_model(fp32.path, root, wait, Path(tmp) if tmp else None)
-        for step in steps:
-            log.info("prepared %s: %s", fp32.path.name, step)
+    with prepared_source(fp32.path, cache) as prepared:
         return quantize_lab(prepared, out, seed, factor, batches, options=options, cache=cache,
                             input_may_stay_float=True)
 

@@ -80,6 +80,21 @@ def grouped_transpose_model() -> onnx.ModelProto:
     return model
 
 
+def fails_when_run_model() -> onnx.ModelProto:
+    """[N, 4] -> Reshape to [5] -> Relu: a valid model onnxruntime loads, whose Reshape fails on every batch it runs
+    (4N values never make 5): the failure of a run, not of a load."""
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["r"], name="to_five"),
+         helper.make_node("Relu", ["r"], ["y"], name="relu")], "tests_fails_when_run",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5])],
+        initializer=[numpy_helper.from_array(np.array([5], np.int64), "shape")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
 class Assets:
     """Input files shared by the cases (read only: the fixture checks that no case touched them)."""
 
@@ -97,6 +112,7 @@ class Assets:
         self.folder_model.mkdir()
         self.conv = save(conv_model(), root / "conv.onnx")
         self.grouped = save(grouped_transpose_model(), root / "grouped.onnx")
+        self.fails_when_run = save(fails_when_run_model(), root / "fails_when_run.onnx")
         self.grouped_rows = root / "grouped_rows.npy"
         np.save(self.grouped_rows, np.random.default_rng(5).normal(0, 1, (16, 16, 1, 8)).astype(np.float32))
 
@@ -257,7 +273,8 @@ CASES = [
     Case("calibrun-model-missing", "calibrun", file_model("missing"), "not found"),
     Case("calibrun-model-truncated-tracked", "calibrun", file_model("truncated"), "not an ONNX model",
          tracking=True),
-    Case("calibrun-model-int64-input", "calibrun", file_model("int64"), "INT64"),
+    # named as the user gave it, not as its prepared copy in the cache's models folder
+    Case("calibrun-model-int64-input", "calibrun", file_model("int64"), "int64.onnx: input 'ids' is INT64"),
     # onnxruntime's own quantize_static raises (a numpy ValueError deep in its quantizer): one line saying so,
     # with the option, the node and the function
     Case("calibrun-quantize-static-fails-inside-onnxruntime", "calibrun",
@@ -265,6 +282,10 @@ CASES = [
                        "eval_data=npy", f"eval_data.path={a.grouped_rows}", "quant.per_channel=true", "batches=1"],
          "onnxruntime's quantize_static failed at node 'up' (ConvTranspose) with quant.per_channel=true in "),
     Case("calibrun-model-is-a-folder", "calibrun", file_model("folder_model"), "not a file"),
+    # onnxruntime loads the model and fails when it runs it: its text, with what calibrun was doing
+    Case("calibrun-model-fails-when-run", "calibrun", file_model("fails_when_run"),
+         "calibration: onnxruntime fails to run the model on calibration batches 0..15: [ONNXRuntimeError] : 1 : "
+         "FAIL : Non-zero status code returned while running Reshape node. Name:'to_five'"),
     # data sources
     Case("data-npz-nan-tracked", "calibrun", npy_data("nan_npz"), "NaN", tracking=True),
     Case("data-npz-inf", "calibrun", npy_data("inf_npz"), "Inf"),

@@ -28,6 +28,7 @@ from tests.modelzoo import (
     evaluation_rows,
     int_input_model,
     mlp,
+    old_opset_pool,
     pinned_input_quant,
     run_model,
     save,
@@ -313,6 +314,29 @@ def test_quantize_and_error_work_on_any_float_model(name, tmp_path, calibtool):
     assert 0 < error["max_abs_error"] < np.abs(ref).max()  # quantised, and not garbage
 
 
+def test_a_model_onnxruntime_cannot_load_as_given_is_prepared_not_refused(tmp_path, calibtool):
+    """An opset-6 model (AveragePool-1, which onnxruntime no longer runs): quantize prepares it as the runner does
+    (opset converted to 13) instead of refusing the file; error measures against that prepared model, said in one
+    warning line, and gives the numbers of the same graph written at opset 13 by hand."""
+    import onnxruntime as ort
+
+    fp32 = save(old_opset_pool(6), tmp_path / "old.onnx")
+    with pytest.raises(Exception, match="AveragePool"):
+        ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"])  # the premise
+    code, stdout, stderr = calibtool("quantize", fp32, "int8.onnx", 2, 1.0, 3)
+    assert code == 0, stderr
+    out = calibtool.cwd / "int8.onnx"
+    assert one_json(stdout)["ops"].get("QuantizeLinear", 0) >= 1
+    code, stdout, stderr = calibtool("error", fp32, out, 5, 24)
+    assert code == 0, stderr
+    assert "onnxruntime cannot load" in stderr
+    assert "the error is measured against the model prepared from it" in stderr
+    rows = np.random.default_rng(5).normal(0, 1, (24, 1, 8)).astype(np.float32)
+    ref = run_model(save(old_opset_pool(13), tmp_path / "same13.onnx"), {"x": rows})[0].astype(np.float64)
+    got = run_model(out, {"x": rows})[0].astype(np.float64)
+    assert one_json(stdout)["max_abs_error"] == pytest.approx(np.abs(ref - got).max(), rel=1e-6)
+
+
 # --- exit 2: wrong argument counts ---
 
 USAGE_CASES = {
@@ -478,7 +502,7 @@ BAD_CASES.update({
     "quantize-symbolic-features": (lambda a, o: quantize(a, o, src=a.symbolic), "axis 1 is symbolic"),
     "error-symbolic-features": (lambda a, o: ["error", a.symbolic, a.int8, 1, 8], "axis 1 is symbolic"),
     # models onnxruntime cannot run: named as given, not as a temp copy inside the calibration
-    "quantize-unknown-op": (lambda a, o: quantize(a, o, src=a.unknown_op), "cannot load"),
+    "quantize-unknown-op": (lambda a, o: quantize(a, o, src=a.unknown_op), "No Op registered for FooBar"),
     "quantize-inconsistent-shapes": (lambda a, o: quantize(a, o, src=a.bad_shapes), "bad_shapes.onnx"),
     "quantize-rank-0-input": (lambda a, o: quantize(a, o, src=a.scalar), "no known shape"),
     "error-fp32-unknown-op": (lambda a, o: ["error", a.unknown_op, a.int8, 1, 8], ""),

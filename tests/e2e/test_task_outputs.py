@@ -284,7 +284,7 @@ def test_rules_on_other_trained_models(tmp_path, sklearn_split):
     from sklearn.datasets import load_iris
     from sklearn.ensemble import RandomForestClassifier
 
-    expected = {"ocr_cls": ("classification", 1), "ocr_rec": ("classification", 2), "ocr_det": ("dense", None),
+    expected = {"ocr_cls": ("classification", 1), "ocr_rec": ("classification", 2), "ocr_det": ("dense", 1),
                 "det_yolox": ("none", None), "nudenet": ("none", None)}
     for name, (kind, axis) in expected.items():
         task = resolve(TaskSpec("auto"), model_path(name))

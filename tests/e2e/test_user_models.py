@@ -307,3 +307,46 @@ def test_an_attention_mask_of_minus_infinity_stays_float(tmp_path, method):
     assert np.median(error[~padded]) < 0.01, error
     assert calibrun(tmp_path, *argv, "hydra.run.dir=again").returncode == 0
     assert json.loads((tmp_path / "again" / "result.json").read_text())["metrics"]["cache_hit"] == 1
+
+
+def _matmul(path: Path, elem: int, shape: list) -> Path:
+    dtype = helper.tensor_dtype_to_np_dtype(elem)
+    weight = numpy_helper.from_array(np.random.default_rng(4).normal(0, 0.5, (4, 2)).astype(dtype), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "mm",
+                              [helper.make_tensor_value_info("x", elem, shape)],
+                              [helper.make_tensor_value_info("y", elem, [shape[0], 2])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save_model(model, str(path))
+    return path
+
+
+def test_the_default_rows_fit_a_model_that_pins_its_batch_at_three(tmp_path):
+    """A model declared [3, 4] runs batches of 3 rows: the default 256 evaluation rows are not a multiple of 3, so
+    the job measures the 255 of whole batches and says so in one line, instead of failing on its own default."""
+    model = _matmul(tmp_path / "three.onnx", TensorProto.FLOAT, [3, 4])
+    proc = calibrun(tmp_path, "model=file", f"model.path={model}", f"hydra.run.dir={tmp_path / 'run'}",
+                    "tracking=off")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("pins its batch axis at 3 rows: measuring 255 of the 256 evaluation rows") == 1
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["eval_source"]["rows"] == 255
+    assert "(255 evaluation rows)" in result["verdict"]["because"]
+    few = calibrun(tmp_path, "model=file", f"model.path={model}", "eval.rows=2", f"hydra.run.dir={tmp_path / 'few'}",
+                   "tracking=off")
+    assert few.returncode == 1
+    assert few.stderr.strip().splitlines()[-1] == ("calibrun: error: the model pins its batch axis at 3 rows and the "
+                                                   "evaluation has 2: give at least 3 rows (eval.rows, or more in "
+                                                   "eval_data's file)")
+
+
+def test_a_model_with_a_double_input_is_calibrated_in_double(tmp_path):
+    """The lab rule's calibration rows, drawn in float32, are fed in the type the input declares (double here), as
+    its evaluation rows were: onnxruntime refused float rows for a double input."""
+    model = _matmul(tmp_path / "double.onnx", TensorProto.DOUBLE, ["N", 4])
+    proc = calibrun(tmp_path, "model=file", f"model.path={model}", f"hydra.run.dir={tmp_path / 'run'}",
+                    "tracking=off")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["verdict"]["status"] == "ok"
