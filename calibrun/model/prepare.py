@@ -191,15 +191,20 @@ def _strip_initializer_inputs(model: onnx.ModelProto, out: Path, external: bool,
         keep = [v for v in model.graph.input if v.name not in initializers]
         del model.graph.input[:]
         model.graph.input.extend(keep)
-    # IR 3 requires initializers to be graph inputs; without them the model needs IR 4 at least.
-    needed = max(_min_ir_version(model), 4 if listed else 0)
+    # IR 3 requires initializers to be graph inputs; without them (none is one from here on) the model needs IR 4 at
+    # least. An IR-3 file that never listed them (an OnnxMLTools export: onnxruntime runs it, onnx's checker refuses
+    # it) is raised to 4 as well.
+    by_opsets = _min_ir_version(model)
+    needed = max(by_opsets, 4 if initializers else 0)
     if model.ir_version < needed:
         model.ir_version = needed
     if listed:
         raised = f", IR raised to {model.ir_version}" if model.ir_version != old_ir else ""
         _step(steps, f"stripped {len(listed)} initializers from graph inputs (IR {old_ir}{raised})")
     elif model.ir_version != old_ir:
-        _step(steps, f"raised IR version {old_ir} -> {model.ir_version} to match the model's opsets")
+        why = "to match the model's opsets" if by_opsets > old_ir else \
+            "(IR 3 lists every initializer as a graph input, which this model does not)"
+        _step(steps, f"raised IR version {old_ir} -> {model.ir_version} {why}")
     _sort_nodes(model, steps)
     _name_nodes(model, steps)
     _rename_clashes(model, steps)

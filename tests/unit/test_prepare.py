@@ -327,6 +327,29 @@ def test_ir3_initializer_inputs_are_stripped_and_opset_converted(tmp_path):
     assert _steps(prepared, "converted opset 9 -> 13")
 
 
+def test_an_ir3_model_that_does_not_list_its_initializers_as_inputs_is_raised_to_ir4(tmp_path):
+    """An OnnxMLTools export (waifu2x's UpConv7): IR 3, its initializers not graph inputs. onnx's checker refuses it
+    (IR 3 wants them listed), onnxruntime runs it: preparation raises the IR version to 4, where they need not be, and
+    the prepared model computes what the file does."""
+    import onnxruntime as ort
+
+    model = ir3_mlp()
+    del model.graph.input[1:]  # x only
+    model.opset_import[0].version = 8  # (IR 3 fits opset 8: only the initializers ask for IR 4)
+    src = tmp_path / "unlisted.onnx"
+    onnx.save_model(model, str(src))
+    with pytest.raises(onnx.checker.ValidationError, match="in initializer but not in graph input"):
+        onnx.checker.check_model(str(src))  # the premise
+    prepared = prepare_model(src, tmp_path / "prepared.onnx")
+    assert _steps(prepared, "raised IR version 3 -> 4 (IR 3 lists every initializer as a graph input, which this "
+                            "model does not)")
+    assert _steps(prepared, "converted opset 8 -> 13")
+    x = np.random.default_rng(0).normal(0, 1, (5, 16)).astype(np.float32)
+    given, made = (ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+                   for p in (src, prepared.path))
+    np.testing.assert_allclose(made, given, rtol=1e-6, atol=1e-6)
+
+
 def test_constant_subgraphs_are_folded_without_fusing(tmp_path):
     src = save(constant_weights(), tmp_path / "const.onnx")
     prepared = prepare_model(src, tmp_path / "prepared.onnx")
