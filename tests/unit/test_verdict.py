@@ -125,6 +125,18 @@ def test_a_task_metric_wins_over_a_bad_sqnr():
     assert verdict.decide({"task.dice": 0.5, "out.map.sqnr_db": 60.0})["status"] == "broken"
 
 
+@pytest.mark.parametrize(("db", "status"), [(45.0, "ok"), (40.0, "ok"), (39.9, "degraded"), (30.0, "degraded"),
+                                           (29.9, "broken")])
+def test_an_image_is_decided_by_its_psnr_not_by_the_outputs_sqnr(db, status):
+    """An image computed from an image (waifu2x's UpConv7: its output at 26.6 dB SQNR, ok by the SQNR rule, while its
+    check, the package's upscaled images, says broken): the task's PSNR decides, ok >= 40 dB, broken < 30 dB."""
+    v = verdict.decide({"task.psnr_db": db, "task.image_range": 1.0, "out.y.sqnr_db": 26.6})
+    assert (v["status"], v["metric"]) == (status, "task.psnr_db")
+    assert v["because"].startswith(f"int8's image is at {verdict.IMAGE_PSNR.shown(db):.1f} dB PSNR against fp32's "
+                                   "(over the image's range)")
+    assert v["because"].endswith(f": {status} (ok >= 40, broken < 30)")
+
+
 @pytest.mark.parametrize(("db", "status"), [(32.0, "ok"), (20.0, "ok"), (15.0, "degraded"), (9.9, "broken"),
                                        (1.55, "broken"), (-200.0, "broken")])
 def test_without_a_task_the_worst_output_sqnr_decides(db, status):
