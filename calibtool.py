@@ -24,7 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # run from any working
 
 from calibrun.core import interrupts  # noqa: E402  (light: no onnx or onnxruntime import)
 from calibrun.core.errors import one_line  # noqa: E402  (light too)
-from calibrun.core.files import check_not_source, remove_orphans, remove_temp_orphans  # noqa: E402  (light too)
+from calibrun.core.files import (  # noqa: E402  (light too)
+    check_not_source,
+    remove_orphans,
+    remove_temp_orphans,
+    strict_json,
+)
 from calibrun.quant.cache import DEFAULT_DIR  # noqa: E402  (light too)
 from calibrun.quant.cache import folders as cache_folders  # noqa: E402  (light too)
 
@@ -142,7 +147,7 @@ def _print_json(result: dict) -> bool:
     """The one JSON line on stdout; False (and one line on stderr) when stdout cannot take it (a full
     device, a closed pipe)."""
     try:
-        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.write(json.dumps(strict_json(result), allow_nan=False) + "\n")  # NaN and inf: null
         sys.stdout.flush()
     except OSError as exc:  # ENOSPC, EPIPE (BrokenPipeError), EIO ...
         # Python flushes stdout again at exit: point it at /dev/null so that no second error is printed.

@@ -616,7 +616,12 @@ def error(fp32_path: str | Path, int8_path: str | Path, seed: int, rows: int, th
         reference = prepared_source(given.path, cache)
     with reference as fp32:
         metrics = evaluate(fp32.path, int8_path, lab_evaluation(fp32, seed, rows), None, threads, progress=None)
-    return {key: metrics[key] for key in CONTRACT_KEYS}
+    found = {key: metrics[key] for key in CONTRACT_KEYS}
+    if not all(math.isfinite(value) for value in found.values()):
+        log.warning("the models' outputs are not all finite on the lab rows (max_abs_output %s, max_abs_error %s: a "
+                    "NaN or an infinity, e.g. a square root of a negative row): not a number, written as null",
+                    found["max_abs_output"], found["max_abs_error"])
+    return found
 
 # --- config: this concept's options (the `eval` node; calibrun.config assembles the schema) ---
 
