@@ -319,7 +319,8 @@ class Image(Task):
     """An image the model computes from an image (super-resolution, denoising, restoration): int8's output is judged
     as an image is, by its PSNR against fp32's over the image's range, `task.psnr_db` (docs/verdict.md). The range is
     that of the image the model is fed (input `source`, set as `span` from the evaluation rows: the scale the output
-    image is shown on, whatever the model overshoots), else the fp32 output's."""
+    image is shown on, whatever the model overshoots), unless fp32's output spans more than twice that (no image on
+    the fed image's scale: logits, another quantity), then the fp32 output's own."""
 
     name = "image"
     CAP = 200.0  # dB when int8's image is fp32's exactly
@@ -342,13 +343,21 @@ class Image(Task):
     def metrics(self) -> dict[str, float]:
         if not self.count:
             return {}
-        span = self.span if self.span else self.high - self.low
+        span = self._range()
         mse = self.err_sq / self.count
         psnr = self.CAP if mse == 0 else (10 * math.log10(span * span / mse) if span > 0 else -self.CAP)
         return {"task.psnr_db": min(psnr, self.CAP), "task.image_range": span}
 
+    def _fed_scale(self) -> bool:
+        """The PSNR is over the fed image's range (else the output's own)."""
+        own = self.high - self.low
+        return bool(self.span) and (not self.count or own <= 2 * self.span)
+
+    def _range(self) -> float:
+        return self.span if self._fed_scale() else self.high - self.low
+
     def describe(self) -> dict:
-        found = {"output": self.output, "input": self.source, "range_of": "input" if self.span else "output"}
+        found = {"output": self.output, "input": self.source, "range_of": "input" if self._fed_scale() else "output"}
         return {**super().describe(), **found}
 
 

@@ -397,6 +397,16 @@ def test_image_psnr_is_over_the_fp32_images_range():
     same = Image("y")
     same.update({"y": ref}, {"y": ref}, None)
     assert same.metrics()["task.psnr_db"] == Image.CAP
+    fed = Image("y", source="x")  # over the range of the image the model is fed (its overshoot left aside)
+    fed.span = 1.6
+    fed.update({"y": ref}, {"y": got}, None)
+    assert fed.metrics()["task.psnr_db"] == pytest.approx(10 * np.log10(1.6**2 / 0.02**2))
+    assert fed.describe()["range_of"] == "input"
+    other = Image("y", source="x")  # an output spanning more than twice the fed image is not shown on its scale
+    other.span = 0.9
+    other.update({"y": ref}, {"y": got}, None)
+    assert other.metrics()["task.psnr_db"] == pytest.approx(40.0)
+    assert other.describe()["range_of"] == "output"
 
 
 def test_auto_names_model_classifier_for_a_lone_float_vector_output_it_does_not_guess(tmp_path):
