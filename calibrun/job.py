@@ -387,7 +387,8 @@ def compute(ctx: JobContext) -> JobResult:
     unread = verdict.unread_output(result.metrics, measure.metric_key(task_output)) \
         if result.verdict is not None and result.verdict["metric"].startswith("task.") and task_output else None
     if unread is not None:  # not the verdict's: the task decides; but said, as DTLN's state at 0 dB beside its mask
-        result.verdict["because"] += verdict.unread_note(*unread, names, evaluation.state)
+        states = {output: name for name, output in feedback.look_alike(fp32.inputs, structure(fp32.path).graph.output)}
+        result.verdict["because"] += verdict.unread_note(*unread, names, evaluation.state, states)
     if result.verdict is not None and not quantised:
         result.verdict["because"] += "; onnxruntime quantised nothing: the model computes in float"
     channels = {k: v for k, v in result.metrics.items() if re.fullmatch(r"task\.dice\.ch\d+", k)}

@@ -151,20 +151,25 @@ def unread_output(metrics: Mapping[str, float], task_output: str) -> tuple[str, 
 
 
 def unread_note(key: str, value: float, names: Mapping[str, str] | None = None,
-                fed_back: Mapping[str, str] | None = None) -> str:
+                fed_back: Mapping[str, str] | None = None, look_alike: Mapping[str, str] | None = None) -> str:
     """What `because` adds for unread_output's (key, value); `names` as decide's; `fed_back`: the evaluation's
-    state inputs, {input: output} (EvalData.state; output names as the model's)."""
+    state inputs, {input: output} (EvalData.state; output names as the model's); `look_alike`: the inputs that look
+    like a state of an output and are not fed back, {output: input} (calibrun.measure.feedback.look_alike). Only an
+    output fed back, or one an input looks like the state of, is said to carry its error into a next call."""
     output = _PART.match(key)["output"]
     output = (names or {}).get(output, output)
     into = [name for name, out in (fed_back or {}).items() if out == output]
+    state = (look_alike or {}).get(output)
     if into:
-        why = (f"fed back as input {into[0]!r} on every next row, so that error is in the task's metric: the rows ran "
-               "in order, each model carrying its own state")
+        why = (f" (fed back as input {into[0]!r} on every next row, so that error is in the task's metric: the rows "
+               "ran in order, each model carrying its own state)")
+    elif state is not None:
+        why = (f" (if the model takes it back as input {state!r} on its next call, as a recurrent state, it carries "
+               f"that error there; eval_data.inputs.{state}.from_output={output} measures that, rows in order)")
     else:
-        why = ("an output the model takes back, as a recurrent state, carries that error into its next call; "
-               f"eval_data.inputs.<its input>.from_output={output} measures that, rows in order")
-    return _named(f"; {_where(_PART.match(key))}, which the task's metric does not read, is at {value:.1f} dB SQNR "
-                  f"({why})", names)
+        why = ""
+    return _named(f"; {_where(_PART.match(key))}, which the task's metric does not read, is at {value:.1f} dB SQNR"
+                  f"{why}", names)
 
 
 def _named(text: str, names: Mapping[str, str] | None) -> str:
