@@ -25,7 +25,7 @@ from calibrun import config
 from calibrun.core import cpu
 from calibrun.core.errors import CalibrunError
 from calibrun.core.files import DIAGNOSTICS_FILE, RANGES_FILE, strict_json, temp_dir, write_json
-from calibrun.data import EvalData, calibration_data, evaluation_data
+from calibrun.data import EvalData, calibration_data, evaluation_data, source_record
 from calibrun.data.inputs import spelled
 from calibrun.data.rows import pinned_rows
 from calibrun.lab.model import write_lab_model
@@ -88,7 +88,8 @@ def job_params(cfg: DictConfig) -> dict:
 
 def eval_source(cfg: DictConfig) -> dict:
     """Everything that rebuilds the evaluation rows (kept in result.json for the aggregator)."""
-    return {**OmegaConf.to_container(cfg.eval_data, resolve=True), "seed": cfg.eval.seed, "rows": cfg.eval.rows}
+    return {**source_record(OmegaConf.to_container(cfg.eval_data, resolve=True)), "seed": cfg.eval.seed,
+            "rows": cfg.eval.rows}
 
 
 def prepare(cfg: DictConfig, job_dir: Path) -> tuple[FloatModel, list[str]]:

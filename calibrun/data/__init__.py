@@ -9,6 +9,7 @@ constants: `data.inputs.<name>.*`), rows.py (counting and splitting rows along t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,15 @@ from calibrun.lab.data import evaluation_pieces, lab_batches
 from calibrun.model import FloatModel
 
 __all__ = ["SOURCES", "EvalData", "FeedBatches", "Source", "calibration_data", "evaluation_data", "lab_evaluation"]
+
+
+IMAGE_KEYS = tuple(f.name for f in dataclasses.fields(ImageTransform))  # what only data=images reads
+
+
+def source_record(node: Mapping) -> dict:
+    """A data source's config node as a record of what it reads: the image transform's options only for images
+    (the config schema gives every source their defaults; a .npz source never resized or cropped anything)."""
+    return {k: v for k, v in node.items() if node.get("name") == "images" or k not in IMAGE_KEYS}
 
 
 def _transform(source: Mapping) -> ImageTransform:

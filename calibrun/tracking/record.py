@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from calibrun import config
 from calibrun.core.errors import one_line
 from calibrun.core.files import DIAGNOSTICS_FILE, RANGES_FILE, write_json
+from calibrun.data import source_record
 from calibrun.job import job_identity
 from calibrun.model import file_sha256
 from calibrun.result import JobResult
@@ -197,10 +198,8 @@ def datasets(result: JobResult, job_dir: Path) -> dict[str, dict]:
     record of its ranges file (calibrun.quant.calibrate.cache_record: the identity and the input's name), the
     evaluation data's in result.json `eval_source`; a resumed job logs what its result was computed from."""
     calibration = calibration_identity(result, job_dir)
-    evaluation = dict(result.eval_source)
+    evaluation = source_record(result.eval_source)  # (a result.json of before session 30 lists every option)
     evaluation.setdefault("source", evaluation.get("name"))
-    if evaluation.get("name") != "images":
-        evaluation = {k: v for k, v in evaluation.items() if k not in ("resize", "crop", "mean", "std", "grayscale")}
     path = Path(str(evaluation.get("path") or ""))
     if evaluation.get("path") and path.is_file():
         evaluation["sha256"] = file_sha256(path)  # the rows' content, not only where they were

@@ -332,6 +332,7 @@ def test_the_default_rows_fit_a_model_that_pins_its_batch_at_three(tmp_path):
     assert proc.stderr.count("pins its batch axis at 3 rows: measuring 255 of the 256 evaluation rows") == 1
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["eval_source"]["rows"] == 255
+    assert "resize" not in result["eval_source"]  # an image option the lab rule never reads is not recorded
     assert "(255 evaluation rows)" in result["verdict"]["because"]
     few = calibrun(tmp_path, "model=file", f"model.path={model}", "eval.rows=2", f"hydra.run.dir={tmp_path / 'few'}",
                    "tracking=off")

@@ -795,3 +795,14 @@ def test_fewer_rows_than_one_batch_are_said_as_one_batch(tmp_path, caplog):
     said = [r.getMessage() for r in caplog.records if "64 batches requested" in r.getMessage()]
     assert said == [f"{tmp_path / 'd.npy'}: 64 batches requested, the data has 12 rows: one batch of 12 rows (fewer "
                     "than 16); using 1 batch"]
+
+
+def test_a_source_is_recorded_with_what_it_reads():
+    """result.json's eval_source: the image transform's options only for data=images (the config schema gives every
+    source their defaults: a .npz source recorded `resize: 256, crop: 224` it never applied)."""
+    from calibrun.data import IMAGE_KEYS, source_record
+
+    node = {"name": "npy", "path": "eval.npz", "inputs": {}, **{key: 1 for key in IMAGE_KEYS}}
+    assert source_record(node) == {"name": "npy", "path": "eval.npz", "inputs": {}}
+    assert source_record({**node, "name": "images"}) == {**node, "name": "images"}
+    assert {"resize", "crop", "mean", "std", "pad_value", "resize_mode", "channels", "layout"} <= set(IMAGE_KEYS)
