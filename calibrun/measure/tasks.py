@@ -746,30 +746,35 @@ class _Graph:
         one-channel probability map is dense instead (asked first: a mask of a grey image); three channels of a
         Sigmoid beside the fed image's three colour channels are its colours, bounded to 0..1, not three
         probabilities: an image."""
-        shape = out.shape
-        given = next((i for i in self.inputs if i.kind == "float"), None)
+        axis = self._image_axis(out)
+        if axis is None:
+            return None
+        given = self._fed()
+        return (f"is a {out.shape[axis]}-channel image {_fmt(out.shape)} (from {out.producer}) computed from input "
+                f"{given.name!r} {_fmt(given.shape)}, an image of as many channels")
+
+    def channels(self, out: Output) -> int | None:
+        """An image output's channels (1 or 3); None: not an image."""
+        axis = self._image_axis(out)
+        return None if axis is None else out.shape[axis]
+
+    def _image_axis(self, out: Output) -> int | None:
+        """The channel axis (1 or 3) on which `out` is an image of the fed image's channels; None: not an image."""
+        shape, given = out.shape, self._fed()
         if out.kind != "float" or shape is None or len(shape) != 4 or given is None or given.shape is None or \
                 len(given.shape) != 4:
             return None
-        for axis in (1, 3):
-            channels = shape[axis]
-            if channels in (1, 3) and given.shape[axis] == channels and _spatial(shape, axis) and \
-                    _spatial(given.shape, axis):
-                return (f"is a {channels}-channel image {_fmt(shape)} (from {out.producer}) computed from input "
-                        f"{given.name!r} {_fmt(given.shape)}, an image of as many channels")
-        return None
+        return next((axis for axis in (1, 3) if shape[axis] in (1, 3) and given.shape[axis] == shape[axis]
+                     and _spatial(shape, axis) and _spatial(given.shape, axis)), None)
 
-    def channels(self, out: Output) -> int | None:
-        """An image output's channels (1 or 3), as `image` found them; None: not an image."""
-        given = next((i for i in self.inputs if i.kind == "float"), None)
-        if self.image(out) is None or given is None:
-            return None
-        return next(out.shape[axis] for axis in (1, 3) if out.shape[axis] in (1, 3)
-                    and given.shape[axis] == out.shape[axis] and _spatial(out.shape, axis))
+    def _fed(self) -> Output | None:
+        """The model's first float input: what it is fed."""
+        return next((i for i in self.inputs if i.kind == "float"), None)
 
     def image_input(self) -> str | None:
         """The input an image output is computed from (the first float one; `image`)."""
-        return next((i.name for i in self.inputs if i.kind == "float"), None)
+        given = self._fed()
+        return None if given is None else given.name
 
     def not_dense(self, out: Output) -> str | None:
         """Why a 4-D one-channel output is not a probability map (no real spatial extent, or values that are no
@@ -934,7 +939,7 @@ def _auto(graph: _Graph, spec: TaskSpec, facts: Labels | None, classifier: bool 
             task = _guess_scores(graph, outputs, spec, facts, classifier)
             if task is not None:
                 return task
-    colours = {o.name for o in outputs if graph.image(o) and graph.channels(o) == 3}  # an image before a map
+    colours = {o.name for o in outputs if graph.channels(o) == 3}  # an image before a map
     maps = [(o, why, Dense) for o in outputs if (why := graph.dense(o)) and o.name not in colours]
     if len(outputs) == 1:  # a decision is the model's answer only where it is all the model gives (module docstring)
         maps += [(o, why, Decision) for o in outputs if (why := _decision(o))]
