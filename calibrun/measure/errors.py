@@ -52,6 +52,14 @@ DEFAULT_BATCH = 16  # evaluation rows per run when eval.batch_size is not set an
 SEGMENTS_MAX = 16  # outputs whose last axis has at most this many entries get per-entry metrics
 
 
+def not_whole_batches(rows: int, fixed: int) -> str:
+    """The error for rows that do not fill whole batches of a model that pins its batch axis, with the nearest
+    counts that do."""
+    below, above = rows - rows % fixed, rows - rows % fixed + fixed
+    nearest = f"{below} or {above}" if below else f"{above}"
+    return f"rows ({rows}) must be a multiple of the model's fixed batch axis ({fixed}): {nearest}, for example"
+
+
 def split_feeds(feeds: dict[str, np.ndarray], fixed: int | None, axes=None) -> list[dict[str, np.ndarray]]:
     """The feeds as one run (a symbolic batch axis) or as runs of `fixed` rows (a model that pins its batch axis),
     split along each input's batch axis (`axes`, calibrun.data.rows; constants are fed whole to every run)."""
@@ -59,7 +67,7 @@ def split_feeds(feeds: dict[str, np.ndarray], fixed: int | None, axes=None) -> l
         return [feeds]
     rows = feed_rows.count(feeds, axes)
     if rows % fixed:
-        raise CalibrunError(f"rows ({rows}) must be a multiple of the model's fixed batch axis ({fixed})")
+        raise CalibrunError(not_whole_batches(rows, fixed))
     return [feed_rows.take(feeds, axes, i, i + fixed) for i in range(0, rows, fixed)]
 
 
@@ -479,7 +487,7 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     fixed = feed_rows.pinned_rows({info.name: info.shape for info in infos}, axes)
     size = batch_size_for(fixed, batch_size)
     if fixed is not None and evaluation.rows % fixed:
-        raise CalibrunError(f"rows ({evaluation.rows}) must be a multiple of the model's fixed batch axis ({fixed})")
+        raise CalibrunError(not_whole_batches(evaluation.rows, fixed))
     int8_model = load_model(int8_path)  # a clear error for a missing file
     int8_inputs = [i.name for i in int8_model.graph.input]
     ref_floats, got_floats = declared_floats(infos), declared_floats(graph_inputs(int8_model))

@@ -248,3 +248,14 @@ def test_each_model_is_fed_its_floats_in_the_type_it_declares():
     np.testing.assert_array_equal(fed["x"], x.astype(np.float16))
     assert fed["ids"] is ids
     assert fed["same"] is x
+
+
+def test_rows_that_do_not_fill_a_pinned_batch_are_refused_with_counts_that_do():
+    """calibtool's `error FP32 INT8 SEED ROWS` on a model that pins its batch at 3 (onnx's PyTorch ELU test model):
+    ROWS is the contract's, so it is not trimmed; the line names the nearest counts that fill whole batches."""
+    feeds = {"x": np.zeros((16, 4), np.float32)}
+    with pytest.raises(CalibrunError, match=r"^rows \(16\) must be a multiple of the model's fixed batch axis \(3\): "
+                                            r"15 or 18, for example$"):
+        measure.split_feeds(feeds, 3)
+    assert measure.not_whole_batches(2, 3).endswith(": 3, for example")
+    assert [len(run["x"]) for run in measure.split_feeds({"x": np.zeros((15, 4), np.float32)}, 3)] == [3] * 5
