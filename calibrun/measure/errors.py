@@ -621,7 +621,7 @@ def error(fp32_path: str | Path, int8_path: str | Path, seed: int, rows: int, th
         reference = contextlib.nullcontext(given)
     except CalibrunError as exc:
         log.warning("%s; the error is measured against the model prepared from it", exc)
-        reference = prepared_source(given.path, cache)
+        reference = prepared_source(given, cache)
     with reference as fp32:
         metrics = evaluate(fp32.path, int8_path, lab_evaluation(fp32, seed, rows), None, threads, progress=None)
     found = {key: metrics[key] for key in CONTRACT_KEYS}

@@ -31,11 +31,11 @@ def prepared_record(source_sha256: str) -> dict:
 
 
 @contextlib.contextmanager
-def prepared_source(src: str | Path, cache=None) -> Iterator[FloatModel]:
-    """calibtool's float model: the file as the user gives it, prepared as the runner prepares it (below), in the
-    cache's `models` folder (`cache`: a CalibrationCache), else in a temp folder removed when the block ends. An
-    opset onnxruntime no longer runs is converted there, as in a job, instead of refused."""
-    fp32 = open_float_model(src)
+def prepared_source(fp32: FloatModel, cache=None) -> Iterator[FloatModel]:
+    """calibtool's float model: `fp32`, the file as the user gives it (opened: open_float_model), prepared as the
+    runner prepares it (below), in the cache's `models` folder (`cache`: a CalibrationCache), else in a temp folder
+    removed when the block ends. An opset onnxruntime no longer runs is converted there, as in a job, instead of
+    refused."""
     with temp_dir("src") if cache is None else contextlib.nullcontext() as tmp:
         root, wait = (cache.root, cache.wait) if cache is not None else (None, 0.0)
         prepared, steps = prepared_model(fp32.path, root, wait, Path(tmp) if tmp else None)

@@ -555,7 +555,7 @@ def quantize_lab_file(src: str | Path, out: str | Path, seed: int, factor: float
     out = check_writable(out)
     check_not_source(fp32.path, out, external_files(fp32.path))
     fp32.lab_input()
-    with prepared_source(fp32.path, cache) as prepared:
+    with prepared_source(fp32, cache) as prepared:
         return quantize_lab(prepared, out, seed, factor, batches, options=options, cache=cache,
                             input_may_stay_float=True)
 
