@@ -8,11 +8,12 @@ batch's labels (or None); `metrics()` gives the floats, keyed `task.<name>`.
   class is among the int8 top k; only when there are more than k classes) and, with labels and one prediction
   per row, both accuracies. The class axis is `task.axis`, else found from the graph: the axis of the Softmax
   (LogSoftmax) that produces the output, followed through Reshape/Flatten/Squeeze/Unsqueeze/Identity by matching
-  its size in the output's shape. Every position other than the class axis is one prediction (a sequence
-  model's time steps, a segmentation model's pixels); then `task.class_dice`, the Dice of the positions each model
-  gives a class other than the one fp32 gives most positions (the background, a CTC model's blank), pooled over
-  those classes, which the verdict reads, and `task.mean_iou` (per class, averaged over the classes either
-  predicts).
+  its size in the output's shape; where the shapes do not say it (a Softmax reshaped to unknown shapes), the one axis
+  over which the first row's probabilities sum to 1, read when the first batch runs. Every position other than the
+  class axis is one prediction (a sequence model's time steps, a segmentation model's pixels); then
+  `task.class_dice`, the Dice of the positions each model gives a class other than the one fp32 gives most positions
+  (the background, a CTC model's blank), pooled over those classes, which the verdict reads, and `task.mean_iou` (per
+  class, averaged over the classes either predicts).
 - dense: the fp32 and int8 maps thresholded at `task.threshold` (value > threshold): IoU and Dice of the two
   positive sets (`task.iou`, `task.dice`: the verdict reads the Dice, `dice` below) and the fraction of elements on
   which they agree, over every evaluation element (1.0 when neither map has a positive element;
@@ -61,6 +62,9 @@ SHAPE_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 # metrics the report and older readers know by their plain names (kept beside task.<name>)
 LEGACY = {"task.top1_agreement": "top1_agreement", "task.fp32_accuracy": "fp32_accuracy",
           "task.int8_accuracy": "int8_accuracy"}
+# how far from 1 a Softmax's probabilities may sum over its classes (float32 rounding over thousands of classes is
+# some 1e-6; a sum over any other axis misses 1 by far more)
+SUMS_TO_ONE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -97,10 +101,14 @@ class Classification(Task):
 
     name = "classification"
 
-    def __init__(self, output: str | None, axis: int = -1, top_k: int = 5, reason: str = "",
-                 predicted: str | None = None):
+    def __init__(self, output: str | None, axis: int | None = -1, top_k: int = 5, reason: str = "",
+                 predicted: str | None = None, normaliser: str | None = None):
         super().__init__(reason)
         self.output, self.axis, self.top_k, self.predicted = output, axis, top_k, predicted
+        # axis None: the graph does not say which axis holds the classes of the Softmax/LogSoftmax (`normaliser`)
+        # that writes the output; found on the first batch (_settle_axis), shared with this task's copies
+        self.normaliser = normaliser
+        self.settled: dict = {}
         self.predictions = self.top1 = self.topk = 0
         self.positional = False  # more than one prediction per row (a map's or a sequence's positions)
         self.inter: np.ndarray | None = None  # per class: positions both models give it
@@ -117,14 +125,14 @@ class Classification(Task):
     def read_classes(self, model: onnx.ModelProto) -> None:
         """`static_classes` from the graph (None when its shape does not say: known when the model runs)."""
         shape = _shape(model, self.output) if self.output is not None else None
-        axis = None if not shape else self.axis if self.axis >= 0 else len(shape) + self.axis
+        axis = None if not shape or self.axis is None else self.axis if self.axis >= 0 else len(shape) + self.axis
         self.static_classes = shape[axis] if axis is not None and 0 <= axis < len(shape) and shape[axis] else None
 
     def __deepcopy__(self, memo):
         """A fresh copy for another measurement: its counts copied, the evaluation rows it names shared."""
         clone = object.__new__(type(self))  # not copy.copy: it would pickle the state without the evaluation
         for key, value in vars(self).items():
-            setattr(clone, key, value if key == "evaluation" else copy.deepcopy(value, memo))
+            setattr(clone, key, value if key in ("evaluation", "settled") else copy.deepcopy(value, memo))
         return clone
 
     def __getstate__(self) -> dict:
@@ -142,6 +150,35 @@ class Classification(Task):
                                 "would be axis 0, the rows: these are not class scores (set task.output or task.axis)")
         moved = np.moveaxis(array, axis, -1)
         return moved.reshape(-1, moved.shape[-1])
+
+    def _settle_axis(self, ref: np.ndarray) -> bool:
+        """The class axis where the graph does not say it (a Softmax reshaped to unknown shapes, as paddle2onnx writes
+        a recogniser's): the one axis but the first over which every position of the first row (along axis 0) sums to
+        1, exps for a LogSoftmax. What a Softmax computes, not a guess: over any other axis the sums miss 1. Found
+        once, on the first batch, and shared with the copies of this task (the job's result names it); False, and
+        no task metric, where no axis or more than one does."""
+        if "axis" not in self.settled:
+            row = np.asarray(ref[:1], np.float64)
+            values = np.exp(row) if self.normaliser == "LogSoftmax" else row
+            with np.errstate(over="ignore", invalid="ignore"):
+                found = [a for a in range(1, row.ndim) if row.shape[a] >= 2
+                         and bool(np.all(np.abs(values.sum(axis=a) - 1) <= SUMS_TO_ONE))]
+            self.settled["axis"] = found[0] if len(found) == 1 else None
+            if len(found) == 1:
+                log.info("classification: output %r holds its classes on axis %d (%d classes): the axis its %s's "
+                         "probabilities sum to 1 over on the first batch", self.output, found[0],
+                         row.shape[found[0]], self.normaliser)
+            else:
+                self.settled["why"] = (f"the {self.normaliser}'s probabilities of output {self.output!r} (shape "
+                                       f"{list(np.shape(ref))}) sum to 1 over "
+                                       f"{'no axis' if not found else f'axes {found}'} on the first batch, so "
+                                       "which holds the classes cannot be told (set task=classification task.axis=K)")
+                log.warning("classification: %s: task metrics not measured", self.settled["why"])
+        if self.settled["axis"] is None:
+            self.unfit = self.settled["why"]
+            return False
+        self.axis = self.settled["axis"]
+        return True
 
     def _labels_fit(self, labels: np.ndarray) -> bool:
         """Do the labels fit the class count? A label outside the classes of a scores output is refused
@@ -172,6 +209,8 @@ class Classification(Task):
                 self._count_classes(ref_top, got_top, int(max(ref_top.max(), got_top.max())) + 1,
                                     rows=len(np.asarray(fp32[self.predicted])))
         else:
+            if self.axis is None and not self._settle_axis(np.asarray(fp32[self.output])):
+                return
             ref, got = self._flat(np.asarray(fp32[self.output])), self._flat(np.asarray(int8[self.output]))
             classes = ref.shape[1]
             if classes < 2:
@@ -238,7 +277,10 @@ class Classification(Task):
         return out
 
     def describe(self) -> dict:
-        out = {**super().describe(), "output": self.output, "axis": self.axis, "top_k": self.top_k}
+        axis = self.settled.get("axis", self.axis) if self.axis is None else self.axis
+        out = {**super().describe(), "output": self.output, "axis": axis, "top_k": self.top_k}
+        if self.normaliser is not None:
+            out["axis_found"] = f"on the first batch: the axis the {self.normaliser}'s probabilities sum to 1 over"
         if self.predicted is not None:
             out["predicted"] = self.predicted
         if self.unfit is not None:
@@ -576,6 +618,7 @@ class Candidate:
     classes: int | None  # the class count when the shape says it
     predicted: str | None = None  # the integer output holding the predicted class of each row, if any
     rank: int | None = None
+    normaliser: str | None = None  # the Softmax or LogSoftmax that writes the scores, if one does
 
 
 class _Graph:
@@ -660,7 +703,8 @@ class _Graph:
         if softmax is not None:
             axis = class_axis(self.model, out.name, softmax)
             classes = out.shape[axis] if axis is not None and out.shape and axis < len(out.shape) else None
-            return Candidate(out.name, f"comes from {why}", axis, classes, self._pair(out.name), rank)
+            return Candidate(out.name, f"comes from {why}", axis, classes, self._pair(out.name), rank,
+                             softmax.op_type)
         node = self._classic(out.name, 1)
         if node is not None:
             why = f"is the probabilities output of {node.op_type} ({ML})"
@@ -887,6 +931,15 @@ def _fits(candidate: Candidate, facts: Labels | None) -> str | None:
 
 
 def _from_candidate(c: Candidate, spec: TaskSpec, facts: Labels | None, reason: str, tail: str = "") -> Task:
+    if c.axis is None and c.normaliser is not None:
+        detail = (f"{reason}; its class axis is the one its probabilities sum to 1 over, found on the first batch (the "
+                  "graph's shapes do not say it)")
+        if facts is not None and c.rank is not None and c.rank > 2 and c.predicted is None:
+            detail += "; one prediction per position, labels are per row: accuracy not measured"
+        task = Classification(c.output, None, spec.top_k, detail + tail, predicted=c.predicted,
+                              normaliser=c.normaliser)
+        task.warned = "accuracy not measured" in detail
+        return task
     if c.axis is None:
         return Task(f"{reason}, but which axis of it holds the classes cannot be told (shapes unknown or "
                     f"ambiguous after a reshape): no task metrics; set task=classification task.axis=K{tail}")
@@ -1038,6 +1091,10 @@ def _explicit_classification(graph: _Graph, spec: TaskSpec) -> Task:
                     "%r as the class axis (set task.axis to choose another)", why, name)
         return Classification(name, -1, spec.top_k, f"task=classification; {why}; no Softmax found, class axis -1 "
                               "assumed")
+    if c.axis is None and c.normaliser is not None:
+        return Classification(name, None, spec.top_k, f"task=classification; output {name!r} {c.why}; its class "
+                              "axis is the one its probabilities sum to 1 over, found on the first batch",
+                              predicted=c.predicted, normaliser=c.normaliser)
     if c.axis is None:
         raise CalibrunError(f"cannot tell which axis of output {name!r} holds the classes ({c.why}; shapes unknown "
                             "or ambiguous after the reshape): set task.axis")

@@ -349,3 +349,32 @@ def test_a_channels_last_map_is_found_and_measured_per_channel(tmp_path):
     dice = {k: v for k, v in result["metrics"].items() if k.startswith("task.dice.ch")}
     assert sorted(dice) == ["task.dice.ch0", "task.dice.ch1", "task.dice.ch2"]
     assert result["verdict"]["value"] == result["metrics"]["task.dice"] == min(dice.values())
+
+
+def test_a_softmax_reshaped_to_unknown_shapes_is_measured_on_the_axis_its_probabilities_sum_over(tmp_path):
+    """paddle2onnx's recogniser ending: the logits flattened to [-1, classes], a Softmax, reshaped back to the logits'
+    own shape, nothing known of the shapes between (PP-OCRv4's prepared graph). The job finds the class axis on the
+    first batch (2: 7 classes at 6 positions a row), measures each position's class, and the verdict reads it."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.normal(size=(5, 7)).astype(np.float32), "w")
+    flat = numpy_helper.from_array(np.array([-1, 7], np.int64), "flat")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["logits"]), helper.make_node("Reshape", ["logits", "flat"], ["f"]),
+             helper.make_node("Softmax", ["f"], ["p"], axis=-1), helper.make_node("Shape", ["logits"], ["shape"]),
+             helper.make_node("Reshape", ["p", "shape"], ["y"])]
+    graph = helper.make_graph(nodes, "rec", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "T", "C"])],
+                              [weight, flat])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "rec.onnx")
+    data = npy_data(tmp_path / "rows.npz", "x", rng.normal(size=(32, 6, 5)).astype(np.float32), None)
+    run = calibrun(tmp_path, "model=file", f"model.path={tmp_path / 'rec.onnx'}", *data, "hydra.run.dir=rec")
+    result = result_of(tmp_path, run, "rec")
+    assert result["task"]["name"] == "classification"
+    assert result["task"]["axis"] == 2
+    assert "sum to 1" in result["task"]["axis_found"]
+    assert "holds its classes on axis 2 (7 classes)" in run.stderr
+    assert result["verdict"]["metric"] == "task.class_dice"
+    assert 0 <= result["metrics"]["task.class_dice"] <= 1

@@ -3,8 +3,11 @@ real graphs (Softmax -> Flatten, Softmax -> Reshape, a one-channel map, a multi-
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -199,20 +202,56 @@ def test_auto_carries_the_class_axis_through_a_transpose(tmp_path, given, softma
     assert "Softmax -> Transpose" in task.reason
 
 
-def test_softmax_behind_reshape_that_cannot_be_told(tmp_path):
-    """Softmax over a 4-class axis reshaped to [N, 4, 4]: two axes of size 4, so the class axis is ambiguous:
-    task=classification says so and asks for task.axis; auto says so and measures no task; task.axis decides."""
+def test_softmax_behind_reshape_finds_its_class_axis_where_the_probabilities_sum_to_one(tmp_path):
+    """Softmax over a 4-class axis reshaped to [N, 4, 4]: two axes of size 4, so the graph cannot tell the class axis.
+    auto and task=classification take the axis the fp32 probabilities sum to 1 over on the first batch (what a
+    Softmax computes), said once and named in the task's description; task.axis still decides when set."""
     shape = helper.make_tensor("shape", TensorProto.INT64, [3], [-1, 4, 4])
     path = _save(tmp_path, [helper.make_node("Softmax", ["x"], ["s"], axis=-1),
                             helper.make_node("Reshape", ["s", "shape"], ["y"])],
                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 4])],
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 4])], inits=[shape])
-    with pytest.raises(CalibrunError, match="set task.axis"):
-        resolve(TaskSpec("classification"), path)
-    assert resolve(TaskSpec("auto"), path).name == "none"
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).normal(0, 3, (2, 4, 4)).astype(np.float32)
+    fp32 = {"y": sess.run(None, {"x": x})[0]}
+    int8 = {"y": fp32["y"].copy()}
+    int8["y"][0, 0] = int8["y"][0, 0][::-1]  # one position's class changed
+    for spec in (TaskSpec("auto"), TaskSpec("classification")):
+        task = resolve(spec, path)
+        assert isinstance(task, Classification)
+        assert task.axis is None
+        assert "sum to 1" in task.reason
+        copy_of = copy.deepcopy(task)  # the job measures copies: the axis found is shared with the template
+        copy_of.update(fp32, int8, None)
+        assert copy_of.axis == 2
+        assert task.describe()["axis"] == 2
+        metrics = copy_of.metrics()
+        changed = fp32["y"][0, 0].argmax() != int8["y"][0, 0].argmax()
+        assert metrics["task.top1_agreement"] == (8 - changed) / 8
     chosen = resolve(TaskSpec("classification", axis=2), path)
     assert isinstance(chosen, Classification)
     assert chosen.axis == 2
+    assert chosen.normaliser is None
+
+
+@pytest.mark.parametrize("normaliser", ["Softmax", "LogSoftmax"])
+def test_a_class_axis_found_at_run_time_is_the_one_axis_that_sums_to_one(normaliser):
+    """Classes on axis 1 of [rows, classes, steps] (a time-major recogniser's layout); a LogSoftmax's log
+    probabilities are summed as exps. Where no axis sums to 1, or two do, no task metric is measured."""
+    rng = np.random.default_rng(1)
+    logits = rng.normal(0, 2, (3, 5, 7))
+    probs = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    ref = (np.log(probs) if normaliser == "LogSoftmax" else probs).astype(np.float32)
+    task = Classification("y", None, normaliser=normaliser)
+    task.update({"y": ref}, {"y": ref}, None)
+    assert task.axis == 1
+    assert task.metrics()["task.top1_agreement"] == 1.0
+    assert task.metrics()["task.class_dice"] == 1.0
+    for values in (np.full((3, 4, 4), 0.1, np.float32), np.full((3, 2, 2), 0.5, np.float32)):  # none; both axes
+        unsure = Classification("y", None, normaliser="Softmax")
+        unsure.update({"y": values}, {"y": values}, None)
+        assert unsure.metrics() == {}
+        assert "cannot be told" in unsure.describe()["not_measured"]
 
 
 def test_auto_dense_for_a_one_channel_map_and_none_for_boxes(tmp_path):
