@@ -148,10 +148,6 @@ def _judge(entry, built, int8: Path) -> dict:
         return {"label": "broken", "metric": "-", "value": float("nan"), "error": f"{type(exc).__name__}: {exc}"}
 
 
-class Skipped(Exception):
-    """A model whose data builder finds no data on this machine: left out of the run, said in one line."""
-
-
 def bench(name: str, work_root: Path, rerun: bool = True, change: str | None = None) -> dict:
     from tests.zoo import ZOO
 
@@ -159,10 +155,7 @@ def bench(name: str, work_root: Path, rerun: bool = True, change: str | None = N
     work = work_root / name
     work.mkdir(parents=True, exist_ok=True)
     load_before = loadavg()
-    try:
-        built = entry.build(work / "data")
-    except FileNotFoundError as exc:  # real data this machine does not have (the builder's line says which)
-        raise Skipped(str(exc)) from None
+    built = entry.build(work / "data")
     row: dict = {"model": name, "package": entry.package, "task": entry.task, "held_out": entry.held_out}
 
     bare_int8 = work / "bare_int8.onnx"
@@ -309,15 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         Tracker(uri, "calibrun", check=True)  # the store created and migrated here, not in a timed job
         TRACKED[:] = [f"tracking.uri={uri}"]
     log(f"zoo bench: {len(names)} models in {work}; {machine_line()}")
-    rows, skipped = [], []
+    rows = []
     for name in names:
         start = time.perf_counter()
-        try:
-            row = bench(name, work, rerun=not args.no_rerun, change=args.change)
-        except Skipped as exc:
-            skipped.append(name)
-            log(f"{name}: skipped: {exc}")
-            continue
+        row = bench(name, work, rerun=not args.no_rerun, change=args.change)
         rows.append(row)
         rec = (row.get("recommendation") or {}).get("change", "-")
         log(f"{name}: check {_cell(row['check'])}, bare {_cell(row['bare'])}, verdict {row['verdict'] or '-'}, "
@@ -328,8 +316,6 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows)
     g = goals(rows)
     print(f"\nmachine: {machine_line()}")
-    if skipped:
-        print(f"skipped (their data is not on this machine): {', '.join(skipped)}")
     print(f"calibrun says ok where the check says broken: {len(g['ok_where_broken'])} {g['ok_where_broken']} "
           f"(goal 0; {g['with_verdict']} of {g['judged']} judged models have a verdict)")
     print(f"verdict agrees with the check: {g['agreement'] if g['agreement'] is not None else '-'} (goal >= 0.9)")

