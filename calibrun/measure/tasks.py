@@ -65,6 +65,8 @@ LEGACY = {"task.top1_agreement": "top1_agreement", "task.fp32_accuracy": "fp32_a
 # how far from 1 a Softmax's probabilities may sum over its classes (float32 rounding over thousands of classes is
 # some 1e-6; a sum over any other axis misses 1 by far more)
 SUMS_TO_ONE = 1e-3
+AXIS_FOUND_LATER = ("its class axis is the one its probabilities sum to 1 over, found on the first batch (the graph's "
+                    "shapes do not say it)")
 
 
 @dataclass(frozen=True)
@@ -152,11 +154,11 @@ class Classification(Task):
         return moved.reshape(-1, moved.shape[-1])
 
     def _settle_axis(self, ref: np.ndarray) -> bool:
-        """The class axis where the graph does not say it (a Softmax reshaped to unknown shapes, as paddle2onnx writes
-        a recogniser's): the one axis but the first over which every position of the first row (along axis 0) sums to
-        1, exps for a LogSoftmax. What a Softmax computes, not a guess: over any other axis the sums miss 1. Found
-        once, on the first batch, and shared with the copies of this task (the job's result names it); False, and
-        no task metric, where no axis or more than one does."""
+        """The class axis where the graph does not say it (a Softmax reshaped to unknown shapes, as onnx's version
+        converter writes an opset-11 or 12 Softmax at opset 13): the one axis but the first over which every position
+        of the first row (along axis 0) sums to 1, exps for a LogSoftmax. What a Softmax computes, not a guess: over
+        any other axis the sums miss 1. Found once, on the first batch, and shared with the copies of this task (the
+        job's result names it); False, and no task metric, where no axis or more than one does."""
         if "axis" not in self.settled:
             row = np.asarray(ref[:1], np.float64)
             values = np.exp(row) if self.normaliser == "LogSoftmax" else row
@@ -564,6 +566,25 @@ PASS_OPS = SHAPE_OPS | {"Cast", "Transpose"}  # ops that keep the values of a te
 # through; a Transpose moves the class axis, which class_axis carries through its perm)
 ML = "ai.onnx.ml"
 
+# what keeps the order of its input's values along the axis a decision is read on: the value-keeping ops, a Softmax
+# or LogSoftmax along its axis and a Sigmoid at every value (each increasing)
+ORDER_KEEPING = PASS_OPS | {"Softmax", "LogSoftmax", *PROBABILITY_OPS}
+
+
+def order_kept_tail(graph: onnx.GraphProto, output: str) -> set[str]:
+    """`output` and the tensors it is computed from through order-keeping ops alone, back to the first other op's
+    output (a classifier's logits and probabilities; a map's logits and its Sigmoid). A decision read from `output`
+    (an argmax, a threshold) is made the same from any of them, and rounding one of them to its grid is increasing
+    too: it changes a decision only where two values land on one level or a value sits within half a step of the
+    threshold."""
+    producer = {out: node for node in graph.node for out in node.output}
+    tail, name = {output}, output
+    while name in producer and producer[name].op_type in ORDER_KEEPING and producer[name].input:
+        name = producer[name].input[0]
+        tail.add(name)
+    return tail
+
+
 
 @dataclass(frozen=True)
 class Labels:
@@ -931,26 +952,21 @@ def _fits(candidate: Candidate, facts: Labels | None) -> str | None:
 
 
 def _from_candidate(c: Candidate, spec: TaskSpec, facts: Labels | None, reason: str, tail: str = "") -> Task:
-    if c.axis is None and c.normaliser is not None:
-        detail = (f"{reason}; its class axis is the one its probabilities sum to 1 over, found on the first batch (the "
-                  "graph's shapes do not say it)")
-        if facts is not None and c.rank is not None and c.rank > 2 and c.predicted is None:
-            detail += "; one prediction per position, labels are per row: accuracy not measured"
-        task = Classification(c.output, None, spec.top_k, detail + tail, predicted=c.predicted,
-                              normaliser=c.normaliser)
-        task.warned = "accuracy not measured" in detail
-        return task
-    if c.axis is None:
+    found_later = c.axis is None and c.normaliser is not None  # read on the first batch (_settle_axis)
+    if c.axis is None and not found_later:
         return Task(f"{reason}, but which axis of it holds the classes cannot be told (shapes unknown or "
                     f"ambiguous after a reshape): no task metrics; set task=classification task.axis=K{tail}")
-    if c.rank and c.axis % c.rank == 0:  # a Softmax over the rows (a sequence's frames, a model without a batch axis)
+    if c.rank and c.axis is not None and c.axis % c.rank == 0:  # a Softmax over the rows (a sequence's frames, a
+        # model without a batch axis)
         return Task(f"{reason}, but over axis 0, the rows' axis: no class per row; no task metrics{tail}")
-    detail = f"{reason}; class axis {c.axis}" + (f" ({c.classes} classes)" if c.classes else "")
+    detail = f"{reason}; " + (AXIS_FOUND_LATER if found_later else f"class axis {c.axis}" +
+                              (f" ({c.classes} classes)" if c.classes else ""))
     if c.predicted is not None:
         detail += f"; integer output {c.predicted!r} is its predicted class (compared with the labels directly)"
     if facts is not None and c.rank is not None and c.rank > 2 and c.predicted is None:
         detail += "; one prediction per position, labels are per row: accuracy not measured"
-    task = Classification(c.output, c.axis, spec.top_k, detail + tail, predicted=c.predicted)
+    task = Classification(c.output, c.axis, spec.top_k, detail + tail, predicted=c.predicted,
+                          normaliser=c.normaliser if found_later else None)
     task.warned = "accuracy not measured" in detail  # said in the pick's line: not again per batch
     return task
 
@@ -1092,9 +1108,8 @@ def _explicit_classification(graph: _Graph, spec: TaskSpec) -> Task:
         return Classification(name, -1, spec.top_k, f"task=classification; {why}; no Softmax found, class axis -1 "
                               "assumed")
     if c.axis is None and c.normaliser is not None:
-        return Classification(name, None, spec.top_k, f"task=classification; output {name!r} {c.why}; its class "
-                              "axis is the one its probabilities sum to 1 over, found on the first batch",
-                              predicted=c.predicted, normaliser=c.normaliser)
+        return Classification(name, None, spec.top_k, f"task=classification; output {name!r} {c.why}; "
+                              f"{AXIS_FOUND_LATER}", predicted=c.predicted, normaliser=c.normaliser)
     if c.axis is None:
         raise CalibrunError(f"cannot tell which axis of output {name!r} holds the classes ({c.why}; shapes unknown "
                             "or ambiguous after the reshape): set task.axis")

@@ -284,26 +284,6 @@ def upstream(graph: onnx.GraphProto, *tensors: str) -> set[str]:
     return seen
 
 
-# ops whose output keeps the order of their input's values along the axis a decision is read on (shape ops move the
-# values; Softmax and LogSoftmax along their axis, Sigmoid and HardSigmoid at every value, are increasing)
-ORDER_KEEPING = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Cast", "Transpose", "Softmax", "LogSoftmax",
-                 "Sigmoid", "HardSigmoid"}
-
-
-def order_kept_tail(graph: onnx.GraphProto, output: str) -> set[str]:
-    """`output` and the tensors it is computed from through order-keeping ops alone, back to the first other op's
-    output (a classifier's logits and probabilities; a map's logits and its Sigmoid). A decision read from `output`
-    (an argmax, a threshold) is made the same from any of them, and rounding one of them to its grid is increasing
-    too: it changes a decision only where two values land on one level or a value sits within half a step of the
-    threshold."""
-    producer = {out: node for node in graph.node for out in node.output}
-    tail, name = {output}, output
-    while name in producer and producer[name].op_type in ORDER_KEEPING and producer[name].input:
-        name = producer[name].input[0]
-        tail.add(name)
-    return tail
-
-
 def fold_weight_dequantize(model: onnx.ModelProto, limit: int | None = None) -> int:
     """Replace each DequantizeLinear whose inputs are all initializers (a quantised weight or bias) by the float
     initializer it computes, as onnxruntime's kernel does: (int32(q) - int32(zero point)) as float32 times the
