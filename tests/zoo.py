@@ -1473,6 +1473,57 @@ def check_surfaces_knn(fp32: Path, int8: Path, built: Built) -> Score:
                  {"rms_difference": rms, "surrogate_rmse": built.extra["surrogate_rmse"], "rows": len(ref)})
 
 
+
+def _surrogates_meta(name: str) -> dict:
+    import json
+
+    from tests.trained import SURFACES_SURROGATES
+
+    return json.loads(package_file(*SURFACES_SURROGATES,
+                                   f"surfaces_surrogates/models/{name}.onnx.meta.json").read_text())
+
+
+def build_surfaces_dtree(folder: Path) -> Built:
+    """DecisionTreeClassifierFunction's whole default search space (surfaces 0.9.0's decision_tree_classifier.py:
+    max_depth None, 2 .. 29; min_samples_split 2, 5, 10, 20, 50; min_samples_leaf 1, 2, 5, 10, 20) for each of its
+    fixed parameters (cv 2, 3, 5, 10; the five datasets of the meta.json), at fidelity 1.0 (SurrogateLoader.predict's
+    default when none is given): 14,500 configurations, encoded as its SurrogateLoader._encode_params does (the
+    meta.json's param order, categorical values by their string), in a seeded order; even rows calibrate, odd rows
+    evaluate. The (dataset, cv) group of each evaluation row is kept for the check's ranking beside."""
+    import itertools
+
+    meta = _surrogates_meta("decision_tree_classifier")
+    space = {"max_depth": [None, *range(2, 30)], "min_samples_split": [2, 5, 10, 20, 50],
+             "min_samples_leaf": [1, 2, 5, 10, 20], "dataset": sorted(meta["param_encodings"]["dataset"]),
+             "cv": [2, 3, 5, 10], "__fidelity__": [1.0]}
+    assert meta["param_names"] == list(space), meta["param_names"]
+    configs = [dict(zip(space, values, strict=True)) for values in itertools.product(*space.values())]
+    encode = meta["param_encodings"]
+    rows = [np.array([float(encode[n].get(str(c[n]), 0) if n in encode else c[n]) for n in meta["param_names"]],
+                     np.float32) for c in configs]
+    order = np.random.default_rng(31).permutation(len(rows))
+    groups = [f"{configs[i]['dataset']}/{configs[i]['cv']}" for i in order]
+    return _split([rows[i] for i in order], lambda r: {"input": np.stack(r)}, folder,
+                  {"surrogate_rmse": float(np.sqrt(meta["training_mse"])), "eval_groups": groups[1::2]})
+
+
+def check_surfaces_dtree(fp32: Path, int8: Path, built: Built) -> Score:
+    """The accuracy each model predicts for every evaluation configuration (SurrogateLoader.predict: the output as
+    it is, no validity model for this function): the RMS of the difference over the surrogate's own RMS error, the
+    zoo's surrogate rule (`surfaces_knn`) unchanged. Beside it: the largest difference, and the share of the 20
+    (dataset, cv) groups whose best configuration by int8 is fp32's best (what an optimiser on the surrogate finds)."""
+    feeds = built.arrays()
+    ref, got = (run_rows(path, feeds, batch=256)[0].reshape(-1).astype(np.float64) for path in (fp32, int8))
+    rms = float(np.sqrt(np.mean((got - ref) ** 2)))
+    value = rms / built.extra["surrogate_rmse"]
+    groups = np.array(built.extra["eval_groups"])
+    same = [int(np.argmax(np.where(groups == g, ref, -np.inf)) == np.argmax(np.where(groups == g, got, -np.inf)))
+            for g in sorted(set(groups.tolist()))]
+    return Score(SURROGATE_ERROR.label(value), SURROGATE_ERROR.metric, value,
+                 {"rms_difference": rms, "surrogate_rmse": built.extra["surrogate_rmse"], "rows": len(ref),
+                  "max_difference": float(np.max(np.abs(got - ref))), "best_same": float(np.mean(same)),
+                  "groups": len(same)})
+
 # --- Slovorez: a Russian morpheme segmenter (a character tagger, BIES over seven morpheme types) -------------------
 MORPHEME_F1 = Threshold(
     "morpheme_f1", 0.95, 0.80, True,
@@ -3126,4 +3177,10 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "320 lines of 10 characters of hironsancorpus's Japanese news sentences rendered in IPAexGothic "
              "(japanize-matplotlib's font; seeded sizes, margins, grey levels, half blurred), 48x480 as the package "
              "feeds a batch whose widest line is 10:1: even lines calibrate, odd lines evaluate"),
+    ZooModel("surfaces_dtree", "surfaces_dtree", "surfaces-surrogates 0.0.1", "tabular regression",
+             "the surfaces library's fidelity-aware MLP surrogate of DecisionTreeClassifier's cross-validated "
+             "accuracy (skl2onnx: a Scaler, MatMul/Add layers of 128 and 128 with Relus; 6 encoded inputs -> 1 "
+             "value)", True, build_surfaces_dtree, check_surfaces_dtree, (SURROGATE_ERROR,),
+             "DecisionTreeClassifierFunction's 14,500 configurations (its default search space x cv x dataset, "
+             "fidelity 1.0), seeded order, alternating", extra_overrides=("eval.rows=8192",)),
 )}
