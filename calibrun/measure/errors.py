@@ -15,6 +15,8 @@ so memory holds no row's outputs beyond its batch:
   energy, is under the verdict's ok threshold (calibrun.measure.verdict; an output whose rows cannot be told apart
   gets none): the pooled `sqnr_db` averages the error over the rows, and an error concentrated on a few rows
   flips their decisions while the average stays at 20 dB;
+- per output of one vector a row (`[N]` or `[N, k]`), `centred_sqnr_db`: its SQNR against the rows' variation, each
+  value less its mean over the evaluation rows (CentredSignal), which the verdict's ok also reads;
 - `eval_min`, `eval_max`, `eval_span` of the primary (first float) input's evaluation values;
 - the task's metrics (calibrun.measure.tasks).
 """
@@ -42,7 +44,7 @@ from calibrun.data.inputs import input_dtype, is_float
 from calibrun.lab import EVAL_ROWS, EVAL_SEED
 from calibrun.lab.data import evaluation_rows
 from calibrun.measure import feedback
-from calibrun.measure.verdict import ROW_SHARE_KEY, SQNR_CAP, SQNR_OK_DB
+from calibrun.measure.verdict import CENTRED_KEY, ROW_SHARE_KEY, SQNR_CAP, SQNR_OK_DB
 from calibrun.model import FloatModel, open_float_model, primary
 from calibrun.model.sessions import session
 
@@ -247,6 +249,38 @@ class RowShare:
         return {ROW_SHARE_KEY: float(np.count_nonzero(under)) / errors.size}
 
 
+class CentredSignal:
+    """An output of one vector a row ([N] or [N, k], the rows on axis 0): its SQNR against its variation over the
+    rows, each value less its mean over every evaluation row (`centred_sqnr_db`), from running sums (the means are
+    known only at the end: sum(x^2) - sum(x)^2 / n per value). A level every row shares counts as signal in the
+    pooled SQNR and tells a caller nothing about the row (calibrun.measure.verdict.ok_withheld). None where fewer
+    than 2 rows were measured or fp32 gives every row the same vector (nothing varies to measure against)."""
+
+    def __init__(self):
+        self.sums: np.ndarray | None = None
+        self.rows = 0
+        self.ref_sq = self.err_sq = 0.0
+
+    def update(self, ref: np.ndarray, got: np.ndarray) -> None:
+        r = np.asarray(ref, np.float64).reshape(ref.shape[0], -1)
+        if self.sums is not None and self.sums.shape[0] != r.shape[1]:  # the vector's length changed: no mean
+            self.rows = -1
+        if self.rows < 0:
+            return
+        self.sums = r.sum(axis=0) + (self.sums if self.sums is not None else 0.0)
+        self.rows += r.shape[0]
+        self.ref_sq += float(np.square(r).sum())
+        self.err_sq += float(np.square(r - np.asarray(got, np.float64).reshape(r.shape)).sum())
+
+    def metrics(self) -> dict[str, float]:
+        if self.rows < 2 or self.sums is None:
+            return {}
+        centred = self.ref_sq - float(np.dot(self.sums, self.sums)) / self.rows
+        if not centred > self.ref_sq * 1e-12:  # the same vector on every row, up to float64 rounding of the sums
+            return {}
+        return {CENTRED_KEY: _sqnr(centred, self.err_sq)}
+
+
 _SAID_VARYING: set[str] = set()  # outputs whose data-dependent size was logged
 
 
@@ -303,6 +337,7 @@ class OutputErrors:
         self.row_sets: dict[str, RowSets] = {}
         self.same: dict[str, list[int]] = {}  # outputs of strings (a classifier's labels): [equal elements, elements]
         self.rows: dict[str, RowShare] = {name: RowShare() for name in self.names}
+        self.centred: dict[str, CentredSignal] = {}  # the outputs of one vector a row (CentredSignal)
         self.parts: dict[str, ErrorStats] = {}
         self.blocks = {name: (axis, [(start, end, ErrorStats(), RowShare()) for start, end in spans])
                        for name, (axis, spans) in (blocks or {}).items() if name in self.stats}
@@ -338,6 +373,8 @@ class OutputErrors:
             along = axes[k] if axes is not None else row_axis(ref.shape, rows, self.shapes.get(name))
             if along is not None:
                 self.rows[name].update(ref, got, along)
+            if along == 0 and ref.ndim <= 2 and ref.dtype.kind == "f":
+                self.centred.setdefault(name, CentredSignal()).update(ref, got)
             if ref.ndim >= 3 and 2 <= ref.shape[-1] <= SEGMENTS_MAX:
                 self.parts.setdefault(name, ErrorStats(ref.shape[-1])).update(ref, got)
             if name in self.blocks:
@@ -375,6 +412,8 @@ class OutputErrors:
                 if name in self.row_sets:
                     out[f"out.{key}.row_iou"] = self.row_sets[name].iou()
             out.update({f"out.{key}.{metric}": value for metric, value in self.rows[name].metrics().items()})
+            if name in self.centred:
+                out.update({f"out.{key}.{metric}": value for metric, value in self.centred[name].metrics().items()})
             if name in self.parts:
                 for k in range(self.parts[name].parts):
                     out.update({f"out.{key}.ch{k}.{metric}": value

@@ -31,6 +31,9 @@ One rule for every built-in metric: count the model's decisions that quantisatio
   energy, is under 20 dB, in every output and part (`out.<name>.rows_under_20db`, calibrun.measure.errors), the
   same 1 in 20 as the decisions above. The pooled SQNR averages the error over the rows; an error concentrated on
   a few rows flips their decisions while the average stays at 20 dB. The share only ever turns ok into degraded.
+  And an output of one vector a row needs the bound around its mean over the rows (`out.<name>.centred_sqnr_db`:
+  what it tells a caller is how the rows differ, and a level every row shares is signal only to the pooled SQNR);
+  that too only turns ok into degraded (ok_withheld).
   With a state fed back (`eval_data.inputs.<name>.from_output`: rows in order, each model streaming its own), the
   state outputs are not read by this rule (while another output was measured): their error reaches every later row
   of the outputs that the rule reads, which is where it matters to the caller; read on their own too, it would be
@@ -96,8 +99,8 @@ class Rule:
             return "broken"
         sign = 1.0 if self.goal == "max" else -1.0
         if sign * value >= sign * self.ok:
-            rows = rows_under(metrics, self.skip) if self.worst and metrics is not None else None
-            return "degraded" if rows is not None and rows[1] > ROWS_UNDER_OK else "ok"
+            withheld = ok_withheld(metrics, self.skip) if self.worst and metrics is not None else None
+            return "degraded" if withheld is not None else "ok"
         return "broken" if sign * value < sign * self.broken else "degraded"
 
     def bounds(self) -> str:
@@ -128,9 +131,11 @@ SQNR_BROKEN_DB = 10.0
 SQNR_CAP = 200.0  # dB reported when the int8 output equals the fp32 one exactly (no noise to divide by)
 ROW_SHARE_KEY = f"rows_under_{SQNR_OK_DB:g}db"  # calibrun.measure.errors.RowShare: rows over the ok bound
 ROWS_UNDER_OK = 0.05  # ok needs at most 1 row in 20 over the bound, in every output and part
+CENTRED_KEY = "centred_sqnr_db"  # calibrun.measure.errors.CentredSignal: SQNR against the variation over rows
 _PART = re.compile(r"^out\.(?P<output>.+?)(?:\.concat(?P<part>\d+))?\.sqnr_db$")
 _SHARE = re.compile(r"^out\.(?P<output>.+?)(?:\.concat(?P<part>\d+))?\." + re.escape(ROW_SHARE_KEY) + "$")
 _ENTRY = re.compile(r"\.ch\d+\.sqnr_db$")  # one entry of a last axis: an explanation, not a decision
+_CENTRED = re.compile(r"^out\.(?P<output>.+?)\." + re.escape(CENTRED_KEY) + "$")
 
 
 def worst_output(metrics: Mapping[str, float], skip: Collection[str] = ()) -> tuple[str, float] | None:
@@ -193,6 +198,27 @@ def rows_under(metrics: Mapping[str, float], skip: Collection[str] = ()) -> tupl
     return key, float(value)
 
 
+def ok_withheld(metrics: Mapping[str, float], skip: Collection[str] = ()) -> str | None:
+    """Why the worst-output rule withholds ok from a pooled SQNR at or over SQNR_OK_DB (None: it does not), over
+    every output but those in `skip`: more than ROWS_UNDER_OK of an output's rows under the bound (rows_under), or an
+    output of one vector a row under the bound around its mean over the rows (`out.X.centred_sqnr_db`,
+    calibrun.measure.errors.CentredSignal): what such an output tells a caller is how the rows differ (a regression's
+    value, a score compared across rows), and a level every row shares counts as signal in the pooled SQNR while it
+    tells nothing (surfaces-surrogates' decision-tree surrogate: predictions of 0.83 that vary by 0.11, 32.8 dB pooled,
+    15.0 dB around the mean, its check broken)."""
+    rows = rows_under(metrics, skip)
+    if rows is not None and rows[1] > ROWS_UNDER_OK:
+        return (f"{rows[1]:.0%} of the rows carry an error over {10 ** (-SQNR_OK_DB / 20):.0%} of the output's signal "
+                f"RMS in {_where(_SHARE.match(rows[0]))}")
+    found = [(value, key) for value, key in _numbers(metrics, _CENTRED) if _CENTRED.match(key)["output"] not in skip]
+    if found:
+        value, key = min(found, key=lambda p: (p[0] if math.isfinite(p[0]) else -math.inf, p[1]))
+        if not value >= SQNR_OK_DB:
+            return (f"output {_CENTRED.match(key)['output']!r}, one vector a row, is at {value:.1f} dB around its mean "
+                    "over the rows (its error against how the rows differ)")
+    return None
+
+
 def _numbers(metrics: Mapping[str, float], pattern: re.Pattern) -> list[tuple[float, str]]:
     """(value, key) of the metrics whose key matches `pattern` and whose value is a number (not a bool)."""
     return [(value, key) for key, value in metrics.items()
@@ -248,10 +274,8 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
     status = rule.status(value, metrics)
     rms = 10 ** (-value / 20) if math.isfinite(value) else math.inf
     said = rule.says.format(value=rule.shown(value), rms=rms)
-    if status != rule.status(value):  # only the rows' share differs from the value's own status: it kept ok away
-        key, share = rows_under(metrics, rule.skip)
-        said += (f", but {share:.0%} of the rows carry an error over {10 ** (-SQNR_OK_DB / 20):.0%} of the "
-                 f"output's signal RMS in {_where(_SHARE.match(key))}")
+    if status != rule.status(value):  # the rows' share or a vector's spread kept ok away
+        said += f", but {ok_withheld(metrics, rule.skip)}"
     if rule.metric in (DICE.metric, DECISION_DICE.metric, CLASS_DICE.metric) \
             and metrics.get("task.fp32_positive") == 0 and metrics.get("task.int8_positive") == 0:
         # an empty union: nothing changed side, nothing was tested

@@ -410,3 +410,25 @@ def test_an_image_made_from_an_image_is_decided_by_its_psnr_over_the_fed_images_
     verdict = result["verdict"]
     assert verdict["metric"] == "task.psnr_db"
     assert verdict["status"] == ("ok" if psnr >= 40 else "broken" if psnr < 30 else "degraded")
+
+
+@pytest.mark.slow
+def test_a_regressions_output_is_judged_against_how_the_rows_differ(tmp_path):
+    """surfaces-surrogates' decision-tree surrogate (held out; unseen, its check broken while calibrun said ok):
+    predictions near 0.83 that move by about 0.1 across the search space. calibrun's SQNR around the output's mean
+    equals one computed here from both models' outputs, and ok is withheld where it is under 20 dB, whatever the
+    pooled SQNR (docs/verdict.md)."""
+    from tests.zoo import run_rows
+
+    entry, built, job, result = _default_job("surfaces_dtree", tmp_path)
+    feeds = built.arrays()
+    (ref,), (got,) = (run_rows(path, feeds) for path in (entry.path(), job / "int8.onnx"))
+    ref, got = ref.astype(np.float64).reshape(len(ref), -1), got.astype(np.float64).reshape(len(got), -1)
+    around = 10 * np.log10(np.square(ref - ref.mean(axis=0)).sum() / np.square(ref - got).sum())
+    metrics = result["metrics"]
+    assert metrics["out.variable.centred_sqnr_db"] == pytest.approx(around, abs=0.01)
+    assert metrics["out.variable.sqnr_db"] > around + 10  # the level every row shares counts as signal there
+    pooled = result["verdict"]["value"]
+    expected = "broken" if pooled < 10 else "ok" if pooled >= 20 and around >= 20 else "degraded"
+    assert result["verdict"]["status"] == expected
+    assert ("around its mean over the rows" in result["verdict"]["because"]) == (pooled >= 20 and around < 20)

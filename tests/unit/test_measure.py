@@ -259,3 +259,29 @@ def test_rows_that_do_not_fill_a_pinned_batch_are_refused_with_counts_that_do():
         measure.split_feeds(feeds, 3)
     assert measure.not_whole_batches(2, 3).endswith(": 3, for example")
     assert [len(run["x"]) for run in measure.split_feeds({"x": np.zeros((15, 4), np.float32)}, 3)] == [3] * 5
+
+
+def test_a_vector_outputs_sqnr_around_its_mean_over_the_rows():
+    """An output [N, 2] whose values sit near a level every row shares: its SQNR against the rows' variation, from
+    running sums over batches of any size (one row at a time too), equals the one computed on all rows at once; an
+    output that is the same on every row, or one row alone, gets none; a map [N, C, H, W] gets none."""
+    rng = np.random.default_rng(1)
+    ref = 0.83 + 0.05 * rng.normal(size=(40, 2))
+    got = ref + 0.01 * rng.normal(size=ref.shape)
+    centred = 10 * math.log10(((ref - ref.mean(axis=0)) ** 2).sum() / ((ref - got) ** 2).sum())
+    for step in (40, 7, 1):
+        errors = measure.OutputErrors(["variable"])
+        for start in range(0, 40, step):
+            errors.update([ref[start:start + step]], [got[start:start + step]], rows=len(ref[start:start + step]))
+        m = errors.metrics()
+        assert m["out.variable.centred_sqnr_db"] == pytest.approx(centred, rel=1e-9)
+        assert m["out.variable.sqnr_db"] > centred + 20  # the shared level: 0.83 against a spread of 0.05
+    same = measure.OutputErrors(["c"])
+    same.update([np.full((5, 3), 0.5)], [np.full((5, 3), 0.51)], rows=5)
+    assert "out.c.centred_sqnr_db" not in same.metrics()
+    one = measure.OutputErrors(["v"])
+    one.update([ref[:1]], [got[:1]], rows=1)
+    assert "out.v.centred_sqnr_db" not in one.metrics()
+    maps = measure.OutputErrors(["m"])
+    maps.update([rng.normal(size=(4, 1, 3, 3))], [rng.normal(size=(4, 1, 3, 3))], rows=4)
+    assert "out.m.centred_sqnr_db" not in maps.metrics()

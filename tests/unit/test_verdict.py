@@ -341,3 +341,22 @@ def test_an_output_the_task_does_not_read_is_named_when_it_is_broken():
     assert verdict.unread_output({**metrics, "out.state_0.concat0.sqnr_db": 12.0}, "mask") is None
     assert verdict.unread_output({"task.dice": 0.5, "out.mask.sqnr_db": 3.0}, "mask") is None
     assert verdict.unread_output({**metrics, "out.state_0.concat0.sqnr_db": -math.inf}, "mask")[1] == -math.inf
+
+
+@pytest.mark.parametrize(("centred", "status"), [(None, "ok"), (25.0, "ok"), (20.0, "ok"), (15.0, "degraded")])
+def test_ok_needs_a_vector_output_above_the_bound_around_its_mean(centred, status):
+    """A regression's output of 0.83 that moves by 0.11 between rows (surfaces-surrogates' decision-tree surrogate):
+    32.8 dB pooled counts the level every row shares as signal; around its mean over the rows it is 15 dB. ok needs
+    both, as it needs the rows one by one; degraded and broken stay the pooled value's, and an output fed back as a
+    state is not read."""
+    metrics = {"out.variable.sqnr_db": 32.8, "out.variable.rows_under_20db": 0.0}
+    if centred is not None:
+        metrics["out.variable.centred_sqnr_db"] = centred
+    got = verdict.decide(metrics)
+    assert (got["status"], got["metric"], got["value"]) == (status, "out.variable.sqnr_db", 32.8)
+    assert ("output 'variable', one vector a row, is at 15.0 dB around its mean over the rows" in got["because"]) == \
+        (status == "degraded")
+    assert verdict.decide({**metrics, "out.variable.sqnr_db": 5.0})["status"] == "broken"
+    state = {"out.y.sqnr_db": 30.0, "out.state.sqnr_db": 40.0, "out.state.centred_sqnr_db": 3.0}
+    assert verdict.decide(state, streamed=("state",))["status"] == "ok"
+    assert verdict.decide(state)["status"] == "degraded"
