@@ -472,13 +472,17 @@ def _softmax_axis(node: onnx.NodeProto, model: onnx.ModelProto) -> int:
 
 
 def find_scores(model: onnx.ModelProto, output: str) -> tuple[onnx.NodeProto | None, str]:
-    """The Softmax/LogSoftmax behind `output` (through shape ops and Cast), or (None, why not)."""
+    """The Softmax/LogSoftmax behind `output` (through shape ops and Cast), or (None, why not). A Softmax written
+    out in ops (a Div of Exp's values by their ReduceSum) counts: the Div is returned, its class axis found when the
+    model runs (class_axis gives None for it)."""
     producers = {o: n for n in model.graph.node for o in n.output}
     name, path = output, []
     while name in producers:
         node = producers[name]
         if node.op_type in ("Softmax", "LogSoftmax"):
             return node, " -> ".join([node.op_type, *reversed(path)])
+        if written_softmax(node, producers):
+            return node, " -> ".join(["Exp / ReduceSum of it (a Softmax written out)", *reversed(path)])
         if node.op_type not in PASS_OPS or not node.input:
             return None, f"output {output!r} comes from {node.op_type} ({node.name or 'unnamed'}), not a Softmax"
         path.append(node.op_type)
@@ -486,8 +490,34 @@ def find_scores(model: onnx.ModelProto, output: str) -> tuple[onnx.NodeProto | N
     return None, f"output {output!r} has no Softmax before it"
 
 
+def written_softmax(node: onnx.NodeProto, producers: Mapping[str, onnx.NodeProto]) -> bool:
+    """Is `node` a Softmax written out in ops: Div(e, ReduceSum(e)), e an Exp's output (each operand reached through
+    value-keeping ops: tf2onnx moves the class axis with a Transpose on one side and a Reshape on the other)? Each
+    position is then an Exp's value over the sum of the Exps it is normalised with: probabilities that sum to 1 over
+    the reduced axis, whatever shift (a ReduceMax subtracted) came before the Exp."""
+    if node.op_type != "Div" or len(node.input) != 2:
+        return False
+
+    def behind(name: str) -> onnx.NodeProto | None:
+        while name in producers and producers[name].op_type in PASS_OPS and producers[name].input:
+            name = producers[name].input[0]
+        return producers.get(name)
+
+    exp, total = behind(node.input[0]), behind(node.input[1])
+    return (exp is not None and exp.op_type == "Exp" and total is not None and total.op_type == "ReduceSum"
+            and bool(total.input) and behind(total.input[0]) is exp)
+
+
+def normaliser(node: onnx.NodeProto) -> str:
+    """What `find_scores`'s node computes: LogSoftmax, else Softmax (one written out too)."""
+    return "LogSoftmax" if node.op_type == "LogSoftmax" else "Softmax"
+
+
 def class_axis(model: onnx.ModelProto, output: str, softmax: onnx.NodeProto) -> int | None:
-    """The output axis holding the Softmax's classes, or None when it cannot be told."""
+    """The output axis holding the Softmax's classes, or None when it cannot be told (a Softmax written out: found
+    when the model runs, the axis its probabilities sum to 1 over)."""
+    if softmax.op_type not in ("Softmax", "LogSoftmax"):
+        return None
     out_shape = _shape(model, output)
     sm_shape = _shape(model, softmax.output[0])
     axis = _softmax_axis(softmax, model)
@@ -725,7 +755,7 @@ class _Graph:
             axis = class_axis(self.model, out.name, softmax)
             classes = out.shape[axis] if axis is not None and out.shape and axis < len(out.shape) else None
             return Candidate(out.name, f"comes from {why}", axis, classes, self._pair(out.name), rank,
-                             softmax.op_type)
+                             normaliser(softmax))
         node = self._classic(out.name, 1)
         if node is not None:
             why = f"is the probabilities output of {node.op_type} ({ML})"

@@ -234,6 +234,49 @@ def test_softmax_behind_reshape_finds_its_class_axis_where_the_probabilities_sum
     assert chosen.normaliser is None
 
 
+def _written_softmax(tmp_path, numerator: str = "Exp", summed: str = "e"):
+    """napari-czann-segment's tf2onnx tail: logits [N, 2, H, W] less their ReduceMax, Exp, ReduceSum over the
+    classes, the Exp transposed to [N, H, W, 2] and the sum reshaped to [N, H, W, 1], Div, Identity."""
+    nodes = [helper.make_node("ReduceMax", ["x"], ["m"], axes=[1], keepdims=1),
+             helper.make_node("Sub", ["x", "m"], ["d"]),
+             helper.make_node(numerator, ["d"], ["e"]),
+             helper.make_node("ReduceSum", [summed, "axes"], ["s"], keepdims=1),
+             helper.make_node("Transpose", ["e"], ["et"], perm=[0, 2, 3, 1]),
+             helper.make_node("Reshape", ["s", "shape"], ["st"]),
+             helper.make_node("Div", ["et", "st"], ["p"]),
+             helper.make_node("Identity", ["p"], ["y"])]
+    inits = [helper.make_tensor("axes", TensorProto.INT64, [1], [1]),
+             helper.make_tensor("shape", TensorProto.INT64, [4], [-1, 3, 5, 1])]
+    return _save(tmp_path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2, 3, 5])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, 5, 2])], inits=inits,
+                 name=f"{numerator}-{summed}.onnx")
+
+
+def test_a_softmax_written_out_in_ops_is_class_scores_found_on_the_axis_its_probabilities_sum_to_one(tmp_path):
+    """Div(Exp, ReduceSum of that Exp) computes a Softmax (napari-czann-segment's nucleus segmenter, whose map was
+    judged by its SQNR): class scores, the axis found on the first batch (tf2onnx's Transpose and Reshape leave the
+    graph no single axis to carry). A Div of other values by a ReduceSum (a Relu's, or an Exp over another
+    tensor's sum) is no Softmax and stays unmeasured."""
+    path = _written_softmax(tmp_path)
+    task = resolve(TaskSpec("auto"), path)
+    assert isinstance(task, Classification), task.reason
+    assert task.axis is None
+    assert task.normaliser == "Softmax"
+    assert "a Softmax written out" in task.reason
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(2).normal(0, 2, (2, 2, 3, 5)).astype(np.float32)
+    fp32 = {"y": sess.run(None, {"x": x})[0]}
+    int8 = {"y": fp32["y"].copy()}
+    int8["y"][0, 0, 0] = int8["y"][0, 0, 0][::-1]  # one pixel's class changed
+    measured = copy.deepcopy(task)
+    measured.update(fp32, int8, None)
+    assert measured.axis == 3
+    assert measured.metrics()["task.top1_agreement"] == 29 / 30
+    for numerator, summed in (("Relu", "e"), ("Exp", "x")):
+        other = resolve(TaskSpec("auto"), _written_softmax(tmp_path, numerator, summed))
+        assert not isinstance(other, Classification), other.reason
+
+
 @pytest.mark.parametrize("normaliser", ["Softmax", "LogSoftmax"])
 def test_a_class_axis_found_at_run_time_is_the_one_axis_that_sums_to_one(normaliser):
     """Classes on axis 1 of [rows, classes, steps] (a time-major recogniser's layout); a LogSoftmax's log
