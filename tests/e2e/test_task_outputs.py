@@ -26,7 +26,8 @@ import onnx
 import pytest
 from mlflow import MlflowClient
 
-from calibrun.measure.tasks import TaskSpec, resolve
+from calibrun.measure.task_pick import resolve
+from calibrun.measure.tasks import TaskSpec
 from tests.conftest import Proc, clean_env, run_python
 from tests.stores import fresh_mlflow_store
 from tests.trained import model_path

@@ -168,7 +168,7 @@ def test_a_decision_metric_leaves_out_the_sound_tail_it_is_read_through(tmp_path
     from onnx import helper
 
     from calibrun.analysis.recommend import culprits_upstream
-    from calibrun.measure.tasks import order_kept_tail
+    from calibrun.measure.task_pick import order_kept_tail
     from tests.unit.test_segments import _model
 
     nodes = [helper.make_node("Relu", ["x"], ["h"], name="relu"),

@@ -13,7 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from calibrun.core.errors import CalibrunError
 from calibrun.measure import tasks
-from calibrun.measure.tasks import Classification, Custom, Decision, Dense, Image, Task, TaskSpec, resolve
+from calibrun.measure.task_pick import resolve
+from calibrun.measure.tasks import Classification, Custom, Decision, Dense, Image, Task, TaskSpec
 
 
 def batch_metric(fp32, int8, labels):
