@@ -23,25 +23,31 @@ PROBE_ROWS = 8  # rows run whole and in halves (a session and 16 rows' runs: 1.7
 # convolution over up to 8 frames still runs them whole
 
 
-def rows_depend(fp32_path, evaluation, threads: int = 0, sess=None) -> str | None:
+def rows_depend(fp32_path, evaluation, threads: int = 0, sess=None, batch: int | None = None) -> str | None:
     """Why the model's output for a row depends on the other rows fed with it (one line), None when it does not or
-    when it cannot be told (fewer than 2 rows, a model that pins its batch or does not run PROBE_ROWS rows). `sess`:
-    an fp32 session the caller holds (the evaluation's), else one is opened."""
+    when it cannot be told (fewer than 2 rows, a model that pins its batch or runs neither PROBE_ROWS rows nor
+    `batch`, the rows the job feeds at a time). `sess`: an fp32 session the caller holds (the evaluation's), else one
+    is opened."""
     from calibrun.model.sessions import session
 
-    feeds = next(iter(evaluation.batches(PROBE_ROWS)), (None, None))[0]
-    if feeds is None:
-        return None
-    rows = feed_rows.count(feeds, evaluation.axes)
-    if rows < 2:
+    sess = sess or session(fp32_path, threads)
+    names = [o.name for o in sess.get_outputs()]
+    for size in dict.fromkeys((PROBE_ROWS, batch or PROBE_ROWS)):  # the job's batch where PROBE_ROWS do not run (a
+        # convolution over more frames: madmom's onset CNN needs 15 for one output)
+        feeds = next(iter(evaluation.batches(size)), (None, None))[0]
+        if feeds is None:
+            return None
+        rows = feed_rows.count(feeds, evaluation.axes)
+        if rows < 2:
+            return None
+        try:
+            whole = sess.run(None, feeds)
+            break
+        except Exception:  # noqa: BLE001, S112 (a model exported for other batch sizes only: try the job's batch)
+            continue
+    else:
         return None
     half = rows // 2
-    try:
-        sess = sess or session(fp32_path, threads)
-        names = [o.name for o in sess.get_outputs()]
-        whole = sess.run(None, feeds)
-    except Exception:  # noqa: BLE001 (a model exported for other batch sizes only: the test cannot be made)
-        return None
     try:
         first = sess.run(None, feed_rows.take(feeds, evaluation.axes, 0, half))
         second = sess.run(None, feed_rows.take(feeds, evaluation.axes, half, rows))

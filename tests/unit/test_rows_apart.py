@@ -25,3 +25,23 @@ def test_rows_of_one_sequence_are_told_by_values_counts_or_pooling():
 def test_integer_outputs_are_not_compared():
     indices = np.arange(10, dtype=np.int64).reshape(5, 2)  # an in-graph NMS numbers its boxes by batch row
     assert _differs(indices, indices[:2] + 7, indices[2:]) is None
+
+
+def test_a_model_that_runs_no_probe_of_8_rows_is_probed_at_the_jobs_batch(tmp_path):
+    """A convolution over 10 frames (madmom's onset CNN needs 15 for one output) runs neither 8 rows nor their
+    halves: the probe found nothing to say and the verdict claimed every frame measured. At the job's batch of 16 the
+    whole runs and its halves do not: the rows depend on each other. One that runs neither size cannot be told; one
+    that runs 8 rows is probed at 8, as before."""
+    from types import SimpleNamespace
+
+    from calibrun.measure.rows_apart import rows_depend
+    from tests.modelzoo import frame_conv, save
+
+    frames = np.random.default_rng(0).standard_normal((48, 8)).astype(np.float32)
+    evaluation = SimpleNamespace(axes={"x": 0}, batches=lambda n: iter([({"x": frames[:n]}, None)]))
+    model = save(frame_conv(width=10), tmp_path / "wide.onnx")
+    assert rows_depend(model, evaluation) is None  # the probe alone: 8 rows do not run
+    assert rows_depend(model, evaluation, batch=16) == "runs 16 rows but not 8 of them"
+    assert rows_depend(model, evaluation, batch=9) is None  # neither 8 nor 9 rows run: cannot be told
+    narrow = save(frame_conv(width=5), tmp_path / "narrow.onnx")
+    assert rows_depend(narrow, evaluation, batch=16) == "runs 8 rows but not 4 of them"  # 8 rows run: as before
