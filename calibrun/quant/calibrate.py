@@ -312,8 +312,10 @@ def _validate(path: Path, record: dict, method: str) -> float:
     for name, data in tensors.items():
         lo, hi = data.range_value
         # an infinite end is what calibration measured (an attention mask's -inf: calibrun.quant.quantize keeps its
-        # nodes in float); NaN or lo > hi no calibration gives
-        if np.any(np.isnan(lo)) or np.any(np.isnan(hi)) or not np.all(lo <= hi):
+        # nodes in float), and so is +inf to -inf, a tensor that held no value (an empty pad); NaN or another lo > hi
+        # no calibration gives
+        empty = (lo == np.inf) & (hi == -np.inf)
+        if np.any(np.isnan(lo)) or np.any(np.isnan(hi)) or not np.all((lo <= hi) | empty):
             raise ValueError(f"range of {name!r} is NaN or not ordered")
     span = float(mine["span"])
     if not math.isfinite(span) or span < 0:

@@ -286,12 +286,14 @@ def _fresh_copy(model_path: str | Path, folder: Path, sixteen_bit: bool) -> Path
 _SAID_UNBOUNDED: set[str] = set()  # the sets of non-finite tensors already logged
 
 
-_UNBOUNDED: dict[tuple, frozenset[str]] = {}  # (ranges file, its mtime and size) -> its non-finite tensors
+_UNBOUNDED: dict[tuple, dict[str, bool]] = {}  # (ranges file, its mtime and size) -> its non-finite tensors
 
 
-def _unbounded_tensors(path: Path) -> frozenset[str]:
-    """The tensors of a ranges file whose range is not finite; read once per file version (a histogram method's
-    file holds every histogram: parsing it for each recommendation candidate would cost more than the answer)."""
+def _unbounded_tensors(path: Path) -> dict[str, bool]:
+    """The tensors of a ranges file whose range is not finite, each with whether it held no value at all (an empty
+    tensor's range stays lowest +inf, highest -inf: a pad of length 0) rather than an infinite one; read once per
+    file version (a histogram method's file holds every histogram: parsing it for each recommendation candidate would
+    cost more than the answer)."""
     import json
 
     from onnxruntime.quantization.calibrate import TensorsData
@@ -302,8 +304,12 @@ def _unbounded_tensors(path: Path) -> frozenset[str]:
         ranges = TensorsData.from_dict(json.loads(path.read_text()))  # as quantize_static reads it
         if len(_UNBOUNDED) > 64:
             _UNBOUNDED.clear()
-        _UNBOUNDED[key] = frozenset(name for name, data in ranges.items() if not all(
-            np.all(np.isfinite(np.asarray(end, np.float64))) for end in data.range_value))
+        found = {}
+        for name, data in ranges.items():
+            low, high = (np.asarray(end, np.float64) for end in data.range_value)
+            if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
+                found[name] = bool(np.all(low > high))
+        _UNBOUNDED[key] = found
     return _UNBOUNDED[key]
 
 
@@ -316,16 +322,23 @@ def unbounded_nodes(model_path: str | Path, ranges_path: str | Path) -> list[str
     if not tensors:
         return []
     graph = onnx.load(str(model_path), load_external_data=False).graph
-    nodes = [n.name for n in graph.node if n.name and tensors.intersection([*n.input, *n.output])]
+    nodes = [n.name for n in graph.node if n.name and not tensors.keys().isdisjoint([*n.input, *n.output])]
     key = "\0".join(sorted(tensors))
     if key not in _SAID_UNBOUNDED:  # once a process per set of tensors: the job's copy of the ranges is the same
         _SAID_UNBOUNDED.add(key)
-        shown = sorted(tensors)
-        logging.getLogger("calibrun").warning(
-            "%d tensor(s) have a calibrated range that is not finite (%s%s: an attention mask's -inf?): the %d "
-            "node(s) that read or write them stay in float", len(shown), ", ".join(shown[:3]),
-            f" and {len(shown) - 3} more" if len(shown) > 3 else "", len(nodes))
+        empty = sorted(name for name, none in tensors.items() if none)
+        infinite = sorted(name for name, none in tensors.items() if not none)
+        said = [f"{len(infinite)} tensor(s) have a calibrated range that is not finite ({_listed(infinite)}: an "
+                "attention mask's -inf?)"] if infinite else []
+        said += [f"{len(empty)} tensor(s) held no value in calibration ({_listed(empty)}: empty, as a pad of length "
+                 "0 is)"] if empty else []
+        logging.getLogger("calibrun").warning("%s: the %d node(s) that read or write them stay in float",
+                                              "; ".join(said), len(nodes))
     return nodes
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def _sixteen_bit(options: QuantOptions) -> bool:

@@ -721,3 +721,40 @@ def test_quantisations_in_a_row_reuse_one_private_copy_per_type_width_and_write_
         quantize_lab(fp32, tmp_path / "again.onnx", SEED, FACTOR, BATCHES, cache=cache)
         assert len(copies) == 3
     assert quantize_module._COPIES is None
+
+
+def test_a_range_never_filled_is_said_to_be_empty_and_an_infinite_one_a_mask(tmp_path, caplog):
+    """Both stay in float, but the line names each cause: a tensor that held no value (an empty pad: its range stays
+    lowest +inf, highest -inf, as OpenSpindleNet's output stage's was) is not an attention mask's -inf. And the cache
+    keeps both: neither is a damaged file."""
+    from onnx import helper
+    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+
+    from calibrun.quant import quantize
+
+    nodes = [helper.make_node("Relu", ["x"], ["pad"], name="pad_node"),
+             helper.make_node("Add", ["pad", "x"], ["mask"], name="mask_node"),
+             helper.make_node("Relu", ["mask"], ["y"], name="out")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])])
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph), str(model))
+    f = np.float32
+    tensors = TensorsData(CalibrationMethod.MinMax, {
+        "x": TensorData(lowest=np.array(-1, f), highest=np.array(1, f)),
+        "pad": TensorData(lowest=np.array(np.inf, f), highest=np.array(-np.inf, f)),
+        "mask": TensorData(lowest=np.array(-np.inf, f), highest=np.array(0, f))})
+    cache = CalibrationCache(tmp_path)
+    cache.folder.mkdir(parents=True)
+    ranges = calibrate.write_ranges(cache.path("k" * 32), tensors, {"r": 1}, 2.0)
+    with caplog.at_level("WARNING", logger="calibrun"):
+        # both are measurements, not damage: the cache is used again (an empty tensor's range made every later job
+        # recalibrate, "range ... is NaN or not ordered")
+        assert cache.load("k" * 32, {"r": 1}, "minmax") == 2.0
+        assert caplog.records == []
+        nodes_kept = quantize.unbounded_nodes(model, ranges)
+    assert set(nodes_kept) == {"pad_node", "mask_node", "out"}
+    line = " ".join(r.getMessage() for r in caplog.records)
+    assert "1 tensor(s) have a calibrated range that is not finite (mask: an attention mask's -inf?)" in line
+    assert "1 tensor(s) held no value in calibration (pad: empty, as a pad of length 0 is)" in line
+    assert "the 3 node(s) that read or write them stay in float" in line
