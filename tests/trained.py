@@ -61,6 +61,11 @@ one 30 s example recording of each (`openspindlenet/data/eeg_sample.txt`, 250 Hz
 a z-scored signal and a Shannon-wavelet scalogram) and its decode (`evaluator.py`) are imported from its wheel
 unpacked in the test cache, with the wavelet transform from PyWavelets 1.9.0 (MIT; a compiled CPython 3.11 manylinux
 wheel, the package's dependency), unpacked there too, for the zoo's builder and check only.
+hibari-tts 0.2.1 (Apache-2.0; its NOTICE credits Kokoro-82M and misaki, Apache-2.0, spaCy's tokenizer rules, MIT, and
+says espeak-ng, GPL-3.0, only labelled the training words and is not included) ships an English text-to-speech voice
+(int8 already) and the float32 out-of-vocabulary grapheme-to-phoneme net of its front end (`hibari/assets/oov.onnx`);
+the net is extracted into the cache and run, and the package's own G2P and OOV decode are imported from its wheel
+unpacked in the test cache, for the zoo's builder and check only.
 """
 
 from __future__ import annotations
@@ -149,6 +154,8 @@ OPENSPINDLENET = ("openspindlenet", "0.1.1")  # MIT; OpenSpindleNet's spindle de
 # 30 s example recording of each (250 Hz, one value a line), and its preprocessing and decode
 PYWAVELETS = ("pywavelets", "1.9.0")  # MIT; compiled (CPython 3.11 manylinux wheel): openspindlenet's pywt.cwt,
 # imported from its wheel unpacked in the test cache
+HIBARI = ("hibari-tts", "0.2.1")  # Apache-2.0; an English TTS (its voice int8 already) whose G2P front end reads
+# unknown words with a float32 character transformer (hibari/assets/oov.onnx), CTC-style, its ArgMax in the graph
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -343,6 +350,13 @@ MODELS = {
     # magnitude of pywt.cwt with 'shan6-13' over 15 scales 135-270) -> `detection` [N, 30, 3] (per second: confidence,
     # centre offset, duration, as logits) and `segmentation` [N, 7500, 1] (a spindle logit per sample)
     "spindle_eeg": (*OPENSPINDLENET, "openspindlenet/models/spindle-detector-eeg.onnx"),
+    # hibari-tts's out-of-vocabulary grapheme-to-phoneme net (a PyTorch 2.11 export, opset 17, 2.8 MB, 0.73M weights:
+    # a character embedding [330, 128] and a learned position table, four pre-norm transformer encoder layers
+    # (LayerNormalization, attention by MatMul and Softmax, a 384-wide feed-forward with GELU as Erf), a head to 4 x 54
+    # per character reshaped into 4 slots, an ArgMax): `chars` [1, L] int64 (the word's character ids by oov.json,
+    # unpadded; batch pinned to 1) -> `ids` [1, 4L] int64, the best of 54 classes per slot (0 a blank), which the
+    # package's OOV collapses CTC-style into the word's phonemes
+    "hibari_oov": (*HIBARI, "hibari/assets/oov.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects
