@@ -442,7 +442,9 @@ class Gathered:
     def _measure(self, ref, got, labels, rows: int | None, axes) -> None:
         self.errors.update(ref, got, rows, axes)
         if self.task is not None:
-            self.task.update(dict(zip(self.names, ref, strict=True)), dict(zip(self.names, got, strict=True)), labels)
+            fp32, int8 = dict(zip(self.names, ref, strict=True)), dict(zip(self.names, got, strict=True))
+            self.task.check_shapes(fp32, int8)
+            self.task.update(fp32, int8, labels)
 
     def add(self, ref: Sequence[np.ndarray], got: Sequence[np.ndarray], labels, rows: int | None) -> None:
         axes = [row_axis(r.shape, rows, d) for r, d in zip(ref, self.declared, strict=False)] \

@@ -78,6 +78,17 @@ class Task:
     def describe(self) -> dict:
         return {"name": self.name, "reason": self.reason}
 
+    def check_shapes(self, fp32: Mapping[str, np.ndarray], int8: Mapping[str, np.ndarray]) -> None:
+        """Refuse, in one line, outputs this task compares position by position whose shape int8 changed (a
+        quantised scale of a Resize makes another size): numpy's broadcast error said neither which output nor
+        why. A custom task reads what it likes and is not checked."""
+        for name in (getattr(self, "output", None), getattr(self, "predicted", None)):
+            if name is not None and name in fp32 and np.shape(fp32[name]) != np.shape(int8[name]):
+                raise CalibrunError(
+                    f"task {self.name}: output {name!r} has shape {list(np.shape(int8[name]))} in the int8 model and "
+                    f"{list(np.shape(fp32[name]))} in fp32: int8 computes another size (an input that sets a size "
+                    "was quantised?), so its values cannot be compared position by position")
+
 
 class Classification(Task):
     """Top-1/top-k agreement of the class scores in `output` (classes on `axis`) and, with labels and one

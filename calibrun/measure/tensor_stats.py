@@ -199,6 +199,7 @@ class TensorStats:
         self.ref_energy = self.ref_noise = 0.0
         self.pre_energy = self.pre_noise = 0.0
         self.nonfinite = 0  # values the int8 model made inf or NaN where the truth is finite
+        self.resized: tuple[list, list] | None = None  # (fp32's shape, int8's) where int8 computed another size
         n = len(parts.bounds) - 1 if parts else 0
         self.part_min, self.part_max = np.full(n, np.inf), np.full(n, -np.inf)
         self.part_energy, self.part_noise = np.zeros(n), np.zeros(n)
@@ -212,6 +213,10 @@ class TensorStats:
         pair = self.pair
         if self.fused is not None:  # the Relu/Clip quantize_static removed: "before" is taken after it
             pre = np.clip(pre, *self.fused)
+        if ref is not None and ref.shape != post.shape:  # quantisation changed the tensor's size (a Resize's scales
+            # rounded): no value of one model is the other's, so it is judged on the int8 model's own values
+            self.resized = (list(ref.shape), list(post.shape))
+            ref = None
         values = pre if ref is None else ref  # fp32 truth when the fp32 model has the tensor
         self.has_ref = self.has_ref or ref is not None
         flat, pre_flat, post_flat = values.reshape(-1), pre.reshape(-1), post.reshape(-1)
@@ -335,6 +340,8 @@ class TensorStats:
             "nonfinite": self.nonfinite,
             "mixed_ratio": None, "mixed_detail": None, "worst_part_sqnr_db": None,
         }
+        if self.resized is not None:
+            row["resized"] = f"fp32 {self.resized[0]}, int8 {self.resized[1]}"
         if self.parts is not None and np.all(np.isfinite(self.part_min)):
             spans = self.part_max - self.part_min
             live = spans[spans > 0]
@@ -800,6 +807,12 @@ class StreamingDiagnostics:
             row["float_nodes"] = ",".join(self.float_path.get(pair.tensor, []))
             row["added_nsr"] = self._added(stats)
             rows.append(row)
+        resized = [f"{r['tensor']} ({r['resized']})" for r in rows if r.get("resized")]
+        if resized:
+            log.warning("diagnostics: %d tensor(s) have another shape in the int8 model than in fp32 (%s): "
+                        "quantisation changed their size, so each is judged on the int8 model's own values",
+                        len(resized), ", ".join(resized[:3]) + (f" and {len(resized) - 3} more" if len(resized) > 3
+                                                                else ""))
         finite = [r["added_nsr"] for r in rows if math.isfinite(r["added_nsr"])]
         total = sum(finite)
         for r in rows:

@@ -155,9 +155,10 @@ def quantize(
     with atomic_path(out_path, suffix=".onnx") as tmp, temp_dir("q") as private, patches.indexed_lookups():
         copy = _private_copy(model_path, Path(private), _sixteen_bit(options))
         unbounded = unbounded_nodes(copy, calibration.ranges_path)
-        if unbounded:
+        kept = [*unbounded, *size_nodes(copy)]
+        if kept:
             options = dataclasses.replace(options, nodes_to_exclude=tuple(
-                dict.fromkeys([*options.nodes_to_exclude, *unbounded])))
+                dict.fromkeys([*options.nodes_to_exclude, *kept])))
         # onnxruntime still computes a scale for each unbounded tensor (inf / inf: numpy's RuntimeWarnings on stderr,
         # trueocr's reading-order model and its -inf mask); calibrun said them once and keeps their nodes in float
         with np.errstate(invalid="ignore", divide="ignore", over="ignore") if unbounded else contextlib.nullcontext(), \
@@ -335,6 +336,49 @@ def unbounded_nodes(model_path: str | Path, ranges_path: str | Path) -> list[str
         logging.getLogger("calibrun").warning("%s: the %d node(s) that read or write them stay in float",
                                               "; ".join(said), len(nodes))
     return nodes
+
+
+# float inputs that set the size of an op's output, not values it computes with: Resize's roi and scales, Upsample's
+# scales (its sizes, and every other op's shape inputs, are integers, which quantize_static leaves alone)
+SIZE_INPUTS = {"Resize": (1, 2), "Upsample": (1,)}
+SIZE_NODES_LIMIT = 16  # nodes followed back from one such input (beyond: its producer alone)
+_SAID_SIZES: set[str] = set()
+
+
+def size_nodes(model_path: str | Path) -> list[str]:
+    """The nodes that compute a float input setting an output's size (a Resize's scales, from a Concat of [1, 1] and
+    the model's `downsample_ratio` in Robust Video Matting): on an int8 grid 0.5 became 127/255, the frame 127 pixels
+    where fp32's is 128, a resize to another size rather than a rounding error. Followed back from the input through
+    its float producers to constants, graph inputs and integer tensors (a Shape cast to float), and kept in float
+    (one line); at most SIZE_NODES_LIMIT nodes, else the input's producer alone."""
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    producers = {out: node for node in graph.node for out in node.output if out}
+    known = {info.name: info.type.tensor_type.elem_type for info in (*graph.value_info, *graph.input, *graph.output)}
+    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, 0}  # 0: type not inferred
+    constants = {node.name for node in graph.node if node.op_type == "Constant"}  # a value, never quantised
+    kept: dict[str, None] = {}
+    for node in graph.node:
+        for index in SIZE_INPUTS.get(node.op_type, ()):
+            if index >= len(node.input) or node.input[index] not in producers:
+                continue
+            cone, todo = {}, [node.input[index]]
+            while todo and len(cone) <= SIZE_NODES_LIMIT:
+                producer = producers.get(todo.pop())
+                if producer is None or producer.name in cone:
+                    continue
+                cone[producer.name] = None
+                todo.extend(i for i in producer.input if i in producers and known.get(i, 0) in floats
+                            and producers[i].op_type not in ("Shape", "Size"))
+            chosen = cone if len(cone) <= SIZE_NODES_LIMIT else {producers[node.input[index]].name: None}
+            kept.update((name, None) for name in chosen if name and name not in constants)
+    names = [node.name for node in graph.node if node.name in kept]  # in the graph's order
+    key = "\0".join(names)
+    if names and key not in _SAID_SIZES:
+        _SAID_SIZES.add(key)
+        logging.getLogger("calibrun").info(
+            "kept in float: %d node(s) computing a Resize's scales (%s): they set its output's size, which rounding "
+            "to the int8 grid would change", len(names), _listed(names))
+    return names
 
 
 def _listed(names: list[str]) -> str:

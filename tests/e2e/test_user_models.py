@@ -351,3 +351,52 @@ def test_a_model_with_a_double_input_is_calibrated_in_double(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["verdict"]["status"] == "ok"
+
+
+def resize_by_ratio(path: Path) -> Path:
+    """Robust Video Matting's first step: x [N, 3, 16, 16] resized by scales Concat([1, 1], [ratio, ratio]), the
+    ratio a graph input (0.5), then a Conv and a Sigmoid; the output's size depends on the scales."""
+    rng = np.random.default_rng(1)
+    w = numpy_helper.from_array((rng.normal(0, 1, (2, 3, 3, 3)) / 5).astype(np.float32), "w")
+    ones = numpy_helper.from_array(np.ones(2, np.float32), "ones")
+    nodes = [helper.make_node("Concat", ["ratio", "ratio"], ["pair"], axis=0, name="pair"),
+             helper.make_node("Concat", ["ones", "pair"], ["scales"], axis=0, name="scales"),
+             helper.make_node("Resize", ["x", "", "scales"], ["small"], mode="linear", name="resize"),
+             helper.make_node("Conv", ["small", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Sigmoid", ["c"], ["y"], name="sigmoid")]
+    graph = helper.make_graph(nodes, "resize_by_ratio",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 16, 16]),
+                               helper.make_tensor_value_info("ratio", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2, "h", "w"])], [w, ones])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    return path
+
+
+def test_the_scales_of_a_resize_stay_float_so_int8_keeps_the_size(tmp_path):
+    """On an int8 grid over [0, 1] a scale of 0.5 is 127/255: quantize_static's int8 resized 16 pixels to 7 where
+    fp32 resizes them to 8 (Robust Video Matting: 256 -> 127 for 128), and the per-tensor diagnostics failed the job
+    on the two sizes. The nodes computing a Resize's scales now stay in float (one line): the int8 model keeps
+    fp32's sizes, every tensor is diagnosed, and the verdict is measured."""
+    model = resize_by_ratio(tmp_path / "resize.onnx")
+    x = np.random.default_rng(0).uniform(0, 1, (32, 3, 16, 16)).astype(np.float32)
+    np.savez(tmp_path / "rows.npz", x=x)
+    run = calibrun(tmp_path, "model=file", f"model.path={model}", "data=npy", f"data.path={tmp_path / 'rows.npz'}",
+                   "eval_data=npy", f"eval_data.path={tmp_path / 'rows.npz'}", "data.inputs.ratio.value=[0.5]",
+                   "eval_data.inputs.ratio.value=[0.5]", "batches=2", "tracking=off", "hydra.run.dir=job")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "kept in float: 2 node(s) computing a Resize's scales (pair, scales)" in run.stderr
+    int8 = onnx.load(str(tmp_path / "job" / "int8.onnx"))
+    producers = {o: n for n in int8.graph.node for o in n.output}
+    resize = next(n for n in int8.graph.node if n.op_type == "Resize")
+    assert producers[resize.input[2]].op_type == "Concat"  # the scales straight from the float Concat
+    feeds = {"x": x[:4], "ratio": np.array([0.5], np.float32)}
+    want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = ort.InferenceSession(str(tmp_path / "job" / "int8.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, feeds)[0]
+    assert got.shape == want.shape == (4, 2, 8, 8)
+    result = json.loads((tmp_path / "job" / "result.json").read_text())
+    assert result["status"] == "ok"
+    assert result["verdict"]["status"] in ("ok", "degraded", "broken")
+    table = json.loads((tmp_path / "job" / "diagnostics.json").read_text())  # column-oriented
+    assert "small" in table["tensor"]  # the resized frame is diagnosed
+    assert "resized" not in table  # at fp32's size

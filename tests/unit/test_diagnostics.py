@@ -553,3 +553,24 @@ def test_the_qdq_sessions_read_weights_dequantised_once_and_measure_what_they_me
     unfolded, left = diagnose()
     assert left == 4  # two weights, two biases
     assert folded == unfolded
+
+
+def test_a_tensor_int8_computed_at_another_size_is_judged_on_its_own_values():
+    """Robust Video Matting's first Resize took its scales from a quantised Concat (0.5 -> 127/255): the frame was 127
+    pixels in int8 where fp32's is 128, and the element-wise difference failed the whole job with numpy's "operands
+    could not be broadcast". The tensor is now judged on the int8 model's values (its grid, its own QDQ noise), with
+    no SQNR against fp32, and its row says both shapes."""
+    fp32 = np.linspace(-1, 1, 3 * 128 * 128, dtype=np.float32).reshape(1, 3, 128, 128)
+    pre = np.linspace(-1, 1, 3 * 127 * 127, dtype=np.float32).reshape(1, 3, 127, 127)
+    post = (np.rint(pre / 0.01) * 0.01).astype(np.float32)
+    stats = _stats(0.01, 0)
+    stats.update(fp32, pre, post)
+    row = stats.row()
+    assert row["sqnr_db"] is None
+    assert row["resized"] == "fp32 [1, 3, 128, 128], int8 [1, 3, 127, 127]"
+    assert row["elements"] == pre.size
+    assert math.isfinite(row["qdq_sqnr_db"])
+    same = _stats(0.01, 0)
+    same.update(pre, pre, post)
+    assert "resized" not in same.row()
+    assert same.row()["sqnr_db"] == row["qdq_sqnr_db"]

@@ -874,3 +874,16 @@ def test_a_softmax_over_the_rows_is_no_class_per_row(tmp_path):
     told = resolve(TaskSpec("auto"), mean, classifier=True)
     assert told.name == "none"
     assert "has one axis, the rows': no class axis" in told.reason
+
+
+def test_an_output_int8_gives_another_shape_is_refused_in_one_line_naming_it():
+    """A map int8 computes at another size (a Resize whose scales were quantised: 8 pixels became 7) failed the job
+    with numpy's "operands could not be broadcast"; the task now names the output and both shapes. A custom task,
+    which reads the outputs as it likes, is not checked."""
+    fp32 = {"y": np.zeros((2, 1, 8, 8), np.float32)}
+    int8 = {"y": np.zeros((2, 1, 7, 7), np.float32)}
+    with pytest.raises(CalibrunError, match=r"task dense: output 'y' has shape \[2, 1, 7, 7\] in the int8 model and "
+                                            r"\[2, 1, 8, 8\] in fp32: int8 computes another size"):
+        Dense("y").check_shapes(fp32, int8)
+    Dense("y").check_shapes(fp32, {"y": np.ones((2, 1, 8, 8), np.float32)})  # the same shape: nothing said
+    Custom("tests.unit.test_tasks:batch_metric").check_shapes(fp32, int8)
