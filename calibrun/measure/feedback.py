@@ -10,6 +10,7 @@ what streaming the int8 model does.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -71,8 +72,9 @@ class Carried:
 def look_alike(inputs: Sequence, outputs: Sequence) -> list[tuple[str, str]]:
     """(input, output) pairs where a float input other than the primary one (calibrun.model.primary) has an output's
     element type, rank and sizes (an axis free on either side fits any size): what a recurrent state looks like.
-    Each output pairs once; among several, one of the same sizes, free axes alike, then one whose name starts with
-    the input's (`h` -> `hn`). A hint only: nothing in a graph says that the caller feeds the output back."""
+    Each output pairs once; among several, one of the same sizes, free axes alike, then the one whose name shares the
+    longest start with the input's (`h` -> `hn`; Robust Video Matting's `r1i` -> `r1o`, not its first output `fgr`,
+    which every free axis fits too). A hint only: nothing in a graph says that the caller feeds the output back."""
     from calibrun.model import primary
 
     first = primary(inputs).name if inputs else None
@@ -87,7 +89,7 @@ def look_alike(inputs: Sequence, outputs: Sequence) -> list[tuple[str, str]]:
         if info.name == first or not info.has_shape or not info.shape or not is_float(info):
             continue
         sizes = [d if is_fixed(d) else None for d in info.shape]
-        fits = [(dims != sizes, not name.startswith(info.name), k, name)
+        fits = [(dims != sizes, -len(os.path.commonprefix([name, info.name])), k, name)
                 for k, (name, (elem, dims)) in enumerate(shapes.items())
                 if name not in used and elem == info.elem_type and len(dims) == len(sizes)
                 and all(a is None or b is None or a == b for a, b in zip(dims, sizes, strict=True))]

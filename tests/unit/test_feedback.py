@@ -166,6 +166,19 @@ def test_an_input_with_an_outputs_type_and_shape_is_hinted_as_a_state_and_the_pr
     model = helper.make_model(graph)
     onnx.checker.check_model(model)
     assert feedback.look_alike(list(graph_inputs(model)), model.graph.output) == [("h", "hn")]
+    # Robust Video Matting: four states whose every axis is free fit each 4-D output; the names pair them (r1i ->
+    # r1o), not the outputs' order (r1i had been paired with the foreground colour `fgr`, r2i with the alpha)
+    free, frame = ["N", "C", "H", "W"], ["N", 3, "H", "W"]
+    names = ["fgr", "pha", "r1o", "r2o"]
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["src"], ["fgr"]), helper.make_node("ReduceMean", ["src"], ["pha"], axes=[1]),
+         helper.make_node("Identity", ["r1i"], ["r1o"]), helper.make_node("Identity", ["r2i"], ["r2o"])], "rvm",
+        [helper.make_tensor_value_info("src", TensorProto.FLOAT, frame),
+         *(helper.make_tensor_value_info(n, TensorProto.FLOAT, free) for n in ("r1i", "r2i"))],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", c, "H", "W"])
+         for n, c in zip(names, (3, 1, 16, 20), strict=True)])
+    model = helper.make_model(graph)
+    assert feedback.look_alike(list(graph_inputs(model)), model.graph.output) == [("r1i", "r1o"), ("r2i", "r2o")]
 
 
 def test_a_state_fed_back_is_read_through_the_outputs_it_feeds_not_twice():
