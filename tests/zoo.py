@@ -3506,8 +3506,9 @@ def rxnmap_split() -> tuple[list, list]:
     `encode_reaction`, whether it is a Golden record): the Golden records and every 16th distinct probe, those the
     package would map (reactants and products both, no atom over its 14 heavy neighbours) and within RXNMAP_LENGTH
     tokens. Calibration: every 8th Golden record and every 50th chosen probe (4 + 2 = 6 rows: the bare script's
-    MinMax calibrator holds about 0.87 GB a row, the model's 54 Identity-shared weights among the tensors it
-    records); evaluation: the others."""
+    MinMax calibrator was estimated to hold about 0.87 GB a row, the model's 54 Identity-shared weights among the
+    tensors it records; measured after the first run, its peak was 976 MB: docs/zoo.md, session 32, zoo32g);
+    evaluation: the others."""
     chython, encode, _ = _chython()
     golden, probes = chython_reactions()
 
