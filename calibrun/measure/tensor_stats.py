@@ -367,7 +367,16 @@ def _float_path(tensor: str, producers: Mapping[str, onnx.NodeProto],
                 consumers: Mapping[str, list[onnx.NodeProto]], limit: int = 64) -> list[str]:
     """The nodes to exclude so that `tensor`'s values reach the next computation (or the graph output) in float:
     its producer, then downstream through data-movement ops (which onnxruntime quantises with the scale of their
-    input or output), including the first computing consumer of each branch."""
+    input or output), including the first computing consumer of each branch. A tensor a data-movement op of one data
+    input writes (a Gather, a Reshape, a Slice, ...) holds that input's values on that input's grid: the path starts
+    where they are computed, at the first producer upstream that is no such op (fusion-surrogates' QLKNN reads each
+    of its outputs by a Gather from one Add's [N, 8]: keeping the Gathers in float left that Add's single scale on
+    every column)."""
+    up = {tensor}
+    while (moved := producers.get(tensor)) is not None and moved.op_type in _MOVES - {"Concat"} and moved.input \
+            and moved.input[0] not in up:
+        tensor = moved.input[0]
+        up.add(tensor)
     nodes: list[str] = []
     producer = producers.get(tensor)
     if producer is not None and producer.name:

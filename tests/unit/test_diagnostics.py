@@ -574,3 +574,27 @@ def test_a_tensor_int8_computed_at_another_size_is_judged_on_its_own_values():
     same.update(pre, pre, post)
     assert "resized" not in same.row()
     assert same.row()["sqnr_db"] == row["qdq_sqnr_db"]
+
+
+def test_a_tensor_a_gather_writes_is_kept_float_from_where_its_values_are_computed():
+    """fusion-surrogates' QLKNN reads each output by a Gather from one Add's [N, 8] (one int8 scale for values from
+    -139 to 133 and from 0 to 0.3): the Gathers were the culprits and keeping them alone in float left the Add's scale
+    on every column. The float path of a tensor a data-movement op writes now starts at the op that computes its
+    values; a computed tensor's path is as before (its producer, then through moves to the next computation)."""
+    from onnx import helper
+
+    from calibrun.measure.tensor_stats import _float_path
+
+    nodes = [helper.make_node("Gemm", ["h", "w"], ["g"], name="gemm"),
+             helper.make_node("Add", ["g", "b"], ["t"], name="add"),
+             helper.make_node("Gather", ["t", "i0"], ["c0"], name="gather0", axis=1),
+             helper.make_node("Gather", ["t", "i1"], ["c1"], name="gather1", axis=1),
+             helper.make_node("Unsqueeze", ["c1", "ax"], ["u1"], name="unsqueeze1"),
+             helper.make_node("Mul", ["u1", "c0"], ["y"], name="mul")]
+    producers = {o: n for n in nodes for o in n.output}
+    consumers: dict = {}
+    for n in nodes:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    assert _float_path("u1", producers, consumers) == ["add", "gather0", "gather1", "mul", "unsqueeze1"]
+    assert _float_path("g", producers, consumers) == ["gemm", "add"]

@@ -257,3 +257,18 @@ def test_with_a_state_fed_back_a_change_that_helped_per_call_is_combined_and_mem
     assert changes(combined_members(singles, streamed, 1.0)) == [act.change, chan.change]  # per call: 24.2, 13.6
     alone = [{k: v for k, v in e.items() if not k.startswith("per_call")} for e in streamed]
     assert changes(combined_members(singles, alone, 1.0)) == [act.change]  # no state: what helped streamed only
+
+
+def test_a_candidate_whose_worst_output_moved_names_it():
+    """Under the worst-output rule a change can make another output the worst: `after` is that output's SQNR, and the
+    entry said the job's output (fusion-surrogates' QLKNN: `out.efeITG.sqnr_db 0 -> 4.97` where 4.97 dB was
+    efeTEM's). A task metric, or the same output, names nothing more."""
+    from types import SimpleNamespace
+
+    from calibrun.analysis.recommend import metric_after
+
+    worst = SimpleNamespace(worst=True, metric="out.efeITG.sqnr_db")
+    assert metric_after(worst, {"metric": "out.efeTEM.sqnr_db"}) == "out.efeTEM.sqnr_db"
+    assert metric_after(worst, {"metric": "out.efeITG.sqnr_db"}) is None
+    assert metric_after(worst, None) is None
+    assert metric_after(SimpleNamespace(worst=False, metric="task.dice"), {"metric": "task.dice"}) is None
