@@ -84,6 +84,13 @@ DeepMind's QLKNN_7_11 transport surrogate (a QuaLiKiz neural network, the model 
 as ONNX beside the 25 test inputs its own test reads (`qlknn_7_11_test_data.npz`); the model is extracted into the
 cache and run, and the test inputs are read, for the zoo's builder and check only (its Python needs JAX and Flax,
 which are not installed: nothing of it is imported).
+adaptive-terrain-diffusion 0.4.2 (MIT; its model's code credits OpenAI's consistency models, MIT, whose licence it
+ships) ships a difficulty-conditioned one-step terrain generator (a consistency-distilled U-Net) as ONNX; it is run
+from the wheel unpacked in the test cache by the package's own `TerrainGenerator` (`generator.py`: its noise, its
+height transform in and out, its difficulty labels), for the zoo's builder and check only (test data, never
+redistributed). The terrains it is given are a real elevation model matplotlib ships (`mpl-data/sample_data/
+jacksboro_fault_dem.npz`, a USGS DEM of the Jacksboro fault, Tennessee, the hillshading example's), read from the
+installed matplotlib as scikit-image's photos are read from scikit-image.
 """
 
 from __future__ import annotations
@@ -183,6 +190,8 @@ CHYTHON_RXNMAP = ("chython-rxnmap", "2.0")  # LGPL-3.0-or-later; chython's atten
 CHYTHON = ("chython", "3.7")  # LGPL-3.0-or-later; a source archive only here (a Cython core), built once into a
 # wheel by pip in the test cache (`compiled_tree`): the mapper's encoding and greedy assignment, and the reactions it
 # ships (25 records of the Golden atom-mapping benchmark among its tests; a probe reaction per reaction template)
+TERRAIN = ("adaptive-terrain-diffusion", "0.4.2")  # MIT; a difficulty-conditioned one-step terrain generator (a
+# consistency-distilled U-Net, 45 MB) as ONNX, with the package's own sampler and height transforms (generator.py)
 
 FUSION_SURROGATES = ("fusion-surrogates", "0.4.7")  # Apache-2.0 (code), CC-BY 4.0 (models); DeepMind's
 # tokamak transport surrogates for TORAX: QLKNN_7_11 as ONNX (a PyTorch 2.8 export) and its 25 test inputs
@@ -413,6 +422,15 @@ MODELS = {
     # secondary flux its ratio times the leading one) -> eight [N, 1] outputs in GyroBohm units: `efiITG`, `efeITG`,
     # `pfeITG`, `efeTEM`, `efiTEM`, `pfeTEM`, `efeETG` and the growth rate `gamma_max`
     "qlknn": (*FUSION_SURROGATES, "fusion_surrogates/qlknn/models/qlknn_7_11.onnx"),
+    # a one-step consistency model (a U-Net with 32 base channels: 196 Conv, 139 InstanceNormalization, SiLU as
+    # Sigmoid and Mul, 28 attention Softmaxes over Einsum products, 8 AveragePool downsamplings and 8 Resize
+    # upsamplings, 59 Gemm (the noise level's and the difficulty's embeddings, Sin and Cos, and the blocks' scale and
+    # shift); the consistency model's input and output scalings computed from sigma in the graph (Pow, Sqrt,
+    # Reciprocal, Div, Log); a PyTorch export, opset 18):
+    # `noisy` [N, 1, 128, 128] (a heightfield in the package's asinh model space, -1..1, plus noise x sigma),
+    # `sigma` [N] and `difficulty` [N] ((d - 1) / 99 for a difficulty d of 1..100) -> `denoised` [N, 1, 128, 128],
+    # the terrain in model space, which the package maps back to metres
+    "terrain_diffusion": (*TERRAIN, "terrain_diffusion/weights/terrain_consistency_unet_difficulty100.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects
