@@ -64,8 +64,9 @@ from calibrun.model.sessions import session
 log = logging.getLogger("calibrun")
 # Bump when a step changes what it writes: prepared models are cached by source hash and this version.
 # 2: float16 widened, graphs sorted, nodes named, the ai.onnx opset imported once; 3: no-op Casts removed;
-# 4: tensors named as the quantizer names another's scale or pairs renamed
-PREPARE_VERSION = 4
+# 4: tensors named as the quantizer names another's scale or pairs renamed; 5: shared initializers whose copies
+# onnxruntime would name as another tensor renamed
+PREPARE_VERSION = 5
 
 TARGET_OPSET = 13  # the lowest opset quantize_static handles fully (per-axis QDQ, opset-13 Squeeze/Split/...)
 EXTERNAL_THRESHOLD = 1024  # tensors of this many bytes or more go to the external data file (onnx's default)
@@ -261,6 +262,7 @@ def _rename_clashes(model: onnx.ModelProto, steps: list[str]) -> None:
                         new += "_t"
                     renamed[victim] = new
                 break
+    renamed.update(_shared_initializer_clashes(graphs, names | set(renamed.values()), io))
     if not renamed:
         return
     for graph in graphs:
@@ -272,6 +274,32 @@ def _rename_clashes(model: onnx.ModelProto, steps: list[str]) -> None:
     shown = ", ".join(f"{old} -> {new}" for old, new in list(renamed.items())[:3])
     _step(steps, f"renamed {_plural(len(renamed), 'tensor')} whose name is another's plus a suffix onnxruntime's "
                  f"quantizer gives its scale or pairs ({shown}{', ...' if len(renamed) > 3 else ''})")
+
+
+def _shared_initializer_clashes(graphs: list, names: set[str], io: set[str]) -> dict[str, str]:
+    """Initializers onnxruntime's QDQ quantizer may copy whose copies' names are taken: it gives each node that shares
+    a bias its own copy, named the initializer's name plus the next number over the initializers' own
+    (qdq_quantizer._dup_initializer), and does not look at other tensors' names. adaptive-terrain-diffusion's U-Net
+    shares `val_35` among 139 InstanceNormalizations and names a Reshape's output `val_3594`: quantize_static took
+    that activation for a weight and failed. Such an initializer is renamed (`_b`, again until no tensor is its name
+    plus digits)."""
+    readers: dict[str, int] = {}
+    for graph in graphs:
+        for node in graph.node:
+            for name in set(node.input):
+                readers[name] = readers.get(name, 0) + 1
+    found: dict[str, str] = {}
+    for graph in graphs:
+        for init in graph.initializer:
+            if readers.get(init.name, 0) < 2 or init.name in io:
+                continue
+            new = init.name
+            while any(other != new and other.startswith(new) and other[len(new):].isdigit() for other in names):
+                new += "_b"
+            if new != init.name:
+                found[init.name] = new
+                names.add(new)
+    return found
 
 
 def _sort_nodes(model: onnx.ModelProto, steps: list[str]) -> None:

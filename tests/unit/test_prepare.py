@@ -983,3 +983,31 @@ def test_a_tensor_named_as_the_quantizer_names_another_s_scale_is_renamed(tmp_pa
     np.testing.assert_array_equal(run(prepared.path, feed)[0], run(src, feed)[0])
     int8 = quantize(prepared, tmp_path / "int8.onnx")
     assert run(int8, feed)[0].shape == (5, 4)  # onnxruntime runs it
+
+
+def test_a_shared_bias_whose_copies_onnxruntime_would_name_as_another_tensor_is_renamed(tmp_path):
+    """onnxruntime's QDQ quantizer gives each node sharing a bias its own copy, named the bias's name plus the next
+    number over the initializers' (`b` -> `b1`), without looking at other tensors: adaptive-terrain-diffusion's
+    U-Net shares `val_35` among its normalisations and names a Reshape's output `val_3594`, and quantize_static
+    failed on it. Preparation renames such a bias (`b_b`); the computation is the same and the int8 model runs."""
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, (2, 2, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.normal(0, 0.3, (2, 2, 3, 3)).astype(np.float32), "w2"),
+             numpy_helper.from_array(rng.normal(size=(2,)).astype(np.float32), "b"),
+             numpy_helper.from_array(np.array([-1, 2, 8, 8], np.int64), "shape")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Reshape", ["c1", "shape"], ["b1"], name="reshape"),  # a tensor named `b` + 1
+             helper.make_node("Conv", ["b1", "w2", "b"], ["y"], pads=[1, 1, 1, 1], name="conv2")]
+    graph = helper.make_graph(nodes, "shared", [_float("x", ["N", 2, 8, 8])], [_float("y", ["N", 2, 8, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    src = save(model, tmp_path / "shared.onnx")
+    prepared = prepare_model(src, tmp_path / "prepared.onnx")
+    graph = onnx.load(str(prepared.path)).graph
+    assert {i.name for i in graph.initializer} >= {"b_b"}
+    assert "b1" in {o for node in graph.node for o in node.output}  # the activation keeps its name
+    assert _steps(prepared, "b -> b_b")
+    feed = {"x": rng.normal(size=(3, 2, 8, 8)).astype(np.float32)}
+    np.testing.assert_array_equal(run(prepared.path, feed)[0], run(src, feed)[0])
+    int8 = quantize(prepared, tmp_path / "int8.onnx")
+    assert run(int8, feed)[0].shape == (3, 2, 8, 8)  # onnxruntime made it and runs it
