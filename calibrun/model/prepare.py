@@ -272,8 +272,9 @@ def _rename_clashes(model: onnx.ModelProto, steps: list[str]) -> None:
         for tensor in (*graph.initializer, *graph.value_info, *graph.input, *graph.output):
             tensor.name = renamed.get(tensor.name, tensor.name)
     shown = ", ".join(f"{old} -> {new}" for old, new in list(renamed.items())[:3])
-    _step(steps, f"renamed {_plural(len(renamed), 'tensor')} whose name is another's plus a suffix onnxruntime's "
-                 f"quantizer gives its scale or pairs ({shown}{', ...' if len(renamed) > 3 else ''})")
+    _step(steps, f"renamed {_plural(len(renamed), 'tensor')} whose name onnxruntime's quantizer would also give to "
+                 f"what it adds: a scale or a Q/DQ pair of another tensor, a copy of a shared initializer ({shown}"
+                 f"{', ...' if len(renamed) > 3 else ''})")
 
 
 def _shared_initializer_clashes(graphs: list, names: set[str], io: set[str]) -> dict[str, str]:

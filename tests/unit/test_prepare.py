@@ -554,7 +554,7 @@ def test_plain_onnx_shape_inference_when_quant_pre_process_fails(tmp_path, monke
     assert "exploded" in caplog.text
     named, renamed, line = prepared.steps  # conv_net's nodes are unnamed; its BN weight `bn_scale` beside `bn`
     assert named.startswith("named ")
-    assert renamed.startswith("renamed 1 tensor whose name is another's plus a suffix")
+    assert renamed.startswith("renamed 1 tensor whose name onnxruntime's quantizer would also give to what it adds")
     assert "onnx.shape_inference" in line
     model = onnx.load(str(prepared.path))
     assert PRE_PROCESS_KEY not in {p.key for p in model.metadata_props}
@@ -978,7 +978,7 @@ def test_a_tensor_named_as_the_quantizer_names_another_s_scale_is_renamed(tmp_pa
     names = {o for node in onnx.load(str(prepared.path)).graph.node for o in node.output}
     assert "affine_scale_t" in names
     assert "affine_scale" not in names
-    assert _steps(prepared, "renamed 1 tensor whose name is another's plus a suffix")
+    assert _steps(prepared, "renamed 1 tensor whose name onnxruntime's quantizer would also give to what it adds")
     feed = {"x": rng.normal(size=(5, 4)).astype(np.float32)}
     np.testing.assert_array_equal(run(prepared.path, feed)[0], run(src, feed)[0])
     int8 = quantize(prepared, tmp_path / "int8.onnx")
