@@ -154,8 +154,9 @@ def quantize(
     start = time.perf_counter()
     with atomic_path(out_path, suffix=".onnx") as tmp, temp_dir("q") as private, patches.indexed_lookups():
         copy = _private_copy(model_path, Path(private), _sixteen_bit(options))
-        unbounded = unbounded_nodes(copy, calibration.ranges_path)
-        kept = [*unbounded, *size_nodes(copy)]
+        graph = onnx.load(str(copy), load_external_data=False).graph  # read once for both
+        unbounded = unbounded_nodes(graph, calibration.ranges_path)
+        kept = [*unbounded, *size_nodes(graph)]
         if kept:
             options = dataclasses.replace(options, nodes_to_exclude=tuple(
                 dict.fromkeys([*options.nodes_to_exclude, *kept])))
@@ -314,7 +315,7 @@ def _unbounded_tensors(path: Path) -> dict[str, bool]:
     return _UNBOUNDED[key]
 
 
-def unbounded_nodes(model_path: str | Path, ranges_path: str | Path) -> list[str]:
+def unbounded_nodes(graph: onnx.GraphProto, ranges_path: str | Path) -> list[str]:
     """The nodes that read or write a tensor whose calibrated range is not finite (a transformer's additive
     attention mask is -inf where it masks): no scale represents it, and onnxruntime would quantise it with an
     infinite one, which wrecks every row that passes the mask, masked or not. Those nodes stay in float (one
@@ -322,7 +323,6 @@ def unbounded_nodes(model_path: str | Path, ranges_path: str | Path) -> list[str
     tensors = _unbounded_tensors(Path(ranges_path))
     if not tensors:
         return []
-    graph = onnx.load(str(model_path), load_external_data=False).graph
     nodes = [n.name for n in graph.node if n.name and not tensors.keys().isdisjoint([*n.input, *n.output])]
     key = "\0".join(sorted(tensors))
     if key not in _SAID_UNBOUNDED:  # once a process per set of tensors: the job's copy of the ranges is the same
@@ -345,13 +345,12 @@ SIZE_NODES_LIMIT = 16  # nodes followed back from one such input (beyond: its pr
 _SAID_SIZES: set[str] = set()
 
 
-def size_nodes(model_path: str | Path) -> list[str]:
+def size_nodes(graph: onnx.GraphProto) -> list[str]:
     """The nodes that compute a float input setting an output's size (a Resize's scales, from a Concat of [1, 1] and
     the model's `downsample_ratio` in Robust Video Matting): on an int8 grid 0.5 became 127/255, the frame 127 pixels
     where fp32's is 128, a resize to another size rather than a rounding error. Followed back from the input through
     its float producers to constants, graph inputs and integer tensors (a Shape cast to float), and kept in float
     (one line); at most SIZE_NODES_LIMIT nodes, else the input's producer alone."""
-    graph = onnx.load(str(model_path), load_external_data=False).graph
     producers = {out: node for node in graph.node for out in node.output if out}
     known = {info.name: info.type.tensor_type.elem_type for info in (*graph.value_info, *graph.input, *graph.output)}
     floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, 0}  # 0: type not inferred
