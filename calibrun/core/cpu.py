@@ -60,8 +60,8 @@ def _cpuinfo() -> str | None:
         return None
 
 
-def _flags() -> set[str] | None:
-    text = _cpuinfo()
+def _flags(text: str | None) -> set[str] | None:
+    """The instruction flags: /proc/cpuinfo's `text`, else numpy's dispatch table (None: neither)."""
     if text is not None:
         return linux_flags(text)
     try:  # numpy's own dispatch table (not Linux)
@@ -77,4 +77,4 @@ def int8_dot() -> dict:
     /proc/cpuinfo says them (else the platform's processor string, or None)."""
     text = _cpuinfo()
     model = linux_model(text) if text is not None else platform.processor() or None
-    return {**describe(platform.machine(), _flags()), "model": model}
+    return {**describe(platform.machine(), _flags(text)), "model": model}

@@ -15,3 +15,9 @@ def need(ok: bool, key: str, rule: str, value) -> None:
     """A config value check: CalibrunError `config <key>: <rule>, got <value>` unless `ok`."""
     if not ok:
         raise CalibrunError(f"config {key}: {rule}, got {value!r}")
+
+
+def first_few(names, shown: int = 3) -> str:
+    """Names for a message: the first `shown`, then how many more (`a, b, c and 4 more`)."""
+    names = list(names)
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")

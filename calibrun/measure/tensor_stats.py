@@ -68,7 +68,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization.calibrate import load_tensors_data
 
 from calibrun.core import memory
-from calibrun.core.errors import CalibrunError, one_line
+from calibrun.core.errors import CalibrunError, first_few, one_line
 from calibrun.core.files import temp_dir
 from calibrun.data import rows as feed_rows
 from calibrun.model import graph_inputs, load_model, private_model_copy
@@ -820,8 +820,7 @@ class StreamingDiagnostics:
         if resized:
             log.warning("diagnostics: %d tensor(s) have another shape in the int8 model than in fp32 (%s): "
                         "quantisation changed their size, so each is judged on the int8 model's own values",
-                        len(resized), ", ".join(resized[:3]) + (f" and {len(resized) - 3} more" if len(resized) > 3
-                                                                else ""))
+                        len(resized), first_few(resized))
         finite = [r["added_nsr"] for r in rows if math.isfinite(r["added_nsr"])]
         total = sum(finite)
         for r in rows:

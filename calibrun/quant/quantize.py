@@ -21,7 +21,7 @@ import onnx
 from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
 from calibrun.core import patches
-from calibrun.core.errors import CalibrunError, one_line
+from calibrun.core.errors import CalibrunError, first_few, one_line
 from calibrun.core.files import atomic_path, check_not_source, check_writable, temp_dir
 from calibrun.lab.data import lab_batches
 from calibrun.model import FloatModel, external_files, private_model_copy
@@ -329,9 +329,9 @@ def unbounded_nodes(graph: onnx.GraphProto, ranges_path: str | Path) -> list[str
         _SAID_UNBOUNDED.add(key)
         empty = sorted(name for name, none in tensors.items() if none)
         infinite = sorted(name for name, none in tensors.items() if not none)
-        said = [f"{len(infinite)} tensor(s) have a calibrated range that is not finite ({_listed(infinite)}: an "
+        said = [f"{len(infinite)} tensor(s) have a calibrated range that is not finite ({first_few(infinite)}: an "
                 "attention mask's -inf?)"] if infinite else []
-        said += [f"{len(empty)} tensor(s) held no value in calibration ({_listed(empty)}: empty, as a pad of length "
+        said += [f"{len(empty)} tensor(s) held no value in calibration ({first_few(empty)}: empty, as a pad of length "
                  "0 is)"] if empty else []
         logging.getLogger("calibrun").warning("%s: the %d node(s) that read or write them stay in float",
                                               "; ".join(said), len(nodes))
@@ -376,12 +376,8 @@ def size_nodes(graph: onnx.GraphProto) -> list[str]:
         _SAID_SIZES.add(key)
         logging.getLogger("calibrun").info(
             "kept in float: %d node(s) computing a Resize's scales (%s): they set its output's size, which rounding "
-            "to the int8 grid would change", len(names), _listed(names))
+            "to the int8 grid would change", len(names), first_few(names))
     return names
-
-
-def _listed(names: list[str]) -> str:
-    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def _sixteen_bit(options: QuantOptions) -> bool:
