@@ -18,7 +18,7 @@ that turn out not to fit (values beyond the class count) leave the task unmeasur
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,18 +70,27 @@ def find_scores(model: onnx.ModelProto, output: str) -> tuple[onnx.NodeProto | N
     out in ops (a Div of Exp's values by their ReduceSum) counts: the Div is returned, its class axis found when the
     model runs (class_axis gives None for it)."""
     producers = {o: n for n in model.graph.node for o in n.output}
-    name, path = output, []
-    while name in producers:
-        node = producers[name]
-        if node.op_type in ("Softmax", "LogSoftmax"):
-            return node, " -> ".join([node.op_type, *reversed(path)])
-        if written_softmax(node, producers):
-            return node, " -> ".join(["Exp / ReduceSum of it (a Softmax written out)", *reversed(path)])
-        if node.op_type not in PASS_OPS or not node.input:
-            return None, f"output {output!r} comes from {node.op_type} ({node.name or 'unnamed'}), not a Softmax"
-        path.append(node.op_type)
-        name = node.input[0]
-    return None, f"output {output!r} has no Softmax before it"
+    tensors = walk_back(producers, output, PASS_OPS)
+    node = producers.get(tensors[-1])
+    path = [producers[t].op_type for t in reversed(tensors[:-1])]  # the value-keeping ops passed, in graph order
+    if node is None:
+        return None, f"output {output!r} has no Softmax before it"
+    if node.op_type in ("Softmax", "LogSoftmax"):
+        return node, " -> ".join([node.op_type, *path])
+    if written_softmax(node, producers):
+        return node, " -> ".join(["Exp / ReduceSum of it (a Softmax written out)", *path])
+    return None, f"output {output!r} comes from {node.op_type} ({node.name or 'unnamed'}), not a Softmax"
+
+
+def walk_back(producers: Mapping[str, onnx.NodeProto], name: str, through: Collection[str]) -> list[str]:
+    """The tensors from `name` back through the ops in `through` (each followed on its first input), `name` first:
+    the last is the first tensor another op writes (its producer, `producers.get(last)`), or a graph input or
+    initializer (no producer). The one walk of every rule here that looks behind value-keeping ops."""
+    tensors = [name]
+    while name in producers and producers[name].op_type in through and producers[name].input:
+        name = producers[name].input[0]
+        tensors.append(name)
+    return tensors
 
 
 def written_softmax(node: onnx.NodeProto, producers: Mapping[str, onnx.NodeProto]) -> bool:
@@ -93,9 +102,7 @@ def written_softmax(node: onnx.NodeProto, producers: Mapping[str, onnx.NodeProto
         return False
 
     def behind(name: str) -> onnx.NodeProto | None:
-        while name in producers and producers[name].op_type in PASS_OPS and producers[name].input:
-            name = producers[name].input[0]
-        return producers.get(name)
+        return producers.get(walk_back(producers, name, PASS_OPS)[-1])
 
     exp, total = behind(node.input[0]), behind(node.input[1])
     return (exp is not None and exp.op_type == "Exp" and total is not None and total.op_type == "ReduceSum"
@@ -165,17 +172,14 @@ def _producer_op(model: onnx.ModelProto, output: str) -> str | None:
 
 def _op_behind(graph: onnx.GraphProto, name: str, outer: dict) -> str | None:
     producers = {**outer, **{o: n for n in graph.node for o in n.output}}  # a branch also reads the outer values
-    while name in producers:
-        node = producers[name]
-        if node.op_type == "If":
-            k = list(node.output).index(name)
-            ops = {_op_behind(a.g, a.g.output[k].name, producers) for a in node.attribute
-                   if a.name in ("then_branch", "else_branch")}
-            return ops.pop() if len(ops) == 1 else "If"
-        if node.op_type not in PASS_OPS or not node.input:
-            return node.op_type
-        name = node.input[0]
-    return None
+    name = walk_back(producers, name, PASS_OPS)[-1]
+    node = producers.get(name)
+    if node is None or node.op_type != "If":
+        return None if node is None else node.op_type
+    k = list(node.output).index(name)
+    ops = {_op_behind(a.g, a.g.output[k].name, producers) for a in node.attribute
+           if a.name in ("then_branch", "else_branch")}
+    return ops.pop() if len(ops) == 1 else "If"
 
 
 FLOATS = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16}
@@ -201,12 +205,7 @@ def order_kept_tail(graph: onnx.GraphProto, output: str) -> set[str]:
     (an argmax, a threshold) is made the same from any of them, and rounding one of them to its grid is increasing
     too: it changes a decision only where two values land on one level or a value sits within half a step of the
     threshold."""
-    producer = {out: node for node in graph.node for out in node.output}
-    tail, name = {output}, output
-    while name in producer and producer[name].op_type in ORDER_KEEPING and producer[name].input:
-        name = producer[name].input[0]
-        tail.add(name)
-    return tail
+    return set(walk_back({out: node for node in graph.node for out in node.output}, output, ORDER_KEEPING))
 
 
 
@@ -272,6 +271,7 @@ class _Graph:
     def __init__(self, model: onnx.ModelProto):
         self.model = model
         self.producers = {o: (n, i) for n in model.graph.node for i, o in enumerate(n.output) if o}
+        self.nodes = {o: n for o, (n, _) in self.producers.items()}
         self.outputs = [self._output(o) for o in model.graph.output]
         self.by_name = {o.name: o for o in self.outputs}
         initializers = {t.name for t in model.graph.initializer}
@@ -292,12 +292,8 @@ class _Graph:
     def root(self, name: str) -> tuple[str, tuple | None]:
         """Walk back from `name` through value-keeping ops: the first tensor written by another op (or an
         input), with its (node, output index)."""
-        while name in self.producers:
-            node, index = self.producers[name]
-            if node.op_type not in PASS_OPS or not node.input:
-                return name, (node, index)
-            name = node.input[0]
-        return name, None
+        name = walk_back(self.nodes, name, PASS_OPS)[-1]
+        return name, self.producers.get(name)
 
     def _classic(self, name: str, index: int) -> onnx.NodeProto | None:
         """The ai.onnx.ml classifier op whose output `index` (0: labels, 1: probabilities) `name` is."""

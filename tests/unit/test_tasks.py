@@ -887,3 +887,15 @@ def test_an_output_int8_gives_another_shape_is_refused_in_one_line_naming_it():
         Dense("y").check_shapes(fp32, int8)
     Dense("y").check_shapes(fp32, {"y": np.ones((2, 1, 8, 8), np.float32)})  # the same shape: nothing said
     Custom("tests.unit.test_tasks:batch_metric").check_shapes(fp32, int8)
+
+
+def test_the_walk_back_passes_value_keeping_ops_only_and_names_every_tensor_it_passes():
+    from calibrun.measure.task_pick import PASS_OPS, walk_back
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Softmax", ["r"], ["s"]),
+             helper.make_node("Reshape", ["s", "shape"], ["t"]), helper.make_node("Cast", ["t"], ["y"], to=1)]
+    producers = {n.output[0]: n for n in nodes}
+    assert walk_back(producers, "y", PASS_OPS) == ["y", "t", "s"]  # stops at the Softmax's output
+    assert walk_back(producers, "s", PASS_OPS) == ["s"]
+    assert walk_back(producers, "x", PASS_OPS) == ["x"]  # a graph input: nothing writes it
+    assert walk_back(producers, "y", PASS_OPS | {"Softmax"}) == ["y", "t", "s", "r"]
