@@ -181,11 +181,12 @@ def scales_summary(model: onnx.ModelProto, where: str = "model") -> dict:
     fields are None (`input_stays_float` says why in one line). A model with no QuantizeLinear and no QLinear op at
     all is not a quantised model (an error)."""
     ops = op_counts(model)
+    if not ops.get("QuantizeLinear") and not any(op.startswith("QLinear") or op in _QLINEAR_X_SCALE for op in ops):
+        raise CalibrunError(f"{where} has no QuantizeLinear and no QLinear op: it is not a quantised model (scales "
+                            "reads an int8 model, as `calibtool.py quantize` writes one)")
     try:
         quant = input_quant(model, where)
     except CalibrunError:
-        if not ops.get("QuantizeLinear") and not any(op in _QLINEAR_X_SCALE for op in ops):
-            raise
         quant = None
     return {
         "input_scale": quant.scale if quant else None,
@@ -207,11 +208,17 @@ def scales(path: str | Path) -> dict:
 
 def input_stays_float(model: onnx.ModelProto, where: str) -> str:
     """The line for a quantised model whose graph input no QuantizeLinear or QLinear op reads."""
-    name = graph_inputs(model)[0].name
-    readers = sorted({node.op_type for node in model.graph.node if name in node.input})
-    return (f"{where}: graph input {name!r} stays float (read by {', '.join(readers) or 'no node'}, not by a "
-            "QuantizeLinear or QLinear op: quantisation starts further in); input_scale, input_zero_point and "
-            "observed_span are null")
+    first = graph_inputs(model)[0]
+    name, elem = first.name, first.elem_type
+    readers = ", ".join(sorted({node.op_type for node in model.graph.node if name in node.input})) or "no node"
+    if elem and elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
+                             onnx.TensorProto.BFLOAT16):  # token ids, a sample rate: fed as they are
+        kind = onnx.TensorProto.DataType.Name(elem).lower()
+        return (f"{where}: graph input {name!r} is {kind} (read by {readers}): only float tensors are quantised, so "
+                "it has no scale and quantisation starts further in; input_scale, input_zero_point and observed_span "
+                "are null")
+    return (f"{where}: graph input {name!r} stays float (read by {readers}, not by a QuantizeLinear or QLinear op: "
+            "quantisation starts further in); input_scale, input_zero_point and observed_span are null")
 
 
 def keep_only(graph: onnx.GraphProto, outputs: list[str]) -> None:

@@ -463,11 +463,11 @@ BAD_CASES.update({
     "quantize-int64-input": (lambda a, o: quantize(a, o, src=a.int64),
                              "INT64; the lab data rule feeds one float input (float32, float16 or double; give your "
                              "data: python -m calibrun data=npy)"),
-    "scales-int64-input": (lambda a, o: ["scales", a.int64], "not quantised"),
+    "scales-int64-input": (lambda a, o: ["scales", a.int64], "not a quantised model"),
     "error-fp32-int64-input": (lambda a, o: ["error", a.int64, a.int8, 1, 8], "INT64"),
     "error-int8-int64-input": (lambda a, o: ["error", a.lab, a.int64, 1, 8], "no input"),
     "error-int8-of-other-features": (lambda a, o: ["error", a.lab, a.int8_f5, 1, 8], ""),
-    "scales-of-fp32-model": (lambda a, o: ["scales", a.lab], "not quantised"),
+    "scales-of-fp32-model": (lambda a, o: ["scales", a.lab], "not a quantised model"),
     "seed-word": (lambda a, o: quantize(a, o, seed="abc"), "SEED"),
     "seed-float": (lambda a, o: quantize(a, o, seed="1.5"), "SEED"),
     "seed-negative": (lambda a, o: quantize(a, o, seed="-1"), "seed"),

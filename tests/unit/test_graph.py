@@ -3,9 +3,12 @@ it (the recommendations' nodes_to_exclude candidate keeps the culprits upstream 
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
-from onnx import helper
+import pytest
+from onnx import TensorProto, helper, numpy_helper
 
+from calibrun.core.errors import CalibrunError
 from tests.unit.test_segments import _model
 
 
@@ -89,3 +92,37 @@ def test_weights_dequantised_once_are_onnxruntimes_dequantizelinear_to_the_bit()
     for got, want in zip(run(model), before, strict=True):
         assert got.dtype == want.dtype
         assert got.tobytes() == want.tobytes()
+
+
+def _with_input(elem: int, quantised: bool) -> onnx.ModelProto:
+    """Token ids (or floats) read by a Gather of an embedding, whose rows a QuantizeLinear reads when `quantised`."""
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["rows"])]
+    if quantised:
+        nodes += [helper.make_node("QuantizeLinear", ["rows", "s", "z"], ["q"]),
+                  helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])]
+    else:
+        nodes += [helper.make_node("Identity", ["rows"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("ids", elem, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.ones((10, 3), np.float32), "table"),
+         numpy_helper.from_array(np.array(0.1, np.float32), "s"), numpy_helper.from_array(np.array(0, np.int8), "z")])
+    return helper.make_model(graph)
+
+
+def test_scales_of_a_model_with_integer_ids_says_the_input_is_an_integer_not_that_it_stays_float():
+    from calibrun.model.graph import input_stays_float, scales_summary
+
+    model = _with_input(TensorProto.INT64, quantised=True)
+    assert scales_summary(model)["input_scale"] is None
+    line = input_stays_float(model, "m.onnx")
+    assert "graph input 'ids' is int64 (read by Gather)" in line
+    assert "stays float" not in line
+    assert "stays float" in input_stays_float(_with_input(TensorProto.FLOAT, quantised=True), "m.onnx")
+
+
+def test_scales_of_a_model_without_any_quantisation_says_it_is_not_a_quantised_model():
+    from calibrun.model.graph import scales_summary
+
+    with pytest.raises(CalibrunError, match="m.onnx has no QuantizeLinear and no QLinear op: it is not a quantised"):
+        scales_summary(_with_input(TensorProto.INT64, quantised=False), "m.onnx")
