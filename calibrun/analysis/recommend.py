@@ -284,7 +284,7 @@ def attach(ctx, result) -> None:
             if entry is None:
                 ahead = _outranked(candidate, measured)
                 if ahead is not None:
-                    log.info("recommend: %s: not measured: %s already makes the model ok with fewer changes",
+                    log.info("recommend: %s: not measured: %s is ok after fewer changes (this could not rank first)",
                              candidate.change, ahead["change"])
                     skipped.append(candidate.change)
                     return None
