@@ -34,7 +34,7 @@ from calibrun.core.bounds import MAX_BATCHES, check_factor, check_positive_int
 from calibrun.core.errors import CalibrunError
 from calibrun.data import rows as rowsmod
 from calibrun.data.inputs import Constant, declared, input_dtype
-from calibrun.lab import ROWS_PER_BATCH
+from calibrun.lab import EVAL_ROWS, ROWS_PER_BATCH
 from calibrun.model import InputInfo, file_sha256
 
 logger = logging.getLogger("calibrun")
@@ -169,7 +169,9 @@ def _cap_rows(total: int, rows: int | None, where: str) -> int:
     if rows is None:
         return total
     rows = check_positive_int(rows, "rows")
-    if rows > total:
+    if rows > total and rows == EVAL_ROWS:  # eval.rows at its default: the data's rows are all there is to use
+        logger.info("%s: evaluating the data's %d rows (eval.rows is %d by default)", where, total, rows)
+    elif rows > total:
         logger.warning("%s: %d evaluation rows requested, the data has %d; using %d", where, rows, total, total)
     return min(rows, total)
 

@@ -450,7 +450,8 @@ class _Graph:
                 len(given.shape) != 4:
             return None
         return next((axis for axis in (1, 3) if shape[axis] in (1, 3) and given.shape[axis] == shape[axis]
-                     and _spatial(shape, axis) and _spatial(given.shape, axis)), None)
+                     and _spatial(shape, axis) and _spatial(given.shape, axis)
+                     and not _coarser(shape, given.shape, axis)), None)
 
     def _fed(self) -> Output | None:
         """The model's first float input: what it is fed."""
@@ -482,6 +483,16 @@ def _decision(out: Output) -> str | None:
     if any(d != 1 for d in shape[1:]):
         return None
     return f"is one {out.producer} probability per row {_fmt(shape)}: a yes/no decision"
+
+
+def _coarser(shape: list, given: list, channels: int) -> bool:
+    """Is a map `shape` on a coarser grid than the image `given` (channels on axis `channels` of both): under half its
+    size on a spatial axis both state? An image computed from an image keeps its resolution up to the border a valid
+    convolution crops, or scales it (super-resolution); a map read from it at a fraction of its size is a reading of
+    it (a grid of coordinates, features, a heat map), whose values are not pixels to look at."""
+    spatial = [a for a in range(1, 4) if a != channels]
+    return any(isinstance(shape[a], int) and isinstance(given[a], int) and shape[a] > 0 and given[a] > 0
+               and 2 * shape[a] < given[a] for a in spatial)
 
 
 def _spatial(shape: list, channels: int = 1) -> bool:

@@ -255,6 +255,8 @@ class Classification(Task):
         if not self.predictions or self.unfit is not None:
             return {}
         out = {"task.top1_agreement": self.top1 / self.predictions}
+        if not self.positional:
+            out["task.predictions"] = float(self.predictions)  # the output's rows: fewer where it pools input rows
         if not self.positional and self.fp32_seen:
             out["task.fp32_classes"] = float(len(self.fp32_seen))  # 1: the rows test one class only (verdict)
         if self.positional and self.union is not None and self.union.any():
@@ -351,6 +353,12 @@ class Decision(Dense):
 
     name = "decision"
     keys = ("task.decision_iou", "task.decision_dice", "task.decision_agreement")
+
+    def metrics(self) -> dict[str, float]:
+        """The dense map's, and `task.decisions`: the probabilities judged (the output's rows, fewer than the
+        evaluation rows where the model reads several input rows for one: a window of frames)."""
+        out = super().metrics()
+        return {**out, "task.decisions": float(self.total)} if out else out
 
 
 class Image(Task):

@@ -142,12 +142,17 @@ def worst_output(metrics: Mapping[str, float], skip: Collection[str] = ()) -> tu
     """(metric key, value) of the lowest output SQNR, over every output (but those in `skip`, metric keys' output
     names) and, for an output a Concat joins, every Concat input's part of it (`out.X.concatJ.sqnr_db`); None when
     the run measured none."""
-    found = [(value, key) for value, key in _numbers(metrics, _PART)
-             if not _ENTRY.search(key) and _PART.match(key)["output"] not in skip]
+    found = _outputs_measured(metrics, skip)
     if not found:
         return None
     value, key = min(found, key=lambda p: (p[0] if math.isfinite(p[0]) else -math.inf, p[1]))
     return key, float(value)
+
+
+def _outputs_measured(metrics: Mapping[str, float], skip: Collection[str] = ()) -> list[tuple[float, str]]:
+    """(SQNR, metric key) of every output and Concat part worst_output chooses among."""
+    return [(value, key) for value, key in _numbers(metrics, _PART)
+            if not _ENTRY.search(key) and _PART.match(key)["output"] not in skip]
 
 
 def unread_output(metrics: Mapping[str, float], task_output: str) -> tuple[str, float] | None:
@@ -230,11 +235,13 @@ def _where(match: re.Match) -> str:
                                              if match["part"] is not None else "")
 
 
-def _sqnr_rule(key: str, skip: tuple[str, ...] = ()) -> Rule:
+def _sqnr_rule(key: str, skip: tuple[str, ...] = (), alone: bool = False) -> Rule:
+    """The worst-output rule, worded for `key`; `alone`: the one output (or part) measured, not the worst of several."""
     where = _where(_PART.match(key))
+    subject = where if alone else f"the worst output, {where},"
     return Rule(key, "max", SQNR_OK_DB, SQNR_BROKEN_DB,
-                f"the worst output, {where}, is at {{value:.1f}} dB SQNR against fp32 (error RMS {{rms:.0%}} of the "
-                "signal's)", worst=True, digits=1, best=SQNR_CAP, skip=skip)
+                f"{subject} is at {{value:.1f}} dB SQNR against fp32 (error RMS {{rms:.0%}} of the signal's)",
+                worst=True, digits=1, best=SQNR_CAP, skip=skip)
 
 
 def rule_for(metrics: Mapping[str, float], conf=None, streamed: Collection[str] = ()) -> Rule | None:
@@ -252,7 +259,9 @@ def rule_for(metrics: Mapping[str, float], conf=None, streamed: Collection[str] 
     worst = worst_output(metrics, skip) if skip else None
     if worst is None:
         skip, worst = (), worst_output(metrics)
-    return _sqnr_rule(worst[0], skip) if worst is not None else None
+    if worst is None:
+        return None
+    return _sqnr_rule(worst[0], skip, alone=len(_outputs_measured(metrics, skip)) == 1)
 
 
 def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
@@ -293,7 +302,17 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
                 "that class")
     order = ", in order, each model feeding back its own state" if streamed else ""
     on = f" ({rows} evaluation rows{order})" if rows else ""
-    because = f"{said}{on}: {status} ({rule.bounds()})"
+    counted = {AGREEMENT.metric: ("task.predictions", "predictions"),
+               DECISION_DICE.metric: ("task.decisions", "decisions")}.get(rule.metric)
+    if rows and counted is not None and counted[0] in metrics and int(metrics[counted[0]]) != rows:
+        # the output's rows are not the input's: a model that pools rows (four views of one item averaged), reads a
+        # window of frames for one output; say what was judged
+        on = f" ({int(metrics[counted[0]])} {counted[1]} from {rows} evaluation rows{order})"
+    bounds = rule.bounds()
+    if rule.worst and rows_under(metrics, rule.skip) is None:  # no output axis held the batches' rows
+        bounds = (f"ok >= {rule.ok:g}, broken < {rule.broken:g}; the share of rows under {rule.ok:g} was not "
+                  "measured: no output has an axis of the batch's rows")
+    because = f"{said}{on}: {status} ({bounds})"
     if rule.skip:  # the states' own SQNR, said beside: read through the outputs they feed, not counted twice
         outputs = {_PART.match(k)["output"] for k in metrics if _PART.match(k)}
         lowest = [found for state in sorted(rule.skip)  # each state's worst part: worst_output over it alone

