@@ -109,7 +109,7 @@ def test_a_model_exported_for_one_row_at_a_time_runs_a_row_per_run(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr.count("fails on two rows at once and runs one") == 1
     assert "[E:onnxruntime" not in proc.stderr
-    assert proc.stderr.count("evaluation rows requested") == 1  # the data's lines are not said again
+    assert proc.stderr.count("evaluating the data's 20 rows (eval.rows is 256 by default)") == 1  # said once, not again
     run = tmp_path / "run"
     result = json.loads((run / "result.json").read_text())
     assert result["status"] == "ok"

@@ -108,7 +108,7 @@ def test_old_conv_classifier_with_npy_data(tmp_path):
     assert result["params"]["rows_per_batch"] == 1
     # each shortfall said once, by the data source, naming its file
     assert proc.stderr.count("calib.npz: 100 batches requested, the data has 48 rows") == 1
-    assert proc.stderr.count("eval.npz: 256 evaluation rows requested, the data has 40; using 40") == 1
+    assert proc.stderr.count("eval.npz: evaluating the data's 40 rows (eval.rows is 256 by default)") == 1
     assert "were requested" not in proc.stderr
     calib = np.load(tmp_path / "calib.npz")["image"]
     assert result["metrics"]["span"] == float(calib.max() - calib.min())

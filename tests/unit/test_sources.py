@@ -494,6 +494,10 @@ def test_class_folder_labels_and_rows_cap(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="calibrun"):
         assert image_evaluation(root, [nchw(size=4)], rows=100, transform=transform).rows == 6
     assert "100 evaluation rows requested" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="calibrun"):  # eval.rows at its default: all there is, said as info
+        assert image_evaluation(root, [nchw(size=4)], rows=256, transform=transform).rows == 6
+    assert [r.levelname for r in caplog.records if "evaluating the data's 6 rows" in r.message] == ["INFO"]
     write_png(root / "loose.png", np.zeros((5, 5, 3), np.uint8))
     assert image_evaluation(root, [nchw(size=4)], transform=transform).labels is None
 
