@@ -72,7 +72,12 @@ def find_scores(model: onnx.ModelProto, output: str) -> tuple[onnx.NodeProto | N
     producers = {o: n for n in model.graph.node for o in n.output}
     tensors = walk_back(producers, output, PASS_OPS)
     node = producers.get(tensors[-1])
-    path = [producers[t].op_type for t in reversed(tensors[:-1])]  # the value-keeping ops passed, in graph order
+    if node is not None and node.op_type in AVERAGING:  # a mean of probabilities is probabilities: look behind it
+        behind = walk_back(producers, output, PASS_OPS | AVERAGING)
+        if (found := producers.get(behind[-1])) is not None and \
+                (found.op_type == "Softmax" or written_softmax(found, producers)):  # (a mean of logs is no LogSoftmax)
+            tensors, node = behind, found
+    path = [producers[t].op_type for t in reversed(tensors[:-1])]  # the ops passed, in graph order
     if node is None:
         return None, f"output {output!r} has no Softmax before it"
     if node.op_type in ("Softmax", "LogSoftmax"):
@@ -80,6 +85,14 @@ def find_scores(model: onnx.ModelProto, output: str) -> tuple[onnx.NodeProto | N
     if written_softmax(node, producers):
         return node, " -> ".join(["Exp / ReduceSum of it (a Softmax written out)", *path])
     return None, f"output {output!r} comes from {node.op_type} ({node.name or 'unnamed'}), not a Softmax"
+
+
+def averaged(model: onnx.ModelProto, output: str) -> bool:
+    """Does a mean (ReduceMean) lie between `output` and the Softmax find_scores found behind it? Then the class axis
+    is found when the model runs (class_axis: None), where the probabilities sum to 1: a mean over another axis (the
+    views of one item averaged: mne-icalabel's ICLabel) keeps that, a mean over the classes would not."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    return any(producers[t].op_type in AVERAGING for t in walk_back(producers, output, PASS_OPS | AVERAGING)[:-1])
 
 
 def walk_back(producers: Mapping[str, onnx.NodeProto], name: str, through: Collection[str]) -> list[str]:
@@ -117,7 +130,7 @@ def normaliser(node: onnx.NodeProto) -> str:
 def class_axis(model: onnx.ModelProto, output: str, softmax: onnx.NodeProto) -> int | None:
     """The output axis holding the Softmax's classes, or None when it cannot be told (a Softmax written out: found
     when the model runs, the axis its probabilities sum to 1 over)."""
-    if softmax.op_type not in ("Softmax", "LogSoftmax"):
+    if softmax.op_type not in ("Softmax", "LogSoftmax") or averaged(model, output):
         return None
     out_shape = _shape(model, output)
     sm_shape = _shape(model, softmax.output[0])
@@ -190,6 +203,7 @@ CHANNELS_FIRST_OPS = {"Conv", "ConvTranspose", "BatchNormalization", "InstanceNo
                       "AveragePool", "LpPool"}  # ONNX defines them on [N, C, ...]: their channels are axis 1
 LAYOUT_KEEPING_OPS = {"Sigmoid", "HardSigmoid", "Relu", "LeakyRelu", "Clip", "Tanh", "Neg", "Abs", "Exp", "Cast",
                       "Identity", "Dropout", "Add", "Sub", "Mul", "Div", "PRelu"}  # element-wise: an axis stays put
+AVERAGING = {"ReduceMean"}  # the mean of probability vectors over another axis is one: still class scores
 PASS_OPS = SHAPE_OPS | {"Cast", "Transpose"}  # ops that keep the values of a tensor (what a class output may pass
 # through; a Transpose moves the class axis, which class_axis carries through its perm)
 ML = "ai.onnx.ml"

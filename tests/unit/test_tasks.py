@@ -910,3 +910,39 @@ def test_the_walk_back_passes_value_keeping_ops_only_and_names_every_tensor_it_p
     assert walk_back(producers, "s", PASS_OPS) == ["s"]
     assert walk_back(producers, "x", PASS_OPS) == ["x"]  # a graph input: nothing writes it
     assert walk_back(producers, "y", PASS_OPS | {"Softmax"}) == ["y", "t", "s", "r"]
+
+
+def _views_averaged(tmp_path, normaliser: str, axes: list[int], keepdims: int, name: str):
+    """x [N, 4, 7] -> a Softmax (or LogSoftmax) over the 7 classes -> ReduceMean over `axes`: mne-icalabel's ICLabel
+    averages four views of one component's probabilities into one label."""
+    out_shape = ["N", 7] if axes == [1] and not keepdims else None
+    return _save(tmp_path, [helper.make_node(normaliser, ["x"], ["p"], axis=2),
+                            helper.make_node("ReduceMean", ["p"], ["y"], axes=axes, keepdims=keepdims)],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 7])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)], name)
+
+
+def test_a_mean_of_softmax_probabilities_over_views_is_class_scores_its_axis_found_where_they_sum_to_one(tmp_path):
+    """The mean over another axis of probability vectors is one: class scores, the axis found on the first batch (a
+    Reshape before the mean leaves the graph no axis to carry). A mean over the classes sums to 1 over no axis: no
+    task metric; a mean of log probabilities is no LogSoftmax: not class scores."""
+    path = _views_averaged(tmp_path, "Softmax", [1], 0, "views.onnx")
+    task = resolve(TaskSpec("auto"), path)
+    assert isinstance(task, Classification), task.reason
+    assert task.axis is None
+    assert "Softmax -> ReduceMean" in task.reason
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    fp32 = {"y": sess.run(None, {"x": np.random.default_rng(3).normal(0, 2, (5, 4, 7)).astype(np.float32)})[0]}
+    int8 = {"y": fp32["y"].copy()}
+    int8["y"][0] = int8["y"][0][::-1]  # one item's class changed
+    measured = copy.deepcopy(task)
+    measured.update(fp32, int8, None)
+    assert measured.axis == 1
+    assert measured.metrics()["task.top1_agreement"] == 4 / 5
+    classes = copy.deepcopy(resolve(TaskSpec("auto"), _views_averaged(tmp_path, "Softmax", [2], 1, "classes.onnx")))
+    sess = ort.InferenceSession(str(tmp_path / "classes.onnx"), providers=["CPUExecutionProvider"])
+    y = sess.run(None, {"x": np.random.default_rng(3).normal(0, 2, (5, 4, 7)).astype(np.float32)})[0]
+    classes.update({"y": y}, {"y": y}, None)
+    assert classes.metrics() == {}  # the mean over the classes: 1/7 everywhere, no axis sums to 1
+    logs = resolve(TaskSpec("auto"), _views_averaged(tmp_path, "LogSoftmax", [1], 0, "logs.onnx"))
+    assert not isinstance(logs, Classification), logs.reason
