@@ -4939,6 +4939,8 @@ def check_iclabel(fp32: Path, int8: Path, built: Built) -> Score:
                  {"kept_agreement": float(np.mean(np.isin(a, ICLABEL_KEPT) == np.isin(b, ICLABEL_KEPT))),
                   "prob_mae": float(diff.mean()), "prob_max_diff": float(diff.max()), "components": len(a),
                   "fp32_labels": counts(a), "int8_labels": counts(b)})
+
+
 # --- arbez: a barcode and QR detector (YOLOX-s, 14 symbologies), its boxes read by its own decode ----------------
 ARBEZ_SIDE = 800  # a scene's longer side: each photo scaled to it (bicubic), then the package's preprocess to 640
 ARBEZ_KINDS = (  # the codes drawn (arbez's corpus generators: `_qr`, `_1d` with python-barcode's classes), their
