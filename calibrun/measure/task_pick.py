@@ -662,7 +662,8 @@ def _auto(graph: _Graph, spec: TaskSpec, facts: Labels | None, classifier: bool 
     # a lone float [N, C] output may be logits or C regression values: not guessed, but the way to say it is named
     floats = [o for o in outputs if o.kind == "float"]
     logits = floats[0] if len(floats) == 1 and floats[0].shape is not None and len(floats[0].shape) >= 2 and \
-        (floats[0].shape[-1] or 0) >= 2 and classifier is None else None
+        (floats[0].shape[-1] or 0) >= 2 and classifier is None and floats[0].producer != "Concat" else None
+    # (a Concat's output joins parts, a detector's boxes beside its scores: its last axis holds no one kind of value)
     hint = ""
     if logits is not None and len(logits.shape) == 2:
         hint = (f"; if {logits.name!r} holds class logits, model.classifier=true measures top-1 agreement (or give "

@@ -527,6 +527,11 @@ def test_auto_names_model_classifier_for_a_lone_float_vector_output_it_does_not_
     said = resolve(TaskSpec("auto"), steps).reason
     assert "if 'y' holds class logits on its last axis (a class per position" in said
     assert "model.classifier=true measures each position's class" in said
+    joined = _save(tmp_path, [helper.make_node("Concat", ["b", "s"], ["y"], axis=2)],  # arbez's YOLOX: boxes, scores
+                   [helper.make_tensor_value_info("b", TensorProto.FLOAT, ["N", 8400, 4]),
+                    helper.make_tensor_value_info("s", TensorProto.FLOAT, ["N", 8400, 15])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8400, 19])], "joined.onnx")
+    assert "model.classifier" not in resolve(TaskSpec("auto"), joined).reason  # parts, not one kind of value
 
     mask = _save(tmp_path, [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Not", ["m"], ["keep"])],
                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 1, 96]),
