@@ -103,7 +103,12 @@ class Rule:
             return "degraded" if withheld is not None else "ok"
         return "broken" if sign * value < sign * self.broken else "degraded"
 
-    def bounds(self) -> str:
+    def bounds(self, rows_measured: bool = True) -> str:
+        """The bounds as `because` states them; `rows_measured` False: no output had an axis of the batch's rows, so
+        the worst-output rule's bound on the rows' share was not checked and is not listed as if it were."""
+        if self.worst and not rows_measured:
+            return (f"ok >= {self.ok:g}, broken < {self.broken:g}; the share of rows under {self.ok:g} was not "
+                    "measured: no output has an axis of the batch's rows")
         if self.worst:
             return (f"ok >= {self.ok:g} and at most {ROWS_UNDER_OK:.0%} of the rows under {self.ok:g}, "
                     f"broken < {self.broken:g}")
@@ -308,11 +313,7 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
         # the output's rows are not the input's: a model that pools rows (four views of one item averaged), reads a
         # window of frames for one output; say what was judged
         on = f" ({int(metrics[counted[0]])} {counted[1]} from {rows} evaluation rows{order})"
-    bounds = rule.bounds()
-    if rule.worst and rows_under(metrics, rule.skip) is None:  # no output axis held the batches' rows
-        bounds = (f"ok >= {rule.ok:g}, broken < {rule.broken:g}; the share of rows under {rule.ok:g} was not "
-                  "measured: no output has an axis of the batch's rows")
-    because = f"{said}{on}: {status} ({bounds})"
+    because = f"{said}{on}: {status} ({rule.bounds(rows_measured=rows_under(metrics, rule.skip) is not None)})"
     if rule.skip:  # the states' own SQNR, said beside: read through the outputs they feed, not counted twice
         outputs = {_PART.match(k)["output"] for k in metrics if _PART.match(k)}
         lowest = [found for state in sorted(rule.skip)  # each state's worst part: worst_output over it alone
