@@ -66,9 +66,9 @@ def _softmax_axis(node: onnx.NodeProto, model: onnx.ModelProto) -> int:
 
 
 def find_scores(model: onnx.ModelProto, output: str) -> tuple[onnx.NodeProto | None, str]:
-    """The Softmax/LogSoftmax behind `output` (through shape ops and Cast), or (None, why not). A Softmax written
-    out in ops (a Div of Exp's values by their ReduceSum) counts: the Div is returned, its class axis found when the
-    model runs (class_axis gives None for it)."""
+    """The Softmax/LogSoftmax behind `output` (through shape ops and Cast, and a Softmax's through a mean: `averaged`),
+    or (None, why not). A Softmax written out in ops (a Div of Exp's values by their ReduceSum) counts: the Div is
+    returned, its class axis found when the model runs (class_axis gives None for it, and for a mean)."""
     producers = {o: n for n in model.graph.node for o in n.output}
     tensors = walk_back(producers, output, PASS_OPS)
     node = producers.get(tensors[-1])
