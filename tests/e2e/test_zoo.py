@@ -444,3 +444,22 @@ def test_a_regressions_output_is_judged_against_how_the_rows_differ(tmp_path):
     expected = "broken" if pooled < 10 else "ok" if pooled >= 20 and around >= 20 else "degraded"
     assert result["verdict"]["status"] == expected
     assert ("around its mean over the rows" in result["verdict"]["because"]) == (pooled >= 20 and around < 20)
+
+
+@pytest.mark.slow
+def test_a_mean_of_softmaxes_is_judged_by_its_predictions_counted_as_its_output_gives_them(tmp_path):
+    """mne-icalabel's ICLabel (held out) averages four views of each EEG component (Softmax, Reshape [4, -1],
+    ReduceMean): task=auto reads the mean as class scores, its class axis found where the probabilities sum to 1;
+    the verdict is the top-1 agreement of the components (the package's own label per component, as its independent
+    check reads it) and counts the predictions its output gives, a quarter of the evaluation rows."""
+    entry, built, job, result = _default_job("iclabel", tmp_path)
+    assert result["task"]["name"] == "classification"
+    assert result["task"]["axis"] == 1
+    assert "sum to 1 over" in result["task"]["axis_found"]
+    rows = result["used"]["eval_rows"]
+    predictions = int(result["metrics"]["task.predictions"])
+    assert predictions * 4 == rows
+    score = entry.check(entry.path(), job / "int8.onnx", built)
+    assert result["verdict"]["metric"] == "task.top1_agreement"
+    assert result["verdict"]["value"] == pytest.approx(score.value, abs=1e-12)
+    assert f"({predictions} predictions from {rows} evaluation rows)" in result["verdict"]["because"]
