@@ -3684,6 +3684,7 @@ def check_rvm(fp32: Path, int8: Path, built: Built) -> Score:
     score.details.update({"worst_photo_iou": min(per), "alpha_max_diff": float(np.nanmax(np.abs(ref - got))),
                           "fp32_foreground": float(a.mean()), "int8_foreground": float(b.mean()),
                           "fp32_soft": soft(ref), "int8_soft": soft(got), "photos": len(frames)})
+    return score
 
 
 # --- chython-rxnmap: chython's atom-to-atom mapping transformer, a reaction's atoms as a graph -----------------------
@@ -4134,6 +4135,7 @@ def check_qlknn(fp32: Path, int8: Path, built: Built) -> Score:
                           "max_abs_difference_gb": float(np.max(np.abs(got - ref))),
                           "fp32_unstable": float(ref_modes.mean()), "int8_unstable": float(got_modes.mean()),
                           "rows": len(rows)})
+    return score
 
 
 # --- adaptive-terrain-diffusion: a difficulty-conditioned one-step terrain generator (a heightfield in, a new one out)
