@@ -88,7 +88,7 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
             raise invalid
         ctx = context(cfg, job_dir)
         recommending = recommend.enabled(cfg, multirun=sweep_dir is not None)
-        ctx.keep_reference = recommending  # its fp32 outputs: the recommendations need no fp32 pass of their own
+        ctx.keep_reference = recommending and cfg.recommend.rows is None  # its fp32 outputs: no second fp32 pass
         try:
             try:
                 result = compute(ctx)

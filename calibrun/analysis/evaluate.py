@@ -42,10 +42,8 @@ class Batches:
 
     def __init__(self, folder: Path, count: int, input_names: list[str], output_names: list[str], blocks, task,
                  output_shapes: list | None = None, state: dict[str, str] | None = None,
-                 held: dict[int, dict[str, np.ndarray]] | None = None, stream: bool = False,
-                 indices: Sequence[int] | None = None):
+                 held: dict[int, dict[str, np.ndarray]] | None = None, stream: bool = False):
         self.folder, self.count = folder, count
-        self.indices = list(indices) if indices is not None else list(range(count))  # the runs measured, in order
         self.held = held or {}  # run index -> its arrays, for the runs kept in memory (Evaluator.add)
         self.input_names, self.output_names, self.blocks, self.task = input_names, output_names, blocks, task
         self.output_shapes = output_shapes
@@ -75,7 +73,7 @@ class Batches:
         carried = feedback.Carried(feedback.output_indices(self.state, self.output_names), self.output_names)
         # a stream's one-row runs measured 64 at once (calibrun.measure.errors.Gathered), fed back or per call alike
         gathered = Gathered(errors, task, self.output_names, self.output_shapes, 64 if self.stream else 1)
-        for i in self.indices:
+        for i in range(self.count):
             feeds, ref, labels, rows = self.batch(i)
             got = [as_array(o) for o in run(carried.feeds(feeds))]
             carried.took(got)
@@ -112,8 +110,6 @@ class Evaluator:
         self._dir = temp_dir("eval")
         self._tmp = Path(self._dir.name)
         self.count = 0
-        self.run_rows: list[int] = []  # each stored run's rows
-        self.indices: list[int] | None = None  # a subset's runs (`subset`); None: every run
         self._held: dict[int, dict[str, np.ndarray]] = {}
         self._held_bytes = 0
         if evaluation is None:
@@ -168,7 +164,6 @@ class Evaluator:
             self._held_bytes += size
         else:
             np.savez(self._tmp / f"{self.count}.npz", **arrays)
-        self.run_rows.append(int(rows))
         self.count += 1
 
     def ready(self) -> None:
@@ -185,37 +180,6 @@ class Evaluator:
         view.state = {}
         return view
 
-    @property
-    def rows(self) -> int:
-        """The rows measured: every stored run's, or a subset's."""
-        return sum(self.run_rows[i] for i in (self.indices if self.indices is not None else range(self.count)))
-
-    def subset(self, rows: int) -> Evaluator:
-        """A view measuring at least `rows` of the stored rows, whole runs spread evenly over them (the first runs
-        where a state is fed back: a stream runs in order), itself where that takes every run. The original owns
-        the temp folder and closes it."""
-        if rows >= self.rows:
-            return self
-        if self.state:
-            picked, held = [], 0
-            for i in range(self.count):
-                if held >= rows:
-                    break
-                picked.append(i)
-                held += self.run_rows[i]
-        else:  # runs evenly spaced over the store, as many as hold the rows asked for
-            count = max(1, rows * self.count // self.rows)  # the fewest that could hold them, then more
-            while True:
-                picked = sorted({round(float(i)) for i in np.linspace(0, self.count - 1, count)})
-                if sum(self.run_rows[i] for i in picked) >= rows or count >= self.count:
-                    break
-                count += 1
-        if len(picked) == self.count:
-            return self
-        view = copy.copy(self)
-        view.indices = picked
-        return view
-
     def __enter__(self) -> Evaluator:
         return self
 
@@ -229,7 +193,7 @@ class Evaluator:
     @property
     def batches(self) -> Batches:
         return Batches(self._tmp, self.count, self.input_names, self.output_names, self.blocks, self.task,
-                       self.output_shapes, self.state, self._held, self.stream, self.indices)
+                       self.output_shapes, self.state, self._held, self.stream)
 
     def run(self, run: RunFn) -> dict[str, float]:
         """Metrics of `run(feeds) -> outputs` (outputs in the fp32 model's order) over every evaluation batch."""

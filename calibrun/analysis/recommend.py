@@ -1,10 +1,6 @@
 """Measured recommendations (`recommend=on`, the default of a single run): each candidate change is applied, the
-model quantised again and re-measured with the verdict's metric (calibrun.measure.verdict); only a change that makes
-the model better is offered, best first. The fp32 outputs are the job's evaluation's own (no fp32 pass). Where the
-metric is a ratio of energies (the worst output's SQNR, an image's PSNR) and no state is fed back, the candidates
-are screened on whole evaluation runs spread over the rows (`screen_rows`: together about one int8 pass over every
-row), and the best measured again on every row (`confirmed`); a count of decisions (an agreement, a Dice) or a
-stream is measured on every row.
+model quantised again and re-measured on the first `recommend.rows` evaluation rows with the verdict's metric
+(calibrun.measure.verdict); only a change that makes the model better is offered, best first.
 
 Candidates, each written as the override a user types:
 - post-calibration changes, quantised from the job's own ranges (no calibration): `quant.per_channel=true`,
@@ -44,9 +40,8 @@ Best first: the best status after the change; among the changes that make the mo
 best value; short of ok, the best value, then the fewest changes. Each entry of recommendations.json records the
 candidate int8 model's `model_bytes` (16-bit weights double theirs).
 
-Cost: one quantisation and one int8 pass over the screening rows a candidate (plus a calibration for a method),
-and one or two int8 passes over every row for the best, reported in result.json `used.recommend`; every candidate,
-better or not, is in `recommendations.json`.
+Cost: one quantisation and one evaluation pass over `recommend.rows` rows a candidate (plus a calibration for a
+method), reported in result.json `used.recommend`; every candidate, better or not, is in `recommendations.json`.
 None is measured where the verdict's metric is already at its best (an agreement or IoU of 1, every output exact:
 int8 decides as fp32 does on these rows), since no change can better it; `recommendations.json` says why.
 """
@@ -64,7 +59,6 @@ from calibrun.core import cpu
 from calibrun.core.errors import need, one_line
 from calibrun.core.files import finite
 from calibrun.measure.diagnosis import float_nodes
-from calibrun.measure.errors import DEFAULT_BATCH
 from calibrun.quant.quantize import SIXTEEN_BIT
 
 log = logging.getLogger("calibrun")
@@ -212,16 +206,63 @@ def attach(ctx, result) -> None:
         log.info("recommend: none measured: %s is %.6g, its best (no change can make it better)", rule.metric, value)
         _record(ctx, result, rule, float(value), 0, [], [], [], 0.0, why=f"{rule.metric} is at its best ({value:g})")
         return
+    evaluation = ctx.evaluation if conf.rows is None else ctx.evaluation.head(conf.rows)
     spec = config.calibration_spec(cfg)
     cache = CalibrationCache(cfg.cache.dir) if cfg.cache.enabled else None
     own = ctx.calibration_of(result)
     measured: list[dict] = []
     rows = pinned_rows({i.name: i.shape for i in fp32.inputs}, ctx.evaluation.axes) or cfg.analysis.batch_rows
-    kept = ctx.reference  # the evaluation's own fp32 outputs
+    kept = ctx.reference if evaluation is ctx.evaluation else None  # the evaluation's own fp32 outputs
     ctx.reference = None  # closed with this block
-    with kept or Evaluator(fp32.path, ctx.evaluation, rows, cfg.ort.intra_op_threads, ctx.fresh_task(),
-                           budget=config.memory_budget(cfg)) as everything, \
+    with kept or Evaluator(fp32.path, evaluation, rows, cfg.ort.intra_op_threads, ctx.fresh_task(),
+                           budget=config.memory_budget(cfg)) as evaluator, \
             temp_dir("rec") as tmp, reusing_copies():
+        if evaluation is ctx.evaluation:  # every row: the verdict's own value
+            before = float(result.verdict["value"]) if result.verdict["value"] is not None else math.nan
+        else:
+            before = rule.value(evaluator.model(ctx.job_dir / result.files["int8"]))
+        # a state fed back (calibrun.measure.feedback): the streamed metric judges each candidate, the per-call one
+        # (each row fed the recorded state) chooses which to combine: a stream amplifies what one call changes, so a
+        # change that lowers the per-call error can leave a diverged stream as diverged until another joins it
+        per_call = evaluator.per_call() if evaluator.state else None
+        per_call_before = rule.value(per_call.model(ctx.job_dir / result.files["int8"])) \
+            if per_call is not None else math.nan
+
+        def measure(candidate: Candidate, index: int) -> dict:
+            path = Path(tmp) / f"{index}.onnx"
+            began = time.perf_counter()
+            entry = {"change": candidate.change, "metric": rule.metric, "before": finite(before)}
+            try:
+                if candidate.method is None:
+                    quantize(fp32.path, path, own, candidate.options)
+                else:
+                    quantize_with(fp32, path, ctx.data, spec=replace(spec, method=candidate.method),
+                                  options=candidate.options, cache=cache, threads=cfg.ort.intra_op_threads,
+                                  input_may_stay_float=True, budget=config.memory_budget(cfg))
+                after_metrics = evaluator.model(path)
+            except Exception as exc:  # a change onnxruntime cannot make or run is reported, never offered
+                entry.update(after=None, status_after=None, error=one_line(exc),
+                             seconds=round(time.perf_counter() - began, 3))
+                log.info("recommend: %s: could not be measured: %s", candidate.change, entry["error"])
+                return entry
+            after = rule.value(after_metrics)
+            decided = verdict.decide(after_metrics, cfg.verdict, streamed=streamed)
+            entry.update(after=finite(after), status_after=decided["status"] if decided else None,
+                         seconds=round(time.perf_counter() - began, 3), model_bytes=path.stat().st_size)
+            moved = metric_after(rule, decided)
+            if moved:
+                entry["metric_after"] = moved
+            entry["helps"] = _better(after, before, better)
+            if per_call is not None:
+                entry["per_call_after"] = finite(rule.value(per_call.model(path)))
+                entry["per_call_helps"] = _better(entry["per_call_after"], per_call_before, better)
+            said = f"; per call {per_call_before:.6g} -> {entry['per_call_after']:.6g}" \
+                if per_call is not None and entry["per_call_after"] is not None else ""
+            log.info("recommend: %s: %s %.6g -> %s%.6g (%s)%s%s", candidate.change, rule.metric, before,
+                     f"{moved} " if moved else "", after, entry["status_after"], said,
+                     "" if entry["helps"] else ": not better, not offered")
+            return entry
+
         quantised = quantised_nodes(ctx.job_dir / result.files["int8"])
         diagnosis = result.diagnosis
         if diagnosis and result.files.get("diagnostics"):
@@ -232,77 +273,6 @@ def attach(ctx, result) -> None:
                 diagnosis = {**diagnosis, "culprits": upstream}
         singles = candidates(ctx.options, cfg.format.name, spec.method, diagnosis, conf, quantised,
                              saturates=cpu.int8_dot()["saturates"])
-        # the candidates screened on a spread of the rows (together about one int8 pass over them all), the best
-        # then measured on every row (`confirm`)
-        evaluator = everything.subset(screen_rows(conf.rows, everything.rows, len(singles),
-                                                  energy(rule) and not everything.state))
-        if evaluator is not everything:
-            log.info("recommend: %d candidates screened on %d of the %d evaluation rows (%s), the best measured again "
-                     "on every row", len(singles), evaluator.rows, everything.rows,
-                     "the first ones: a stream" if evaluator.state else "spread over them")
-        full_before = float(result.verdict["value"]) if result.verdict["value"] is not None else math.nan
-        before = full_before if evaluator is everything else \
-            rule.value(evaluator.model(ctx.job_dir / result.files["int8"]))
-        # a state fed back (calibrun.measure.feedback): the streamed metric judges each candidate, the per-call one
-        # (each row fed the recorded state) chooses which to combine: a stream amplifies what one call changes, so a
-        # change that lowers the per-call error can leave a diverged stream as diverged until another joins it
-        per_call = evaluator.per_call() if evaluator.state else None
-        per_call_before = rule.value(per_call.model(ctx.job_dir / result.files["int8"])) \
-            if per_call is not None else math.nan
-        files: dict[str, Path] = {}  # change -> its int8 model (for `confirm`)
-
-        def judged(on, path: Path, base: float) -> dict:
-            """after, status_after, metric_after and helps of the int8 model `path` measured by `on` against
-            `base`. Screened (on a subset), the status is the value's alone: the share of rows over the SQNR bound
-            (at most 1 in 20) and a vector's spread are counts over rows, judged on every row (`confirmed`); on
-            16 rows one row is 6%."""
-            after_metrics = on.model(path)
-            after = rule.value(after_metrics)
-            decided = verdict.decide(after_metrics, cfg.verdict, streamed=streamed)
-            status = decided["status"] if decided else None
-            if on is not everything and decided is not None:
-                status = rule.status(after)
-            found = {"after": finite(after), "status_after": status}
-            moved = metric_after(rule, decided)
-            if moved:
-                found["metric_after"] = moved
-            found["helps"] = _better(after, base, better)
-            return found
-
-        def measure(candidate: Candidate, index: int) -> dict:
-            path = Path(tmp) / f"{index}.onnx"
-            began = time.perf_counter()
-            entry = {"change": candidate.change, "metric": rule.metric, "before": finite(before),
-                     "rows": evaluator.rows}
-            try:
-                if candidate.method is None:
-                    quantize(fp32.path, path, own, candidate.options)
-                else:
-                    quantize_with(fp32, path, ctx.data, spec=replace(spec, method=candidate.method),
-                                  options=candidate.options, cache=cache, threads=cfg.ort.intra_op_threads,
-                                  input_may_stay_float=True, budget=config.memory_budget(cfg))
-                found = judged(evaluator, path, before)
-            except Exception as exc:  # a change onnxruntime cannot make or run is reported, never offered
-                entry.update(after=None, status_after=None, error=one_line(exc),
-                             seconds=round(time.perf_counter() - began, 3))
-                log.info("recommend: %s: could not be measured: %s", candidate.change, entry["error"])
-                return entry
-            files[candidate.change] = path
-            helps = found.pop("helps")
-            entry.update(found, seconds=round(time.perf_counter() - began, 3), model_bytes=path.stat().st_size)
-            entry["helps"] = helps
-            if per_call is not None:
-                entry["per_call_after"] = finite(rule.value(per_call.model(path)))
-                entry["per_call_helps"] = _better(entry["per_call_after"], per_call_before, better)
-            said = f"; per call {per_call_before:.6g} -> {entry['per_call_after']:.6g}" \
-                if per_call is not None and entry["per_call_after"] is not None else ""
-            moved = entry.get("metric_after")
-            log.info("recommend: %s: %s %.6g -> %s%.6g (%s)%s%s%s", candidate.change, rule.metric, before,
-                     f"{moved} " if moved else "", entry["after"] if entry["after"] is not None else math.nan,
-                     entry["status_after"], said, "" if evaluator is everything else f" on {evaluator.rows} rows",
-                     "" if entry["helps"] else ": not better, not offered")
-            return entry
-
         for i, candidate in enumerate(singles):
             measured.append(measure(candidate, i))
         members = combined_members(singles, measured, better)
@@ -337,87 +307,28 @@ def attach(ctx, result) -> None:
                     break
                 if _keeps(trial, current, better):
                     members, current = fewer, trial
-        offered = sorted((e for e in measured if e.get("helps")), key=lambda e: _rank(e, better))
-        if evaluator is not everything:
-            offered = confirmed(offered, lambda entry: judged(everything, files[entry["change"]], full_before),
-                                full_before, everything.rows, better)
+    offered = sorted((e for e in measured if e.get("helps")), key=lambda e: _rank(e, better))
     seconds = time.perf_counter() - start
-    _record(ctx, result, rule, full_before, evaluator.rows, offered, measured, skipped, seconds, everything.rows)
+    _record(ctx, result, rule, before, evaluation.rows, offered, measured, skipped, seconds)
     if offered:
-        log.info("recommend: best: %s (%s %.6g -> %.6g, %s%s); %d candidates in %.1f s", offered[0]["change"],
-                 rule.metric, offered[0]["before"], offered[0]["after"], offered[0]["status_after"],
-                 f", on {offered[0]['rows']} rows" if offered[0]["rows"] != everything.rows else "",
-                 len(measured), seconds)
+        log.info("recommend: best: %s (%s %.6g -> %.6g, %s); %d candidates in %.1f s", offered[0]["change"],
+                 rule.metric, before, offered[0]["after"], offered[0]["status_after"], len(measured), seconds)
     else:
         log.info("recommend: none of %d candidates made %s better (%.1f s)", len(measured), rule.metric, seconds)
 
 
-SCREEN_MIN_ROWS = DEFAULT_BATCH  # a candidate is screened on at least one evaluation batch (all rows where fewer)
-CONFIRMED_AT_MOST = 2  # screened candidates measured again on every row, best first, until one still helps
-
-
-def energy(rule) -> bool:
-    """The verdict's metric is a ratio of energies (the worst output's SQNR, an image's PSNR), not a count of
-    decisions (an agreement, a Dice) or a user's metric."""
-    from calibrun.measure import verdict
-
-    return bool(rule.worst) or rule.metric == verdict.IMAGE_PSNR.metric
-
-
-def screen_rows(asked: int | None, rows: int, candidates: int, energy: bool) -> int:
-    """The rows each candidate is screened on: `recommend.rows` when set; else, for a ratio of energies (`energy`),
-    the evaluation's rows shared among the single candidates, so that screening them all costs about one int8 pass
-    over every row (at least SCREEN_MIN_ROWS), and every row for a count of decisions or a stream. A noise energy
-    settles on a few rows: a change scales it on every row alike. Not along a stream whose state is fed back, where
-    the error grows from row to row (its first rows are not its others). Decisions that differ are rare events,
-    counted: on the zoo, PP-OCR's
-    text-direction classifier agreed with fp32 on 15 of 16 rows spread over its 90 (0.94) where all 90 give 0.81,
-    and no candidate did better on those 16, where both 16-bit changes lift all 90 to 0.99 (ok)."""
-    if asked is not None:
-        return min(asked, rows)
-    if not energy:
-        return rows
-    return min(rows, max(SCREEN_MIN_ROWS, math.ceil(rows / max(1, candidates))))
-
-
-def confirmed(offered: list[dict], on_every_row, before: float, rows: int, better: float) -> list[dict]:
-    """The offered entries (screened, best first) with the best measured again on every row (`on_every_row(entry)`
-    -> its judged fields): in rank order, until the best one measured there ranks ahead of every entry left as
-    screened, at most CONFIRMED_AT_MOST (one that helped, screened ok, can be degraded on every row, where the
-    next, screened ok too, is ok: rembg's U2-Net-p, 16-bit weights and both 16-bit changes). A confirmed entry keeps
-    what screening measured under `screened`; one that no longer helps is no longer offered. Best first: the
-    confirmed ones that help, then the others, as screened (each entry says its `rows`)."""
-    kept, rest = [], list(offered)
-    for _ in range(CONFIRMED_AT_MOST):
-        if not rest or (kept and _rank(kept[0], better) <= _rank(rest[0], better)):
-            break
-        entry = rest.pop(0)
-        entry["screened"] = {k: entry.pop(k) for k in ("rows", "before", "after", "status_after", "metric_after",
-                                                       "per_call_after", "per_call_helps") if k in entry}
-        entry.update(on_every_row(entry), before=finite(before), rows=rows)
-        log.info("recommend: %s on every row (%d): %s %.6g -> %s%s (%s)%s", entry["change"], rows, entry["metric"],
-                 before, f"{entry['metric_after']} " if entry.get("metric_after") else "",
-                 entry["after"], entry["status_after"], "" if entry["helps"] else ": not better there, not offered")
-        if entry["helps"]:
-            kept = sorted([*kept, entry], key=lambda e: _rank(e, better))
-    return kept + rest
-
-
 def _record(ctx, result, rule, before: float, rows: int, offered: list[dict], measured: list[dict],
-            skipped: list[str], seconds: float, every: int | None = None, why: str | None = None) -> None:
-    """result.json's `recommendations` and `used.recommend`, and the job folder's recommendations.json (`rows`: the
-    rows each candidate was screened on, `every`: the evaluation's, where the best were confirmed; `why`: the
+            skipped: list[str], seconds: float, why: str | None = None) -> None:
+    """result.json's `recommendations` and `used.recommend`, and the job folder's recommendations.json (`why`: the
     reason none was measured)."""
     from calibrun.core.files import write_json
 
-    result.recommendations = [{k: e[k] for k in ("change", "metric", "before", "after", "status_after", "metric_after",
-                                                 "rows") if k in e}
-                              for e in offered]  # metric_after: another worst output after the change
-    rows_of = {"rows": rows, "evaluation_rows": every if every is not None else rows}
+    result.recommendations = [{k: e[k] for k in ("change", "metric", "before", "after", "status_after", "metric_after")
+                               if k in e} for e in offered]  # metric_after: another worst output after the change
     result.used = {**(result.used or {}), "recommend": {
-        **rows_of, "candidates": len(measured), "not_measured": len(skipped), "seconds": round(seconds, 3),
+        "rows": rows, "candidates": len(measured), "not_measured": len(skipped), "seconds": round(seconds, 3),
         "before": finite(before)}}
-    written = {"metric": rule.metric, "goal": rule.goal, **rows_of, "before": finite(before), "measured": measured,
+    written = {"metric": rule.metric, "goal": rule.goal, "rows": rows, "before": finite(before), "measured": measured,
                "not_measured": skipped}
     write_json(ctx.job_dir / RECOMMEND_FILE, {**written, **({"why": why} if why else {})})
     result.files[RECOMMEND_FILE.removesuffix(".json")] = RECOMMEND_FILE
@@ -510,8 +421,7 @@ class RecommendConf:
     """Measured recommendations (recommend=auto|on|off)."""
 
     enabled: bool | None = None  # null (auto): on for a single run, off in a sweep
-    # the evaluation rows each candidate is screened on, the best then measured on every row (null: screen_rows)
-    rows: int | None = None
+    rows: int | None = None  # each candidate is measured on the first `rows` evaluation rows (null: all of them)
     # other calibration methods tried (each a calibration pass: a histogram method's is slow, and until session 19
     # it was not bounded by memory.budget: with [percentile, entropy] ocr_cls's default job peaked at 1.4 GB
     # against 0.45 GB without, ocr_rec's at 9.4 GB; none was the best change on the zoo), so none by default
@@ -522,7 +432,7 @@ class RecommendConf:
 def validate(conf) -> None:
     from calibrun.quant.calibrate import METHODS
 
-    need(conf.rows is None or conf.rows >= 1, "recommend.rows", "must be >= 1 (or null: chosen by the metric)",
+    need(conf.rows is None or conf.rows >= 1, "recommend.rows", "must be >= 1 (or null: every evaluation row)",
          conf.rows)
     need(conf.culprits >= 1, "recommend.culprits", "must be >= 1", conf.culprits)
     need(set(conf.methods) <= set(METHODS), "recommend.methods", f"must be a subset of {sorted(METHODS)}",

