@@ -42,6 +42,9 @@ candidate int8 model's `model_bytes` (16-bit weights double theirs).
 
 Cost: one quantisation and one evaluation pass over `recommend.rows` rows a candidate (plus a calibration for a
 method), reported in result.json `used.recommend`; every candidate, better or not, is in `recommendations.json`.
+(Measured and not adopted, session 34: screening the candidates on a share of the rows and measuring the best again
+on every row; the statuses the ranking decides with are counts over rows, and on a few rows they moved the best
+recommendation on three zoo models: docs/verdict.md.)
 None is measured where the verdict's metric is already at its best (an agreement or IoU of 1, every output exact:
 int8 decides as fp32 does on these rows), since no change can better it; `recommendations.json` says why.
 """
