@@ -6,6 +6,7 @@ import json
 import math
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -529,6 +530,36 @@ def test_the_levels_hit_are_those_of_every_value_though_values_inside_the_levels
             q = np.rint(values / scale).astype(np.int32) + zero_point + 128
         expected = np.unique(np.clip(q, 0, 255)).size
         assert stats.row()["levels"] == expected
+
+
+@pytest.mark.parametrize(("qtype", "dtype", "zero_point"),
+                         [("int8", np.int8, 0), ("int8", np.int8, -128), ("uint8", np.uint8, 37),
+                          ("int16", np.int16, 0), ("uint16", np.uint16, 40000)])
+def test_the_levels_read_off_the_quantizelinears_integers_are_those_read_off_its_floats(qtype, dtype, zero_point):
+    """Given each run's QuantizeLinear output too, the levels are counted from its integers: batch after batch the
+    same count as from the dequantised floats alone, and np.unique's of every integer, runs inside the levels
+    already hit, beside them, at both ends of the type and with gaps among them."""
+    from calibrun.measure.tensor_stats import TensorStats
+    from calibrun.model.pairs import INT_TYPES, Grid
+
+    qmin, qmax = next((lo, hi) for name, lo, hi in INT_TYPES.values() if name == qtype)
+    grid = Grid(scale=0.0173, zero_point=zero_point, qtype=qtype, qmin=qmin, qmax=qmax)
+    from_q, from_floats = (TensorStats(SimpleNamespace(tensor="t", grid=grid), None, None) for _ in range(2))
+    rng = np.random.default_rng(abs(qmax + zero_point))
+    middle = (qmin + qmax) // 2
+    batches = [rng.integers(middle - 20, middle + 21, 500), [middle - 60, middle - 59, middle + 80, qmax, qmax],
+               rng.integers(middle - 20, middle + 21, 300), np.linspace(qmin, qmax, 90).astype(np.int64),
+               [qmin, qmin, middle]]
+    every = []
+    for batch in batches:
+        q = np.asarray(batch).astype(dtype)
+        post = ((q.astype(np.float32) - np.float32(zero_point)) * np.float32(grid.scale)).astype(np.float32)
+        from_q.update(post, post, post, q)
+        from_floats.update(post, post, post)
+        every.append(q)
+        assert from_q.row()["levels"] == from_floats.row()["levels"] == np.unique(np.concatenate(every)).size
+    assert from_q.q_core is not None  # the integers' path was taken
+    assert from_floats.q_core is None
 
 
 def test_the_qdq_sessions_read_weights_dequantised_once_and_measure_what_they_measured(lab, monkeypatch):
