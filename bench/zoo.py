@@ -44,6 +44,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from _common import loadavg, log, machine_line, wait_child  # noqa: E402
 
+from calibrun.analysis.recommend import changes_of  # noqa: E402
+
 RANK = {"ok": 0, "degraded": 1, "broken": 2}
 
 
@@ -196,7 +198,7 @@ def bench(name: str, work_root: Path, rerun: bool = True, change: str | None = N
     row["diagnosis"] = ((result or {}).get("diagnosis") or {}).get("overall")
     if best and rerun and best.get("change"):
         # the change as a user appends it; recommend=off: the re-run judges the change, it recommends nothing
-        usage_r, result_r = _calibrun([*overrides, *str(best["change"]).split(), "recommend=off"], work, "job_rec")
+        usage_r, result_r = _calibrun([*overrides, *changes_of(best), "recommend=off"], work, "job_rec")
         job = work / "job_rec"
         model = job / "int8_fallback.onnx" if (job / "int8_fallback.onnx").is_file() else job / "int8.onnx"
         row["after_recommendation"] = (_judge(entry, built, model) if "error" not in usage_r

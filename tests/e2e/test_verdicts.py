@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from calibrun.analysis.recommend import changes_of
 from tests.conftest import Proc, clean_env, run_python
 from tests.stores import fresh_mlflow_store
 from tests.trained import PHOTOS, TEXT_PHOTOS, image_overrides, model_path, photo_folder
@@ -87,7 +88,7 @@ def test_a_broken_detector_gets_measured_recommendations_and_the_best_one_is_wha
         assert fewest_ok is not None
         assert len(change.split(" ")) > fewest_ok
     best = offered[0]
-    again = calibrun(tmp_path, *common, *best["change"].split(" "), "recommend=off", "hydra.run.dir=best")
+    again = calibrun(tmp_path, *common, *changes_of(best), "recommend=off", "hydra.run.dir=best")
     redone = _done(tmp_path, again, "best")
     assert redone["verdict"]["value"] == pytest.approx(best["after"], abs=1e-9)
     assert redone["verdict"]["status"] == best["status_after"]

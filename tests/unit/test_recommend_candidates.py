@@ -115,15 +115,14 @@ def test_the_changes_that_helped_are_measured_together():
 def test_best_first_is_the_best_status_then_fewest_changes_when_ok_and_the_best_value_short_of_it():
     from calibrun.analysis.recommend import _keeps, _rank
 
-    entries = [{"change": "a b c", "status_after": "ok", "after": 0.99},
-               {"change": "a b", "status_after": "ok", "after": 0.97},
-               {"change": "d", "status_after": "degraded", "after": 0.93},
-               {"change": "e", "status_after": "degraded", "after": 0.94},
-               {"change": "f g", "status_after": "degraded", "after": 0.945},
-               {"change": "h", "status_after": "broken", "after": 0.5},
-               {"change": "h i", "status_after": "broken", "after": 0.7}]
+    def change(letters):  # one override per letter, as a change joins them
+        return " ".join(f"quant.{c}=1" for c in letters.split())
+
+    entries = [{"change": change(c), "status_after": s, "after": v} for c, s, v in (
+        ("a b c", "ok", 0.99), ("a b", "ok", 0.97), ("d", "degraded", 0.93), ("e", "degraded", 0.94),
+        ("f g", "degraded", 0.945), ("h", "broken", 0.5), ("h i", "broken", 0.7))]
     assert [e["change"] for e in sorted(entries, key=lambda e: _rank(e, 1.0))] == \
-        ["a b", "a b c", "f g", "e", "d", "h i", "h"]
+        [change(c) for c in ("a b", "a b c", "f g", "e", "d", "h i", "h")]
     ok, fuller = {**entries[1], "helps": True}, {**entries[0], "helps": True}
     assert _keeps(ok, fuller, 1.0)  # any ok is ok: one change fewer wins
     worse = {"change": "x", "status_after": "degraded", "after": 0.9, "helps": True}

@@ -8,7 +8,7 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from calibrun.analysis import repair as repair_module
-from calibrun.analysis.repair import escape, options_for, overrides, pareto, repair
+from calibrun.analysis.repair import options_for, overrides, pareto, repair
 from calibrun.quant.quantize import QuantOptions
 
 RANKING = [{"tensor": "a", "kind": "activation", "nodes": ["A"]},
@@ -96,7 +96,6 @@ def test_the_overrides_parse_back_to_the_same_names():
     types, excluded = (parser.parse_override(o).value() for o in overrides(options))
     assert types == {n: "QInt16" for n in names}
     assert excluded == names
-    assert escape("a b") == "a\\ b"
 
 
 def test_the_pareto_front():
