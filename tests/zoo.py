@@ -5246,6 +5246,203 @@ def check_malvizv1(fp32: Path, int8: Path, built: Built) -> Score:
                   "benign_prob_rms": float(np.sqrt(np.mean((ref_p[:, benign] - got_p[:, benign]) ** 2))),
                   "moved": moved[:10]})
 
+# --- basic-pitch: Spotify's Basic Pitch, polyphonic note transcription (2 s of audio -> note, onset, contour maps) -
+BASIC_PITCH_INPUT = "serving_default_input_2:0"
+BASIC_PITCH_NOTE, BASIC_PITCH_ONSET = "StatefulPartitionedCall:1", "StatefulPartitionedCall:2"  # the package's
+# Model.predict names its ONNX outputs so: note (frames), onset; `StatefulPartitionedCall:0` is the contour
+BASIC_PITCH_OVERLAP = 30  # frames two windows share (run_inference's n_overlapping_frames)
+BASIC_PITCH_DECODE = {"onset_thresh": 0.5, "frame_thresh": 0.3, "min_note_len": 11, "infer_onsets": True,
+                      "max_freq": None, "min_freq": None, "melodia_trick": True}  # predict()'s defaults: onset
+# threshold 0.5, frame threshold 0.3, minimum note length 127.70 ms = 11 frames, no frequency limits, melodia trick
+BASIC_PITCH_ONSET_TOLERANCE = 4  # frames (46 ms at 86.13 frames a second): mir_eval's transcription onset tolerance,
+# 50 ms, the measure Basic Pitch's paper reports (note F-measure, onsets only), in whole frames
+PYO_SNDS = "pyo-1.1.0/pyo/examples/snds/"
+PYO_LIB_SNDS = "pyo-1.1.0/pyo/lib/snds/"
+BASIC_PITCH_CALIB = (PYO_SNDS + "baseballmajeur_m.aif", PYO_SNDS + "drumloop.wav",
+                     *(f"{PYO_SNDS}alum{i}.wav" for i in range(1, 5)), *(f"{PYO_SNDS}snd_{i}.aif" for i in range(1, 7)))
+BASIC_PITCH_EVAL = (PYO_SNDS + "flute.aif", PYO_LIB_SNDS + "accord.aif", PYO_LIB_SNDS + "transparent.aif",
+                    PYO_SNDS + "ounkmaster.aif")
+NOTE_F1 = Threshold(
+    "note_f1", 0.90, 0.70, True,
+    "F1 of int8's notes against fp32's after the package's own decode (the same MIDI pitch, onsets within 4 frames, "
+    "46 ms: mir_eval's onset tolerance, the note F-measure Basic Pitch's paper reports), pooled over the evaluation "
+    "recordings. The detector rule (DETECTION_F1, ONSET_F1), unchanged: a transcription is a list of note events; "
+    "one in ten lost, added or moved is the same score a musician corrects, past three in ten another one. Set "
+    "beside fp32's own steadiness, measured on fp32 alone before the check was committed (no int8 model had run; "
+    "30 notes on the evaluation recordings): the recordings started a quarter or half a frame later (64, 128 samples) "
+    "keep F1 0.967 and 0.949 of fp32's notes, white noise 40 and 30 dB down 0.967 and 0.931, the audio stored as "
+    "8-bit mu-law 0.951 and as 8-bit linear 0.933, 1 dB quieter 1.0: at 0.90 int8 may move the notes somewhat more "
+    "than storing the audio in 8 bits does")
+
+
+def _basic_pitch():
+    """basic-pitch's own `inference` and `note_creation` modules, imported from its wheel unpacked in the test
+    cache. They import librosa, mir_eval, resampy and pretty_midi at the top, for reading files, MIDI, sonification
+    and times in seconds; what the check uses (`window_audio_file`, `unwrap_output`, `output_to_notes_polyphonic`)
+    calls none of them (numpy and scipy only): each one not installed is given a stand-in for the import alone, whose
+    every attribute is `object` (their annotations name pretty_midi.PrettyMIDI); the package's `__init__` logs that
+    tensorflow, coremltools and tflite are missing (silenced)."""
+    import importlib.util
+    import logging
+    import sys
+    import types
+
+    from tests.trained import BASIC_PITCH, package_tree
+
+    if "basic_pitch.note_creation" not in sys.modules:
+        missing = [m for m in ("librosa", "mir_eval", "resampy", "pretty_midi")
+                   if m not in sys.modules and importlib.util.find_spec(m) is None]
+        for name in missing:
+            stand_in = types.ModuleType(name)
+            stand_in.__getattr__ = lambda attribute: object
+            sys.modules[name] = stand_in
+        sys.path.insert(0, str(package_tree(*BASIC_PITCH)))
+        logging.disable(logging.WARNING)
+        try:
+            import basic_pitch.inference  # noqa: F401
+            import basic_pitch.note_creation  # noqa: F401
+        finally:
+            logging.disable(logging.NOTSET)
+            sys.path.pop(0)
+            for name in missing:
+                del sys.modules[name]
+    return sys.modules["basic_pitch.inference"], sys.modules["basic_pitch.note_creation"]
+
+
+def pyo_recording(member: str) -> np.ndarray:
+    """One of pyo's recordings (44.1 kHz, 16-bit, an AIFF or a WAV file; read here with the standard library) as the
+    package's `librosa.load(path, sr=22050, mono=True)` gives it: the channels' mean, -1..1, at 22,050 Hz (librosa
+    resamples with soxr; here scipy's `resample_poly` by 1/2), float32."""
+    from scipy.signal import resample_poly
+
+    from tests.trained import PYO, package_file
+
+    data = package_file(*PYO, member).read_bytes()
+    if data[:4] == b"FORM":  # AIFF: big-endian chunks; COMM holds channels, frames, bits, the rate (80-bit float)
+        chunks, at = {}, 12
+        while at + 8 <= len(data):
+            size = int.from_bytes(data[at + 4:at + 8], "big")
+            chunks[data[at:at + 4]] = data[at + 8:at + 8 + size]
+            at += 8 + size + size % 2
+        comm = chunks[b"COMM"]
+        channels, bits = int.from_bytes(comm[0:2], "big"), int.from_bytes(comm[6:8], "big")
+        exponent, mantissa = int.from_bytes(comm[8:10], "big") & 0x7FFF, int.from_bytes(comm[10:18], "big")
+        rate = round(mantissa * 2.0 ** (exponent - 16383 - 63))
+        offset = int.from_bytes(chunks[b"SSND"][0:4], "big")
+        samples = np.frombuffer(chunks[b"SSND"][8 + offset:], ">i2")
+    else:
+        with wave.open(str(package_file(*PYO, member))) as wav:
+            channels, bits, rate = wav.getnchannels(), 8 * wav.getsampwidth(), wav.getframerate()
+            samples = np.frombuffer(wav.readframes(wav.getnframes()), "<i2")
+    if bits != 16 or rate != 44100:
+        raise ValueError(f"{member}: {bits}-bit at {rate} Hz, not pyo's 16-bit 44.1 kHz")
+    mono = samples[:len(samples) // channels * channels].reshape(-1, channels).astype(np.float64).mean(axis=1) / 32768
+    return resample_poly(mono, 1, 2).astype(np.float32)
+
+
+def basic_pitch_windows(audio: np.ndarray) -> np.ndarray:
+    """The recording as the package's `get_audio_input` windows it for `run_inference`: half the overlap (15 frames,
+    3840 samples) of zeros first, then 43,844-sample windows every 36,164 samples (the last zero-padded), by its own
+    `window_audio_file`: float32 [n, 43844, 1]."""
+    inference, _ = _basic_pitch()
+    overlap = BASIC_PITCH_OVERLAP * inference.FFT_HOP
+    padded = np.concatenate([np.zeros(overlap // 2, np.float32), audio])
+    hop = inference.AUDIO_N_SAMPLES - overlap
+    return np.stack([w for w, _ in inference.window_audio_file(padded, hop)]).astype(np.float32)
+
+
+def _basic_pitch_rows(members: tuple[str, ...]) -> tuple[np.ndarray, list[tuple[str, int, int]]]:
+    """Every recording's windows, one recording after another, and per recording (its name, its windows, its length
+    in samples at 22,050 Hz)."""
+    rows, files = [], []
+    for member in members:
+        audio = pyo_recording(member)
+        windows = basic_pitch_windows(audio)
+        rows.append(windows)
+        files.append((member.rsplit("/", 1)[-1], len(windows), len(audio)))
+    return np.concatenate(rows), files
+
+
+def build_basic_pitch(folder: Path) -> Built:
+    """pyo's recordings, each windowed as the package windows a file: the organ tune, the drum loop, the four metal
+    hits and the six short tones calibrate (BASIC_PITCH_CALIB: 18 windows), the flute melody, the chord, the short
+    phrase and the stereo drum-and-synth loop evaluate (BASIC_PITCH_EVAL: 15 windows); no recording in both. The
+    extra: per evaluation recording its name, windows and length (to unwrap the outputs as the package does)."""
+    calib, _ = _basic_pitch_rows(BASIC_PITCH_CALIB)
+    evaluation, files = _basic_pitch_rows(BASIC_PITCH_EVAL)
+    return Built(folder, _save(folder, "calib", {BASIC_PITCH_INPUT: calib}),
+                 _save(folder, "eval", {BASIC_PITCH_INPUT: evaluation}), {"files": files})
+
+
+def basic_pitch_notes(path: Path, rows: np.ndarray, files: list) -> tuple[list[list[tuple]], np.ndarray] | None:
+    """Each evaluation recording's notes by the model at `path`, as the package's `predict` finds them: its windows'
+    note and onset maps unwrapped by the package's own `unwrap_output` (half the overlap cut from each end of each
+    window, trimmed to the recording's length) and decoded by its own `output_to_notes_polyphonic` at predict()'s
+    defaults (BASIC_PITCH_DECODE): per recording a list of (start frame, end frame, MIDI pitch index, amplitude);
+    and the note maps of every recording, unwrapped and concatenated. None where an output is not finite."""
+    inference, note_creation = _basic_pitch()
+    outputs = run_rows(path, {BASIC_PITCH_INPUT: rows})
+    names = [o.name for o in session(path).get_outputs()]
+    note, onset = outputs[names.index(BASIC_PITCH_NOTE)], outputs[names.index(BASIC_PITCH_ONSET)]
+    if not (np.isfinite(note).all() and np.isfinite(onset).all()):
+        return None
+    notes, maps, at = [], [], 0
+    for _, windows, length in files:
+        frames = inference.unwrap_output(note[at:at + windows], length, BASIC_PITCH_OVERLAP)
+        onsets = inference.unwrap_output(onset[at:at + windows], length, BASIC_PITCH_OVERLAP)
+        notes.append([tuple(n) for n in note_creation.output_to_notes_polyphonic(frames, onsets,
+                                                                                **BASIC_PITCH_DECODE)])
+        maps.append(frames)
+        at += windows
+    return notes, np.concatenate(maps)
+
+
+def matched_notes(ref: list[tuple], got: list[tuple], tolerance: int = BASIC_PITCH_ONSET_TOLERANCE) -> int:
+    """How many of `got`'s notes match one of `ref`'s, each at most once: the same pitch, onsets at most `tolerance`
+    frames apart (per pitch, onsets in time order paired greedily: the largest matching of points on a line)."""
+    matched = 0
+    for pitch in {n[2] for n in ref} & {n[2] for n in got}:
+        a = sorted(n[0] for n in ref if n[2] == pitch)
+        b = sorted(n[0] for n in got if n[2] == pitch)
+        i = j = 0
+        while i < len(a) and j < len(b):
+            if abs(int(a[i]) - int(b[j])) <= tolerance:
+                matched, i, j = matched + 1, i + 1, j + 1
+            elif a[i] < b[j]:
+                i += 1
+            else:
+                j += 1
+    return matched
+
+
+def note_f1(ref: list[list[tuple]], got: list[list[tuple]]) -> tuple[float, list[float], int]:
+    """F1 of `got`'s notes against `ref`'s pooled over recordings, each recording's F1 (1.0 where neither has a
+    note) and the matched count."""
+    matched = [matched_notes(r, g) for r, g in zip(ref, got, strict=True)]
+    total = sum(len(r) + len(g) for r, g in zip(ref, got, strict=True))
+    per = [2 * m / (len(r) + len(g)) if r or g else 1.0 for m, r, g in zip(matched, ref, got, strict=True)]
+    return (2 * sum(matched) / total if total else 1.0), per, sum(matched)
+
+
+def check_basic_pitch(fp32: Path, int8: Path, built: Built) -> Score:
+    """Each evaluation recording transcribed by the package's decode with the fp32 and with the int8 model; the score
+    is the F1 of int8's notes against fp32's (NOTE_F1). Beside it each model's notes, the matched, the worst
+    recording's F1, and the Dice of the two note maps' frames over predict()'s frame threshold 0.3."""
+    rows, files = built.arrays()[BASIC_PITCH_INPUT], built.extra["files"]
+    ref, got = basic_pitch_notes(fp32, rows, files), basic_pitch_notes(int8, rows, files)
+    if ref is None:
+        raise ValueError("the fp32 model's outputs are not finite")
+    if got is None:
+        return Score(BROKEN, NOTE_F1.metric, float("nan"), {"rows": len(rows)})
+    value, per, matched = note_f1(ref[0], got[0])
+    on_ref, on_got = ref[1] >= BASIC_PITCH_DECODE["frame_thresh"], got[1] >= BASIC_PITCH_DECODE["frame_thresh"]
+    both = int(on_ref.sum() + on_got.sum())
+    return Score(NOTE_F1.label(value), NOTE_F1.metric, value, {
+        "fp32_notes": sum(map(len, ref[0])), "int8_notes": sum(map(len, got[0])), "matched": matched,
+        "worst_recording_f1": float(min(per)),
+        "frame_dice": float(2 * np.sum(on_ref & on_got) / both) if both else 1.0, "rows": len(rows)})
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -5644,6 +5841,17 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "generators (qrcode, python-barcode) with the standard library's docstring sentences as payloads, 1-3 "
              "turned a little and pasted on each of scikit-image's photos (longer side 800, half blurred), by the "
              "package's preprocess: 3 scenes on each even photo calibrate (27), 4 on each odd photo evaluate (36)"),
+    ZooModel("basic_pitch", "basic_pitch", "basic-pitch 0.4.0", "music transcription",
+             "Spotify's Basic Pitch polyphonic note transcriber (tf2onnx, opset 15: a constant-Q transform in the "
+             "graph, 26 Conv, its harmonics stacked; then 6 Conv with Relu, three Sigmoid maps at 86 frames a "
+             "second): a 2 s window of mono audio at 22,050 Hz [N, 43844, 1] -> per frame and piano key the note's "
+             "activation [N, 172, 88] and its onset [N, 172, 88], and a pitch contour [N, 172, 264], which the "
+             "package unwraps over a file's windows and decodes into notes (onset peaks over 0.5 held while the note "
+             "map stays over 0.3)", True,
+             build_basic_pitch, check_basic_pitch, (NOTE_F1,),
+             "pyo 1.1.0's recordings (44.1 kHz, resampled to 22,050 Hz, mono), each windowed as the package windows "
+             "a file: an organ tune, a drum loop, four metal hits and six short tones calibrate (18 windows), a flute "
+             "melody, a chord, a short phrase and a drum-and-synth loop evaluate (15 windows)"),
     ZooModel("malvizv1", "malvizv1", "malvizv1 0.1.0", "classification",
              "malvizv1's image-based Windows malware scanner (torchvision's ResNet18 fine-tuned on benign files and "
              "the 25 Malimg families; a PyTorch 2.10 dynamo export, opset 18, its weights in an external data file): "
