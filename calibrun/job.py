@@ -336,8 +336,8 @@ def compute(ctx: JobContext) -> JobResult:
     size = measure.batch_size_for(pinned, cfg.eval.batch_size)
     blocks_of(fp32.path)  # the model's structure read (and cached) before a session holds its weights
     fp32_session = session(fp32.path, cfg.ort.intra_op_threads)  # the rows probe's and the evaluation's
-    depend = rows_depend(fp32.path, evaluation, cfg.ort.intra_op_threads, fp32_session, size) if pinned is None \
-        else None
+    depend = rows_depend(fp32.path, evaluation, cfg.ort.intra_op_threads, fp32_session, size, budget) \
+        if pinned is None else None
     if depend is not None:
         log.warning("the model's output for a row depends on the rows fed beside it: %s; calibration and evaluation "
                     "feed %d rows at a time, so this job measures it on batches of %d rows: set eval.batch_size to the "

@@ -10,6 +10,9 @@ sum a batch in another order), and any number of them runs; rows of one sequence
 number of output rows (a convolution over frames), or an output with no row axis (a mean over the frames), or the
 halves do not run at all where the whole does (a convolution wider than half the rows). Integer outputs are not
 compared (a detector's in-graph NMS numbers its boxes by batch row). A model that pins its batch is not probed.
+The rows run whole are at most as many as one run may hold under memory.budget (at least 2, the fewest that split):
+lineless-table-rec's LORE at 768x768 holds some 450 MB a row, and its job peaked at 4.2 GB, 6.6x plain inference
+of a row at a time, in this probe's 8 rows alone.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ PROBE_ROWS = 8  # rows run whole and in halves (a session and 16 rows' runs: 1.7
 # convolution over up to 8 frames still runs them whole
 
 
-def rows_depend(fp32_path, evaluation, threads: int = 0, sess=None, batch: int | None = None) -> str | None:
+def rows_depend(fp32_path, evaluation, threads: int = 0, sess=None, batch: int | None = None,
+                budget: int | None = None) -> str | None:
     """Why the model's output for a row depends on the other rows fed with it (one line), None when it does not or
     when it cannot be told (fewer than 2 rows, a model that pins its batch or runs neither PROBE_ROWS rows nor
     `batch`, the rows the job feeds at a time). `sess`: an fp32 session the caller holds (the evaluation's), else one
-    is opened."""
+    is opened. `budget`: memory.budget in bytes (None: auto), which bounds the rows run whole."""
+    from calibrun.measure.errors import rows_per_run
     from calibrun.model.sessions import session
 
     sess = sess or session(fp32_path, threads)
@@ -40,6 +45,9 @@ def rows_depend(fp32_path, evaluation, threads: int = 0, sess=None, batch: int |
         rows = feed_rows.count(feeds, evaluation.axes)
         if rows < 2:
             return None
+        held = max(2, rows_per_run(fp32_path, feeds, None, rows, budget, None, evaluation.axes))
+        if held < rows:
+            feeds, rows = feed_rows.take(feeds, evaluation.axes, 0, held), held
         try:
             whole = sess.run(None, feeds)
             break

@@ -45,3 +45,41 @@ def test_a_model_that_runs_no_probe_of_8_rows_is_probed_at_the_jobs_batch(tmp_pa
     assert rows_depend(model, evaluation, batch=9) is None  # neither 8 nor 9 rows run: cannot be told
     narrow = save(frame_conv(width=5), tmp_path / "narrow.onnx")
     assert rows_depend(narrow, evaluation, batch=16) == "runs 8 rows but not 4 of them"  # 8 rows run: as before
+
+
+def test_the_rows_run_whole_are_at_most_what_the_memory_budget_lets_a_run_hold(tmp_path, monkeypatch):
+    """lineless-table-rec's LORE holds some 450 MB a 768x768 row: the probe's 8 rows whole took its job to 4.2 GB,
+    6.6x plain inference a row at a time. Under a budget that holds one row a run, 2 rows run whole (the fewest that
+    split), and the probe still tells rows of one sequence apart."""
+    from types import SimpleNamespace
+
+    from calibrun.measure import errors
+    from calibrun.measure.rows_apart import rows_depend
+    from tests.modelzoo import frame_conv, save
+
+    frames = np.random.default_rng(1).standard_normal((48, 8)).astype(np.float32)
+    evaluation = SimpleNamespace(axes={"x": 0}, batches=lambda n: iter([({"x": frames[:n]}, None)]))
+    model = save(frame_conv(width=2), tmp_path / "pairs.onnx")
+    fed = []
+
+    class Session:  # onnxruntime's session, the rows of each run recorded
+        def __init__(self):
+            import onnxruntime as ort
+
+            self.inner = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+
+        def get_outputs(self):
+            return self.inner.get_outputs()
+
+        def run(self, names, feeds):
+            fed.append(len(feeds["x"]))
+            return self.inner.run(names, feeds)
+
+    monkeypatch.setattr(errors, "rows_per_run", lambda *args, **kwargs: 1)
+    assert rows_depend(model, evaluation, sess=Session(), budget=1) == "runs 2 rows but not 1 of them"
+    assert max(fed) == 2
+    fed.clear()
+    monkeypatch.setattr(errors, "rows_per_run", lambda *args, **kwargs: 64)  # room for all 8: as before
+    assert rows_depend(model, evaluation, sess=Session()) == \
+        "output 'y' has (7, 4) for the batch but (3, 4) and (3, 4) for its halves (8 rows, then 4 and 4)"
+    assert max(fed) == 8
