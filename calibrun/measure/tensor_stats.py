@@ -74,7 +74,7 @@ from calibrun.core.files import temp_dir
 from calibrun.data import rows as feed_rows
 from calibrun.model import graph_inputs, load_model, private_model_copy
 from calibrun.model.graph import constant_tensors, fold_weight_dequantize, keep_only
-from calibrun.model.pairs import Pair, find_pairs, fused_bounds
+from calibrun.model.pairs import INT_TYPES, Pair, find_pairs, fused_bounds
 from calibrun.model.segments import Carried, SegmentError, Segments
 from calibrun.model.sessions import session
 
@@ -246,8 +246,7 @@ class TensorStats:
             if low < self.lo - half:
                 excess = self.lo - flat[flat < self.lo - half].astype(np.float64)
                 self.clip_energy += float(np.dot(excess, excess))
-        if q is not None and q.dtype.kind in "iu" and q.itemsize in (1, 2) and q.itemsize * 8 == \
-                int(self.levels_count).bit_length() - 1:
+        if q is not None:  # the grid's own type (its zero point's): 8 or 16 bits, every level of the type
             self._count_q(q.reshape(-1))
         else:
             self._count_levels(post_flat)
@@ -487,8 +486,8 @@ def _augmented(model_path: Path, folder: Path, tensors: Sequence[str], only: boo
     return path, names
 
 
-Q_TYPES = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8, "int16": TensorProto.INT16,
-           "uint16": TensorProto.UINT16}  # the integer types numpy holds as they are (not 4-bit ones)
+# the pairs' integer types numpy holds as they are (not the 4-bit ones): their name -> ONNX element type
+Q_TYPES = {name: elem for elem, (name, _, _) in INT_TYPES.items() if not name.endswith("int4")}
 
 
 def _q_output(pair: Pair) -> str | None:
