@@ -42,8 +42,10 @@ class Batches:
 
     def __init__(self, folder: Path, count: int, input_names: list[str], output_names: list[str], blocks, task,
                  output_shapes: list | None = None, state: dict[str, str] | None = None,
-                 held: dict[int, dict[str, np.ndarray]] | None = None, stream: bool = False):
+                 held: dict[int, dict[str, np.ndarray]] | None = None, stream: bool = False,
+                 row_names: frozenset[str] = frozenset()):
         self.folder, self.count = folder, count
+        self.row_names = row_names  # the inputs' batch axes' names (calibrun.measure.errors.row_axis)
         self.held = held or {}  # run index -> its arrays, for the runs kept in memory (Evaluator.add)
         self.input_names, self.output_names, self.blocks, self.task = input_names, output_names, blocks, task
         self.output_shapes = output_shapes
@@ -68,7 +70,7 @@ class Batches:
         """Metrics of `run(feeds) -> outputs` (outputs in the fp32 model's order) over every evaluation batch. With a
         state (`state`), each run is fed its own previous output there (Evaluator.per_call: none, the state fp32
         carried, the error of each call alone)."""
-        errors = OutputErrors(self.output_names, self.blocks, self.output_shapes)
+        errors = OutputErrors(self.output_names, self.blocks, self.output_shapes, self.row_names)
         task = copy.deepcopy(self.task)
         carried = feedback.Carried(feedback.output_indices(self.state, self.output_names), self.output_names)
         # a stream's one-row runs measured 64 at once (calibrun.measure.errors.Gathered), fed back or per call alike
@@ -110,15 +112,17 @@ class Evaluator:
         self._dir = temp_dir("eval")
         self._tmp = Path(self._dir.name)
         self.count = 0
+        self.row_names: frozenset[str] = frozenset()  # set by start()
         self._held: dict[int, dict[str, np.ndarray]] = {}
         self._held_bytes = 0
         if evaluation is None:
             return
         try:
             fp32 = session(fp32_path, threads)
-            self.start([o.name for o in fp32.get_outputs()], [o.shape for o in fp32.get_outputs()],
-                       [i.name for i in fp32.get_inputs()])
             axes = getattr(evaluation, "axes", None)
+            self.start([o.name for o in fp32.get_outputs()], [o.shape for o in fp32.get_outputs()],
+                       [i.name for i in fp32.get_inputs()],
+                       feed_rows.batch_names({i.name: i.shape for i in fp32.get_inputs()}, axes))
             fixed = feed_rows.pinned_rows({i.name: i.shape for i in fp32.get_inputs()}, axes)
             per_run = feedback.rows_per_run(self.state, fixed) if self.state else None
             carried = feedback.Carried(feedback.output_indices(self.state, self.output_names), self.output_names)
@@ -148,8 +152,10 @@ class Evaluator:
         kept.stream = bool(kept.state)
         return kept
 
-    def start(self, output_names: list[str], output_shapes: list, input_names: list[str]) -> None:
+    def start(self, output_names: list[str], output_shapes: list, input_names: list[str],
+              row_names: frozenset[str] = frozenset()) -> None:
         self.output_names, self.output_shapes, self.input_names = output_names, output_shapes, input_names
+        self.row_names = row_names
 
     def add(self, feeds: Feeds, outputs: Sequence, labels, rows: int) -> None:
         """One run's feeds, fp32 outputs, labels and row count, as one file."""
@@ -193,7 +199,7 @@ class Evaluator:
     @property
     def batches(self) -> Batches:
         return Batches(self._tmp, self.count, self.input_names, self.output_names, self.blocks, self.task,
-                       self.output_shapes, self.state, self._held, self.stream)
+                       self.output_shapes, self.state, self._held, self.stream, self.row_names)
 
     def run(self, run: RunFn) -> dict[str, float]:
         """Metrics of `run(feeds) -> outputs` (outputs in the fp32 model's order) over every evaluation batch."""

@@ -31,6 +31,18 @@ def infer_axis(shape: Sequence) -> int | None:
     return free[0] if len(free) == 1 else 0
 
 
+def batch_names(shapes: Mapping[str, Sequence | None], axes: Axes | None) -> frozenset[str]:
+    """The symbolic names the inputs give their batch axes (`shapes`: each input's graph shape; a constant has no
+    batch axis). An output axis of the same name holds the rows: the model says so (calibrun.measure.errors.row_axis),
+    where the sizes alone cannot tell a time axis of the batch's length from the rows."""
+    names = set()
+    for name, shape in shapes.items():
+        axis = axis_of(axes, name)
+        if shape and axis is not None and axis < len(shape) and isinstance(shape[axis], str) and shape[axis]:
+            names.add(shape[axis])
+    return frozenset(names)
+
+
 def axis_of(axes: Axes | None, name: str) -> int | None:
     return 0 if axes is None else axes.get(name, 0)
 

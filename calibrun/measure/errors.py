@@ -310,14 +310,19 @@ class RowSets:
         return self.shared / self.either if self.either else 1.0
 
 
-def row_axis(shape: Sequence[int], rows: int | None, declared: Sequence | None = None) -> int | None:
-    """The axis of an output that holds the batch's `rows` rows: the axes of that length, those the model declares
-    free (not a fixed size) first, axis 0 first among them; None when no axis has that length (or `rows` is
-    unknown)."""
+def row_axis(shape: Sequence[int], rows: int | None, declared: Sequence | None = None,
+             names: frozenset[str] = frozenset()) -> int | None:
+    """The axis of an output that holds the batch's `rows` rows: among the axes of that length, the one the model
+    names as an input's batch axis (`names`, calibrun.data.rows.batch_names: `time, batch, 4` from an input `batch, 100,
+    time`), else those it declares free (not a fixed size) first, axis 0 first among them; None when no axis has
+    that length (or `rows` is unknown)."""
     if rows is None:
         return None
     axes = [a for a, size in enumerate(shape) if size == rows]
     if declared is not None and len(declared) == len(shape):
+        named = [a for a in axes if isinstance(declared[a], str) and declared[a] in names]
+        if len(named) == 1:
+            return named[0]
         axes = [a for a in axes if not (isinstance(declared[a], int) and declared[a] > 0)] or axes
     return 0 if 0 in axes else (axes[0] if axes else None)
 
@@ -327,9 +332,11 @@ class OutputErrors:
     (calibrun.model.graph.output_blocks), measured per Concat input too; `shapes`: the outputs' declared shapes
     (which axis holds the rows where several have the batch's length)."""
 
-    def __init__(self, names: Sequence[str], blocks: dict | None = None, shapes: Sequence | None = None):
+    def __init__(self, names: Sequence[str], blocks: dict | None = None, shapes: Sequence | None = None,
+                 row_names: frozenset[str] = frozenset()):
         self.names = list(names)
         self.shapes = dict(zip(self.names, shapes, strict=True)) if shapes is not None else {}
+        self.row_names = row_names  # the inputs' batch axes' names (row_axis)
         self.stats: dict[str, ErrorStats] = {name: ErrorStats() for name in self.names}
         # outputs whose size depends on the data (NonMaxSuppression's selections, NonZero): per output, the batches
         # where fp32 and int8 gave different sizes and the batches seen; integer outputs' rows as sets
@@ -370,7 +377,8 @@ class OutputErrors:
                 same[1] += ref.size
                 continue
             self.stats[name].update(ref, got)
-            along = axes[k] if axes is not None else row_axis(ref.shape, rows, self.shapes.get(name))
+            along = axes[k] if axes is not None else row_axis(ref.shape, rows, self.shapes.get(name),
+                                                                           self.row_names)
             if along is not None:
                 self.rows[name].update(ref, got, along)
             if along == 0 and ref.ndim <= 2 and ref.dtype.kind == "f":
@@ -447,7 +455,7 @@ class Gathered:
             self.task.update(fp32, int8, labels)
 
     def add(self, ref: Sequence[np.ndarray], got: Sequence[np.ndarray], labels, rows: int | None) -> None:
-        axes = [row_axis(r.shape, rows, d) for r, d in zip(ref, self.declared, strict=False)] \
+        axes = [row_axis(r.shape, rows, d, self.errors.row_names) for r, d in zip(ref, self.declared, strict=False)] \
             if self.size > 1 and rows == 1 else None
         if axes is None or None in axes or any(np.asarray(r).dtype.kind != "f" for r in (*ref, *got)) or \
                 any(r.shape != g.shape for r, g in zip(ref, got, strict=True)):
@@ -537,9 +545,10 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
     # sessions hold their weights: the whole file is read once, here or by the caller of a given fp32_session
     ref_sess, got_sess = fp32_session or session(fp32_path, threads), session(int8_path, threads)
     names, shapes = [o.name for o in ref_sess.get_outputs()], [o.shape for o in ref_sess.get_outputs()]
-    errors = OutputErrors(names, blocks, shapes)
+    row_names = feed_rows.batch_names({info.name: info.shape for info in infos}, axes)
+    errors = OutputErrors(names, blocks, shapes, row_names)
     if keep is not None:
-        keep.start(names, shapes, [i.name for i in ref_sess.get_inputs()])
+        keep.start(names, shapes, [i.name for i in ref_sess.get_inputs()], row_names)
     primary_input = primary(infos).name if infos else None
     span = InputRange()
     batches = evaluation.sizes(size)

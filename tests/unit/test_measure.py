@@ -285,3 +285,56 @@ def test_a_vector_outputs_sqnr_around_its_mean_over_the_rows():
     maps = measure.OutputErrors(["m"])
     maps.update([rng.normal(size=(4, 1, 3, 3))], [rng.normal(size=(4, 1, 3, 3))], rows=4)
     assert "out.m.centred_sqnr_db" not in maps.metrics()
+
+
+@pytest.mark.parametrize(("shape", "rows", "declared", "names", "axis"), [
+    ((16, 16, 4), 16, ["time", "batch", 4], frozenset({"batch"}), 1),  # the model names its rows: not the time axis
+    ((16, 16, 4), 16, ["time", "batch", 4], frozenset(), 0),  # no name to go by: axis 0, as before
+    ((16, 16, 4), 16, ["N", "N", 4], frozenset({"N"}), 0),  # two axes of the name: the sizes decide, as before
+    ((16, 20, 4), 16, ["time", "batch", 4], frozenset({"batch"}), 0),  # the named axis is not the batch's length
+])
+def test_row_axis_follows_the_name_the_model_gives_its_batch(shape, rows, declared, names, axis):
+    assert measure.row_axis(shape, rows, declared, names) == axis
+
+
+def test_batch_names_are_the_inputs_batch_axes_names():
+    from calibrun.data.rows import batch_names
+
+    shapes = {"x": ["batch", 100, "time"], "state": [2, "n", 128], "sr": [], "k": [4]}
+    assert batch_names(shapes, {"x": 0, "state": 1, "sr": None, "k": None}) == {"batch", "n"}
+    assert batch_names(shapes, {"x": 2}) == {"time"}  # the axis set by batch_axis, whatever its name
+    assert batch_names({"x": [16, 100]}, None) == frozenset()  # a fixed batch has no name
+
+
+def test_a_time_major_output_of_the_batch_length_is_measured_along_its_named_rows(tmp_path):
+    """An output [time, batch, 4] whose time axis has as many steps as the batch has rows (16): the per-row share is
+    counted along the axis the model names `batch`, as an input's. Here the int8 stand-in clips at +-50, which only
+    row 0 reaches: 1 of 16 rows is under 20 dB. Along the time axis every step holds row 0's values, and the share
+    would read 1."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from calibrun.analysis.evaluate import Evaluator
+    from calibrun.data.npy import npy_evaluation
+    from calibrun.model import graph_inputs, load_model
+
+    def model(path, clipping: bool):
+        bounds = [helper.make_tensor(n, TensorProto.FLOAT, [], [v]) for n, v in (("lo", -50.0), ("hi", 50.0))]
+        nodes = [helper.make_node("Clip", ["x", "lo", "hi"], ["r"])] if clipping else []
+        nodes.append(helper.make_node("Transpose", ["r" if clipping else "x"], ["y"], perm=[2, 0, 1]))
+        graph = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                             ["batch", 4, "time"])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["time", "batch", 4])],
+                                  bounds if clipping else [])
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+        return path
+
+    fp32, got = model(tmp_path / "fp32.onnx", False), model(tmp_path / "int8.onnx", True)
+    x = np.random.default_rng(0).normal(0, 1, (16, 4, 16)).astype(np.float32)
+    x[0] *= 10000  # row 0: the only row that reaches the clip
+    np.save(tmp_path / "x.npy", x)
+    evaluation = npy_evaluation(tmp_path / "x.npy", graph_inputs(load_model(fp32)), rows=16)
+    m = measure.evaluate(fp32, got, evaluation, progress=None)
+    assert m["out.y.rows_under_20db"] == pytest.approx(1 / 16)
+    with Evaluator(fp32, evaluation, 16) as evaluator:  # the recommendations' measurements
+        assert evaluator.model(got)["out.y.rows_under_20db"] == pytest.approx(1 / 16)
