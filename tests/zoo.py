@@ -1701,9 +1701,10 @@ def build_unidic_imitator(folder: Path) -> Built:
     return _split(texts, feed, folder, {"texts": texts[1::2]})
 
 
-def imitator_words(texts: list[str], tags: np.ndarray) -> list[set[tuple[int, int, str]]]:
-    """Each text's words by the package's own Tagger.decode: (start, end, part of speech) in the text."""
-    tagger, out = _imitator(), []
+def imitator_words(texts: list[str], tags: np.ndarray, tagger=None) -> list[set[tuple[int, int, str]]]:
+    """Each text's words by the package's own Tagger.decode (unidic-lite-imitator's unless `tagger` is given):
+    (start, end, part of speech) in the text."""
+    tagger, out = tagger or _imitator(), []
     for text, row in zip(texts, tags, strict=True):
         spans, start = set(), 0
         for word, pos in tagger.decode(text.strip(), row):
@@ -1717,6 +1718,44 @@ def check_unidic_imitator(fp32: Path, int8: Path, built: Built) -> Score:
     """Word and part-of-speech F1 of int8's analysis against fp32's over the evaluation sentences."""
     feeds, texts = built.arrays(), built.extra["texts"]
     ref, got = (imitator_words(texts, run_rows(path, feeds)[0]) for path in (fp32, int8))
+    value = morpheme_f1(ref, got)
+    cuts = morpheme_f1([{w[:2] for w in r} for r in ref], [{w[:2] for w in g} for g in got])
+    return Score(TAG_F1.label(value), TAG_F1.metric, value,
+                 {"word_f1": cuts, "sentences": len(texts), "fp32_words": sum(map(len, ref)),
+                  "sentences_same": sum(a == b for a, b in zip(ref, got, strict=True))})
+
+
+# --- sudachi-c-imitator: the same author's tagger trained to imitate Sudachi's long units (SplitMode.C) -----------
+def _sudachi_c_imitator():
+    """sudachi-c-imitator's own Tagger (its ma_imitator.py: `encode` and `decode`), loaded from its wheel with its
+    config.json and model.onnx beside it (its __init__ reads both from its own folder)."""
+    from tests.trained import SUDACHI_C_IMITATOR, package_module
+
+    for member in ("config.json", "model.onnx"):
+        package_file(*SUDACHI_C_IMITATOR, f"sudachi_c_imitator/{member}")
+    module = package_module("calibrun_zoo_sudachi_c_imitator",
+                            package_file(*SUDACHI_C_IMITATOR, "sudachi_c_imitator/ma_imitator.py"), stand_ins=())
+    return module.Tagger()
+
+
+def build_sudachi_c_imitator(folder: Path) -> Built:
+    """The unidic imitator's sentences (`japanese_sentences`), each as this package's Tagger.encode feeds it (its
+    own char ids, the mask and token types, padded to 256); even sentences calibrate, odd ones evaluate."""
+    tagger = _sudachi_c_imitator()
+
+    def feed(texts: list[str]) -> dict[str, np.ndarray]:
+        encoded = [tagger.encode(t) for t in texts]
+        return {k: np.concatenate([e[k] for e in encoded]).astype(np.int64) for k in encoded[0]}
+
+    texts = japanese_sentences()
+    return _split(texts, feed, folder, {"texts": texts[1::2]})
+
+
+def check_sudachi_c_imitator(fp32: Path, int8: Path, built: Built) -> Score:
+    """Word and part-of-speech F1 of int8's analysis against fp32's over the evaluation sentences, each decoded by
+    the package's own Tagger.decode (`TAG_F1`, the taggers' rule and bands, unchanged)."""
+    feeds, texts, tagger = built.arrays(), built.extra["texts"], _sudachi_c_imitator()
+    ref, got = (imitator_words(texts, run_rows(path, feeds)[0], tagger) for path in (fp32, int8))
     value = morpheme_f1(ref, got)
     cuts = morpheme_f1([{w[:2] for w in r} for r in ref], [{w[:2] for w in g} for g in got])
     return Score(TAG_F1.label(value), TAG_F1.metric, value,
@@ -6327,4 +6366,12 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "face cropped by the package's own geometry (faces turned past 30/50 degrees left out, as the package "
              "leaves those frames out); split by person: the people in even places (name order) calibrate, the "
              "others evaluate"),
+    ZooModel("sudachi_c_imitator", "sudachi_c_imitator", "sudachi-c-imitator 0.2.1", "text",
+             "a Japanese word segmenter and part-of-speech tagger imitating Sudachi's long units (SplitMode.C, "
+             "SudachiDict-full), the unidic imitator's author and code trained on another standard: an ALBERT-style "
+             "character transformer (4 layers sharing one group, hidden 156, 6 heads, LayerNormalization, GELU as "
+             "Erf, an attention mask) over 256 characters -> the ArgMax of 18 tags per character", True,
+             build_sudachi_c_imitator, check_sudachi_c_imitator, (TAG_F1,),
+             "the unidic imitator's 450 sentences of hironsancorpus's Japanese news text, each padded to 256 "
+             "characters as this package encodes it: even sentences calibrate, odd ones evaluate"),
 )}
