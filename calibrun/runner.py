@@ -144,9 +144,16 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
     m = result.metrics
     scale = "fp32 (not quantised)" if m.get("input_scale") is None else f"{m['input_scale']:.6g}"
     used = (result.used or {}).get("calibration_batches", cfg.batches)  # the batches the data held, not those asked
-    log.info("%s factor=%s batches=%s %s: input_scale=%s max_abs_error=%.6g cache_hit=%s -> %s",
-             cfg.calibration.name, cfg.calibration.factor, used, cfg.format.name, scale,
-             m["max_abs_error"], bool(m["cache_hit"]), job_dir / RESULT_FILE)
+    if cfg.model.name == "lab":  # the lab's own words: its headline is max_abs_error (docs/lab.md)
+        log.info("%s factor=%s batches=%s %s: input_scale=%s max_abs_error=%.6g cache_hit=%s -> %s",
+                 cfg.calibration.name, cfg.calibration.factor, used, cfg.format.name, scale,
+                 m["max_abs_error"], bool(m["cache_hit"]), job_dir / RESULT_FILE)
+    else:  # a model's outputs may be class indices or logits far from what its package reads: the verdict's line
+        # that follows says what was measured, not a largest difference over every output
+        log.info("%s int8 model from %s calibration batch(es) (calibration=%s, factor %s; ranges %s), input scale "
+                 "%s -> %s", cfg.format.name.upper() if cfg.format.name == "qdq" else "QOperator", used,
+                 cfg.calibration.name, cfg.calibration.factor, "from the cache" if m["cache_hit"] else "calibrated",
+                 scale, job_dir / RESULT_FILE)
     log.info(verdict.line(result.verdict))  # the job's last line: the headline
     if run_id is not None and sweep_dir is None:  # a sweep prints its parent run's link at its end
         print(link_line(tracker.uri, tracker.experiment_id, run_filter(tracker.resolve(run_id))), file=sys.stderr)

@@ -110,6 +110,11 @@ def test_old_conv_classifier_with_npy_data(tmp_path):
     assert proc.stderr.count("calib.npz: 100 batches requested, the data has 48 rows") == 1
     assert proc.stderr.count("eval.npz: evaluating the data's 40 rows (eval.rows is 256 by default)") == 1
     assert "were requested" not in proc.stderr
+    # the job's summary line in a user's words (48 batches of the data's 48 rows, calibrated here), no lab numbers;
+    # the verdict's line, the last, says what was measured
+    assert (f"QDQ int8 model from 48 calibration batch(es) (calibration=match, factor 1.0; ranges calibrated), input "
+            f"scale {result['metrics']['input_scale']:.6g} -> {run_dir / 'result.json'}") in proc.stderr
+    assert "max_abs_error=" not in proc.stderr
     calib = np.load(tmp_path / "calib.npz")["image"]
     assert result["metrics"]["span"] == float(calib.max() - calib.min())
     # task metrics: labels are the fp32 model's own predictions, so fp32 accuracy is exactly 1
