@@ -171,16 +171,16 @@ def typed_inputs_model(features: int = 4, outputs: int = 3) -> onnx.ModelProto:
     )
 
 
-def masked_attention(dim: int = 16, seed: int = 0) -> onnx.ModelProto:
+def masked_attention(dim: int = 16, seed: int = 0, fill: float = float(np.finfo(np.float32).min)) -> onnx.ModelProto:
     """One attention head as a PyTorch export of a Hugging Face encoder writes its mask: the int64 attention_mask
-    [batch, seq] cast to float, (1 - mask) * float32's lowest (-3.4e38) added to the scaled scores before the Softmax;
-    x [batch, seq, dim] -> y [batch, seq, dim] (the attended values, projected). Random weights: a mechanism, not a
-    trained model (the trained one is in the bench's zoo)."""
+    [batch, seq] cast to float, (1 - mask) * `fill` (float32's lowest, -3.4e38; -1e4 in older exports) added to the
+    scaled scores before the Softmax; x [batch, seq, dim] -> y [batch, seq, dim] (the attended values, projected).
+    Random weights: a mechanism, not a trained model (the trained ones are in the bench's zoo)."""
     rng = np.random.default_rng(seed)
     weights = [numpy_helper.from_array((rng.normal(0, 1, (dim, dim)) / np.sqrt(dim)).astype(np.float32), name)
                for name in ("wq", "wk", "wv", "wo")]
     constants = [numpy_helper.from_array(np.array(1.0, np.float32), "one"),
-                 numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "fill"),
+                 numpy_helper.from_array(np.array(fill, np.float32), "fill"),
                  numpy_helper.from_array(np.array(np.sqrt(dim), np.float32), "root"),
                  numpy_helper.from_array(np.array([1], np.int64), "axis1")]
     nodes = [

@@ -288,14 +288,20 @@ def _fresh_copy(model_path: str | Path, folder: Path, sixteen_bit: bool) -> Path
 _SAID_UNBOUNDED: set[str] = set()  # the sets of non-finite tensors already logged
 
 
-_UNBOUNDED: dict[tuple, dict[str, bool]] = {}  # (ranges file, its mtime and size) -> its non-finite tensors
+_UNBOUNDED: dict[tuple, dict[str, bool | None]] = {}  # (ranges file, its mtime and size) -> its unbounded tensors
+# a range end this far out is infinity's stand-in, not a magnitude: within a factor of two of float32's largest (twice
+# it overflows). PyTorch and Hugging Face exports fill a mask with torch.finfo(float32).min, -3.4e38, where -inf would
+# give a fully masked row NaN; a grid that holds it spreads 256 levels over 6.8e38 (a step of 1.3e36), so every score
+# beside it lands on one level, and a 16-bit grid's ends dequantise beyond float32 (inf)
+STAND_IN = float(np.finfo(np.float32).max) / 2
 
 
-def _unbounded_tensors(path: Path) -> dict[str, bool]:
-    """The tensors of a ranges file whose range is not finite, each with whether it held no value at all (an empty
-    tensor's range stays lowest +inf, highest -inf: a pad of length 0) rather than an infinite one; read once per
-    file version (a histogram method's file holds every histogram: parsing it for each recommendation candidate would
-    cost more than the answer)."""
+def _unbounded_tensors(path: Path) -> dict[str, bool | None]:
+    """The tensors of a ranges file whose range is not finite or reaches infinity's stand-in (STAND_IN), each with
+    True where it held no value at all (an empty tensor's range stays lowest +inf, highest -inf: a pad of length 0),
+    False where its range is infinite, None where it is finite but reaches STAND_IN; read once per file version (a
+    histogram method's file holds every histogram: parsing it for each recommendation candidate would cost more than
+    the answer)."""
     import json
 
     from onnxruntime.quantization.calibrate import TensorsData
@@ -311,15 +317,18 @@ def _unbounded_tensors(path: Path) -> dict[str, bool]:
             low, high = (np.asarray(end, np.float64) for end in data.range_value)
             if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
                 found[name] = bool(np.all(low > high))
+            elif max(np.max(np.abs(low), initial=0.0), np.max(np.abs(high), initial=0.0)) >= STAND_IN:
+                found[name] = None
         _UNBOUNDED[key] = found
     return _UNBOUNDED[key]
 
 
 def unbounded_nodes(graph: onnx.GraphProto, ranges_path: str | Path) -> list[str]:
     """The nodes that read or write a tensor whose calibrated range is not finite (a transformer's additive
-    attention mask is -inf where it masks): no scale represents it, and onnxruntime would quantise it with an
-    infinite one, which wrecks every row that passes the mask, masked or not. Those nodes stay in float (one
-    warning line); the int8 model keeps the mask exact."""
+    attention mask is -inf where it masks) or reaches infinity's stand-in (STAND_IN: its -3.4e38): no scale
+    represents it with the values beside it, and onnxruntime would quantise it with an infinite or astronomic one,
+    which wrecks every row that passes the mask, masked or not. Those nodes stay in float (one warning line); the
+    int8 model keeps the mask exact."""
     tensors = _unbounded_tensors(Path(ranges_path))
     if not tensors:
         return []
@@ -328,9 +337,13 @@ def unbounded_nodes(graph: onnx.GraphProto, ranges_path: str | Path) -> list[str
     if key not in _SAID_UNBOUNDED:  # once a process per set of tensors: the job's copy of the ranges is the same
         _SAID_UNBOUNDED.add(key)
         empty = sorted(name for name, none in tensors.items() if none)
-        infinite = sorted(name for name, none in tensors.items() if not none)
+        infinite = sorted(name for name, none in tensors.items() if none is False)
+        filled = sorted(name for name, none in tensors.items() if none is None)
         said = [f"{len(infinite)} tensor(s) have a calibrated range that is not finite ({first_few(infinite)}: an "
                 "attention mask's -inf?)"] if infinite else []
+        said += [f"{len(filled)} tensor(s) have a calibrated range that reaches {STAND_IN:.2g} or beyond, infinity's "
+                 f"stand-in ({first_few(filled)}: an attention mask filled with float32's lowest, -3.4e38?)"] \
+            if filled else []
         said += [f"{len(empty)} tensor(s) held no value in calibration ({first_few(empty)}: empty, as a pad of length "
                  "0 is)"] if empty else []
         logging.getLogger("calibrun").warning("%s: the %d node(s) that read or write them stay in float",
