@@ -482,7 +482,8 @@ def _fold_constants(current: Path, out: Path, external: bool, src: Path, steps: 
     if folds := [node for node in gone if node.name in constant]:
         parts.append(f"folded {_plural(len(folds), 'constant node')} into initializers ({_counts(folds)})")
     if others := [node for node in gone if node.name not in constant]:  # no-op Casts, and what else it removed
-        parts.append(f"removed {_plural(len(others), 'no-op node')} ({_counts(others)})")
+        parts.append(f"removed {_plural(len(others), 'node')} ({_counts(others)}: no-ops, repeats of another node's "
+                     "computation, or unused)")
     line = ("; ".join(parts) or "rewrote nodes") + " with onnxruntime basic optimisation"
     if added := after - before:
         line += f"; nodes added: {format_counts(added)}"
