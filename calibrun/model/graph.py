@@ -275,6 +275,23 @@ def metric_tensor(model: onnx.ModelProto, metric: str, key_of: Callable[[str], s
     return node.input[j]
 
 
+def part_carriers(model: onnx.ModelProto, metric: str, key_of: Callable[[str], str]) -> set[str]:
+    """The tensors that carry a part metric's values (`out.<key>.concat<j>.<metric>`) from the Concat on to the graph
+    output: the Concat's output and each Identity/Transpose output after it, the output itself. Their Q/DQ pairs
+    round the part too, on the one scale every Concat input shares (YOLOv8's boxes and scores: a step of 4 over
+    scores in 0..1), so they are as much the metric's as what feeds the part. Empty for any other metric."""
+    tensor = metric_tensor(model, metric, key_of)
+    output = next((o.name for o in model.graph.output if metric.startswith(f"out.{key_of(o.name)}.")), None)
+    if tensor is None or output is None or tensor == output:
+        return set()
+    producer = {out: node for node in model.graph.node for out in node.output}
+    carried, node = {output}, producer.get(output)
+    while node is not None and node.op_type in ("Identity", "Transpose"):
+        carried.add(node.input[0])
+        node = producer.get(node.input[0])
+    return carried
+
+
 def upstream(graph: onnx.GraphProto, *tensors: str) -> set[str]:
     """Every tensor `tensors` are computed from (themselves and the initializers read included), through the
     graph's nodes and what their subgraphs read."""

@@ -16,7 +16,7 @@ def test_a_part_metric_is_computed_from_its_concat_input_and_what_feeds_it(tmp_p
     """calibrun.model.graph.metric_tensor / upstream: `out.y.concat1.sqnr_db` is the Concat's second input (through
     a Transpose), and only the nodes feeding it are upstream of it; a task metric names no tensor."""
     from calibrun.measure.errors import metric_key
-    from calibrun.model.graph import metric_tensor, upstream
+    from calibrun.model.graph import metric_tensor, part_carriers, upstream
 
     nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
              helper.make_node("Neg", ["x"], ["b"], name="neg"),
@@ -32,6 +32,10 @@ def test_a_part_metric_is_computed_from_its_concat_input_and_what_feeds_it(tmp_p
     assert metric_tensor(model, "task.top1_agreement", metric_key) is None
     assert upstream(model.graph, "c") == {"c", "b", "x"}
     assert upstream(model.graph, "y/out") == {"y/out", "cat", "a", "c", "b", "x"}
+    # the part's values go on through the Concat and the Transpose, whose pairs round them on the parts' shared scale
+    assert part_carriers(model, f"out.{key}.concat1.sqnr_db", metric_key) == {"cat", "y/out"}
+    assert part_carriers(model, f"out.{key}.sqnr_db", metric_key) == set()  # the whole output: upstream holds it
+    assert part_carriers(model, "task.top1_agreement", metric_key) == set()
 
 
 def test_weights_dequantised_once_are_onnxruntimes_dequantizelinear_to_the_bit():
