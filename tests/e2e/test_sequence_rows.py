@@ -43,7 +43,7 @@ def test_frames_of_one_sequence_are_diagnosed_whole_and_said_to_depend_on_each_o
     assert "WARNING" in warned[0]
     assert result["verdict"]["because"].endswith("; measured on batches of 16 rows: the model's rows depend on each "
                                                  "other")
-    assert "match factor=1.0 batches=3 qdq" in run.stderr  # 40 rows: 3 batches, not the 64 asked for
+    assert "QDQ int8 model from 3 calibration batch(es)" in run.stderr  # 40 rows: 3 batches, not the 64 asked for
 
 
 def test_independent_rows_are_not_said_to_depend(tmp_path):
