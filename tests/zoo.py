@@ -6434,6 +6434,118 @@ def check_minimol(fp32: Path, int8: Path, built: Built) -> Score:
     score.details.update({"mean_cosine": float(np.mean(cos)), "top5_overlap": top5, "molecules": len(own),
                           "fp32_vs_stock": float(np.abs(ref - library[own]).max())})
     return score
+# --- luscinia: a LightGBM classifier of a Ukrainian word's stressed vowel (one TreeEnsembleClassifier, a ZipMap) -----
+LUSCINIA_CALIB = 256  # dictionary words that calibrate
+LUSCINIA_EVAL = 1024  # dictionary words that evaluate (other words)
+LUSCINIA_POS = "X"  # the part of speech the package's predict and predict_batch feed by default (unknown)
+LUSCINIA_AGREEMENT = Threshold(
+    "stress_agreement", 0.99, 0.95, True,
+    "share of evaluation words whose stressed vowel (the package's answer: the model's label, its 0-based vowel "
+    "index) int8 gives as fp32 does. Stricter than the classifier rule (1 in 20): the package's reader hears every "
+    "word it stresses, and its README claims 99.44% accuracy on held-out words, so 1 changed word in 20 would be "
+    "about nine times the error the package promises. Measured on fp32 alone before any int8 model of it existed: "
+    "on 2,548 words spread over ukrainian-word-stress's dictionary (POS unknown, the package's default) fp32 gives "
+    "the dictionary's stress on 93.6%, on the 1,024 evaluation words 92.4%. Within 1 in 100 int8 moves fewer words "
+    "than a sixth of fp32's own disagreement with the dictionary (ok); past 1 in 20 it moves about as many as fp32 "
+    "gets wrong, a second error of the model's own size (broken)")
+
+
+def _luscinia():
+    """luscinia 1.0.0's own package (its `featurizer.featurize`: the 132 features in its manifest's order, and its
+    `LusciniaPredictor`: the session as the package makes it), imported from its wheel unpacked in the test cache;
+    it needs numpy and onnxruntime only."""
+    import sys
+
+    from tests.trained import LUSCINIA, package_tree
+
+    if "luscinia" not in sys.modules:
+        sys.path.insert(0, str(package_tree(*LUSCINIA)))
+        try:
+            import luscinia  # noqa: F401
+        finally:
+            sys.path.pop(0)
+    return sys.modules["luscinia"]
+
+
+def ukrainian_stress_words(count: int) -> list[tuple[str, int]]:
+    """`count` (word, stressed vowel index) pairs from ukrainian-word-stress 2.1.0's dictionary (`stress.trie`, a
+    marisa BytesTrie of 2.9M word forms from ULIF's accent dictionary, read with marisa-trie from its wheel): its
+    keys sorted, those of lowercase Ukrainian letters (and the apostrophe) with two vowels or more, `count` places
+    spread evenly over them, at each the first word from there on whose entry has one stress (every reading the
+    same, one accent, on a vowel; the package's `_parse_dictionary_value`) - the index of that vowel among the
+    word's vowels (luscinia's ten: а е є и і ї о у ю я), the answer the model is trained to give."""
+    import re
+    import sys
+
+    from tests.trained import MARISA_TRIE, UA_WORD_STRESS, package_tree
+
+    tree = package_tree(*UA_WORD_STRESS)
+    sys.path.insert(0, str(package_tree(*MARISA_TRIE)))
+    try:
+        import marisa_trie
+    finally:
+        sys.path.pop(0)
+    trie = marisa_trie.BytesTrie()
+    trie.load(str(tree / "ukrainian_word_stress" / "data" / "stress.trie"))
+    vowels = frozenset(_luscinia().featurizer.VOWELS)
+    letters = re.compile("^[а-щьюяєіїґ']+$")
+    keys = sorted(k for k in trie.iterkeys() if letters.match(k) and sum(c in vowels for c in k) >= 2)
+    rec, pos_sep = b"\xff", b"\xfe"  # the package's tags.py: record and POS separators of an ambiguous entry
+
+    def stress(word: str) -> int | None:
+        value = trie[word][0]
+        accents = {value} if rec not in value else {r.partition(pos_sep)[0] for r in value.split(rec) if r}
+        if len(accents) != 1 or len(next(iter(accents))) != 1:
+            return None
+        at = next(iter(accents))[0] - 1  # the accent mark follows its vowel
+        return sum(c in vowels for c in word[:at]) if 0 <= at < len(word) and word[at] in vowels else None
+
+    out, step = [], len(keys) / count
+    for i in range(count):
+        j = int(i * step)
+        while j < len(keys) and (keys[j] in {w for w, _ in out[-1:]} or stress(keys[j]) is None):
+            j += 1
+        out.append((keys[j], stress(keys[j])))
+    return out
+
+
+def build_luscinia(folder: Path) -> Built:
+    """LUSCINIA_CALIB + LUSCINIA_EVAL dictionary words spread over the dictionary (`ukrainian_stress_words`), every
+    fifth calibrating, the others evaluating, each made the model's row by the package's own `featurize(word,
+    LUSCINIA_POS)` (as its predict_batch makes a batch: float32 [N, 132]); the extra: the evaluation words and their
+    dictionary stresses."""
+    words = ukrainian_stress_words(LUSCINIA_CALIB + LUSCINIA_EVAL)
+    featurize = _luscinia().featurize
+    rows = lambda pairs: {"float_input": np.array([featurize(w, LUSCINIA_POS) for w, _ in pairs],  # noqa: E731
+                                                  np.float32)}
+    calib, evals = words[0::5], [p for i, p in enumerate(words) if i % 5]
+    return Built(folder, _save(folder, "calib", rows(calib)), _save(folder, "eval", rows(evals)),
+                 {"words": [w for w, _ in evals], "stress": [s for _, s in evals]})
+
+
+def luscinia_answers(path: Path, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the stressed vowel per row, [rows, 11] probabilities) by the package's own `LusciniaPredictor(model_path)`
+    (its session: ORT_ENABLE_ALL, one thread) run on the rows as its predict_batch runs a batch, all at once; the
+    package fetches only `label`, the probabilities (the ZipMap's maps) are read here beside it."""
+    predictor = _luscinia().LusciniaPredictor(model_path=path)
+    label, maps = predictor.session.run(["label", "probabilities"], {predictor.input_name: rows})
+    probs = np.array([[m.get(k, 0.0) for k in range(11)] for m in maps], np.float64)
+    del predictor
+    return np.asarray(label).reshape(-1).astype(np.int64), probs
+
+
+def check_luscinia(fp32: Path, int8: Path, built: Built) -> Score:
+    """The share of evaluation words whose stressed vowel int8 gives as fp32 does (LUSCINIA_AGREEMENT). Beside it
+    each model's share that agrees with the dictionary, and the RMS and largest difference of the probabilities."""
+    rows = built.arrays()["float_input"]
+    ref, ref_p = luscinia_answers(fp32, rows)
+    got, got_p = luscinia_answers(int8, rows)
+    truth = np.array(built.extra["stress"])
+    value = float(np.mean(ref == got))
+    return Score(LUSCINIA_AGREEMENT.label(value), LUSCINIA_AGREEMENT.metric, value,
+                 {"fp32_correct": float(np.mean(ref == truth)), "int8_correct": float(np.mean(got == truth)),
+                  "prob_rms": float(np.sqrt(np.mean((ref_p - got_p) ** 2))),
+                  "prob_max": float(np.max(np.abs(ref_p - got_p))), "rows": len(ref)})
 
 
 ZOO: dict[str, ZooModel] = {m.name: m for m in (
@@ -6930,4 +7042,14 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "arrays, count once), each padded to 16 node and 16 edge rows with a padding graph: every third "
              "calibrates (5), the others evaluate (9)",
              batch_axes=(("edge_index", 1),), constants=(("graph_slots", MINIMOL_SLOTS),)),
+    ZooModel("luscinia", "luscinia", "luscinia 1.0.0", "tabular classification",
+             "luscinia's LightGBM classifier of a Ukrainian word's stressed vowel (OnnxMLTools 1.16: one ai.onnx.ml "
+             "TreeEnsembleClassifier of 4.8M nodes over 11 classes, no float op, a ZipMap): 132 hand-made features of "
+             "a word (lengths, vowel places, suffix and prefix hashes, POS) [N, 132] -> `label`, the stressed vowel's "
+             "index from the word's start (what the package returns), and the probabilities as a sequence of maps",
+             True, build_luscinia, check_luscinia, (LUSCINIA_AGREEMENT,),
+             "1,280 word forms spread over ukrainian-word-stress 2.1.0's dictionary (ULIF's accents; entries with one "
+             "stress), each by the package's own featurize(word, 'X'): every fifth calibrates (256), the others "
+             "evaluate (1024)",
+             extra_overrides=("eval.rows=1024",)),
 )}
