@@ -6434,6 +6434,8 @@ def check_minimol(fp32: Path, int8: Path, built: Built) -> Score:
     score.details.update({"mean_cosine": float(np.mean(cos)), "top5_overlap": top5, "molecules": len(own),
                           "fp32_vs_stock": float(np.abs(ref - library[own]).max())})
     return score
+
+
 # --- luscinia: a LightGBM classifier of a Ukrainian word's stressed vowel (one TreeEnsembleClassifier, a ZipMap) -----
 LUSCINIA_CALIB = 256  # dictionary words that calibrate
 LUSCINIA_EVAL = 1024  # dictionary words that evaluate (other words)
