@@ -207,18 +207,22 @@ def scales(path: str | Path) -> dict:
 
 
 def input_stays_float(model: onnx.ModelProto, where: str) -> str:
-    """The line for a quantised model whose graph input no QuantizeLinear or QLinear op reads."""
+    """The line for a model whose graph input no QuantizeLinear or QLinear op reads: quantisation starts further in,
+    or nowhere (a model onnxruntime quantised nothing in: a tree ensemble, foreign ops)."""
     first = graph_inputs(model)[0]
     name, elem = first.name, first.elem_type
     readers = ", ".join(sorted({node.op_type for node in model.graph.node if name in node.input})) or "no node"
+    ops = op_counts(model)
+    further = ("quantisation starts further in" if ops.get("QuantizeLinear") or any(op.startswith("QLinear")
+                                                                                     for op in ops)
+               else "nothing in the model is quantised")
     if elem and elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
                              onnx.TensorProto.BFLOAT16):  # token ids, a sample rate: fed as they are
         kind = onnx.TensorProto.DataType.Name(elem).lower()
         return (f"{where}: graph input {name!r} is {kind} (read by {readers}): only float tensors are quantised, so "
-                "it has no scale and quantisation starts further in; input_scale, input_zero_point and observed_span "
-                "are null")
+                f"it has no scale and {further}; its input_scale and input_zero_point are null")
     return (f"{where}: graph input {name!r} stays float (read by {readers}, not by a QuantizeLinear or QLinear op: "
-            "quantisation starts further in); input_scale, input_zero_point and observed_span are null")
+            f"{further}); its input_scale and input_zero_point are null")
 
 
 def keep_only(graph: onnx.GraphProto, outputs: list[str]) -> None:

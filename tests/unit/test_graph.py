@@ -123,6 +123,11 @@ def test_scales_of_a_model_with_integer_ids_says_the_input_is_an_integer_not_tha
     assert "graph input 'ids' is int64 (read by Gather)" in line
     assert "stays float" not in line
     assert "stays float" in input_stays_float(_with_input(TensorProto.FLOAT, quantised=True), "m.onnx")
+    assert "quantisation starts further in" in line
+    # a model with nothing quantised (luscinia's tree ensemble): no "further in" to start from
+    line = input_stays_float(_with_input(TensorProto.FLOAT, quantised=False), "m.onnx")
+    assert ("stays float (read by Gather, not by a QuantizeLinear or QLinear op: nothing in the model is "
+            "quantised)") in line
 
 
 def test_scales_of_a_model_without_any_quantisation_says_it_is_not_a_quantised_model():
