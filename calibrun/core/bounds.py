@@ -18,6 +18,13 @@ MAX_ROWS = 1_000_000  # evaluation rows
 MAX_SEED = 2**32 - 1  # numpy's legacy bound, what most tools accept
 MAX_FACTOR = 1e30  # N(0, 1) * factor must stay far inside float32 (3.4e38)
 MIN_FACTOR = 1e-30  # below this the calibration data is all zeros (or denormal) in float32
+FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
+# a value this far out is infinity's stand-in, not a magnitude: within a factor of two of float32's largest (twice it
+# overflows). PyTorch and Hugging Face exports fill a mask with torch.finfo(float32).min, -3.4e38, where -inf would
+# give a fully masked row NaN; a grid that holds it spreads 256 levels over 6.8e38 (a step of 1.3e36), so every score
+# beside it lands on one level, a 16-bit grid's ends dequantise beyond float32 (inf), and no histogram of 2048 finite
+# bins spans it. calibrun.quant.quantize keeps such a tensor's nodes in float; the histogram methods give it none.
+STAND_IN = FLOAT32_MAX / 2
 
 
 def check_seed(seed: int, name: str = "seed") -> int:

@@ -41,10 +41,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from onnxruntime.quantization.calibrate import HistogramCollector, TensorData
 
+from calibrun.core.bounds import STAND_IN
+
 log = logging.getLogger(__name__)
 
 # In the calibration cache key: bump when anything here can change a range or a histogram.
-ALGORITHM = "calibrun.quant.histogram/1"
+ALGORITHM = "calibrun.quant.histogram/2"  # 2: a tensor reaching infinity's stand-in has no histogram
 
 _EPS = 0.0001  # smooth_distribution's eps
 _F32 = float(np.finfo(np.float32).eps)
@@ -363,8 +365,9 @@ class FastHistogramCollector(HistogramCollector):
         super().__init__(method, symmetric, num_bins, num_quantized_bins, percentile, scenario)
         self.threads = threads or os.cpu_count() or 1
         self.progress = progress
-        # tensors with an infinite value (an attention mask's -inf): no histogram can hold them (numpy refuses an
-        # infinite range, in onnxruntime's collector too); their range is their min and max, not finite, and
+        # tensors with an infinite value (an attention mask's -inf) or infinity's stand-in (-3.4e38, STAND_IN): no
+        # histogram can hold them (numpy refuses an infinite range, in onnxruntime's collector too, and 2048 bins
+        # over 6.8e38: "Too many bins for data range"); their range is their min and max, and
         # calibrun.quant.quantize keeps the nodes that read or write them in float
         self.unbounded: dict[str, tuple] = {}
         self.worker = None  # a calibrun.quant.histogram_worker.HistogramWorker: bins half of each large batch
@@ -381,9 +384,14 @@ class FastHistogramCollector(HistogramCollector):
                 self.histogram_dict[name] = result
 
     def is_unbounded(self, tensor, chunk: ChunkRange) -> bool:
-        """Whether `tensor` has no histogram: it had an infinite value before, or this chunk has one."""
-        return tensor in self.unbounded or (chunk.size > 0 and not (np.isfinite(chunk.nan_low)
-                                                                     and np.isfinite(chunk.nan_high)))
+        """Whether `tensor` has no histogram: it had an infinite value (or infinity's stand-in) before, or this chunk
+        has one."""
+        if tensor in self.unbounded:
+            return True
+        if chunk.size == 0:
+            return False
+        low, high = float(chunk.nan_low), float(chunk.nan_high)  # in Python: float16's own range ends at 65504
+        return not (low > -STAND_IN and high < STAND_IN)  # NaN and inf fail it too
 
     def set_unbounded(self, tensor, chunk: ChunkRange) -> None:
         """Record an unbounded tensor's chunk: its range grows with the chunk's min and max (NaN ignored)."""

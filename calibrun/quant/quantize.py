@@ -21,6 +21,7 @@ import onnx
 from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
 from calibrun.core import patches
+from calibrun.core.bounds import STAND_IN
 from calibrun.core.errors import CalibrunError, first_few, one_line
 from calibrun.core.files import atomic_path, check_not_source, check_writable, temp_dir
 from calibrun.lab.data import lab_batches
@@ -289,11 +290,6 @@ _SAID_UNBOUNDED: set[str] = set()  # the sets of non-finite tensors already logg
 
 
 _UNBOUNDED: dict[tuple, dict[str, bool | None]] = {}  # (ranges file, its mtime and size) -> its unbounded tensors
-# a range end this far out is infinity's stand-in, not a magnitude: within a factor of two of float32's largest (twice
-# it overflows). PyTorch and Hugging Face exports fill a mask with torch.finfo(float32).min, -3.4e38, where -inf would
-# give a fully masked row NaN; a grid that holds it spreads 256 levels over 6.8e38 (a step of 1.3e36), so every score
-# beside it lands on one level, and a 16-bit grid's ends dequantise beyond float32 (inf)
-STAND_IN = float(np.finfo(np.float32).max) / 2
 
 
 def _unbounded_tensors(path: Path) -> dict[str, bool | None]:
