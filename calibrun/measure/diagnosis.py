@@ -193,6 +193,17 @@ def classify_model(diags: Sequence[Mapping], weights: Sequence[Mapping] = (), n:
     }
 
 
+def accumulated_note(diagnosis: Mapping) -> str:
+    """What the diagnosis line adds where no tensor is badly quantised on its own yet an output is under the verdict's
+    ok SQNR (`accumulated`): the shares cannot name a cause (hama's phoneme recogniser read "sound" while int8 read no
+    phoneme; docs/results.md)."""
+    if not diagnosis.get("accumulated"):
+        return ""
+    return (f"; yet an output is at {diagnosis['output_sqnr_db']:.1f} dB: no tensor is badly quantised on its own, "
+            "so the error builds up over many of them, or a level or a fill that dominates a tensor's energy hides "
+            "it from the shares (the measured recommendations are the answer)")
+
+
 def _json_value(value):
     if isinstance(value, np.generic):
         value = value.item()

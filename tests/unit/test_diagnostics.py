@@ -237,6 +237,23 @@ def test_classify_model_counts(lab):
     assert narrow["counts"]["clipping"] >= 1
 
 
+def test_sound_tensors_under_a_low_output_say_the_error_accumulated():
+    """Every tensor sound, yet an output under the verdict's ok SQNR (hama's phoneme recogniser: int8 read no
+    phoneme, its diagnosis "sound"): `accumulated`, and the diagnosis line says the shares cannot name a cause; a
+    clipping tensor, or an ok output, says nothing of the kind."""
+    from calibrun.measure.diagnosis import accumulated_note
+
+    rows = [{"tensor": t, "node": t, "levels": 200, "qmin": -128, "qmax": 127, "distinct_values": 10**6,
+             "clip_cost": 0.0, "qdq_sqnr_db": 30.0, "noise_share": share} for t, share in (("a", 0.6), ("b", 0.4))]
+    low = classify_model(rows, output_sqnr_db={"y": 3.0})
+    assert (low["overall"], low["accumulated"]) == ("sound", True)
+    assert accumulated_note(low).startswith("; yet an output is at 3.0 dB: no tensor is badly quantised on its own")
+    assert classify_model(rows, output_sqnr_db={"y": 30.0})["accumulated"] is False
+    clipped = classify_model([{**rows[0], "clip_cost": 50.0}, rows[1]], output_sqnr_db={"y": 3.0})
+    assert (clipped["overall"], clipped["accumulated"]) == ("clipping", False)
+    assert accumulated_note(clipped) == accumulated_note(classify_model(rows)) == ""
+
+
 def test_worst_orders_and_handles_inf_nan_ties():
     rows = [{"tensor": t, "sqnr_db": s} for t, s in
             [("a", 10.0), ("b", math.inf), ("c", None), ("d", 3.0), ("e", 3.0), ("f", -math.inf), ("g", math.nan)]]
