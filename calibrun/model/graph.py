@@ -112,7 +112,7 @@ def output_blocks(model: onnx.ModelProto) -> dict[str, tuple[int, list[tuple[int
     producer = {out: node for node in model.graph.node for out in node.output}
     blocks = {}
     for output in model.graph.output:
-        node, transposes = _under_moves(producer, output.name)
+        node, transposes, _ = _under_moves(producer, output.name)
         perms = []
         for transpose in transposes:
             perm = next((list(a.ints) for a in transpose.attribute if a.name == "perm"), None)
@@ -138,15 +138,17 @@ def output_blocks(model: onnx.ModelProto) -> dict[str, tuple[int, list[tuple[int
     return blocks
 
 
-def _under_moves(producer: dict[str, onnx.NodeProto], tensor: str) -> tuple[onnx.NodeProto | None, list]:
-    """The node that computes `tensor` below any Identity and Transpose nodes (None for a graph input), and the
-    Transposes passed on the way down, the outermost first."""
-    transposes, node = [], producer.get(tensor)
+def _under_moves(producer: dict[str, onnx.NodeProto], tensor: str) -> tuple[onnx.NodeProto | None, list, list]:
+    """The node that computes `tensor` below any Identity and Transpose nodes (None for a graph input), the
+    Transposes passed on the way down, the outermost first, and the tensors passed (`tensor` first, the computing
+    node's output last)."""
+    transposes, passed, node = [], [tensor], producer.get(tensor)
     while node is not None and node.op_type in ("Identity", "Transpose"):
         if node.op_type == "Transpose":
             transposes.append(node)
+        passed.append(node.input[0])
         node = producer.get(node.input[0])
-    return node, transposes
+    return node, transposes, passed
 
 
 def blocks_of(path: str | Path) -> dict[str, tuple[int, list[tuple[int, int]]]]:
@@ -260,19 +262,24 @@ def outer_reads(node: onnx.NodeProto) -> set[str]:
     return names
 
 
+def _metric_output(model: onnx.ModelProto, metric: str, key_of: Callable[[str], str]) -> str | None:
+    """The graph output a per-output metric (`out.<key>.<...>`) is of; None for any other metric."""
+    if not metric.startswith("out."):
+        return None
+    return next((o.name for o in model.graph.output if metric.startswith(f"out.{key_of(o.name)}.")), None)
+
+
 def metric_tensor(model: onnx.ModelProto, metric: str, key_of: Callable[[str], str]) -> str | None:
     """The tensor a per-output metric is computed on (`out.<key>.<metric>`, `key_of(output name)` giving <key>):
     the output itself, or for a part `out.<key>.concat<j>.<metric>` the Concat input j that fills it (through the
     Identity/Transpose nodes output_blocks also walks). None for any other metric (a task's, a model-wide one)."""
-    if not metric.startswith("out."):
-        return None
-    output = next((o.name for o in model.graph.output if metric.startswith(f"out.{key_of(o.name)}.")), None)
+    output = _metric_output(model, metric, key_of)
     if output is None:
         return None
     part = metric[len(f"out.{key_of(output)}."):].split(".", 1)[0]
     if not (part.startswith("concat") and part[len("concat"):].isdigit()):
         return output
-    node, _ = _under_moves({out: node for node in model.graph.node for out in node.output}, output)
+    node, _, _ = _under_moves({out: node for node in model.graph.node for out in node.output}, output)
     j = int(part[len("concat"):])
     if node is None or node.op_type != "Concat" or j >= len(node.input):
         return output
@@ -284,16 +291,10 @@ def part_carriers(model: onnx.ModelProto, metric: str, key_of: Callable[[str], s
     output: the Concat's output and each Identity/Transpose output after it, the output itself. Their Q/DQ pairs
     round the part too, on the one scale every Concat input shares (YOLOv8's boxes and scores: a step of 4 over
     scores in 0..1), so they are as much the metric's as what feeds the part. Empty for any other metric."""
-    tensor = metric_tensor(model, metric, key_of)
-    output = next((o.name for o in model.graph.output if metric.startswith(f"out.{key_of(o.name)}.")), None)
-    if tensor is None or output is None or tensor == output:
+    tensor, output = metric_tensor(model, metric, key_of), _metric_output(model, metric, key_of)
+    if tensor is None or tensor == output:  # not a part: the whole output, which upstream() holds
         return set()
-    producer = {out: node for node in model.graph.node for out in node.output}
-    carried, node = {output}, producer.get(output)
-    while node is not None and node.op_type in ("Identity", "Transpose"):
-        carried.add(node.input[0])
-        node = producer.get(node.input[0])
-    return carried
+    return set(_under_moves({out: node for node in model.graph.node for out in node.output}, output)[2])
 
 
 def upstream(graph: onnx.GraphProto, *tensors: str) -> set[str]:
