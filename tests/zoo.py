@@ -1653,15 +1653,16 @@ TAG_F1 = Threshold(
     "bands); past 1 in 5 an index or a reading built on it files other words under other parts of speech")
 
 
-def _imitator():
-    """The package's own Tagger (ma_imitator.py: its `encode` and `decode`), loaded from the wheel with its
+def _imitator(package: tuple[str, str] | None = None, folder: str = "unidic_lite_imitator"):
+    """An imitator package's own Tagger (its ma_imitator.py: `encode` and `decode`; unidic-lite-imitator's unless
+    `package` and its `folder` say another: sudachi-c-imitator ships the same file), loaded from the wheel with its
     config.json and model.onnx beside it (its __init__ reads both from its own folder)."""
     from tests.trained import UNIDIC_IMITATOR, package_module
 
+    package = package or UNIDIC_IMITATOR
     for member in ("config.json", "model.onnx"):
-        package_file(*UNIDIC_IMITATOR, f"unidic_lite_imitator/{member}")
-    module = package_module("calibrun_zoo_unidic_imitator",
-                            package_file(*UNIDIC_IMITATOR, "unidic_lite_imitator/ma_imitator.py"), stand_ins=())
+        package_file(*package, f"{folder}/{member}")
+    module = package_module(f"calibrun_zoo_{folder}", package_file(*package, f"{folder}/ma_imitator.py"), stand_ins=())
     return module.Tagger()
 
 
@@ -1688,10 +1689,10 @@ def japanese_sentences(count: int = 450) -> list[str]:
     return out[:count]
 
 
-def build_unidic_imitator(folder: Path) -> Built:
-    """Each sentence as the package's Tagger.encode feeds it (char ids, the mask and token types, padded to 256);
-    even sentences calibrate, odd ones evaluate."""
-    tagger = _imitator()
+def build_unidic_imitator(folder: Path, tagger=None) -> Built:
+    """Each sentence as the package's Tagger.encode feeds it (char ids, the mask and token types, padded to 256;
+    unidic-lite-imitator's Tagger unless `tagger` is another's); even sentences calibrate, odd ones evaluate."""
+    tagger = tagger or _imitator()
 
     def feed(texts: list[str]) -> dict[str, np.ndarray]:
         encoded = [tagger.encode(t) for t in texts]
@@ -1714,10 +1715,11 @@ def imitator_words(texts: list[str], tags: np.ndarray, tagger=None) -> list[set[
     return out
 
 
-def check_unidic_imitator(fp32: Path, int8: Path, built: Built) -> Score:
-    """Word and part-of-speech F1 of int8's analysis against fp32's over the evaluation sentences."""
+def check_unidic_imitator(fp32: Path, int8: Path, built: Built, tagger=None) -> Score:
+    """Word and part-of-speech F1 of int8's analysis against fp32's over the evaluation sentences (each decoded by
+    unidic-lite-imitator's Tagger unless `tagger` is another's)."""
     feeds, texts = built.arrays(), built.extra["texts"]
-    ref, got = (imitator_words(texts, run_rows(path, feeds)[0]) for path in (fp32, int8))
+    ref, got = (imitator_words(texts, run_rows(path, feeds)[0], tagger) for path in (fp32, int8))
     value = morpheme_f1(ref, got)
     cuts = morpheme_f1([{w[:2] for w in r} for r in ref], [{w[:2] for w in g} for g in got])
     return Score(TAG_F1.label(value), TAG_F1.metric, value,
@@ -1727,40 +1729,22 @@ def check_unidic_imitator(fp32: Path, int8: Path, built: Built) -> Score:
 
 # --- sudachi-c-imitator: the same author's tagger trained to imitate Sudachi's long units (SplitMode.C) -----------
 def _sudachi_c_imitator():
-    """sudachi-c-imitator's own Tagger (its ma_imitator.py: `encode` and `decode`), loaded from its wheel with its
-    config.json and model.onnx beside it (its __init__ reads both from its own folder)."""
-    from tests.trained import SUDACHI_C_IMITATOR, package_module
+    """sudachi-c-imitator's own Tagger (`_imitator` from its wheel)."""
+    from tests.trained import SUDACHI_C_IMITATOR
 
-    for member in ("config.json", "model.onnx"):
-        package_file(*SUDACHI_C_IMITATOR, f"sudachi_c_imitator/{member}")
-    module = package_module("calibrun_zoo_sudachi_c_imitator",
-                            package_file(*SUDACHI_C_IMITATOR, "sudachi_c_imitator/ma_imitator.py"), stand_ins=())
-    return module.Tagger()
+    return _imitator(SUDACHI_C_IMITATOR, "sudachi_c_imitator")
 
 
 def build_sudachi_c_imitator(folder: Path) -> Built:
     """The unidic imitator's sentences (`japanese_sentences`), each as this package's Tagger.encode feeds it (its
     own char ids, the mask and token types, padded to 256); even sentences calibrate, odd ones evaluate."""
-    tagger = _sudachi_c_imitator()
-
-    def feed(texts: list[str]) -> dict[str, np.ndarray]:
-        encoded = [tagger.encode(t) for t in texts]
-        return {k: np.concatenate([e[k] for e in encoded]).astype(np.int64) for k in encoded[0]}
-
-    texts = japanese_sentences()
-    return _split(texts, feed, folder, {"texts": texts[1::2]})
+    return build_unidic_imitator(folder, _sudachi_c_imitator())
 
 
 def check_sudachi_c_imitator(fp32: Path, int8: Path, built: Built) -> Score:
     """Word and part-of-speech F1 of int8's analysis against fp32's over the evaluation sentences, each decoded by
     the package's own Tagger.decode (`TAG_F1`, the taggers' rule and bands, unchanged)."""
-    feeds, texts, tagger = built.arrays(), built.extra["texts"], _sudachi_c_imitator()
-    ref, got = (imitator_words(texts, run_rows(path, feeds)[0], tagger) for path in (fp32, int8))
-    value = morpheme_f1(ref, got)
-    cuts = morpheme_f1([{w[:2] for w in r} for r in ref], [{w[:2] for w in g} for g in got])
-    return Score(TAG_F1.label(value), TAG_F1.metric, value,
-                 {"word_f1": cuts, "sentences": len(texts), "fp32_words": sum(map(len, ref)),
-                  "sentences_same": sum(a == b for a, b in zip(ref, got, strict=True))})
+    return check_unidic_imitator(fp32, int8, built, _sudachi_c_imitator())
 
 
 # --- arabic-name-romanizer: a GRU seq2seq transliterator's attention decoder, stepped by a beam search -------------
