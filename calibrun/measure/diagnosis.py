@@ -199,9 +199,11 @@ def accumulated_note(diagnosis: Mapping) -> str:
     phoneme; docs/results.md)."""
     if not diagnosis.get("accumulated"):
         return ""
-    return (f"; yet an output is at {diagnosis['output_sqnr_db']:.1f} dB: no tensor is badly quantised on its own, "
-            "so the error builds up over many of them, or a level or a fill that dominates a tensor's energy hides "
-            "it from the shares (the measured recommendations are the answer)")
+    lowest = diagnosis.get("output_sqnr_db")  # None in result.json where it was -inf (strict JSON)
+    at = f"at {lowest:.1f} dB" if isinstance(lowest, (int, float)) else "at no finite SQNR"
+    return (f"; yet an output is {at}: no tensor is badly quantised on its own, so the error builds up over many of "
+            "them, or a level or a fill that dominates a tensor's energy hides it from the shares (the measured "
+            "recommendations are the answer)")
 
 
 def _json_value(value):

@@ -241,6 +241,7 @@ def test_sound_tensors_under_a_low_output_say_the_error_accumulated():
     """Every tensor sound, yet an output under the verdict's ok SQNR (hama's phoneme recogniser: int8 read no
     phoneme, its diagnosis "sound"): `accumulated`, and the diagnosis line says the shares cannot name a cause; a
     clipping tensor, or an ok output, says nothing of the kind."""
+    from calibrun.core.files import strict_json
     from calibrun.measure.diagnosis import accumulated_note
 
     rows = [{"tensor": t, "node": t, "levels": 200, "qmin": -128, "qmax": 127, "distinct_values": 10**6,
@@ -252,6 +253,10 @@ def test_sound_tensors_under_a_low_output_say_the_error_accumulated():
     clipped = classify_model([{**rows[0], "clip_cost": 50.0}, rows[1]], output_sqnr_db={"y": 3.0})
     assert (clipped["overall"], clipped["accumulated"]) == ("clipping", False)
     assert accumulated_note(clipped) == accumulated_note(classify_model(rows)) == ""
+    # an output at -inf dB reaches result.json as null (strict JSON): the line still reads
+    nowhere = strict_json(classify_model(rows, output_sqnr_db={"y": -math.inf}))
+    assert nowhere["output_sqnr_db"] is None
+    assert accumulated_note(nowhere).startswith("; yet an output is at no finite SQNR: no tensor")
 
 
 def test_worst_orders_and_handles_inf_nan_ties():
