@@ -27,6 +27,13 @@ FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
 STAND_IN = FLOAT32_MAX / 2
 
 
+def inside_stand_in(low: float, high: float) -> bool:
+    """Whether a range [low, high] stays short of infinity's stand-in (STAND_IN) on both sides: False for one that
+    reaches it, is infinite, or is NaN (calibrun.quant.quantize keeps such a tensor's nodes in float; the histogram
+    methods give it no histogram)."""
+    return low > -STAND_IN and high < STAND_IN
+
+
 def check_seed(seed: int, name: str = "seed") -> int:
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed <= MAX_SEED:
         raise CalibrunError(f"{name} must be an integer in 0..{MAX_SEED} (2**32 - 1), got {_short(seed)}")

@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from onnxruntime.quantization.calibrate import HistogramCollector, TensorData
 
-from calibrun.core.bounds import STAND_IN
+from calibrun.core.bounds import inside_stand_in
 
 log = logging.getLogger(__name__)
 
@@ -390,8 +390,7 @@ class FastHistogramCollector(HistogramCollector):
             return True
         if chunk.size == 0:
             return False
-        low, high = float(chunk.nan_low), float(chunk.nan_high)  # in Python: float16's own range ends at 65504
-        return not (low > -STAND_IN and high < STAND_IN)  # NaN and inf fail it too
+        return not inside_stand_in(float(chunk.nan_low), float(chunk.nan_high))  # floats: float16's range is 65504
 
     def set_unbounded(self, tensor, chunk: ChunkRange) -> None:
         """Record an unbounded tensor's chunk: its range grows with the chunk's min and max (NaN ignored)."""

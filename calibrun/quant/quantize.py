@@ -21,7 +21,7 @@ import onnx
 from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
 from calibrun.core import patches
-from calibrun.core.bounds import STAND_IN
+from calibrun.core.bounds import STAND_IN, inside_stand_in
 from calibrun.core.errors import CalibrunError, first_few, one_line
 from calibrun.core.files import atomic_path, check_not_source, check_writable, temp_dir
 from calibrun.lab.data import lab_batches
@@ -313,7 +313,7 @@ def _unbounded_tensors(path: Path) -> dict[str, bool | None]:
             low, high = (np.asarray(end, np.float64) for end in data.range_value)
             if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
                 found[name] = bool(np.all(low > high))
-            elif max(np.max(np.abs(low), initial=0.0), np.max(np.abs(high), initial=0.0)) >= STAND_IN:
+            elif not inside_stand_in(float(np.min(low)), float(np.max(high))):
                 found[name] = None
         _UNBOUNDED[key] = found
     return _UNBOUNDED[key]
