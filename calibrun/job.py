@@ -385,6 +385,8 @@ def compute(ctx: JobContext) -> JobResult:
                                         streamed=feedback.streamed(evaluation.state))
     except ValueError as exc:  # verdict.metric names no metric of this run
         raise CalibrunError(f"config {exc}") from None
+    if verdict.worst_decided(result.verdict, cfg.verdict):  # what a sweep of such runs ranks them by
+        result.metrics[verdict.WORST_OUTPUT] = result.metrics[result.verdict["metric"]]
     task_output = (result.task or {}).get("output")
     unread = verdict.unread_output(result.metrics, measure.metric_key(task_output)) \
         if result.verdict is not None and result.verdict["metric"].startswith("task.") and task_output else None

@@ -41,13 +41,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from calibrun.core.errors import CalibrunError, one_line
+from calibrun.measure import verdict
 
 log = logging.getLogger("calibrun")
 
 TASKS = ("auto", "none", "classification", "dense", "decision", "image", "custom")
-# metrics the report and older readers know by their plain names (kept beside task.<name>)
-LEGACY = {"task.top1_agreement": "top1_agreement", "task.fp32_accuracy": "fp32_accuracy",
-          "task.int8_accuracy": "int8_accuracy"}
 # how far from 1 a Softmax's probabilities may sum over its classes (float32 rounding over thousands of classes is
 # some 1e-6; a sum over any other axis misses 1 by far more)
 SUMS_TO_ONE = 1e-3
@@ -478,7 +476,7 @@ def refuse_labels(labels: np.ndarray, classes: int, output: str | None, evaluati
 
 def legacy(metrics: Mapping[str, float]) -> dict[str, float]:
     """The plain names older readers use (top1_agreement, fp32_accuracy, int8_accuracy)."""
-    return {LEGACY[k]: v for k, v in metrics.items() if k in LEGACY}
+    return {verdict.LEGACY[k]: v for k, v in metrics.items() if k in verdict.LEGACY}  # kept beside task.<name>
 
 
 def spec_of(cfg_task) -> TaskSpec:

@@ -133,6 +133,11 @@ TASK_RULES = (CLASS_DICE, AGREEMENT, DICE, DECISION_DICE, IMAGE_PSNR)
 DECISIONS = (CLASS_DICE.metric, AGREEMENT.metric, DICE.metric, DECISION_DICE.metric)
 SQNR_OK_DB = 20.0
 SQNR_BROKEN_DB = 10.0
+# result.json metric: the worst output's SQNR where it decided the verdict (`worst_decided`), whichever output it was
+WORST_OUTPUT = "worst_output_sqnr_db"
+# task metrics the report also knows by plain names (calibrun.measure.tasks keeps both in result.json)
+LEGACY = {"task.top1_agreement": "top1_agreement", "task.fp32_accuracy": "fp32_accuracy",
+          "task.int8_accuracy": "int8_accuracy"}
 SQNR_CAP = 200.0  # dB reported when the int8 output equals the fp32 one exactly (no noise to divide by)
 ROW_SHARE_KEY = f"rows_under_{SQNR_OK_DB:g}db"  # calibrun.measure.errors.RowShare: rows over the ok bound
 ROWS_UNDER_OK = 0.05  # ok needs at most 1 row in 20 over the bound, in every output and part
@@ -271,11 +276,12 @@ def rule_for(metrics: Mapping[str, float], conf=None, streamed: Collection[str] 
 
 def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
            names: Mapping[str, str] | None = None, streamed: Collection[str] = ()) -> dict | None:
-    """result.json `verdict`: {status, metric, value, because}; None without anything to decide on. A verdict.metric
-    the run did not measure is an error (the run's metric names listed). `names`: an output's name in its metric
-    keys -> its name in the model, where they differ (calibrun.measure.errors.metric_key: `out:0` is `out_0` in a
-    key); `because` names the output as the model does. `streamed`: the outputs (metric keys' names) each model fed
-    back as its own state, rows in order (calibrun.measure.feedback; rule_for)."""
+    """result.json `verdict`: {status, metric, value, goal (max|min: which way the metric is better), because};
+    None without anything to decide on. A verdict.metric the run did not measure is an error (the run's metric names
+    listed). `names`: an output's name in its metric keys -> its name in the model, where they differ
+    (calibrun.measure.errors.metric_key: `out:0` is `out_0` in a key); `because` names the output as the model does.
+    `streamed`: the outputs (metric keys' names) each model fed back as its own state, rows in order
+    (calibrun.measure.feedback; rule_for)."""
     rule = rule_for(metrics, conf, streamed)
     if rule is None:
         return None
@@ -325,7 +331,24 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
                     "later row")
     because = _named(because, names)
     return {"status": status, "metric": rule.metric, "value": value if math.isfinite(value) else None,
-            "because": because}
+            "goal": rule.goal, "because": because}
+
+
+def worst_decided(verdict: Mapping | None, conf=None) -> bool:
+    """Whether the worst-output rule decided this verdict (not a task metric, not `verdict.metric`)."""
+    return verdict is not None and not (conf is not None and conf.metric) and bool(_PART.match(verdict["metric"]))
+
+
+def headline(verdict: Mapping | None, metrics: Mapping) -> tuple[str, str] | None:
+    """(metric key, 'higher'|'lower'): what ranks this run among a sweep's runs by its verdict (the sweep's report
+    and MLflow parent run, calibrun.report.aggregate.headline_of): WORST_OUTPUT where the worst output's SQNR decided
+    (the worst output may be another one in another run), else the verdict's metric (a task metric by the plain
+    name the report knows it by: task.top1_agreement as top1_agreement); None without a verdict or its goal (an
+    older result.json's verdict has no goal)."""
+    if verdict is None or verdict.get("goal") not in GOALS:
+        return None
+    key = WORST_OUTPUT if WORST_OUTPUT in metrics else LEGACY.get(verdict["metric"], verdict["metric"])
+    return key, "lower" if verdict["goal"] == "min" else "higher"
 
 
 def line(verdict: Mapping | None) -> str:

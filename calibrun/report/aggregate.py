@@ -30,6 +30,7 @@ import yaml
 from calibrun import lab
 from calibrun.core.errors import CalibrunError, one_line
 from calibrun.core.files import RESULT_FILE, atomic_path, finite, remove_orphans, temp_name, write_json
+from calibrun.measure import verdict
 from calibrun.measure.sweep_diagnosis import run_diagnosis, sample_trend
 from calibrun.result import JobResult
 from calibrun.sweep_order import sweeper_lines, written_order
@@ -281,14 +282,28 @@ def _set_labels(runs: list[Run], axes: dict[str, list[str]]) -> None:
 
 
 def headline(runs: list[Run]) -> tuple[str, str]:
-    """(metric, 'lower'|'higher'): the task metric when every completed run has it, else max_abs_error."""
-    return headline_of([run.metrics for run in runs])
+    """(metric, 'lower'|'higher'): what ranks the sweep's completed runs (headline_of). A lab model's run has no
+    verdict headline: the lab is read by max_abs_error (docs/lab.md)."""
+    return headline_of([run.metrics for run in runs],
+                       [None if (run.config.get("model") or {}).get("name") == "lab"
+                        else verdict.headline(run.result.verdict, run.metrics) for run in runs])
 
 
-def headline_of(metrics: list[dict]) -> tuple[str, str]:
-    """headline() from the runs' metric dicts (result.json's, or the MLflow runs' of the parent run's summary)."""
-    for metric, better in HEADLINES:
-        if metrics and all(isinstance(m.get(metric), (int, float)) for m in metrics):
+def headline_of(metrics: list[dict], verdicts: list[tuple[str, str] | None] | None = None) -> tuple[str, str]:
+    """The sweep's headline from its runs' metric dicts (result.json's, or the MLflow runs' of the parent run's
+    summary) and each run's verdict headline (calibrun.measure.verdict.headline: None for a lab run or a run without
+    a verdict): the accuracy against labels when every run has it; else the metric every run's verdict is decided
+    by, when they share one (the worst output's SQNR counts as one: `worst_output_sqnr_db`); else top-1 agreement
+    when every run has it; else max_abs_error. An output's max_abs_error over every output reads nothing on a
+    model whose outputs are class ids or logits: the verdict's metric is what the run was judged by."""
+    every = bool(metrics)
+    if every and all(isinstance(m.get("int8_accuracy"), (int, float)) for m in metrics):
+        return "int8_accuracy", "higher"
+    if every and verdicts is not None and len(verdicts) == len(metrics) and None not in verdicts \
+            and len(set(verdicts)) == 1:
+        return verdicts[0]
+    for metric, better in HEADLINES[1:]:
+        if every and all(isinstance(m.get(metric), (int, float)) for m in metrics):
             return metric, better
     return "max_abs_error", "lower"
 
@@ -586,8 +601,6 @@ def _streamed(config: dict) -> tuple[str, ...]:
 def _more_batches(group: list[Run]) -> dict | None:
     """When the trend says more samples help: the sweep's own measurement of it, the verdict's metric of the run
     with the most batches against the one with the fewest, offered only when it is better."""
-    from calibrun.measure import verdict
-
     ordered = sorted(group, key=lambda run: int(run.config["batches"]))
     fewest, most = ordered[0], ordered[-1]
     rule = verdict.rule_for(most.metrics, streamed=_streamed(most.config))

@@ -20,6 +20,7 @@ from calibrun.core.errors import one_line
 from calibrun.core.files import DIAGNOSTICS_FILE, RANGES_FILE, write_json
 from calibrun.data import source_record
 from calibrun.job import job_identity
+from calibrun.measure import verdict
 from calibrun.model import file_sha256
 from calibrun.result import JobResult
 from calibrun.tracking import (
@@ -136,8 +137,8 @@ MLFLOW_METRIC_NAMES = {"span": "input.calibrated_span", "observed_span": "input.
 
 
 def job_metrics(result: JobResult) -> dict:
-    """Every number of result.json's metrics, headline first (the report's: task accuracy or agreement when the
-    run has it, else max_abs_error), the spans by unambiguous names (MLFLOW_METRIC_NAMES), and the diagnosis'
+    """Every number of result.json's metrics, the first of HEADLINES it has first (task accuracy or agreement when
+    the run has it, else max_abs_error), the spans by unambiguous names (MLFLOW_METRIC_NAMES), and the diagnosis'
     numbers: the count of tensors of every verdict, 0 included (so that runs compare). The verdicts themselves
     are words: tags (`diagnosis.input`, `diagnosis.overall`), not one-hot metrics that are NaN in every other
     run."""
@@ -156,7 +157,7 @@ def job_metrics(result: JobResult) -> dict:
         elif isinstance(value, dict):
             counts = {k: v for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
             if key == "counts":
-                counts = {verdict: counts.get(verdict, 0) for verdict in (*VERDICTS, *counts)}
+                counts = {name: counts.get(name, 0) for name in (*VERDICTS, *counts)}
             metrics.update({f"diagnosis.{key}.{k}": v for k, v in counts.items()})
     return metrics
 
@@ -176,10 +177,15 @@ def diagnosis_tags(result: JobResult) -> dict:
 
 
 def verdict_tags(result: JobResult) -> dict:
-    """The headline as tags: `calibrun.verdict` (ok|degraded|broken), why, and the best measured change."""
+    """The headline as tags: `calibrun.verdict` (ok|degraded|broken), why, the metric that ranks the run among a
+    sweep's and which way is better (`calibrun.verdict.headline`, `calibrun.verdict.better`: the parent run's
+    summary reads them, calibrun.sweep.summarise), and the best measured change."""
     tags = {}
     if result.verdict:
         tags = {"calibrun.verdict": result.verdict["status"], "calibrun.verdict.because": result.verdict["because"]}
+        ranked = verdict.headline(result.verdict, result.metrics or {})
+        if ranked is not None:
+            tags.update({"calibrun.verdict.headline": ranked[0], "calibrun.verdict.better": ranked[1]})
     if result.recommendations:
         tags["calibrun.recommendation"] = result.recommendations[0]["change"]
     return tags

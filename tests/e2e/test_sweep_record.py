@@ -87,14 +87,15 @@ def test_the_report_and_the_parent_run_name_the_same_best_run_on_a_tie(sweep):
 
 
 def test_the_parent_run_describes_the_sweep_in_markdown(sweep):
-    """Item 8: mlflow.note.content (the run page's description) sums the sweep up."""
+    """Item 8: mlflow.note.content (the run page's description) sums the sweep up, by the runs' verdict metric: a
+    user's file (the lab's network, not the lab model) is ranked by its worst output's SQNR."""
     note = sweep["parent"].data.tags["mlflow.note.content"]
     assert note.startswith("## calibrun sweep")
     assert "4 job(s) finished, 0 failed." in note
-    assert "Headline metric: **max_abs_error** (lower is better)" in note
-    assert f"Best run: **{sweep['children'][0].info.run_name}** (job 0)" in note
-    assert "| rank | run | job | max_abs_error |" in note
-    assert "| `model.path` | best max_abs_error |" in note
+    assert "Headline metric: **worst_output_sqnr_db** (higher is better)" in note
+    assert f"Best run: **{sweep['children'][0].info.run_name}** (job 0)" in note  # A and B tie: the first job
+    assert "| rank | run | job | worst_output_sqnr_db |" in note
+    assert "| `model.path` | best worst_output_sqnr_db |" in note
     child = sweep["children"][0].data.metrics
     assert {"input.calibrated_span", "input.int8_grid_span"} <= set(child)
     assert "span" not in child
@@ -169,7 +170,7 @@ def test_the_sweeps_link_opens_its_runs_sorted_by_the_headline(sweep, mlflow_ui)
     assert link.startswith(f"http://127.0.0.1:5000/#/experiments/{sweep['experiment'].experiment_id}/runs?")
     text = _page_text(link.replace(":5000/", f":{mlflow_ui}/"))
     _on_the_training_runs_page(text)
-    assert "Sort: max_abs_error" in text
+    assert "Sort: worst_output_sqnr_db" in text
     assert "5 matching runs" in text  # the parent and its four children, nothing else
     for child in sweep["children"]:
         assert child.info.run_name in text

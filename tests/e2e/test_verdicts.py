@@ -6,7 +6,8 @@ real onnxruntime, Hydra and MLflow): each path that decides a verdict, and a rec
   as it is written, gives the model it measured.
 - scikit-learn's digits classifier on the real test split: ok (task.top1_agreement).
 - NudeNet's YOLOv8n on photos, no task: its class scores, one Concat input of output0, are crushed on the boxes'
-  int8 grid: broken on that part's SQNR, though the whole output's SQNR looks fine. Tracked: the MLflow tag.
+  int8 grid: broken on that part's SQNR, though the whole output's SQNR looks fine. Tracked: the MLflow tags; in a
+  sweep with 16-bit activations, both runs ranked by the worst output's SQNR (the report, the parent run).
 - det_yolox with the README's custom detection task: `verdict.metric` decides with its thresholds.
 - The lab model kept all in float: its metric at its best, no recommendation is measured.
 """
@@ -125,18 +126,36 @@ def test_no_candidate_is_measured_where_int8_already_computes_as_fp32(tmp_path):
     assert quantised["used"]["recommend"]["candidates"] >= 4
 
 def test_a_detector_whose_scores_are_crushed_is_broken_on_that_part_and_tagged(photos, tmp_path):
+    """Tracked, in a sweep with 16-bit activations beside (which lifts the scores' part): each run's verdict tags,
+    and the sweep ranks its runs by the worst output's SQNR that judged them (the report and the parent run), not
+    by max_abs_error over boxes in pixels and scores."""
     store = fresh_mlflow_store(tmp_path)
-    run = calibrun(tmp_path, "model=file", f"model.path={model_path('nudenet')}", *image_overrides(photos, 320),
-                   "batches=1", "eval.rows=8", "recommend=off", "diagnostics=off", "hydra.run.dir=nude", store=store)
-    result = _done(tmp_path, run, "nude")
+    run = calibrun(tmp_path, "-m", "model=file", f"model.path={model_path('nudenet')}", *image_overrides(photos, 320),
+                   "batches=1", "eval.rows=8", "recommend=off", "diagnostics=off", "quant.activation_type=QInt8,QInt16",
+                   f"hydra.sweep.dir={tmp_path / 'nude'}", store=store)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result, sixteen = (_done(tmp_path, run, f"nude/{job}") for job in (0, 1))
     verdict, m = result["verdict"], result["metrics"]
     assert result["task"]["name"] == "none"
     assert verdict["metric"] == "out.output0.concat1.sqnr_db"  # the Sigmoid class scores, output0[:, 4:22]
-    assert verdict["status"] == "broken"
+    assert (verdict["status"], verdict["goal"]) == ("broken", "max")
     assert m["out.output0.sqnr_db"] > m["out.output0.concat1.sqnr_db"] + 10  # the whole tensor hides it
-    tags = MlflowClient(store).get_run(result["mlflow"]["run_id"]).data.tags
+    for each in (result, sixteen):  # the worst output's SQNR, whichever output or part it was, under one name
+        assert each["metrics"]["worst_output_sqnr_db"] == each["verdict"]["value"]
+    assert sixteen["verdict"]["value"] > verdict["value"] + 10
+    client = MlflowClient(store)
+    tags = client.get_run(result["mlflow"]["run_id"]).data.tags
     assert tags["calibrun.verdict"] == "broken"
     assert tags["calibrun.verdict.because"] == verdict["because"]
+    assert (tags["calibrun.verdict.headline"], tags["calibrun.verdict.better"]) == ("worst_output_sqnr_db", "higher")
+    runs = json.loads((tmp_path / "nude" / "report" / "runs.json").read_text())
+    assert runs["headline"] == {"metric": "worst_output_sqnr_db", "better": "higher"}
+    assert runs["best"] == "quant.activation_type=QInt16"
+    assert result["metrics"]["max_abs_error"] != sixteen["metrics"]["max_abs_error"]  # a ranking it no longer sets
+    parent = client.get_run(client.get_run(result["mlflow"]["run_id"]).data.tags["mlflow.parentRunId"]).data
+    assert parent.tags["calibrun.headline"] == "worst_output_sqnr_db (higher is better)"
+    assert parent.tags["calibrun.best_run_id"] == sixteen["mlflow"]["run_id"]
+    assert parent.metrics["best_worst_output_sqnr_db"] == sixteen["verdict"]["value"]
 
 
 def test_a_custom_task_decides_with_its_own_metric_and_thresholds(photos, tmp_path):

@@ -176,6 +176,36 @@ def test_task_metric_is_the_headline_when_every_run_has_it(tmp_path):
     assert (sweep / "report" / "top1_agreement_vs_calibration.png").is_file()
 
 
+def test_a_user_models_sweep_is_ranked_by_what_its_verdicts_were_decided_by(tmp_path):
+    """Runs of a user's model judged by their worst output's SQNR (another output in each run) are ranked by it,
+    not by max_abs_error (here the other way round); the lab model keeps max_abs_error; runs judged by different
+    metrics, or one without a verdict, fall back to the old rule."""
+    def worst(value: float, output: str) -> dict:
+        return {"status": "ok" if value >= 20 else "broken", "metric": f"out.{output}.sqnr_db", "value": value,
+                "goal": "max", "because": "..."}
+
+    sweep = tmp_path / "sweep"
+    user = {"model.name": "file", "model.path": "m.onnx"}
+    for num, (name, error, db, output) in enumerate([("narrow", 0.1, 8.0, "boxes"), ("wide", 9.0, 31.0, "scores")]):
+        job = fake_job(sweep, num, {"calibration": name}, error, metrics={f"out.{output}.sqnr_db": db,
+                                                                           "worst_output_sqnr_db": db},
+                       config=job_config(**{"calibration.name": name, **user}))
+        result = json.loads((job / "result.json").read_text())
+        (job / "result.json").write_text(json.dumps({**result, "verdict": worst(db, output)}))
+    aggregate.build(sweep)
+    runs = json.loads((sweep / "report" / "runs.json").read_text())
+    assert runs["headline"] == {"metric": "worst_output_sqnr_db", "better": "higher"}
+    assert runs["best"] == "calibration=wide"
+    assert (sweep / "report" / "worst_output_sqnr_db_vs_calibration.png").is_file()
+    metrics = [{"max_abs_error": 0.1}, {"max_abs_error": 9.0}]
+    ranked = ("worst_output_sqnr_db", "higher")
+    assert aggregate.headline_of(metrics, [ranked, ranked]) == ranked
+    assert aggregate.headline_of(metrics, [ranked, None]) == ("max_abs_error", "lower")  # a lab run, or no verdict
+    assert aggregate.headline_of(metrics, [ranked, ("task.cer", "lower")]) == ("max_abs_error", "lower")
+    labelled = [{**m, "int8_accuracy": 0.9} for m in metrics]
+    assert aggregate.headline_of(labelled, [ranked, ranked]) == ("int8_accuracy", "higher")  # labels first
+
+
 # --- the lab's runs, by the lab's fixed settings ----------------------------------------------------------------
 
 def test_lab_difference_names_the_setting_that_is_not_the_lab():

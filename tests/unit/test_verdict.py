@@ -205,6 +205,24 @@ def test_a_custom_metric_with_its_thresholds():
         verdict.decide({"task.f2": 1.0, "max_abs_error": 0.1}, c)
 
 
+def test_what_ranks_a_run_among_a_sweeps_is_the_metric_its_verdict_was_decided_by():
+    """verdict.headline: the worst output's SQNR under one name (worst_decided: job.py writes it into the metrics),
+    whichever output it was; a task metric by its plain name; a custom metric with its own direction; nothing
+    without a verdict or its goal."""
+    metrics = {"out.a.sqnr_db": 5.0, "out.b.sqnr_db": 30.0}
+    worst = verdict.decide(metrics)
+    assert verdict.worst_decided(worst)
+    assert not verdict.worst_decided(worst, conf("out.a.sqnr_db", "max", 20, 10))
+    assert verdict.headline(worst, {**metrics, verdict.WORST_OUTPUT: 5.0}) == (verdict.WORST_OUTPUT, "higher")
+    agreement = verdict.decide({"task.top1_agreement": 0.97, "out.a.sqnr_db": 5.0})
+    assert not verdict.worst_decided(agreement)
+    assert verdict.headline(agreement, {}) == ("top1_agreement", "higher")
+    lower = verdict.decide({"task.cer": 0.01}, conf("task.cer", "min", 0.02, 0.2))
+    assert verdict.headline(lower, {"task.cer": 0.01}) == ("task.cer", "lower")
+    assert verdict.headline(None, metrics) is None
+    assert verdict.headline({k: v for k, v in worst.items() if k != "goal"}, metrics) is None
+
+
 def test_the_line_is_the_status_and_the_reason():
     got = verdict.decide({"out.y.sqnr_db": 1.55, "out.y.rows_under_20db": 1.0})
     assert verdict.line(got) == f"verdict: BROKEN: {got['because']}"
