@@ -126,7 +126,8 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("calibrun.sweep_id", _sweep_id, use_cache=True)
 
 
-OPEN_NODES = ("quant.tensor_types",)  # nodes whose keys are the user's (tensor names), not settings
+# nodes whose keys are the user's (tensor names), not settings
+OPEN_NODES = ("quant.tensor_types", "quant.tensor_ranges")
 
 
 def _unknown_keys(node: DictConfig, schema: dict, prefix: str = "") -> list[str]:

@@ -15,7 +15,9 @@ Candidates, each written as the override a user types:
   ConvTranspose, Gemm, MatMul: what int8 kernels speed up) where the QDQ int8 model also quantises other ops: the
   element-wise ops, normalisations and Softmax left in float are where ranges int8 cannot hold meet (a transformer's
   attention mask fill, -3.4e38 or -1e4, added to its scores: on one grid each score rounds to zero; the residual
-  stream's outlier channels before a LayerNormalization);
+  stream's outlier channels before a LayerNormalization); and `quant.tensor_ranges={...}` where a top culprit is
+  clipping: its calibrated range with each end twice as far from zero (`headroom`), since clipping is the range's
+  error and no precision change reaches it;
 - other calibration methods (`recommend.methods`, none by default: a histogram method's calibration pass is slow,
   two passes where its tensors exceed memory.budget), calibrated through the calibration cache (a later run with
   that method reuses the ranges);
@@ -26,7 +28,8 @@ Candidates, each written as the override a user types:
   encoder both 16-bit changes alone left 1.2 dB, since its attention mask fill dequantises to -inf on a 16-bit
   grid, and with the matrix ops alone quantised they reach 53 dB), then with each one left out in turn, the
   weakest first, while the fewer changes keep what the combination reached; a combination is not measured where
-  a change with fewer changes already makes the model ok (it could not rank first: `_outranked`).
+  a change with fewer changes already makes the model ok (it could not rank first: `_outranked`), nor are both
+  16-bit changes where one alone made the model ok.
 
 With a state fed back (`eval_data.inputs.<name>.from_output`, calibrun.measure.feedback) each candidate is judged
 streamed (its `after`, status and whether it is offered) and also measured per call, each row fed the state fp32
@@ -87,14 +90,16 @@ class Candidate:
 
 
 def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, quantised: Mapping[str, str],
-               saturates: bool = False) -> list[Candidate]:
+               saturates: bool = False, ranges: Mapping[str, tuple[float, float]] | None = None) -> list[Candidate]:
     """The single changes worth measuring for a job quantised with `options` by `method` (`quantised`: the nodes its
     int8 model computes from int8 values and their op types, `quantised_nodes`; `saturates`: this CPU's int8
     kernels can saturate,
     calibrun.core.cpu). Keeping nodes in float is a candidate only while the model stays mostly integer: at most
     MOSTLY_INT8 of its quantised nodes (with those the user excluded) in float. On a small model the top culprits
     are the whole model; on a recurrent one quantize_static quantises only the few ops around the LSTM (two of
-    fifteen nodes in a PyTorch export): "keep it all in float" is no int8 recommendation."""
+    fifteen nodes in a PyTorch export): "keep it all in float" is no int8 recommendation. `ranges`: the job's
+    calibrated range of each tensor (calibrun.quant.quantize.calibrated_ranges), which the headroom candidate
+    widens for the top culprits the diagnosis calls clipping (`headroom`)."""
     found = []
     if not options.per_channel:
         found.append(Candidate(("quant.per_channel=true",), replace(options, per_channel=True)))
@@ -115,6 +120,12 @@ def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, qua
             every = [*options.nodes_to_exclude, *nodes]
             found.append(Candidate((f"quant.nodes_to_exclude=[{','.join(map(overrides.list_item, every))}]",),
                                    replace(options, nodes_to_exclude=tuple(every))))
+        clipped = [c["tensor"] for c in culprits[: conf.culprits] if c.get("verdict") == "clipping"
+                   and c["tensor"] in (ranges or {}) and c["tensor"] not in options.tensor_ranges]
+        if clipped:
+            wider = {**options.tensor_ranges, **{t: headroom(*ranges[t]) for t in clipped}}
+            pairs = ",".join(f"{overrides.escaped(t)}:[{low!r},{high!r}]" for t, (low, high) in sorted(wider.items()))
+            found.append(Candidate((f"quant.tensor_ranges={{{pairs}}}",), replace(options, tensor_ranges=wider)))
         matrix = sorted({op for op in quantised.values() if op in MATRIX_OPS})
         if matrix and not options.op_types_to_quantize and any(op not in MATRIX_OPS for op in quantised.values()):
             found.append(Candidate((f"quant.op_types_to_quantize=[{','.join(matrix)}]",),
@@ -123,6 +134,18 @@ def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, qua
         if other != method:
             found.append(Candidate((f"method={other}",), options, method=other))
     return found
+
+
+def headroom(low: float, high: float) -> tuple[float, float]:
+    """A clipped tensor's calibrated range with each end twice as far from zero (an end at or across zero stays):
+    values the calibration data never reached fit, for one bit of the grid's resolution. Clipping is a range's
+    error, which no precision change reaches (16 bits on the same ends clip the same values): riann's IMU network,
+    its raw quaternion calibrated to +-5.9 on one half of a recording and reaching 7.9 on the other. Each end to 6
+    significant digits, as the override prints it (the range measured is the one a user types)."""
+    def wider(end: float) -> float:
+        return float(f"{2 * end:.6g}") if end else end
+
+    return (wider(low) if low < 0 else low, wider(high) if high > 0 else high)
 
 
 def quantised_nodes(int8_path: Path) -> dict[str, str]:
@@ -181,7 +204,7 @@ def combined(helped: list[Candidate], options) -> Candidate | None:
     merged = options
     for c in quant:
         diff = {k: getattr(c.options, k) for k in ("per_channel", "reduce_range", "activation_type", "weight_type",
-                                                   "nodes_to_exclude", "op_types_to_quantize")
+                                                   "nodes_to_exclude", "op_types_to_quantize", "tensor_ranges")
                 if getattr(c.options, k) != getattr(options, k)}
         merged = replace(merged, **diff)
     changes = tuple(dict.fromkeys(ch for c in (*methods, *quant) for ch in c.changes))  # each change once
@@ -197,7 +220,7 @@ def attach(ctx, result) -> None:
     from calibrun.data.rows import pinned_rows
     from calibrun.measure import feedback, verdict
     from calibrun.quant.calibrate import CalibrationCache
-    from calibrun.quant.quantize import quantize, quantize_with, reusing_copies
+    from calibrun.quant.quantize import calibrated_ranges, quantize, quantize_with, reusing_copies
 
     cfg, fp32 = ctx.cfg, ctx.fp32
     conf = cfg.recommend
@@ -278,8 +301,15 @@ def attach(ctx, result) -> None:
             if upstream is not None:
                 diagnosis = {**diagnosis, "culprits": upstream}
         singles = candidates(ctx.options, cfg.format.name, spec.method, diagnosis, conf, quantised,
-                             saturates=cpu.int8_dot()["saturates"])
+                             saturates=cpu.int8_dot()["saturates"], ranges=calibrated_ranges(own.ranges_path))
+        skipped: list[str] = []
         for i, candidate in enumerate(singles):
+            ahead = _outranked(candidate, measured)  # both 16-bit changes, after one alone made the model ok
+            if ahead is not None:
+                log.info("recommend: %s: not measured: %s is ok after fewer changes (this could not rank first)",
+                         candidate.change, ahead["change"])
+                skipped.append(candidate.change)
+                continue
             measured.append(measure(candidate, i))
         members = combined_members(singles, measured, better)
         value = _value_of(measured, better)
@@ -299,7 +329,6 @@ def attach(ctx, result) -> None:
                 measured.append(entry)
             return entry
 
-        skipped: list[str] = []
         both = combined(members, ctx.options)
         current = once(both) if both is not None else None
         if current is not None:
@@ -356,12 +385,14 @@ def combined_members(singles: list[Candidate], measured: list[dict], better: flo
     """The single changes measured together, best first: each that helped (streamed, or per call where a state is
     fed back: `per_call_helps`), one calibration method at most; both 16-bit changes too when they did not help and
     no change made the model ok; none that another member already makes."""
-    entry = {e["change"]: e for e in measured}
+    entry = {e["change"]: e for e in measured}  # a candidate not measured (`_outranked`) has none
     value = _value_of(measured, better)
-    helped = sorted((c for c in singles if entry[c.change].get("helps") or entry[c.change].get("per_call_helps")),
+    helped = sorted((c for c in singles if c.change in entry and (entry[c.change].get("helps")
+                                                                  or entry[c.change].get("per_call_helps"))),
                     key=lambda c: -better * value(c))
     members = [c for c in helped if c.method is None] + [c for c in helped if c.method is not None][:1]
-    wide = next((c for c in singles if c.wider and c not in helped and entry[c.change]["after"] is not None), None)
+    wide = next((c for c in singles if c.wider and c not in helped and c.change in entry
+                 and entry[c.change]["after"] is not None), None)
     if wide is not None and members and not any(e.get("helps") and e["status_after"] == "ok" for e in measured):
         members.append(wide)  # its gain is bounded by the error sources the others remove
     return [c for c in members  # a change another member already makes is no member of its own
@@ -392,8 +423,9 @@ def _better(after, before: float, better: float) -> bool:
 def _outranked(candidate: Candidate, measured: list[dict]) -> dict | None:
     """An offered entry that makes the model ok with fewer changes than `candidate` has, else None: then the
     candidate cannot rank first (`_rank`: among the changes that make the model ok, the fewest first), and
-    measuring it would cost an evaluation pass for a line below the best. Only the combinations are skipped so: every
-    single change is measured."""
+    measuring it would cost an evaluation pass for a line below the best. Every single change is measured; the
+    candidates of several changes are skipped so: the combinations, and both 16-bit changes where one alone made the
+    model ok already."""
     ok = [e for e in measured if e.get("helps") and e["status_after"] == "ok"]
     fewest = min(ok, key=lambda e: len(changes_of(e)), default=None)
     return fewest if fewest is not None and len(changes_of(fewest)) < len(candidate.changes) else None

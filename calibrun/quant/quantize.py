@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import re
 import shutil
@@ -54,6 +55,10 @@ class QuantOptions:
     # tensor -> its own quantisation type (onnxruntime's TensorQuantOverrides `quant_type`), e.g. {conv1_out: QInt16}:
     # mixed precision in one QDQ model, onnxruntime converting the type at the region's edges
     tensor_types: dict[str, str] = field(default_factory=dict)
+    # tensor -> its own range [low, high] in place of the calibrated one (onnxruntime's TensorQuantOverrides `rmin`,
+    # `rmax`), e.g. {conv5_out:[-12,12]}: headroom for a tensor the calibration data clipped (a recommendation
+    # candidate: calibrun.analysis.recommend)
+    tensor_ranges: dict[str, list] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.format not in FORMATS:
@@ -64,6 +69,10 @@ class QuantOptions:
                 raise CalibrunError(f"tensor_types: {tensor!r}: must be one of {sorted(QUANT_TYPES)}, got {kind!r}")
         if self.tensor_types and self.format != "qdq":
             raise CalibrunError("tensor_types needs format=qdq (onnxruntime's TensorQuantOverrides are QDQ's)")
+        object.__setattr__(self, "tensor_ranges", {str(k): _range_of(k, v)
+                                                   for k, v in dict(self.tensor_ranges or {}).items()})
+        if self.tensor_ranges and self.format != "qdq":
+            raise CalibrunError("tensor_ranges needs format=qdq (onnxruntime's TensorQuantOverrides are QDQ's)")
         for key in ("activation_type", "weight_type"):
             if getattr(self, key) not in QUANT_TYPES:
                 raise CalibrunError(f"{key} must be one of {sorted(QUANT_TYPES)}, got {getattr(self, key)!r}")
@@ -73,6 +82,18 @@ class QuantOptions:
         if self.activation_type == "QInt8" and self.weight_type == "QUInt8":
             raise CalibrunError("onnxruntime does not support QInt8 activations with QUInt8 weights")
 
+
+
+def _range_of(tensor, value) -> tuple[float, float]:
+    """A quant.tensor_ranges value as (low, high): two finite numbers, low < high."""
+    try:
+        low, high = (float(v) for v in value)
+    except (TypeError, ValueError):
+        low = high = math.nan
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise CalibrunError(f"tensor_ranges: {str(tensor)!r}: must be [low, high], two finite numbers with low < high, "
+                            f"got {value!r}")
+    return low, high
 
 
 class _AdviceOnce(logging.Filter):
@@ -180,7 +201,8 @@ def quantize(
                 extra_options={"ActivationSymmetric": options.activation_symmetric,
                                **({"WeightSymmetric": options.weight_symmetric}
                                   if options.weight_symmetric is not None else {}),
-                               **({"TensorQuantOverrides": overrides(options)} if options.tensor_types else {})},
+                               **({"TensorQuantOverrides": overrides(options)}
+                                  if options.tensor_types or options.tensor_ranges else {})},
                 calibration_cache_path=calibration.ranges_path,
             )
         seconds = time.perf_counter() - start
@@ -319,6 +341,21 @@ def _unbounded_tensors(path: Path) -> dict[str, bool | None]:
     return _UNBOUNDED[key]
 
 
+def calibrated_ranges(path: str | Path) -> dict[str, tuple[float, float]]:
+    """Each tensor's calibrated range in a ranges file (onnxruntime's TensorsData JSON, as quantize_static reads it),
+    where it is finite and holds values."""
+    import json
+
+    from onnxruntime.quantization.calibrate import TensorsData
+
+    found = {}
+    for name, data in TensorsData.from_dict(json.loads(Path(path).read_text())).items():
+        low, high = (float(np.min(data.range_value[0])), float(np.max(data.range_value[1])))
+        if math.isfinite(low) and math.isfinite(high) and low <= high:
+            found[name] = (low, high)
+    return found
+
+
 def unbounded_nodes(graph: onnx.GraphProto, ranges_path: str | Path) -> list[str]:
     """The nodes that read or write a tensor whose calibrated range is not finite (a transformer's additive
     attention mask is -inf where it masks) or reaches infinity's stand-in (STAND_IN: its -3.4e38): no scale
@@ -417,8 +454,14 @@ def _opset_for_sixteen_bit(path: Path) -> None:
 
 
 def overrides(options: QuantOptions) -> dict:
-    """quant.tensor_types as onnxruntime's TensorQuantOverrides, in name order."""
-    return {tensor: [{"quant_type": QUANT_TYPES[kind]}] for tensor, kind in sorted(options.tensor_types.items())}
+    """quant.tensor_types and quant.tensor_ranges as onnxruntime's TensorQuantOverrides (`quant_type`; `rmin`,
+    `rmax` as float32, as the calibrated ranges are), in name order."""
+    found: dict[str, dict] = {}
+    for tensor, kind in options.tensor_types.items():
+        found.setdefault(tensor, {})["quant_type"] = QUANT_TYPES[kind]
+    for tensor, (low, high) in options.tensor_ranges.items():
+        found.setdefault(tensor, {}).update(rmin=np.array(low, np.float32), rmax=np.array(high, np.float32))
+    return {tensor: [found[tensor]] for tensor in sorted(found)}
 
 
 def _op_types_to_quantize(options: QuantOptions, calibration: Calibration) -> list[str]:
@@ -489,11 +532,12 @@ def check_exclusions(model, options: QuantOptions) -> Exclusions:
             f"{sorted(names)[:3]}"
         raise CalibrunError(f"quant.nodes_to_exclude: no node named {given!r} in the model ({hint})")
     values = set(producer) | graph_tensors
-    for tensor in options.tensor_types:
-        if tensor not in values:
-            close = difflib.get_close_matches(tensor, sorted(values), n=3, cutoff=0.5)
-            hint = f"closest: {close}" if close else f"the model has {len(values)} tensors"
-            raise CalibrunError(f"quant.tensor_types: no tensor named {tensor!r} in the model ({hint})")
+    for key, tensors in (("tensor_types", options.tensor_types), ("tensor_ranges", options.tensor_ranges)):
+        for tensor in tensors:
+            if tensor not in values:
+                close = difflib.get_close_matches(tensor, sorted(values), n=3, cutoff=0.5)
+                hint = f"closest: {close}" if close else f"the model has {len(values)} tensors"
+                raise CalibrunError(f"quant.{key}: no tensor named {tensor!r} in the model ({hint})")
     biases = bias_nodes(nodes)
     for tensor in sorted(set(options.tensor_types) & set(biases)):
         logging.getLogger("calibrun").warning(
@@ -518,7 +562,8 @@ def bias_nodes(nodes) -> dict[str, str]:
 def resolve_exclusions(model_path: str | Path, options: QuantOptions) -> tuple[QuantOptions, dict]:
     """`options` with `nodes_to_exclude` checked and resolved against the model file (check_exclusions), and
     what to record in result.json: {"exclusions": {"nodes_to_exclude": [...], "mapped": {tensor: node}}}, or {}."""
-    if not options.nodes_to_exclude and not options.op_types_to_quantize and not options.tensor_types:
+    if not (options.nodes_to_exclude or options.op_types_to_quantize or options.tensor_types
+            or options.tensor_ranges):
         return options, {}
     import dataclasses
 
@@ -526,7 +571,7 @@ def resolve_exclusions(model_path: str | Path, options: QuantOptions) -> tuple[Q
 
     resolved = check_exclusions(onnx.load(str(model_path), load_external_data=False), options)
     if not options.nodes_to_exclude and not options.op_types_to_quantize:
-        return options, {}  # tensor_types only: checked, nothing to resolve
+        return options, {}  # tensor types or ranges only: checked, nothing to resolve
     record = {"exclusions": {"nodes_to_exclude": list(resolved.nodes), "mapped": resolved.mapped}}
     return dataclasses.replace(options, nodes_to_exclude=resolved.nodes), record
 

@@ -125,6 +125,30 @@ def test_no_candidate_is_measured_where_int8_already_computes_as_fp32(tmp_path):
     assert quantised["verdict"]["value"] < 200.0
     assert quantised["used"]["recommend"]["candidates"] >= 4
 
+def test_a_clipped_calibration_gets_headroom_measured_and_the_override_gives_what_it_measured(tmp_path):
+    """The lab calibrated narrow: its diagnosis is clipping, which no precision change reaches; the headroom
+    candidate (the clipping culprits' calibrated ranges, each end twice as far from zero) is measured from the same
+    ranges and is better; appended to the command as written, it gives the model it measured."""
+    run = calibrun(tmp_path, "calibration=narrow", "hydra.run.dir=narrow")
+    result = _done(tmp_path, run, "narrow")
+    assert result["diagnosis"]["overall"] == "clipping"
+    measured = json.loads((tmp_path / "narrow" / "recommendations.json").read_text())["measured"]
+    headroom = [e for e in measured if changes_of(e)[0].startswith("quant.tensor_ranges=") and len(changes_of(e)) == 1]
+    assert len(headroom) == 1, [e["change"] for e in measured]
+    entry = headroom[0]
+    assert entry["helps"]
+    assert entry["after"] > entry["before"] + 0.5
+    sixteen = next(e for e in measured if e["change"] == "quant.activation_type=QInt16")
+    assert sixteen["after"] < entry["after"]  # precision does not reach clipping
+    ranges = json.loads((tmp_path / "narrow" / "ranges.json").read_text())["data"]["x"]
+    low, high = ranges["lowest"]["data"][0], ranges["highest"]["data"][0]
+    assert f"x:[{float(f'{2 * low:.6g}')!r},{float(f'{2 * high:.6g}')!r}]" in entry["change"]
+    again = calibrun(tmp_path, "calibration=narrow", entry["change"], "recommend=off", "hydra.run.dir=again")
+    redone = _done(tmp_path, again, "again")
+    assert redone["verdict"]["value"] == pytest.approx(entry["after"], abs=1e-9)
+    assert redone["params"]["quant.tensor_ranges"]
+
+
 def test_a_detector_whose_scores_are_crushed_is_broken_on_that_part_and_tagged(photos, tmp_path):
     """Tracked, in a sweep with 16-bit activations beside (which lifts the scores' part): each run's verdict tags,
     and the sweep ranks its runs by the worst output's SQNR that judged them (the report and the parent run), not

@@ -318,6 +318,29 @@ def test_cached_input_range_is_what_the_graph_pins(tmp_path, fp32, lab_model):
     assert result["input_scale"] == pytest.approx((hi - lo) / 255, rel=1e-6)
 
 
+def test_a_tensors_own_range_replaces_the_calibrated_one(tmp_path, fp32, lab_model):
+    """quant.tensor_ranges: onnxruntime's TensorQuantOverrides rmin/rmax, from the same cached ranges (no calibration):
+    the graph pins the range given; a name the model lacks, a bad range and QOperator are one-line errors."""
+    from calibrun.quant.quantize import check_exclusions
+
+    cache = CalibrationCache(tmp_path / "cache")
+    name, _ = model_input(lab_model)
+    wide = quantize_lab(fp32, tmp_path / "int8.onnx", SEED, FACTOR, BATCHES, cache=cache,
+                        options=QuantOptions(tensor_ranges={name: [-3.0, 5.0]}))
+    assert wide["cache_hit"] is False
+    assert wide["input_scale"] == pytest.approx(8.0 / 255, rel=1e-6)
+    again = quantize_lab(fp32, tmp_path / "again.onnx", SEED, FACTOR, BATCHES, cache=cache,
+                         options=QuantOptions(tensor_ranges={name: [-1.5, 2.5]}))
+    assert again["cache_hit"] is True  # a post-calibration option
+    assert again["input_scale"] == pytest.approx(4.0 / 255, rel=1e-6)
+    with pytest.raises(CalibrunError, match=r"quant.tensor_ranges: no tensor named 'xx' in the model \(closest"):
+        check_exclusions(onnx.load(str(lab_model)), QuantOptions(tensor_ranges={"xx": [-1, 1]}))
+    with pytest.raises(CalibrunError, match="tensor_ranges: 'x': must be \\[low, high\\], two finite numbers"):
+        QuantOptions(tensor_ranges={"x": [1, float("inf")]})
+    with pytest.raises(CalibrunError, match="tensor_ranges needs format=qdq"):
+        QuantOptions(format="qoperator", tensor_ranges={"x": [-1, 1]})
+
+
 QUANT_VARIANTS = {
     "format": QuantOptions(format="qoperator"),
     "weight_type": QuantOptions(weight_type="QInt16"),

@@ -274,3 +274,49 @@ def test_a_candidate_whose_worst_output_moved_names_it():
     assert metric_after(worst, {"metric": "out.efeITG.sqnr_db"}) is None
     assert metric_after(worst, None) is None
     assert metric_after(SimpleNamespace(worst=False, metric="task.dice"), {"metric": "task.dice"}) is None
+
+
+def test_a_clipping_culprit_gets_headroom_from_its_own_calibrated_range():
+    """Clipping is a range's error: no precision change reaches it. The top culprits the diagnosis calls clipping
+    get their calibrated ranges with each end twice as far from zero (an end at zero stays), printed to 6 digits as
+    the override a user types, the user's own ranges kept; no candidate without a clipping culprit or its range."""
+    from calibrun.analysis.recommend import headroom
+
+    assert headroom(-5.91234567, 5.9) == (-11.8247, 11.8)
+    assert headroom(0.0, 3.3) == (0.0, 6.6)  # a Relu's output: no negative side to make room for
+    assert headroom(0.5, 3.0) == (0.5, 6.0)
+    assert headroom(-3.0, -1.0) == (-6.0, -1.0)
+    clipping = {"culprits": [{"tensor": "a", "node": "Concat_1", "verdict": "clipping", "float_nodes": []},
+                             {"tensor": "b/0", "node": "Conv_3", "verdict": "clipping", "consumers": []},
+                             {"tensor": "c", "node": "Conv_9", "verdict": "clipping"}]}  # third: beyond culprits=2
+    ranges = {"a": (0.0, 1.25), "b/0": (-2.0, 4.0), "c": (-1.0, 1.0)}
+    user = QuantOptions(tensor_ranges={"z": [-1, 1]})
+    found = [c for c in candidates(user, "qdq", "minmax", clipping, CONF, quantised=NODES, ranges=ranges)
+             if c.changes[0].startswith("quant.tensor_ranges")]
+    assert changes(found) == ["quant.tensor_ranges={a:[0.0,2.5],b/0:[-4.0,8.0],z:[-1.0,1.0]}"]
+    assert found[0].options.tensor_ranges == {"z": (-1.0, 1.0), "a": (0.0, 2.5), "b/0": (-4.0, 8.0)}
+    mixed = {"culprits": [{**c, "verdict": "mixed"} for c in clipping["culprits"]]}
+    for diagnosis, known in ((mixed, ranges), (clipping, {}), (clipping, None)):
+        assert not any("tensor_ranges" in c for c in changes(
+            candidates(QuantOptions(), "qdq", "minmax", diagnosis, CONF, quantised=NODES, ranges=known)))
+    # a combination carries the ranges with the other changes
+    sixteen = candidates(QuantOptions(), "qdq", "minmax", None, CONF, quantised=NODES)[1]
+    both = combined([found[0], sixteen], QuantOptions())
+    assert both.options.tensor_ranges == found[0].options.tensor_ranges
+    assert both.options.activation_type == "QInt16"
+
+
+def test_both_16_bit_changes_left_unmeasured_are_no_member_of_the_combination():
+    """Where 16-bit activations alone made the model ok, both 16-bit changes are not measured (_outranked): the
+    combination is built from what was measured, the unmeasured candidate left out (not looked up)."""
+    from calibrun.analysis.recommend import Candidate, _outranked
+
+    singles = candidates(QuantOptions(), "qdq", "minmax", None, CONF, quantised=NODES)[:4]
+    ok = {"change": singles[1].change, "status_after": "ok", "after": 25.7, "helps": True}
+    channel = {"change": singles[0].change, "status_after": "ok", "after": 23.0, "helps": True}
+    weights = {"change": singles[2].change, "status_after": "degraded", "after": 18.0, "helps": False}
+    assert singles[3].wider
+    assert _outranked(singles[3], [channel, ok, weights]) is channel  # one change is ok: two cannot rank first
+    assert _outranked(Candidate((singles[1].change,), None), [channel]) is None  # a single change is always measured
+    members = combined_members(singles, [channel, ok, weights], 1.0)
+    assert [m.change for m in members] == [singles[1].change, singles[0].change]
