@@ -323,6 +323,11 @@ UA_WORD_STRESS = ("ukrainian-word-stress", "2.1.0")  # MIT (lang-uk); data only:
 TRUEOCR = ("trueocr", "0.1.1")  # Apache-2.0 (its metadata and LICENSE); Vietnamese OCR on ONNX Runtime: a line
 # detector, an orientation classifier, a CTC recogniser and a reading-order transformer, with its page engine and
 # its order decode (order.py, numpy only), imported from its wheel unpacked in the test cache
+EFFICIENTWORD = ("efficientword-net", "1.0.5")  # Apache-2.0 (its metadata and LICENSE.md); EfficientWord-Net, a
+# few-shot hotword detector (Ant-Brain): its ResNet-50 ArcFace hotword embedding as ONNX (beside a QDQ int8 copy,
+# `_qint8.onnx`, that its code never loads), its log-filterbank front end (audio_utils.py), its matching
+# (audio_processing.py, engine.py: the cosine to a hotword's reference embeddings against a threshold) and seven
+# hotwords' references
 MARISA_TRIE = ("marisa-trie", "1.4.1")  # MIT AND (BSD-2-Clause OR LGPL-2.1-or-later); compiled (a CPython 3.11
 # manylinux wheel): reads ukrainian-word-stress's trie, imported from its wheel unpacked in the test cache
 RIANN = ("riann", "0.2.0")  # Apache-2.0 (its metadata and LICENSE); RIANN, a robust IMU-based attitude network (Weber,
@@ -713,6 +718,13 @@ MODELS = {
     # where the package starts) -> the attitude `output` [1, T, 4], a unit quaternion (w, x, y, z) per sample, and
     # the state `hn` [2, 1, 1, 200]
     "riann": (*RIANN, "riann/riann.onnx"),
+    # EfficientWord-Net's hotword embedding, `resnet_50_arc` (a PyTorch 2.0 export, IR 7, opset 14, 88 MB, 21.9M
+    # weights: the input's log-filterbank min-max scaled to -1..1 in the graph (ReduceMin, ReduceMax, Sub, Div) and
+    # batch-normalised, a ResNet-50's bottleneck blocks (53 Conv, 49 Relu, 16 Add), a GlobalAveragePool, a
+    # BatchNormalization and an L2 normalisation written out in Abs, Pow, ReduceSum, Clip and Div): `input` [1, 1,
+    # 149, 64] (batch pinned: a 1.5 s window at 16 kHz as the package's logfbank, 64 bands every 10 ms) ->
+    # `feature_output` [1, 2048], a unit vector the package matches by cosine against a hotword's reference embeddings
+    "efficientword": (*EFFICIENTWORD, "eff_word_net/models/resnet_50_arc/slim_93%_accuracy_72.7390%.onnx"),
 }
 
 # name -> the member of the wheel holding the model's external data, extracted beside the model under its own name

@@ -6764,6 +6764,143 @@ def check_riann(fp32: Path, int8: Path, built: Built) -> Score:
                   "last_deg": float(angle[-1]), "samples": len(angle),
                   "fp32_device_rms_deg": float(np.sqrt(np.mean(inclination_deg(ref, device[part]) ** 2))),
                   "int8_device_rms_deg": float(np.sqrt(np.mean(inclination_deg(got, device[part]) ** 2)))})
+# --- EfficientWord-Net: a few-shot hotword detector's ResNet-50 ArcFace embedding, matched by cosine --------------
+EFFICIENTWORD_WINDOW = 24000  # the package's window: 1.5 s at 16 kHz (Resnet50_Arc_loss.window_frames)
+EFFICIENTWORD_HOP = 8000  # a window every 0.5 s (its examples' mic stream slides by 0.75 s)
+EFFICIENTWORD_HALF = 240000  # windows wholly within the first 15 s calibrate, wholly within the last 15 s evaluate
+EFFICIENTWORD_HOTWORDS = (("alexa", 0.7), ("balloon", 0.65), ("computer", 0.7), ("lights_off", 0.7),
+                          ("lights_on", 0.7), ("mobile", 0.7), ("mycroft", 0.7))  # the seven references its wheel
+# ships (sample_refs/*_ref.json, 7 embeddings each), at the thresholds its engine.py's own example sets them
+EFFICIENTWORD_CONFIDENCE = Threshold(
+    "confidence_rms", 0.01, 0.03, False,
+    "RMS of int8's confidence minus fp32's over every evaluation window and shipped hotword, the number the package "
+    "holds against its threshold (scoreVector: (the largest cosine with the hotword's reference embeddings + 1) / 2). "
+    "Measured on fp32 alone before any int8 model of it existed: on the 28 evaluation windows (no hotword is said; "
+    "fp32's confidences 0.47-0.62, the highest 0.042 under its threshold) the windows started 5, 10 and 20 ms later "
+    "move the confidences by 0.0085, 0.0098 and 0.0137 RMS, white noise 40 and 30 dB down by 0.0059 and 0.0105, and "
+    "the recording cut to 8 bits by 0.029; a hotword's own recordings score 0.73-0.89 against its other references "
+    "(the shipped embeddings, each left out in turn), their lowest 0.03 over the 0.7 threshold. Within 0.01 int8 "
+    "moves a confidence no more than a stream's window starting one 10 ms frame later does (ok); past 0.03, as far "
+    "as 8-bit audio moves it and as far as the margins on both sides of the threshold, int8 changes which "
+    "utterances activate (broken)")
+EFFICIENTWORD_ACTIVATION = Threshold(
+    "window_agreement", 0.97, 0.90, True,
+    "share of evaluation windows on which the package's MultiHotwordDetector.findBestMatch gives int8 fp32's answer "
+    "(the same hotword, or none) at its example's thresholds (0.7, balloon 0.65): the wake-word rule's bands "
+    "(WAKE_AGREEMENT), unchanged. fp32 activates on none of the 28 windows, and none of the changes of the input "
+    "measured for EFFICIENTWORD_CONFIDENCE changes an answer; one false activation in 14 s of conversation is one a "
+    "user notices (degraded), past 1 window in 10 the detector hears hotwords elsewhere (broken)")
+
+
+def _efficientword():
+    """EfficientWord-Net's own modules, `audio_processing` (its Resnet50_Arc_loss: the logfbank front end, the run,
+    the scoring) and `engine` (HotwordDetector, MultiHotwordDetector), imported from its wheel unpacked in the test
+    cache; engine.py's `import pyaudio` (its microphone) gets a stand-in for the import alone."""
+    import importlib.util
+    import sys
+    import types
+
+    from tests.trained import EFFICIENTWORD, package_tree
+
+    tree = str(package_tree(*EFFICIENTWORD))
+    if tree not in sys.path:
+        sys.path.append(tree)
+    stand_in = "pyaudio" not in sys.modules and importlib.util.find_spec("pyaudio") is None
+    if stand_in:
+        sys.modules["pyaudio"] = types.ModuleType("pyaudio")
+    try:
+        import eff_word_net.audio_processing as processing
+        import eff_word_net.engine as engine
+    finally:
+        if stand_in:
+            del sys.modules["pyaudio"]
+    return processing, engine
+
+
+def efficientword_model(path: Path | None = None):
+    """The package's `Resnet50_Arc_loss` as its __init__ makes it (window 1.5 s, 24000 samples), its session opened
+    on the model at `path` instead of its own folder's file (no session without a path: the front end alone)."""
+    processing, _ = _efficientword()
+    model = processing.Resnet50_Arc_loss.__new__(processing.Resnet50_Arc_loss)
+    processing.ModelRawBackend.__init__(model)
+    model.window_length, model.window_frames = 1.5, EFFICIENTWORD_WINDOW
+    if path is not None:
+        model.onnx_sess = session(path)
+        model.input_name = model.onnx_sess.get_inputs()[0].name
+        model.output_name = model.onnx_sess.get_outputs()[0].name
+    return model
+
+
+def efficientword_windows(start: int, stop: int) -> list[np.ndarray]:
+    """The speech recording's 1.5 s windows every 0.5 s that lie wholly within samples [start, stop), as the
+    package's mic stream hands them to its detector: int16 sample values as float64 (its stream appends
+    np.frombuffer(..., int16) to a float buffer; no scaling)."""
+    audio, _ = speech()
+    return [audio[s:s + EFFICIENTWORD_WINDOW].astype(np.float64)
+            for s in range(start, stop - EFFICIENTWORD_WINDOW + 1, EFFICIENTWORD_HOP)]
+
+
+def _efficientword_feed(windows: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """`input` [rows, 1, 149, 64]: each window's log filterbank by the package's compute_logfbank_features (25 ms
+    frames every 10 ms, 64 bands, NFFT 512, no pre-emphasis), float32 with a channel axis, as its audioToVector feeds
+    it."""
+    model = efficientword_model()
+    return {"input": np.stack([np.float32(model.compute_logfbank_features(w))[None] for w in windows])}
+
+
+def build_efficientword(folder: Path) -> Built:
+    """The 28 windows within the first 15 s calibrate, the 28 within the last 15 s evaluate (no sample in both)."""
+    audio, _ = speech()
+    return Built(folder, _save(folder, "calib", _efficientword_feed(efficientword_windows(0, EFFICIENTWORD_HALF))),
+                 _save(folder, "eval", _efficientword_feed(efficientword_windows(EFFICIENTWORD_HALF, len(audio)))))
+
+
+def efficientword_answers(path: Path, windows: list[np.ndarray]) -> tuple[list[str | None], np.ndarray, np.ndarray]:
+    """Each window through the package's own detectors on the model at `path`: a HotwordDetector per shipped
+    reference at its threshold (continuous=False: no wall-clock relaxation) and a MultiHotwordDetector over the seven,
+    whose findBestMatch gives the window's answer (the hotword of the highest confidence at or above its threshold,
+    or None). Returns the answers, each window's confidence for every hotword (scoreVector: (the largest cosine with
+    its references + 1) / 2) [windows, 7] and the embeddings [windows, 2048]."""
+    from tests.trained import EFFICIENTWORD, package_tree
+
+    _, engine = _efficientword()
+    model = efficientword_model(path)
+    refs = package_tree(*EFFICIENTWORD) / "eff_word_net" / "sample_refs"
+    detectors = [engine.HotwordDetector(hotword=name, model=model, reference_file=str(refs / f"{name}_ref.json"),
+                                        threshold=threshold, continuous=False)
+                 for name, threshold in EFFICIENTWORD_HOTWORDS]
+    multi = engine.MultiHotwordDetector(detectors, model=model, continuous=False)
+    answers, confidences, embeddings = [], [], []
+    for window in windows:
+        detector, _ = multi.findBestMatch(window)
+        answers.append(None if detector is None else detector.hotword)
+        embedding = model.audioToVector(window)
+        confidences.append([float(d.scoreVector(embedding)) for d in detectors])
+        embeddings.append(embedding.reshape(-1))
+    return answers, np.array(confidences), np.array(embeddings)
+
+
+def check_efficientword(fp32: Path, int8: Path, built: Built) -> Score:
+    """The worse label of EFFICIENTWORD_CONFIDENCE (the RMS of int8's confidence minus fp32's over every evaluation
+    window and hotword) and EFFICIENTWORD_ACTIVATION (the windows whose findBestMatch answer is fp32's). Beside them
+    the largest confidence difference, each model's highest confidence and activations, and the mean cosine of the
+    int8 embeddings with fp32's."""
+    audio, _ = speech()
+    windows = efficientword_windows(EFFICIENTWORD_HALF, len(audio))
+    ref_answers, ref, ref_e = efficientword_answers(fp32, windows)
+    got_answers, got, got_e = efficientword_answers(int8, windows)
+    rms = float(np.sqrt(np.mean((got - ref) ** 2)))
+    agreement = float(np.mean([a == b for a, b in zip(ref_answers, got_answers, strict=True)]))
+    score = _worst((EFFICIENTWORD_CONFIDENCE, rms), (EFFICIENTWORD_ACTIVATION, agreement))
+    score.details.update({
+        "confidence_max_diff": float(np.abs(got - ref).max()), "fp32_max_confidence": float(ref.max()),
+        "int8_max_confidence": float(got.max()),
+        "fp32_activations": sum(a is not None for a in ref_answers),
+        "int8_activations": sum(a is not None for a in got_answers),
+        "mean_cosine": float(np.mean(np.sum(ref_e * got_e, 1) / np.maximum(
+            np.linalg.norm(ref_e, axis=1) * np.linalg.norm(got_e, axis=1), 1e-12))),
+        "windows": len(windows)})
+    return score
 
 
 ZOO: dict[str, ZooModel] = {m.name: m for m in (
@@ -7293,4 +7430,14 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "s): the first half's 49 rows calibrate (each with the state fp32 carried into it), the second half's 49 "
              "rows evaluate in order from the package's zero state, streamed (`hn` fed back)",
              batch_axes=(("h0", 2),), fed_back=(("h0", "hn"),)),
+    ZooModel("efficientword", "efficientword", "efficientword-net 1.0.5", "keyword spotting (few-shot, by embedding)",
+             "EfficientWord-Net's few-shot hotword embedding, a ResNet-50 trained with an ArcFace loss (a PyTorch 2.0 "
+             "export, opset 14: the log filterbank min-max scaled and batch-normalised in the graph, 53 Conv, 49 Relu, "
+             "the 2048-d output L2-normalised; batch pinned to 1): `input` [1, 1, 149, 64], a 1.5 s window's 64-band "
+             "log filterbank -> `feature_output` [1, 2048], matched by the package's detectors against each hotword's "
+             "reference embeddings by cosine, a hotword heard at (cosine + 1) / 2 >= its threshold", True,
+             build_efficientword, check_efficientword, (EFFICIENTWORD_CONFIDENCE, EFFICIENTWORD_ACTIVATION),
+             _SPEECH + " as the package's mic stream hands it over (int16 values, no scaling), 1.5 s windows every "
+             "0.5 s through its own log filterbank: the 28 within the first 15 s calibrate, the 28 within the last "
+             "15 s evaluate (none of its seven shipped hotwords is said in it)"),
 )}
