@@ -6764,6 +6764,8 @@ def check_riann(fp32: Path, int8: Path, built: Built) -> Score:
                   "last_deg": float(angle[-1]), "samples": len(angle),
                   "fp32_device_rms_deg": float(np.sqrt(np.mean(inclination_deg(ref, device[part]) ** 2))),
                   "int8_device_rms_deg": float(np.sqrt(np.mean(inclination_deg(got, device[part]) ** 2)))})
+
+
 # --- EfficientWord-Net: a few-shot hotword detector's ResNet-50 ArcFace embedding, matched by cosine --------------
 EFFICIENTWORD_WINDOW = 24000  # the package's window: 1.5 s at 16 kHz (Resnet50_Arc_loss.window_frames)
 EFFICIENTWORD_HOP = 8000  # a window every 0.5 s (its examples' mic stream slides by 0.75 s)
