@@ -122,6 +122,44 @@ def written_softmax(node: onnx.NodeProto, producers: Mapping[str, onnx.NodeProto
             and bool(total.input) and behind(total.input[0]) is exp)
 
 
+NORM_OPS = ("Expand", "Clip", "Max", "Add", "Unsqueeze", "Reshape", "Cast", "Identity")  # between a norm and its Div
+
+
+def l2_normalised(name: str, producers: Mapping[str, onnx.NodeProto]) -> bool:
+    """Is `name` a vector divided by its own L2 norm (an embedding: torch's F.normalize, `x / x.norm()`, ONNX's
+    LpNormalization with p=2)? The divisor, reached through what F.normalize puts between (a clamp to eps, an
+    expand, an epsilon added), is a ReduceL2 of the numerator, or a square root (Sqrt, or the Pow torch exports) of
+    a ReduceSumSquare or of a ReduceSum of its square (Pow or Mul, of it or of its Abs), each operand reached through
+    value-keeping ops. Its values are unit vectors, no class scores."""
+    node = producers.get(name)
+    if node is None:
+        return False
+    if node.op_type == "LpNormalization":
+        return next((a.i for a in node.attribute if a.name == "p"), 2) == 2
+    if node.op_type != "Div" or len(node.input) != 2:
+        return False
+
+    def behind(tensor: str, through=PASS_OPS) -> tuple[str, onnx.NodeProto | None]:
+        last = walk_back(producers, tensor, through)[-1]
+        return last, producers.get(last)
+
+    def of_numerator(op: onnx.NodeProto | None, types: tuple[str, ...]) -> bool:
+        return op is not None and op.op_type in types and bool(op.input) and \
+            behind(op.input[0], (*PASS_OPS, "Abs"))[0] == numerator
+
+    numerator = behind(node.input[0])[0]
+    _, root = behind(node.input[1], (*PASS_OPS, *NORM_OPS))
+    if of_numerator(root, ("ReduceL2",)):
+        return True
+    if root is None or root.op_type not in ("Sqrt", "Pow") or not root.input:
+        return False
+    _, total = behind(root.input[0])
+    if of_numerator(total, ("ReduceSumSquare",)):
+        return True
+    return total is not None and total.op_type == "ReduceSum" and bool(total.input) and \
+        of_numerator(behind(total.input[0])[1], ("Pow", "Mul"))
+
+
 def normaliser(node: onnx.NodeProto) -> str:
     """What `find_scores`'s node computes: LogSoftmax, else Softmax (one written out too)."""
     return "LogSoftmax" if node.op_type == "LogSoftmax" else "Softmax"
@@ -665,7 +703,9 @@ def _auto(graph: _Graph, spec: TaskSpec, facts: Labels | None, classifier: bool 
         (floats[0].shape[-1] or 0) >= 2 and classifier is None and floats[0].producer != "Concat" else None
     # (a Concat's output joins parts, a detector's boxes beside its scores: its last axis holds no one kind of value)
     hint = ""
-    if logits is not None and len(logits.shape) == 2:
+    if logits is not None and l2_normalised(logits.name, graph.nodes):
+        hint = f"; {logits.name!r} is divided by its own L2 norm: an embedding of unit vectors, not class logits"
+    elif logits is not None and len(logits.shape) == 2:
         hint = (f"; if {logits.name!r} holds class logits, model.classifier=true measures top-1 agreement (or give "
                 "labels)")
     elif logits is not None and sum(d != 1 for d in logits.shape[:-1]) >= 2:  # rows and positions beside the

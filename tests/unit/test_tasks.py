@@ -951,3 +951,34 @@ def test_a_mean_of_softmax_probabilities_over_views_is_class_scores_its_axis_fou
     assert classes.metrics() == {}  # the mean over the classes: 1/7 everywhere, no axis sums to 1
     logs = resolve(TaskSpec("auto"), _views_averaged(tmp_path, "LogSoftmax", [1], 0, "logs.onnx"))
     assert not isinstance(logs, Classification), logs.reason
+
+
+def test_auto_tells_an_l2_normalised_embedding_from_logits(tmp_path):
+    """A lone float [N, C] output divided by its own L2 norm is an embedding (efficientword-net's hotword net:
+    torch's F.normalize exported as x / Expand(Clip(Pow(ReduceSum(Pow(Abs(x), 2)), 0.5)))): no classifier hint;
+    the ReduceL2 form and LpNormalization too; a Div by another tensor's norm is no such output."""
+    def model(nodes, name, inits=()):
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])
+        return resolve(TaskSpec("auto"), _save(tmp_path, nodes, [x], [y], name, list(inits))).reason
+
+    consts = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("two", 2.0), ("half", 0.5),
+                                                                              ("eps", 1e-12))]
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    shape = numpy_helper.from_array(np.array([1, 8], np.int64), "shape")
+    normalize = [helper.make_node("Abs", ["x"], ["a"]), helper.make_node("Pow", ["a", "two"], ["p"]),
+                 helper.make_node("ReduceSum", ["p", "axes"], ["s"], keepdims=1),
+                 helper.make_node("Pow", ["s", "half"], ["n"]), helper.make_node("Clip", ["n", "eps"], ["c"]),
+                 helper.make_node("Expand", ["c", "shape"], ["e"]), helper.make_node("Div", ["x", "e"], ["y"])]
+    said = model(normalize, "normalize.onnx", [*consts, axes, shape])
+    assert "'y' is divided by its own L2 norm: an embedding of unit vectors, not class logits" in said
+    assert "model.classifier" not in said
+    reduce_l2 = [helper.make_node("ReduceL2", ["x"], ["n"], axes=[1], keepdims=1),
+                 helper.make_node("Div", ["x", "n"], ["y"])]
+    assert "its own L2 norm" in model(reduce_l2, "reduce_l2.onnx")
+    assert "its own L2 norm" in model([helper.make_node("LpNormalization", ["x"], ["y"], p=2, axis=1)], "lp.onnx")
+    other = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("ReduceL2", ["r"], ["n"], axes=[1], keepdims=1),
+             helper.make_node("Div", ["x", "n"], ["y"])]  # x over the norm of Relu(x): not a unit vector
+    said = model(other, "other.onnx")
+    assert "L2 norm" not in said
+    assert "model.classifier=true" in said
