@@ -142,10 +142,14 @@ def headroom(low: float, high: float) -> tuple[float, float]:
     error, which no precision change reaches (16 bits on the same ends clip the same values): riann's IMU network,
     its raw quaternion calibrated to +-5.9 on one half of a recording and reaching 7.9 on the other. Each end to 6
     significant digits, as the override prints it (the range measured is the one a user types)."""
-    def wider(end: float) -> float:
-        return float(f"{2 * end:.6g}") if end else end
+    def printed(value: float, outward: float) -> float:  # to 6 digits, rounded away from the range's inside
+        shown = float(f"{value:.6g}")
+        if (shown - value) * outward < 0:
+            shown = float(f"{value + outward * 10 ** (math.floor(math.log10(abs(value))) - 5):.6g}")
+        return shown
 
-    return (wider(low) if low < 0 else low, wider(high) if high > 0 else high)
+    return (printed(2 * low if low < 0 else low, -1.0) if low else low,
+            printed(2 * high if high > 0 else high, 1.0) if high else high)
 
 
 def quantised_nodes(int8_path: Path) -> dict[str, str]:

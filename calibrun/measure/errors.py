@@ -148,11 +148,18 @@ def output_keys(names) -> dict[str, str]:
 
 
 def _sqnr(signal: float, noise: float) -> float:
+    """10 log10(signal / noise), capped at SQNR_CAP both ways; -inf where the int8 model made a value infinite (a
+    divisor quantised to zero: an infinite noise energy), NaN where it made one NaN."""
     if noise <= 0:
         return SQNR_CAP
     if signal <= 0:
         return -SQNR_CAP
-    return min(SQNR_CAP, 10 * math.log10(signal / noise))
+    if math.isinf(noise):
+        return -math.inf
+    ratio = signal / noise
+    if math.isnan(ratio):
+        return ratio
+    return max(-SQNR_CAP, min(SQNR_CAP, 10 * math.log10(ratio))) if ratio > 0 else -SQNR_CAP
 
 
 class ErrorStats:

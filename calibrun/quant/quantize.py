@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -54,11 +55,13 @@ class QuantOptions:
     op_types_to_quantize: tuple[str, ...] | None = None
     # tensor -> its own quantisation type (onnxruntime's TensorQuantOverrides `quant_type`), e.g. {conv1_out: QInt16}:
     # mixed precision in one QDQ model, onnxruntime converting the type at the region's edges
-    tensor_types: dict[str, str] = field(default_factory=dict)
+    # (keys as the config gives them: Hydra reads a tensor named 142, as older PyTorch exports name them, as the
+    # number 142; each key becomes its str() here)
+    tensor_types: dict[Any, str] = field(default_factory=dict)
     # tensor -> its own range [low, high] in place of the calibrated one (onnxruntime's TensorQuantOverrides `rmin`,
     # `rmax`), e.g. {conv5_out:[-12,12]}: headroom for a tensor the calibration data clipped (a recommendation
     # candidate: calibrun.analysis.recommend)
-    tensor_ranges: dict[str, list] = field(default_factory=dict)
+    tensor_ranges: dict[Any, list] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.format not in FORMATS:

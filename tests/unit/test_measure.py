@@ -338,3 +338,16 @@ def test_a_time_major_output_of_the_batch_length_is_measured_along_its_named_row
     assert m["out.y.rows_under_20db"] == pytest.approx(1 / 16)
     with Evaluator(fp32, evaluation, 16) as evaluator:  # the recommendations' measurements
         assert evaluator.model(got)["out.y.rows_under_20db"] == pytest.approx(1 / 16)
+def test_sqnr_of_an_infinite_or_vanishing_ratio_is_a_number_not_an_error():
+    """A divisor quantised to zero makes an int8 value infinite: the noise energy is inf and the SQNR -inf (it had
+    raised 'math domain error' from log10(0) and failed the job: riann's headroom candidate, session 36); a
+    ratio under float64's range is the floor, -SQNR_CAP; NaN stays NaN."""
+    import math
+
+    from calibrun.measure.errors import SQNR_CAP, _sqnr
+
+    assert _sqnr(1.0, math.inf) == -math.inf
+    assert _sqnr(1e-300, 1e300) == -SQNR_CAP
+    assert math.isnan(_sqnr(1.0, math.nan))
+    assert _sqnr(1.0, 0.0) == SQNR_CAP
+    assert _sqnr(100.0, 1.0) == 20.0
