@@ -318,6 +318,9 @@ UA_WORD_STRESS = ("ukrainian-word-stress", "2.1.0")  # MIT (lang-uk); data only:
 TRUEOCR = ("trueocr", "0.1.1")  # Apache-2.0 (its metadata and LICENSE); Vietnamese OCR on ONNX Runtime: a line
 # detector, an orientation classifier, a CTC recogniser and a reading-order transformer, with its page engine and
 # its order decode (order.py, numpy only), imported from its wheel unpacked in the test cache
+HOLOSOMA_INFERENCE = ("holosoma-inference", "0.1.3")  # no licence declared (its metadata and wheel name none);
+# Amazon FAR's inference runtime for humanoid robot policies: six trained RL policies as ONNX (locomotion and whole-body
+# tracking for the Unitree G1, locomotion for the Booster T1), with its observation code, robot configs and quat maths
 MARISA_TRIE = ("marisa-trie", "1.4.1")  # MIT AND (BSD-2-Clause OR LGPL-2.1-or-later); compiled (a CPython 3.11
 # manylinux wheel): reads ukrainian-word-stress's trie, imported from its wheel unpacked in the test cache
 
@@ -695,6 +698,14 @@ MODELS = {
     # Section-Header, ..., Form), `same` [1, N, N] (the logit that i and j are in one block) and `tab` [1, 3, N, N]
     # (which the package does not read); its decode_blocks_order turns a, same and cls into the page's reading order
     "trueocr_order": (*TRUEOCR, "trueocr/models/order.onnx"),
+    # Holosoma's whole-body tracking policy for the Unitree G1 (29 joints), trained by PPO to dance one clip: a
+    # PyTorch 2.7 export (opset 13) of an MLP (an observation normaliser as Sub and Div, four Gemm, three Elu) with the
+    # clip itself baked in as four Constant tables of 6574 steps read by Gather at the Cast and Clipped `time_step`:
+    # `obs` [1, 154] and `time_step` [1, 1] (float32, batch pinned) -> `actions` [1, 29] (joint offsets the package
+    # scales per joint and adds to the default pose: the PD targets) and the clip's `joint_pos`, `joint_vel` [1, 29],
+    # `ref_pos_xyz` [1, 3] and torso `ref_quat_xyzw` [1, 4] at that step, which the package feeds to its next
+    # observation; its metadata holds the robot's URDF, kp, kd and the training run's whole configuration
+    "holosoma_wbt": (*HOLOSOMA_INFERENCE, "holosoma_inference/models/wbt/ppo_g1_29dof_dancing.onnx"),
 }
 
 # name -> the member of the wheel holding the model's external data, extracted beside the model under its own name
