@@ -328,6 +328,9 @@ EFFICIENTWORD = ("efficientword-net", "1.0.5")  # Apache-2.0 (its metadata and L
 # `_qint8.onnx`, that its code never loads), its log-filterbank front end (audio_utils.py), its matching
 # (audio_processing.py, engine.py: the cosine to a hotword's reference embeddings against a threshold) and seven
 # hotwords' references
+HOLOSOMA_INFERENCE = ("holosoma-inference", "0.1.3")  # no licence declared (its metadata and wheel name none);
+# Amazon FAR's inference runtime for humanoid robot policies: six trained RL policies as ONNX (locomotion and whole-body
+# tracking for the Unitree G1, locomotion for the Booster T1), with its observation code, robot configs and quat maths
 MARISA_TRIE = ("marisa-trie", "1.4.1")  # MIT AND (BSD-2-Clause OR LGPL-2.1-or-later); compiled (a CPython 3.11
 # manylinux wheel): reads ukrainian-word-stress's trie, imported from its wheel unpacked in the test cache
 RIANN = ("riann", "0.2.0")  # Apache-2.0 (its metadata and LICENSE); RIANN, a robust IMU-based attitude network (Weber,
@@ -725,6 +728,14 @@ MODELS = {
     # 149, 64] (batch pinned: a 1.5 s window at 16 kHz as the package's logfbank, 64 bands every 10 ms) ->
     # `feature_output` [1, 2048], a unit vector the package matches by cosine against a hotword's reference embeddings
     "efficientword": (*EFFICIENTWORD, "eff_word_net/models/resnet_50_arc/slim_93%_accuracy_72.7390%.onnx"),
+    # Holosoma's whole-body tracking policy for the Unitree G1 (29 joints), trained by PPO to dance one clip: a
+    # PyTorch 2.7 export (opset 13) of an MLP (an observation normaliser as Sub and Div, four Gemm, three Elu) with the
+    # clip itself baked in as four Constant tables of 6574 steps read by Gather at the Cast and Clipped `time_step`:
+    # `obs` [1, 154] and `time_step` [1, 1] (float32, batch pinned) -> `actions` [1, 29] (joint offsets the package
+    # scales per joint and adds to the default pose: the PD targets) and the clip's `joint_pos`, `joint_vel` [1, 29],
+    # `ref_pos_xyz` [1, 3] and torso `ref_quat_xyzw` [1, 4] at that step, which the package feeds to its next
+    # observation; its metadata holds the robot's URDF, kp, kd and the training run's whole configuration
+    "holosoma_wbt": (*HOLOSOMA_INFERENCE, "holosoma_inference/models/wbt/ppo_g1_29dof_dancing.onnx"),
 }
 
 # name -> the member of the wheel holding the model's external data, extracted beside the model under its own name

@@ -6905,6 +6905,179 @@ def check_efficientword(fp32: Path, int8: Path, built: Built) -> Score:
     return score
 
 
+# --- holosoma-inference: a whole-body tracking RL policy for a humanoid (an MLP, its dance clip baked in) ---------
+HOLOSOMA_RATE = 50  # the package's task.wbt rl_rate: one policy step (and one step of the baked clip) every 20 ms
+HOLOSOMA_HALF = 3287  # the clip's 6574 steps: the first half calibrates, the second evaluates
+HOLOSOMA_TOLERANCE = 0.01  # rad: the training run's dof_pos_bias_range (its experiment_config, in the model's metadata)
+HOLOSOMA_TARGETS = Threshold(
+    "target_agreement", 0.95, 0.80, True,
+    "share of control steps on which every one of the 29 joint position targets the package sends (the default pose "
+    "plus the action times its per-joint scale) is within 0.01 rad of fp32's: 0.01 rad is the joint position bias "
+    "the policy was trained to absorb (setup_dof_pos_bias, -0.01..0.01, and the dof_pos observation noise 0.01, in "
+    "the training run's configuration the model carries); the bands are the agreement rule's (a step is a decision): "
+    "1 step in 20 past it is the same controller (ok), past 1 in 5 another one (broken)")
+
+
+def _holosoma_file(member: str) -> Path:
+    from tests.trained import HOLOSOMA_INFERENCE
+
+    return package_file(*HOLOSOMA_INFERENCE, f"holosoma_inference/{member}")
+
+
+@functools.cache
+def _holosoma_quat():
+    """The package's own quaternion maths (utils/math/quat.py, numpy only; wxyz)."""
+    from tests.trained import package_module
+
+    return package_module("calibrun_zoo_holosoma_quat", _holosoma_file("utils/math/quat.py"))
+
+
+@functools.cache
+def _holosoma_robot() -> tuple[np.ndarray, np.ndarray]:
+    """The G1 29-dof's default pose and per-joint action scale as the package's robot.py writes them (its
+    `g1_29dof` RobotConfig and G1_29DOF_PER_JOINT_ACTION_SCALE, read as literals: the module imports the package's
+    config registry)."""
+    import ast
+
+    tree = ast.parse(_holosoma_file("config/config_values/robot.py").read_text())
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+            if name == "G1_29DOF_PER_JOINT_ACTION_SCALE":
+                found["scale"] = ast.literal_eval(node.value)
+            elif name == "g1_29dof":
+                found["default"] = next(ast.literal_eval(k.value) for k in node.value.keywords
+                                        if k.arg == "default_dof_angles")
+    return np.array(found["default"], np.float32), np.array(found["scale"], np.float32)
+
+
+def _holosoma_waist(urdf: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The pelvis -> torso_link chain of the model's URDF (its metadata): per waist joint its origin's rotation and
+    axis (yaw, roll, pitch)."""
+    import xml.etree.ElementTree as ET
+
+    joints = {j.get("name"): j for j in ET.fromstring(urdf).iter("joint")}
+    chain = []
+    for name in ("waist_yaw_joint", "waist_roll_joint", "waist_pitch_joint"):
+        joint = joints[name]
+        roll, pitch, yaw = (float(v) for v in joint.find("origin").get("rpy", "0 0 0").split())
+        origin = _holosoma_quat().rpy_to_quat((roll, pitch, yaw))
+        axis = np.array([float(v) for v in joint.find("axis").get("xyz").split()])
+        chain.append((np.asarray(origin, np.float64).reshape(1, 4), axis / np.linalg.norm(axis)))
+    return chain
+
+
+def holosoma_clip(path: Path) -> dict[str, np.ndarray]:
+    """The dance clip the model carries, step by step (its outputs at each `time_step`, which do not read `obs`):
+    joint_pos, joint_vel [T, 29] and the torso's orientation ref_quat_xyzw [T, 4]."""
+    import onnx
+
+    sess = session(path)
+    steps = int(next(np.asarray(onnx.numpy_helper.to_array(n.attribute[0].t)) for n in onnx.load(str(path)).graph.node
+                     if n.op_type == "Constant" and n.output[0] == "/Constant_1_output_0")) + 1
+    names = ["joint_pos", "joint_vel", "ref_quat_xyzw"]
+    zeros = np.zeros((1, 154), np.float32)
+    out = [sess.run(names, {"obs": zeros, "time_step": np.array([[t]], np.float32)}) for t in range(steps)]
+    return {n: np.concatenate([o[i] for o in out]).astype(np.float64) for i, n in enumerate(names)}
+
+
+def _holosoma_base_ang_vel(path: Path, clip: dict[str, np.ndarray]) -> np.ndarray:
+    """The pelvis's angular velocity in its own frame (the IMU's `base_ang_vel`) of a robot that is where the clip
+    is: the pelvis orientation is the torso's (the clip's ref_quat) with the waist joints' rotations (the clip's
+    joint_pos; the model's URDF) taken off, differenced over one 20 ms step (backward; the first step forward)."""
+    import json
+
+    import onnx
+
+    quat = _holosoma_quat()
+    meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+    chain = _holosoma_waist(json.loads(meta["robot_urdf"]))
+    names = json.loads(meta["dof_names"])
+    waist = [names.index(n) for n in ("waist_yaw_joint", "waist_roll_joint", "waist_pitch_joint")]
+    torso = quat.xyzw_to_wxyz(clip["ref_quat_xyzw"])
+    pelvis = []
+    for t in range(len(torso)):
+        relative = np.array([[1.0, 0.0, 0.0, 0.0]])  # pelvis -> torso
+        for (origin, axis), j in zip(chain, waist, strict=True):
+            half = clip["joint_pos"][t, j] / 2
+            turn = np.array([[np.cos(half), *(np.sin(half) * axis)]])
+            relative = quat.quat_mul(quat.quat_mul(relative, origin), turn)
+        pelvis.append(quat.quat_mul(torso[t:t + 1], quat.quat_inverse(relative)))
+    pelvis = np.concatenate(pelvis)
+    omega = np.zeros((len(pelvis), 3))
+    for t in range(len(pelvis)):
+        a, b = (t - 1, t) if t else (0, 1)
+        delta = quat.quat_mul(quat.quat_inverse(pelvis[a:a + 1]), pelvis[b:b + 1])[0]
+        delta = delta if delta[0] >= 0 else -delta
+        angle = 2 * np.arctan2(np.linalg.norm(delta[1:]), delta[0])
+        norm = np.linalg.norm(delta[1:])
+        omega[t] = (delta[1:] / norm * angle if norm > 0 else 0.0) * HOLOSOMA_RATE
+    return omega
+
+
+def holosoma_rollout(path: Path) -> dict[str, np.ndarray]:
+    """Every step of the clip as the package's WholeBodyTrackingPolicy feeds it (its `rl_inference` and
+    `get_current_obs_buffer_dict`), for a robot that tracks the clip exactly: at `time_step` t the observation holds
+    the motion command the previous step returned (step t - 1's joint_pos and joint_vel; step 0's at 0, as its
+    `setup_policy` primes it), the robot's joints and pelvis where that command puts them (dof_pos less the default
+    pose, dof_vel, base_ang_vel), the torso's orientation error (none: the first two columns of the identity) and the
+    fp32 policy's previous action (clipped to +-100, unscaled; zeros at 0), the terms in the package's sorted order
+    (actions, base_ang_vel, dof_pos, dof_vel, motion_command, motion_ref_ori_b), each scale 1.0 (its `wbt`
+    ObservationConfig). Returns obs [T, 154], time_step [T, 1] and fp32's actions [T, 29]."""
+    clip = holosoma_clip(path)
+    omega = _holosoma_base_ang_vel(path, clip)
+    default, _ = _holosoma_robot()
+    sess = session(path)
+    steps = len(clip["joint_pos"])
+    ori = np.array([1.0, 0.0, 0.0, 1.0, 0.0, 0.0], np.float32)
+    obs = np.zeros((steps, 154), np.float32)
+    actions = np.zeros((steps, 29), np.float32)
+    last = np.zeros(29, np.float32)
+    for t in range(steps):
+        k = max(t - 1, 0)
+        obs[t] = np.concatenate([last, omega[k], clip["joint_pos"][k] - default, clip["joint_vel"][k],
+                                 clip["joint_pos"][k], clip["joint_vel"][k], ori]).astype(np.float32)
+        action = sess.run(["actions"], {"obs": obs[t:t + 1], "time_step": np.array([[t]], np.float32)})[0][0]
+        actions[t] = action
+        last = np.clip(action, -100, 100)
+    return {"obs": obs, "time_step": np.arange(steps, dtype=np.float32).reshape(-1, 1), "actions": actions}
+
+
+def build_holosoma_wbt(folder: Path) -> Built:
+    """The clip's first half calibrates (every 13th step from 0: 253 rows), its second half evaluates (every 6th step
+    from 3287: 512 rows); no step in both."""
+    rows = holosoma_rollout(model_path("holosoma_wbt"))
+    calib = np.arange(0, HOLOSOMA_HALF, 13)
+    evals = np.arange(HOLOSOMA_HALF, len(rows["obs"]), 6)[:512]
+    pick = lambda idx: {"obs": rows["obs"][idx], "time_step": rows["time_step"][idx]}  # noqa: E731
+    return Built(folder, _save(folder, "calib", pick(calib)), _save(folder, "eval", pick(evals)),
+                 {"steps": evals.tolist()})
+
+
+def holosoma_targets(path: Path, rows: dict[str, np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The joint position targets the package sends for each row (its `rl_inference` and `policy_action`: the
+    action clipped to +-100, times the per-joint scale, plus the default pose) [N, 29], and every output."""
+    default, scale = _holosoma_robot()
+    outputs = run_rows(path, rows, batch=1)
+    return np.clip(outputs[0], -100, 100) * scale + default, outputs
+
+
+def check_holosoma_wbt(fp32: Path, int8: Path, built: Built) -> Score:
+    """HOLOSOMA_TARGETS on the package's decision, the PD targets it sends each step. Beside it the median and the
+    largest per-step worst-joint difference (rad), and the largest difference of the clip outputs the package feeds to
+    its next observation (joint_pos in rad, the torso quaternion's components)."""
+    rows = built.arrays()
+    ref, ref_out = holosoma_targets(fp32, rows)
+    got, got_out = holosoma_targets(int8, rows)
+    worst = np.abs(got - ref).max(axis=1)
+    value = float(np.mean(worst <= HOLOSOMA_TOLERANCE))
+    return Score(HOLOSOMA_TARGETS.label(value), HOLOSOMA_TARGETS.metric, value,
+                 {"median_worst_joint_rad": float(np.median(worst)), "max_worst_joint_rad": float(worst.max()),
+                  "joint_pos_out_max_rad": float(np.abs(got_out[1] - ref_out[1]).max()),
+                  "ref_quat_out_max": float(np.abs(got_out[4] - ref_out[4]).max()), "steps": len(worst)})
+
+
 ZOO: dict[str, ZooModel] = {m.name: m for m in (
     ZooModel("ocr_cls", "ocr_cls", "rapidocr-onnxruntime 1.4.4", "classification",
              "PP-OCR text direction classifier (0 / 180 degrees)", False, build_ocr_cls, _classify, (AGREEMENT,),
@@ -7442,4 +7615,18 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              _SPEECH + " as the package's mic stream hands it over (int16 values, no scaling), 1.5 s windows every "
              "0.5 s through its own log filterbank: the 28 within the first 15 s calibrate, the 28 within the last "
              "15 s evaluate (none of its seven shipped hotwords is said in it)"),
+    ZooModel("holosoma_wbt", "holosoma_wbt", "holosoma-inference 0.1.3", "control policy (RL, a humanoid's joints)",
+             "Holosoma's whole-body tracking policy for the Unitree G1 (29 joints), trained by PPO to dance one clip "
+             "(a PyTorch 2.7 export, opset 13: an observation normaliser as Sub and Div, four Gemm, three Elu, and the "
+             "clip baked in as four Constant tables of 6574 steps read by Gather at the Cast and Clipped time_step): "
+             "`obs` [1, 154] and `time_step` [1, 1] (batch pinned) -> `actions` [1, 29], which the package scales per "
+             "joint and adds to the default pose as its PD targets, and the clip's joint_pos, joint_vel, ref_pos_xyz "
+             "and torso ref_quat_xyzw at that step, which it feeds to its next observation", True,
+             build_holosoma_wbt, check_holosoma_wbt, (HOLOSOMA_TARGETS,),
+             "the dance clip the model carries, rolled out step by step as the package's WholeBodyTrackingPolicy "
+             "observes it for a robot that tracks it exactly (the joints and pelvis where the previous step's motion "
+             "command puts them, the pelvis's angular velocity from the torso orientation less the waist joints, the "
+             "fp32 policy's previous action fed back): every 13th of the first 3287 steps calibrates (253), every 6th "
+             "of the rest evaluates (512, `eval.rows=512`)",
+             extra_overrides=("eval.rows=512",)),
 )}
