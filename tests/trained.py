@@ -136,6 +136,11 @@ trueocr 0.1.1 (Apache-2.0) ships its Vietnamese OCR's four models as ONNX, among
 wheel unpacked in the test cache, with OpenCV from the opencv-python-headless 5.0.0.93 wheel unpacked there, for the
 zoo's builder and check only. The pages it reads are the zoo's `documents` (scikit-image's page.png, text.png and
 photos laid out as pages).
+ukis-csmask 1.0.0 (Apache-2.0, DLR's) ships four cloud and cloud-shadow segmenters (U-Nets for 4 or 6 bands, Level-1C
+or Level-2A) as ONNX with their band statistics; the 4-band Level-2A model is extracted into the cache and run, and
+the package itself (`CSmask`, its tiling and blending) is imported from its wheel unpacked in the test cache, for the
+zoo's builder and check only (test data, never redistributed). The image it masks is spyndex 0.12.0's (MIT)
+Sentinel-2 sample (`spyndex/data/S2_10m.json`: four 10 m bands of a 300x300 scene), read from its wheel.
 """
 
 from __future__ import annotations
@@ -320,6 +325,11 @@ TRUEOCR = ("trueocr", "0.1.1")  # Apache-2.0 (its metadata and LICENSE); Vietnam
 # its order decode (order.py, numpy only), imported from its wheel unpacked in the test cache
 MARISA_TRIE = ("marisa-trie", "1.4.1")  # MIT AND (BSD-2-Clause OR LGPL-2.1-or-later); compiled (a CPython 3.11
 # manylinux wheel): reads ukrainian-word-stress's trie, imported from its wheel unpacked in the test cache
+UKIS_CSMASK = ("ukis-csmask", "1.0.0")  # Apache-2.0 (its metadata and LICENSE; DLR's); cloud and cloud-shadow
+# segmentation of Sentinel-2 and Landsat reflectances: four U-Nets (EfficientNet-B4 encoder; 4 or 6 bands, Level-1C
+# or Level-2A) as ONNX beside their band statistics (.json), with the package's tiling, blending and valid mask
+SPYNDEX = ("spyndex", "0.12.0")  # MIT; data only: the Sentinel-2 sample it ships (spyndex/data/S2_10m.json: bands
+# B02, B03, B04, B08 of a 300x300 scene at 10 m, surface reflectance x 10000), the ukis-csmask check's real image
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -695,6 +705,13 @@ MODELS = {
     # Section-Header, ..., Form), `same` [1, N, N] (the logit that i and j are in one block) and `tab` [1, 3, N, N]
     # (which the package does not read); its decode_blocks_order turns a, same and cls into the page's reading order
     "trueocr_order": (*TRUEOCR, "trueocr/models/order.onnx"),
+    # ukis-csmask's 4-band Level-2A cloud and cloud-shadow segmenter (segmentation_models_pytorch's U-Net on an
+    # EfficientNet-B4 encoder, a PyTorch 2.4.1 export, opset 17, 40 MB: 170 Conv, 105 BatchNormalization, swish as
+    # Sigmoid and Mul, squeeze-and-excitation by GlobalAveragePool, 'same' padding computed in the graph (Shape,
+    # Slice, Pad), five Resize upsamplings): `input` [N, 4, 256, 256] (blue, green, red, NIR reflectance standardised
+    # by the model's band means and deviations) -> `output` [N, 3, 256, 256], logits of background, cloud and cloud
+    # shadow, which the package softmaxes, blends over its overlapping tiles and reads by their ArgMax
+    "ukis_csmask": (*UKIS_CSMASK, "ukis_csmask/model_4b_l2a.onnx"),
 }
 
 # name -> the member of the wheel holding the model's external data, extracted beside the model under its own name
