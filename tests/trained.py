@@ -705,12 +705,13 @@ MODELS = {
     # Section-Header, ..., Form), `same` [1, N, N] (the logit that i and j are in one block) and `tab` [1, 3, N, N]
     # (which the package does not read); its decode_blocks_order turns a, same and cls into the page's reading order
     "trueocr_order": (*TRUEOCR, "trueocr/models/order.onnx"),
-    # ukis-csmask's 4-band Level-2A cloud and cloud-shadow segmenter (segmentation_models_pytorch's U-Net on an
-    # EfficientNet-B4 encoder, a PyTorch 2.4.1 export, opset 17, 40 MB: 170 Conv, 105 BatchNormalization, swish as
-    # Sigmoid and Mul, squeeze-and-excitation by GlobalAveragePool, 'same' padding computed in the graph (Shape,
-    # Slice, Pad), five Resize upsamplings): `input` [N, 4, 256, 256] (blue, green, red, NIR reflectance standardised
-    # by the model's band means and deviations) -> `output` [N, 3, 256, 256], logits of background, cloud and cloud
-    # shadow, which the package softmaxes, blends over its overlapping tiles and reads by their ArgMax
+    # ukis-csmask's 4-band Level-2A cloud and cloud-shadow segmenter (a U-Net on an EfficientNet-B4 encoder, its
+    # JSON's decoder unet and encoder efficientnet-b4; a PyTorch 2.4.1 export, opset 17, 40 MB, computing in float16:
+    # its 655 weights float16, Casts in and out; 170 Conv, 105 BatchNormalization, swish as Sigmoid and Mul,
+    # squeeze-and-excitation by GlobalAveragePool, 'same' padding computed in the graph (Shape, Slice, Pad), five
+    # Resize upsamplings): `input` [N, 4, 256, 256] (blue, green, red, NIR reflectance standardised by the model's band
+    # means and deviations) -> `output` [N, 3, 256, 256], logits of background, cloud and cloud shadow, which the
+    # package softmaxes, blends over its overlapping tiles and reads by their ArgMax
     "ukis_csmask": (*UKIS_CSMASK, "ukis_csmask/model_4b_l2a.onnx"),
 }
 
