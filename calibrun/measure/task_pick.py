@@ -699,15 +699,21 @@ def _auto(graph: _Graph, spec: TaskSpec, facts: Labels | None, classifier: bool 
     flat = [f"{o.name!r} {why}" for o in outputs if (why := graph.not_dense(o))]
     # a lone float [N, C] output may be logits or C regression values: not guessed, but the way to say it is named
     floats = [o for o in outputs if o.kind == "float"]
-    logits = floats[0] if len(floats) == 1 and floats[0].shape is not None and len(floats[0].shape) >= 2 and \
-        (floats[0].shape[-1] or 0) >= 2 and classifier is None and floats[0].producer != "Concat" else None
+    lone = floats[0] if len(floats) == 1 and floats[0].shape is not None and len(floats[0].shape) >= 2 and \
+        classifier is None and floats[0].producer != "Concat" else None
     # (a Concat's output joins parts, a detector's boxes beside its scores: its last axis holds no one kind of value)
+    # a 4-D map's classes would be on its channel axis (axis 1 of a Conv's [N, C, H, W]), any other output's last
+    axis = graph.map_axis(lone)[0] if lone is not None and len(lone.shape) == 4 else -1
+    logits = lone if lone is not None and (lone.shape[axis] or 0) >= 2 else None
     hint = ""
     if logits is not None and l2_normalised(logits.name, graph.nodes):
         hint = f"; {logits.name!r} is divided by its own L2 norm: an embedding of unit vectors, not class logits"
     elif logits is not None and len(logits.shape) == 2:
         hint = (f"; if {logits.name!r} holds class logits, model.classifier=true measures top-1 agreement (or give "
                 "labels)")
+    elif logits is not None and axis % len(logits.shape) != len(logits.shape) - 1 and _spatial(logits.shape, axis):
+        hint = (f"; if {logits.name!r} holds class logits on axis {axis} (a class per pixel: a segmenter's map), "
+                f"task=classification task.axis={axis} measures each pixel's class")
     elif logits is not None and sum(d != 1 for d in logits.shape[:-1]) >= 2:  # rows and positions beside the
         # last axis: a sequence's or a map's logits (a CTC recogniser's, read by argmax); an embedding [N, 1, 1, 96]
         # has no positions

@@ -982,3 +982,21 @@ def test_auto_tells_an_l2_normalised_embedding_from_logits(tmp_path):
     said = model(other, "other.onnx")
     assert "L2 norm" not in said
     assert "model.classifier=true" in said
+
+
+def test_auto_names_the_channel_axis_of_a_lone_map_of_logits(tmp_path):
+    """A lone float [N, C, H, W] map from a Conv (ukis-csmask's cloud segmenter: [?, 3, ?, ?] logits, no Softmax in
+    the graph) gets the hint for its channel axis, task=classification task.axis=1, not the last axis's (the
+    width); with that override the task is a class per pixel on axis 1."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.normal(size=(3, 4, 1, 1)).astype(np.float32), "w")
+    path = _save(tmp_path, [helper.make_node("Conv", ["x", "w"], ["y"])],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, "H", "W"])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, "H", "W"])], "segmenter.onnx", [w])
+    said = resolve(TaskSpec("auto"), path).reason
+    assert "if 'y' holds class logits on axis 1 (a class per pixel: a segmenter's map), task=classification " \
+           "task.axis=1 measures each pixel's class" in said
+    assert "last axis" not in said
+    told = resolve(TaskSpec("classification", axis=1), path)
+    assert isinstance(told, Classification)
+    assert told.axis == 1
