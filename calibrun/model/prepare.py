@@ -3,9 +3,10 @@
 `prepare_model(src, dst)` runs these steps, each only when the model needs it:
 
 1. initializers listed as graph inputs (IR < 4 style) are removed from the inputs, a graph whose nodes are
-   out of order (onnxruntime sorts them itself; onnx's checker and tools do not) is sorted topologically,
-   unnamed nodes are named (nodes_to_exclude selects by name), and a tensor named as onnxruntime's quantizer would
-   name another's scale or Q/DQ pair (`T_scale` beside `T`) is renamed;
+   out of order (onnxruntime sorts them itself; onnx's checker and tools do not) is sorted topologically, an
+   unnamed graph is named (onnx's checker requires it, onnxruntime does not), unnamed nodes are named
+   (nodes_to_exclude selects by name), and a tensor named as onnxruntime's quantizer would name another's scale
+   or Q/DQ pair (`T_scale` beside `T`) is renamed;
 2. the ai.onnx opset is imported exactly once (quantize_static needs one import: skl2onnx imports it twice for
    some scikit-learn models, a model of ai.onnx.ml ops alone may import none), an opset below 13 is converted
    to 13 with `onnx.version_converter`, and an IR version too old for the model's opsets is raised to the
@@ -207,10 +208,19 @@ def _strip_initializer_inputs(model: onnx.ModelProto, out: Path, external: bool,
             "(IR 3 lists every initializer as a graph input, which this model does not)"
         _step(steps, f"raised IR version {old_ir} -> {model.ir_version} {why}")
     _sort_nodes(model, steps)
+    _name_graph(model, steps)
     _name_nodes(model, steps)
     _rename_clashes(model, steps)
     save_onnx(model, out, external)
     return out
+
+
+def _name_graph(model: onnx.ModelProto, steps: list[str]) -> None:
+    """Name an unnamed graph (`main_graph`, as PyTorch's exporter names one): onnx's checker requires a name and
+    refused crack-tcaptcha's float16 Siamese matcher, which onnxruntime and the package run without one."""
+    if not model.graph.name:
+        model.graph.name = "main_graph"
+        _step(steps, "named the unnamed graph main_graph (onnx's checker requires a graph name)")
 
 
 def _name_nodes(model: onnx.ModelProto, steps: list[str]) -> None:

@@ -916,6 +916,23 @@ def test_the_ai_onnx_opset_is_imported_exactly_once(tmp_path, imports):
         "none of its operators (Cast, ai.onnx.ml.LinearRegressor) is one quantize_static quantises")
 
 
+def test_an_unnamed_graph_is_named_not_refused(tmp_path):
+    """onnx's checker requires a graph name; onnxruntime does not (crack-tcaptcha's Siamese matcher ships with none,
+    and calibrun refused it as 'not a valid ONNX model'). The prepared model names it and computes the same."""
+    rng = np.random.default_rng(3)
+    model = _model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], [_float("x", ["N", 4])],
+                   [_float("y", ["N", 4])], [_init(rng, "w", 4, 4)])
+    model.graph.name = ""
+    src = save(model, tmp_path / "unnamed_graph.onnx")
+    with pytest.raises(onnx.checker.ValidationError, match="name"):
+        onnx.checker.check_model(str(src))
+    prepared = prepare_model(src, tmp_path / "prepared.onnx")
+    assert onnx.load(str(prepared.path)).graph.name == "main_graph"
+    assert _steps(prepared, "named the unnamed graph main_graph")
+    feed = {"x": rng.normal(0, 1, (3, 4)).astype(np.float32)}
+    np.testing.assert_allclose(run(prepared.path, feed)[0], run(src, feed)[0], rtol=1e-6)
+
+
 def test_unnamed_nodes_get_unique_names(tmp_path):
     """onnxruntime's nodes_to_exclude selects nodes by name: an unnamed node could not be kept in float. Each gets
     `<op>_<n>`, never a name the model already has; named nodes keep theirs."""
