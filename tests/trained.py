@@ -136,6 +136,13 @@ trueocr 0.1.1 (Apache-2.0) ships its Vietnamese OCR's four models as ONNX, among
 wheel unpacked in the test cache, with OpenCV from the opencv-python-headless 5.0.0.93 wheel unpacked there, for the
 zoo's builder and check only. The pages it reads are the zoo's `documents` (scikit-image's page.png, text.png and
 photos laid out as pages).
+crack-tcaptcha 0.3.1 (GPL-3.0-or-later) ships its word-click solver's character detector (a YOLO11n) and Siamese
+character matcher as ONNX, and the font it renders the instruction's characters in; the matcher is extracted into the
+cache and run, and the solver itself (`crack_tcaptcha/solvers/word_ocr.py`: the detector, the crops, the rendering,
+the matcher's preprocessing and its greedy pick) is imported from its wheel unpacked in the test cache (its package's
+`__init__`, the network client, is not run), with OpenCV from the opencv-python-headless 5.0.0.93 wheel, for the zoo's
+builder and check only (test data, never redistributed). The captchas it reads are made by the zoo's builder from
+scikit-image's photos and hsk-sentences-audio's Chinese sentences; nothing is fetched from the service it solves.
 """
 
 from __future__ import annotations
@@ -320,6 +327,9 @@ TRUEOCR = ("trueocr", "0.1.1")  # Apache-2.0 (its metadata and LICENSE); Vietnam
 # its order decode (order.py, numpy only), imported from its wheel unpacked in the test cache
 MARISA_TRIE = ("marisa-trie", "1.4.1")  # MIT AND (BSD-2-Clause OR LGPL-2.1-or-later); compiled (a CPython 3.11
 # manylinux wheel): reads ukrainian-word-stress's trie, imported from its wheel unpacked in the test cache
+CRACK_TCAPTCHA = ("crack-tcaptcha", "0.3.1")  # GPL-3.0-or-later (its metadata and LICENSE); a solver of Tencent's
+# TCaptcha for security research: its word-click pipeline's YOLO11n character detector and Siamese matcher as ONNX,
+# the font it renders the instruction's characters in (font.ttf), and its solver code (solvers/word_ocr.py)
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -695,6 +705,13 @@ MODELS = {
     # Section-Header, ..., Form), `same` [1, N, N] (the logit that i and j are in one block) and `tab` [1, 3, N, N]
     # (which the package does not read); its decode_blocks_order turns a, same and cls into the page's reading order
     "trueocr_order": (*TRUEOCR, "trueocr/models/order.onnx"),
+    # crack-tcaptcha's word-click matcher (a PyTorch export, IR 8, opset 18, 30 MB, 15.0M weights stored as float16:
+    # a Siamese network whose two crops run through the same VGG16 features, 13 Conv with Relu and 5 MaxPool each,
+    # the weights shared by the two branches; the absolute difference of the 512 features, two Gemm, a Sigmoid; the
+    # network computes in float16 between a Cast of each input and a Cast of the output): `input1` (a crop the
+    # detector found) and `input2` (the package's rendering of a character) [1, 3, 52, 52] (BGR / 255; batch pinned
+    # to 1) -> `output` [1, 1], the probability the two show the same character
+    "tcaptcha_matcher": (*CRACK_TCAPTCHA, "crack_tcaptcha/solvers/models/word_click_matcher.onnx"),
 }
 
 # name -> the member of the wheel holding the model's external data, extracted beside the model under its own name
