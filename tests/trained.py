@@ -146,6 +146,13 @@ or Level-2A) as ONNX with their band statistics; the 4-band Level-2A model is ex
 the package itself (`CSmask`, its tiling and blending) is imported from its wheel unpacked in the test cache, for the
 zoo's builder and check only (test data, never redistributed). The image it masks is spyndex 0.12.0's (MIT)
 Sentinel-2 sample (`spyndex/data/S2_10m.json`: four 10 m bands of a 300x300 scene), read from its wheel.
+crack-tcaptcha 0.3.1 (GPL-3.0-or-later) ships its word-click solver's character detector (a YOLO11n) and Siamese
+character matcher as ONNX, and the font it renders the instruction's characters in; the matcher is extracted into the
+cache and run, and the solver itself (`crack_tcaptcha/solvers/word_ocr.py`: the detector, the crops, the rendering,
+the matcher's preprocessing and its greedy pick) is imported from its wheel unpacked in the test cache (its package's
+`__init__`, the network client, is not run), with OpenCV from the opencv-python-headless 5.0.0.93 wheel, for the zoo's
+builder and check only (test data, never redistributed). The captchas it reads are made by the zoo's builder from
+scikit-image's photos and hsk-sentences-audio's Chinese sentences; nothing is fetched from the service it solves.
 """
 
 from __future__ import annotations
@@ -349,6 +356,9 @@ UKIS_CSMASK = ("ukis-csmask", "1.0.0")  # Apache-2.0 (its metadata and LICENSE; 
 # or Level-2A) as ONNX beside their band statistics (.json), with the package's tiling, blending and valid mask
 SPYNDEX = ("spyndex", "0.12.0")  # MIT; data only: the Sentinel-2 sample it ships (spyndex/data/S2_10m.json: bands
 # B02, B03, B04, B08 of a 300x300 scene at 10 m, surface reflectance x 10000), the ukis-csmask check's real image
+CRACK_TCAPTCHA = ("crack-tcaptcha", "0.3.1")  # GPL-3.0-or-later (its metadata and LICENSE); a solver of Tencent's
+# TCaptcha for security research: its word-click pipeline's YOLO11n character detector and Siamese matcher as ONNX,
+# the font it renders the instruction's characters in (font.ttf), and its solver code (solvers/word_ocr.py)
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -754,6 +764,13 @@ MODELS = {
     # means and deviations) -> `output` [N, 3, 256, 256], logits of background, cloud and cloud shadow, which the
     # package softmaxes, blends over its overlapping tiles and reads by their ArgMax
     "ukis_csmask": (*UKIS_CSMASK, "ukis_csmask/model_4b_l2a.onnx"),
+    # crack-tcaptcha's word-click matcher (a PyTorch export, IR 8, opset 18, 30 MB, 15.0M weights stored as float16:
+    # a Siamese network whose two crops run through the same VGG16 features, 13 Conv with Relu and 5 MaxPool each,
+    # the weights shared by the two branches; the absolute difference of the 512 features, two Gemm, a Sigmoid; the
+    # network computes in float16 between a Cast of each input and a Cast of the output): `input1` (a crop the
+    # detector found) and `input2` (the package's rendering of a character) [1, 3, 52, 52] (BGR / 255; batch pinned
+    # to 1) -> `output` [1, 1], the probability the two show the same character
+    "tcaptcha_matcher": (*CRACK_TCAPTCHA, "crack_tcaptcha/solvers/models/word_click_matcher.onnx"),
 }
 
 # name -> the member of the wheel holding the model's external data, extracted beside the model under its own name

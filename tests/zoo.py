@@ -4066,6 +4066,197 @@ def check_capspot_sim(fp32: Path, int8: Path, built: Built) -> Score:
                   "prob_rms": float(np.sqrt(np.mean((ref_p - got_p) ** 2))), "rows": int(ref_p.size)})
 
 
+# --- crack-tcaptcha: a word-click captcha solver's Siamese matcher (a detected crop, the character -> the same?) ----
+TCAPTCHA_SIZE = (672, 480)  # a background's width and height: the package's own (word_ocr.warmup's dummy background)
+TCAPTCHA_TARGETS = 4  # characters the instruction names, clicked in its order
+TCAPTCHA_DECOYS = 1  # characters drawn on the background besides them
+TCAPTCHA_GLYPH = (50, 66)  # a drawn character's font size in px (numpy's high end exclusive)
+TCAPTCHA_JPEG = 90  # the background's JPEG quality (the package decodes the bytes it downloads with cv2.imdecode)
+TCAPTCHA_CALIB = 10  # captchas that calibrate (on the even photos and the even sentences)
+TCAPTCHA_EVAL = 20  # captchas that evaluate (the odd ones): 80 clicks, each the package's pick among the crops
+TCAPTCHA_SENTENCE_STEP = 53  # every 53rd HSK sentence, so the captchas' characters come from every level
+
+
+def _tcaptcha():
+    """crack-tcaptcha's word-click solver (`crack_tcaptcha/solvers/word_ocr.py`), imported from its wheel unpacked in
+    the test cache with OpenCV from the opencv-python-headless wheel: its detector session (the wheel's
+    `word_click_detector.onnx`), `_bytes_to_bgr`, `_yolo_detect`, `_render_char` (its font.ttf, 40 px, 52x52),
+    `_prep_siamese` (cv2.resize to 52x52, BGR, CHW, / 255), `_siamese_score_batch` and `locate_chars_by_siamese`.
+    The package's `__init__` (its network client: pydantic models, the TDC.js bridge) is not run: `crack_tcaptcha` is
+    given a bare module whose path is the wheel's package folder, so only the solver and the two modules it imports
+    (`exceptions`, `solvers.ort_provider`) are loaded."""
+    import importlib
+    import sys
+    import types
+
+    from tests.trained import CRACK_TCAPTCHA, package_tree
+
+    _opencv()
+    if "crack_tcaptcha" not in sys.modules:
+        package = types.ModuleType("crack_tcaptcha")
+        package.__path__ = [str(package_tree(*CRACK_TCAPTCHA) / "crack_tcaptcha")]
+        sys.modules["crack_tcaptcha"] = package
+    return importlib.import_module("crack_tcaptcha.solvers.word_ocr")
+
+
+def tcaptcha_captchas(count: int, backgrounds: list[str], sentences: list[str], seed: int) -> list[dict]:
+    """`count` word-click captchas as the package downloads one: TCAPTCHA_TARGETS + TCAPTCHA_DECOYS different Chinese
+    characters of one of `sentences` (hsk-sentences-audio's, in turn; the targets the first TCAPTCHA_TARGETS of them
+    in the sentence's order, the decoy a seeded one of the rest), drawn on a seeded TCAPTCHA_SIZE crop of one of
+    `backgrounds` (scikit-image's photos, in turn, enlarged bicubic where smaller), each in its own cell of a 3 x 2
+    grid at a seeded place: in the package's own font (font.ttf, a Lishu face, which its solver renders the
+    instruction's characters in: the shapes its matcher was trained to pair), TCAPTCHA_GLYPH px, a seeded bright
+    colour with a dark 2 px outline, turned by up to 35 degrees; the image encoded as JPEG (quality TCAPTCHA_JPEG,
+    cv2.imencode). Each: {"jpeg": bytes, "targets": str, "boxes": each target's glyph box (x1, y1, x2, y2)}."""
+    import re
+
+    from PIL import Image, ImageFont
+
+    cv2 = _opencv()
+    font_file = str(_tcaptcha()._FONT_PATH)
+    han = re.compile("[\u4e00-\u9fff]")
+    rng = np.random.default_rng(seed)
+    out, s = [], 0
+    w, h = TCAPTCHA_SIZE
+    n = TCAPTCHA_TARGETS + TCAPTCHA_DECOYS
+    while len(out) < count:
+        chars = list(dict.fromkeys(han.findall(sentences[s % len(sentences)])))
+        s += 1
+        if len(chars) < n:
+            continue
+        targets = chars[:TCAPTCHA_TARGETS]
+        drawn = targets + [chars[int(rng.integers(TCAPTCHA_TARGETS, len(chars)))] for _ in range(TCAPTCHA_DECOYS)]
+        photo = _rgb(backgrounds[len(out) % len(backgrounds)])
+        scale = max(w / photo.shape[1], h / photo.shape[0], 1.0)
+        if scale > 1.0:
+            photo = np.asarray(Image.fromarray(photo).resize((int(np.ceil(photo.shape[1] * scale)),
+                                                               int(np.ceil(photo.shape[0] * scale))), Image.BICUBIC))
+        y0, x0 = int(rng.integers(0, photo.shape[0] - h + 1)), int(rng.integers(0, photo.shape[1] - w + 1))
+        image = Image.fromarray(photo[y0:y0 + h, x0:x0 + w].copy())
+        boxes = []
+        for char, cell in zip(drawn, rng.permutation(6), strict=False):
+            font = ImageFont.truetype(font_file, int(rng.integers(*TCAPTCHA_GLYPH)))
+            fill = tuple(int(v) for v in rng.integers(120, 256, 3)) + (255,)
+            glyph = _glyph(font, char, fill, tuple(int(v) for v in rng.integers(0, 60, 3)), float(rng.uniform(-35, 35)))
+            cx, cy = (cell % 3) * w // 3, (cell // 3) * h // 2
+            gx = cx + int(rng.integers(4, max(5, w // 3 - glyph.width - 4)))
+            gy = cy + int(rng.integers(4, max(5, h // 2 - glyph.height - 4)))
+            image.paste(glyph, (gx, gy), glyph)
+            boxes.append((gx, gy, gx + glyph.width, gy + glyph.height))
+        ok, jpeg = cv2.imencode(".jpg", cv2.cvtColor(np.asarray(image), cv2.COLOR_RGB2BGR),
+                                [cv2.IMWRITE_JPEG_QUALITY, TCAPTCHA_JPEG])
+        assert ok
+        out.append({"jpeg": jpeg.tobytes(), "targets": "".join(targets), "boxes": boxes[:TCAPTCHA_TARGETS]})
+    return out
+
+
+def _tcaptcha_rows(captchas: list[dict]) -> dict[str, np.ndarray]:
+    """Every pair the package's `locate_chars_by_siamese` scores, in its order: per captcha its detector's crops of
+    the decoded background (`_bytes_to_bgr`, `_yolo_detect` with the wheel's fp32 detector, the boxes cropped as it
+    crops them), per target character in order its rendering (`_render_char`) against every crop, each side through
+    `_prep_siamese`: `input1` the crop, `input2` the character (as its per-pair path feeds them)."""
+    solver = _tcaptcha()
+    one, two = [], []
+    for captcha in captchas:
+        bg = solver._bytes_to_bgr(captcha["jpeg"])
+        crops = [bg[y1:y2, x1:x2] for x1, y1, x2, y2 in solver._yolo_detect(bg)]
+        crops = [c for c in crops if c.size]
+        for char in captcha["targets"]:
+            ref = solver._prep_siamese(solver._render_char(char))
+            for crop in crops:
+                one.append(solver._prep_siamese(crop)[0])
+                two.append(ref[0])
+    return {"input1": np.stack(one).astype(np.float32), "input2": np.stack(two).astype(np.float32)}
+
+
+def tcaptcha_sentences() -> list[str]:
+    """Every TCAPTCHA_SENTENCE_STEP-th of hsk-sentences-audio 1.0.0's 4,354 graded Chinese sentences (HSK 3.0 levels
+    1-6, in the order it ships them; `data/sentences.json`, LAC's text), as written."""
+    import json
+
+    from tests.trained import HSK_SENTENCES
+
+    records = json.loads(package_file(*HSK_SENTENCES, "hsk_sentences_audio/data/sentences.json").read_text("utf-8"))
+    return [r["chinese"] for r in records[::TCAPTCHA_SENTENCE_STEP]]
+
+
+def build_tcaptcha_matcher(folder: Path) -> Built:
+    """TCAPTCHA_CALIB captchas on the even ones of scikit-image's photos with the even sentences calibrate;
+    TCAPTCHA_EVAL captchas on the odd photos with the odd sentences evaluate (no photo, sentence or captcha in
+    both); the extra: the evaluation captchas (their JPEG bytes, target characters and glyph boxes)."""
+    names = [p for p in PHOTOS if (skimage_data() / p).is_file()]
+    sentences = tcaptcha_sentences()
+    calib = tcaptcha_captchas(TCAPTCHA_CALIB, names[0::2], sentences[0::2], seed=0)
+    evals = tcaptcha_captchas(TCAPTCHA_EVAL, names[1::2], sentences[1::2], seed=1)
+    return Built(folder, _save(folder, "calib", _tcaptcha_rows(calib)), _save(folder, "eval", _tcaptcha_rows(evals)),
+                 {"captchas": evals})
+
+
+def tcaptcha_clicks(path: Path, captchas: list[dict]) -> tuple[list[list[tuple[int, int]]], list[float]]:
+    """Each captcha's clicks by the package: its own `locate_chars_by_siamese` (the fp32 detector, the crops, the
+    renderings, `_siamese_score_batch`: one batched call tried first, which a model of batch 1 refuses, then one pair
+    a run; then its greedy pick, target by target, of the unused crop of the highest score), with the matcher session
+    made as its `_get_siamese_session` makes it (`_make_session_options`) on `path`. Returns the click points per
+    captcha and every score the matcher gave, in order."""
+    import onnxruntime as ort
+
+    solver = _tcaptcha()
+    matcher = ort.InferenceSession(str(path), sess_options=solver._make_session_options(),
+                                   providers=["CPUExecutionProvider"])
+    scores: list[float] = []
+    score_batch = solver._siamese_score_batch
+
+    def recorded(crops, ref):
+        out = score_batch(crops, ref)
+        scores.extend(out)
+        return out
+
+    solver._siamese_session = matcher
+    solver._siamese_input_names = tuple(i.name for i in matcher.get_inputs())
+    solver._siamese_batch_supported = None
+    solver._siamese_score_batch = recorded
+    try:
+        clicks = [solver.locate_chars_by_siamese(c["jpeg"], list(c["targets"])) for c in captchas]
+    finally:
+        solver._siamese_score_batch = score_batch
+        solver._siamese_session = None
+    return clicks, scores
+
+
+def check_tcaptcha_matcher(fp32: Path, int8: Path, built: Built) -> Score:
+    """The classifier rule on the package's answer: the share of the instruction's characters the int8 model
+    clicks where fp32 does (the same crop's centre: the detector is the same fp32 model, so a changed click is a
+    changed pick of the matcher). Beside it each model's share of clicks inside the character's own glyph box (the
+    truth), the captchas solved whole (every click inside), and the RMS of the pair scores' difference.
+
+    Bands: AGREEMENT's, unchanged, as for CapSpot's matcher (`capspot_sim`): the package's answer for a character is
+    one choice among the detector's crops, a top-1 decision as a classifier's is; the same matcher may click 1
+    character in 20 elsewhere (ok), past 1 in 5 it is another matcher (broken); 80 clicks, so ok allows 4. Set beside
+    fp32's own steadiness, measured on fp32 alone before the check was committed (no int8 model had run; clicks
+    compared by the glyph they land in, since the detector's boxes move with the image): the backgrounds encoded at
+    JPEG quality 75 instead of 90 keep 1.0 of fp32's clicks, at 95 0.975, and shifted right by 1 px 0.875 (the
+    detector's boxes move, and it finds or misses a glyph differently); fp32 clicks 0.9 of the characters inside their
+    own glyph (72 of 80; 5 of the 8 misses a glyph the detector gave no box), 15 of 20 captchas whole. So ok asks int8
+    to move at most twice the clicks a JPEG re-encoding at 95 moves, fewer than a 1 px shift does; the check holds the
+    detector fixed (fp32), so every changed click is the matcher's."""
+    captchas = built.extra["captchas"]
+    ref, ref_s = tcaptcha_clicks(fp32, captchas)
+    got, got_s = tcaptcha_clicks(int8, captchas)
+    flat = lambda clicks: [p for captcha in clicks for p in captcha]  # noqa: E731
+    value = float(np.mean([a == b for a, b in zip(flat(ref), flat(got), strict=True)]))
+
+    def inside(clicks):
+        return [[x1 <= x < x2 and y1 <= y < y2 for (x, y), (x1, y1, x2, y2) in zip(c, captcha["boxes"], strict=True)]
+                for c, captcha in zip(clicks, captchas, strict=True)]
+
+    right = lambda clicks: float(np.mean([v for row in inside(clicks) for v in row]))  # noqa: E731
+    solved = lambda clicks: int(sum(all(row) for row in inside(clicks)))  # noqa: E731
+    return Score(AGREEMENT.label(value), AGREEMENT.metric, value,
+                 {"fp32_correct": right(ref), "int8_correct": right(got), "fp32_solved": solved(ref),
+                  "int8_solved": solved(got), "captchas": len(captchas), "clicks": len(flat(ref)),
+                  "score_rms": float(np.sqrt(np.mean((np.array(ref_s) - np.array(got_s)) ** 2))),
+                  "pairs": len(ref_s)})
+
 
 # --- fusion-surrogates: QLKNN_7_11, a tokamak turbulent-transport surrogate (a tabular regression, 8 fluxes) ------
 QLKNN_INPUTS = ("Ati", "Ate", "Ane", "Ani", "q", "smag", "x", "Ti_Te", "LogNuStar", "normni")  # the model's order
@@ -7787,4 +7978,16 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "reflectance x 10000 divided by 10000), cut into its west and east halves, each in its 8 orientations "
              "and tiled by the package's own normalisation and tile_array: the west half calibrates (32 tiles), the "
              "east half evaluates (32)"),
+    ZooModel("tcaptcha_matcher", "tcaptcha_matcher", "crack-tcaptcha 0.3.1", "matching",
+             "crack-tcaptcha's word-click Siamese matcher (a PyTorch export computing in float16 between Casts: both "
+             "crops through the same VGG16 features, 13 Conv and 5 MaxPool each, |a - b| of the 512 features, two "
+             "Gemm, a Sigmoid): a crop its YOLO11n detector found and its rendering of one of the instruction's "
+             "characters, each 52x52 BGR / 255 [1, 3, 52, 52] (batch pinned) -> the probability they show the same "
+             "character, read by the package's greedy pick, character by character, of the unused crop it scores "
+             "highest (where it clicks)", True,
+             build_tcaptcha_matcher, check_tcaptcha_matcher, (AGREEMENT,),
+             "word-click captchas made from hsk-sentences-audio's Chinese sentences in the package's own font on "
+             "scikit-image's photos (672x480, JPEG 90), every (detected crop, rendered character) pair the package's "
+             "locate_chars_by_siamese scores: 10 captchas on the even photos calibrate, 20 on the odd photos evaluate",
+             extra_overrides=("eval.rows=1024",)),
 )}
