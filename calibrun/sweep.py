@@ -593,7 +593,7 @@ def summarise(tracker: Tracker, parent_id: str, sweep_dir: Path, swept: list[str
         tracker.log(parent_id, tags={"mlflow.note.content": _note(None, [], swept, {}, counts, problems)})
         return None
     metric, better = headline_of([c.data.metrics for c in children], [
-        None if c.data.params.get("model") == "lab" or "calibrun.verdict.headline" not in c.data.tags
+        None if c.data.params.get("model.name") == "lab" or "calibrun.verdict.headline" not in c.data.tags
         else (c.data.tags["calibrun.verdict.headline"], c.data.tags.get("calibrun.verdict.better")) for c in children])
     first = children[0].data.params
     common = {k: v for k, v in first.items() if all(c.data.params.get(k) == v for c in children)}
