@@ -167,6 +167,19 @@ def _rgb(name: str) -> np.ndarray:
         return np.asarray(image.convert("RGB"))
 
 
+def photo_crop(photo: np.ndarray, w: int, h: int, rng: np.random.Generator):
+    """A seeded w x h crop of an RGB photo (a PIL image), the photo first enlarged (bicubic) where it is smaller:
+    the background of a click captcha (CapSpot's, crack-tcaptcha's)."""
+    from PIL import Image
+
+    scale = max(w / photo.shape[1], h / photo.shape[0], 1.0)
+    if scale > 1.0:
+        photo = np.asarray(Image.fromarray(photo).resize((int(np.ceil(photo.shape[1] * scale)),
+                                                           int(np.ceil(photo.shape[0] * scale))), Image.BICUBIC))
+    y0, x0 = int(rng.integers(0, photo.shape[0] - h + 1)), int(rng.integers(0, photo.shape[1] - w + 1))
+    return Image.fromarray(photo[y0:y0 + h, x0:x0 + w].copy())
+
+
 def text_crops() -> list[np.ndarray]:
     """Text-line-sized crops (RGB uint8) of scikit-image's two photos of printed text (page.png: a scanned book
     page; text.png: a photo of a sign): bands 28 px high every 10 px, the left half, right half and whole width."""
@@ -3948,14 +3961,8 @@ def capspot_captchas(count: int, backgrounds: list[str], sentences: list[str], s
     for k in range(count):
         chars = list(dict.fromkeys(letters.findall(sentences[k % len(sentences)])))
         chars = [chars[i] for i in sorted(rng.choice(len(chars), CAPSPOT_CHARS, replace=False))]
-        photo = _rgb(backgrounds[k % len(backgrounds)])
         w, h = CAPSPOT_SIZE
-        scale = max(w / photo.shape[1], h / photo.shape[0], 1.0)
-        if scale > 1.0:
-            photo = np.asarray(Image.fromarray(photo).resize((int(np.ceil(photo.shape[1] * scale)),
-                                                               int(np.ceil(photo.shape[0] * scale))), Image.BICUBIC))
-        y0, x0 = int(rng.integers(0, photo.shape[0] - h + 1)), int(rng.integers(0, photo.shape[1] - w + 1))
-        target = Image.fromarray(photo[y0:y0 + h, x0:x0 + w].copy())
+        target = photo_crop(_rgb(backgrounds[k % len(backgrounds)]), w, h, rng)
         boxes = []
         for i, quarter in enumerate(rng.permutation(CAPSPOT_CHARS)):
             font = ImageFont.truetype(font_file, int(rng.integers(34, 51)))
@@ -4110,7 +4117,7 @@ def tcaptcha_captchas(count: int, backgrounds: list[str], sentences: list[str], 
     cv2.imencode). Each: {"jpeg": bytes, "targets": str, "boxes": each target's glyph box (x1, y1, x2, y2)}."""
     import re
 
-    from PIL import Image, ImageFont
+    from PIL import ImageFont
 
     cv2 = _opencv()
     font_file = str(_tcaptcha()._FONT_PATH)
@@ -4126,13 +4133,7 @@ def tcaptcha_captchas(count: int, backgrounds: list[str], sentences: list[str], 
             continue
         targets = chars[:TCAPTCHA_TARGETS]
         drawn = targets + [chars[int(rng.integers(TCAPTCHA_TARGETS, len(chars)))] for _ in range(TCAPTCHA_DECOYS)]
-        photo = _rgb(backgrounds[len(out) % len(backgrounds)])
-        scale = max(w / photo.shape[1], h / photo.shape[0], 1.0)
-        if scale > 1.0:
-            photo = np.asarray(Image.fromarray(photo).resize((int(np.ceil(photo.shape[1] * scale)),
-                                                               int(np.ceil(photo.shape[0] * scale))), Image.BICUBIC))
-        y0, x0 = int(rng.integers(0, photo.shape[0] - h + 1)), int(rng.integers(0, photo.shape[1] - w + 1))
-        image = Image.fromarray(photo[y0:y0 + h, x0:x0 + w].copy())
+        image = photo_crop(_rgb(backgrounds[len(out) % len(backgrounds)]), w, h, rng)
         boxes = []
         for char, cell in zip(drawn, rng.permutation(6), strict=False):
             font = ImageFont.truetype(font_file, int(rng.integers(*TCAPTCHA_GLYPH)))
