@@ -314,49 +314,48 @@ def _fresh_copy(model_path: str | Path, folder: Path, sixteen_bit: bool) -> Path
 _SAID_UNBOUNDED: set[str] = set()  # the sets of non-finite tensors already logged
 
 
-_UNBOUNDED: dict[tuple, dict[str, bool | None]] = {}  # (ranges file, its mtime and size) -> its unbounded tensors
+_RANGES: dict[tuple, tuple[dict, dict]] = {}  # (ranges file, its mtime and size) -> (_read_ranges)
 
 
-def _unbounded_tensors(path: Path) -> dict[str, bool | None]:
-    """The tensors of a ranges file whose range is not finite or reaches infinity's stand-in (STAND_IN), each with
-    True where it held no value at all (an empty tensor's range stays lowest +inf, highest -inf: a pad of length 0),
-    False where its range is infinite, None where it is finite but reaches STAND_IN; read once per file version (a
-    histogram method's file holds every histogram: parsing it for each recommendation candidate would cost more than
-    the answer)."""
+def _read_ranges(path: Path) -> tuple[dict[str, bool | None], dict[str, tuple[float, float]]]:
+    """What calibrun reads of a ranges file (onnxruntime's TensorsData JSON, parsed as quantize_static parses it),
+    read once per file version (a histogram method's file holds every histogram: parsing it for each
+    recommendation candidate would cost more than the answer): its unbounded tensors (`_unbounded_tensors`) and
+    each other tensor's finite range (`calibrated_ranges`)."""
     import json
 
     from onnxruntime.quantization.calibrate import TensorsData
 
     stat = path.stat()
     key = (str(path), stat.st_mtime_ns, stat.st_size)
-    if key not in _UNBOUNDED:
-        ranges = TensorsData.from_dict(json.loads(path.read_text()))  # as quantize_static reads it
-        if len(_UNBOUNDED) > 64:
-            _UNBOUNDED.clear()
-        found = {}
+    if key not in _RANGES:
+        ranges = TensorsData.from_dict(json.loads(path.read_text()))
+        if len(_RANGES) > 64:
+            _RANGES.clear()
+        unbounded, finite = {}, {}
         for name, data in ranges.items():
             low, high = (np.asarray(end, np.float64) for end in data.range_value)
             if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
-                found[name] = bool(np.all(low > high))
+                unbounded[name] = bool(np.all(low > high))
             elif not inside_stand_in(float(np.min(low)), float(np.max(high))):
-                found[name] = None
-        _UNBOUNDED[key] = found
-    return _UNBOUNDED[key]
+                unbounded[name] = None
+            elif float(np.min(low)) <= float(np.max(high)):
+                finite[name] = (float(np.min(low)), float(np.max(high)))
+        _RANGES[key] = unbounded, finite
+    return _RANGES[key]
+
+
+def _unbounded_tensors(path: Path) -> dict[str, bool | None]:
+    """The tensors of a ranges file whose range is not finite or reaches infinity's stand-in (STAND_IN), each with
+    True where it held no value at all (an empty tensor's range stays lowest +inf, highest -inf: a pad of length 0),
+    False where its range is infinite, None where it is finite but reaches STAND_IN."""
+    return _read_ranges(path)[0]
 
 
 def calibrated_ranges(path: str | Path) -> dict[str, tuple[float, float]]:
-    """Each tensor's calibrated range in a ranges file (onnxruntime's TensorsData JSON, as quantize_static reads it),
-    where it is finite and holds values."""
-    import json
-
-    from onnxruntime.quantization.calibrate import TensorsData
-
-    found = {}
-    for name, data in TensorsData.from_dict(json.loads(Path(path).read_text())).items():
-        low, high = (float(np.min(data.range_value[0])), float(np.max(data.range_value[1])))
-        if math.isfinite(low) and math.isfinite(high) and low <= high:
-            found[name] = (low, high)
-    return found
+    """Each tensor's calibrated range in a ranges file where it is finite, holds values and stays inside infinity's
+    stand-in (a tensor outside it keeps its nodes in float: unbounded_nodes)."""
+    return _read_ranges(Path(path))[1]
 
 
 def unbounded_nodes(graph: onnx.GraphProto, ranges_path: str | Path) -> list[str]:
