@@ -38,6 +38,7 @@ from calibrun.model import (
     FloatModel,
     check_model_file,
     file_sha256,
+    float_subgraphs,
     float_weighted_ops,
     format_counts,
     why_nothing_quantised,
@@ -332,6 +333,10 @@ def compute(ctx: JobContext) -> JobResult:
     if left and quantised:
         log.info("quantize_static has no static int8 form of %s: their weights and work stay in float",
                  format_counts(left))
+    inside = float_subgraphs(int8_path) if quantised else {}
+    if inside:
+        log.info("onnxruntime quantised nothing inside the subgraphs of %s: their matrix ops compute in float",
+                 format_counts(inside))
     pinned = pinned_rows({i.name: i.shape for i in fp32.inputs}, evaluation.axes)
     size = measure.batch_size_for(pinned, cfg.eval.batch_size)
     blocks_of(fp32.path)  # the model's structure read (and cached) before a session holds its weights
@@ -374,7 +379,7 @@ def compute(ctx: JobContext) -> JobResult:
         eval_source=ctx.eval_source,
         used={**_used(cfg, data, evaluation, errors), "diagnostics_rows": diag.rows_seen if diag is not None else 0,
               "memory": _memory_used(budget, calibration_memory, eval_memory, diag), "rows_depend": depend,
-              "float_weighted_ops": left},
+              "float_weighted_ops": left, "float_subgraphs": inside},
         task=ctx.task.describe(),
         files={"fp32": _relative(fp32.path, job_dir), "int8": int8_path.name, "ranges": RANGES_FILE,
                "int8_sha256": file_sha256(int8_path), "ranges_sha256": file_sha256(job_dir / RANGES_FILE)},

@@ -137,6 +137,34 @@ def float_weighted_ops(path: str | Path) -> dict[str, int]:
     return dict(sorted(found.items()))
 
 
+MATRIX_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul", *FLOAT_ONLY_OPS)  # computations on learned matrices
+QUANTISED_OPS = ("QuantizeLinear", "DequantizeLinear", "MatMulInteger", "ConvInteger")  # and every QLinear* op
+
+
+def float_subgraphs(path: str | Path) -> dict[str, int]:
+    """op type -> count of the top graph's nodes (Loop, Scan, If) whose subgraphs compute with matrix ops and hold
+    no quantised op at any depth, read off the int8 model onnxruntime wrote: quantize_static quantised nothing inside
+    them, and their work stays in float (gaitkit's IntellEvent: tf2onnx writes each LSTM direction as a Loop, and
+    all 134 QuantizeLinear of its int8 model sat outside the six Loops)."""
+    def inner(graph: onnx.GraphProto):
+        for node in graph.node:
+            yield node
+            for attr in node.attribute:
+                subs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else \
+                    list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else []
+                for sub in subs:
+                    yield from inner(sub)
+
+    found: Counter = Counter()
+    for node in onnx.load(str(path), load_external_data=False).graph.node:
+        subs = [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH] + \
+            [g for a in node.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs]
+        ops = {n.op_type for sub in subs for n in inner(sub)}
+        if ops & set(MATRIX_OPS) and not any(op in QUANTISED_OPS or op.startswith("QLinear") for op in ops):
+            found[node.op_type] += 1
+    return dict(sorted(found.items()))
+
+
 def format_counts(counts: Mapping[str, int]) -> str:
     """Op types with their counts, in name order: "Cast, LSTM x6"."""
     return ", ".join(f"{op} x{n}" if n > 1 else op for op, n in sorted(counts.items()))

@@ -203,9 +203,9 @@ def test_a_model_onnxruntime_quantises_nothing_in_says_so_and_is_measured(tmp_pa
     assert result["verdict"]["because"].endswith("onnxruntime quantised nothing: the model computes in float")
 
 
-def network_inside_an_if(path: Path) -> Path:
+def network_inside_an_if(path: Path, head: bool = False) -> Path:
     """openWakeWord's VAD in small: the whole network inside an If on the sample rate (an int64 input), so the graph's
-    top level holds nothing onnxruntime calibrates or quantises."""
+    top level holds nothing onnxruntime calibrates or quantises; with `head`, a MatMul after the If that it does."""
     rng = np.random.default_rng(4)
     branch = {}
     for name in ("then", "else"):
@@ -215,10 +215,15 @@ def network_inside_an_if(path: Path) -> Path:
                                          initializer=[w])
     nodes = [helper.make_node("Constant", [], ["rate"], value=numpy_helper.from_array(np.array(16000, np.int64))),
              helper.make_node("Equal", ["sr", "rate"], ["is16k"]),
-             helper.make_node("If", ["is16k"], ["y"], then_branch=branch["then"], else_branch=branch["else"])]
+             helper.make_node("If", ["is16k"], ["h" if head else "y"], then_branch=branch["then"],
+                              else_branch=branch["else"])]
+    weights = []
+    if head:
+        weights = [numpy_helper.from_array(rng.normal(0, 0.5, (3, 3)).astype(np.float32), "w_head")]
+        nodes.append(helper.make_node("MatMul", ["h", "w_head"], ["y"]))
     graph = helper.make_graph(nodes, "vad", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
                                              helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])])
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])], weights)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return path
 
@@ -243,6 +248,23 @@ def test_a_network_inside_an_if_is_measured_in_float_with_every_method(tmp_path,
     assert result["metrics"]["quantize_nodes"] == 0
     assert result["metrics"]["max_abs_error"] == 0
     assert result["verdict"]["because"].endswith("onnxruntime quantised nothing: the model computes in float")
+
+
+def test_a_network_left_in_float_inside_an_if_is_said_beside_a_quantised_head(tmp_path):
+    """The If's network computes in float in the int8 model while the MatMul after it is quantised: the job says
+    so (onnxruntime does not quantise inside the subgraphs) and result.json counts it (`used.float_subgraphs`)."""
+    model = network_inside_an_if(tmp_path / "vad.onnx", head=True)
+    rng = np.random.default_rng(1)
+    for name in ("calib", "eval"):
+        np.savez(tmp_path / f"{name}.npz", x=rng.normal(0, 1, (24, 4)).astype(np.float32))
+    run = calibrun(tmp_path, "model=file", f"model.path={model}", "data=npy", f"data.path={tmp_path / 'calib.npz'}",
+                   "eval_data=npy", f"eval_data.path={tmp_path / 'eval.npz'}", "data.inputs.sr.value=16000",
+                   "eval_data.inputs.sr.value=16000", "batches=2", "tracking=off", "hydra.run.dir=run")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "onnxruntime quantised nothing inside the subgraphs of If: their matrix ops compute in float" in run.stderr
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["metrics"]["quantize_nodes"] > 0
+    assert result["used"]["float_subgraphs"] == {"If": 1}
 
 
 def masked_attention(path: Path, fill: float = -np.inf) -> Path:

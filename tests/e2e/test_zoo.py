@@ -76,10 +76,11 @@ def test_thresholds_label_both_directions():
     # 35, helper zoo35i): 66 of 74 (0.892); trueocr's reading-order transformer (session 35, helper zoo35k): 67 of 75
     # (0.893); riann's IMU attitude network, EfficientWord-Net's hotword embedding, holosoma-inference's humanoid
     # policy, ukis-csmask's cloud segmenter and crack-tcaptcha's Siamese matcher (session 36, helpers zoo36a-e): 72
-    # of 80 (0.900, at the bound). Every model added
+    # of 80 (0.900, at the bound); gaitkit's IntellEvent gait-event BiLSTM (session 36, helper zoo36f): 73 of 81
+    # (0.901), past 0.9: the bound raised to 0.92 for it, as sessions 28, 30, 31 and 32 raised it. Every model added
     # unseen is held out (the check the issue asks for on a model nobody tuned calibrun on), so the share grows; the
     # 8 not held out stay to tune on
-    assert 0.3 <= len(held) / len(ZOO) <= 0.9, held
+    assert 0.3 <= len(held) / len(ZOO) <= 0.92, held
     assert len({m.package.split()[0] for m in ZOO.values()}) >= 7
 
 

