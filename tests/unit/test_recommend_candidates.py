@@ -305,18 +305,3 @@ def test_a_clipping_culprit_gets_headroom_from_its_own_calibrated_range():
     assert both.options.tensor_ranges == found[0].options.tensor_ranges
     assert both.options.activation_type == "QInt16"
 
-
-def test_both_16_bit_changes_left_unmeasured_are_no_member_of_the_combination():
-    """Where 16-bit activations alone made the model ok, both 16-bit changes are not measured (_outranked): the
-    combination is built from what was measured, the unmeasured candidate left out (not looked up)."""
-    from calibrun.analysis.recommend import Candidate, _outranked
-
-    singles = candidates(QuantOptions(), "qdq", "minmax", None, CONF, quantised=NODES)[:4]
-    ok = {"change": singles[1].change, "status_after": "ok", "after": 25.7, "helps": True}
-    channel = {"change": singles[0].change, "status_after": "ok", "after": 23.0, "helps": True}
-    weights = {"change": singles[2].change, "status_after": "degraded", "after": 18.0, "helps": False}
-    assert singles[3].wider
-    assert _outranked(singles[3], [channel, ok, weights]) is channel  # one change is ok: two cannot rank first
-    assert _outranked(Candidate((singles[1].change,), None), [channel]) is None  # a single change is always measured
-    members = combined_members(singles, [channel, ok, weights], 1.0)
-    assert [m.change for m in members] == [singles[1].change, singles[0].change]
