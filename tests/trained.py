@@ -994,6 +994,21 @@ def package_tree(package: str, version: str) -> Path:
     return _tree_once(CACHE / "trees" / f"{package}-{version}", package, unpack)
 
 
+
+def tree_module(package: tuple[str, str], module: str):
+    """`module` imported from the package's wheel unpacked whole (package_tree), once: the tree is on sys.path only
+    while it imports (hama's `asr`, luscinia, marisa-trie's compiled module)."""
+    import importlib
+
+    if module not in sys.modules:
+        sys.path.insert(0, str(package_tree(*package)))
+        try:
+            importlib.import_module(module)
+        finally:
+            sys.path.pop(0)
+    return sys.modules[module]
+
+
 def _tree_once(target: Path, package: str, make) -> Path:
     """`target`, made once: `make(tmp)` fills a temp folder beside it and returns the folder that becomes `target`
     (renamed into place: a process that got there first wins; the temp folder removed either way)."""

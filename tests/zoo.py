@@ -6198,17 +6198,9 @@ HAMA_PER = Threshold(
 def _hama():
     """hama 1.3.13's own `asr` module (its ASRModel: the ONNX session, the CTC decode, the phoneme vocabulary from
     its `g2p_vocab.json`), imported from its wheel unpacked in the test cache; it needs numpy and onnxruntime only."""
-    import sys
+    from tests.trained import HAMA, tree_module
 
-    from tests.trained import HAMA, package_tree
-
-    if "hama.asr" not in sys.modules:
-        sys.path.insert(0, str(package_tree(*HAMA)))
-        try:
-            import hama.asr  # noqa: F401
-        finally:
-            sys.path.pop(0)
-    return sys.modules["hama.asr"]
+    return tree_module(HAMA, "hama.asr")
 
 
 def hama_pieces(lo: int, hi: int) -> np.ndarray:
@@ -6632,17 +6624,9 @@ def _luscinia():
     """luscinia 1.0.0's own package (its `featurizer.featurize`: the 132 features in its manifest's order, and its
     `LusciniaPredictor`: the session as the package makes it), imported from its wheel unpacked in the test cache;
     it needs numpy and onnxruntime only."""
-    import sys
+    from tests.trained import LUSCINIA, tree_module
 
-    from tests.trained import LUSCINIA, package_tree
-
-    if "luscinia" not in sys.modules:
-        sys.path.insert(0, str(package_tree(*LUSCINIA)))
-        try:
-            import luscinia  # noqa: F401
-        finally:
-            sys.path.pop(0)
-    return sys.modules["luscinia"]
+    return tree_module(LUSCINIA, "luscinia")
 
 
 def ukrainian_stress_words(count: int) -> list[tuple[str, int]]:
@@ -6653,17 +6637,11 @@ def ukrainian_stress_words(count: int) -> list[tuple[str, int]]:
     same, one accent, on a vowel; the package's `_parse_dictionary_value`) - the index of that vowel among the
     word's vowels (luscinia's ten: а е є и і ї о у ю я), the answer the model is trained to give."""
     import re
-    import sys
 
-    from tests.trained import MARISA_TRIE, UA_WORD_STRESS, package_tree
+    from tests.trained import MARISA_TRIE, UA_WORD_STRESS, package_tree, tree_module
 
     tree = package_tree(*UA_WORD_STRESS)
-    sys.path.insert(0, str(package_tree(*MARISA_TRIE)))
-    try:
-        import marisa_trie
-    finally:
-        sys.path.pop(0)
-    trie = marisa_trie.BytesTrie()
+    trie = tree_module(MARISA_TRIE, "marisa_trie").BytesTrie()
     trie.load(str(tree / "ukrainian_word_stress" / "data" / "stress.trie"))
     vowels = frozenset(_luscinia().featurizer.VOWELS)
     letters = re.compile("^[а-щьюяєіїґ']+$")
