@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,6 +137,21 @@ def float_weighted_ops(path: str | Path) -> dict[str, int]:
     return dict(sorted(found.items()))
 
 
+def node_subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs a node holds in its attributes: an If's branches, a Loop's or a Scan's body."""
+    return [g for a in node.attribute
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                      list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else [])]
+
+
+def graphs_of(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """`graph` and every graph its nodes hold, at any depth."""
+    yield graph
+    for node in graph.node:
+        for sub in node_subgraphs(node):
+            yield from graphs_of(sub)
+
+
 MATRIX_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul", *FLOAT_ONLY_OPS)  # computations on learned matrices
 QUANTISED_OPS = ("QuantizeLinear", "DequantizeLinear", "MatMulInteger", "ConvInteger")  # and every QLinear* op
 
@@ -146,20 +161,9 @@ def float_subgraphs(path: str | Path) -> dict[str, int]:
     no quantised op at any depth, read off the int8 model onnxruntime wrote: quantize_static quantised nothing inside
     them, and their work stays in float (gaitkit's IntellEvent: tf2onnx writes each LSTM direction as a Loop, and
     all 134 QuantizeLinear of its int8 model sat outside the six Loops)."""
-    def inner(graph: onnx.GraphProto):
-        for node in graph.node:
-            yield node
-            for attr in node.attribute:
-                subs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else \
-                    list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else []
-                for sub in subs:
-                    yield from inner(sub)
-
     found: Counter = Counter()
     for node in onnx.load(str(path), load_external_data=False).graph.node:
-        subs = [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH] + \
-            [g for a in node.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs]
-        ops = {n.op_type for sub in subs for n in inner(sub)}
+        ops = {n.op_type for sub in node_subgraphs(node) for graph in graphs_of(sub) for n in graph.node}
         if ops & set(MATRIX_OPS) and not any(op in QUANTISED_OPS or op.startswith("QLinear") for op in ops):
             found[node.op_type] += 1
     return dict(sorted(found.items()))

@@ -15,7 +15,7 @@ import onnx
 from onnx import numpy_helper
 
 from calibrun.core.errors import CalibrunError
-from calibrun.model import graph_inputs, load_model
+from calibrun.model import graph_inputs, load_model, node_subgraphs
 from calibrun.model.structure import structure
 
 log = logging.getLogger("calibrun")
@@ -251,14 +251,11 @@ def outer_reads(node: onnx.NodeProto) -> set[str]:
     """The outer-scope tensors `node`'s subgraphs read (recursively): what their nodes read that no node of the
     subgraph writes and that is not the subgraph's own input or initializer."""
     names: set[str] = set()
-    for attr in node.attribute:
-        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else (
-            list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else [])
-        for sub in graphs:
-            local = {i.name for i in sub.input} | {t.name for t in sub.initializer}
-            local.update(name for inner in sub.node for name in inner.output)
-            for inner in sub.node:
-                names.update(name for name in (*inner.input, *outer_reads(inner)) if name and name not in local)
+    for sub in node_subgraphs(node):
+        local = {i.name for i in sub.input} | {t.name for t in sub.initializer}
+        local.update(name for inner in sub.node for name in inner.output)
+        for inner in sub.node:
+            names.update(name for name in (*inner.input, *outer_reads(inner)) if name and name not in local)
     return names
 
 

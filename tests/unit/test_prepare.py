@@ -725,10 +725,11 @@ def float16_net() -> onnx.ModelProto:
 
 
 def _float16_sites(model: onnx.ModelProto) -> list[str]:
-    from calibrun.model.prepare import _graphs, _tensors
+    from calibrun.model import graphs_of
+    from calibrun.model.prepare import _tensors
 
     found = [t.name for t in _tensors(model) if t.data_type == TensorProto.FLOAT16]
-    for graph in _graphs(model.graph):
+    for graph in graphs_of(model.graph):
         found += [v.name for v in (*graph.input, *graph.output, *graph.value_info)
                   if v.type.tensor_type.elem_type == TensorProto.FLOAT16]
         found += [n.name or n.op_type for n in graph.node for a in n.attribute
