@@ -145,6 +145,7 @@ def main() -> None:
         print(f"calibrun: error: {problem}", file=sys.stderr)
         sys.exit(1)
     patches.compose_faster()
+    patches.yaml_in_c()
     logging.raiseExceptions = False  # a handler that cannot write (a full disk) prints no traceback per record
     patches.guard_callbacks(check_callbacks)
     patches.on_full_disk(report_full_disk)

@@ -244,12 +244,14 @@ def test_calibrun_patches_off_leaves_every_library_as_shipped(switch, monkeypatc
                         ConfigLoaderImpl._compose_config_from_defaults_list)
 
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from omegaconf import omegaconf
 
     monkeypatch.setattr(BasicSweeper, "validate_batch_is_legal", BasicSweeper.validate_batch_is_legal)
+    monkeypatch.setattr(omegaconf, "get_omega_conf_dumper", omegaconf.get_omega_conf_dumper)
 
     def state():
         return (Hydra.get_mode, ConfigLoaderImpl.load_sweep_config, config_loader_impl.create_defaults_list,
-                BasicSweeper.validate_batch_is_legal,
+                BasicSweeper.validate_batch_is_legal, omegaconf.get_omega_conf_dumper,
                 ConfigLoaderImpl._compose_config_from_defaults_list, *(vars(c).get(a) for c, a in zip(
             _classes(), ("_read_config", "__deepcopy__"), strict=True)),
             environment.warn_dependency_requirement_mismatches, *(vars(ONNXModel)[a] for a in (
@@ -261,6 +263,7 @@ def test_calibrun_patches_off_leaves_every_library_as_shipped(switch, monkeypatc
     patches.compose_faster()
     patches.compose_each_job_once()
     patches.compose_by_group_choice()
+    patches.yaml_in_c()
     assert not patches.before_launch(lambda: None)  # off: the sweep waits for its store at once
     patches.check_pins_cheaply()
     patches.rewire_by_membership()
@@ -289,6 +292,27 @@ def test_a_library_version_the_patches_were_not_written_for_is_left_as_shipped(m
     monkeypatch.setattr(patches, "_version", {"hydra-core": "1.3.9"}.get)  # another 1.3 release: patched
     patches.compose_once()
     assert Hydra.get_mode is not get_mode
+
+
+def test_yaml_in_c_writes_configs_that_load_the_same_and_quotes_what_would_read_as_another_type(loader,
+                                                                                                monkeypatch):
+    from omegaconf import omegaconf
+
+    monkeypatch.setattr(omegaconf, "get_omega_conf_dumper", omegaconf.get_omega_conf_dumper)
+    master = loader.load_configuration("config", ["hydra.sweep.dir=/tmp/x"], RunMode.MULTIRUN)
+    tricky = OmegaConf.create({"a": "1.0", "b": "true", "c": "0x10", "d": "x: y", "e": "${a}", "f": "é " * 60,
+                               "g": "off", "h": ["1e3", 1e3, None, "null"], "i": " two  spaces  "})
+    configs = [master, tricky, *(loader.load_sweep_config(master, job) for job in JOBS)]
+    python = [OmegaConf.to_yaml(c) for c in configs]
+    patches.yaml_in_c()
+    assert getattr(omegaconf.get_omega_conf_dumper, patches.PATCHED, False)
+    assert "CDumper" in omegaconf.get_omega_conf_dumper().__name__
+    c = [OmegaConf.to_yaml(c) for c in configs]
+    assert c[1] == python[1]  # short strings: the same text
+    assert c != python  # the help texts are folded elsewhere: the C emitter really wrote them
+    for text_c, text_python, config in zip(c, python, configs, strict=True):
+        loaded = OmegaConf.to_container(OmegaConf.create(text_c))
+        assert loaded == OmegaConf.to_container(OmegaConf.create(text_python)) == OmegaConf.to_container(config)
 
 
 MODE_CASES = [[], ["calibration=wide", "batches=3"], ["experiment=lab"], ["experiment=digits"], ["experiment=search"],

@@ -1060,3 +1060,30 @@ def test_a_shared_bias_whose_copies_onnxruntime_would_name_as_another_tensor_is_
     np.testing.assert_array_equal(run(prepared.path, feed)[0], run(src, feed)[0])
     int8 = quantize(prepared, tmp_path / "int8.onnx")
     assert run(int8, feed)[0].shape == (3, 2, 8, 8)  # onnxruntime made it and runs it
+
+
+def test_every_lab_job_of_a_process_gets_the_files_the_first_one_prepared(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from calibrun import job as job_module
+    from calibrun.config import Config
+    from calibrun.model import file_sha256
+
+    monkeypatch.setattr(job_module, "_LAB_PREPARED", [])  # this process's first lab job
+    cfg = OmegaConf.structured(Config)
+    assert cfg.model.name == "lab"
+    made = []
+    for name in ("first", "second", "third"):
+        job = tmp_path / name
+        job.mkdir()
+        made.append((job, *job_module.prepare(cfg, job)))
+    (first, fp32, steps), *later = made
+    assert len(job_module._LAB_PREPARED) == 1
+    for job, model, again in later:
+        assert model.path == job / "fp32.onnx"
+        assert model.sha256 == file_sha256(model.path) == fp32.sha256
+        assert again == steps
+        assert model.inputs == fp32.inputs
+        for name in ("fp32.onnx", "fp32.steps.json"):
+            assert (job / name).read_bytes() == (first / name).read_bytes()
+        assert sorted(p.name for p in job.iterdir()) == sorted(p.name for p in first.iterdir())
