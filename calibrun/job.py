@@ -31,7 +31,7 @@ from calibrun.data.rows import pinned_rows
 from calibrun.lab.model import write_lab_model
 from calibrun.measure import errors as measure
 from calibrun.measure import feedback, task_pick, tasks, verdict
-from calibrun.measure.diagnosis import accumulated_note, as_table, classify_model
+from calibrun.measure.diagnosis import accumulated_note, as_table, classify_model, clipping_outputs_note
 from calibrun.measure.rows_apart import rows_depend
 from calibrun.measure.tensor_stats import StreamingDiagnostics
 from calibrun.model import (
@@ -435,9 +435,9 @@ def compute(ctx: JobContext) -> JobResult:
         if culprits:
             top = culprits[0]
             where = f"node {top['node']}" if top["node"] else "a graph input"
-            log.info("diagnosis: %s; top culprit %s (%s, %s, %.0f%% of the added error)%s", result.diagnosis["overall"],
-                     top["tensor"], where, top["verdict"], 100 * (top["noise_share"] or 0),
-                     accumulated_note(result.diagnosis))
+            log.info("diagnosis: %s; top culprit %s (%s, %s, %.0f%% of the added error)%s%s",
+                     result.diagnosis["overall"], top["tensor"], where, top["verdict"], 100 * (top["noise_share"] or 0),
+                     clipping_outputs_note(result.diagnosis), accumulated_note(result.diagnosis))
     return result
 
 

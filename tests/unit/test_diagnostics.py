@@ -651,3 +651,29 @@ def test_a_tensor_a_gather_writes_is_kept_float_from_where_its_values_are_comput
             consumers.setdefault(i, []).append(n)
     assert _float_path("u1", producers, consumers) == ["add", "gather0", "gather1", "mul", "unsqueeze1"]
     assert _float_path("g", producers, consumers) == ["gemm", "add"]
+
+
+def test_a_clipping_output_is_named_on_the_diagnosis_line_whatever_the_overall_verdict():
+    """holosoma's policy: most of the noise in sound tensors (overall "sound"), yet its `actions` output clipped; the
+    line names the output with its clipped share and its share of the error. An output that is the top culprit is
+    named by the line already, and a clipping tensor inside the graph is not an output."""
+    from calibrun.measure.diagnosis import clipping_outputs_note
+
+    sound = {"levels": 200, "qmin": -128, "qmax": 127, "distinct_values": 10**6, "clip_cost": 0.0, "qdq_sqnr_db": 30.0}
+    rows = [{**sound, "tensor": "a", "node": "a", "noise_share": 0.5},
+            {**sound, "tensor": "b", "node": "b", "noise_share": 0.26},
+            {**sound, "tensor": "actions", "node": "gemm", "role": "output", "noise_share": 0.24,
+             "clip_cost": 5.4, "clipped_fraction": 0.0013}]
+    diagnosis = classify_model(rows)
+    assert diagnosis["overall"] == "sound"
+    assert diagnosis["clipping_outputs"] == [{"tensor": "actions", "verdict": "clipping", "clipped_fraction": 0.0013,
+                                              "noise_share": 0.24}]
+    assert clipping_outputs_note(diagnosis) == (
+        "; output 'actions' clipping (0.13% of its values beyond the calibrated range, 24% of the added error)")
+    on_top = classify_model([{**rows[2], "noise_share": 0.6}, rows[0]])
+    assert on_top["clipping_outputs"]
+    assert clipping_outputs_note(on_top) == ""
+    inside = classify_model([rows[0], {**rows[2], "role": None}])
+    assert inside["clipping_outputs"] == []
+    assert clipping_outputs_note(inside) == ""
+    assert clipping_outputs_note(classify_model(rows[:2])) == ""
