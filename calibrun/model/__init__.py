@@ -276,6 +276,12 @@ class FloatModel:
         if not self.info.shape:
             raise CalibrunError(f"{self.shown}: input {self.info.name!r} has no known shape (rank 0 or missing); "
                                 "the lab data rule needs [rows, ...]")
+        from calibrun.lab.data import sample_shape
+
+        try:
+            sample_shape(self.info)  # every axis but the rows' fixed, as the rule draws whole rows
+        except CalibrunError as exc:
+            raise CalibrunError(f"{self.shown}: {exc}") from None
         return self.info
 
 

@@ -499,8 +499,10 @@ BAD_CASES.update({
     "error-fp32-no-outputs": (lambda a, o: ["error", a.no_outputs, a.int8, 1, 8], "no graph output"),
     "quantize-one-row-export": (lambda a, o: quantize(a, o, src=a.one_row), "exported for one row at a time"),
     "error-one-row-export": (lambda a, o: ["error", a.one_row, a.int8, 1, 8], "exported for one row at a time"),
-    "quantize-symbolic-features": (lambda a, o: quantize(a, o, src=a.symbolic), "axis 1 is symbolic"),
-    "error-symbolic-features": (lambda a, o: ["error", a.symbolic, a.int8, 1, 8], "axis 1 is symbolic"),
+    "quantize-symbolic-features": (lambda a, o: quantize(a, o, src=a.symbolic), "symbolic.onnx: input 'x' axis 1 is "
+                                                                                "symbolic"),
+    "error-symbolic-features": (lambda a, o: ["error", a.symbolic, a.int8, 1, 8], "symbolic.onnx: input 'x' axis 1 "
+                                                                                   "is symbolic"),
     # models onnxruntime cannot run: named as given, not as a temp copy inside the calibration
     "quantize-unknown-op": (lambda a, o: quantize(a, o, src=a.unknown_op), "No Op registered for FooBar"),
     "quantize-inconsistent-shapes": (lambda a, o: quantize(a, o, src=a.bad_shapes), "bad_shapes.onnx"),
