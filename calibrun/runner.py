@@ -237,6 +237,17 @@ def _plain_params(cfg: DictConfig) -> dict:
     return {**job_identity(cfg), "model_path": cfg.model.path}
 
 
+def _unfinished(job_dir: Path) -> str:
+    """What an interrupted single run leaves: no result.json, and the files it had finished (each written whole, by
+    a rename: a model, its ranges, the diagnostics), named so that nobody takes them for a result."""
+    try:
+        kept = sorted(p.name for p in job_dir.iterdir() if p.is_file() and p.suffix in (".onnx", ".json"))
+    except OSError:
+        kept = []
+    return "no result.json for this run" + (f" ({', '.join(kept)} in {job_dir} were finished before it)"
+                                            if kept else "")
+
+
 def main(cfg: DictConfig) -> dict | None:
     """The Hydra task. A failing job in a multirun is recorded and reported, and the sweep goes on; the
     sweep callback makes the exit code non-zero. A failing single run exits 1 with one line. SIGINT/SIGTERM
@@ -257,7 +268,7 @@ def main(cfg: DictConfig) -> dict | None:
         if multirun:
             raise
         name = signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
-        print(f"calibrun: interrupted by {name}: nothing written for this run"
+        print(f"calibrun: interrupted by {name}: {_unfinished(job_dir)}"
               + ("" if not config.tracking_enabled(cfg) else ", its MLflow run (if started) KILLED"), file=sys.stderr)
         die_of(exc)
     except Exception as exc:

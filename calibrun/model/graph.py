@@ -184,6 +184,14 @@ def scales_summary(model: onnx.ModelProto, where: str = "model") -> dict:
     all is not a quantised model (an error)."""
     ops = op_counts(model)
     if not ops.get("QuantizeLinear") and not any(op.startswith("QLinear") or op in _QLINEAR_X_SCALE for op in ops):
+        from calibrun.model import quantised_ops
+
+        dynamic = quantised_ops(model)
+        if dynamic:  # quantize_dynamic's: activation scales computed per run, none stored to read
+            listed = ", ".join(f"{op} x{n}" for op, n in dynamic.items())
+            raise CalibrunError(f"{where} is quantised dynamically ({listed}): its activations' scales are computed "
+                                "as it runs, and none is stored for scales to read (scales reads a statically "
+                                "quantised model, as `calibtool.py quantize` writes one)")
         raise CalibrunError(f"{where} has no QuantizeLinear and no QLinear op: it is not a quantised model (scales "
                             "reads an int8 model, as `calibtool.py quantize` writes one)")
     try:

@@ -494,6 +494,7 @@ BAD_CASES.update({
     "quantize-already-quantised-qdq": (lambda a, o: quantize(a, o, src=a.int8), "already quantised"),
     "quantize-already-quantised-qoperator": (lambda a, o: quantize(a, o, src=a.int8_qop), "already quantised"),
     "quantize-dynamic-quantised": (lambda a, o: quantize(a, o, src=a.dynamic), "MatMulInteger"),
+    "scales-dynamic-quantised": (lambda a, o: ["scales", a.dynamic], "is quantised dynamically (DynamicQuantizeLinear"),
     "error-fp32-already-quantised": (lambda a, o: ["error", a.int8, a.int8, 1, 8], "already quantised"),
     "quantize-no-outputs": (lambda a, o: quantize(a, o, src=a.no_outputs), "no graph output"),
     "error-fp32-no-outputs": (lambda a, o: ["error", a.no_outputs, a.int8, 1, 8], "no graph output"),

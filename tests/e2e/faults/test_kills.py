@@ -231,8 +231,11 @@ def test_sigterm_during_a_single_run_ends_its_run_killed(tmp_path):
     stderr = (tmp_path / "single.err").read_text()
     assert proc.returncode == -signal.SIGTERM, stderr[-3000:]
     assert "Traceback" not in stderr
-    assert message_lines(stderr) == [
-        "calibrun: interrupted by SIGTERM: nothing written for this run, its MLflow run (if started) KILLED"]
     assert [r.info.status for r in runs_of(tmp_path)] == ["KILLED"]
     assert not (run_dir / "result.json").exists()
     assert not (run_dir / "int8.onnx").exists()
+    kept = sorted(p.name for p in run_dir.iterdir() if p.suffix in (".onnx", ".json"))
+    assert kept == ["fp32.onnx", "fp32.steps.json"]  # the prepared lab model, whole: the line names it
+    assert message_lines(stderr) == [
+        f"calibrun: interrupted by SIGTERM: no result.json for this run (fp32.onnx, fp32.steps.json in {run_dir} were "
+        "finished before it), its MLflow run (if started) KILLED"]
