@@ -16,6 +16,7 @@ measurement loading them.
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -33,6 +34,11 @@ Feeds = dict[str, np.ndarray]
 HELD_RUN_BYTES = 2**20  # a run this small is held in memory, not written
 HELD_BYTES = 16 * 2**20  # at most this much held in all
 RunFn = Callable[[Feeds], Sequence[np.ndarray]]
+
+
+class Stopped(BaseException):
+    """A measurement stopped between runs because its caller stopped waiting for it (Evaluator.model's `stop`); a
+    BaseException, so that no handler of a measurement's own errors reports it as the model's."""
 
 
 class Batches:
@@ -112,6 +118,7 @@ class Evaluator:
         self._dir = temp_dir("eval")
         self._tmp = Path(self._dir.name)
         self.count = 0
+        self.most_rows = 0  # the most rows a stored run holds
         self.row_names: frozenset[str] = frozenset()  # set by start()
         self._held: dict[int, dict[str, np.ndarray]] = {}
         self._held_bytes = 0
@@ -165,6 +172,7 @@ class Evaluator:
         if labels is not None:
             arrays["labels"] = np.asarray(labels)
         size = sum(a.nbytes for a in arrays.values())
+        self.most_rows = max(self.most_rows, int(rows))
         if size <= HELD_RUN_BYTES and self._held_bytes + size <= HELD_BYTES:
             self._held[self.count] = {k: np.array(a) for k, a in arrays.items()}  # copies: the caller's may change
             self._held_bytes += size
@@ -205,10 +213,23 @@ class Evaluator:
         """Metrics of `run(feeds) -> outputs` (outputs in the fp32 model's order) over every evaluation batch."""
         return self.batches.run(run)
 
-    def model(self, path: str | Path) -> dict[str, float]:
-        """Metrics of the int8 model file `path` (one session, every batch)."""
-        sess = session(path, self.threads)
-        return self.run(lambda feeds: sess.run(None, feeds))
+    def model(self, path: str | Path, threads: int | None = None, stop: threading.Event | None = None
+              ) -> dict[str, float]:
+        """Metrics of the int8 model file `path` (one session of `threads` intra-op threads, the Evaluator's by
+        default; every batch). `stop` set: Stopped is raised before the next run (a measurement in another thread
+        whose caller was interrupted)."""
+        sess = session(path, self.threads if threads is None else threads)
+
+        def run(feeds: Feeds) -> Sequence[np.ndarray]:
+            if stop is not None and stop.is_set():
+                raise Stopped(str(path))
+            return sess.run(None, feeds)
+
+        return self.run(run)
+
+    def largest_run(self) -> tuple[Feeds, int]:
+        """The feeds of the first stored run and the most rows a stored run holds (what a measurement runs at once)."""
+        return self.batches.batch(0)[0], self.most_rows
 
 
 def metric_of(metrics: Mapping[str, float], name: str) -> float:

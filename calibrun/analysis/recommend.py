@@ -43,7 +43,9 @@ best value; short of ok, the best value, then the fewest changes. Each entry of 
 candidate int8 model's `model_bytes` (16-bit weights double theirs).
 
 Cost: one quantisation and one evaluation pass over `recommend.rows` rows a candidate (plus a calibration for a
-method), reported in result.json `used.recommend`; every candidate, better or not, is in `recommendations.json`.
+method), reported in result.json `used.recommend`; every candidate, better or not, is in `recommendations.json`. The
+single candidates are measured two at a time where their sessions fit memory.budget together (`side_by_side`,
+`_each`): the same numbers, in less time where one session does not keep two cores busy.
 (Measured and not adopted, session 34: screening the candidates on a share of the rows and measuring the best again
 on every row; the statuses the ranking decides with are counts over rows, and on a few rows they moved the best
 recommendation on three zoo models: docs/verdict.md.)
@@ -53,11 +55,15 @@ int8 decides as fp32 does on these rows), since no change can better it; `recomm
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
 import re
+import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -260,22 +266,25 @@ def attach(ctx, result) -> None:
         per_call_before = rule.value(per_call.model(ctx.job_dir / result.files["int8"])) \
             if per_call is not None else math.nan
 
-        def measure(candidate: Candidate, index: int) -> dict:
+        def measured_alone(candidate: Candidate, index: int, threads: int | None = None,
+                           stop: threading.Event | None = None, quantising: threading.Lock | None = None) -> dict:
+            """The candidate's entry (`threads`, `stop`: Evaluator.model's; `quantising`: held while it is quantised,
+            since quantize_static is not written to run twice at once)."""
             path = Path(tmp) / f"{index}.onnx"
             began = time.perf_counter()
             entry = {"change": candidate.change, "metric": rule.metric, "before": finite(before)}
             try:
-                if candidate.method is None:
-                    quantize(fp32.path, path, own, candidate.options)
-                else:
-                    quantize_with(fp32, path, ctx.data, spec=replace(spec, method=candidate.method),
-                                  options=candidate.options, cache=cache, threads=cfg.ort.intra_op_threads,
-                                  input_may_stay_float=True, budget=config.memory_budget(cfg))
-                after_metrics = evaluator.model(path)
+                with quantising or contextlib.nullcontext():
+                    if candidate.method is None:
+                        quantize(fp32.path, path, own, candidate.options)
+                    else:
+                        quantize_with(fp32, path, ctx.data, spec=replace(spec, method=candidate.method),
+                                      options=candidate.options, cache=cache, threads=cfg.ort.intra_op_threads,
+                                      input_may_stay_float=True, budget=config.memory_budget(cfg))
+                after_metrics = evaluator.model(path, threads, stop)
             except Exception as exc:  # a change onnxruntime cannot make or run is reported, never offered
                 entry.update(after=None, status_after=None, error=one_line(exc),
                              seconds=round(time.perf_counter() - began, 3))
-                log.info("recommend: %s: could not be measured: %s", candidate.change, entry["error"])
                 return entry
             after = rule.value(after_metrics)
             decided = verdict.decide(after_metrics, cfg.verdict, streamed=streamed)
@@ -286,14 +295,24 @@ def attach(ctx, result) -> None:
                 entry["metric_after"] = moved
             entry["helps"] = _better(after, before, better)
             if per_call is not None:
-                entry["per_call_after"] = finite(rule.value(per_call.model(path)))
+                entry["per_call_after"] = finite(rule.value(per_call.model(path, threads, stop)))
                 entry["per_call_helps"] = _better(entry["per_call_after"], per_call_before, better)
-            said = f"; per call {per_call_before:.6g} -> {entry['per_call_after']:.6g}" \
-                if per_call is not None and entry["per_call_after"] is not None else ""
-            log.info("recommend: %s: %s %.6g -> %s%.6g (%s)%s%s", candidate.change, rule.metric, before,
-                     f"{moved} " if moved else "", after, entry["status_after"], said,
-                     "" if entry["helps"] else ": not better, not offered")
             return entry
+
+        def said(entry: dict) -> dict:
+            if "error" in entry:
+                log.info("recommend: %s: could not be measured: %s", entry["change"], entry["error"])
+                return entry
+            per = f"; per call {per_call_before:.6g} -> {entry['per_call_after']:.6g}" \
+                if per_call is not None and entry["per_call_after"] is not None else ""
+            moved = entry.get("metric_after")
+            log.info("recommend: %s: %s %.6g -> %s%.6g (%s)%s%s", entry["change"], rule.metric, before,
+                     f"{moved} " if moved else "", entry["after"] if entry["after"] is not None else math.nan,
+                     entry["status_after"], per, "" if entry["helps"] else ": not better, not offered")
+            return entry
+
+        def measure(candidate: Candidate, index: int) -> dict:
+            return said(measured_alone(candidate, index))
 
         quantised = quantised_nodes(ctx.job_dir / result.files["int8"])
         diagnosis = result.diagnosis
@@ -305,8 +324,9 @@ def attach(ctx, result) -> None:
                 diagnosis = {**diagnosis, "culprits": upstream}
         singles = candidates(ctx.options, cfg.format.name, spec.method, diagnosis, conf, quantised,
                              saturates=cpu.int8_dot()["saturates"], ranges=calibrated_ranges(own.ranges_path))
-        for i, candidate in enumerate(singles):
-            measured.append(measure(candidate, i))
+        at_once = side_by_side(evaluator, fp32.path, ctx.evaluation.axes, config.memory_budget(cfg),
+                               cfg.ort.intra_op_threads)
+        measured.extend(_each(singles, measured_alone, said, at_once, cfg.ort.intra_op_threads))
         members = combined_members(singles, measured, better)
         value = _value_of(measured, better)
 
@@ -341,7 +361,7 @@ def attach(ctx, result) -> None:
                     members, current = fewer, trial
     offered = sorted((e for e in measured if e.get("helps")), key=lambda e: _rank(e, better))
     seconds = time.perf_counter() - start
-    _record(ctx, result, rule, before, evaluation.rows, offered, measured, skipped, seconds)
+    _record(ctx, result, rule, before, evaluation.rows, offered, measured, skipped, seconds, at_once=at_once)
     if offered:
         log.info("recommend: best: %s (%s %.6g -> %.6g, %s); %d candidates in %.1f s", offered[0]["change"],
                  rule.metric, before, offered[0]["after"], offered[0]["status_after"], len(measured), seconds)
@@ -349,8 +369,53 @@ def attach(ctx, result) -> None:
         log.info("recommend: none of %d candidates made %s better (%.1f s)", len(measured), rule.metric, seconds)
 
 
+def side_by_side(evaluator, fp32_path: Path, axes, budget: int | None, threads: int) -> int:
+    """How many single candidates are measured at once: 2 where the machine has two cores for them and two
+    candidates' sessions, each running the evaluation's largest run, fit memory.budget together (each run's
+    activations counted twice, as the evaluation counts them for kernels' workspace: calibrun.measure.errors
+    .rows_per_run); else 1. onnxruntime computes the same numbers with one intra-op thread as with two (the zoo's
+    int8 and fp32 models, bit for bit), and on the zoo's models with small runs two sessions of one thread each
+    run 1.2-1.6x the passes one session of two threads runs in the same time (docs/verdict.md)."""
+    from calibrun.core import memory
+
+    if (threads or os.cpu_count() or 1) < 2:
+        return 1
+    feeds, rows = evaluator.largest_run()
+    per_row = memory.live_bytes(fp32_path, feeds, axes)
+    if not per_row or not rows:  # sizes unknown: one at a time, within the budget as before
+        return 1
+    return 2 if 2 * 2 * per_row * rows <= memory.resolve(budget, memory.row_bytes(fp32_path, feeds, axes)) else 1
+
+
+def _each(singles: list[Candidate], measured_alone, said, at_once: int, threads: int) -> list[dict]:
+    """Each candidate's entry, in order, each handed to `said` as soon as it and those before it are measured:
+    `at_once` measured together in threads (onnxruntime's runs and most of
+    numpy's work leave the interpreter free), each session with its share of the intra-op threads, one
+    quantisation at a time; a candidate with another calibration method (a calibration pass on every core) alone,
+    after them. An interrupt stops the others before their next run."""
+    together = [k for k, c in enumerate(singles) if c.method is None] if at_once > 1 else []
+    entries: list[dict | None] = [None] * len(singles)
+    if len(together) > 1:
+        share = max(1, (threads or os.cpu_count() or 1) // at_once)
+        stop, quantising = threading.Event(), threading.Lock()
+        pool = ThreadPoolExecutor(at_once, thread_name_prefix="calibrun-recommend")
+        try:
+            futures = {k: pool.submit(measured_alone, singles[k], k, share, stop, quantising) for k in together}
+            for k in together:
+                entries[k] = said(futures[k].result())
+        except BaseException:
+            stop.set()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+    for k, candidate in enumerate(singles):
+        if entries[k] is None:
+            entries[k] = said(measured_alone(candidate, k))
+    return entries
+
+
 def _record(ctx, result, rule, before: float, rows: int, offered: list[dict], measured: list[dict],
-            skipped: list[str], seconds: float, why: str | None = None) -> None:
+            skipped: list[str], seconds: float, why: str | None = None, at_once: int = 1) -> None:
     """result.json's `recommendations` and `used.recommend`, and the job folder's recommendations.json (`why`: the
     reason none was measured)."""
     from calibrun.core.files import write_json
@@ -359,7 +424,7 @@ def _record(ctx, result, rule, before: float, rows: int, offered: list[dict], me
                                if k in e} for e in offered]  # metric_after: another worst output after the change
     result.used = {**(result.used or {}), "recommend": {
         "rows": rows, "candidates": len(measured), "not_measured": len(skipped), "seconds": round(seconds, 3),
-        "before": finite(before)}}
+        "at_once": at_once, "before": finite(before)}}
     written = {"metric": rule.metric, "goal": rule.goal, "rows": rows, "before": finite(before), "measured": measured,
                "not_measured": skipped}
     write_json(ctx.job_dir / RECOMMEND_FILE, {**written, **({"why": why} if why else {})})

@@ -60,6 +60,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,6 +86,8 @@ MAX_PARTS = 16  # a graph output's last axis with 2..MAX_PARTS entries is split 
 # channel under 1/8 of the grid (fewer than 32 of 256 levels, 5 bits): quantise weights per channel.
 WEIGHT_RATIO = 8.0
 DISTINCT_SAMPLE = 16384  # distinct fp32 values are counted on at most about this many values per batch
+SHARED_VALUES = 2**16  # a run's statistics over fewer values are taken in one thread (_update)
+AHEAD = True  # the next run's outputs are computed while a run's statistics are taken, where both fit (_run)
 MIN_WAITING = 4  # runs that wait for the pieces together, at least (StreamingDiagnostics._plan)
 
 # The augmented sessions return every diagnosed tensor (the int8 one twice: before and after its pair): a batch
@@ -597,6 +600,10 @@ class StreamingDiagnostics:
         self.rows_seen = 0
         self.pending: list[dict[str, np.ndarray]] = []  # runs waiting for the pieces (self.segments): _flush
         self.carry_runs = 1
+        self.per_row = 0.0  # output bytes of one row, from the first run
+        self.ahead: ThreadPoolExecutor | None = None  # computes the next run's outputs (_run)
+        self.shared: ThreadPoolExecutor | None = None  # takes half of each run's statistics (_update)
+        self.coming: Future | None = None  # the run it computes
 
     def __enter__(self):
         return self
@@ -605,6 +612,12 @@ class StreamingDiagnostics:
         self.close()
 
     def close(self) -> None:
+        if self.ahead is not None:  # a run still computing ends first (its sessions and files go below)
+            self.ahead.shutdown(wait=True, cancel_futures=True)
+            self.ahead = self.coming = None
+        if self.shared is not None:
+            self.shared.shutdown(wait=True)
+            self.shared = None
         self.fp32_sess = self.int8_sess = self.segments = None
         self._tmp.cleanup()
 
@@ -818,11 +831,33 @@ class StreamingDiagnostics:
                 fp32_sess = int8_sess = None
 
     def _update(self, group: list[TensorStats], ref: dict, got: dict) -> None:
-        for stats in group:
-            pair = stats.pair
-            q = _q_output(pair)
-            stats.update(ref.get(pair.tensor) if pair.tensor in self.fp32_wanted else None, got[pair.pre],
-                         got[pair.post], got.get(q) if q else None)
+        """Each tensor's statistics of one run: half of them (by values) in the `shared` thread while the rest are
+        taken here (numpy leaves the interpreter free for most of each; every tensor's statistics are its own, so the
+        numbers are the same as one after the other)."""
+        def take(part: list[TensorStats]) -> None:
+            for stats in part:
+                pair = stats.pair
+                q = _q_output(pair)
+                stats.update(ref.get(pair.tensor) if pair.tensor in self.fp32_wanted else None, got[pair.pre],
+                             got[pair.post], got.get(q) if q else None)
+
+        sizes = [getattr(got[s.pair.post], "size", 0) for s in group]
+        if len(group) < 2 or sum(sizes) < SHARED_VALUES:
+            take(group)
+            return
+        halves: tuple[list, list] = ([], [])
+        held = [0, 0]
+        for stats, size in sorted(zip(group, sizes, strict=True), key=lambda pair: -pair[1]):
+            k = int(held[1] < held[0])
+            halves[k].append(stats)
+            held[k] += size
+        if self.shared is None:
+            self.shared = ThreadPoolExecutor(1, thread_name_prefix="calibrun-diagnostics")
+        other = self.shared.submit(take, halves[1])
+        try:
+            take(halves[0])
+        finally:
+            other.result()
 
     def _outputs(self, fp32_sess, fp32_names, int8_sess, int8_names, feeds) -> tuple[dict, dict]:
         try:
@@ -833,12 +868,33 @@ class StreamingDiagnostics:
         return ref, got
 
     def _run(self, feeds: dict[str, np.ndarray]) -> None:
-        ref, got = self._outputs(self.fp32_sess, self.fp32_names, self.int8_sess, self.int8_names, feeds)
-        if self.rows_per_run is None:
+        """One run: its statistics are taken while onnxruntime computes the next run's outputs in the `ahead` thread
+        (onnxruntime's run leaves the interpreter free), where two runs' outputs fit the budget; else one at a time.
+        The statistics see the same runs in the same order either way."""
+        if self.rows_per_run is None:  # the first run sizes the runs: alone
+            ref, got = self._outputs(self.fp32_sess, self.fp32_names, self.int8_sess, self.int8_names, feeds)
             rows = max(1, feed_rows.count(feeds, self.axes))
-            per_row = sum(getattr(a, "nbytes", 0) for a in (*ref.values(), *got.values())) / rows  # a ZipMap's: a list
-            self.rows_per_run = max(1, int(self.budget // max(per_row, 1)))
-        self._update(self.stats, ref, got)
+            self.per_row = sum(getattr(a, "nbytes", 0) for a in (*ref.values(), *got.values())) / rows  # ZipMap: list
+            self.rows_per_run = max(1, int(self.budget // max(self.per_row, 1)))
+            self._update(self.stats, ref, got)
+            return
+        if not AHEAD or 2 * self.per_row * max(1, feed_rows.count(feeds, self.axes)) > self.budget:
+            self._drain()
+            self._update(self.stats, *self._outputs(self.fp32_sess, self.fp32_names, self.int8_sess,
+                                                    self.int8_names, feeds))
+            return
+        if self.ahead is None:
+            self.ahead = ThreadPoolExecutor(1, thread_name_prefix="calibrun-diagnostics")
+        coming = self.ahead.submit(self._outputs, self.fp32_sess, self.fp32_names, self.int8_sess, self.int8_names,
+                                   feeds)
+        self._drain()
+        self.coming = coming
+
+    def _drain(self) -> None:
+        """The statistics of the run computed ahead, if any."""
+        coming, self.coming = self.coming, None
+        if coming is not None:
+            self._update(self.stats, *coming.result())
 
     def _added(self, stats: TensorStats) -> float:
         """The error this tensor adds: its noise-to-signal ratio against fp32 minus the largest one among the
@@ -853,6 +909,7 @@ class StreamingDiagnostics:
         return max(0.0, _bounded(own) - incoming, _bounded(stats.part_nsr()))
 
     def rows(self) -> list[dict]:
+        self._drain()
         self._flush()
         if not self.rows_seen:
             raise CalibrunError("diagnostics need at least one evaluation feed")

@@ -77,6 +77,9 @@ def test_a_broken_detector_gets_measured_recommendations_and_the_best_one_is_wha
     measured = json.loads((tmp_path / "first" / "recommendations.json").read_text())["measured"]
     assert len(measured) == result["used"]["recommend"]["candidates"] > len(offered)  # entropy: worse here
     assert "method=entropy" in [e["change"] for e in measured]
+    # two single candidates measured at once (their sessions fit memory.budget together); the best one's value is
+    # what a run with its change measures on its own (below), to 1e-9
+    assert result["used"]["recommend"]["at_once"] == 2
     for entry in measured:  # every candidate measured, the ones not offered among them, and why
         assert (entry["change"] in [r["change"] for r in offered]) == bool(entry.get("helps")), entry
         if entry.get("helps") is False:

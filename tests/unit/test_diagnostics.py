@@ -677,3 +677,32 @@ def test_a_clipping_output_is_named_on_the_diagnosis_line_whatever_the_overall_v
     assert inside["clipping_outputs"] == []
     assert clipping_outputs_note(inside) == ""
     assert clipping_outputs_note(classify_model(rows[:2])) == ""
+
+
+def test_the_next_run_computed_ahead_and_statistics_taken_in_two_threads_give_the_same_rows(lab, monkeypatch):
+    """The diagnostics' two overlaps (onnxruntime computing the next run while this one's statistics are taken,
+    where two runs' outputs fit the budget; each run's tensors shared between two threads) change no number: the
+    rows are those of one thing at a time, to the bit, over runs in several batches. Where two runs' outputs do not
+    fit the budget, nothing is computed ahead."""
+    from calibrun.measure import tensor_stats
+
+    run = lab["runs"]["narrow"]
+
+    def diagnose(budget: int | None = None) -> tuple[list[dict], bool, bool, float]:
+        with tensor_stats.StreamingDiagnostics(lab["fp32"], run["path"], run["ranges"], budget=budget) as diag:
+            for start in range(0, 96, 24):
+                diag.update({LAB_INPUT: lab["rows"][start:start + 24]})
+            return diag.rows(), diag.ahead is not None, diag.shared is not None, diag.per_row
+
+    monkeypatch.setattr(tensor_stats, "SHARED_VALUES", 0)
+    both, ahead, shared, per_row = diagnose()
+    assert ahead and shared
+    monkeypatch.setattr(tensor_stats, "SHARED_VALUES", math.inf)
+    monkeypatch.setattr(tensor_stats, "AHEAD", False)
+    alone, ahead, shared, _ = diagnose()
+    assert not ahead and not shared
+    assert both == alone
+    monkeypatch.setattr(tensor_stats, "AHEAD", True)
+    rows, ahead, _, _ = diagnose(budget=int(24 * per_row))  # one run of a batch fits, two do not
+    assert not ahead
+    assert rows == alone

@@ -1,8 +1,11 @@
 """Which changes calibrun.analysis.recommend measures, written as the overrides a user types."""
 
+import threading
 from types import SimpleNamespace
 
-from calibrun.analysis.recommend import candidates, combined, combined_members
+import pytest
+
+from calibrun.analysis.recommend import Candidate, _each, candidates, combined, combined_members
 from calibrun.quant.quantize import QuantOptions
 
 CONF = SimpleNamespace(methods=["percentile", "entropy"], culprits=2)
@@ -305,3 +308,82 @@ def test_a_clipping_culprit_gets_headroom_from_its_own_calibrated_range():
     assert both.options.tensor_ranges == found[0].options.tensor_ranges
     assert both.options.activation_type == "QInt16"
 
+
+
+def _singles():
+    return [Candidate((f"quant.c{k}=true",), QuantOptions()) for k in range(4)] + \
+        [Candidate(("method=entropy",), QuantOptions(), method="entropy")]
+
+
+def test_candidates_measured_two_at_once_keep_their_order_and_a_method_is_measured_alone_after_them():
+    """`_each` with two at once: every entry in the candidates' order, each handed on in that order as soon as it
+    and those before it are measured, each quantisation alone (under the lock), two measurements overlapping, each
+    session with half of the intra-op threads; the other calibration method alone after them, on every thread."""
+    events, said, started = [], [], threading.Barrier(2, timeout=5)
+    quantising_now = []
+
+    def measured_alone(candidate, index, threads=None, stop=None, quantising=None):
+        if candidate.method is None:
+            with quantising:
+                quantising_now.append(index)
+                assert len(quantising_now) == 1  # one quantisation at a time
+                quantising_now.remove(index)
+            if index < 2:
+                started.wait()  # the first two are measured at the same time, or this times out
+        events.append((index, threads, stop is not None))
+        return {"change": candidate.change, "index": index}
+
+    entries = _each(_singles(), measured_alone, lambda e: said.append(e["index"]) or e, at_once=2, threads=4)
+    assert [e["index"] for e in entries] == said == [0, 1, 2, 3, 4]
+    assert {(i, t, s) for i, t, s in events if i < 4} == {(i, 2, True) for i in range(4)}
+    assert events[-1] == (4, None, False)  # the method: alone, after the others, the job's own threads
+
+
+def test_candidates_one_at_a_time_where_two_do_not_fit():
+    calls = []
+
+    def measured_alone(candidate, index, threads=None, stop=None, quantising=None):
+        calls.append((index, threads, stop, quantising))
+        return {"index": index}
+
+    entries = _each(_singles(), measured_alone, lambda e: e, at_once=1, threads=0)
+    assert [e["index"] for e in entries] == [0, 1, 2, 3, 4]
+    assert calls == [(k, None, None, None) for k in range(5)]
+
+
+def test_an_interrupt_stops_the_other_measurement_between_its_runs():
+    """An exception that reaches `_each` (an interrupt raised in the job's thread, or in a measurement) sets the
+    stop event the other measurement checks before each run, so it ends at its next run instead of its last."""
+    seen, running = {}, threading.Event()
+
+    def measured_alone(candidate, index, threads=None, stop=None, quantising=None):
+        if index == 0:
+            assert running.wait(timeout=5)
+            raise KeyboardInterrupt
+        running.set()
+        seen["stopped"] = stop.wait(timeout=5)  # the other one: stopped within a run's time
+        return {"index": index}
+
+    with pytest.raises(KeyboardInterrupt):
+        _each(_singles()[:2], measured_alone, lambda e: e, at_once=2, threads=2)
+    assert seen == {"stopped": True}
+
+
+def test_the_evaluators_stop_ends_a_measurement_before_its_next_run(tmp_path):
+    """Evaluator.model with `stop` set raises Stopped (a BaseException: no handler of a candidate's own errors
+    takes it for the model's) before the first run, and measures as before without it."""
+    from calibrun.analysis.evaluate import Evaluator, Stopped
+    from calibrun.data import lab_evaluation
+    from calibrun.lab.model import write_lab_model
+    from calibrun.model import open_float_model
+
+    fp32 = write_lab_model(tmp_path / "lab.onnx")
+    evaluation = lab_evaluation(open_float_model(fp32), 7, 32)
+    with Evaluator(fp32, evaluation, 8) as evaluator:
+        stop = threading.Event()
+        assert evaluator.model(fp32, 1, stop)["max_abs_error"] == 0.0
+        assert evaluator.largest_run()[1] == 8
+        stop.set()
+        with pytest.raises(Stopped):
+            evaluator.model(fp32, 1, stop)
+        assert not issubclass(Stopped, Exception)
