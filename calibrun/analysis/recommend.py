@@ -325,7 +325,7 @@ def attach(ctx, result) -> None:
         singles = candidates(ctx.options, cfg.format.name, spec.method, diagnosis, conf, quantised,
                              saturates=cpu.int8_dot()["saturates"], ranges=calibrated_ranges(own.ranges_path))
         at_once = side_by_side(evaluator, fp32.path, ctx.evaluation.axes, config.memory_budget(cfg),
-                               cfg.ort.intra_op_threads)
+                               cfg.ort.intra_op_threads) if sum(c.method is None for c in singles) > 1 else 1
         measured.extend(_each(singles, measured_alone, said, at_once, cfg.ort.intra_op_threads))
         members = combined_members(singles, measured, better)
         value = _value_of(measured, better)
@@ -381,21 +381,22 @@ def side_by_side(evaluator, fp32_path: Path, axes, budget: int | None, threads: 
     if (threads or os.cpu_count() or 1) < 2:
         return 1
     feeds, rows = evaluator.largest_run()
-    per_row = memory.live_bytes(fp32_path, feeds, axes)
+    sizes = memory.row_bytes(fp32_path, feeds, axes)
+    per_row = memory.live_bytes(fp32_path, feeds, axes, sizes)
     if not per_row or not rows:  # sizes unknown: one at a time, within the budget as before
         return 1
-    return 2 if 2 * 2 * per_row * rows <= memory.resolve(budget, memory.row_bytes(fp32_path, feeds, axes)) else 1
+    return 2 if 2 * 2 * per_row * rows <= memory.resolve(budget, sizes) else 1
 
 
 def _each(singles: list[Candidate], measured_alone, said, at_once: int, threads: int) -> list[dict]:
     """Each candidate's entry, in order, each handed to `said` as soon as it and those before it are measured:
-    `at_once` measured together in threads (onnxruntime's runs and most of
-    numpy's work leave the interpreter free), each session with its share of the intra-op threads, one
-    quantisation at a time; a candidate with another calibration method (a calibration pass on every core) alone,
-    after them. An interrupt stops the others before their next run."""
+    `at_once` measured together in threads (onnxruntime's runs and most of numpy's work leave the interpreter free),
+    each session with its share of the intra-op threads, one quantisation at a time; a candidate with another
+    calibration method (a calibration pass on every core) alone, after them. An interrupt stops the others before
+    their next run."""
     together = [k for k, c in enumerate(singles) if c.method is None] if at_once > 1 else []
     entries: list[dict | None] = [None] * len(singles)
-    if len(together) > 1:
+    if together:
         share = max(1, (threads or os.cpu_count() or 1) // at_once)
         stop, quantising = threading.Event(), threading.Lock()
         pool = ThreadPoolExecutor(at_once, thread_name_prefix="calibrun-recommend")

@@ -85,11 +85,13 @@ def rows_for(budget: int, per_row: int, rows: int) -> int:
     return -(-rows // runs)
 
 
-def live_bytes(model: str | Path | onnx.ModelProto, feeds: Mapping[str, np.ndarray], axes=None) -> int:
+def live_bytes(model: str | Path | onnx.ModelProto, feeds: Mapping[str, np.ndarray], axes=None,
+               sizes: Mapping[str, int] | None = None) -> int:
     """The most bytes of one row's activations alive at once when the nodes run in graph order, each tensor freed
-    after its last consumer (what an inference session holds at its peak, roughly; 0 when sizes are unknown)."""
+    after its last consumer (what an inference session holds at its peak, roughly; 0 when sizes are unknown).
+    `sizes`: row_bytes of the same model and feeds, where the caller has them (shape inference is not run twice)."""
     model = _structure(model)
-    sizes = row_bytes(model, feeds, axes)
+    sizes = row_bytes(model, feeds, axes) if sizes is None else sizes
     if not sizes:
         return 0
     nodes = list(model.graph.node)

@@ -636,7 +636,7 @@ def rows_per_run(fp32_path, feeds, fixed: int | None, size: int, budget: int | N
         return size
     sizes = memory.row_bytes(fp32_path, feeds, axes)
     resolved = memory.resolve(budget, sizes)
-    rows = memory.rows_for(resolved, 2 * memory.live_bytes(fp32_path, feeds, axes), size)  # and kernels' workspace
+    rows = memory.rows_for(resolved, 2 * memory.live_bytes(fp32_path, feeds, axes, sizes), size)  # and workspace
     if used is not None:
         used.update(budget_bytes=resolved, eval_rows_per_run=rows)
     return rows

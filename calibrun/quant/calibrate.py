@@ -525,7 +525,7 @@ class RowRuns:
     def _plan(self, feeds, total: int) -> int:
         sizes = memory.row_bytes(self.model_path, feeds, self.axes)
         budget = memory.resolve(self.setting, sizes)
-        per_row = 2 * memory.live_bytes(self.model_path, feeds, self.axes)  # activations and kernels' workspace
+        per_row = 2 * memory.live_bytes(self.model_path, feeds, self.axes, sizes)  # activations, kernels' workspace
         rows = total if self.fixed else memory.rows_for(budget, per_row, total)
         self.used.update(budget_bytes=budget, calibration_rows_per_run=rows)
         if rows < total:

@@ -696,11 +696,13 @@ def test_the_next_run_computed_ahead_and_statistics_taken_in_two_threads_give_th
 
     monkeypatch.setattr(tensor_stats, "SHARED_VALUES", 0)
     both, ahead, shared, per_row = diagnose()
-    assert ahead and shared
+    assert ahead
+    assert shared
     monkeypatch.setattr(tensor_stats, "SHARED_VALUES", math.inf)
     monkeypatch.setattr(tensor_stats, "AHEAD", False)
     alone, ahead, shared, _ = diagnose()
-    assert not ahead and not shared
+    assert not ahead
+    assert not shared
     assert both == alone
     monkeypatch.setattr(tensor_stats, "AHEAD", True)
     rows, ahead, _, _ = diagnose(budget=int(24 * per_row))  # one run of a batch fits, two do not
