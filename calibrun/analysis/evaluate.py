@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -213,19 +214,28 @@ class Evaluator:
         """Metrics of `run(feeds) -> outputs` (outputs in the fp32 model's order) over every evaluation batch."""
         return self.batches.run(run)
 
-    def model(self, path: str | Path, threads: int | None = None, stop: threading.Event | None = None
-              ) -> dict[str, float]:
+    def model(self, path: str | Path, threads: int | None = None, stop: threading.Event | None = None,
+              timed: dict | None = None) -> dict[str, float]:
         """Metrics of the int8 model file `path` (one session of `threads` intra-op threads, the Evaluator's by
         default; every batch). `stop` set: Stopped is raised before the next run (a measurement in another thread
-        whose caller was interrupted)."""
+        whose caller was interrupted). `timed` (a dict) receives `runs`, how many runs the session made, and
+        `inside`, the seconds inside them."""
         sess = session(path, self.threads if threads is None else threads)
+        runs, inside = 0, 0.0
 
         def run(feeds: Feeds) -> Sequence[np.ndarray]:
+            nonlocal runs, inside
             if stop is not None and stop.is_set():
                 raise Stopped(str(path))
-            return sess.run(None, feeds)
+            began = time.perf_counter()
+            outputs = sess.run(None, feeds)
+            runs, inside = runs + 1, inside + time.perf_counter() - began
+            return outputs
 
-        return self.run(run)
+        metrics = self.run(run)
+        if timed is not None:
+            timed.update(runs=runs, inside=inside)
+        return metrics
 
     def largest_run(self) -> tuple[Feeds, int]:
         """The feeds of the first stored run and the most rows a stored run holds (what a measurement runs at once)."""

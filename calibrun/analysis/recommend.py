@@ -80,6 +80,16 @@ QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 STATUS_RANK = {"broken": 0, "degraded": 1, "ok": 2}
 MOSTLY_INT8 = 0.25  # a nodes_to_exclude candidate keeps at least 3/4 of the int8 model's quantised nodes in int8
 MATRIX_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # the op types int8 kernels speed up
+# Two candidates are measured at once only where onnxruntime's runs, which leave Python's interpreter free, take at
+# least this long each (seconds, the first candidate's mean): each run also costs 0.03-0.09 ms of bookkeeping that
+# holds the interpreter (reading the stored run, the metrics' calls), whatever its size, and where onnxruntime's part
+# is no longer than about twice that, two passes at once only take turns, slower for the switching. Measured: the lab
+# MLP's candidates (16-row runs of a 64-wide network) run 0.014 ms in onnxruntime per run, and two at once made them
+# slower (100000 evaluation rows: 4.4 -> 5.3 s; 300000: 30.0 -> 45.7 s); the zoo's nearest, Silero VAD's one-row
+# stream, 0.13-0.24 ms (its candidates 1.9 -> 1.7 s two at once), DTLN's 0.24-0.8 ms, the image models' milliseconds.
+# Not the share of the pass inside onnxruntime: tinyocr's recogniser spends half of its pass in numpy over its
+# 6906-class outputs, which leaves the interpreter free too (0.33-0.54 inside onnxruntime; 7.0 -> 4.3 s two at once)
+RUN_SECONDS = 1e-4
 
 
 @dataclass
@@ -267,9 +277,10 @@ def attach(ctx, result) -> None:
             if per_call is not None else math.nan
 
         def measured_alone(candidate: Candidate, index: int, threads: int | None = None,
-                           stop: threading.Event | None = None, quantising: threading.Lock | None = None) -> dict:
-            """The candidate's entry (`threads`, `stop`: Evaluator.model's; `quantising`: held while it is quantised,
-            since quantize_static is not written to run twice at once)."""
+                           stop: threading.Event | None = None, quantising: threading.Lock | None = None,
+                           timed: dict | None = None) -> dict:
+            """The candidate's entry (`threads`, `stop`, `timed`: Evaluator.model's; `quantising`: held while it is
+            quantised, since quantize_static is not written to run twice at once)."""
             path = Path(tmp) / f"{index}.onnx"
             began = time.perf_counter()
             entry = {"change": candidate.change, "metric": rule.metric, "before": finite(before)}
@@ -281,7 +292,7 @@ def attach(ctx, result) -> None:
                         quantize_with(fp32, path, ctx.data, spec=replace(spec, method=candidate.method),
                                       options=candidate.options, cache=cache, threads=cfg.ort.intra_op_threads,
                                       input_may_stay_float=True, budget=config.memory_budget(cfg))
-                after_metrics = evaluator.model(path, threads, stop)
+                after_metrics = evaluator.model(path, threads, stop, timed)
             except Exception as exc:  # a change onnxruntime cannot make or run is reported, never offered
                 entry.update(after=None, status_after=None, error=one_line(exc),
                              seconds=round(time.perf_counter() - began, 3))
@@ -326,7 +337,8 @@ def attach(ctx, result) -> None:
                              saturates=cpu.int8_dot()["saturates"], ranges=calibrated_ranges(own.ranges_path))
         at_once = side_by_side(evaluator, fp32.path, ctx.evaluation.axes, config.memory_budget(cfg),
                                cfg.ort.intra_op_threads) if sum(c.method is None for c in singles) > 1 else 1
-        measured.extend(_each(singles, measured_alone, said, at_once, cfg.ort.intra_op_threads))
+        entries, at_once = _each(singles, measured_alone, said, at_once, cfg.ort.intra_op_threads)
+        measured.extend(entries)
         members = combined_members(singles, measured, better)
         value = _value_of(measured, better)
 
@@ -388,15 +400,21 @@ def side_by_side(evaluator, fp32_path: Path, axes, budget: int | None, threads: 
     return 2 if 2 * 2 * per_row * rows <= memory.resolve(budget, sizes) else 1
 
 
-def _each(singles: list[Candidate], measured_alone, said, at_once: int, threads: int) -> list[dict]:
-    """Each candidate's entry, in order, each handed to `said` as soon as it and those before it are measured:
-    `at_once` measured together in threads (onnxruntime's runs and most of numpy's work leave the interpreter free),
-    each session with its share of the intra-op threads, one quantisation at a time; a candidate with another
-    calibration method (a calibration pass on every core) alone, after them. An interrupt stops the others before
-    their next run."""
+def _each(singles: list[Candidate], measured_alone, said, at_once: int, threads: int) -> tuple[list[dict], int]:
+    """Each candidate's entry, in order, each handed to `said` as soon as it and those before it are measured, and
+    how many were measured at once. With `at_once` 2, the first candidate is measured alone and timed: where its
+    runs took at least RUN_SECONDS each inside onnxruntime, the others are measured two together in threads, each
+    session with half the intra-op threads, one quantisation at a time; else one after the other. A candidate with
+    another calibration method (a calibration pass on every core) is measured alone, after them. An interrupt stops
+    the others before their next run."""
     together = [k for k, c in enumerate(singles) if c.method is None] if at_once > 1 else []
     entries: list[dict | None] = [None] * len(singles)
-    if together:
+    if len(together) > 1:
+        first, timed = together.pop(0), {}
+        entries[first] = said(measured_alone(singles[first], first, timed=timed))
+        if not timed.get("runs") or timed["inside"] < RUN_SECONDS * timed["runs"]:
+            together = []
+    if len(together) > 1:
         share = max(1, (threads or os.cpu_count() or 1) // at_once)
         stop, quantising = threading.Event(), threading.Lock()
         pool = ThreadPoolExecutor(at_once, thread_name_prefix="calibrun-recommend")
@@ -412,7 +430,7 @@ def _each(singles: list[Candidate], measured_alone, said, at_once: int, threads:
     for k, candidate in enumerate(singles):
         if entries[k] is None:
             entries[k] = said(measured_alone(candidate, k))
-    return entries
+    return entries, at_once if len(together) > 1 else 1
 
 
 def _record(ctx, result, rule, before: float, rows: int, offered: list[dict], measured: list[dict],

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from calibrun.analysis.recommend import Candidate, _each, candidates, combined, combined_members
+from calibrun.analysis.recommend import RUN_SECONDS, Candidate, _each, candidates, combined, combined_members
 from calibrun.quant.quantize import QuantOptions
 
 CONF = SimpleNamespace(methods=["percentile", "entropy"], culprits=2)
@@ -315,63 +315,89 @@ def _singles():
         [Candidate(("method=entropy",), QuantOptions(), method="entropy")]
 
 
+def _timed(per_run: float):
+    """A stand-in for Evaluator.model's timing: the first candidate's 100 runs took `per_run` seconds each inside
+    onnxruntime."""
+    def fill(timed):
+        if timed is not None:
+            timed.update(runs=100, inside=100 * per_run)
+    return fill
+
+
 def test_candidates_measured_two_at_once_keep_their_order_and_a_method_is_measured_alone_after_them():
-    """`_each` with two at once: every entry in the candidates' order, each handed on in that order as soon as it
-    and those before it are measured, each quantisation alone (under the lock), two measurements overlapping, each
+    """`_each` with two at once: the first candidate alone and timed (its runs long enough inside onnxruntime), then the
+    others two at a time, every entry in the candidates' order, each handed on in that order as soon as it and
+    those before it are measured, each quantisation alone (under the lock), two measurements overlapping, each
     session with half of the intra-op threads; the other calibration method alone after them, on every thread."""
     events, said, started = [], [], threading.Barrier(2, timeout=5)
     quantising_now = []
+    fill = _timed(RUN_SECONDS)
 
-    def measured_alone(candidate, index, threads=None, stop=None, quantising=None):
-        if candidate.method is None:
+    def measured_alone(candidate, index, threads=None, stop=None, quantising=None, timed=None):
+        fill(timed)
+        if quantising is not None:
             with quantising:
                 quantising_now.append(index)
                 assert len(quantising_now) == 1  # one quantisation at a time
                 quantising_now.remove(index)
-            if index < 2:
-                started.wait()  # the first two are measured at the same time, or this times out
-        events.append((index, threads, stop is not None))
+            if index < 3:
+                started.wait()  # 1 and 2 are measured at the same time, or this times out
+        events.append((index, threads, stop is not None, timed is not None))
         return {"change": candidate.change, "index": index}
 
-    entries = _each(_singles(), measured_alone, lambda e: said.append(e["index"]) or e, at_once=2, threads=4)
+    entries, at_once = _each(_singles(), measured_alone, lambda e: said.append(e["index"]) or e, at_once=2,
+                             threads=4)
     assert [e["index"] for e in entries] == said == [0, 1, 2, 3, 4]
-    assert {(i, t, s) for i, t, s in events if i < 4} == {(i, 2, True) for i in range(4)}
-    assert events[-1] == (4, None, False)  # the method: alone, after the others, the job's own threads
+    assert at_once == 2
+    assert events[0] == (0, None, False, True)  # alone, timed, every thread
+    assert {e for e in events if 0 < e[0] < 4} == {(i, 2, True, False) for i in (1, 2, 3)}
+    assert events[-1] == (4, None, False, False)  # the method: alone, after the others, the job's own threads
 
 
-def test_candidates_one_at_a_time_where_two_do_not_fit():
-    calls = []
+def test_candidates_one_at_a_time_where_two_do_not_fit_or_the_first_candidates_runs_are_too_short():
+    """Where two do not fit (`at_once` 1), or the first candidate's runs took under RUN_SECONDS each in onnxruntime
+    (each run's bookkeeping holds the interpreter: the lab MLP's 16-row runs, 0.014 ms), one after the other."""
+    for at_once, share in ((1, 1.0), (2, 0.9 * RUN_SECONDS)):
+        calls = []
+        fill = _timed(share)
 
-    def measured_alone(candidate, index, threads=None, stop=None, quantising=None):
-        calls.append((index, threads, stop, quantising))
-        return {"index": index}
+        def measured_alone(candidate, index, threads=None, stop=None, quantising=None, timed=None, calls=calls,
+                           fill=fill):
+            fill(timed)
+            calls.append((index, threads, stop, quantising))
+            return {"index": index}
 
-    entries = _each(_singles(), measured_alone, lambda e: e, at_once=1, threads=0)
-    assert [e["index"] for e in entries] == [0, 1, 2, 3, 4]
-    assert calls == [(k, None, None, None) for k in range(5)]
+        entries, used = _each(_singles(), measured_alone, lambda e: e, at_once=at_once, threads=0)
+        assert [e["index"] for e in entries] == [0, 1, 2, 3, 4]
+        assert calls == [(k, None, None, None) for k in range(5)]
+        assert used == 1
 
 
 def test_an_interrupt_stops_the_other_measurement_between_its_runs():
     """An exception that reaches `_each` (an interrupt raised in the job's thread, or in a measurement) sets the
     stop event the other measurement checks before each run, so it ends at its next run instead of its last."""
     seen, running = {}, threading.Event()
+    fill = _timed(1.0)
 
-    def measured_alone(candidate, index, threads=None, stop=None, quantising=None):
-        if index == 0:
+    def measured_alone(candidate, index, threads=None, stop=None, quantising=None, timed=None):
+        fill(timed)
+        if index == 1:
             assert running.wait(timeout=5)
             raise KeyboardInterrupt
-        running.set()
-        seen["stopped"] = stop.wait(timeout=5)  # the other one: stopped within a run's time
+        if index == 2:
+            running.set()
+            seen["stopped"] = stop.wait(timeout=5)  # the other one: stopped within a run's time
         return {"index": index}
 
     with pytest.raises(KeyboardInterrupt):
-        _each(_singles()[:2], measured_alone, lambda e: e, at_once=2, threads=2)
+        _each(_singles()[:3], measured_alone, lambda e: e, at_once=2, threads=2)
     assert seen == {"stopped": True}
 
 
 def test_the_evaluators_stop_ends_a_measurement_before_its_next_run(tmp_path):
     """Evaluator.model with `stop` set raises Stopped (a BaseException: no handler of a candidate's own errors
-    takes it for the model's) before the first run, and measures as before without it."""
+    takes it for the model's) before the first run, and measures as before without it; `timed` gets how many runs
+    the session made and the seconds inside them."""
     from calibrun.analysis.evaluate import Evaluator, Stopped
     from calibrun.data import lab_evaluation
     from calibrun.lab.model import write_lab_model
@@ -380,8 +406,10 @@ def test_the_evaluators_stop_ends_a_measurement_before_its_next_run(tmp_path):
     fp32 = write_lab_model(tmp_path / "lab.onnx")
     evaluation = lab_evaluation(open_float_model(fp32), 7, 32)
     with Evaluator(fp32, evaluation, 8) as evaluator:
-        stop = threading.Event()
-        assert evaluator.model(fp32, 1, stop)["max_abs_error"] == 0.0
+        stop, timed = threading.Event(), {}
+        assert evaluator.model(fp32, 1, stop, timed)["max_abs_error"] == 0.0
+        assert timed["runs"] == 4  # 32 rows in runs of 8
+        assert timed["inside"] > 0
         assert evaluator.largest_run()[1] == 8
         stop.set()
         with pytest.raises(Stopped):
