@@ -415,6 +415,8 @@ def _each(singles: list[Candidate], measured_alone, said, at_once: int, threads:
         if not timed.get("runs") or timed["inside"] < RUN_SECONDS * timed["runs"]:
             together = []
     if len(together) > 1:
+        log.info("recommend: the next %d candidates %d at a time (their sessions fit memory.budget together, and "
+                 "onnxruntime's runs take %.2g ms each)", len(together), at_once, 1e3 * timed["inside"] / timed["runs"])
         share = max(1, (threads or os.cpu_count() or 1) // at_once)
         stop, quantising = threading.Event(), threading.Lock()
         pool = ThreadPoolExecutor(at_once, thread_name_prefix="calibrun-recommend")

@@ -239,3 +239,39 @@ def test_sigterm_during_a_single_run_ends_its_run_killed(tmp_path):
     assert message_lines(stderr) == [
         f"calibrun: interrupted by SIGTERM: no result.json for this run (fp32.onnx, fp32.steps.json in {run_dir} were "
         "finished before it), its MLflow run (if started) KILLED"]
+
+
+def test_sigterm_while_two_candidates_are_measured_at_once_ends_the_run_killed(tmp_path):
+    """A single run caught in its recommendations, two candidates measured at once (the lab in runs of 4096 rows:
+    each run long enough in onnxruntime for two at once), then SIGTERM: the job's thread stops waiting, the other
+    candidate stops before its next run, and the run ends KILLED with its one line, no traceback, its result.json
+    never written."""
+    fresh(tmp_path)
+    run_dir = tmp_path / "run"
+    err_path = tmp_path / "single.err"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "calibrun", "calibration=narrow", "eval.rows=1000000",
+                                 "eval.batch_size=4096", f"hydra.run.dir={run_dir}", f"cache.dir={tmp_path / 'cache'}"],
+                                cwd=tmp_path, env=env_for(tmp_path), stdout=subprocess.DEVNULL, stderr=err,
+                                start_new_session=True)
+    try:
+        end = time.monotonic() + 180
+        while "candidates 2 at a time" not in err_path.read_text():  # after the first candidate, alone
+            assert proc.poll() is None, err_path.read_text()[-3000:]
+            assert time.monotonic() < end
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGTERM)  # the next two are being measured together
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    stderr = err_path.read_text()
+    assert proc.returncode == -signal.SIGTERM, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert "recommend: best" not in stderr  # stopped among the candidates
+    assert [r.info.status for r in runs_of(tmp_path)] == ["KILLED"]
+    assert not (run_dir / "result.json").exists()
+    lines = message_lines(stderr)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("calibrun: interrupted by SIGTERM: no result.json for this run")
