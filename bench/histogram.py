@@ -57,7 +57,8 @@ from onnxruntime.quantization.calibrate import HistogramCollector, create_calibr
 
 from calibrun.data.images import IMAGENET_MEAN, IMAGENET_STD, ImageTransform, image_calibration  # noqa: E402
 from calibrun.model import open_float_model, private_model_copy  # noqa: E402
-from calibrun.quant.calibrate import CalibrationSpec, ReusedOutputs, _fast_collector, _lean_session  # noqa: E402
+from calibrun.model.sessions import ReusedOutputs  # noqa: E402
+from calibrun.quant.calibrate import CalibrationSpec, _fast_collector, _lean_session  # noqa: E402
 from calibrun.quant.histogram import FastHistogramCollector  # noqa: E402
 from tests.trained import PHOTOS, TEXT_PHOTOS, model_path, photo_folder  # noqa: E402
 

@@ -40,7 +40,7 @@ from calibrun.core.files import atomic_path, temp_dir, write_json
 from calibrun.core.progress import Progress
 from calibrun.data import rows as feed_rows
 from calibrun.model import private_model_copy
-from calibrun.model.sessions import session
+from calibrun.model.sessions import ReusedOutputs, session
 from calibrun.quant import cache as cache_store
 from calibrun.quant.cache import key_of
 from calibrun.quant.histogram import ALGORITHM as HISTOGRAM_ALGORITHM
@@ -551,75 +551,6 @@ class RowRuns:
                 elif name.endswith("_ReduceMax"):
                     merged[index] = np.maximum(merged[index], array)
         return merged
-
-
-class ReusedOutputs:
-    """The calibrator's session as onnxruntime's `collect_data` uses it (`run(None, feeds)`, `get_inputs`,
-    `get_outputs`), writing the outputs of every batch into the same arrays instead of fresh ones.
-
-    `sets` buffer sets are used in turn (`rewind()` goes back to the first): onnxruntime's histogram
-    `collect_data` holds every output of a chunk until the chunk ends, so a chunk of n batches needs n sets. The
-    first batch of a set (and a batch whose input shapes differ from the set's last) runs `session.run`, and its
-    outputs become the set's buffers (IOBinding onto their memory); later batches run `run_with_iobinding` into
-    them. An output that is also a graph input is not bound: onnxruntime hands back the input there and leaves a
-    bound buffer untouched, so the input itself is returned, as `run` does. If a bound run fails (an output whose
-    shape depends on the data, not only on the input shapes), this and every later batch run `session.run`.
-    """
-
-    def __init__(self, session, sets: int = 1):
-        self.session, self.sets, self.slot = session, sets, 0
-        self.input_names = {node.name for node in session.get_inputs()}
-        self.output_names = [node.name for node in session.get_outputs()]
-        self.held: list = [None] * sets  # per set: (input shapes and types, IOBinding, output arrays)
-        self.reuse = True
-        self.quiet = onnxruntime.RunOptions()
-        self.quiet.log_severity_level = 4  # a failed bound run is retried with run(): no error line for it
-
-    def get_inputs(self):
-        return self.session.get_inputs()
-
-    def get_outputs(self):
-        return self.session.get_outputs()
-
-    def rewind(self) -> None:
-        self.slot = 0
-
-    def release(self) -> None:
-        """Drop the buffers (the threshold search does not need them)."""
-        self.held = [None] * self.sets
-
-    def run(self, output_names, input_feed, run_options=None):
-        if output_names is not None or run_options is not None or not self.reuse:
-            return self.session.run(output_names, input_feed, run_options)
-        slot = self.slot
-        self.slot = (slot + 1) % self.sets
-        feeds = {name: np.ascontiguousarray(value) for name, value in input_feed.items()}
-        key = sorted((name, value.shape, value.dtype.str) for name, value in feeds.items())
-        held = self.held[slot]
-        if held is None or held[0] != key:
-            self.held[slot] = None  # the old buffers go before the new outputs are allocated
-            outputs = self.session.run(None, feeds)
-            if not all(isinstance(a, np.ndarray) and a.dtype.kind in "fiub" for a in outputs):
-                self.reuse = False  # sequences, maps or strings among the outputs: nothing to bind
-                return outputs
-            binding = self.session.io_binding()
-            for name, array in zip(self.output_names, outputs, strict=True):
-                if name not in self.input_names:
-                    binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
-            self.held[slot] = (key, binding, outputs)
-            return list(outputs)
-        _, binding, outputs = held
-        for name, value in feeds.items():
-            binding.bind_cpu_input(name, value)
-        try:
-            self.session.run_with_iobinding(binding, self.quiet)
-        except Exception as exc:  # noqa: BLE001 (a real failure is raised again by run(), with its own message)
-            log.debug("calibration outputs: reusing output buffers failed (%s); fresh outputs from now on", exc)
-            self.reuse, self.held = False, [None] * self.sets
-            return self.session.run(None, input_feed)
-        binding.clear_binding_inputs()  # no reference to this batch's input beyond the run
-        return [feeds[name] if name in self.input_names else array
-                for name, array in zip(self.output_names, outputs, strict=True)]
 
 
 @contextlib.contextmanager

@@ -52,7 +52,7 @@ class HistogramPieces:
                  varying: set[str]):
         self.groups, self.rows, self.axes, self.varying = groups, rows, axes, varying
         self.segments = None
-        # the augmented session (calibrun.quant.calibrate.ReusedOutputs): one group, or a model that cannot be cut,
+        # the augmented session (calibrun.model.sessions.ReusedOutputs): one group, or a model that cannot be cut,
         # runs whole, in runs of rows
         self.fallback = fallback
         if len(groups) > 1:

@@ -235,7 +235,7 @@ def assert_same_ranges(ours, theirs) -> None:
 
 
 class _FreshOutputs:
-    """The calibration session as onnxruntime uses it: fresh outputs every batch (no calibrate.ReusedOutputs)."""
+    """The calibration session as onnxruntime uses it: fresh outputs every batch (no ReusedOutputs)."""
 
     def __init__(self, session, sets: int = 1):
         self.session = session
@@ -334,7 +334,7 @@ def small_det_batches(tmp_path_factory) -> list[np.ndarray]:
 
 
 def test_reused_outputs_give_the_ranges_of_fresh_outputs(small_det_batches, tmp_path):
-    """calibrun.quant.calibrate.ReusedOutputs on 649 tensors (the graph input and an empty tensor among them), chunks of
+    """calibrun.model.sessions.ReusedOutputs on 649 tensors (the graph input and an empty tensor among them), chunks of
     2 and a shape change: the ranges of onnxruntime's own collect_data on fresh outputs (tests/unit/
     test_calibration_outputs.py has every method and chunk on the lab model)."""
     from tests.unit.test_calibration_outputs import assert_identical, reference

@@ -1,4 +1,4 @@
-"""The calibration session's outputs written into reused buffers (calibrun.quant.calibrate.ReusedOutputs).
+"""The calibration session's outputs written into reused buffers (calibrun.model.sessions.ReusedOutputs).
 
 The reference is onnxruntime's own path: its histogram calibrator's `collect_data` on the plain session, where
 every batch's outputs are fresh arrays from `InferenceSession.run`, with the same collector (calibrun's) and the
@@ -19,9 +19,9 @@ from onnx import TensorProto, helper
 from onnxruntime.quantization.calibrate import create_calibrator
 
 from calibrun.model import open_float_model, private_model_copy
+from calibrun.model.sessions import ReusedOutputs
 from calibrun.quant.calibrate import (
     CalibrationSpec,
-    ReusedOutputs,
     _fast_collector,
     _lean_session,
     run_calibration,

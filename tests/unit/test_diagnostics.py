@@ -708,3 +708,49 @@ def test_the_next_run_computed_ahead_and_statistics_taken_in_two_threads_give_th
     rows, ahead, _, _ = diagnose(budget=int(24 * per_row))  # one run of a batch fits, two do not
     assert not ahead
     assert rows == alone
+
+
+def test_outputs_written_into_the_same_arrays_run_after_run_give_the_rows_of_fresh_outputs(lab, monkeypatch):
+    """The one-pass sessions write every run's outputs into kept arrays (calibrun.model.sessions.ReusedOutputs, two
+    sets: a run's statistics are taken while the next run computes into the other). The rows are those of fresh
+    outputs every run, to the bit, over batches of two sizes (the arrays made again for the smaller one), with the
+    next run computed ahead and without; where two runs' outputs do not fit the budget, one set is held."""
+    from calibrun.measure import tensor_stats
+
+    run = lab["runs"]["narrow"]
+
+    class Fresh:  # onnxruntime's own run: new arrays every run
+        def __init__(self, session, sets):
+            self.session = session
+
+        def run(self, names, feeds):
+            return self.session.run(names, feeds)
+
+        def single(self):
+            pass
+
+        def release(self):
+            pass
+
+    def diagnose(budget: int | None = None, reused: bool = True):
+        if not reused:
+            monkeypatch.setattr(tensor_stats, "ReusedOutputs", Fresh)
+        with tensor_stats.StreamingDiagnostics(lab["fp32"], run["path"], run["ranges"], budget=budget) as diag:
+            for start, stop in ((0, 24), (24, 48), (48, 72), (72, 82), (82, 106), (106, 130)):
+                diag.update({LAB_INPUT: lab["rows"][start:stop]})
+            rows = diag.rows()
+            return rows, diag.ahead is not None, diag.int8_sess, diag.per_row
+
+    reused, ahead, int8, per_row = diagnose()
+    assert ahead
+    assert int8.reuse
+    assert all(held is not None for held in int8.held)  # both sets in use
+    fresh, ahead, _, _ = diagnose(reused=False)
+    assert ahead
+    assert reused == fresh
+    monkeypatch.undo()
+    # one run of 24 rows fits, two do not (two of 10 rows do: that batch is computed ahead)
+    rows, _, int8, _ = diagnose(budget=int(24 * per_row))
+    assert int8.held[0] is not None
+    assert int8.held[1] is None  # the last run, of 24 rows, held one set
+    assert rows == fresh
