@@ -17,7 +17,12 @@
    already has (its CastElimination), and runs for them alone too (`noop_casts`);
 4. shapes are inferred with onnxruntime's `quant_pre_process(skip_optimization=True, skip_symbolic_shape=True)`
    (which also tags the model as pre-processed, silencing quantize_static's warning), or with plain
-   `onnx.shape_inference.infer_shapes_path` when that fails.
+   `onnx.shape_inference.infer_shapes_path` when that fails; a tensor whose type onnx's inference does not give
+   (written by an operator onnx does not know, such as onnxruntime's com.microsoft FusedConv or BiasGelu in a
+   model saved after onnxruntime's graph optimisation, or computed from one) gets the type onnxruntime infers
+   for it when it loads the model. quantize_static calibrates and quantises only tensors of a known float type:
+   without it, such a model failed in quantize_static (a Conv's bias with no scale for its input, a Softmax's
+   output with no range).
 
 Before step 2, a model that computes in float16 is widened to float32 (`_widen_float16`): quantize_static
 calibrates and quantises float32 graphs (its scales take the type of the calibrated ranges, float32, and a
@@ -68,8 +73,8 @@ log = logging.getLogger("calibrun")
 # Bump when a step changes what it writes: prepared models are cached by source hash and this version.
 # 2: float16 widened, graphs sorted, nodes named, the ai.onnx opset imported once; 3: no-op Casts removed;
 # 4: tensors named as the quantizer names another's scale or pairs renamed; 5: shared initializers whose copies
-# onnxruntime would name as another tensor renamed
-PREPARE_VERSION = 5
+# onnxruntime would name as another tensor renamed; 6: the types onnx's shape inference leaves out, from onnxruntime
+PREPARE_VERSION = 6
 
 TARGET_OPSET = 13  # the lowest opset quantize_static handles fully (per-axis QDQ, opset-13 Squeeze/Split/...)
 EXTERNAL_THRESHOLD = 1024  # tensors of this many bytes or more go to the external data file (onnx's default)
@@ -173,6 +178,7 @@ def prepare_model(src: str | Path, dst: str | Path) -> Prepared:
             current = _fold_constants(current, work / "folded.onnx", external, src, steps)
             _prune(work, keep=current)
             current = _infer_shapes(current, work / "shaped.onnx", True, steps)
+            current = _types_from_onnxruntime(current, work / "typed.onnx", src, steps)
             external, inputs = _write_result(current, work, dst, external, src)
         except (CalibrunError, OSError) as exc:
             # A full device: onnx and onnxruntime write short files without an error (the checker then finds "no
@@ -522,6 +528,51 @@ def _infer_shapes(current: Path, out: Path, external: bool, steps: list[str]) ->
         _step(steps, f"tagged as pre-processed by {how} (every shape was already known)")
     else:
         log.info("shape inference with %s found nothing new", how)
+    return out
+
+
+def _types_from_onnxruntime(current: Path, out: Path, src: Path, steps: list[str]) -> Path:
+    """The element type onnxruntime infers for each node output of the main graph that has none after shape
+    inference (onnx's inference stops at an operator it has no schema for, and at everything computed from its
+    output). onnxruntime resolves the graph with its own schemas, contrib operators included: loaded with those
+    tensors as extra outputs, it states their types. Only the type is written (a value_info without a shape): it
+    is what quantize_static and its calibrator select tensors by. Nothing changes when every output is typed."""
+    model = onnx.load(str(current), load_external_data=False)
+    graph = model.graph
+    typed = {v.name for v in (*graph.input, *graph.output, *graph.value_info)
+             if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type}
+    typed.update(t.name for t in graph.initializer)
+    untyped = list(dict.fromkeys(o for node in graph.node for o in node.output if o and o not in typed))
+    if not untyped:
+        return current
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    present = {o.name for o in probe.graph.output}
+    for name in untyped:
+        if name not in present:
+            probe.graph.output.add().name = name  # no type: onnxruntime gives it the one it infers
+    probe_path = out.with_name("types-probe.onnx")
+    onnx.save_model(probe, str(probe_path))  # the weights stay in `current`'s data file, beside it
+    del probe
+    try:
+        outputs = session(probe_path, optimize=False).get_outputs()
+    except CalibrunError as exc:  # the model itself fails to load: the verification after the steps says why
+        log.info("prepare: onnxruntime did not load the model to read its types (%s)", exc)
+        return current
+    finally:
+        _remove_model(probe_path)
+    elem_types = {f"tensor({name.lower()})": value for name, value in TensorProto.DataType.items() if value}
+    found = {o.name: elem_types.get(o.type) for o in outputs}
+    added = [name for name in untyped if found.get(name)]
+    if not added:
+        return current
+    for name in added:
+        graph.value_info.append(helper.make_tensor_value_info(name, found[name], None))
+    onnx.save_model(model, str(out))  # its weights' references are relative: the data file stays beside it
+    unknown = Counter(f"{node.domain}.{node.op_type}" for node in graph.node if node.domain not in _DEFAULT_DOMAINS)
+    why = f" (the graph holds {format_counts(unknown)})" if unknown else ""
+    _step(steps, f"typed {_plural(len(added), 'tensor')} onnx shape inference left untyped, as onnxruntime infers "
+                 f"them{why}")
     return out
 
 
