@@ -178,7 +178,7 @@ def prepare_model(src: str | Path, dst: str | Path) -> Prepared:
             current = _fold_constants(current, work / "folded.onnx", external, src, steps)
             _prune(work, keep=current)
             current = _infer_shapes(current, work / "shaped.onnx", True, steps)
-            current = _types_from_onnxruntime(current, work / "typed.onnx", src, steps)
+            current = _types_from_onnxruntime(current, work / "typed.onnx", steps)
             external, inputs = _write_result(current, work, dst, external, src)
         except (CalibrunError, OSError) as exc:
             # A full device: onnx and onnxruntime write short files without an error (the checker then finds "no
@@ -531,7 +531,7 @@ def _infer_shapes(current: Path, out: Path, external: bool, steps: list[str]) ->
     return out
 
 
-def _types_from_onnxruntime(current: Path, out: Path, src: Path, steps: list[str]) -> Path:
+def _types_from_onnxruntime(current: Path, out: Path, steps: list[str]) -> Path:
     """The element type onnxruntime infers for each node output of the main graph that has none after shape
     inference (onnx's inference stops at an operator it has no schema for, and at everything computed from its
     output). onnxruntime resolves the graph with its own schemas, contrib operators included: loaded with those

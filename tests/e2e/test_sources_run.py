@@ -4,6 +4,7 @@ tests of the data sources are in tests/unit/test_sources.py)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -83,6 +84,9 @@ def test_the_classifier_saved_after_onnxruntimes_graph_optimisation_is_quantised
     proc = run_python(["-m", "calibrun", *overrides], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "com.microsoft.FusedConv x24" in proc.stderr  # the preparation's line says why it typed tensors
+    # and the job says what stays in float: quantize_static has no int8 form of onnxruntime's FusedConv
+    assert "no static int8 form of com.microsoft.FusedConv x24" in proc.stderr
+    assert result_float_ops(tmp_path / "run") == {"com.microsoft.FusedConv": 24}
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["status"] == "ok"
     assert result["verdict"]["metric"] == "task.top1_agreement"
@@ -94,3 +98,7 @@ def test_the_classifier_saved_after_onnxruntimes_graph_optimisation_is_quantised
     plain = [n for n in int8.graph.node if n.op_type == "Conv"]
     assert plain
     assert all(produced.get(n.input[0]) == "DequantizeLinear" for n in plain)
+
+
+def result_float_ops(job: Path) -> dict:
+    return json.loads((job / "result.json").read_text())["used"]["float_weighted_ops"]

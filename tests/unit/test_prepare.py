@@ -1132,6 +1132,10 @@ def test_tensors_after_an_operator_onnx_does_not_know_get_onnxruntimes_types_and
     produced = {o: n.op_type for n in graph.node for o in n.output}
     (gemm,) = [n for n in graph.node if n.op_type == "Gemm"]
     assert produced[gemm.input[0]] == "DequantizeLinear"
+    from calibrun.model import float_weighted_ops  # the FusedConvs, which quantize_static has no int8 form of
+
+    assert float_weighted_ops(prepared.path) == {"com.microsoft.FusedConv": 2}
+    assert all(produced.get(n.input[1]) != "DequantizeLinear" for n in graph.node if n.op_type == "FusedConv")
 
 
 def test_a_model_onnx_types_whole_is_not_given_a_type_step(tmp_path):
