@@ -350,8 +350,10 @@ def compute(ctx: JobContext) -> JobResult:
         log.warning("onnxruntime quantised nothing in this model (%s): the int8 model computes in float", why)
     left = float_weighted_ops(fp32.path)
     if left and quantised:
-        log.info("quantize_static has no static int8 form of %s: their weights and work stay in float",
-                 format_counts(left))
+        fused = any(op.startswith("com.microsoft.") for op in left)
+        log.info("quantize_static has no static int8 form of %s: their weights and work stay in float%s",
+                 format_counts(left), "; onnxruntime's graph optimisation writes com.microsoft operators (Conv, Gemm "
+                 "or MatMul fused with what follows): the model as it was before it quantises them" if fused else "")
     inside = float_subgraphs(int8_path) if quantised else {}
     if inside:
         log.info("onnxruntime quantised nothing inside the subgraphs of %s: their matrix ops compute in float",

@@ -99,8 +99,10 @@ def primary(inputs) -> InputInfo:
 def why_nothing_quantised(path: str | Path) -> str:
     """Why quantize_static may have quantised nothing in the model (read once, without its weights' values): it
     computes in float64 (its float tensors: weights, inputs, outputs, typed values of the top graph, float64 and
-    none float32), its operators are all of other domains than ONNX's own (a scikit-learn model's ai.onnx.ml
-    TreeEnsembleRegressor, LinearRegressor, ...), or else what the graph's top level does not show."""
+    none float32), its computations on learned matrices are all onnxruntime's fused com.microsoft operators (a
+    model saved after onnxruntime's graph optimisation), its operators are all of other domains than ONNX's own (a
+    scikit-learn model's ai.onnx.ml TreeEnsembleRegressor, LinearRegressor, ...), or else what the graph's top
+    level does not show."""
     graph = onnx.load(str(path), load_external_data=False).graph
     types = {t.data_type for t in graph.initializer}
     types |= {v.type.tensor_type.elem_type for v in (*graph.input, *graph.output, *graph.value_info)
@@ -108,6 +110,13 @@ def why_nothing_quantised(path: str | Path) -> str:
     if TensorProto.DOUBLE in types and TensorProto.FLOAT not in types:
         return ("it computes in float64 (double), and quantize_static quantises float32 tensors only: export it in "
                 "float32")
+    fused = {op: n for op, n in float_weighted_ops(path).items() if op.startswith("com.microsoft.")}
+    matrices = {t.name for t in graph.initializer if len(t.dims) >= 2}
+    if fused and not any(node.domain in ("", "ai.onnx") and node.op_type in MATRIX_OPS
+                         and matrices.intersection(node.input) for node in graph.node):
+        return (f"its computations on learned matrices are onnxruntime's {format_counts(fused)}, which "
+                "quantize_static has no int8 form of; onnxruntime's graph optimisation writes them (Conv, Gemm or "
+                "MatMul fused with what follows): quantise the model as it was before that optimisation")
     if graph.node and not any(node.domain in ("", "ai.onnx") for node in graph.node):
         return (f"its operators are all of other domains ({_ops(graph)}): quantize_static quantises ONNX's own "
                 "operators only")

@@ -1142,3 +1142,26 @@ def test_a_model_onnx_types_whole_is_not_given_a_type_step(tmp_path):
     prepared = prepare_model(save(conv_net(), tmp_path / "net.onnx"), tmp_path / "prepared.onnx")
     assert _untyped(prepared.path) == []
     assert _steps(prepared, "typed") == []
+
+
+def test_a_model_whose_every_matrix_op_onnxruntime_fused_says_why_nothing_was_quantised(tmp_path):
+    """Every Conv of the model fused with its Relu by onnxruntime (com.microsoft.FusedConv): quantize_static
+    quantises nothing, and the job's line names the fused operators and what to quantise instead, not only "no
+    QuantizeLinear at the top level" (CapSpot's VGG16 saved that way: FusedConv x26, FusedGemm x2)."""
+    from calibrun.model import why_nothing_quantised
+
+    rng = np.random.default_rng(4)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c2"], ["y"])]
+    inits = [_init(rng, "w1", 4, 3, 3, 3), _init(rng, "b1", 4), _init(rng, "w2", 4, 4, 3, 3), _init(rng, "b2", 4)]
+    net = save(_model(nodes, [_float("x", ["N", 3, 8, 8])], [_float("y", ["N", 4, 8, 8])], inits), tmp_path / "n.onnx")
+    fused = _saved_by_onnxruntime(net, tmp_path / "fused.onnx")
+    assert Counter(ops(fused)) == {"FusedConv": 2}
+    prepared = prepare_model(fused, tmp_path / "prepared.onnx")
+    assert "QuantizeLinear" not in ops(quantize(prepared, tmp_path / "int8.onnx"))
+    assert why_nothing_quantised(prepared.path).startswith(
+        "its computations on learned matrices are onnxruntime's com.microsoft.FusedConv x2, which quantize_static has "
+        "no int8 form of")
+    assert not why_nothing_quantised(net).startswith("its computations")  # the model as exported
