@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -662,7 +663,27 @@ def _check(path: Path, src: Path) -> None:
     try:
         onnx.checker.check_model(str(path))
     except Exception as exc:
-        raise CalibrunError(f"{src} is not a valid ONNX model: {_reason(exc, path, src)}") from exc
+        raise CalibrunError(f"{src} is not a valid ONNX model: {_reason(exc, path, src)}{_later_op(exc)}") from exc
+
+
+def _later_op(exc: BaseException) -> str:
+    """A hint when the checker found an ONNX operator the model's opset does not have yet, but a later one does:
+    onnxruntime's graph optimisation writes such nodes into the models it saves (LayerNormalization, an ONNX
+    operator since opset 17, fused into PP-OCRv4's opset-12 recogniser; onnxruntime runs it, onnx's checker and
+    tools refuse it)."""
+    found = re.search(r"No Op registered for (\w+) with domain_version of (\d+)", str(exc))
+    if not found:
+        return ""
+    op, version = found.group(1), int(found.group(2))
+    try:
+        since = onnx.defs.get_schema(op, onnx.defs.onnx_opset_version()).since_version
+    except onnx.defs.SchemaError:
+        return ""
+    if since <= version:
+        return ""
+    return (f" ({op} is an ONNX operator from opset {since} on, in a model of opset {version}: onnxruntime writes it "
+            "so when it saves a model after its graph optimisation; quantise the model as it was before that, or "
+            f"export it at opset {since} or later)")
 
 
 def _reason(exc: BaseException, temp: Path, shown: Path) -> str:

@@ -1165,3 +1165,24 @@ def test_a_model_whose_every_matrix_op_onnxruntime_fused_says_why_nothing_was_qu
         "its computations on learned matrices are onnxruntime's com.microsoft.FusedConv x2, which quantize_static has "
         "no int8 form of")
     assert not why_nothing_quantised(net).startswith("its computations")  # the model as exported
+
+
+def test_an_onnx_operator_newer_than_the_models_opset_is_refused_with_where_it_comes_from(tmp_path):
+    """onnxruntime saves LayerNormalization (ONNX's since opset 17) into an opset-12 model when it fuses one
+    (PP-OCRv4's recogniser saved after onnxruntime's optimisation): onnxruntime runs it, onnx's checker refuses it.
+    The one line says which opset has the operator and what to quantise instead; nothing is written."""
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, epsilon=1e-5)]
+    graph = helper.make_graph(nodes, "ln", [_float("x", ["N", 8])], [_float("y", ["N", 8])],
+                              [_init(rng, "g", 8), _init(rng, "b", 8)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+    model.ir_version = 7
+    src = save(model, tmp_path / "ln12.onnx")
+    (tmp_path / "out").mkdir()
+    with pytest.raises(CalibrunError) as caught:
+        prepare_model(src, tmp_path / "out" / "prepared.onnx")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"{src} is not a valid ONNX model: No Op registered for LayerNormalization")
+    assert "(LayerNormalization is an ONNX operator from opset 17 on, in a model of opset 12" in message
+    assert folder_files(tmp_path / "out") == []
