@@ -41,6 +41,7 @@ from calibrun.model import (
     float_subgraphs,
     float_weighted_ops,
     format_counts,
+    model_sha256,
     open_float_model,
     why_nothing_quantised,
 )
@@ -175,7 +176,7 @@ def _source_model(cfg: DictConfig) -> dict:
     if cfg.model.name != "file" or not cfg.model.path:
         return {}
     path = Path(cfg.model.path).expanduser().resolve()
-    return {"source_model_path": str(path), "source_model_sha256": file_sha256(path)}
+    return {"source_model_path": str(path), "source_model_sha256": model_sha256(path)}
 
 
 @dataclass

@@ -9,6 +9,7 @@ digits example classifier and its data).
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ def load_model(path: str | Path) -> onnx.ModelProto:
     try:
         model = onnx.load(str(path))
     except Exception as exc:  # onnx raises DecodeError, ValueError, ... on non-ONNX bytes
+        missing_data(path)  # a model whose data file is not where it names it: that, not "not an ONNX model"
         raise CalibrunError(f"not an ONNX model: {path} ({one_line(exc)})") from exc
     if not model.graph.node:
         raise CalibrunError(f"not an ONNX model: {path} (no graph nodes)")
@@ -231,22 +233,76 @@ def check_outputs(model: onnx.ModelProto, path: str | Path = "model") -> None:
 
 
 def external_files(path: str | Path) -> list[Path]:
-    """The external data files an ONNX file refers to (top graph initializers), resolved beside it."""
+    """The external data files an ONNX file's tensors keep their values in (every tensor: tensors_of), each once,
+    resolved beside it, in name order."""
     path = Path(path)
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception:  # unreadable: load_model reports it
         return []
-    names = {entry.value for tensor in model.graph.initializer if tensor.data_location == TensorProto.EXTERNAL
+    names = {entry.value for tensor in tensors_of(model) if tensor.data_location == TensorProto.EXTERNAL
              for entry in tensor.external_data if entry.key == "location"}
     return [path.parent / name for name in sorted(names)]
 
 
 def file_sha256(path: str | Path) -> str:
     digest = hashlib.sha256()
+    _hash_file(path, digest)
+    return digest.hexdigest()
+
+
+def _hash_file(path: str | Path, digest) -> bool:
+    """Feed the file's bytes to `digest`; whether they hold the word `location` (an external data reference's key:
+    a cheap test before the model is parsed for its data files)."""
+    found, tail = False, b""
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
+            found = found or b"location" in tail + block
+            tail = block[-8:]
+    return found
+
+
+def tensors_of(model: onnx.ModelProto) -> Iterator[TensorProto]:
+    """Every tensor the model holds: initializers (of every graph, sparse ones' values and indices) and the tensors
+    of node attributes (a Constant's value)."""
+    for graph in graphs_of(model.graph):
+        yield from graph.initializer
+        for sparse in graph.sparse_initializer:
+            yield sparse.values
+            yield sparse.indices
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.TENSOR:
+                    yield attr.t
+                elif attr.type == onnx.AttributeProto.TENSORS:
+                    yield from attr.tensors
+
+
+def missing_data(path: Path, files: list[Path] | None = None) -> None:
+    """A one-line error when the model names an external data file that is not there (`files`: its external_files,
+    when the caller has them)."""
+    for data in external_files(path) if files is None else files:
+        if not data.is_file():
+            raise CalibrunError(f"{path} keeps its weights in {os.path.relpath(data, path.parent)}, which is not in "
+                                f"{path.parent}: an ONNX model with external data needs its data file where the "
+                                "model names it")
+
+
+def model_sha256(path: str | Path) -> str:
+    """What a model is, as a hash: its file's bytes, and where its weights are external data, each data file's name
+    and bytes too (a model retrained in place rewrites its data file and keeps the .onnx bytes: the same file hash
+    had reused a prepared model and its calibration made from the old weights). A data file the model names that
+    is not there is a one-line error."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    if not _hash_file(path, digest):
+        return digest.hexdigest()
+    files = external_files(path)  # none where the file is no ONNX: the loading after says so
+    missing_data(path, files)
+    for data in files:
+        digest.update(b"\0" + os.path.relpath(data, path.parent).encode() + b"\0")
+        _hash_file(data, digest)
     return digest.hexdigest()
 
 
@@ -308,7 +364,7 @@ class FloatModel:
 
 def open_float_model(path: str | Path, sha256: str | None = None) -> FloatModel:
     """A float model to calibrate or evaluate (refused: no input, no output, no float input, already
-    quantised). `sha256`: the file's hash when the caller has just verified it (saves hashing it again)."""
+    quantised). `sha256`: its model_sha256 when the caller has just verified it (saves hashing it again)."""
     path = Path(path)
     model = load_model(path)
     inputs = tuple(graph_inputs(model))
@@ -316,7 +372,7 @@ def open_float_model(path: str | Path, sha256: str | None = None) -> FloatModel:
         raise CalibrunError(f"{path} has no graph input")
     check_outputs(model, path)
     check_not_quantised(model, path)
-    return FloatModel(path, inputs, sha256 or file_sha256(path))
+    return FloatModel(path, inputs, sha256 or model_sha256(path))
 
 
 def check_loadable(fp32: FloatModel) -> FloatModel:

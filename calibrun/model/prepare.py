@@ -67,6 +67,7 @@ from calibrun.model import (
     graphs_of,
     load_model,
     node_subgraphs,
+    tensors_of,
 )
 from calibrun.model.sessions import session
 
@@ -403,7 +404,7 @@ def _widened(model: onnx.ModelProto, dry_run: bool = False) -> Counter:
     """Widen every float16 of `model` to float32 in place (`dry_run`: only count): what changed, by kind."""
     f16, f32 = TensorProto.FLOAT16, TensorProto.FLOAT
     counts: Counter = Counter()
-    for tensor in _tensors(model):
+    for tensor in tensors_of(model):
         if tensor.data_type == f16:
             counts["weight"] += 1
             if not dry_run:
@@ -608,9 +609,9 @@ def _quant_pre_process(current: Path, out: Path, external: bool) -> str | None:
 def _write_result(current: Path, work: Path, dst: Path, external: bool, src: Path) -> tuple[bool, list[InputInfo]]:
     """Save the final model canonically, verify it, and move it (and its data file) into place."""
     model = onnx.load(str(current), load_external_data=False)
-    moved = [t.data_location == TensorProto.EXTERNAL for t in _tensors(model)]
+    moved = [t.data_location == TensorProto.EXTERNAL for t in tensors_of(model)]
     load_external_data_for_model(model, str(current.parent))
-    for tensor, was_external in zip(_tensors(model), moved, strict=True):
+    for tensor, was_external in zip(tensors_of(model), moved, strict=True):
         if was_external:  # as the weights were before the steps kept them outside: the same prepared bytes
             tensor.ClearField("data_location")
     _prune(work, keep=None)  # the model is in memory: free the disk before writing the last copy
@@ -744,17 +745,6 @@ def _min_ir_version(model: onnx.ModelProto) -> int:
     return helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
 
 
-def _tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:
-    for graph in graphs_of(model.graph):
-        yield from graph.initializer
-        for node in graph.node:
-            for attr in node.attribute:
-                if attr.type == AttributeProto.TENSOR:
-                    yield attr.t
-                elif attr.type == AttributeProto.TENSORS:
-                    yield from attr.tensors
-
-
 def _given_external(src: Path) -> bool:
     """Whether the file at `src` keeps weights in external data (False for a file onnx cannot read: load_model then
     names the problem)."""
@@ -765,11 +755,11 @@ def _given_external(src: Path) -> bool:
 
 
 def _uses_external_data(model: onnx.ModelProto) -> bool:
-    return any(t.data_location == TensorProto.EXTERNAL for t in _tensors(model))
+    return any(t.data_location == TensorProto.EXTERNAL for t in tensors_of(model))
 
 
 def _tensor_bytes(model: onnx.ModelProto) -> int:
-    return sum(t.ByteSize() for t in _tensors(model))
+    return sum(t.ByteSize() for t in tensors_of(model))
 
 
 def _drop_unused_opsets(model: onnx.ModelProto) -> None:
@@ -832,7 +822,7 @@ def _remove_model(path: Path) -> None:
 def _referenced_files(path: Path) -> set[str]:
     model = onnx.load(str(path), load_external_data=False)
     names = set()
-    for tensor in _tensors(model):
+    for tensor in tensors_of(model):
         if tensor.data_location == TensorProto.EXTERNAL:
             names.update(entry.value for entry in tensor.external_data if entry.key == "location")
     return names

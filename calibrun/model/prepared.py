@@ -17,7 +17,7 @@ import onnxruntime
 
 from calibrun.core.errors import one_line
 from calibrun.core.files import temp_dir, write_json
-from calibrun.model import FloatModel, file_sha256, open_float_model
+from calibrun.model import FloatModel, file_sha256, model_sha256, open_float_model
 from calibrun.model.prepare import PREPARE_VERSION, external_data_path, prepare_model
 from calibrun.quant import cache as cache_store
 
@@ -25,7 +25,8 @@ log = logging.getLogger("calibrun")
 
 
 def prepared_record(source_sha256: str) -> dict:
-    """What decides a prepared model (its cache key, calibrun.quant.cache.key_of)."""
+    """What decides a prepared model (its cache key, calibrun.quant.cache.key_of): the source's model_sha256 (its
+    file and its external data files), calibrun's preparation and onnxruntime's versions."""
     return {"kind": "prepared model", "source_sha256": source_sha256, "prepare_version": PREPARE_VERSION,
             "onnxruntime": onnxruntime.__version__}
 
@@ -60,7 +61,7 @@ def prepared_model(source: Path, cache_root: str | Path | None, wait: float,
         target = folder / "fp32.onnx"
     else:
         models = cache_store.folder(cache_root, "models", create=True)
-        sha256 = file_sha256(source)
+        sha256 = model_sha256(source)  # its data files too: a model retrained in place keeps its .onnx bytes
         target = models / f"{cache_store.key_of(prepared_record(sha256))}.onnx"
         old = models / f"{sha256[:32]}-prep{PREPARE_VERSION}-ort{onnxruntime.__version__}.onnx"
         if old.is_file() and not target.is_file():
@@ -77,7 +78,8 @@ def prepared_model(source: Path, cache_root: str | Path | None, wait: float,
                 return replace(open_float_model(target, sha256=reused["model_sha256"]), source=source), \
                     list(reused["steps"])
         prepared = prepare_model(source, target)
-        record = {"steps": list(prepared.steps), "model_sha256": file_sha256(prepared.path),
+        record = {"steps": list(prepared.steps), "model_sha256": model_sha256(prepared.path),
+                  "file_sha256": file_sha256(prepared.path),
                   "data_sha256": file_sha256(prepared.data_path) if prepared.data_path else None}
         write_json(record_file, record)
     return replace(open_float_model(prepared.path, sha256=record["model_sha256"]), source=source), list(prepared.steps)
@@ -89,9 +91,10 @@ def _verified(target: Path, record_file: Path) -> dict | None:
     problem = None
     try:
         record = json.loads(record_file.read_text())
-        if not isinstance(record, dict) or not isinstance(record.get("model_sha256"), str):
+        if not isinstance(record, dict) or not isinstance(record.get("model_sha256"), str) \
+                or not isinstance(record.get("file_sha256"), str):
             problem = "it has no recorded sha256"
-        elif file_sha256(target) != record["model_sha256"]:
+        elif file_sha256(target) != record["file_sha256"]:
             problem = "its bytes do not match the sha256 recorded when it was made (truncated or replaced?)"
         else:
             data = external_data_path(target)

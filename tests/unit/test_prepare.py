@@ -587,7 +587,7 @@ def _prepare_warnings(cfg, job: Path, caplog) -> tuple[object, list[str]]:
 def test_prepared_model_cache_is_verified_before_reuse(tmp_path, caplog, external):
     import shutil
 
-    from calibrun.model import file_sha256
+    from calibrun.model import file_sha256, model_sha256
     from calibrun.model.prepare import external_data_path
 
     src = save(conv_net(), tmp_path / "src" / "m.onnx", external=external)
@@ -597,7 +597,9 @@ def test_prepared_model_cache_is_verified_before_reuse(tmp_path, caplog, externa
     fp32, warned = _prepare_warnings(cfg, job, caplog)
     assert warned == []
     record = json.loads(fp32.path.with_suffix(".steps.json").read_text())
-    assert record["model_sha256"] == file_sha256(fp32.path) == fp32.sha256
+    assert record["model_sha256"] == model_sha256(fp32.path) == fp32.sha256
+    assert record["file_sha256"] == file_sha256(fp32.path)
+    assert (record["model_sha256"] == record["file_sha256"]) != external  # the data file is part of what it is
     data = external_data_path(fp32.path)
     assert (record["data_sha256"] is not None) == external == data.is_file()
     good = fp32.path.read_bytes()
@@ -725,10 +727,9 @@ def float16_net() -> onnx.ModelProto:
 
 
 def _float16_sites(model: onnx.ModelProto) -> list[str]:
-    from calibrun.model import graphs_of
-    from calibrun.model.prepare import _tensors
+    from calibrun.model import graphs_of, tensors_of
 
-    found = [t.name for t in _tensors(model) if t.data_type == TensorProto.FLOAT16]
+    found = [t.name for t in tensors_of(model) if t.data_type == TensorProto.FLOAT16]
     for graph in graphs_of(model.graph):
         found += [v.name for v in (*graph.input, *graph.output, *graph.value_info)
                   if v.type.tensor_type.elem_type == TensorProto.FLOAT16]
@@ -1186,3 +1187,34 @@ def test_an_onnx_operator_newer_than_the_models_opset_is_refused_with_where_it_c
     assert message.startswith(f"{src} is not a valid ONNX model: No Op registered for LayerNormalization")
     assert "(LayerNormalization is an ONNX operator from opset 17 on, in a model of opset 12" in message
     assert folder_files(tmp_path / "out") == []
+
+
+def test_a_model_retrained_in_place_is_prepared_again_and_one_without_its_data_file_is_refused(tmp_path, caplog):
+    """A model that keeps its weights in an external data file, retrained in place: the .onnx bytes stay the same
+    and only the data file changes. The prepared model (and the calibration keyed by it) is the new weights', not
+    the cached one of the old; a model whose data file is not where it names it is refused in one line naming the
+    file, on a warm cache too (the cached preparation of the same .onnx bytes had been reused)."""
+    src = save(conv_net(), tmp_path / "src" / "m.onnx", external=True)
+    job = tmp_path / "job"
+    job.mkdir()
+    cfg = _job_cfg(src, tmp_path / "cache")
+    first, _ = _prepare_warnings(cfg, job, caplog)
+    onnx_bytes = src.read_bytes()
+    retrained = conv_net()
+    for tensor in retrained.graph.initializer:  # other weights, same names, shapes and file layout
+        values = numpy_helper.to_array(tensor) * 1.5
+        tensor.CopyFrom(numpy_helper.from_array(values.astype(np.float32), tensor.name))
+    other = save(retrained, tmp_path / "other" / "m.onnx", external=True)
+    (src.parent / "m.onnx.bin").write_bytes((other.parent / "m.onnx.bin").read_bytes())
+    assert src.read_bytes() == onnx_bytes
+    second, _ = _prepare_warnings(cfg, job, caplog)
+    assert second.path != first.path
+    assert second.sha256 != first.sha256
+    feed = feeds(second.path, 3)
+    np.testing.assert_array_equal(run(second.path, feed)[0], run(other, feed)[0])
+
+    (src.parent / "m.onnx.bin").unlink()
+    with pytest.raises(CalibrunError) as caught:
+        _prepare_warnings(cfg, job, caplog)
+    assert str(caught.value) == (f"{src} keeps its weights in m.onnx.bin, which is not in {src.parent}: an ONNX model "
+                                 "with external data needs its data file where the model names it")
