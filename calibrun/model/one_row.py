@@ -85,9 +85,21 @@ def pinned_copy(fp32: FloatModel, axes: Mapping[str, int | None], folder: Path, 
     return open_float_model(target)
 
 
+def _kind(error: str) -> str | None:
+    """onnxruntime's error without what precedes it, its numbers (the rows a run had) and the failing node's name
+    (calibrun names the nodes of the copy it prepares); None for no such error."""
+    start = error.find("ONNXRuntimeError")
+    if start < 0:
+        return None
+    return re.sub(r"\d+", "#", re.sub(r"Name:'[^']*'", "Name:", error[start:]))[:160]
+
+
 def lab_rule_error(path: str | Path, failure: BaseException) -> BaseException:
     """calibtool's error for a model the lab rule's batches failed on: one naming the export for one row at a time
-    when that is what it is (the contract's batches are 16 rows: calibtool does not change them), else `failure`."""
+    when that is what it is (the contract's batches are 16 rows: calibtool does not change them), else `failure`.
+    It is, when the model runs one row, fails on two, and `failure` is that same onnxruntime error on more rows
+    (the same words, other numbers): a model that pins one row and failed for another reason (a file onnx refuses,
+    an INT8 file of another network) keeps its own error."""
     from calibrun.core.errors import CalibrunError
     from calibrun.lab.data import evaluation_rows
 
@@ -96,7 +108,7 @@ def lab_rule_error(path: str | Path, failure: BaseException) -> BaseException:
         error = fails_on_two_rows(path, {info.name: evaluation_rows(info, 0, 2)}, {info.name: 0})
     except Exception:  # noqa: BLE001 (the model is unusable in another way: the first failure stands)
         return failure
-    if error is None:
+    if error is None or _kind(error) is None or _kind(error) != _kind(one_line(failure)):
         return failure
     return CalibrunError(f"{path}: onnxruntime fails on two rows at once and runs one ({failing(error)}): the model "
                          "was exported for one row at a time; calibtool's batches are 16 rows (its contract), python "
