@@ -2,8 +2,9 @@
 
 `prepare_model(src, dst)` runs these steps, each only when the model needs it:
 
-1. initializers listed as graph inputs (IR < 4 style) are removed from the inputs, a graph whose nodes are
-   out of order (onnxruntime sorts them itself; onnx's checker and tools do not) is sorted topologically, an
+1. sparse initializers are made dense, initializers listed as graph inputs (IR < 4 style) are removed from the
+   inputs, a graph whose nodes are out of order (onnxruntime sorts them itself; onnx's checker and tools do not)
+   is sorted topologically, an
    unnamed graph is named (onnx's checker requires it, onnxruntime does not), unnamed nodes are named
    (nodes_to_exclude selects by name), and a tensor named as onnxruntime's quantizer would name another's scale
    or Q/DQ pair (`T_scale` beside `T`) is renamed;
@@ -75,7 +76,8 @@ log = logging.getLogger("calibrun")
 # Bump when a step changes what it writes: prepared models are cached by source hash and this version.
 # 2: float16 widened, graphs sorted, nodes named, the ai.onnx opset imported once; 3: no-op Casts removed;
 # 4: tensors named as the quantizer names another's scale or pairs renamed; 5: shared initializers whose copies
-# onnxruntime would name as another tensor renamed; 6: the types onnx's shape inference leaves out, from onnxruntime
+# onnxruntime would name as another tensor renamed; 6: the types onnx's shape inference leaves out, from onnxruntime,
+# and sparse initializers made dense
 PREPARE_VERSION = 6
 
 TARGET_OPSET = 13  # the lowest opset quantize_static handles fully (per-axis QDQ, opset-13 Squeeze/Split/...)
@@ -172,6 +174,7 @@ def prepare_model(src: str | Path, dst: str | Path) -> Prepared:
             # 100 MB inline: the job's peak in preparation 595 -> 328 MB). The last step writes `dst` as decided, and
             # the prepared bytes are the same (19 trained models). Folding keeps `external`: onnxruntime writes
             # the tensors it moves out with fields of its own (an empty doc_string), other bytes.
+            _densify_sparse(model, steps)
             current = _strip_initializer_inputs(model, work / "given.onnx", True, steps)
             del model  # the file holds it now; big models should not stay in memory twice
             _check(current, src)
@@ -192,6 +195,27 @@ def prepare_model(src: str | Path, dst: str | Path) -> Prepared:
 
 
 # --- steps -------------------------------------------------------------------------------------------------
+
+
+def _densify_sparse(model: onnx.ModelProto, steps: list[str]) -> None:
+    """Sparse initializers (a pruned model's weights stored as values and their indices) become the dense
+    initializers they stand for: onnxruntime runs either, while quantize_static reads dense initializers only (a
+    pruned Magika failed in it with "Graph is not a DAG": the weight it quantised was not among the initializers)."""
+    count = 0
+    for graph in graphs_of(model.graph):
+        for sparse in graph.sparse_initializer:
+            values = numpy_helper.to_array(sparse.values)
+            indices = numpy_helper.to_array(sparse.indices).astype(np.int64)
+            dense = np.zeros(tuple(sparse.dims), dtype=values.dtype)
+            if indices.ndim == 1:  # linear positions
+                dense.reshape(-1)[indices] = values
+            else:  # one coordinate row per value
+                dense[tuple(indices.T)] = values
+            graph.initializer.append(numpy_helper.from_array(dense, sparse.values.name))
+            count += 1
+        del graph.sparse_initializer[:]
+    if count:
+        _step(steps, f"made {_plural(count, 'sparse initializer')} dense (quantize_static reads dense ones only)")
 
 
 def _strip_initializer_inputs(model: onnx.ModelProto, out: Path, external: bool, steps: list[str]) -> Path:

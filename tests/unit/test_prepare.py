@@ -1218,3 +1218,39 @@ def test_a_model_retrained_in_place_is_prepared_again_and_one_without_its_data_f
         _prepare_warnings(cfg, job, caplog)
     assert str(caught.value) == (f"{src} keeps its weights in m.onnx.bin, which is not in {src.parent}: an ONNX model "
                                  "with external data needs its data file where the model names it")
+
+
+def test_sparse_initializers_are_made_dense_and_the_model_quantises(tmp_path):
+    """A pruned model's weight stored as a sparse initializer (values and their indices): onnxruntime runs it,
+    quantize_static reads dense initializers only. Prepared, the weight is the dense tensor it stands for (linear
+    indices here, coordinates for the other), the outputs are the source's, and the MatMul's weight is quantised."""
+    lab = build_lab_model()
+    sparse_model = onnx.ModelProto()
+    sparse_model.CopyFrom(lab)
+    graph = sparse_model.graph
+    for name, linear in (("w1", True), ("w2", False)):
+        (init,) = [t for t in graph.initializer if t.name == name]
+        dense = numpy_helper.to_array(init).copy()
+        dense[np.abs(dense) < np.quantile(np.abs(dense), 0.7)] = 0  # pruned: 70% zeros
+        where = np.flatnonzero(dense) if linear else np.argwhere(dense)
+        values = numpy_helper.from_array(dense[dense != 0].astype(np.float32), name)
+        indices = numpy_helper.from_array(where.astype(np.int64), name + "_indices")
+        graph.sparse_initializer.append(helper.make_sparse_tensor(values, indices, list(dense.shape)))
+        graph.initializer.remove(init)
+        (pruned,) = [t for t in lab.graph.initializer if t.name == name]  # the reference: the same weights dense
+        pruned.CopyFrom(numpy_helper.from_array(dense, name))
+    src = save(sparse_model, tmp_path / "sparse.onnx")
+    reference = save(lab, tmp_path / "dense.onnx")
+    prepared = prepare_model(src, tmp_path / "prepared.onnx")
+    model = onnx.load(str(prepared.path))
+    assert len(model.graph.sparse_initializer) == 0
+    assert {"w1", "w2"} <= {t.name for t in model.graph.initializer}
+    (line,) = _steps(prepared, "sparse")
+    assert line.startswith("made 2 sparse initializers dense")
+    feed = feeds(prepared.path, 6)
+    np.testing.assert_array_equal(run(prepared.path, feed)[0], run(src, feed)[0])
+    np.testing.assert_array_equal(run(prepared.path, feed)[0], run(reference, feed)[0])
+    out = quantize(prepared, tmp_path / "int8.onnx")
+    produced = {o: n.op_type for n in onnx.load(str(out)).graph.node for o in n.output}
+    matmuls = [n for n in onnx.load(str(out)).graph.node if n.op_type == "MatMul"]
+    assert all(produced.get(n.input[1]) == "DequantizeLinear" for n in matmuls)
