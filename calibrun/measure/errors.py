@@ -669,10 +669,13 @@ def error(fp32_path: str | Path, int8_path: str | Path, seed: int, rows: int, th
     said in one log line."""
     rows = check_positive_int(rows, "rows", MAX_ROWS)
     from calibrun.data import lab_evaluation
-    from calibrun.model import check_loadable
+    from calibrun.model import check_loadable, quantised_ops_of
     from calibrun.model.prepared import prepared_source
 
     given = open_float_model(fp32_path)
+    if quantised_ops_of(int8_path) == {}:  # a float model given as INT8: the errors of two float models
+        log.warning("%s holds no quantised operator (no QuantizeLinear, QLinear or integer op): these are the errors "
+                    "of two float models", int8_path)
     try:
         check_loadable(given)
         reference = contextlib.nullcontext(given)

@@ -176,7 +176,6 @@ def graphs_of(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
 
 
 MATRIX_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul", *FLOAT_ONLY_OPS)  # computations on learned matrices
-QUANTISED_OPS = ("QuantizeLinear", "DequantizeLinear", "MatMulInteger", "ConvInteger")  # and every QLinear* op
 
 
 def float_subgraphs(path: str | Path) -> dict[str, int]:
@@ -216,6 +215,15 @@ def quantised_ops(model: onnx.ModelProto) -> dict[str, int]:
         if node.op_type in QUANTISED_OPS or node.op_type.startswith(("QLinear", "QOrdered")):
             found[node.op_type] = found.get(node.op_type, 0) + 1
     return dict(sorted(found.items()))
+
+
+def quantised_ops_of(path: str | Path) -> dict[str, int] | None:
+    """quantised_ops of the ONNX file at `path` (read without its weights); None where it is not one to read (the
+    step that loads it says why)."""
+    try:
+        return quantised_ops(onnx.load(str(path), load_external_data=False))
+    except Exception:  # noqa: BLE001 (missing, not ONNX: reported by whatever loads it next)
+        return None
 
 
 def check_not_quantised(model: onnx.ModelProto, path: str | Path = "model") -> None:

@@ -226,8 +226,12 @@ def test_error_json(quantized: Quantized):
 
 
 def test_error_of_a_model_against_itself_is_zero(lab_model, calibtool):
+    """Zero, as it should be; and since INT8 holds no quantised operator, one line on stderr says these are the
+    errors of two float models (a float file passed as INT8 by mistake otherwise read as a perfect int8 model)."""
     code, stdout, stderr = calibtool("error", lab_model, lab_model, 777, 256)
     assert code == 0, stderr
+    assert stderr.strip() == (f"WARNING:calibrun:{lab_model} holds no quantised operator (no QuantizeLinear, QLinear "
+                              "or integer op): these are the errors of two float models")
     result = one_json(stdout)
     name, features = graph_input(lab_model)
     expected = np.abs(run_model(lab_model, {name: evaluation_rows(777, 256, features)})[0]).max()
