@@ -646,7 +646,7 @@ def _write_result(current: Path, work: Path, dst: Path, external: bool, src: Pat
         with atomic_path(dst) as tmp:
             onnx.save_model(model, str(tmp))
             del model
-            inputs = _verify(tmp, src, dst)
+            inputs = _verify(tmp, src)
         return False, inputs
     data_name = external_data_path(dst).name
     final = work / dst.name
@@ -660,7 +660,7 @@ def _write_result(current: Path, work: Path, dst: Path, external: bool, src: Pat
         convert_attribute=False,
     )
     del model
-    inputs = _verify(final, src, dst)
+    inputs = _verify(final, src)
     data = work / data_name
     has_data = data.exists()  # False when every tensor was below the threshold: the model is inline after all
     if has_data:
@@ -669,16 +669,16 @@ def _write_result(current: Path, work: Path, dst: Path, external: bool, src: Pat
     return has_data, inputs
 
 
-def _verify(path: Path, src: Path, dst: Path) -> list[InputInfo]:
+def _verify(path: Path, src: Path) -> list[InputInfo]:
     """The prepared model must pass the checker, load in onnxruntime and have a float32 first input."""
     try:
         onnx.checker.check_model(str(path))  # path-based: works for models over 2 GB
     except Exception as exc:
-        reason = _reason(exc, path, dst)
+        reason = _reason(exc, path, src)
         raise CalibrunError(f"the model prepared from {src} fails the ONNX checker: {reason}") from exc
     # Loading resolves the graph and finds a kernel for every node; optimising a big model would only cost time.
     session(path, optimize=False,
-            failed=lambda exc: f"onnxruntime cannot load the model prepared from {src}: {_reason(exc, path, dst)}")
+            failed=lambda exc: f"onnxruntime cannot load the model prepared from {src}: {_reason(exc, path, src)}")
     model = onnx.load(str(path), load_external_data=False)
     float_input(model, src)
     return graph_inputs(model)
