@@ -85,6 +85,14 @@ def check_keys(argv: list[str]) -> str | None:
     return None
 
 
+def _parses(parser, override: str) -> bool:
+    try:
+        parser.parse_overrides([override])
+    except Exception:  # noqa: BLE001 (OverrideParseException)
+        return False
+    return True
+
+
 def unreadable(parser, overrides: list[str]) -> str | None:
     """The one line for the first override Hydra's grammar cannot read: it, Hydra's reason, and for an input's key
     with a character a key cannot hold, the key to write instead (calibrun.data.inputs.spelled)."""
@@ -103,6 +111,9 @@ def unreadable(parser, overrides: list[str]) -> str | None:
             hint = ""
             if is_input_key(key) and spelled(key) != key:
                 hint = f"; an input name's characters a key cannot hold are written as _: {spelled(key)}={value}"
+            elif value and "'" not in value and _parses(parser, f"{arg.partition('=')[0]}='{value}'"):
+                # a path with a space or a letter outside ASCII: Hydra reads it quoted
+                hint = f"; quoted, it reads: {arg.partition('=')[0]}='{value}' (on a shell, quote it all once more)"
             reason = reason or "not in Hydra's override grammar"
             return (f"cannot read the override {arg!r}: {reason} (Hydra's grammar: "
                     f"https://hydra.cc/docs/advanced/override_grammar/basic/){hint}")
