@@ -89,8 +89,17 @@ def float_input(model: onnx.ModelProto, path: str | Path = "model") -> InputInfo
         raise CalibrunError(f"{path} has no graph input")
     first = primary(inputs)
     if not first.shape:
-        raise CalibrunError(f"{path}: input {first.name!r} has no known shape (rank 0 or missing)")
+        raise CalibrunError(f"{path}: {shapeless(first)}")
     return first
+
+
+def shapeless(info: InputInfo) -> str:
+    """Why an input with no axes has no rows to feed: a scalar, or a shape the model does not state at all."""
+    if info.has_shape:
+        return f"input {info.name!r} has no known shape (rank 0: a scalar, with no rows)"
+    return (f"input {info.name!r} has no known shape (the model states not even its rank, and calibrun finds each "
+            "input's batch axis from it): give it one in the model (onnx.tools.update_model_dims."
+            "update_inputs_outputs_dims) or export it with its shape")
 
 
 def primary(inputs) -> InputInfo:
@@ -359,8 +368,7 @@ class FloatModel:
             raise CalibrunError(f"{self.shown}: input {self.info.name!r} is {type_name}; the lab data rule feeds one "
                                 "float input (float32, float16 or double; give your data: python -m calibrun data=npy)")
         if not self.info.shape:
-            raise CalibrunError(f"{self.shown}: input {self.info.name!r} has no known shape (rank 0 or missing); "
-                                "the lab data rule needs [rows, ...]")
+            raise CalibrunError(f"{self.shown}: {shapeless(self.info)}; the lab data rule needs [rows, ...]")
         from calibrun.lab.data import sample_shape
 
         try:

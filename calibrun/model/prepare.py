@@ -688,7 +688,17 @@ def _check(path: Path, src: Path) -> None:
     try:
         onnx.checker.check_model(str(path))
     except Exception as exc:
-        raise CalibrunError(f"{src} is not a valid ONNX model: {_reason(exc, path, src)}{_later_op(exc)}") from exc
+        raise CalibrunError(f"{src} is not a valid ONNX model: {_reason(exc, path, src)}{_later_op(exc)}"
+                            f"{_no_shape(exc)}") from exc
+
+
+def _no_shape(exc: BaseException) -> str:
+    """A hint when the checker wants a graph input's or output's shape the model does not state (onnxruntime runs
+    such a model; onnx's checker and its tools, which calibrun's preparation uses, refuse it)."""
+    if "Field 'shape' of 'type' is required" not in str(exc):
+        return ""
+    return (" (a graph input or output states no shape, not even its rank: give it one in the model, with "
+            "onnx.tools.update_model_dims.update_inputs_outputs_dims, or export it with its shapes)")
 
 
 def _later_op(exc: BaseException) -> str:

@@ -420,6 +420,7 @@ class Assets:
         onnx.save_model(symbolic, str(self.symbolic))
         self.unknown_op = _tiny(root / "unknown_op.onnx", "FooBar", ["N", 4])  # no kernel in onnxruntime
         self.scalar = _tiny(root / "scalar.onnx", "Relu", [])  # a rank-0 input: no rows to make
+        self.unshaped = _tiny(root / "unshaped.onnx", "Relu", None)  # not even a rank stated
         one_row = onnx.load(str(self.lab))  # exported for one row: a Reshape to [1, 16] traced in front of fc1
         one_row.graph.initializer.append(onnx.numpy_helper.from_array(np.array([1, 16], np.int64), "one_row_shape"))
         one_row.graph.node.insert(0, onnx.helper.make_node("Reshape", ["x", "one_row_shape"], ["x_one_row"]))
@@ -511,7 +512,7 @@ BAD_CASES.update({
     "error-one-row-export": (lambda a, o: ["error", a.one_row, a.int8, 1, 8], "exported for one row at a time"),
     # a model that pins one row and fails for another reason keeps its own error (it had been told it was exported
     # for one row at a time, whatever failed): here a file onnx's checker refuses
-    "quantize-pinned-row-invalid": (lambda a, o: quantize(a, o, src=a.pinned_invalid), "is not a valid ONNX model"),
+    "quantize-pinned-row-invalid": (lambda a, o: quantize(a, o, src=a.pinned_invalid), "states no shape, not even its"),
     "quantize-symbolic-features": (lambda a, o: quantize(a, o, src=a.symbolic), "symbolic.onnx: input 'x' axis 1 is "
                                                                                 "symbolic"),
     "error-symbolic-features": (lambda a, o: ["error", a.symbolic, a.int8, 1, 8], "symbolic.onnx: input 'x' axis 1 "
@@ -519,7 +520,8 @@ BAD_CASES.update({
     # models onnxruntime cannot run: named as given, not as a temp copy inside the calibration
     "quantize-unknown-op": (lambda a, o: quantize(a, o, src=a.unknown_op), "No Op registered for FooBar"),
     "quantize-inconsistent-shapes": (lambda a, o: quantize(a, o, src=a.bad_shapes), "bad_shapes.onnx"),
-    "quantize-rank-0-input": (lambda a, o: quantize(a, o, src=a.scalar), "no known shape"),
+    "quantize-rank-0-input": (lambda a, o: quantize(a, o, src=a.scalar), "no known shape (rank 0: a scalar"),
+    "quantize-input-without-shape": (lambda a, o: quantize(a, o, src=a.unshaped), "not even its rank"),
     "error-fp32-unknown-op": (lambda a, o: ["error", a.unknown_op, a.int8, 1, 8], ""),
     # numbers past their bounds: one line, no numpy warning before it
     "factor-1e39-overflows-float32": (lambda a, o: quantize(a, o, factor="1e39"), "1e+30"),
