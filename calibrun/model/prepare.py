@@ -16,7 +16,8 @@
    initializers by onnxruntime's basic graph optimisation, with its fusions switched off so that only the
    constants change (a clean MatMul+Add stays MatMul+Add); the same pass removes Casts to the type their input
    already has (its CastElimination), and runs for them alone too (`noop_casts`);
-4. shapes are inferred with onnxruntime's `quant_pre_process(skip_optimization=True, skip_symbolic_shape=True)`
+4. stated shapes (value_info) that contradict the graph's inputs are dropped (`_drop_stale_shapes`), then
+   shapes are inferred with onnxruntime's `quant_pre_process(skip_optimization=True, skip_symbolic_shape=True)`
    (which also tags the model as pre-processed, silencing quantize_static's warning), or with plain
    `onnx.shape_inference.infer_shapes_path` when that fails; a tensor whose type onnx's inference does not give
    (written by an operator onnx does not know, such as onnxruntime's com.microsoft FusedConv or BiasGelu in a
@@ -77,9 +78,10 @@ log = logging.getLogger("calibrun")
 # 2: float16 widened, graphs sorted, nodes named, the ai.onnx opset imported once; 3: no-op Casts removed;
 # 4: tensors named as the quantizer names another's scale or pairs renamed; 5: shared initializers whose copies
 # onnxruntime would name as another tensor renamed; 6: the types onnx's shape inference leaves out, from onnxruntime,
-# and sparse initializers made dense
+# sparse initializers made dense, and stated shapes that contradict the inputs dropped
 PREPARE_VERSION = 6
 
+STALE_PROBE = 7  # rows a free input axis gets while the stated shapes are checked (_drop_stale_shapes)
 TARGET_OPSET = 13  # the lowest opset quantize_static handles fully (per-axis QDQ, opset-13 Squeeze/Split/...)
 EXTERNAL_THRESHOLD = 1024  # tensors of this many bytes or more go to the external data file (onnx's default)
 INLINE_LIMIT = 1 << 30  # weights above this size are saved as external data even when the source was inline
@@ -182,6 +184,7 @@ def prepare_model(src: str | Path, dst: str | Path) -> Prepared:
             current = _convert_opset(current, work / "converted.onnx", src, steps)
             current = _fold_constants(current, work / "folded.onnx", external, src, steps)
             _prune(work, keep=current)
+            current = _drop_stale_shapes(current, work / "unstaled.onnx", steps)
             current = _infer_shapes(current, work / "shaped.onnx", True, steps)
             current = _types_from_onnxruntime(current, work / "typed.onnx", steps)
             external, inputs = _write_result(current, work, dst, external, src)
@@ -531,6 +534,65 @@ def _fold_constants(current: Path, out: Path, external: bool, src: Path, steps: 
         line += f"; nodes added: {format_counts(added)}"
     _step(steps, line)
     return clean
+
+
+def _drop_stale_shapes(current: Path, out: Path, steps: list[str]) -> Path:
+    """Drop the main graph's value_info shapes that contradict its inputs: a tensor stated with a fixed size (a
+    batch of 1) where onnx's shape inference from the graph inputs alone, each free input axis set to
+    STALE_PROBE rows, gives another. A model whose inputs were made batch-free after export, its value_info left
+    as it was, states so: onnxruntime runs it with a warning, but plans its buffers by those shapes, and the
+    calibration's model with every tensor an output failed ("Shape mismatch attempting to re-use buffer. {1} !=
+    {16}"). value_info is a hint onnxruntime does not need; the shape inference after this step states the
+    dropped ones again, from the inputs. Where onnx infers nothing, or agrees, the model's own value_info stays."""
+    model = onnx.load(str(current), load_external_data=False)
+    graph = model.graph
+    if not graph.value_info:
+        return current
+    bare = onnx.ModelProto()
+    bare.CopyFrom(model)
+    del bare.graph.value_info[:]
+    for value in bare.graph.input:
+        for dim in value.type.tensor_type.shape.dim:
+            if not dim.dim_value:  # a free axis (named, or unnamed)
+                dim.Clear()
+                dim.dim_value = STALE_PROBE
+    probe, probed = out.with_name("stale-probe.onnx"), out.with_name("stale-probed.onnx")
+    onnx.save_model(bare, str(probe))  # path-based inference, as every step (a graph beside its data file)
+    del bare
+    try:
+        onnx.shape_inference.infer_shapes_path(str(probe), str(probed), data_prop=True)
+        inferred = onnx.load(str(probed), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 (onnx refuses inconsistent graphs: the shape step after says so)
+        log.info("prepare: onnx shape inference failed on the graph alone (%s): value_info kept", one_line(exc))
+        return current
+    finally:
+        _remove_model(probe)
+        _remove_model(probed)
+    fresh = {v.name: v.type.tensor_type.shape.dim for v in inferred.graph.value_info
+             if v.type.tensor_type.HasField("shape")}
+
+    def stale(value: onnx.ValueInfoProto) -> bool:
+        dims = fresh.get(value.name)
+        if dims is None or not value.type.tensor_type.HasField("shape"):
+            return False
+        stated = value.type.tensor_type.shape.dim
+        if len(stated) != len(dims):
+            return bool(stated) and bool(dims)
+        return any(a.dim_value > 0 and b.dim_value > 0 and a.dim_value != b.dim_value
+                   for a, b in zip(stated, dims, strict=True))
+
+    gone = {value.name for value in graph.value_info if stale(value)}
+    if not gone:
+        return current
+    keep = [value for value in graph.value_info if value.name not in gone]
+    first = next(value.name for value in graph.value_info if value.name in gone)
+    del graph.value_info[:]
+    graph.value_info.extend(keep)
+    onnx.save_model(model, str(out))  # its weights' references are relative: the data file stays beside it
+    _step(steps, f"dropped the stated shapes of {_plural(len(gone), 'tensor')} that contradict the graph's inputs "
+                 f"(e.g. {first!r}: a size the inputs leave free stated fixed; onnxruntime plans its buffers by "
+                 "them)")
+    return out
 
 
 def _infer_shapes(current: Path, out: Path, external: bool, steps: list[str]) -> Path:

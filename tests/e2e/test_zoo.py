@@ -168,6 +168,32 @@ def test_a_float16_export_is_quantised_as_its_float32_twin(tmp_path, keep_io_typ
 
 
 @pytest.mark.slow
+def test_stated_shapes_left_from_a_batch_of_one_are_dropped_and_the_job_ends_as_the_originals(tmp_path):
+    """Magika with value_info stating a batch of 1 for every tensor while its input's batch is free (what an edit
+    that frees the batch of an export leaves): onnxruntime runs it with a warning, but the calibration failed
+    ("Shape mismatch attempting to re-use buffer. {1} != {16}"). The preparation drops the shapes that contradict
+    the inputs, and the job ends as the original's: the same verdict and value."""
+    entry, built, _, original = _default_job("magika", tmp_path / "original")
+    model = onnx.load(str(entry.path()))
+    one = onnx.ModelProto()
+    one.CopyFrom(model)
+    for dim in one.graph.input[0].type.tensor_type.shape.dim:
+        if not dim.dim_value:
+            dim.Clear()
+            dim.dim_value = 1
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(onnx.shape_inference.infer_shapes(one, data_prop=True).graph.value_info)
+    assert any(v.type.tensor_type.shape.dim[0].dim_value == 1 for v in model.graph.value_info
+               if v.type.tensor_type.shape.dim)
+    stale = tmp_path / "magika_stale.onnx"
+    onnx.save(model, str(stale))
+    _, result = _job(entry, built, tmp_path / "job", stale)
+    assert any("contradict the graph's inputs" in step for step in result["preparation"])
+    assert result["verdict"]["status"] == original["verdict"]["status"]
+    assert result["verdict"]["value"] == pytest.approx(original["verdict"]["value"], abs=1e-6)
+
+
+@pytest.mark.slow
 def test_ok_needs_the_bound_row_by_row_on_the_speech_embedding(tmp_path):
     """The speech embedding's int8 output is near 20 dB pooled while its error sits on some rows (docs/verdict.md):
     calibrun's row share equals one computed here from both models' outputs, and the verdict follows the rule from

@@ -1254,3 +1254,29 @@ def test_sparse_initializers_are_made_dense_and_the_model_quantises(tmp_path):
     produced = {o: n.op_type for n in onnx.load(str(out)).graph.node for o in n.output}
     matmuls = [n for n in onnx.load(str(out)).graph.node if n.op_type == "MatMul"]
     assert all(produced.get(n.input[1]) == "DequantizeLinear" for n in matmuls)
+
+
+def test_stated_shapes_that_contradict_the_free_inputs_are_dropped_and_inferred_again(tmp_path):
+    """A model whose input was made batch-free after export keeps value_info that states a batch of 1 (onnxruntime
+    runs it with a warning, and plans its buffers by them: Magika so edited failed in calibration with "Shape
+    mismatch attempting to re-use buffer. {1} != {16}"). Prepared, those shapes are dropped and inferred again from
+    the inputs; the outputs are the source's, and the same model with consistent value_info keeps it all."""
+    one_row = conv_net(batch=1)
+    stated = onnx.shape_inference.infer_shapes(one_row).graph.value_info  # every tensor stated with a batch of 1
+    assert len(stated) >= 5
+    model = conv_net()  # the input's batch free ("N")
+    model.graph.value_info.extend(stated)
+    src = save(model, tmp_path / "stale.onnx")
+    prepared = prepare_model(src, tmp_path / "prepared.onnx")
+    (line,) = _steps(prepared, "contradict")
+    assert line.startswith(f"dropped the stated shapes of {len(stated)} tensors that contradict the graph's inputs")
+    graph = onnx.load(str(prepared.path)).graph
+    first_axes = {v.name: v.type.tensor_type.shape.dim[0] for v in graph.value_info if v.type.tensor_type.shape.dim}
+    assert all(dim.dim_value != 1 for name, dim in first_axes.items() if name in {v.name for v in stated})
+    feed = feeds(prepared.path, 8, rows=4)
+    np.testing.assert_array_equal(run(prepared.path, feed)[0], run(src, feed)[0])
+
+    consistent = conv_net()
+    consistent.graph.value_info.extend(onnx.shape_inference.infer_shapes(conv_net()).graph.value_info)
+    again = prepare_model(save(consistent, tmp_path / "consistent.onnx"), tmp_path / "prepared2.onnx")
+    assert _steps(again, "contradict") == []
