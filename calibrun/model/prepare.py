@@ -4,10 +4,9 @@
 
 1. sparse initializers are made dense, initializers listed as graph inputs (IR < 4 style) are removed from the
    inputs, a graph whose nodes are out of order (onnxruntime sorts them itself; onnx's checker and tools do not)
-   is sorted topologically, an
-   unnamed graph is named (onnx's checker requires it, onnxruntime does not), unnamed nodes are named
-   (nodes_to_exclude selects by name), and a tensor named as onnxruntime's quantizer would name another's scale
-   or Q/DQ pair (`T_scale` beside `T`) is renamed;
+   is sorted topologically, an unnamed graph is named (onnx's checker requires it, onnxruntime does not),
+   unnamed nodes are named (nodes_to_exclude selects by name), and a tensor named as onnxruntime's quantizer would
+   name another's scale or Q/DQ pair (`T_scale` beside `T`) is renamed;
 2. the ai.onnx opset is imported exactly once (quantize_static needs one import: skl2onnx imports it twice for
    some scikit-learn models, a model of ai.onnx.ml ops alone may import none), an opset below 13 is converted
    to 13 with `onnx.version_converter`, and an IR version too old for the model's opsets is raised to the
@@ -63,6 +62,7 @@ from calibrun.model import (
     InputInfo,
     check_not_quantised,
     check_outputs,
+    external_files,
     float_input,
     format_counts,
     graph_inputs,
@@ -915,18 +915,9 @@ def _remove_model(path: Path) -> None:
             file.unlink()
 
 
-def _referenced_files(path: Path) -> set[str]:
-    model = onnx.load(str(path), load_external_data=False)
-    names = set()
-    for tensor in tensors_of(model):
-        if tensor.data_location == TensorProto.EXTERNAL:
-            names.update(entry.value for entry in tensor.external_data if entry.key == "location")
-    return names
-
-
 def _prune(work: Path, keep: Path | None) -> None:
     """Delete the intermediate files in `work` except `keep` and the data files it refers to."""
-    kept = set() if keep is None else {keep.name, *_referenced_files(keep)}
+    kept = set() if keep is None else {keep.name, *(data.name for data in external_files(keep))}
     for file in work.iterdir():
         if file.name not in kept and file.is_file():
             file.unlink()
