@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -319,8 +320,29 @@ def model_sha256(path: str | Path) -> str:
     missing_data(path, files)
     for data in files:
         digest.update(b"\0" + os.path.relpath(data, path.parent).encode() + b"\0")
-        _hash_file(data, digest)
+        digest.update(_data_sha256(data).encode())
     return digest.hexdigest()
+
+
+_DATA_HASHES: dict[tuple, str] = {}  # (path, device, inode, size, mtime_ns) -> sha256, for this process
+
+
+def _data_sha256(path: Path) -> str:
+    """An external data file's sha256, hashed once per process while the file stays as it was (the same inode, size
+    and modification time): each job of a sweep in one process hashed the weights again, ~1 s a GB. A file modified
+    in the last RECENT_NS is hashed every time: a rewrite within the file system's clock tick keeps the time (git's
+    "racy" files)."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    if key in _DATA_HASHES:
+        return _DATA_HASHES[key]
+    sha256 = file_sha256(path)
+    if time.time_ns() - stat.st_mtime_ns > RECENT_NS:
+        _DATA_HASHES[key] = sha256
+    return sha256
+
+
+RECENT_NS = 2_000_000_000
 
 
 def private_model_copy(model_path: str | Path, folder: str | Path) -> Path:

@@ -1280,3 +1280,34 @@ def test_stated_shapes_that_contradict_the_free_inputs_are_dropped_and_inferred_
     consistent.graph.value_info.extend(onnx.shape_inference.infer_shapes(conv_net()).graph.value_info)
     again = prepare_model(save(consistent, tmp_path / "consistent.onnx"), tmp_path / "prepared2.onnx")
     assert _steps(again, "contradict") == []
+
+
+def test_an_external_data_files_hash_is_kept_while_the_file_stays_as_it_was(tmp_path):
+    """model_sha256 hashes a model's external data file once per process while its inode, size and modification time
+    stay (a sweep's jobs hashed the weights again each); a rewrite of the same size with a new time is hashed
+    again, and a file written in the last two seconds is not kept at all (a rewrite within the clock's tick)."""
+    import os
+
+    from calibrun.model import model_sha256
+
+    src = save(conv_net(), tmp_path / "m.onnx", external=True)
+    data = tmp_path / "m.onnx.bin"
+    old = time_ns_ago(10)
+    os.utime(data, ns=(old, old))
+    first = model_sha256(src)
+    body = data.read_bytes()
+    data.write_bytes(body[:-4] + bytes(4))  # the last weight's bytes changed, the size kept
+    os.utime(data, ns=(old, old))  # and the time put back: the same key, the kept hash (the documented limit)
+    assert model_sha256(src) == first
+    os.utime(data, ns=(old + 1, old + 1))  # a new time: hashed again
+    assert model_sha256(src) != first
+    data.write_bytes(body)  # written now: hashed every time, never kept
+    assert model_sha256(src) == first
+    data.write_bytes(body[:-4] + bytes(4))
+    assert model_sha256(src) != first
+
+
+def time_ns_ago(seconds: float) -> int:
+    import time
+
+    return time.time_ns() - int(seconds * 1e9)
