@@ -78,8 +78,10 @@ def prepared_model(source: Path, cache_root: str | Path | None, wait: float,
                 return replace(open_float_model(target, sha256=reused["model_sha256"]), source=source), \
                     list(reused["steps"])
         prepared = prepare_model(source, target)
-        record = {"steps": list(prepared.steps), "model_sha256": model_sha256(prepared.path),
-                  "file_sha256": file_sha256(prepared.path),
+        file_sha = file_sha256(prepared.path)  # with its weights inline, that is the model's whole identity
+        record = {"steps": list(prepared.steps),
+                  "model_sha256": model_sha256(prepared.path) if prepared.data_path else file_sha,
+                  "file_sha256": file_sha,
                   "data_sha256": file_sha256(prepared.data_path) if prepared.data_path else None}
         write_json(record_file, record)
     return replace(open_float_model(prepared.path, sha256=record["model_sha256"]), source=source), list(prepared.steps)
