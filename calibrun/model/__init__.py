@@ -12,7 +12,7 @@ import hashlib
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,7 +122,7 @@ def why_nothing_quantised(path: str | Path) -> str:
     if TensorProto.DOUBLE in types and TensorProto.FLOAT not in types:
         return ("it computes in float64 (double), and quantize_static quantises float32 tensors only: export it in "
                 "float32")
-    fused = {op: n for op, n in float_weighted_ops(path).items() if op.startswith("com.microsoft.")}
+    fused = {op: n for op, n in float_weighted_ops(graph).items() if op.startswith("com.microsoft.")}
     matrices = {t.name for t in graph.initializer if len(t.dims) >= 2}
     if fused and not any(node.domain in ("", "ai.onnx") and node.op_type in MATRIX_OPS
                          and matrices.intersection(node.input) for node in graph.node):
@@ -147,17 +147,17 @@ def why_nothing_quantised(path: str | Path) -> str:
 FLOAT_ONLY_OPS = ("Einsum", "GRU", "LSTM", "RNN")
 
 
-def float_weighted_ops(path: str | Path) -> dict[str, int]:
+def float_weighted_ops(path: str | Path | onnx.GraphProto) -> dict[str, int]:
     """op type -> count of the top graph's nodes that read a learned matrix (an initializer of two or more axes) and
     that quantize_static has no int8 form of: left in float whatever the calibration. ONNX's FLOAT_ONLY_OPS (madmom's
     LSTM and GRU networks: only the ops around them got Q/DQ pairs, and nothing said so), and an operator of another
     domain whose type is not one quantize_static quantises, named with its domain (onnxruntime's com.microsoft
     FusedConv, FusedMatMul, ... in a model saved after onnxruntime's graph optimisation: PP-OCR's direction
     classifier saved that way keeps 24 of its 53 convolutions in float). A Cast of weights stored as int8 is no
-    computation and is not counted."""
+    computation and is not counted. `path` may be the graph itself, loaded."""
     from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
-    graph = onnx.load(str(path), load_external_data=False).graph
+    graph = path if isinstance(path, onnx.GraphProto) else onnx.load(str(path), load_external_data=False).graph
     matrices = {t.name for t in graph.initializer if len(t.dims) >= 2}
 
     def left(node: onnx.NodeProto) -> bool:
@@ -307,11 +307,12 @@ def missing_data(path: Path, files: list[Path] | None = None) -> None:
                                 "model names it")
 
 
-def model_sha256(path: str | Path) -> str:
+def model_sha256(path: str | Path, data_hash: Callable[[Path], str] | None = None) -> str:
     """What a model is, as a hash: its file's bytes, and where its weights are external data, each data file's name
     and bytes too (a model retrained in place rewrites its data file and keeps the .onnx bytes: the same file hash
     had reused a prepared model and its calibration made from the old weights). A data file the model names that
-    is not there is a one-line error."""
+    is not there is a one-line error. `data_hash`: how a data file's sha256 is had (default: once per process while
+    the file stays as it was); a caller that needs the data file's own hash too passes one that keeps it."""
     path = Path(path)
     digest = hashlib.sha256()
     if not _hash_file(path, digest):
@@ -320,7 +321,7 @@ def model_sha256(path: str | Path) -> str:
     missing_data(path, files)
     for data in files:
         digest.update(b"\0" + os.path.relpath(data, path.parent).encode() + b"\0")
-        digest.update(_data_sha256(data).encode())
+        digest.update((data_hash or _data_sha256)(data).encode())
     return digest.hexdigest()
 
 

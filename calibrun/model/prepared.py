@@ -79,10 +79,18 @@ def prepared_model(source: Path, cache_root: str | Path | None, wait: float,
                     list(reused["steps"])
         prepared = prepare_model(source, target)
         file_sha = file_sha256(prepared.path)  # with its weights inline, that is the model's whole identity
+        data_sha: dict[Path, str] = {}  # its data file's, hashed once for both entries
+
+        def hashed(data: Path) -> str:
+            key = Path(data).resolve()
+            if key not in data_sha:
+                data_sha[key] = file_sha256(key)
+            return data_sha[key]
+
         record = {"steps": list(prepared.steps),
-                  "model_sha256": model_sha256(prepared.path) if prepared.data_path else file_sha,
+                  "model_sha256": model_sha256(prepared.path, hashed) if prepared.data_path else file_sha,
                   "file_sha256": file_sha,
-                  "data_sha256": file_sha256(prepared.data_path) if prepared.data_path else None}
+                  "data_sha256": hashed(Path(prepared.data_path)) if prepared.data_path else None}
         write_json(record_file, record)
     return replace(open_float_model(prepared.path, sha256=record["model_sha256"]), source=source), list(prepared.steps)
 

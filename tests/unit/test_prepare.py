@@ -583,6 +583,30 @@ def _prepare_warnings(cfg, job: Path, caplog) -> tuple[object, list[str]]:
     return fp32, [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
+def test_preparing_a_model_with_external_data_hashes_each_data_file_once(tmp_path, caplog, monkeypatch):
+    """The prepared model's record holds its model_sha256 and its data file's sha256: one read of the data file
+    gives both (it had been hashed twice, ~1 s a GB)."""
+    import calibrun.model as model_module
+    from calibrun.model import prepared as prepared_module
+
+    hashed: list[str] = []
+    real = model_module.file_sha256
+
+    def counting(path):
+        hashed.append(str(Path(path).resolve()))
+        return real(path)
+
+    monkeypatch.setattr(model_module, "file_sha256", counting)
+    monkeypatch.setattr(prepared_module, "file_sha256", counting)
+    src = save(conv_net(), tmp_path / "src" / "m.onnx", external=True)
+    job = tmp_path / "job"
+    job.mkdir()
+    fp32, _ = _prepare_warnings(_job_cfg(src, tmp_path / "cache"), job, caplog)
+    data = [h for h in hashed if not h.endswith(".onnx")]
+    assert str(Path(str(fp32.path) + ".data").resolve()) in data  # the prepared model's, kept external
+    assert len(data) == len(set(data))  # each data file once
+
+
 @pytest.mark.parametrize("external", [False, True], ids=["inline", "external"])
 def test_prepared_model_cache_is_verified_before_reuse(tmp_path, caplog, external):
     import shutil
