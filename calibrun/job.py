@@ -240,6 +240,8 @@ def context(cfg: DictConfig, job_dir: Path, one_row: JobContext | None = None) -
         evaluation = evaluation_data(source, fp32, source["seed"], kept)
     if one_row is None and source.get("name") != "lab":
         _hint_state(fp32, evaluation)
+    if one_row is None:
+        _say_synthetic(cfg)
     try:
         task = task_pick.resolve(tasks.spec_of(cfg.task), fp32.path, labels=evaluation.labels,
                              classifier=cfg.model.classifier)
@@ -253,6 +255,25 @@ def context(cfg: DictConfig, job_dir: Path, one_row: JobContext | None = None) -
         if task.static_classes:  # before any work when the graph states the classes
             evaluation.check_labels(task.static_classes, task.output)
     return JobContext(cfg, job_dir, fp32, steps, options, record.get("exclusions"), data, source, evaluation, task)
+
+
+def synthetic_sources(cfg: DictConfig) -> list[str]:
+    """The data sources (`data`, `eval_data`) a model other than the lab's is fed by the lab rule: normal noise in
+    the shape of its input (docs/lab.md), the default when no data is given, not the model's distribution."""
+    if cfg.model.name == "lab":
+        return []
+    return [key for key in ("data", "eval_data") if cfg[key].name == "lab"]
+
+
+def _say_synthetic(cfg: DictConfig) -> None:
+    """One warning where a user's model is calibrated or evaluated on the lab rule's synthetic rows."""
+    keys = synthetic_sources(cfg)
+    if keys:
+        what = {"data": "calibrated", "eval_data": "evaluated"}
+        log.warning("no %s given: the model is %s on the lab rule's synthetic rows (normal noise in its input's "
+                    "shape, docs/lab.md), not on data of its own; the scales and the verdict say nothing of its real "
+                    "distribution (%s)", " or ".join(keys), " and ".join(what[k] for k in keys),
+                    " ".join(f"{k}=npy|images {k}.path=..." for k in keys))
 
 
 def _range_of(evaluation: EvalData, name: str) -> float | None:
@@ -422,6 +443,9 @@ def compute(ctx: JobContext) -> JobResult:
         result.verdict["because"] += verdict.unread_note(*unread, names, evaluation.state, states)
     if result.verdict is not None and not quantised:
         result.verdict["because"] += "; onnxruntime quantised nothing: the model computes in float"
+    if result.verdict is not None and "eval_data" in synthetic_sources(cfg):
+        result.verdict["because"] += ("; measured on the lab rule's synthetic rows (normal noise), not on the model's "
+                                      "data: eval_data=npy|images gives them")
     channels = {k: v for k, v in result.metrics.items() if re.fullmatch(r"task\.dice\.ch\d+", k)}
     if result.verdict is not None and result.verdict["metric"] == "task.dice" and channels:
         worst = min(channels, key=channels.get)

@@ -188,7 +188,8 @@ def test_digits_example_reports_accuracy_per_calibration(tmp_path):
 def test_a_model_onnxruntime_quantises_nothing_in_says_so_and_is_measured(tmp_path):
     """openWakeWord's VAD keeps its network inside an If, where quantize_static quantises nothing: the job used to
     fail in the per-tensor diagnostics. Here the only quantisable node is excluded: the job says the model computes
-    in float, skips the diagnostics, and its verdict says why it is ok."""
+    in float, skips the diagnostics, and its verdict says why it is ok. Given no data, it says the rows were the lab
+    rule's noise."""
     from tests.modelzoo import save, unquantised_input_model
 
     model = save(unquantised_input_model(), tmp_path / "cos.onnx")
@@ -200,7 +201,13 @@ def test_a_model_onnxruntime_quantises_nothing_in_says_so_and_is_measured(tmp_pa
     assert result["metrics"]["quantize_nodes"] == 0
     assert "diagnostics" not in result["files"]
     assert result["verdict"]["status"] == "ok"
-    assert result["verdict"]["because"].endswith("onnxruntime quantised nothing: the model computes in float")
+    assert "; onnxruntime quantised nothing: the model computes in float" in result["verdict"]["because"]
+    # no data given: the lab rule's noise fed a user's model, said in a warning and in the verdict, not silently
+    assert "no data or eval_data given: the model is calibrated and evaluated on the lab rule's synthetic rows" \
+        in run.stderr
+    assert result["eval_source"]["name"] == "lab"
+    assert result["verdict"]["because"].endswith("measured on the lab rule's synthetic rows (normal noise), not on the "
+                                                 "model's data: eval_data=npy|images gives them")
 
 
 def network_inside_an_if(path: Path, head: bool = False) -> Path:
@@ -248,6 +255,7 @@ def test_a_network_inside_an_if_is_measured_in_float_with_every_method(tmp_path,
     assert result["metrics"]["quantize_nodes"] == 0
     assert result["metrics"]["max_abs_error"] == 0
     assert result["verdict"]["because"].endswith("onnxruntime quantised nothing: the model computes in float")
+    assert "lab rule" not in run.stderr  # its data given
 
 
 def test_a_network_left_in_float_inside_an_if_is_said_beside_a_quantised_head(tmp_path):
