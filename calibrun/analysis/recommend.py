@@ -266,7 +266,8 @@ def attach(ctx, result) -> None:
                            budget=config.memory_budget(cfg)) as evaluator, \
             temp_dir("rec") as tmp, reusing_copies():
         if evaluation is ctx.evaluation:  # every row: the verdict's own value
-            before = float(result.verdict["value"]) if result.verdict["value"] is not None else math.nan
+            value = result.verdict["value"]  # None where not finite (JSON): the metric itself, -inf as measured
+            before = float(value) if value is not None else float(result.metrics.get(rule.metric, math.nan))
         else:
             before = rule.value(evaluator.model(ctx.job_dir / result.files["int8"]))
         # a state fed back (calibrun.measure.feedback): the streamed metric judges each candidate, the per-call one

@@ -44,7 +44,15 @@ from calibrun.data.inputs import input_dtype, is_float
 from calibrun.lab import EVAL_ROWS, EVAL_SEED
 from calibrun.lab.data import evaluation_rows
 from calibrun.measure import feedback
-from calibrun.measure.verdict import CENTRED_KEY, ROW_SHARE_KEY, SQNR_CAP, SQNR_OK_DB
+from calibrun.measure.verdict import (
+    CENTRED_KEY,
+    NONFINITE_KEY,
+    ROW_SHARE_KEY,
+    SQNR_CAP,
+    SQNR_OK_DB,
+    VALUE_SHARE_KEY,
+    VALUE_WORST_KEY,
+)
 from calibrun.model import FloatModel, open_float_model, primary
 from calibrun.model.sessions import session
 
@@ -178,6 +186,7 @@ class ErrorStats:
         self.ref_sq = np.zeros(shape)
         self.got_sq = np.zeros(shape)
         self.dot = np.zeros(shape)
+        self.nonfinite = np.zeros(shape, np.int64)  # int8's values that are Inf or NaN where fp32's are finite
 
     def update(self, ref: np.ndarray, got: np.ndarray) -> None:
         ref64, got64 = np.asarray(ref, np.float64), np.asarray(got, np.float64)
@@ -200,6 +209,7 @@ class ErrorStats:
         self.ref_sq += np.square(ref64).sum(axis=axis)
         self.got_sq += np.square(got64).sum(axis=axis)
         self.dot += (ref64 * got64).sum(axis=axis)
+        self.nonfinite += (np.isfinite(ref64) & ~np.isfinite(got64)).sum(axis=axis)
 
     def metrics(self, index=()) -> dict[str, float]:
         count = int(self.count[index])
@@ -208,13 +218,18 @@ class ErrorStats:
         span = float(self.ref_max[index] - self.ref_min[index])
         err_max = float(self.err_max[index])
         norm = math.sqrt(float(self.ref_sq[index]) * float(self.got_sq[index]))
-        cosine = float(self.dot[index]) / norm if norm > 0 else (1.0 if self.ref_sq[index] == self.got_sq[index]
-                                                                  else 0.0)
+        if not math.isfinite(norm) or not math.isfinite(float(self.dot[index])):
+            cosine = math.nan  # Inf or NaN among the values: no angle
+        else:
+            cosine = float(self.dot[index]) / norm if norm > 0 else (1.0 if self.ref_sq[index] == self.got_sq[index]
+                                                                      else 0.0)
         out = {"max_abs_error": err_max, "mean_abs_error": float(self.err_sum[index]) / count}
         if span > 0 or err_max == 0:  # a constant fp32 output has no range to relate the error to
             out["relative_error"] = err_max / span if span > 0 else 0.0
         out["sqnr_db"] = _sqnr(float(self.ref_sq[index]), float(self.err_sq[index]))
-        out["cosine"] = max(-1.0, min(1.0, cosine))
+        out["cosine"] = max(-1.0, min(1.0, cosine)) if math.isfinite(cosine) else math.nan
+        if self.nonfinite[index]:
+            out[NONFINITE_KEY] = int(self.nonfinite[index]) / count
         return out
 
 
@@ -265,6 +280,8 @@ class CentredSignal:
 
     def __init__(self):
         self.sums: np.ndarray | None = None
+        self.squares: np.ndarray | None = None  # per value: sum(x^2) and sum((x - int8's)^2)
+        self.errors: np.ndarray | None = None
         self.rows = 0
         self.ref_sq = self.err_sq = 0.0
 
@@ -275,9 +292,13 @@ class CentredSignal:
         if self.rows < 0:
             return
         self.sums = r.sum(axis=0) + (self.sums if self.sums is not None else 0.0)
+        squares = np.square(r).sum(axis=0)
+        errors = np.square(r - np.asarray(got, np.float64).reshape(r.shape)).sum(axis=0)
+        self.squares = squares + (self.squares if self.squares is not None else 0.0)
+        self.errors = errors + (self.errors if self.errors is not None else 0.0)
         self.rows += r.shape[0]
-        self.ref_sq += float(np.square(r).sum())
-        self.err_sq += float(np.square(r - np.asarray(got, np.float64).reshape(r.shape)).sum())
+        self.ref_sq += float(squares.sum())
+        self.err_sq += float(errors.sum())
 
     def metrics(self) -> dict[str, float]:
         if self.rows < 2 or self.sums is None:
@@ -285,7 +306,16 @@ class CentredSignal:
         centred = self.ref_sq - float(np.dot(self.sums, self.sums)) / self.rows
         if not centred > self.ref_sq * 1e-12:  # the same vector on every row, up to float64 rounding of the sums
             return {}
-        return {CENTRED_KEY: _sqnr(centred, self.err_sq)}
+        out = {CENTRED_KEY: _sqnr(centred, self.err_sq)}
+        if self.sums.size >= 2:  # each value of the vector against its own variation over the rows
+            spread = self.squares - np.square(self.sums) / self.rows
+            varies = spread > self.squares * 1e-12
+            if np.any(varies):
+                under = self.errors[varies] * 10 ** (SQNR_OK_DB / 10) > spread[varies]
+                out[VALUE_SHARE_KEY] = float(np.count_nonzero(under)) / int(np.count_nonzero(varies))
+                pairs = zip(spread[varies], self.errors[varies], strict=True)
+                out[VALUE_WORST_KEY] = min(_sqnr(float(a), float(b)) for a, b in pairs)
+        return out
 
 
 _SAID_VARYING: set[str] = set()  # outputs whose data-dependent size was logged

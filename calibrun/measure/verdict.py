@@ -142,9 +142,13 @@ SQNR_CAP = 200.0  # dB reported when the int8 output equals the fp32 one exactly
 ROW_SHARE_KEY = f"rows_under_{SQNR_OK_DB:g}db"  # calibrun.measure.errors.RowShare: rows over the ok bound
 ROWS_UNDER_OK = 0.05  # ok needs at most 1 row in 20 over the bound, in every output and part
 CENTRED_KEY = "centred_sqnr_db"  # calibrun.measure.errors.CentredSignal: SQNR against the variation over rows
+NONFINITE_KEY = "int8_nonfinite"  # calibrun.measure.errors.ErrorStats: share of int8's values Inf or NaN, fp32's finite
+VALUE_SHARE_KEY = f"values_under_{SQNR_OK_DB:g}db"  # CentredSignal: the vector's values under the bound, each alone
+VALUE_WORST_KEY = "worst_value_sqnr_db"  # CentredSignal: the lowest of them
 _PART = re.compile(r"^out\.(?P<output>.+?)(?:\.concat(?P<part>\d+))?\.sqnr_db$")
 _SHARE = re.compile(r"^out\.(?P<output>.+?)(?:\.concat(?P<part>\d+))?\." + re.escape(ROW_SHARE_KEY) + "$")
 _ENTRY = re.compile(r"\.ch\d+\.sqnr_db$")  # one entry of a last axis: an explanation, not a decision
+_ENTRY_ANY = re.compile(r"\.ch\d+\.[^.]+$")  # any metric of one entry of a last axis
 _CENTRED = re.compile(r"^out\.(?P<output>.+?)\." + re.escape(CENTRED_KEY) + "$")
 
 
@@ -294,6 +298,8 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
     status = rule.status(value, metrics)
     rms = 10 ** (-value / 20) if math.isfinite(value) else math.inf
     said = rule.says.format(value=rule.shown(value), rms=rms)
+    if not math.isfinite(rms):  # no error RMS to relate: the values that are not numbers are said below
+        said = re.sub(r" \(error RMS [^)]*\)", "", said)
     if status != rule.status(value):  # the rows' share or a vector's spread kept ok away
         said += f", but {ok_withheld(metrics, rule.skip)}"
     if rule.metric in (DICE.metric, DECISION_DICE.metric, CLASS_DICE.metric) \
@@ -329,9 +335,22 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
         because += (f"; the state{'' if one else 's'} fed back ({states} on {'its' if one else 'their'} own) "
                     f"{'is' if one else 'are'} read through the outputs {'it feeds' if one else 'they feed'} on every "
                     "later row")
+    because += _nonfinite_note(metrics)
     because = _named(because, names)
     return {"status": status, "metric": rule.metric, "value": value if math.isfinite(value) else None,
             "goal": rule.goal, "because": because}
+
+
+_NONFINITE = re.compile(r"^out\.(?P<output>.+?)(?:\.concat(?P<part>\d+))?\." + re.escape(NONFINITE_KEY) + "$")
+
+
+def _nonfinite_note(metrics: Mapping[str, float]) -> str:
+    """What `because` adds where int8 gave Inf or NaN where fp32 gave a number (calibrun.measure.errors.ErrorStats:
+    `out.X.int8_nonfinite`): an SQNR of -inf dB says nothing of how many values a caller cannot use (riann's int8
+    model, fed frames its calibration did not hold, divides by a norm that rounded to 0 on a quarter of its rows)."""
+    found = [(value, key) for value, key in _numbers(metrics, _NONFINITE) if value > 0 and not _ENTRY_ANY.search(key)]
+    return "".join(f"; int8's {_where(_NONFINITE.match(key))} is Inf or NaN in {value:.1%} of its values where fp32's "
+                   "are finite" for value, key in sorted(found, key=lambda p: (-p[0], p[1])))
 
 
 def worst_decided(verdict: Mapping | None, conf=None) -> bool:

@@ -287,6 +287,31 @@ def test_a_vector_outputs_sqnr_around_its_mean_over_the_rows():
     assert "out.m.centred_sqnr_db" not in maps.metrics()
 
 
+def test_each_value_of_a_vector_output_against_its_own_variation():
+    """One scale for every value of an output: a value that varies little over the rows gets few int8 levels. Each
+    value's SQNR around its own mean (`worst_value_sqnr_db`) and the share of values under 20 dB
+    (`values_under_20db`), from running sums over batches of any size, equal the ones computed on all rows at once;
+    a value fp32 gives every row alike is not counted."""
+    rng = np.random.default_rng(2)
+    spread = np.array([1.0, 1.0, 1.0, 0.02, 0.0])  # the fourth varies 50 times less, the fifth not at all
+    ref = 0.3 + spread * rng.normal(size=(64, 5))
+    got = ref + 0.01 * rng.normal(size=ref.shape)  # the same absolute error on every value: one int8 step
+    own = [10 * math.log10(((ref[:, k] - ref[:, k].mean()) ** 2).sum() / ((ref[:, k] - got[:, k]) ** 2).sum())
+           for k in range(4)]
+    assert min(own) == own[3] < 20 < min(own[:3])
+    for step in (64, 5, 1):
+        errors = measure.OutputErrors(["actions"])
+        for start in range(0, 64, step):
+            errors.update([ref[start:start + step]], [got[start:start + step]], rows=len(ref[start:start + step]))
+        m = errors.metrics()
+        assert m["out.actions.worst_value_sqnr_db"] == pytest.approx(own[3], rel=1e-6)
+        assert m["out.actions.values_under_20db"] == pytest.approx(1 / 4)  # of the four values that vary
+        assert m["out.actions.centred_sqnr_db"] > 30  # pooled, the values that vary much hide it
+    scalar = measure.OutputErrors(["score"])  # one value a row: the centred SQNR says it all
+    scalar.update([ref[:, 0]], [got[:, 0]], rows=64)
+    assert "out.score.values_under_20db" not in scalar.metrics()
+
+
 @pytest.mark.parametrize(("shape", "rows", "declared", "names", "axis"), [
     ((16, 16, 4), 16, ["time", "batch", 4], frozenset({"batch"}), 1),  # the model names its rows: not the time axis
     ((16, 16, 4), 16, ["time", "batch", 4], frozenset(), 0),  # no name to go by: axis 0, as before
@@ -351,3 +376,22 @@ def test_sqnr_of_an_infinite_or_vanishing_ratio_is_a_number_not_an_error():
     assert math.isnan(_sqnr(1.0, math.nan))
     assert _sqnr(1.0, 0.0) == SQNR_CAP
     assert _sqnr(100.0, 1.0) == 20.0
+
+
+def test_int8_values_that_are_inf_or_nan_are_counted_and_leave_no_cosine():
+    """riann's int8 model gave Inf on a quarter of its rows: its cosine had read 1.0 (min(1, nan) is 1 in Python)
+    beside an SQNR of -inf; now the cosine is NaN and the share of such values is a metric of its own."""
+    ref = np.ones((8, 3), np.float32)
+    got = ref.copy()
+    got[:2] = np.inf
+    got[2, 0] = np.nan
+    errors = measure.OutputErrors(["output"])
+    errors.update([ref], [got], rows=8)
+    m = errors.metrics()
+    assert m["out.output.int8_nonfinite"] == pytest.approx(7 / 24)
+    assert math.isnan(m["out.output.cosine"])
+    assert not math.isfinite(m["out.output.sqnr_db"])  # -inf, or NaN with a NaN among them: broken either way
+    clean = measure.OutputErrors(["output"])
+    clean.update([ref], [ref + 0.01], rows=8)
+    assert "out.output.int8_nonfinite" not in clean.metrics()
+    assert clean.metrics()["out.output.cosine"] == pytest.approx(1.0)

@@ -420,3 +420,19 @@ def test_ok_needs_a_vector_output_above_the_bound_around_its_mean(centred, statu
     state = {"out.y.sqnr_db": 30.0, "out.state.sqnr_db": 40.0, "out.state.centred_sqnr_db": 3.0}
     assert verdict.decide(state, streamed=("state",))["status"] == "ok"
     assert verdict.decide(state)["status"] == "degraded"
+
+
+def test_int8_values_that_are_inf_or_nan_are_said_in_because():
+    """An SQNR of -inf dB is broken but says nothing of how much of the output a caller cannot use: `because` names
+    each output (or Concat part) whose int8 values are Inf or NaN where fp32's are finite, with their share; a part of
+    a last axis (an explanation) is not named twice."""
+    metrics = {"out.output.sqnr_db": -math.inf, "out.output.int8_nonfinite": 0.25,
+               "out.output.ch0.int8_nonfinite": 0.5, "out.h.sqnr_db": 30.0}
+    decided = verdict.decide(metrics, rows=64)
+    assert decided["status"] == "broken"
+    assert decided["value"] is None
+    assert decided["because"].endswith("; int8's output 'output' is Inf or NaN in 25.0% of its values where fp32's "
+                                       "are finite")
+    assert "ch0" not in decided["because"]
+    assert "error RMS" not in decided["because"]  # no "inf%"
+    assert "Inf or NaN" not in verdict.decide({"out.output.sqnr_db": 30.0}, rows=64)["because"]
