@@ -309,6 +309,22 @@ def image_layout(shape: Sequence, given: str | None) -> str:
     return "nhwc" if last_is_channels and not first_is_channels else "nchw"
 
 
+def _check_layout(info: InputInfo, given: str | None, key: str) -> None:
+    """A layout set against what the input's shape states: its channels (1 or 3, fixed) on the other axis and the
+    set one's axis not fixed to 1 or 3. Fed so, the images' channels land on a spatial axis (an NCHW classifier
+    with data.layout=nhwc was calibrated on 3-pixel-high images, and the crop hint led there)."""
+    if given not in ("nchw", "nhwc"):
+        return
+    shape = info.shape
+    stated = {"nchw": 1, "nhwc": 3}
+    other = "nhwc" if given == "nchw" else "nchw"
+    here, there = shape[stated[given]], shape[stated[other]]
+    if _is_fixed(there) and there in (1, 3) and not (_is_fixed(here) and here in (1, 3)):
+        raise CalibrunError(f"config {key}.layout={given}: input {info.name!r} {_fmt_shape(info.shape)} holds its "
+                            f"{there} channels on axis {stated[other]}, as {other.upper()} does; drop {key}.layout "
+                            f"(inferred from the shape) or set {key}.layout={other}")
+
+
 class _ImageColumn:
     """The image input's rows (NCHW or NHWC, batch axis 0); the model's other inputs are constants set in the
     config (`data.inputs.<name>.value`)."""
@@ -336,6 +352,7 @@ class _ImageColumn:
             raise CalibrunError(f"config {key}.inputs.{info.name}.batch_axis: image rows are on axis 0, got "
                                 f"{axes[info.name]}")
         self.layout = image_layout(info.shape, transform.layout)
+        _check_layout(info, transform.layout, key)
         if self.layout == "nchw":
             channels, height, width = info.shape[1:]
         else:

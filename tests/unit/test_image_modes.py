@@ -63,6 +63,19 @@ def test_the_layout_is_inferred_from_the_input_shape_unless_set(folder, shape, l
     np.testing.assert_array_equal(got, chw if resolved == "nchw" else chw.transpose(1, 2, 0))
 
 
+@pytest.mark.parametrize(("shape", "layout", "channels_on"), [
+    (("N", 3, 48, "W"), "nhwc", 1),  # PP-OCR's direction classifier: its channels on axis 1
+    (("N", "H", "W", 3), "nchw", 3),
+])
+def test_a_layout_set_against_the_channels_the_shape_states_is_refused(folder, shape, layout, channels_on):
+    """Fed as set, the channels land on a spatial axis: a probe's NCHW classifier with data.layout=nhwc followed the
+    crop hint (crop=[3,192]) and was calibrated on 3-pixel-high images, its verdict given as if nothing were wrong."""
+    other = "nchw" if layout == "nhwc" else "nhwc"
+    with pytest.raises(CalibrunError, match=rf"^config data\.layout={layout}: input 'img' .* holds its 3 channels on "
+                                            rf"axis {channels_on}, as {other.upper()} does; drop data\.layout "):
+        one(folder, shape, plain(resize=4, crop=4, layout=layout))
+
+
 def test_letterbox_pads_with_ultralytics_grey_by_default_and_is_a_resize_mode(folder):
     assert ImageTransform().pad_value == YOLO_PAD == 114 / 255
     by_mode = plain(resize_mode="letterbox", crop=8)
