@@ -43,9 +43,10 @@ EVAL_CHUNK = 1024  # rows converted at a time when evaluation data is read
 
 
 def check_inputs(inputs: Sequence[InputInfo], constants: dict[str, Constant],
-                 axes: dict[str, int | None]) -> list[InputInfo]:
+                 axes: dict[str, int | None], key: str = "data") -> list[InputInfo]:
     """The inputs the data must give rows for (every input that is not a constant), each one that calibrun can
-    feed: a known shape and a numeric or bool type. A scalar input without a constant is an error."""
+    feed: a known shape and a numeric or bool type. A scalar input without a constant is an error. `key`: the
+    config key of the source (data, eval_data) the hints name."""
     inputs = list(inputs)
     if not inputs:
         raise CalibrunError("the model has no graph input to feed")
@@ -61,7 +62,7 @@ def check_inputs(inputs: Sequence[InputInfo], constants: dict[str, Constant],
             continue
         if axes[info.name] is None:
             raise CalibrunError(f"input {declared(info)} is a scalar: it has no rows; give it a constant "
-                                f"(data.inputs.{info.name}.value=..., or a 0-d array in the .npz)")
+                                f"({key}.inputs.{info.name}.value=..., or a 0-d array in the .npz)")
         batched.append(info)
     if not batched:
         raise CalibrunError(f"every input is a constant ({', '.join(names)}): no input has rows to calibrate on")

@@ -340,7 +340,7 @@ class _ImageColumn:
         axes = feeding.batch_axes(inputs, given, key)
         self.constants = feeding.config_constants(inputs, given, axes, key)
         self.order = [info.name for info in inputs]
-        images = check_inputs(inputs, self.constants, axes)
+        images = check_inputs(inputs, self.constants, axes, key)
         if len(images) != 1:
             names = ", ".join(info.name for info in images)
             raise CalibrunError(f"image sources feed one image input; inputs {names} have no value: set the others' "

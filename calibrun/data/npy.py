@@ -145,7 +145,7 @@ def _rows_axis(segment: _Segment, info: InputInfo, axis: int, key: str) -> int:
     return 0
 
 
-def _check_data_shape(segment: _Segment, info: InputInfo, axis: int) -> None:
+def _check_data_shape(segment: _Segment, info: InputInfo, axis: int, key: str = "data") -> None:
     shape = segment.shape
     if len(shape) != len(info.shape):
         raise CalibrunError(
@@ -156,8 +156,9 @@ def _check_data_shape(segment: _Segment, info: InputInfo, axis: int) -> None:
         if index != axis and is_fixed(dim) and shape[index] != dim:
             # rows on that axis instead would fit (an axis fixed at more than 1, or one a batch_axis set): say how
             fits = _fits(shape, info.shape, index)
-            hint = (f"; if the rows are on axis {index}, set data.inputs.{spelled(info.name)}.batch_axis={index} (and "
-                    "the same under eval_data.)") if fits else ""
+            other = "data" if key == "eval_data" else "eval_data"
+            hint = (f"; if the rows are on axis {index}, set {key}.inputs.{spelled(info.name)}.batch_axis={index} (and "
+                    f"the same under {other}.)") if fits else ""
             raise CalibrunError(
                 f"input {declared(info)}: {segment.where} has shape {_fmt_shape(shape)}: axis {index} is "
                 f"{shape[index]}, the model wants {dim} (rows are on axis {axis}){hint}"
@@ -174,14 +175,14 @@ def _check_labels(segment: _Segment) -> None:
 class _ArrayColumn:
     """The rows of one input: segments concatenated along its batch axis, cast to the input's type."""
 
-    def __init__(self, info: InputInfo, segments: list[_Segment], axis: int):
+    def __init__(self, info: InputInfo, segments: list[_Segment], axis: int, key: str = "data"):
         self.info = info
         self.axis = axis
         self.segments = segments
         self.float = feeding.is_float(info)
         for segment in segments:
             feeding.check_dtype(segment.dtype, info, segment.where)
-            _check_data_shape(segment, info, axis)
+            _check_data_shape(segment, info, axis, key)
         first = segments[0]
         sample = _drop(first.shape, axis)
         for segment in segments[1:]:
@@ -262,7 +263,6 @@ class _NpySource:
     """The layout of an npy source: one column of segments per input, plus optional labels."""
 
     def __init__(self, path, inputs: Sequence[InputInfo], given: dict | None = None, key: str = "data"):
-        source = key  # `key` names an npz member below
         inputs = list(inputs)
         given = feeding.overrides(given, inputs, key)
         self.axes = feeding.batch_axes(inputs, given, key)
@@ -322,15 +322,15 @@ class _NpySource:
                 data_keys = [k for k in members if k != LABELS or LABELS in names]
                 for name in names:
                     if name in members:
-                        key = name
+                        member = name
                     elif single and len(data_keys) == 1:
-                        key = data_keys[0]
+                        member = data_keys[0]
                     else:
                         info = next(i for i in from_files if i.name == name)
-                        hint = f"; or set data.inputs.{name}.value=..." if not info.shape else ""
+                        hint = f"; or set {key}.inputs.{spelled(name)}.value=..." if not info.shape else ""
                         raise CalibrunError(f"{p}: no array for input {declared(info)} (keys: "
                                             f"{', '.join(sorted(members)) or 'none'}){hint}")
-                    columns[name].append(members[key])
+                    columns[name].append(members[member])
                 if LABELS in members and LABELS not in names:
                     label_segments.append(members[LABELS])
             if label_segments and len(label_segments) != len(paths):
@@ -345,12 +345,12 @@ class _NpySource:
                 self.constants[info.name] = _file_constant(info, segments, axis)
                 continue
             if given.get(info.name, {}).get("batch_axis") is None:  # inferred: the data may show where the rows are
-                axis = _rows_axis(segments[0], info, axis, source)
-            self.columns[info.name] = _ArrayColumn(info, segments, axis)
+                axis = _rows_axis(segments[0], info, axis, key)
+            self.columns[info.name] = _ArrayColumn(info, segments, axis, key)
         self.inputs = [info for info in inputs if info.name in self.columns or info.name in self.constants]
-        check_inputs(self.inputs, self.constants, self.axes)
+        check_inputs(self.inputs, self.constants, self.axes, key)
         self.axes = source_axes(self.columns, self.constants)
-        _check_row_counts(self.columns, root)
+        _check_row_counts(self.columns, root, key)
         self.rows = next(iter(self.columns.values())).rows
 
         self.labels: list[_Segment] = []
@@ -365,7 +365,7 @@ class _NpySource:
             raise CalibrunError(f"{root}: {labelled} labels for {self.rows} rows of data")
 
 
-def _check_row_counts(columns: dict[str, _ArrayColumn], root: Path) -> None:
+def _check_row_counts(columns: dict[str, _ArrayColumn], root: Path, key: str = "data") -> None:
     """The batched inputs hold as many rows in each file (rows are matched file by file) and in all."""
     if len(columns) < 2:
         return
@@ -378,7 +378,7 @@ def _check_row_counts(columns: dict[str, _ArrayColumn], root: Path) -> None:
     fixed = [name for name, column in columns.items() if column.info.shape and all(map(is_fixed, column.info.shape))]
     hint = (f"; {', '.join(repr(n) for n in fixed)} declare{'s' if len(fixed) == 1 else ''} no free axis: a constant "
             "is saved without its first axis (a 0-d array for one value, filled to the declared shape) or given as "
-            f"data.inputs.{spelled(fixed[0])}.value=...") if fixed else ""
+            f"{key}.inputs.{spelled(fixed[0])}.value=...") if fixed else ""
     for path, counts in per_file.items():
         if len(counts) == len(columns) and len(set(counts.values())) > 1:
             raise CalibrunError(f"{path}: the inputs' arrays hold different row counts (along their batch axes): "

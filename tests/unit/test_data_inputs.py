@@ -119,6 +119,14 @@ def test_a_scalar_input_without_a_value_is_one_line_naming_it(tmp_path):
     with pytest.raises(CalibrunError, match=re.escape("no array for input 'sr' (INT64 []) (keys: input, state); "
                                                       "or set data.inputs.sr.value=...")):
         calibration_data(npy(tmp_path / "d.npz"), fp32, 0, 1.0, 1)
+    # the evaluation file: its hints name eval_data's keys (a probe was told to set data.inputs.sr for its eval file)
+    with pytest.raises(CalibrunError, match=re.escape("or set eval_data.inputs.sr.value=...")):
+        evaluation_data(npy(tmp_path / "d.npz"), fp32, 0, 4)
+    np.savez(tmp_path / "rows0.npz", input=np.ones((4, 8), np.float32), state=np.ones((4, 2, 4), np.float32),
+             sr=np.array(16000))
+    with pytest.raises(CalibrunError, match=re.escape("set eval_data.inputs.state.batch_axis=0 (and the same under "
+                                                      "data.)")):
+        evaluation_data(npy(tmp_path / "rows0.npz"), fp32, 0, 4)
 
 
 def test_unknown_input_names_are_listed_with_the_real_ones(stateful):
