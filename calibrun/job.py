@@ -26,7 +26,7 @@ from calibrun.core import cpu
 from calibrun.core.errors import CalibrunError
 from calibrun.core.files import DIAGNOSTICS_FILE, RANGES_FILE, atomic_path, strict_json, temp_dir, write_json
 from calibrun.data import EvalData, calibration_data, evaluation_data, source_record
-from calibrun.data.inputs import spelled
+from calibrun.data.inputs import declared, is_float, spelled
 from calibrun.data.rows import pinned_rows
 from calibrun.lab.model import write_lab_model
 from calibrun.measure import errors as measure
@@ -242,6 +242,10 @@ def context(cfg: DictConfig, job_dir: Path, one_row: JobContext | None = None) -
         _hint_state(fp32, evaluation)
     if one_row is None:
         _say_synthetic(cfg)
+        if cfg.calibration.factor != 1.0 and not any(is_float(info) for info in fp32.inputs):
+            log.warning("calibration.factor=%g changes nothing here: it multiplies float inputs, and the model has "
+                        "none (its inputs: %s); its calibration rows are fed as they are", cfg.calibration.factor,
+                        ", ".join(declared(info) for info in fp32.inputs))
     try:
         task = task_pick.resolve(tasks.spec_of(cfg.task), fp32.path, labels=evaluation.labels,
                              classifier=cfg.model.classifier)

@@ -59,26 +59,34 @@ def is_float(info: InputInfo) -> bool:
     return info.elem_type in FLOAT_TYPES
 
 
-def check_dtype(data: np.dtype, info: InputInfo, where: str) -> np.dtype:
-    """The dtype `info` takes, if `data` casts to it without loss (values are checked by `cast`); else an error."""
+def check_dtype(data: np.dtype, info: InputInfo, where: str, values_known: bool = False) -> np.dtype:
+    """The dtype `info` takes, if `data` casts to it without loss (values are checked by `cast`); else an error.
+    bool casts to any integer type. `values_known`: a constant, whose values `cast` checks as it is read: floats into
+    an integer input (each a whole number) and integers into a bool one (each 0 or 1) are taken too; rows of a file
+    are read batch by batch, and an evaluation file's would fail only after the calibration, so they are not."""
     want = input_dtype(info)
     if data.hasobject:
         raise CalibrunError(f"input {declared(info)}: {where} is an object array (dtype {data}); calibrun never "
                             "loads pickled data")
     if data.kind not in "biuf":
         raise CalibrunError(f"input {declared(info)}: {where} has dtype {data}, which is not numeric or bool")
-    ok = (want.kind == "f" and data.kind in "iuf") or (want.kind in "iu" and data.kind in "iu") or \
-        (want.kind == "b" and data.kind == "b")
+    ok = (want.kind == "f" and data.kind in "iuf") or (want.kind in "iu" and data.kind in "biu") or \
+        (want.kind == "b" and data.kind == "b") or \
+        (values_known and ((want.kind in "iu" and data.kind == "f") or (want.kind == "b" and data.kind in "iu")))
     if not ok:
+        hint = f" (if it holds only 0 and 1, save it as bool: {data}_array.astype(bool))" \
+            if want.kind == "b" and data.kind in "iu" else ""
         raise CalibrunError(f"input {declared(info)}: {where} holds {data} data, which does not cast to "
-                            f"{want} without loss")
+                            f"{want} without loss{hint}")
     return want
 
 
-def cast(raw: np.ndarray, info: InputInfo, factor: float, where: str, first_row: int = 0) -> np.ndarray:
+def cast(raw: np.ndarray, info: InputInfo, factor: float, where: str, first_row: int = 0,
+         values_known: bool = False) -> np.ndarray:
     """`raw` as the input's dtype: float inputs are `raw * factor` computed in float64 (NaN/Inf and overflow name
-    the file and row); integers must fit; bool stays bool."""
-    want = check_dtype(np.asarray(raw).dtype, info, where)
+    the file and row); integers must fit (bool as 0 and 1); a bool input takes bool. `values_known`: a constant
+    (check_dtype): floats into an integer input each a whole number, integers into a bool one each 0 or 1."""
+    want = check_dtype(np.asarray(raw).dtype, info, where, values_known)
     if want.kind == "f":
         values = np.asarray(raw, dtype=np.float64)
         bad = ~np.isfinite(values)
@@ -94,6 +102,19 @@ def cast(raw: np.ndarray, info: InputInfo, factor: float, where: str, first_row:
     raw = np.asarray(raw)
     if raw.dtype == want:
         return raw
+    if want.kind == "b":  # 0/1 integers: a mask saved as numbers
+        bad = (raw != 0) & (raw != 1)
+        if bad.any():
+            raise CalibrunError(f"input {declared(info)}: {where} holds {raw.dtype} data with values other than 0 and "
+                                f"1 ({raw[bad].flat[0]} in row {first_row + _first_row(bad)}), which does not cast to "
+                                f"{want} without loss")
+        return raw.astype(want)
+    if raw.dtype.kind == "f":  # whole numbers saved as floats (a sample rate of 16000.0, token ids from a pipeline)
+        bad = ~np.isfinite(raw) | (raw != np.round(raw))
+        if bad.any():
+            raise CalibrunError(f"input {declared(info)}: {where} holds {raw.dtype} data that is not whole numbers "
+                                f"({raw[bad].flat[0]} in row {first_row + _first_row(bad)}), which does not cast to "
+                                f"{want} without loss")
     if want.kind in "iu" and not np.can_cast(raw.dtype, want) and raw.size:
         low, high, info_range = raw.min(), raw.max(), np.iinfo(want)
         if low < info_range.min or high > info_range.max:
@@ -145,7 +166,12 @@ def constant(info: InputInfo, array, axis: int | None, where: str) -> Constant:
         raw = np.asarray(array)
     except (ValueError, TypeError) as exc:  # a ragged nested list
         raise CalibrunError(f"input {declared(info)}: {where} is not an array ({exc})") from None
-    values = cast(raw, info, 1.0, where)
+    if raw.dtype.hasobject and where.startswith("config "):  # not pickled data: a value numpy holds as an object
+        shown = repr(array) if len(repr(array)) <= 60 else repr(array)[:57] + "..."
+        raise CalibrunError(f"input {declared(info)}: {where} is {shown}, which no numeric type holds (an integer "
+                            f"past 64 bits, or numbers mixed with other values); {declared(info)} takes "
+                            f"{input_dtype(info)}")
+    values = cast(raw, info, 1.0, where, values_known=True)
     rank = len(info.shape)
     if values.ndim < rank and all(map(is_fixed, info.shape)):
         # every axis fixed: no batch axis to repeat a row along (a [25] state beside free-batch inputs); the value

@@ -168,7 +168,7 @@ class Assets:
         self.stateful_no_sr = root / "stateful_no_sr.npz"
         np.savez(self.stateful_no_sr, **steps)
         self.stateful_float_sr = root / "stateful_float_sr.npz"
-        np.savez(self.stateful_float_sr, **steps, sr=np.array(16000.0))
+        np.savez(self.stateful_float_sr, **steps, sr=np.array(16000.5))  # a 0-d constant: whole would be taken
 
 
 # --- the table -------------------------------------------------------------------------------------------------
@@ -297,7 +297,8 @@ CASES = [
     # inputs of every type (docs/data.md): the one line names the input, its declared type and shape, and the data
     Case("data-float-array-for-an-int64-input", "calibrun",
          lambda a, r: [*stateful(a), "data=npy", f"data.path={a.stateful_float_sr}"],
-         "stateful_float_sr.npz['sr'] holds float64 data, which does not cast to int64 without loss"),
+         "stateful_float_sr.npz['sr'] holds float64 data that is not whole numbers (16000.5 in row 0), which does not "
+         "cast to int64 without loss"),
     Case("data-scalar-input-without-a-value", "calibrun",
          lambda a, r: [*stateful(a), "data=npy", f"data.path={a.stateful_no_sr}"],
          "no array for input 'sr' (INT64 []) (keys: input, state); or set data.inputs.sr.value=..."),
@@ -306,8 +307,8 @@ CASES = [
          "config data.inputs: 'rate' is not an input of the model (inputs: input, state, sr)"),
     Case("data-inputs-float-value-for-an-int64-input", "calibrun",
          lambda a, r: [*stateful(a), "data=npy", f"data.path={a.stateful_no_sr}", "data.inputs.sr.value=0.5"],
-         "input 'sr' (INT64 []): config data.inputs.sr.value holds float64 data, which does not cast to int64 "
-         "without loss"),
+         "input 'sr' (INT64 []): config data.inputs.sr.value holds float64 data that is not whole numbers (0.5 in row "
+         "0), which does not cast to int64 without loss"),
     Case("eval-data-inputs-batch-axis-out-of-range", "calibrun",
          lambda a, r: [*stateful(a), "data=npy", f"data.path={a.stateful_no_sr}", "data.inputs.sr.value=16000",
                        "eval_data=npy", f"eval_data.path={a.stateful_no_sr}", "eval_data.inputs.sr.value=16000",

@@ -77,8 +77,12 @@ def test_a_model_of_integer_inputs_only_quantises_from_its_data(tmp_path):
     np.savez(data, ids=rng.integers(0, 20, size=(ROWS, 4)).astype(np.int64))
     proc = run_python(["-m", "calibrun", "model=file", f"model.path={model}", "data=npy", f"data.path={data}",
                        "eval_data=npy", f"eval_data.path={data}", "batches=3", "tracking=off", "recommend=off",
-                       f"cache.dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+                       "calibration=wide", f"cache.dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}"],
+                      tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # the wide calibration's factor 10 multiplies float inputs: here it changes nothing, and says so
+    assert "calibration.factor=10 changes nothing here: it multiplies float inputs, and the model has none " \
+           "(its inputs: 'ids' (INT64 [N, 4]))" in proc.stderr
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["metrics"]["input_scale"] is None  # the int64 input stays as it is
     assert result["metrics"]["quantize_nodes"] >= 1  # the activations computed from it are quantised

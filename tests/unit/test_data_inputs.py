@@ -136,11 +136,18 @@ def test_unknown_input_names_are_listed_with_the_real_ones(stateful):
         evaluation_data(npy(path, {"rate": {"value": 1}}), fp32, 0, ROWS)
 
 
-def test_a_float_value_for_an_int_input_is_refused(stateful):
+def test_a_float_value_for_an_int_input_is_taken_when_whole_and_refused_else(stateful):
     fp32, path = stateful
     with pytest.raises(CalibrunError, match=re.escape("input 'sr' (INT64 []): config data.inputs.sr.value holds "
-                                                      "float64 data, which does not cast to int64 without loss")):
+                                                      "float64 data that is not whole numbers (16000.5 in row 0), "
+                                                      "which does not cast to int64 without loss")):
         calibration_data(npy(path, {"sr": {"value": 16000.5}}), fp32, 0, 1.0, 1)
+    feeds = next(iter(calibration_data(npy(path, {"sr": {"value": 16000.0}}), fp32, 0, 1.0, 1)))
+    assert feeds["sr"].dtype == np.int64  # a probe's 16000.0 had been refused
+    assert int(feeds["sr"]) == 16000
+    with pytest.raises(CalibrunError, match=re.escape("input 'sr' (INT64 []): config data.inputs.sr.value is "
+                                                      "99999999999999999999, which no numeric type holds")):
+        calibration_data(npy(path, {"sr": {"value": 99999999999999999999}}), fp32, 0, 1.0, 1)
 
 
 # ---------------------------------------------------------------------------------------------- dtypes
@@ -174,6 +181,15 @@ def test_each_input_is_fed_its_declared_type_and_only_floats_are_scaled(typed, t
                                                                       "offset": "int32"}
 
 
+def test_a_bool_array_feeds_an_integer_input_as_0_and_1(typed, tmp_path):
+    """bool casts to any integer type without loss: a probe's bool attention mask into an int64 input had been
+    refused."""
+    path = typed_data(tmp_path / "b.npz", offset=(np.arange(20) % 2 == 0).reshape(20, 1))
+    (feed, _) = list(calibration_data(npy(path), typed, 0, 1.0, 2))
+    np.testing.assert_array_equal(feed["offset"][:, 0], np.arange(16) % 2 == 0)
+    assert feed["offset"].dtype == np.int32
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ({"offset": np.zeros((20, 1), np.float32)},
      "input 'offset' (INT32 [N, 1]): {path}['offset'] holds float32 data, which does not cast to int32 without loss"),
@@ -181,7 +197,8 @@ def test_each_input_is_fed_its_declared_type_and_only_floats_are_scaled(typed, t
      "input 'offset' (INT32 [N, 1]): {path}['offset'] holds values 1099511627776..1099511627776, outside int32's "
      "range"),
     ({"mask": np.ones((20, 4), np.int64)},
-     "input 'mask' (BOOL [N, 4]): {path}['mask'] holds int64 data, which does not cast to bool without loss"),
+     "input 'mask' (BOOL [N, 4]): {path}['mask'] holds int64 data, which does not cast to bool without loss (if it "
+     "holds only 0 and 1, save it as bool: int64_array.astype(bool))"),
     ({"x": np.full((20, 4), 1e6)}, "{path}['x']: row 0 overflows float16"),
     ({"offset": np.zeros((20, 2), np.int64)},
      "input 'offset' (INT32 [N, 1]): {path}['offset'] has shape [20, 2]: axis 1 is 2, the model wants 1"),
