@@ -46,6 +46,7 @@ from calibrun.lab.data import evaluation_rows
 from calibrun.measure import feedback
 from calibrun.measure.verdict import (
     CENTRED_KEY,
+    CONSTANT_KEY,
     NONFINITE_KEY,
     ROW_SHARE_KEY,
     SQNR_CAP,
@@ -230,6 +231,8 @@ class ErrorStats:
         out["cosine"] = max(-1.0, min(1.0, cosine)) if math.isfinite(cosine) else math.nan
         if self.nonfinite[index]:
             out[NONFINITE_KEY] = int(self.nonfinite[index]) / count
+        if span == 0:  # one value everywhere in fp32: nothing of what the model computes was put to the test
+            out[CONSTANT_KEY] = 1.0
         return out
 
 

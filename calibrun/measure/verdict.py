@@ -142,6 +142,7 @@ SQNR_CAP = 200.0  # dB reported when the int8 output equals the fp32 one exactly
 ROW_SHARE_KEY = f"rows_under_{SQNR_OK_DB:g}db"  # calibrun.measure.errors.RowShare: rows over the ok bound
 ROWS_UNDER_OK = 0.05  # ok needs at most 1 row in 20 over the bound, in every output and part
 CENTRED_KEY = "centred_sqnr_db"  # calibrun.measure.errors.CentredSignal: SQNR against the variation over rows
+CONSTANT_KEY = "fp32_constant"  # calibrun.measure.errors.ErrorStats: 1 where fp32 gave one value everywhere
 NONFINITE_KEY = "int8_nonfinite"  # calibrun.measure.errors.ErrorStats: share of int8's values Inf or NaN, fp32's finite
 VALUE_SHARE_KEY = f"values_under_{SQNR_OK_DB:g}db"  # CentredSignal: the vector's values under the bound, each alone
 VALUE_WORST_KEY = "worst_value_sqnr_db"  # CentredSignal: the lowest of them
@@ -336,6 +337,10 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
                     f"{'is' if one else 'are'} read through the outputs {'it feeds' if one else 'they feed'} on every "
                     "later row")
     because += _nonfinite_note(metrics)
+    outputs = {_PART.match(k)["output"] for k in metrics if _PART.match(k) and not _ENTRY.search(k)}
+    if outputs and all(metrics.get(f"out.{o}.{CONSTANT_KEY}") for o in outputs):
+        because += ("; but fp32 gives one value everywhere in every output on these rows: they put nothing the model "
+                    "computes to the test")
     because = _named(because, names)
     return {"status": status, "metric": rule.metric, "value": value if math.isfinite(value) else None,
             "goal": rule.goal, "because": because}

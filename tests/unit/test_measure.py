@@ -395,3 +395,13 @@ def test_int8_values_that_are_inf_or_nan_are_counted_and_leave_no_cosine():
     clean.update([ref], [ref + 0.01], rows=8)
     assert "out.output.int8_nonfinite" not in clean.metrics()
     assert clean.metrics()["out.output.cosine"] == pytest.approx(1.0)
+
+
+def test_an_output_fp32_gives_as_one_value_everywhere_is_flagged():
+    errors = measure.OutputErrors(["image", "logits"])
+    flat = np.full((4, 3, 2, 2), 0.5, np.float32)
+    varied = np.arange(12, dtype=np.float32).reshape(4, 3)
+    errors.update([flat, varied], [flat, varied + 0.01], rows=4)
+    m = errors.metrics()
+    assert m["out.image.fp32_constant"] == 1.0
+    assert "out.logits.fp32_constant" not in m

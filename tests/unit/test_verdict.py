@@ -436,3 +436,15 @@ def test_int8_values_that_are_inf_or_nan_are_said_in_because():
     assert "ch0" not in decided["because"]
     assert "error RMS" not in decided["because"]  # no "inf%"
     assert "Inf or NaN" not in verdict.decide({"out.output.sqnr_db": 30.0}, rows=64)["because"]
+
+
+def test_an_output_fp32_gives_as_one_value_everywhere_is_said_to_test_nothing():
+    """A probe's style network fed a style weight of 0 gave 0.5 at every pixel in fp32 and in int8: ok at 200 dB, with
+    nothing the model computes put to the test. `because` says so where every output is such (one that varies
+    among them is tested, and no note)."""
+    flat = {"out.image.sqnr_db": 200.0, "out.image.fp32_constant": 1.0}
+    decided = verdict.decide(flat, rows=4)
+    assert decided["status"] == "ok"
+    assert decided["because"].endswith("; but fp32 gives one value everywhere in every output on these rows: they "
+                                       "put nothing the model computes to the test")
+    assert "nothing the model computes" not in verdict.decide({**flat, "out.other.sqnr_db": 30.0}, rows=4)["because"]
