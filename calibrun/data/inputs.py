@@ -181,6 +181,11 @@ def constant(info: InputInfo, array, axis: int | None, where: str) -> Constant:
         except ValueError:
             raise CalibrunError(f"input {declared(info)}: {where} has shape {fmt_shape(values.shape)}, which does not "
                                 "fill the input's fixed shape") from None
+    row_dims = [d for a, d in enumerate(info.shape) if a != axis] if axis is not None else None
+    if values.ndim == 0 and rank > 1 and row_dims is not None and all(map(is_fixed, row_dims)):
+        # one number for a row of fixed axes (a recurrent state's zeros: value=0 for silero's [2, N, 128]): the row
+        # filled with it, repeated along the batch axis like any one-row constant
+        values = np.full(tuple(row_dims), values, values.dtype)
     if values.ndim == rank:
         dims = list(zip(info.shape, values.shape, strict=True))
         row = None

@@ -404,6 +404,17 @@ def test_a_value_for_an_input_with_every_axis_fixed_fills_its_shape(tmp_path):
         calibration_data(npy(tmp_path / "e.npz"), fp32, 0, 1.0, 1)
 
 
+def test_one_number_for_a_state_fills_its_row(stateful):
+    """A probe's `data.inputs.state.value=0` for silero's [2, N, 128] state was refused ("has shape []"), the docs
+    asking for a [2, 128] nested list typed out. One number for an input whose axes but the batch axis are fixed fills
+    that row, repeated along the batch axis (axis 1 here)."""
+    fp32, path = stateful
+    feeds = list(calibration_data(npy(path, {"state": {"value": 0}}), fp32, 0, 1.0, 2))
+    assert [f["state"].shape for f in feeds] == [(2, 16, 4)] * 2
+    assert not any(f["state"].any() for f in feeds)
+    assert feeds[0]["state"].dtype == np.float32
+
+
 def _order_model(tmp_path, first):
     from onnx import helper
 
