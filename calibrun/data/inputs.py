@@ -265,9 +265,12 @@ def batch_axes(inputs: Sequence[InputInfo], given: Mapping[str, Mapping], key: s
             axes[info.name] = infer_axis(info.shape)
             continue
         rank = len(info.shape)
+        if rank == 0:
+            raise CalibrunError(f"config {key}.inputs.{info.name}.batch_axis: input {declared(info)} is a scalar, "
+                                f"with no axis to hold rows; it is a constant ({key}.inputs.{info.name}.value=...)")
         if isinstance(axis, bool) or not isinstance(axis, int) or not -rank <= axis < rank:
             raise CalibrunError(f"config {key}.inputs.{info.name}.batch_axis: must be an axis of input "
-                                f"{declared(info)} (0..{rank - 1}), got {axis!r}")
+                                f"{declared(info)} (0..{rank - 1}, or -{rank}..-1 from the end), got {axis!r}")
         axes[info.name] = axis % rank
     return axes
 

@@ -313,7 +313,8 @@ CASES = [
          lambda a, r: [*stateful(a), "data=npy", f"data.path={a.stateful_no_sr}", "data.inputs.sr.value=16000",
                        "eval_data=npy", f"eval_data.path={a.stateful_no_sr}", "eval_data.inputs.sr.value=16000",
                        "eval_data.inputs.state.batch_axis=3"],
-         "config eval_data.inputs.state.batch_axis: must be an axis of input 'state' (FLOAT [2, N, 4]) (0..2), got 3"),
+         "config eval_data.inputs.state.batch_axis: must be an axis of input 'state' (FLOAT [2, N, 4]) (0..2, or "
+         "-3..-1 from the end), got 3"),
     Case("data-inputs-unknown-option", "calibrun",
          lambda a, r: [*stateful(a), "data=npy", f"data.path={a.stateful_no_sr}", "data.inputs.sr.valu=1"],
          "config data.inputs.sr.valu: is not a calibrun setting", early=True),

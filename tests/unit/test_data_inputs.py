@@ -80,7 +80,8 @@ def test_a_set_batch_axis_counts_rows_along_it(tmp_path):
     assert data.axes["state"] == 1
     assert data.rows == 4
     with pytest.raises(CalibrunError, match=re.escape("config data.inputs.state.batch_axis: must be an axis of "
-                                                      "input 'state' (FLOAT [2, N, 4]) (0..2), got 3")):
+                                                      "input 'state' (FLOAT [2, N, 4]) (0..2, or -3..-1 from the "
+                                                      "end), got 3")):
         calibration_data(npy(tmp_path / "d.npz", {"sr": {"value": 1}, "state": {"batch_axis": 3}}), fp32, 0, 1.0, 1)
 
 
@@ -402,6 +403,14 @@ def test_a_value_for_an_input_with_every_axis_fixed_fills_its_shape(tmp_path):
     with pytest.raises(CalibrunError, match=re.escape("'bias' declares no free axis: a constant is saved without its "
                                                       "first axis")):
         calibration_data(npy(tmp_path / "e.npz"), fp32, 0, 1.0, 1)
+
+
+def test_a_batch_axis_for_a_scalar_input_says_it_is_a_constant(stateful):
+    fp32, path = stateful
+    with pytest.raises(CalibrunError, match=re.escape("config data.inputs.sr.batch_axis: input 'sr' (INT64 []) is a "
+                                                      "scalar, with no axis to hold rows; it is a constant "
+                                                      "(data.inputs.sr.value=...)")):
+        calibration_data(npy(path, {"sr": {"batch_axis": 0}}), fp32, 0, 1.0, 1)
 
 
 def test_one_number_for_a_state_fills_its_row(stateful):
