@@ -469,6 +469,8 @@ def _answer(requests: Connection, outbox) -> None:
 
     trackers: dict = {}
     done: dict[int, tuple[bool, object]] = {}  # answers later requests may name: values that are not None, errors
+    started: dict[str, object] = {}  # run id -> its tracker: the runs this writer started or reopened
+    parent = os.getppid()
 
     def value_of(arg):
         if isinstance(arg, this.Outcome):
@@ -486,9 +488,13 @@ def _answer(requests: Connection, outbox) -> None:
     while True:
         try:
             seq, op, payload = requests.recv()
-        except EOFError:
+        except EOFError:  # the parent died (SIGKILL, the OOM killer): its runs cannot end as it would end them
+            _orphaned(started)
             return
         if op == "exit":
+            return
+        if os.getppid() != parent:  # died with requests still in the pipe: none is served (a run started now
+            _orphaned(started)  # would be left RUNNING by nobody)
             return
         try:
             if op == "open":
@@ -516,7 +522,21 @@ def _answer(requests: Connection, outbox) -> None:
         else:
             if value is not None:
                 done[seq] = (True, value)
+            if op == "call" and method in ("start_run", "reopen"):
+                started[value if method == "start_run" else args[0]] = tracker
         outbox.put(reply)
+
+
+def _orphaned(started: dict) -> None:
+    """The parent is gone: each run this writer started or reopened that is still RUNNING is closed KILLED (what
+    the parent does on SIGINT or SIGTERM), so that no run is left RUNNING by a job nobody will finish."""
+    for run_id, tracker in started.items():
+        try:
+            if tracker.status(run_id) == "RUNNING":
+                tracker.close(run_id, "KILLED")
+                log.warning("the job's process died: its MLflow run %s closed KILLED", run_id)
+        except Exception as exc:  # the store unreachable too: resume=true closes it (docs/reliability.md)
+            log.warning("the job's process died; its MLflow run %s not closed: %s", run_id, exc)
 
 
 def _main(argv: list[str]) -> None:

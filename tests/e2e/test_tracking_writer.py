@@ -40,8 +40,10 @@ def results(tmp: Path) -> dict[str, dict]:
 
 
 def runs(tmp: Path) -> list:
+    """The runs of the store's calibrun experiment (none before the experiment exists)."""
     client = MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
-    return client.search_runs([client.get_experiment_by_name("calibrun").experiment_id], max_results=1000)
+    experiment = client.get_experiment_by_name("calibrun")
+    return client.search_runs([experiment.experiment_id], max_results=1000) if experiment is not None else []
 
 
 def test_a_tracked_sweep_never_imports_mlflow_in_the_calibrun_process(tmp_path):
@@ -151,3 +153,53 @@ def test_the_first_job_does_not_wait_for_the_parent_run_and_resume_finds_it_by_i
     again = runs(tmp_path)
     assert [r.info.run_id for r in again if "mlflow.parentRunId" not in r.data.tags] == [parent.info.run_id]
     assert {r.info.status for r in again} <= {"FINISHED", "FAILED"}
+
+
+def _gone(pid: int, seconds: float) -> bool:
+    """Whether process `pid` ended (or is a zombie nobody reaped) within `seconds`."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            if (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("when", ["run started", "first log line"])
+def test_a_job_killed_with_sigkill_leaves_no_run_running(tmp_path, when):
+    """SIGKILL (the OOM killer) gives the job no chance to close its run. The writer sees its pipe close, or its
+    parent change, and closes the runs it started KILLED; requests still in the pipe are not served, so a kill
+    before the writer had imported MLflow starts no run at all (a probe's writer started the run 5.6 s after the
+    kill and left it RUNNING)."""
+    uri = fresh_mlflow_store(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "calibrun", f"hydra.run.dir={tmp_path / 'run'}",
+                             f"cache.dir={tmp_path / 'cache'}", "batches=2000", "eval.rows=20000"], cwd=tmp_path,
+                            env=clean_env(MLFLOW_TRACKING_URI=uri), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    end = time.monotonic() + 120
+    writer = None
+    while writer is None:
+        assert proc.poll() is None
+        assert time.monotonic() < end
+        writer = writer_of(proc.pid)
+        time.sleep(0.01)
+    log = tmp_path / "run" / "calibrun.log"
+    while when == "first log line" and not (log.is_file() and log.stat().st_size):  # the writer still importing
+        assert proc.poll() is None
+        assert time.monotonic() < end
+        time.sleep(0.005)
+    if when == "run started":
+        while not [r for r in runs(tmp_path) if r.info.status == "RUNNING"]:
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert time.monotonic() < end
+            time.sleep(0.1)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert _gone(writer, 60)
+    found = runs(tmp_path)
+    assert [r.info.status for r in found if r.info.status == "RUNNING"] == []
+    if when == "run started":
+        assert [r.info.status for r in found] == ["KILLED"]
