@@ -206,22 +206,25 @@ def _make_folder(folder: Path, key: str) -> None:
 _LOCKS: list = []  # the open lock files: held (flock) while this process lives, released by the kernel at exit
 
 
-def claim(sweep_dir: Path) -> None:
-    """An exclusive lock on the sweep folder for as long as this process lives (any death releases it): a
-    second sweep started on the same folder stops with one line instead of mixing its jobs in."""
+def claim(sweep_dir: Path, key: str = "hydra.sweep.dir") -> None:
+    """An exclusive lock on the sweep folder (or a single run's, `key` hydra.run.dir) for as long as this process
+    lives (any death releases it): a second sweep or run started on the same folder stops with one line instead of
+    mixing its jobs in (two runs given one hydra.run.dir had written one result.json beside the other's config, and
+    an MLflow run had logged the other job's int8 model)."""
     path = sweep_dir / LOCK_FILE
+    what = "sweep" if key == "hydra.sweep.dir" else "run"
     try:
         handle = open(path, "a+")  # noqa: SIM115 (kept open on purpose)
     except OSError as exc:
-        _fail(f"config hydra.sweep.dir: cannot write {sweep_dir}: {exc.strerror or exc}")
+        _fail(f"config {key}: cannot write {sweep_dir}: {exc.strerror or exc}")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         handle.seek(0)
         holder = handle.read().strip() or "another process"
         handle.close()
-        _fail(f"sweep folder {sweep_dir} is in use by another sweep ({holder}); wait for it or choose another "
-              f"hydra.sweep.dir")
+        _fail(f"{what} folder {sweep_dir} is in use by another {what} ({holder}); wait for it or choose another "
+              f"{key}")
     handle.seek(0)
     handle.truncate()
     handle.write(f"pid {os.getpid()}\n")
@@ -431,7 +434,9 @@ class SweepCallback(Callback):
             validate(config)
         except CalibrunError as exc:
             _fail(str(exc))
-        _make_folder(_folder_of(config, "hydra.run.dir"), "hydra.run.dir")
+        run_dir = _folder_of(config, "hydra.run.dir")
+        _make_folder(run_dir, "hydra.run.dir")
+        claim(run_dir, "hydra.run.dir")  # before Hydra writes the run's config into it
 
     def on_job_start(self, config: DictConfig, **kwargs) -> None:
         progress = _SWEEP.get("progress")

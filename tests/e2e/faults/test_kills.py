@@ -275,3 +275,27 @@ def test_sigterm_while_two_candidates_are_measured_at_once_ends_the_run_killed(t
     lines = message_lines(stderr)
     assert len(lines) == 1, lines
     assert lines[0].startswith("calibrun: interrupted by SIGTERM: no result.json for this run")
+
+
+def test_a_run_folder_is_never_shared(tmp_path):
+    """Two single runs given one hydra.run.dir had mixed their files (one's result.json beside the other's config)
+    and an MLflow run had logged the other job's int8 model. The run folder is locked as a sweep's is: a run started
+    while another holds it stops with one line before Hydra writes anything into it; once free, it runs."""
+    import fcntl
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    command = [sys.executable, "-m", "calibrun", f"hydra.run.dir={run_dir}", "tracking=off", "batches=2",
+               f"cache.dir={tmp_path / 'cache'}"]
+    with open(run_dir / ".calibrun.lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("pid 4242\n")
+        held.flush()
+        loser = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert loser.returncode == 1
+    assert message_lines(loser.stderr) == [f"calibrun: error: run folder {run_dir} is in use by another run (pid "
+                                           "4242); wait for it or choose another hydra.run.dir"]
+    assert sorted(p.name for p in run_dir.iterdir()) == [".calibrun.lock"]  # no .hydra, no log of its own
+    winner = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert winner.returncode == 0, winner.stderr[-3000:]
+    assert (run_dir / "result.json").is_file()
