@@ -163,6 +163,23 @@ def previous_sweep(sweep_root: Path, overrides: list[str]) -> Path | None:
     return None
 
 
+def _same_command(sweep_dir: Path, overrides: list[str]) -> None:
+    """resume=true continues a sweep as it was started: other task overrides (another format, other batches) are
+    refused in one line (a probe's resume with other settings rewrote every finished job's folder and closed their
+    FINISHED runs FAILED). A folder without its multirun.yaml (killed before Hydra wrote it) is not checked."""
+    try:
+        previous = _task_overrides(OmegaConf.load(sweep_dir / "multirun.yaml").hydra.overrides.task)
+    except Exception:  # none, or unreadable: nothing to compare with
+        return
+    now = _task_overrides(overrides)
+    if previous != now:
+        gone, added = [o for o in previous if o not in now], [o for o in now if o not in previous]
+        said = "; ".join(part for part in (f"it had {' '.join(gone)}" if gone else "",
+                                           f"this command adds {' '.join(added)}" if added else "") if part)
+        _fail(f"resume=true continues the sweep in {sweep_dir} with the overrides it was started with, and this "
+              f"command's differ ({said}): give the same overrides with resume=true, or start another sweep")
+
+
 def _resume_into_previous_sweep(config: DictConfig) -> None:
     """`resume=true` with the default time-stamped sweep folder: continue the newest earlier sweep of the same
     command instead of starting an empty one. An explicit hydra.sweep.dir is used as it is."""
@@ -470,6 +487,8 @@ class SweepCallback(Callback):
             _fail(f"sweep folder {sweep_dir} holds an earlier sweep ({', '.join(earlier[:4])}"
                   f"{', ...' if len(earlier) > 4 else ''}): add resume=true to continue it, or choose another "
                   f"hydra.sweep.dir")
+        if earlier and config.resume:
+            _same_command(sweep_dir, list(config.hydra.overrides.task))
         interrupts.install_signal_handlers()
         patches.compose_each_job_once()
         patches.compose_by_group_choice()

@@ -24,7 +24,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from tests.conftest import Proc, clean_env, run_python
+from tests.conftest import Proc, clean_env, message_lines, run_python
 
 pytestmark = pytest.mark.slow
 
@@ -201,6 +201,7 @@ class Continued:
     sweep: Path
     kept: dict[int, tuple[bytes, int]]
     resumed: Proc
+    changed: Proc  # resume=true into that folder with other overrides, before `resumed`: refused
 
 
 def continued_sweep(tmp: Path) -> Continued:
@@ -214,7 +215,8 @@ def continued_sweep(tmp: Path) -> Continued:
     assert sorted(results(sweep)) == [0, 1, 2]
     (sweep / "1" / "result.json").unlink()
     kept = {job: (p.read_bytes(), p.stat().st_mtime_ns) for job, p in results(sweep).items()}
-    return Continued(cwd, sweep, kept, run(tmp, [*argv, "resume=true"], cwd))
+    changed = run(tmp, [*argv, "format=qoperator", "resume=true", f"hydra.sweep.dir={sweep}"], cwd)
+    return Continued(cwd, sweep, kept, run(tmp, [*argv, "resume=true"], cwd), changed)
 
 
 @pytest.fixture(scope="module")
@@ -344,3 +346,17 @@ def test_resume_without_sweep_dir_continues_the_newest_sweep_of_the_command(runs
     assert skipped_line(1) not in second.stderr
     assert json.loads(now[1].read_text())["status"] == "ok"
     assert json.loads((c.sweep / "report" / "calib_report.json").read_text())["best"] in {"narrow", "match", "wide"}
+
+
+def test_resume_with_other_overrides_is_refused_and_changes_nothing(runs):
+    """A probe resumed a finished sweep with format=qoperator: every job folder was rewritten with the new settings
+    and the finished runs closed FAILED. resume=true continues a sweep as it was started; other overrides are one
+    line, before any job (the resume after it, with the same command, skips the jobs that were complete)."""
+    c: Continued = outcome(runs, "continued")
+    assert c.changed.returncode == 1
+    assert message_lines(c.changed.stderr) == [
+        f"calibrun: error: resume=true continues the sweep in {c.sweep} with the overrides it was started with, and "
+        "this command's differ (this command adds format=qoperator): give the same overrides with resume=true, or "
+        "start another sweep"]
+    for job in (0, 2):
+        assert skipped_line(job) in c.resumed.stderr  # untouched by the refused command
