@@ -572,6 +572,14 @@ def calibrated(
     record = cache_record(model_sha256, data.identity(), input_name, spec)
     key = key_of(record)
     start = time.perf_counter()
+    seen = cache.stamp(key) if cache is not None else None
+    span = cache.load(key, record, spec.method) if cache is not None else None
+    if cache is not None and span is None and not _writable(cache.folder):
+        # a read-only cache (a shared, mounted one): its hits serve, a miss is calibrated and not stored (it had
+        # calibrated, then failed writing the ranges)
+        log.warning("calibration cache %s is not writable: calibrating without storing these ranges",
+                    cache.folder)
+        cache = None
     if cache is None:
         tensors, span = run_calibration(model_path, data, input_name, spec, threads, budget, used)
         with temp_dir("ranges") as tmp:
@@ -579,8 +587,6 @@ def calibrated(
             yield Calibration(path, spec.method, key, False, time.perf_counter() - start, span, len(data),
                               spec.op_types or None)
         return
-    seen = cache.stamp(key)
-    span = cache.load(key, record, spec.method)
     hit, waited = span is not None, 0.0
     if not hit:
         with cache.claim(key) as waited:  # another process calibrating this key: its ranges, once they are there
@@ -593,6 +599,13 @@ def calibrated(
     # the key's lock is released here: a job waiting for these ranges does not wait for this one's quantisation
     yield Calibration(cache.path(key), spec.method, key, hit, time.perf_counter() - start, span, len(data),
                       spec.op_types or None, waited)
+
+
+def _writable(folder: Path) -> bool:
+    """Whether `folder`, or where it would be created (its nearest existing parent), takes new files."""
+    while not folder.exists() and folder.parent != folder:
+        folder = folder.parent
+    return os.access(folder, os.W_OK)
 
 
 def cache_from_env() -> CalibrationCache | None:

@@ -614,6 +614,29 @@ def test_corrupt_cache_file_warns_recomputes_and_is_replaced(tmp_path, fp32, cle
     assert calibrun_warnings(caplog) == []
 
 
+def test_a_read_only_cache_serves_its_hits_and_calibrates_a_miss_without_storing(tmp_path, fp32, clean, spy,
+                                                                                  caplog, monkeypatch):
+    """A probe's read-only cache.dir: a miss calibrated, then failed writing the ranges, the work lost. Now a miss is
+    calibrated into a temp folder and not stored, said once; the same model as a writable cache's; a hit is read.
+    (os.access is mocked: this suite runs as root, whom file modes do not stop, and a read-only mount needs root.)"""
+    from calibrun.quant import calibrate as calibrate_module
+
+    cache = CalibrationCache(tmp_path / "cache")
+    cache.folder.mkdir(parents=True)
+    monkeypatch.setattr(calibrate_module.os, "access", lambda path, mode: False)
+    caplog.set_level("WARNING", logger="calibrun.quant.calibrate")
+    result = quantize_lab(fp32, tmp_path / "int8.onnx", SEED, FACTOR, BATCHES, cache=cache)
+    assert result["cache_hit"] is False
+    assert spy.calibrators == 1
+    assert (tmp_path / "int8.onnx").read_bytes() == clean["model"]
+    assert cache_entries(cache.folder) == []  # nothing written, no lock either
+    assert [w for w in calibrun_warnings(caplog) if "is not writable" in w] == [
+        f"calibration cache {cache.folder} is not writable: calibrating without storing these ranges"]
+    cache.path(clean["key"]).write_text(clean["text"])  # a hit is read as from any cache
+    spy.forbid()
+    assert quantize_lab(fp32, tmp_path / "again.onnx", SEED, FACTOR, BATCHES, cache=cache)["cache_hit"] is True
+
+
 def test_clean_cache_file_loads_without_warning(tmp_path, clean, caplog):
     cache = CalibrationCache(tmp_path)
     cache.folder.mkdir()
