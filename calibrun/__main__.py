@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import gc
 import logging
+import os
 import sys
 from importlib import resources
 
@@ -158,6 +159,11 @@ def main() -> None:
     patches.compose_faster()
     patches.yaml_in_c()
     logging.raiseExceptions = False  # a handler that cannot write (a full disk) prints no traceback per record
+    # joblib's loky resource tracker, a process of its own, warns of "leaked semlock objects" when an interrupted
+    # sweep ends its workers: two lines after the interrupt's one, about joblib's bookkeeping (its child processes
+    # read this; a user's own PYTHONWARNINGS follows, and its later filters win)
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, (
+        "ignore::UserWarning:joblib.externals.loky.backend.resource_tracker", os.environ.get("PYTHONWARNINGS"))))
     patches.guard_callbacks(check_callbacks)
     patches.on_full_disk(report_full_disk)
     patches.one_line_errors()

@@ -272,10 +272,24 @@ def _excepthook(kind, exc, tb) -> None:
     interrupts.release(exc)
     name = getattr(exc, "signum", None)
     name = signal.Signals(name).name if name else "SIGINT"
+    _close_in_flight()
     closed = _close_parent("KILLED")
     print(f"calibrun: interrupted by {name}: sweep {_SWEEP['dir']} stopped{closed and ', ' + closed}; the same "
           f"command with resume=true continues it", file=sys.stderr)
     interrupts.die_of(exc)
+
+
+def _close_in_flight() -> None:
+    """The runs of jobs still in flight in a launcher's workers (joblib: the workers end with the sweep's process,
+    their runs left RUNNING) closed KILLED, as the basic launcher's job in flight closes its own (then none is left
+    and this finds nothing)."""
+    tracker, run_id = _SWEEP.get("tracker"), _SWEEP.get("run_id")
+    if tracker is None:
+        return
+    try:
+        tracker.close_stale(run_id)
+    except Exception as exc:  # the store gone too: resume=true closes them
+        log.debug("runs in flight not closed: %s", one_line(exc))
 
 
 def _close_parent(status: str) -> str:

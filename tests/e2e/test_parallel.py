@@ -97,3 +97,38 @@ def test_report_built(sweep):
     assert {p.name for p in (report / "bundle").iterdir() if p.is_file()} >= BUNDLE_FILES
     fmt = json.loads((report / "format.json").read_text())
     assert fmt["same_input_scale"] is True
+
+
+def test_an_interrupted_joblib_sweep_leaves_no_run_running(tmp_path):
+    """SIGTERM to the sweep's process while its workers run jobs (`kill PID`; Ctrl-C reaches the workers too): the
+    workers end with it, and the runs of their jobs in flight had stayed RUNNING, with loky's "leaked semlock"
+    warning after the one line. The sweep closes them KILLED beside its parent run; stderr ends with the one line."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import message_lines
+
+    proc = subprocess.Popen([sys.executable, "-m", "calibrun", "-m", "calibration=narrow,match,wide", "batches=2000",
+                             "format=qdq,qoperator", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                             "ort.intra_op_threads=1", f"cache.dir={tmp_path / 'cache'}",
+                             f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path,
+                            env=clean_env(MLFLOW_TRACKING_URI=fresh_mlflow_store(tmp_path)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    end = time.monotonic() + 300
+    while not list((tmp_path / "sweep").glob("*/result.json")):  # one job done, the next ones in flight
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.monotonic() < end
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGTERM
+    assert message_lines(stderr)[-1].startswith(f"calibrun: interrupted by SIGTERM: sweep {tmp_path / 'sweep'} "
+                                                "stopped, MLflow parent run KILLED")
+    assert "leaked semlock" not in stderr
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("calibrun").experiment_id], max_results=1000)
+    statuses = sorted(r.info.status for r in runs)
+    assert "RUNNING" not in statuses, statuses
+    assert "KILLED" in statuses  # the parent, and the jobs that were in flight
