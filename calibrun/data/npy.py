@@ -386,6 +386,24 @@ def _check_row_counts(columns: dict[str, _ArrayColumn], root: Path, key: str = "
     totals = {name: column.rows for name, column in columns.items()}
     if len(set(totals.values())) > 1:
         raise CalibrunError(f"{root}: the inputs have different row counts (along their batch axes): {totals}{hint}")
+    _check_shared_axes(columns)
+
+
+def _check_shared_axes(columns: dict[str, _ArrayColumn]) -> None:
+    """Inputs whose shapes name one free axis alike (`sequence_length` of a text model's ids and mask) hold one size
+    on it in each file: the model computes them together, and onnxruntime refused the mismatch only when the batch
+    ran (for an evaluation file, after the calibration and the quantisation)."""
+    seen: dict[tuple[Path, str], tuple[str, int, str]] = {}  # (file, axis name) -> (input, size, where)
+    for name, column in columns.items():
+        for segment in column.segments:
+            for index, dim in enumerate(column.info.shape):
+                if index == column.axis or is_fixed(dim) or not isinstance(dim, str) or index >= len(segment.shape):
+                    continue
+                first = seen.setdefault((segment.file.path, dim), (name, segment.shape[index], segment.where))
+                if first[1] != segment.shape[index]:
+                    raise CalibrunError(f"inputs {first[0]!r} and {name!r} share the axis the model names {dim!r}, "
+                                        f"and the data holds {first[1]} on it in {first[2]} and "
+                                        f"{segment.shape[index]} in {segment.where}")
 
 
 def npy_calibration(path, inputs: Sequence[InputInfo], batches: int, factor: float = 1.0,

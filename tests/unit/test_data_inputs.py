@@ -463,3 +463,25 @@ def test_rows_are_not_moved_onto_an_axis_fixed_at_more_than_one(tmp_path):
     with pytest.raises(CalibrunError, match=re.escape("axis 0 is 32, the model wants 4 (rows are on axis 1); if the "
                                                       "rows are on axis 0, set data.inputs.feats.batch_axis=0")):
         calibration_data(npy(tmp_path / "d.npz"), fp32, 0, 1.0, 1)
+
+
+def test_inputs_sharing_a_named_axis_must_agree_on_it(tmp_path):
+    """A text model's ids and mask share `sequence_length`: ids of 24 tokens beside a mask of 20 failed in
+    onnxruntime when the batch ran, for an evaluation file after the calibration and the quantisation. Said at
+    once, naming both inputs, the axis and the files' sizes; the same sizes are fed."""
+    from onnx import helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["ids", "mask"], ["y"])], "shared",
+        [helper.make_tensor_value_info("ids", TensorProto.FLOAT, ["batch", "sequence_length"]),
+         helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["batch", "sequence_length"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence_length"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    fp32 = open_float_model(save(model, tmp_path / "shared.onnx"))
+    np.savez(tmp_path / "bad.npz", ids=np.ones((8, 24), np.float32), mask=np.ones((8, 20), np.float32))
+    with pytest.raises(CalibrunError, match=re.escape("inputs 'ids' and 'mask' share the axis the model names "
+                                                      "'sequence_length', and the data holds 24 on it in ")):
+        evaluation_data(npy(tmp_path / "bad.npz"), fp32, 0, 8)
+    np.savez(tmp_path / "good.npz", ids=np.ones((8, 24), np.float32), mask=np.ones((8, 24), np.float32))
+    assert evaluation_data(npy(tmp_path / "good.npz"), fp32, 0, 8).rows == 8
