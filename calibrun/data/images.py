@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -35,6 +36,8 @@ from calibrun.data.rows import is_fixed as _is_fixed
 from calibrun.model import InputInfo
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+
+log = logging.getLogger("calibrun")
 
 
 # ImageNet's per-channel mean and std (0..1 pixel scale): the image sources' defaults, here and nowhere else
@@ -440,6 +443,13 @@ def image_evaluation(
     used = _cap_rows(column.rows, rows, str(column.root))
     labels, classes = column.labels()
     if labels is not None:
+        if used < len(labels) and len(set(labels[:used].tolist())) < len(classes):
+            # the rows are the first in path order, so class folder by class folder: say which classes they hold
+            held = [classes[c] for c in sorted(set(labels[:used].tolist()))]
+            log.warning("%s: the %d evaluation rows are the first images in path order, from class folder%s %s only "
+                        "(of %d); eval.rows=%d takes them all, or give a folder holding the rows to measure",
+                        column.root, used, "" if len(held) == 1 else "s",
+                        ", ".join(held[:3]) + (", ..." if len(held) > 3 else ""), len(classes), len(labels))
         labels = labels[:used]
     identity = {
         "source": "images",

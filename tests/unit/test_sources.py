@@ -486,7 +486,11 @@ def test_class_folder_labels_and_rows_cap(tmp_path, caplog):
     np.testing.assert_array_equal(ev.labels, [0, 0, 0, 1, 1, 2])
     assert ev.feeds["img"].shape == (6, 3, 4, 4)
     assert ev.feeds["img"].dtype == np.float32
-    capped = image_evaluation(root, [nchw(size=4)], rows=4, transform=transform)
+    with caplog.at_level(logging.WARNING, logger="calibrun"):  # the first 4 in path order: cat and dog, no emu
+        capped = image_evaluation(root, [nchw(size=4)], rows=4, transform=transform)
+    assert f"{root}: the 4 evaluation rows are the first images in path order, from class folders cat, dog only " \
+           "(of 3); eval.rows=6 takes them all" in caplog.text
+    caplog.clear()
     assert capped.feeds["img"].shape[0] == 4
     assert capped.rows == 4
     np.testing.assert_array_equal(capped.labels, [0, 0, 0, 1])
