@@ -13,7 +13,7 @@ import json
 import logging
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +26,7 @@ from calibrun.core import cpu
 from calibrun.core.errors import CalibrunError
 from calibrun.core.files import DIAGNOSTICS_FILE, RANGES_FILE, atomic_path, strict_json, temp_dir, write_json
 from calibrun.data import EvalData, calibration_data, evaluation_data, source_record
+from calibrun.data.images import ImageTransform
 from calibrun.data.inputs import declared, is_float, spelled
 from calibrun.data.rows import pinned_rows
 from calibrun.lab.model import write_lab_model
@@ -242,6 +243,7 @@ def context(cfg: DictConfig, job_dir: Path, one_row: JobContext | None = None) -
         _hint_state(fp32, evaluation)
     if one_row is None:
         _say_synthetic(cfg)
+        _say_other_pixels(cfg)
         if cfg.calibration.factor != 1.0 and not any(is_float(info) for info in fp32.inputs):
             log.warning("calibration.factor=%g changes nothing here: it multiplies float inputs, and the model has "
                         "none (its inputs: %s); its calibration rows are fed as they are", cfg.calibration.factor,
@@ -278,6 +280,21 @@ def _say_synthetic(cfg: DictConfig) -> None:
                     "shape, docs/lab.md), not on data of its own; the scales and the verdict say nothing of its real "
                     "distribution (%s)", " or ".join(keys), " and ".join(what[k] for k in keys),
                     " ".join(f"{k}=npy|images {k}.path=..." for k in keys))
+
+
+def _say_other_pixels(cfg: DictConfig) -> None:
+    """One warning where calibration and evaluation images are made by different transforms (only eval_data's
+    set, say): the ranges are then calibrated on other pixels than the int8 model is measured on."""
+    if cfg.data.name != "images" or cfg.eval_data.name != "images":
+        return
+    calib, judged = (asdict(ImageTransform.from_config(cfg[key])) for key in ("data", "eval_data"))
+    def shown(value):
+        return list(value) if isinstance(value, tuple) else value  # as the override spells it
+
+    differ = [f"{k} {shown(calib[k])} / {shown(judged[k])}" for k in calib if calib[k] != judged[k]]
+    if differ:
+        log.warning("data and eval_data make their images differently (%s): the ranges are calibrated on other "
+                    "pixels than the int8 model is measured on; set the same keys under both", "; ".join(differ))
 
 
 def _range_of(evaluation: EvalData, name: str) -> float | None:

@@ -129,3 +129,26 @@ def test_the_other_inputs_of_an_image_model_come_from_config_values(folder):
     with pytest.raises(CalibrunError, match=re.escape("input 'scale' (FLOAT []) is a scalar: it has no rows; give "
                                                       "it a constant (data.inputs.scale.value=...")):
         image_calibration(folder, inputs, 1, transform=plain(resize=4, crop=4), given={"size": {"value": [1, 2]}})
+
+
+def test_calibration_and_evaluation_images_made_differently_are_said(caplog):
+    """A probe set eval_data's stretch to 48x192 and left data at its 224 crop: calibrated on other pixels than it
+    was measured on, with nothing said. One warning names each key that differs (data's value / eval_data's)."""
+    import logging
+
+    from omegaconf import OmegaConf
+
+    from calibrun import job
+    from calibrun.config import Config
+
+    cfg = OmegaConf.structured(Config)
+    cfg.data.name = cfg.eval_data.name = "images"
+    with caplog.at_level(logging.WARNING, logger="calibrun"):
+        job._say_other_pixels(cfg)
+    assert caplog.records == []
+    cfg.eval_data.resize_mode, cfg.eval_data.crop = "stretch", [48, 192]
+    with caplog.at_level(logging.WARNING, logger="calibrun"):
+        job._say_other_pixels(cfg)
+    assert [r.getMessage() for r in caplog.records] == [
+        "data and eval_data make their images differently (crop 224 / [48, 192]; resize_mode shorter / stretch): the "
+        "ranges are calibrated on other pixels than the int8 model is measured on; set the same keys under both"]
