@@ -345,9 +345,17 @@ class _ImageColumn:
         self.order = [info.name for info in inputs]
         images = check_inputs(inputs, self.constants, axes, key)
         if len(images) != 1:
+            pictures = [info for info in images if feeding.is_float(info) and len(info.shape) == 4]
+            if len(pictures) == 1:  # the image input is plain: name the others, each a value to set
+                others = [info for info in images if info is not pictures[0]]
+                raise CalibrunError(f"image sources feed one image input ({pictures[0].name!r}); "
+                                    f"{', '.join(declared(i) for i in others)} "
+                                    f"{'has' if len(others) == 1 else 'have'} no value: set "
+                                    f"{' '.join(f'{key}.inputs.{feeding.spelled(i.name)}.value=...' for i in others)}"
+                                    f", or use {key}=npy")
             names = ", ".join(info.name for info in images)
             raise CalibrunError(f"image sources feed one image input; inputs {names} have no value: set the others' "
-                                f"{key}.inputs.<name>.value, or use data=npy")
+                                f"{key}.inputs.<name>.value, or use {key}=npy")
         info = images[0]
         if not feeding.is_float(info) or len(info.shape) != 4:
             raise CalibrunError(f"input {declared(info)}: image sources feed a 4-D float input (NCHW or NHWC)")

@@ -319,7 +319,7 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
         said = ("int8 gives every row fp32's class, but fp32 gives every row the same class: these rows test only "
                 "that class")
     order = ", in order, each model feeding back its own state" if streamed else ""
-    on = f" ({rows} evaluation rows{order})" if rows else ""
+    on = f" ({rows} evaluation row{'' if rows == 1 else 's'}{order})" if rows else ""
     counted = {AGREEMENT.metric: ("task.predictions", "predictions"),
                DECISION_DICE.metric: ("task.decisions", "decisions")}.get(rule.metric)
     if rows and counted is not None and counted[0] in metrics and int(metrics[counted[0]]) != rows:

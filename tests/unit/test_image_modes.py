@@ -152,3 +152,13 @@ def test_calibration_and_evaluation_images_made_differently_are_said(caplog):
     assert [r.getMessage() for r in caplog.records] == [
         "data and eval_data make their images differently (crop 224 / [48, 192]; resize_mode shorter / stretch): the "
         "ranges are calibrated on other pixels than the int8 model is measured on; set the same keys under both"]
+
+
+def test_an_image_model_input_without_a_value_is_named_with_the_key_to_set(folder):
+    """A probe's style network (an image and a style-weights input): the error named the image input too among
+    those 'without a value'. The image input is the one 4-D float input; the others are named with their keys."""
+    inputs = [InputInfo("image", FLOAT, ("N", 3, 4, 4)), InputInfo("style_weights", FLOAT, ("N", 26))]
+    with pytest.raises(CalibrunError, match=re.escape(
+            "image sources feed one image input ('image'); 'style_weights' (FLOAT [N, 26]) has no value: set "
+            "eval_data.inputs.style_weights.value=..., or use eval_data=npy")):
+        image_evaluation(folder, inputs, transform=plain(resize=4, crop=4))
