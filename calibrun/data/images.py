@@ -83,6 +83,9 @@ def _crop(value) -> int | tuple[int, int]:
     return height if height == width else (height, width)
 
 
+RESIZED_PIXELS_MAX = 16 * 2**20  # pixels of an image resized before its crop: 192 MB as float32 RGB
+
+
 @dataclass(frozen=True)
 class ImageTransform:
     """The image pipeline: PIL open -> pixels in 0..1 -> resize -> crop or pad -> RGB or BGR -> (x - mean) / std ->
@@ -219,6 +222,10 @@ class ImageTransform:
         if width < 1 or height < 1:
             raise ValueError(f"image of size {width}x{height}")
         size = self.resized_size(width, height)
+        if size[0] * size[1] > RESIZED_PIXELS_MAX:  # a strip 4000x2 to a shorter side of 256: 512000x256, GBs
+            raise ValueError(f"image of {width}x{height} (width x height) would be {size[0]}x{size[1]} with its "
+                             f"shorter side resized to {self.resize}: its aspect ratio is too extreme for "
+                             "resize_mode=shorter (use resize_mode=stretch or letterbox, or leave it out)")
         if image.mode not in _WIDE_MODES:  # 8-bit: Pillow converts and resizes, then / 255
             image = image.convert("L" if self.grayscale else "RGB").resize(size, Image.Resampling.BILINEAR)
             pixels = np.asarray(image, dtype=np.uint8)

@@ -162,3 +162,18 @@ def test_an_image_model_input_without_a_value_is_named_with_the_key_to_set(folde
             "image sources feed one image input ('image'); 'style_weights' (FLOAT [N, 26]) has no value: set "
             "eval_data.inputs.style_weights.value=..., or use eval_data=npy")):
         image_evaluation(folder, inputs, transform=plain(resize=4, crop=4))
+
+
+def test_an_image_of_extreme_aspect_ratio_is_refused_before_it_is_resized(tmp_path):
+    """A probe's 32 KB strip of 4000x2 pixels, resized so its shorter side is 256, made a 512000x256 image (2.7 GB
+    peak) before the centre crop. Refused in one line naming the file, its size and what to use instead."""
+    strip = tmp_path / "strip"
+    strip.mkdir()
+    Image.fromarray(np.zeros((2, 4000, 3), np.uint8)).save(strip / "strip.png")
+    with pytest.raises(CalibrunError, match=re.escape("strip.png: image of 4000x2 (width x height) would be "
+                                                      "512000x256 with its shorter side resized to 256")):
+        next(image_evaluation(strip, [InputInfo("img", FLOAT, ("N", 3, 224, 224))],
+                              transform=ImageTransform()).batches(1))
+    ok = image_evaluation(strip, [InputInfo("img", FLOAT, ("N", 3, 224, 224))],
+                          transform=ImageTransform(resize_mode="letterbox", crop=224))
+    assert next(ok.batches(1))[0]["img"].shape == (1, 3, 224, 224)
