@@ -804,3 +804,29 @@ def test_a_range_never_filled_is_said_to_be_empty_and_an_infinite_one_a_mask(tmp
     assert "1 tensor(s) have a calibrated range that is not finite (mask: an attention mask's -inf?)" in line
     assert "1 tensor(s) held no value in calibration (pad: empty, as a pad of length 0 is)" in line
     assert "the 3 node(s) that read or write them stay in float" in line
+
+
+def test_an_input_whose_data_reaches_infinitys_stand_in_is_called_an_outlier_not_a_mask(tmp_path, caplog):
+    """A probe's image classifier calibrated on data with one value of 1e38: the line blamed an attention mask. The
+    graph's input itself is named as the data holding such values; a computed tensor keeps the mask's question."""
+    from onnx import helper
+    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+
+    from calibrun.quant import quantize
+
+    nodes = [helper.make_node("Relu", ["x"], ["h"], name="relu"), helper.make_node("Relu", ["h"], ["y"], name="out")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])])
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph), str(model))
+    f = np.float32
+    tensors = TensorsData(CalibrationMethod.MinMax, {
+        "x": TensorData(lowest=np.array(-1, f), highest=np.array(1e38, f)),
+        "h": TensorData(lowest=np.array(0, f), highest=np.array(3e38, f))})
+    ranges = calibrate.write_ranges(tmp_path / ("o" * 32 + ".json"), tensors, {"r": 1}, 2.0)
+    with caplog.at_level("WARNING", logger="calibrun"):
+        quantize.unbounded_nodes(onnx.load(str(model)).graph, ranges)
+    line = " ".join(r.getMessage() for r in caplog.records)
+    assert "1 tensor(s) have a calibrated range that reaches 1.7e+38 or beyond, infinity's stand-in (h: the " \
+           "calibration data of input(s) x reaches 1e+38: an outlier in the data?)" in line
+    assert "attention mask" not in line
