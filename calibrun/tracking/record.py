@@ -346,12 +346,18 @@ def complete_job(tracker: Tracker, run: tuple[bool, object], model: tuple[bool, 
             error = exc
     job_num, plain, params = failure
     message = one_line(error)
-    JobResult.failed(message, plain, mlflow={"run_id": run_id, "experiment_id": tracker.experiment_id}
-                     if run_ok else None).write(path)
+    try:
+        JobResult.failed(message, plain, mlflow={"run_id": run_id, "experiment_id": tracker.experiment_id}
+                         if run_ok else None).write(path)
+        written = True
+    except Exception as exc:  # its folder full too: the run still ends FAILED (a probe's were left RUNNING)
+        log.warning("job %s: its failed result.json could not be written: %s", job_num, one_line(exc))
+        written = False
     if run_ok:
         try:
             tracker.log(run_id, params=params, tags={"calibrun.error": message[:5000]})
-            tracker.log_artifact(run_id, path)
+            if written:
+                tracker.log_artifact(run_id, path)
         except Exception as exc:
             log.warning("job %s: the error could not be logged to MLflow: %s", job_num, one_line(exc))
         finally:

@@ -71,3 +71,38 @@ def test_a_resumed_job_logs_the_datasets_its_result_was_computed_from(tmp_path, 
     assert logged["calibration"] == ctx.data.identity()
     assert logged["calibration"]["batches"] == 2
     assert logged["evaluation"]["rows"] == 16
+
+
+def test_a_job_record_that_cannot_be_written_still_ends_its_run_failed(tmp_path, monkeypatch):
+    """A probe's sweep folder filled up: the writer's complete_job failed writing result.json (ok), then failed
+    writing the failed one and left the run RUNNING. The run ends FAILED whatever the folder takes."""
+    from calibrun.core.errors import CalibrunError
+    from calibrun.tracking import record
+
+    calls = []
+
+    class Store:  # the tracker's calls, recorded (a pure unit: the real store's part is tested end to end)
+        experiment_id = "1"
+
+        def log(self, run_id, **kwargs):
+            calls.append(("log", run_id))
+
+        def log_artifact(self, run_id, path):
+            calls.append(("log_artifact", run_id))
+
+        def finish(self, run_id, status="FINISHED"):
+            calls.append(("finish", run_id, status))
+
+        def close(self, run_id, status):
+            calls.append(("close", run_id, status))
+
+    def full(self, path):
+        raise CalibrunError(f"folder {Path(path).parent} is full (No space left on device): cannot write result.json")
+
+    monkeypatch.setattr(JobResult, "write", full)
+    message = record.complete_job(Store(), (True, "r1"), (True, "m1"), JobResult("ok", metrics={}),
+                                  tmp_path / "result.json", (0, {}, {}))
+    assert message.endswith("is full (No space left on device): cannot write result.json")
+    assert ("close", "r1", "FAILED") in calls
+    assert ("finish", "r1", "FINISHED") not in calls
+    assert not [c for c in calls if c[0] == "log_artifact"]  # nothing written to log
