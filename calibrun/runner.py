@@ -35,7 +35,9 @@ from calibrun.result import JobResult
 from calibrun.tracking import (
     Tracker,
     link_line,
+    resolve_uri,
     run_filter,
+    store_message,
 )
 from calibrun.tracking.record import (
     Job,
@@ -273,6 +275,8 @@ def main(cfg: DictConfig) -> dict | None:
         die_of(exc)
     except Exception as exc:
         message = one_line(exc)
+        if config.tracking_enabled(cfg):
+            message = store_message(message, resolve_uri(cfg.tracking.uri))
         if not isinstance(exc, CalibrunError):
             log.debug("job failed", exc_info=True)
         if multirun:

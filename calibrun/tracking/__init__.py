@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import random
+import re
 import shutil
 import sqlite3
 import sys
@@ -41,8 +42,10 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # MLflow 3 reports us
 def _not_a_lock(record: logging.LogRecord) -> bool:
     """MLflow logs every SQLAlchemy OperationalError of its store with a traceback before raising it. A 'database
     is locked' is calibrun's to report: `_retry` retries it and says so in one line, and one that is not retried
-    ends the job with the one-line error. No traceback on stderr for it."""
-    return "database is locked" not in record.getMessage()
+    ends the job with the one-line error. No traceback on stderr for it, nor for 'database or disk is full' (a
+    full store's job ends with store_message's line; a probe's had ~290 lines of these before it)."""
+    text = record.getMessage() + (str(record.exc_info[1]) if record.exc_info and record.exc_info[1] else "")
+    return "database is locked" not in text and "database or disk is full" not in text
 
 
 def _not_table_setup(record: logging.LogRecord) -> bool:
@@ -729,6 +732,21 @@ class _OnnxFlavor:
 
 
 _OPEN: dict[tuple[str, str], Tracker] = {}
+
+
+_SQLALCHEMY_LINK = re.compile(r"\s*\(Background on this error at: https?://sqlalche\.me/\S*\)")
+
+
+def store_message(message: str, uri: str) -> str:
+    """A store error's line as the user reads it: SQLAlchemy's link to its error catalogue dropped, and SQLite's
+    "database or disk is full" said of the store's file (it had been the last of ~290 lines of MLflow's logged
+    tracebacks, naming no file)."""
+    message = _SQLALCHEMY_LINK.sub("", message)
+    if "database or disk is full" in message and uri.startswith("sqlite:"):
+        path = uri.split(":///", 1)[-1]
+        return (f"MLflow store {path} is full (database or disk is full): free space on its device and run again "
+                "(a sweep: the same command with resume=true)")
+    return message
 
 
 def open_tracker(uri: str, experiment: str, check: bool = False, http_timeout: float | None = None,

@@ -128,3 +128,30 @@ def test_mlflow_is_imported_before_the_stores_lock_is_taken(tmp_path):
                           text=True, timeout=120, env=clean_env())
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["mlflow,mlflow.store.tracking.sqlalchemy_store"]
+
+
+def test_a_full_sqlite_store_is_one_line_naming_its_file_and_mlflows_traceback_is_not_printed():
+    """A probe's store on a full device: ~290 lines of MLflow's logged tracebacks, then SQLAlchemy's message with
+    its catalogue link and no file named. The line names the store; MLflow's logged error is filtered."""
+    import logging
+
+    from calibrun.tracking import _not_a_lock, store_message
+
+    raw = ("(sqlite3.OperationalError) database or disk is full (Background on this error at: "
+           "https://sqlalche.me/e/21/e3q8)")
+    assert store_message(raw, "sqlite:////data/m.db") == (
+        "MLflow store /data/m.db is full (database or disk is full): free space on its device and run again (a "
+        "sweep: the same command with resume=true)")
+    assert store_message("(psycopg2.OperationalError) boom (Background on this error at: https://sqlalche.me/e/"
+                         "21/e3q8)", "postgresql://h/db") == "(psycopg2.OperationalError) boom"
+    try:
+        raise RuntimeError(raw)
+    except RuntimeError:
+        import sys
+
+        record = logging.LogRecord("mlflow.store.db.utils", logging.ERROR, __file__, 1,
+                                   "SQLAlchemy database error. The following exception is caught.", (),
+                                   sys.exc_info())
+    assert not _not_a_lock(record)
+    other = logging.LogRecord("mlflow.store.db.utils", logging.ERROR, __file__, 1, "something else", (), None)
+    assert _not_a_lock(other)
