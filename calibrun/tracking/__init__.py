@@ -746,7 +746,25 @@ def store_message(message: str, uri: str) -> str:
         path = uri.split(":///", 1)[-1]
         return (f"MLflow store {path} is full (database or disk is full): free space on its device and run again "
                 "(a sweep: the same command with resume=true)")
+    if uri.lower().startswith(("http://", "https://")) and "Max retries exceeded" in message:
+        # urllib3's words for a server that went away mid-job, naming whichever endpoint was called last
+        reason = _URLLIB3_REASON.search(message)
+        return (f"MLflow tracking server {uri} stopped answering ({reason.group(0) if reason else 'no connection'})"
+                ": the job's run is left as the server last had it; run again once it is up (a sweep: the same "
+                "command with resume=true)")
     return message
+
+
+_URLLIB3_REASON = re.compile(r"\[Errno -?\d+\] [^\"')]+|Read timed out|Connection aborted|Remote end closed[^\"')]*")
+
+
+def _not_a_retry(record: logging.LogRecord) -> bool:
+    """urllib3's "Retrying (...) after connection broken by ..." warning, one per call while a tracking server is
+    down (13 lines before a job's error in a probe): the job's one line says the server stopped answering."""
+    return not record.getMessage().startswith("Retrying (")
+
+
+logging.getLogger("urllib3.connectionpool").addFilter(_not_a_retry)
 
 
 def open_tracker(uri: str, experiment: str, check: bool = False, http_timeout: float | None = None,

@@ -155,3 +155,24 @@ def test_a_full_sqlite_store_is_one_line_naming_its_file_and_mlflows_traceback_i
     assert not _not_a_lock(record)
     other = logging.LogRecord("mlflow.store.db.utils", logging.ERROR, __file__, 1, "something else", (), None)
     assert _not_a_lock(other)
+
+
+def test_a_tracking_server_gone_mid_job_is_one_line_and_urllib3_retries_are_not_printed():
+    import logging
+
+    from calibrun.tracking import _not_a_retry, store_message
+
+    raw = ("API request to http://127.0.0.1:5088/api/2.0/mlflow/experiments/get failed with exception "
+           "HTTPConnectionPool(host='127.0.0.1', port=5088): Max retries exceeded with url: /api/2.0/mlflow/"
+           "experiments/get?experiment_id=1 (Caused by NewConnectionError(\"HTTPConnection(host='127.0.0.1', "
+           "port=5088): Failed to establish a new connection: [Errno 111] Connection refused\"))")
+    assert store_message(raw, "http://127.0.0.1:5088") == (
+        "MLflow tracking server http://127.0.0.1:5088 stopped answering ([Errno 111] Connection refused): the job's "
+        "run is left as the server last had it; run again once it is up (a sweep: the same command with "
+        "resume=true)")
+    assert store_message(raw, "sqlite:////data/m.db") == raw  # not a server's
+    retry = logging.LogRecord("urllib3.connectionpool", logging.WARNING, __file__, 1,
+                              "Retrying (Retry(total=0, connect=0)) after connection broken by %r: %s",
+                              ("NewConnectionError", "/api/2.0/mlflow/runs/log-batch"), None)
+    assert not _not_a_retry(retry)
+    assert _not_a_retry(logging.LogRecord("urllib3.connectionpool", logging.WARNING, __file__, 1, "other", (), None))
