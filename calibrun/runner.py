@@ -139,7 +139,8 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
                 tracker.log(run_id, params=failed_params(cfg), tags={"calibrun.error": message[:5000]})
                 tracker.log_artifact(run_id, job_dir / RESULT_FILE)
             except Exception as error:
-                log.warning("job %s: the error could not be logged to MLflow: %s", job_num, one_line(error))
+                log.warning("%sthe error could not be logged to MLflow: %s",
+                            "" if job_num is None else f"job {job_num}: ", one_line(error))
             finally:
                 end_run(tracker, run_id, "FAILED")
         raise

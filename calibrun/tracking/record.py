@@ -351,7 +351,7 @@ def complete_job(tracker: Tracker, run: tuple[bool, object], model: tuple[bool, 
                          if run_ok else None).write(path)
         written = True
     except Exception as exc:  # its folder full too: the run still ends FAILED (a probe's were left RUNNING)
-        log.warning("job %s: its failed result.json could not be written: %s", job_num, one_line(exc))
+        log.warning("%sits failed result.json could not be written: %s", _job(job_num), one_line(exc))
         written = False
     if run_ok:
         try:
@@ -359,11 +359,16 @@ def complete_job(tracker: Tracker, run: tuple[bool, object], model: tuple[bool, 
             if written:
                 tracker.log_artifact(run_id, path)
         except Exception as exc:
-            log.warning("job %s: the error could not be logged to MLflow: %s", job_num, one_line(exc))
+            log.warning("%sthe error could not be logged to MLflow: %s", _job(job_num), one_line(exc))
         finally:
             end_run(tracker, run_id, "FAILED")
     log.error("job %s failed: %s", job_num, message)
     return message
+
+
+def _job(job_num) -> str:
+    """A warning's subject: a sweep's job by its number; a single run's (no number) says nothing."""
+    return "" if job_num is None else f"job {job_num}: "
 
 
 def run_record(tracker: Tracker, run_id) -> dict | None:
