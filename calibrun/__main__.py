@@ -147,7 +147,35 @@ def _quick_exit() -> None:
     gc.freeze()
 
 
+class _StderrWhilePiped:
+    """sys.stderr that stops writing once its reader is gone (`calibrun ... 2>&1 | head -2`): a progress line or
+    the last link line had raised BrokenPipeError inside the job, which failed it and its run, for output nobody
+    reads. Everything else is the stream's own."""
+
+    def __init__(self, stream):
+        self._stream, self._gone = stream, False
+
+    def write(self, text: str) -> int:
+        if not self._gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._gone = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._gone = True
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def main() -> None:
+    sys.stderr = _StderrWhilePiped(sys.stderr)
     writer.start(sys.argv[1:])  # (the `calibrun` command: the module was imported, not run)
     atexit.register(_quick_exit)
     patches.compose_once()

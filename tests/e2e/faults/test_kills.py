@@ -25,6 +25,7 @@ from tests.e2e.faults.record import (
     run,
     runs_of,
     start,
+    store,
     wait_for_results,
 )
 
@@ -299,3 +300,22 @@ def test_a_run_folder_is_never_shared(tmp_path):
     winner = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert winner.returncode == 0, winner.stderr[-3000:]
     assert (run_dir / "result.json").is_file()
+
+
+def test_a_job_whose_stderr_reader_goes_away_still_completes(tmp_path):
+    """`calibrun ... 2>&1 | head -2`: the reader closes the pipe after two lines. A progress or link line then raised
+    BrokenPipeError inside the job, which failed it (result.json failed, its run FAILED) for output nobody reads.
+    The job completes; its record is whole."""
+    import json
+
+    store(tmp_path)  # tracked: the run's link line is printed at the end, after the reader has gone
+    proc = subprocess.Popen([sys.executable, "-m", "calibrun", f"hydra.run.dir={tmp_path / 'run'}", "batches=2000",
+                             f"cache.dir={tmp_path / 'cache'}"], cwd=tmp_path, env=env_for(tmp_path),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc.stderr.readline()
+    proc.stderr.readline()
+    proc.stderr.close()  # as head does after its lines
+    assert proc.wait(timeout=300) == 0
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["status"] == "ok"
+    assert [r.info.status for r in runs_of(tmp_path)] == ["FINISHED"]
