@@ -26,12 +26,13 @@ from calibrun.core.files import (
     remove_orphans,
     remove_temp_orphans,
 )
-from calibrun.core.interrupts import die_of, install_signal_handlers
+from calibrun.core.interrupts import die_of, die_with_parent, install_signal_handlers
 from calibrun.job import compute, context, job_identity, job_params, one_row_context
 from calibrun.measure import verdict
 from calibrun.model import file_sha256
 from calibrun.quant import cache
 from calibrun.result import JobResult
+from calibrun.sweep import in_sweep_process
 from calibrun.tracking import (
     Tracker,
     link_line,
@@ -262,14 +263,19 @@ def main(cfg: DictConfig) -> dict | None:
     sweep_dir = Path(hydra_cfg.sweep.dir) if multirun else None
     job_num = hydra_cfg.job.num if multirun else None
     install_signal_handlers()
+    worker = multirun and not in_sweep_process()
+    if worker:  # a launcher's worker: it ends with the sweep's process
+        die_with_parent()
     try:
         interrupts.check()  # an interrupt dropped by Python (in a finaliser) before this job stops the sweep here
         # a float for a search (analysis.objective), else the result record
         return analysis.objective(cfg, run(cfg, job_dir, sweep_dir, job_num, list(hydra_cfg.overrides.task)))
     except KeyboardInterrupt as exc:
         interrupts.acknowledge()
-        if multirun:
+        if multirun and in_sweep_process():
             raise
+        if multirun:  # a launcher's worker, its job's run closed KILLED: it ends too (loky's had waited on, orphaned)
+            die_of(exc)
         name = signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
         print(f"calibrun: interrupted by {name}: {_unfinished(job_dir)}"
               + ("" if not config.tracking_enabled(cfg) else ", its MLflow run (if started) KILLED"), file=sys.stderr)
@@ -285,3 +291,6 @@ def main(cfg: DictConfig) -> dict | None:
             return analysis.objective(cfg, JobResult.failed(message, _plain_params(cfg)))
         print(f"calibrun: error: {message}", file=sys.stderr)
         sys.exit(1)
+    finally:
+        if worker:  # idle until its next job: the death signal ends it (raised as an interrupt, loky's loop kept it)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -279,6 +279,11 @@ def _excepthook(kind, exc, tb) -> None:
     interrupts.die_of(exc)
 
 
+def in_sweep_process() -> bool:
+    """Whether this is the sweep's own process (not a launcher's worker, which runs jobs without the callbacks)."""
+    return bool(_SWEEP)
+
+
 def _close_in_flight() -> None:
     """The runs of jobs still in flight in a launcher's workers (joblib: the workers end with the sweep's process,
     their runs left RUNNING) closed KILLED, as the basic launcher's job in flight closes its own (then none is left

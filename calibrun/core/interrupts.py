@@ -140,6 +140,28 @@ def install_signal_handlers() -> None:
             signal.signal(sig, _raise_interrupted)
 
 
+_WITH_PARENT: list[int] = []  # this process's pid once die_with_parent has set its death signal
+
+
+def die_with_parent() -> None:
+    """In a launcher's worker (joblib's loky processes): SIGTERM when the process that started it dies (Linux's
+    PR_SET_PDEATHSIG), so that a sweep killed with SIGKILL (the OOM killer) takes its workers with it: they had
+    finished their jobs in flight and marked the runs FINISHED after the sweep's death, under a resume that had
+    closed those runs KILLED. SIGTERM ends the job as any interrupt does (its run KILLED). Elsewhere nothing."""
+    if os.getpid() in _WITH_PARENT or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    _WITH_PARENT[:] = [os.getpid()]
+    if os.getppid() != parent:  # it died before the signal was set: nothing would come
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def die_of(exc: BaseException) -> None:
     """End the process the way the signal would have (exit status 128 + signal number in a shell), after the
     runs were closed and one line was printed. Plain Ctrl-C (KeyboardInterrupt) counts as SIGINT."""

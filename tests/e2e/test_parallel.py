@@ -132,3 +132,56 @@ def test_an_interrupted_joblib_sweep_leaves_no_run_running(tmp_path):
     statuses = sorted(r.info.status for r in runs)
     assert "RUNNING" not in statuses, statuses
     assert "KILLED" in statuses  # the parent, and the jobs that were in flight
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    from pathlib import Path
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    from pathlib import Path
+
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_joblib_sweep_killed_with_sigkill_takes_its_workers_with_it(tmp_path):
+    """The OOM killer's SIGKILL of the sweep's process: its loky workers had lived on (parent 1), finished their jobs
+    in flight and marked the runs FINISHED after the sweep's death, under a resume that had closed them KILLED; an
+    idle one waited on its pipe for good. Each worker now gets SIGTERM when the sweep's process dies."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "calibrun", "-m", "calibration=narrow,match,wide", "batches=2000",
+                             "format=qdq,qoperator", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                             "ort.intra_op_threads=1", "tracking=off", f"cache.dir={tmp_path / 'cache'}",
+                             f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path, env=clean_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    end = time.monotonic() + 300
+    while not list((tmp_path / "sweep").glob("*/result.json")):  # workers started, one job done
+        assert proc.poll() is None
+        assert time.monotonic() < end
+        time.sleep(0.05)
+    workers = _children(proc.pid)
+    assert workers
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    end = time.monotonic() + 60
+    while any(_alive(w) for w in workers) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert [w for w in workers if _alive(w)] == []
