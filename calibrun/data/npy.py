@@ -65,19 +65,48 @@ class _Segment:
         return str(self.file.path) if self.key is None else f"{self.file.path}[{self.key!r}]"
 
     def load(self) -> np.ndarray:
-        """The array: memory-mapped for .npy, loaded (this member only) for .npz."""
+        """The array: memory-mapped for .npy and for an .npz member stored uncompressed (numpy.savez), loaded (this
+        member only) for a compressed one (numpy.savez_compressed: its bytes must be inflated to be read)."""
         self.file.check()
         try:
             if self.key is None:
                 array = np.load(self.file.path, mmap_mode="r", allow_pickle=False)
             else:
-                with np.load(self.file.path, allow_pickle=False) as archive:
-                    array = archive[self.key]
+                array = _mapped_member(self.file.path, self.key)
+                if array is None:
+                    with np.load(self.file.path, allow_pickle=False) as archive:
+                        array = archive[self.key]
         except Exception as exc:  # ValueError, OSError, zipfile.BadZipFile, EOFError ...
             raise CalibrunError(f"cannot read {self.where}: {one_line(exc)}") from exc
         if tuple(array.shape) != self.shape or array.dtype != self.dtype:
             raise CalibrunError(f"{self.where} changed after calibrun scanned it; start again")
         return array
+
+
+def _mapped_member(path: Path, key: str) -> np.ndarray | None:
+    """The .npz member `key` memory-mapped where the archive stores it uncompressed (numpy.savez does): its .npy bytes
+    lie whole in the file at the member's data offset. None where it is compressed or empty (then it is loaded):
+    a 1.3 GB npz of which a job reads 64 rows had cost 1.3 GB more memory than the same rows as .npy."""
+    with zipfile.ZipFile(path) as archive:
+        info = archive.getinfo(f"{key}.npy")
+    if info.compress_type != zipfile.ZIP_STORED or info.file_size == 0:
+        return None
+    with open(path, "rb") as fp:
+        fp.seek(info.header_offset)
+        local = fp.read(30)  # the member's local header: its name and extra field lengths at bytes 26..29
+        if local[:4] != b"PK\x03\x04":
+            return None
+        names = int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little")
+        fp.seek(info.header_offset + 30 + names)
+        version = np.lib.format.read_magic(fp)
+        read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        if read is None:
+            return None
+        shape, fortran, dtype = read(fp)
+        offset = fp.tell()
+    if dtype.hasobject or 0 in shape:
+        return None
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
 
 
 def _read_header(fp, where: str) -> tuple[tuple[int, ...], np.dtype]:

@@ -814,3 +814,28 @@ def test_a_source_is_recorded_with_what_it_reads():
     assert source_record(node) == {"name": "npy", "path": "eval.npz", "inputs": {}}
     assert source_record({**node, "name": "images"}) == {**node, "name": "images"}
     assert {"resize", "crop", "mean", "std", "pad_value", "resize_mode", "channels", "layout"} <= set(IMAGE_KEYS)
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_an_uncompressed_npz_member_is_memory_mapped_and_a_compressed_one_loaded(tmp_path, order):
+    """numpy.savez stores members uncompressed: a member is read in place (a memmap), as an .npy file is, so a job
+    that reads some rows of a large npz does not hold the whole member (a probe's 1.3 GB npz had cost 1.3 GB more
+    than the same rows as .npy). savez_compressed's members must be inflated: loaded. The values are the same."""
+    from calibrun.data import npy as npy_module
+
+    rng = np.random.default_rng(5)
+    arrays = {"x": np.asarray(rng.normal(size=(40, 6)), order=order).astype(">f4" if order == "F" else "<f8"),
+              "ids": np.arange(40, dtype=np.int64)}
+    np.savez(tmp_path / "plain.npz", **arrays)
+    np.savez_compressed(tmp_path / "packed.npz", **arrays)
+    for name, mapped in (("plain.npz", True), ("packed.npz", False)):
+        for key, want in arrays.items():
+            got = npy_module._mapped_member(tmp_path / name, key)
+            assert (got is not None) == mapped
+            if mapped:
+                assert isinstance(got, np.memmap)
+                np.testing.assert_array_equal(got, want)
+                assert got.dtype == want.dtype
+        rows = npy_evaluation(tmp_path / name, [vec("x", features=6)])  # the source reads the same values either way
+        np.testing.assert_array_equal(np.concatenate([f["x"] for f, _ in rows.batches(16)]),
+                                      arrays["x"].astype(np.float32))
