@@ -83,6 +83,7 @@ def _crop(value) -> int | tuple[int, int]:
     return height if height == width else (height, width)
 
 
+_SAID_FLOAT: list[bool] = []  # a float image past 1.0 was said (once a process)
 RESIZED_PIXELS_MAX = 16 * 2**20  # pixels of an image resized before its crop: 192 MB as float32 RGB
 
 
@@ -239,6 +240,11 @@ class ImageTransform:
         grey = values.astype(np.float32) if full is None else (values.astype(np.float64) / full).astype(np.float32)
         if not np.all(np.isfinite(grey)):
             raise ValueError("float image holds NaN or Inf")
+        if full is None and grey.size and float(grey.max()) > 1.0 + 1e-6 and not _SAID_FLOAT:
+            _SAID_FLOAT.append(True)  # once a process: a folder of such images says it once
+            log.warning("a 32-bit float image holds values up to %g: float images are taken as pixels in 0..1 as they "
+                        "are (mean and std apply on that scale); save 0..255 levels as an 8- or 16-bit image",
+                        float(grey.max()))
         grey = np.asarray(Image.fromarray(grey).resize(size, Image.Resampling.BILINEAR), np.float32)  # mode F
         return np.repeat(grey[:, :, None], self.channel_count, axis=2)
 

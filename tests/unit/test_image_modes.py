@@ -177,3 +177,20 @@ def test_an_image_of_extreme_aspect_ratio_is_refused_before_it_is_resized(tmp_pa
     ok = image_evaluation(strip, [InputInfo("img", FLOAT, ("N", 3, 224, 224))],
                           transform=ImageTransform(resize_mode="letterbox", crop=224))
     assert next(ok.batches(1))[0]["img"].shape == (1, 3, 224, 224)
+
+
+def test_a_float_image_of_0_to_255_levels_is_said_to_be_taken_as_0_to_1(tmp_path, caplog, monkeypatch):
+    """A probe's float TIFF of 0..255 levels was normalised as if 0..1 (values ~1000 fed) with nothing said."""
+    import logging
+
+    from calibrun.data import images
+
+    monkeypatch.setattr(images, "_SAID_FLOAT", [])
+    folder = tmp_path / "f"
+    folder.mkdir()
+    Image.fromarray(np.full((4, 4), 200.0, np.float32), mode="F").save(folder / "a.tif")
+    with caplog.at_level(logging.WARNING, logger="calibrun"):
+        feeds = next(image_evaluation(folder, [InputInfo("img", FLOAT, ("N", 3, 4, 4))],
+                                      transform=plain(resize=4, crop=4)).batches(1))[0]
+    assert float(feeds["img"].max()) == 200.0  # fed as it is
+    assert "a 32-bit float image holds values up to 200: float images are taken as pixels in 0..1" in caplog.text
