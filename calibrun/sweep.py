@@ -163,15 +163,25 @@ def previous_sweep(sweep_root: Path, overrides: list[str]) -> Path | None:
     return None
 
 
+# keys a resume may change: how runs are recorded and where calibrations are kept, not what a job computes
+_NOT_THE_JOBS = ("tracking", "cache")
+
+
+def _job_overrides(overrides) -> list[str]:
+    """The task overrides that decide what the sweep's jobs compute (_task_overrides less _NOT_THE_JOBS's keys)."""
+    return [o for o in _task_overrides(overrides) if o.split("=", 1)[0].lstrip("+~").split(".")[0] not in _NOT_THE_JOBS]
+
+
 def _same_command(sweep_dir: Path, overrides: list[str]) -> None:
-    """resume=true continues a sweep as it was started: other task overrides (another format, other batches) are
-    refused in one line (a probe's resume with other settings rewrote every finished job's folder and closed their
-    FINISHED runs FAILED). A folder without its multirun.yaml (killed before Hydra wrote it) is not checked."""
+    """resume=true continues a sweep as it was started: other task overrides (another format, other batches; the
+    tracking and cache keys aside, which change no job's numbers) are refused in one line (a probe's resume with
+    other settings rewrote every finished job's folder and closed their FINISHED runs FAILED). A folder without its
+    multirun.yaml (killed before Hydra wrote it) is not checked."""
     try:
-        previous = _task_overrides(OmegaConf.load(sweep_dir / "multirun.yaml").hydra.overrides.task)
+        previous = _job_overrides(OmegaConf.load(sweep_dir / "multirun.yaml").hydra.overrides.task)
     except Exception:  # none, or unreadable: nothing to compare with
         return
-    now = _task_overrides(overrides)
+    now = _job_overrides(overrides)
     if previous != now:
         gone, added = [o for o in previous if o not in now], [o for o in now if o not in previous]
         said = "; ".join(part for part in (f"it had {' '.join(gone)}" if gone else "",
