@@ -769,6 +769,17 @@ def test_quantisations_in_a_row_reuse_one_private_copy_per_type_width_and_write_
     assert quantize_module._COPIES is None
 
 
+def _x_to_y(tmp_path, nodes) -> Path:
+    """A model of `nodes` from input x [N, 2] to output y [N, 2], saved as tmp_path/m.onnx."""
+    from onnx import helper
+
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])])
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph), str(model))
+    return model
+
+
 def test_a_range_never_filled_is_said_to_be_empty_and_an_infinite_one_a_mask(tmp_path, caplog):
     """Both stay in float, but the line names each cause: a tensor that held no value (an empty pad: its range stays
     lowest +inf, highest -inf, as OpenSpindleNet's output stage's was) is not an attention mask's -inf. And the cache
@@ -778,13 +789,9 @@ def test_a_range_never_filled_is_said_to_be_empty_and_an_infinite_one_a_mask(tmp
 
     from calibrun.quant import quantize
 
-    nodes = [helper.make_node("Relu", ["x"], ["pad"], name="pad_node"),
-             helper.make_node("Add", ["pad", "x"], ["mask"], name="mask_node"),
-             helper.make_node("Relu", ["mask"], ["y"], name="out")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])])
-    model = tmp_path / "m.onnx"
-    onnx.save(helper.make_model(graph), str(model))
+    model = _x_to_y(tmp_path, [helper.make_node("Relu", ["x"], ["pad"], name="pad_node"),
+                                helper.make_node("Add", ["pad", "x"], ["mask"], name="mask_node"),
+                                helper.make_node("Relu", ["mask"], ["y"], name="out")])
     f = np.float32
     tensors = TensorsData(CalibrationMethod.MinMax, {
         "x": TensorData(lowest=np.array(-1, f), highest=np.array(1, f)),
@@ -814,11 +821,8 @@ def test_an_input_whose_data_reaches_infinitys_stand_in_is_called_an_outlier_not
 
     from calibrun.quant import quantize
 
-    nodes = [helper.make_node("Relu", ["x"], ["h"], name="relu"), helper.make_node("Relu", ["h"], ["y"], name="out")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])])
-    model = tmp_path / "m.onnx"
-    onnx.save(helper.make_model(graph), str(model))
+    model = _x_to_y(tmp_path, [helper.make_node("Relu", ["x"], ["h"], name="relu"),
+                               helper.make_node("Relu", ["h"], ["y"], name="out")])
     f = np.float32
     tensors = TensorsData(CalibrationMethod.MinMax, {
         "x": TensorData(lowest=np.array(-1, f), highest=np.array(1e38, f)),
