@@ -7,6 +7,7 @@ ranges beside them) and, with tracking on, one MLflow run (a child of the sweep'
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
@@ -293,4 +294,5 @@ def main(cfg: DictConfig) -> dict | None:
         sys.exit(1)
     finally:
         if worker:  # idle until its next job: the death signal ends it (raised as an interrupt, loky's loop kept it)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            with contextlib.suppress(ValueError):  # not the main thread (some launchers): its handler was not set
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
