@@ -286,6 +286,7 @@ class CentredSignal:
         self.squares: np.ndarray | None = None  # per value: sum(x^2) and sum((x - int8's)^2)
         self.errors: np.ndarray | None = None
         self.rows = 0
+        # the totals, summed batch by batch as before the per-value sums came (the same numbers to the last bit)
         self.ref_sq = self.err_sq = 0.0
 
     def update(self, ref: np.ndarray, got: np.ndarray) -> None:
@@ -295,10 +296,10 @@ class CentredSignal:
         if self.rows < 0:
             return
         self.sums = r.sum(axis=0) + (self.sums if self.sums is not None else 0.0)
-        squares = np.square(r).sum(axis=0)
-        errors = np.square(r - np.asarray(got, np.float64).reshape(r.shape)).sum(axis=0)
-        self.squares = squares + (self.squares if self.squares is not None else 0.0)
-        self.errors = errors + (self.errors if self.errors is not None else 0.0)
+        squares = np.square(r)
+        errors = np.square(r - np.asarray(got, np.float64).reshape(r.shape))
+        self.squares = squares.sum(axis=0) + (self.squares if self.squares is not None else 0.0)
+        self.errors = errors.sum(axis=0) + (self.errors if self.errors is not None else 0.0)
         self.rows += r.shape[0]
         self.ref_sq += float(squares.sum())
         self.err_sq += float(errors.sum())

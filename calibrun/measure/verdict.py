@@ -364,8 +364,8 @@ def _values_note(metrics: Mapping[str, float], skip: Collection[str] = ()) -> st
         worst = metrics.get(f"out.{output}.{VALUE_WORST_KEY}")
         if output in skip or not share > 0 or worst is None:
             continue
-        notes.append(f"{share:.0%} of output {output!r}'s values are under {SQNR_OK_DB:g} dB against their own "
-                     f"spread over the rows (the worst at {worst:.1f} dB)")
+        notes.append(f"{share:.0%} of the values of output {output!r} are under {SQNR_OK_DB:g} dB against their "
+                     f"own spread over the rows (the worst at {worst:.1f} dB)")
     if not notes:
         return ""
     more = f"; and {len(notes) - 2} more output(s)" if len(notes) > 2 else ""

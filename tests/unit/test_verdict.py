@@ -463,9 +463,9 @@ def test_an_ok_with_a_vector_values_under_the_bound_says_so_without_changing_the
     decided = verdict.decide(metrics, rows=512)
     assert decided["status"] == "ok"
     assert decided["because"].endswith(
-        "; but 33% of output 'ref''s values are under 20 dB against their own spread over the rows (the worst at "
-        "18.5 dB); 10% of output 'joint_vel''s values are under 20 dB against their own spread over the rows (the "
-        "worst at 17.0 dB); and 1 more output(s): one int8 scale serves all of an output's values, and one that "
-        "varies little gets few levels: a caller reading each value alone may find it degraded")
+        "; but 33% of the values of output 'ref' are under 20 dB against their own spread over the rows (the worst "
+        "at 18.5 dB); 10% of the values of output 'joint_vel' are under 20 dB against their own spread over the "
+        "rows (the worst at 17.0 dB); and 1 more output(s): one int8 scale serves all of an output's values, and one "
+        "that varies little gets few levels: a caller reading each value alone may find it degraded")
     worse = {**metrics, "out.actions.sqnr_db": 15.0}
     assert "one int8 scale serves" not in verdict.decide(worse, rows=512)["because"]  # degraded says it already
