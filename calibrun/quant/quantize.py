@@ -374,17 +374,18 @@ def unbounded_nodes(graph: onnx.GraphProto, ranges_path: str | Path) -> list[str
         empty = sorted(name for name, none in tensors.items() if none)
         infinite = sorted(name for name, none in tensors.items() if none is False)
         filled = sorted(name for name, none in tensors.items() if none is None)
-        fed = {i.name for i in graph.input}
-        known = calibrated_ranges(ranges_path)
-        # the data itself astronomic (no data of a trained model's holds 1e30): an outlier, not a mask's fill
-        given = sorted(name for name in fed if name in filled or max(map(abs, known.get(name, (0.0, 0.0)))) >= 1e30)
+        known = calibrated_ranges(ranges_path)  # (read once per file version)
+        # each input's reach: past infinity's stand-in, or astronomic for data (no trained model's holds 1e30)
+        reach = {i.name: STAND_IN if i.name in filled else max(map(abs, known.get(i.name, (0.0, 0.0))))
+                 for i in graph.input}
+        given = sorted(name for name, value in reach.items() if value >= 1e30)  # an outlier in the data, not a mask
         said = [f"{len(infinite)} tensor(s) have a calibrated range that is not finite ({first_few(infinite)}: an "
                 "attention mask's -inf?)"] if infinite else []
         said += [f"{len(filled)} tensor(s) have a calibrated range that reaches {STAND_IN:.2g} or beyond, infinity's "
                  f"stand-in ({first_few(filled)}: " + (
                      f"the calibration data of input(s) {first_few(given)} reaches "
-                     f"{max(max(map(abs, known.get(n, (STAND_IN, STAND_IN)))) for n in given):.2g}: an outlier in the "
-                     "data?)" if given else "an attention mask filled with float32's lowest, -3.4e38?)")] \
+                     f"{max(reach[n] for n in given):.2g}: an outlier in the data?)" if given
+                     else "an attention mask filled with float32's lowest, -3.4e38?)")] \
             if filled else []
         said += [f"{len(empty)} tensor(s) held no value in calibration ({first_few(empty)}: empty, as a pad of length "
                  "0 is)"] if empty else []
