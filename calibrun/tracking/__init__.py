@@ -136,6 +136,11 @@ def faithful(value: str, values: list[str] | None = None, width: int = NAME_VALU
     return left + middle + right
 
 
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a `sqlite:///FILE` tracking URI; None for any other store."""
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
 def resolve_uri(configured: str | None) -> str:
     """Config first, then $MLFLOW_TRACKING_URI, then the embedded store sqlite:///mlflow.db (made absolute)."""
     uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
@@ -474,8 +479,8 @@ class Tracker:
         try:
             if check:
                 check_store(uri, timeout, experiment)
-            if uri.startswith("sqlite:///"):
-                db = Path(uri[len("sqlite:///"):])
+            db = sqlite_file(uri)
+            if db is not None:
                 # MLflow's client and SQLite store imported before the lock, which guards the store's file only:
                 # imported under it (~1.6 s in a fresh process), they held back every other worker starting with
                 # it (two workers' first jobs started 1.7 s apart, bench/parallel.py)
@@ -513,9 +518,9 @@ class Tracker:
                 self.client.set_experiment_tag(found.experiment_id, *EXPERIMENT_KIND)
             return found.experiment_id
         artifact_location = None
-        if self.uri.startswith("sqlite:///"):
+        if (db := sqlite_file(self.uri)) is not None:
             # Artifacts beside the database, whatever the working directory of a later `mlflow ui`.
-            artifact_location = (Path(self.uri[len("sqlite:///"):]).parent / "mlartifacts").as_uri()
+            artifact_location = (db.parent / "mlartifacts").as_uri()
         try:
             return self.client.create_experiment(name, artifact_location=artifact_location,
                                                  tags=dict([EXPERIMENT_KIND]))
@@ -742,8 +747,7 @@ def store_message(message: str, uri: str) -> str:
     "database or disk is full" said of the store's file (it had been the last of ~290 lines of MLflow's logged
     tracebacks, naming no file)."""
     message = _SQLALCHEMY_LINK.sub("", message)
-    if "database or disk is full" in message and uri.startswith("sqlite:"):
-        path = uri.split(":///", 1)[-1]
+    if "database or disk is full" in message and (path := sqlite_file(uri)) is not None:
         return (f"MLflow store {path} is full (database or disk is full): free space on its device and run again "
                 "(a sweep: the same command with resume=true)")
     if uri.lower().startswith(("http://", "https://")) and "Max retries exceeded" in message:
