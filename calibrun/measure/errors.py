@@ -16,7 +16,10 @@ so memory holds no row's outputs beyond its batch:
   gets none): the pooled `sqnr_db` averages the error over the rows, and an error concentrated on a few rows
   flips their decisions while the average stays at 20 dB;
 - per output of one vector a row (`[N]` or `[N, k]`), `centred_sqnr_db`: its SQNR against the rows' variation, each
-  value less its mean over the evaluation rows (CentredSignal), which the verdict's ok also reads;
+  value less its mean over the evaluation rows (CentredSignal), which the verdict's ok also reads; for `[N, k]`,
+  each value against its own spread (`values_under_20db`, `worst_value_sqnr_db`), which the ok reads too, and
+  `unit_norm` where fp32 gives every row a vector of L2 norm 1 (a direction, whose values the ok does not judge
+  one by one);
 - `eval_min`, `eval_max`, `eval_span` of the primary (first float) input's evaluation values;
 - the task's metrics (calibrun.measure.tasks).
 """
@@ -51,6 +54,7 @@ from calibrun.measure.verdict import (
     ROW_SHARE_KEY,
     SQNR_CAP,
     SQNR_OK_DB,
+    UNIT_KEY,
     VALUE_SHARE_KEY,
     VALUE_WORST_KEY,
 )
@@ -274,6 +278,9 @@ class RowShare:
         return {ROW_SHARE_KEY: float(np.count_nonzero(under)) / errors.size}
 
 
+UNIT_TOLERANCE = 1e-3  # |sum(x^2) - 1| of a row called a unit vector: float32 normalisation is within ~1e-6
+
+
 class CentredSignal:
     """An output of one vector a row ([N] or [N, k], the rows on axis 0): its SQNR against its variation over the
     rows, each value less its mean over every evaluation row (`centred_sqnr_db`), from running sums (the means are
@@ -286,6 +293,7 @@ class CentredSignal:
         self.squares: np.ndarray | None = None  # per value: sum(x^2) and sum((x - int8's)^2)
         self.errors: np.ndarray | None = None
         self.rows = 0
+        self.unit = True  # every row so far a vector of L2 norm 1 (a direction: an embedding F.normalize made)
         # the totals, summed batch by batch as before the per-value sums came (the same numbers to the last bit)
         self.ref_sq = self.err_sq = 0.0
 
@@ -300,6 +308,7 @@ class CentredSignal:
         errors = np.square(r - np.asarray(got, np.float64).reshape(r.shape))
         self.squares = squares.sum(axis=0) + (self.squares if self.squares is not None else 0.0)
         self.errors = errors.sum(axis=0) + (self.errors if self.errors is not None else 0.0)
+        self.unit = self.unit and r.shape[1] >= 2 and bool(np.all(np.abs(squares.sum(axis=1) - 1.0) <= UNIT_TOLERANCE))
         self.rows += r.shape[0]
         self.ref_sq += float(squares.sum())
         self.err_sq += float(errors.sum())
@@ -319,6 +328,8 @@ class CentredSignal:
                 out[VALUE_SHARE_KEY] = float(np.count_nonzero(under)) / int(np.count_nonzero(varies))
                 pairs = zip(spread[varies], self.errors[varies], strict=True)
                 out[VALUE_WORST_KEY] = min(_sqnr(float(a), float(b)) for a, b in pairs)
+            if self.unit:
+                out[UNIT_KEY] = 1.0
         return out
 
 

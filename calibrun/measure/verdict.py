@@ -146,11 +146,13 @@ CONSTANT_KEY = "fp32_constant"  # calibrun.measure.errors.ErrorStats: 1 where fp
 NONFINITE_KEY = "int8_nonfinite"  # calibrun.measure.errors.ErrorStats: share of int8's values Inf or NaN, fp32's finite
 VALUE_SHARE_KEY = f"values_under_{SQNR_OK_DB:g}db"  # CentredSignal: the vector's values under the bound, each alone
 VALUE_WORST_KEY = "worst_value_sqnr_db"  # CentredSignal: the lowest of them
+UNIT_KEY = "unit_norm"  # CentredSignal: 1 where fp32 gives every row a vector of L2 norm 1 (read as a direction)
 _PART = re.compile(r"^out\.(?P<output>.+?)(?:\.concat(?P<part>\d+))?\.sqnr_db$")
 _SHARE = re.compile(r"^out\.(?P<output>.+?)(?:\.concat(?P<part>\d+))?\." + re.escape(ROW_SHARE_KEY) + "$")
 _ENTRY = re.compile(r"\.ch\d+\.sqnr_db$")  # one entry of a last axis: an explanation, not a decision
 _ENTRY_ANY = re.compile(r"\.ch\d+\.[^.]+$")  # any metric of one entry of a last axis
 _CENTRED = re.compile(r"^out\.(?P<output>.+?)\." + re.escape(CENTRED_KEY) + "$")
+_VALUES = re.compile(r"^out\.(?P<output>.+?)\." + re.escape(VALUE_SHARE_KEY) + "$")
 
 
 def worst_output(metrics: Mapping[str, float], skip: Collection[str] = ()) -> tuple[str, float] | None:
@@ -225,7 +227,8 @@ def ok_withheld(metrics: Mapping[str, float], skip: Collection[str] = ()) -> str
     calibrun.measure.errors.CentredSignal): what such an output tells a caller is how the rows differ (a regression's
     value, a score compared across rows), and a level every row shares counts as signal in the pooled SQNR while it
     tells nothing (surfaces-surrogates' decision-tree surrogate: predictions of 0.83 that vary by 0.11, 32.8 dB pooled,
-    15.0 dB around the mean, its check broken)."""
+    15.0 dB around the mean, its check broken); or more than ROWS_UNDER_OK of a vector's values under the bound, each
+    against its own spread over the rows (values_under)."""
     rows = rows_under(metrics, skip)
     if rows is not None and rows[1] > ROWS_UNDER_OK:
         return (f"{rows[1]:.0%} of the rows carry an error over {10 ** (-SQNR_OK_DB / 20):.0%} of the output's signal "
@@ -236,7 +239,37 @@ def ok_withheld(metrics: Mapping[str, float], skip: Collection[str] = ()) -> str
         if not value >= SQNR_OK_DB:
             return (f"output {_CENTRED.match(key)['output']!r}, one vector a row, is at {value:.1f} dB around its mean "
                     "over the rows (its error against how the rows differ)")
+    values = values_under(metrics, skip)
+    if values and values[0][0] > ROWS_UNDER_OK:
+        return _values_said(metrics, values) + (": one int8 scale serves all of an output's values, and one that "
+                                                "varies little gets few levels")
     return None
+
+
+def values_under(metrics: Mapping[str, float], skip: Collection[str] = (),
+                 directions: bool = False) -> list[tuple[float, str]]:
+    """(share, output) of each vector output (but those in `skip`) with values under SQNR_OK_DB against their own
+    spread over the rows (`out.X.values_under_20db`, CentredSignal), the largest share first. One int8 scale serves
+    every value of an output, so a value that varies little over the rows gets few of its levels, and the pooled
+    SQNR, weighing the values by their spread, does not see it: a caller reading each value alone (a joint target, a
+    coordinate, a regression's value) does. An output whose every row fp32 gives as a vector of L2 norm 1
+    (`out.X.unit_norm`: an embedding a caller compares by cosine, as a direction, not value by value) is left out,
+    or, with `directions`, the only kind listed."""
+    found = []
+    for share, key in _numbers(metrics, _VALUES):
+        output = _VALUES.match(key)["output"]
+        if output not in skip and share > 0 and bool(metrics.get(f"out.{output}.{UNIT_KEY}")) == directions:
+            found.append((share, output))
+    return sorted(found, key=lambda p: (-p[0], p[1]))
+
+
+def _values_said(metrics: Mapping[str, float], values: list[tuple[float, str]]) -> str:
+    """values_under's findings in words, the two largest shares named."""
+    said = [f"{share:.0%} of the values of output {output!r} are under {SQNR_OK_DB:g} dB against their own spread "
+            f"over the rows (the worst at {metrics.get(f'out.{output}.{VALUE_WORST_KEY}', math.nan):.1f} dB)"
+            for share, output in values[:2]]
+    more = f"; and {len(values) - 2} more output(s)" if len(values) > 2 else ""
+    return "; ".join(said) + more
 
 
 def _numbers(metrics: Mapping[str, float], pattern: re.Pattern) -> list[tuple[float, str]]:
@@ -348,29 +381,20 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
             "goal": rule.goal, "because": because}
 
 
-_VALUES = re.compile(r"^out\.(?P<output>.+?)\." + re.escape(VALUE_SHARE_KEY) + "$")
-
-
 def _values_note(metrics: Mapping[str, float], skip: Collection[str] = ()) -> str:
-    """What `because` adds to an ok of the worst-output rule where a vector output's values, each against its own
-    spread over the rows (calibrun.measure.errors.CentredSignal), fall under the ok bound: one int8 scale serves
-    every value of an output, and a value that varies little gets few of its levels. A note, not a rule: on the zoo
-    (docs/verdict.md) holosoma's policy (its check broken) and EfficientWord-Net's embedding (its check ok) both show
-    it, so the status cannot read it; a caller who reads each value alone (a joint target, a regression's value) is
-    told where to look."""
+    """What `because` adds to an ok of the worst-output rule where values of a vector fall under the ok bound, each
+    against its own spread over the rows, and the status did not read them (values_under): a few values of a long
+    vector (at most ROWS_UNDER_OK of them), or an output of unit vectors, read as a direction (EfficientWord-Net's
+    embedding: 31% of its 2048 values under 20 dB, its check ok)."""
     notes = []
-    for share, key in sorted(_numbers(metrics, _VALUES), key=lambda p: (-p[0], p[1])):
-        output = _VALUES.match(key)["output"]
-        worst = metrics.get(f"out.{output}.{VALUE_WORST_KEY}")
-        if output in skip or not share > 0 or worst is None:
-            continue
-        notes.append(f"{share:.0%} of the values of output {output!r} are under {SQNR_OK_DB:g} dB against their "
-                     f"own spread over the rows (the worst at {worst:.1f} dB)")
-    if not notes:
-        return ""
-    more = f"; and {len(notes) - 2} more output(s)" if len(notes) > 2 else ""
-    return ("; but " + "; ".join(notes[:2]) + more + ": one int8 scale serves all of an output's values, and one "
-            "that varies little gets few levels: a caller reading each value alone may find it degraded")
+    few = values_under(metrics, skip)
+    if few:
+        notes.append(_values_said(metrics, few) + ": a caller reading each value alone may find it degraded")
+    unit = values_under(metrics, skip, directions=True)
+    if unit:
+        notes.append(_values_said(metrics, unit) + ": its rows are unit vectors (L2 norm 1), compared as directions, "
+                     "so its values are not judged one by one")
+    return "".join(f"; but {note}" if i == 0 else f"; and {note}" for i, note in enumerate(notes))
 
 
 _NONFINITE = re.compile(r"^out\.(?P<output>.+?)(?:\.concat(?P<part>\d+))?\." + re.escape(NONFINITE_KEY) + "$")

@@ -484,6 +484,45 @@ def test_a_regressions_output_is_judged_against_how_the_rows_differ(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", ["holosoma_wbt", "efficientword"])
+def test_ok_needs_each_value_of_a_vector_against_its_own_spread_unless_its_rows_are_unit_vectors(tmp_path, name):
+    """holosoma's policy (joint targets and coordinates, each read on its own; its check broken where calibrun said
+    ok until session 41) and EfficientWord-Net's embedding (divided by its L2 norm in the graph, compared by cosine;
+    its check ok): per output, calibrun's share of values under 20 dB against their own spread over the rows and its
+    unit-vector mark equal ones computed here from both models' outputs, and ok is withheld exactly where an output
+    not of unit vectors has more than 1 value in 20 under the bound (docs/verdict.md)."""
+    from tests.zoo import run_rows
+
+    entry, built, job, result = _default_job(name, tmp_path)
+    feeds = built.arrays()
+    names = [o.name for o in onnx.load(str(entry.path()), load_external_data=False).graph.output]
+    refs, gots = (run_rows(path, feeds) for path in (entry.path(), job / "int8.onnx"))
+    metrics, withheld = result["metrics"], False
+    for output, ref, got in zip(names, refs, gots, strict=True):
+        ref, got = ref.astype(np.float64).reshape(len(ref), -1), got.astype(np.float64).reshape(len(got), -1)
+        if ref.shape[1] < 2:
+            continue
+        spread = np.square(ref - ref.mean(axis=0)).sum(axis=0)
+        varies = spread > np.square(ref).sum(axis=0) * 1e-12
+        share = float(np.mean(np.square(ref - got).sum(axis=0)[varies] * 100 > spread[varies]))
+        unit = bool(np.all(np.abs(np.square(ref).sum(axis=1) - 1) <= 1e-3))
+        assert metrics[f"out.{output}.values_under_20db"] == pytest.approx(share, abs=1.01 / varies.sum())
+        assert metrics.get(f"out.{output}.unit_norm") == (1.0 if unit else None)
+        withheld |= share > 0.05 and not unit
+    assert (name == "efficientword") == bool(metrics.get("out.feature_output.unit_norm"))  # its graph's L2 norm
+    verdict = result["verdict"]
+    rows = max(v for k, v in metrics.items() if k.endswith(".rows_under_20db"))
+    centred = min(v for k, v in metrics.items() if k.endswith(".centred_sqnr_db"))
+    pooled = verdict["value"]
+    expected = ("broken" if pooled < 10 else "degraded" if pooled < 20 or rows > 0.05 or centred < 20 or withheld
+                else "ok")
+    assert verdict["status"] == expected
+    assert ("one int8 scale serves all of an output's values" in verdict["because"]) == (
+        pooled >= 20 and rows <= 0.05 and centred >= 20 and withheld)
+    assert ("compared as directions" in verdict["because"]) == (expected == "ok" and name == "efficientword")
+
+
+@pytest.mark.slow
 def test_a_mean_of_softmaxes_is_judged_by_its_predictions_counted_as_its_output_gives_them(tmp_path):
     """mne-icalabel's ICLabel (held out) averages four views of each EEG component (Softmax, Reshape [4, -1],
     ReduceMean): task=auto reads the mean as class scores, its class axis found where the probabilities sum to 1;

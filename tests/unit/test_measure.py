@@ -310,6 +310,23 @@ def test_each_value_of_a_vector_output_against_its_own_variation():
     scalar = measure.OutputErrors(["score"])  # one value a row: the centred SQNR says it all
     scalar.update([ref[:, 0]], [got[:, 0]], rows=64)
     assert "out.score.values_under_20db" not in scalar.metrics()
+    assert "out.actions.unit_norm" not in m
+
+
+def test_an_output_of_unit_vectors_is_marked_a_direction():
+    """`unit_norm` where fp32 gives every row (every batch) a vector of L2 norm 1, as F.normalize makes an embedding;
+    not where one row is off by more than float32 rounding."""
+    rng = np.random.default_rng(3)
+    ref = rng.normal(size=(40, 16)).astype(np.float32)
+    ref /= np.linalg.norm(ref, axis=1, keepdims=True)
+    got = ref + np.float32(0.01) * rng.normal(size=ref.shape).astype(np.float32)
+    for last in (1.0, 1.01):
+        errors = measure.OutputErrors(["emb"])
+        off = ref.copy()
+        off[-1] *= last
+        for start in range(0, 40, 16):
+            errors.update([off[start:start + 16]], [got[start:start + 16]], rows=len(off[start:start + 16]))
+        assert errors.metrics().get("out.emb.unit_norm") == (1.0 if last == 1.0 else None)
 
 
 @pytest.mark.parametrize(("shape", "rows", "declared", "names", "axis"), [
