@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import math
 import os
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +85,7 @@ def _crop(value) -> int | tuple[int, int]:
 
 
 _SAID_FLOAT: list[bool] = []  # a float image past 1.0 was said (once a process)
+_SAID_LARGE: list[bool] = []  # an image past Pillow's decompression-bomb warning was said (once a process)
 RESIZED_PIXELS_MAX = 16 * 2**20  # pixels of an image resized before its crop: 192 MB as float32 RGB
 
 
@@ -253,7 +255,15 @@ class ImageTransform:
         from PIL import Image
 
         try:
-            with Image.open(path) as image:
+            with warnings.catch_warnings():  # Pillow warns past ~89 MP in two raw lines: said once, in calibrun's
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                image = Image.open(path)
+            with image:
+                if image.width * image.height > (Image.MAX_IMAGE_PIXELS or math.inf) and not _SAID_LARGE:
+                    _SAID_LARGE.append(True)
+                    log.warning("image %s is %.0f megapixels: each such image is decoded whole before its resize "
+                                "(about %.0f MB at a time)", path, image.width * image.height / 1e6,
+                                image.width * image.height * len(image.getbands()) / 2**20)
                 image.load()
                 pixels = self._resized(image)
         except Exception as exc:  # UnidentifiedImageError, OSError (truncated), DecompressionBombError ...

@@ -194,3 +194,29 @@ def test_a_float_image_of_0_to_255_levels_is_said_to_be_taken_as_0_to_1(tmp_path
                                       transform=plain(resize=4, crop=4)).batches(1))[0]
     assert float(feeds["img"].max()) == 200.0  # fed as it is
     assert "a 32-bit float image holds values up to 200: float images are taken as pixels in 0..1" in caplog.text
+
+
+def test_an_image_past_pillows_bomb_warning_is_said_once_in_calibruns_words(folder, caplog, monkeypatch):
+    """A 95-megapixel photo printed Pillow's DecompressionBombWarning raw (two lines, a file path into PIL) on every
+    read; now one calibrun line naming the image and what its decoding costs, however many such images are read.
+    (Pillow's limit is lowered here so that a small image passes it.)"""
+    import logging
+    import warnings
+
+    from calibrun.data import images
+
+    monkeypatch.setattr(images, "_SAID_LARGE", [])
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # warns past 100, refuses past 200 (Pillow's 2x)
+    Image.fromarray(PIXELS[:, :10]).save(folder / "narrow.png")  # 100 pixels: within the limit
+    Image.fromarray(PIXELS[:, :15]).save(folder / "wider.png")  # 150: past it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning left to Python fails the read
+        with caplog.at_level(logging.WARNING, logger="calibrun"):
+            for name in ("narrow.png", "wider.png", "wide.png", "wider.png"):
+                assert plain(resize=10, crop=10)(folder / name).shape == (3, 10, 10)
+    said = [r.getMessage() for r in caplog.records if "megapixels" in r.getMessage()]
+    assert said == [f"image {folder / 'wider.png'} is 0 megapixels: each such image is decoded whole before its "
+                    "resize (about 0 MB at a time)"]
+    Image.fromarray(np.tile(PIXELS, (2, 1, 1))).save(folder / "bomb.png")  # 400 pixels: past twice the limit
+    with pytest.raises(CalibrunError, match=r"^cannot read image .*bomb\.png: Image size \(400 pixels\) exceeds limit"):
+        plain(resize=10, crop=10)(folder / "bomb.png")
