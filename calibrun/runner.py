@@ -127,7 +127,7 @@ def run(cfg: DictConfig, job_dir: Path, sweep_dir: Path | None = None, job_num: 
             end_run(tracker, run_id, "KILLED")
         raise
     except Exception as exc:
-        message = one_line(exc)
+        message = _said(exc, cfg)
         record = JobResult.failed(message, _plain_params(cfg),
                                   mlflow=None if run_id is None else run_record(tracker, run_id))
         try:
@@ -253,6 +253,13 @@ def _unfinished(job_dir: Path) -> str:
                                             if kept else "")
 
 
+def _said(exc: BaseException, cfg: DictConfig) -> str:
+    """A job's error in one line; a file of the calibration cache removed under the running job said as such
+    (cache.vanished), not as a bare "No such file or directory"."""
+    gone = cache.vanished(exc, cfg.cache.dir) if cfg.cache.enabled else None
+    return gone or one_line(exc)
+
+
 def main(cfg: DictConfig) -> dict | None:
     """The Hydra task. A failing job in a multirun is recorded and reported, and the sweep goes on; the
     sweep callback makes the exit code non-zero. A failing single run exits 1 with one line. SIGINT/SIGTERM
@@ -282,7 +289,7 @@ def main(cfg: DictConfig) -> dict | None:
               + ("" if not config.tracking_enabled(cfg) else ", its MLflow run (if started) KILLED"), file=sys.stderr)
         die_of(exc)
     except Exception as exc:
-        message = one_line(exc)
+        message = _said(exc, cfg)
         if config.tracking_enabled(cfg):
             message = store_message(message, resolve_uri(cfg.tracking.uri))
         if not isinstance(exc, CalibrunError):

@@ -55,6 +55,20 @@ def folder(root: str | Path, kind: str, create: bool = False) -> Path:
     return path
 
 
+def vanished(exc: BaseException, root: str | Path) -> str | None:
+    """What to say where `exc` is a file of the cache under `root` not found (a folder removed while a job used it:
+    the prepared model it quantises, a range file it had just written), else None."""
+    name = getattr(exc, "filename", None)
+    if not isinstance(exc, FileNotFoundError) or not name:
+        return None
+    try:
+        Path(name).expanduser().resolve().relative_to(Path(root).expanduser().resolve())
+    except (ValueError, OSError):
+        return None
+    return (f"{name} is gone from the calibration cache ({root}) while the job used it: was the cache folder removed "
+            "or cleaned meanwhile? Run the job again (it computes what is missing)")
+
+
 def folders(root: str | Path) -> list[Path]:
     """The cache root and every subfolder (where a killed run may have left temp files)."""
     return [Path(root), *(Path(root) / kind for kind in KINDS)]

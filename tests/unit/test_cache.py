@@ -232,3 +232,25 @@ def test_workers_that_prepare_one_model_together_prepare_it_once(tmp_path, lab_m
     assert [p.returncode for p in procs] == [0, 0]
     assert said == ["prepared", "reused"]
     assert len(list((tmp_path / "cache" / "models").glob("*.onnx"))) == 1
+
+
+def test_a_cache_file_removed_under_a_running_job_is_said_as_such(tmp_path):
+    """A probe removed cache.dir while a job ran: the job failed with a bare `[Errno 2] No such file or directory:
+    '.../models/<key>.onnx'`. A file not found under the cache root is now named as the cache's, with what to do;
+    any other error, or a missing file elsewhere, keeps its own words."""
+    from omegaconf import OmegaConf
+
+    from calibrun.runner import _said
+
+    root = tmp_path / "cache"
+    gone = FileNotFoundError(2, "No such file or directory", str(root / "models" / "k.onnx"))
+    assert cache.vanished(gone, root) == (
+        f"{root / 'models' / 'k.onnx'} is gone from the calibration cache ({root}) while the job used it: was the "
+        "cache folder removed or cleaned meanwhile? Run the job again (it computes what is missing)")
+    assert cache.vanished(FileNotFoundError(2, "No such file or directory", str(tmp_path / "data.npz")), root) is None
+    assert cache.vanished(PermissionError(13, "Permission denied", str(root / "ranges" / "k.json")), root) is None
+    assert cache.vanished(FileNotFoundError("no filename"), root) is None
+    on = OmegaConf.create({"cache": {"enabled": True, "dir": str(root)}})
+    assert _said(gone, on) == cache.vanished(gone, root)
+    assert _said(gone, OmegaConf.create({"cache": {"enabled": False, "dir": str(root)}})) == (
+        f"[Errno 2] No such file or directory: '{root / 'models' / 'k.onnx'}'")
