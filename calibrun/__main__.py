@@ -9,8 +9,14 @@ import logging
 import os
 import sys
 from importlib import resources
+from pathlib import Path
 
-from calibrun.tracking import dispose_stores, writer
+from calibrun.core import interrupts
+
+if __name__ == "__main__" or Path(sys.argv[0]).name == "calibrun":  # the program (python -m, or the command)
+    interrupts.while_starting()  # a Ctrl-C during the imports below: one line, not a traceback
+
+from calibrun.tracking import dispose_stores, writer  # noqa: E402
 
 if __name__ == "__main__":  # first: MLflow's import runs in the writer while Hydra is imported here
     writer.start(sys.argv[1:])

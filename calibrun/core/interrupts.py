@@ -131,13 +131,37 @@ def _raise_interrupted(signum, frame) -> None:
     raise_interrupted(signum, frame)  # recorded: raised again at the next check if Python drops it
 
 
+_IGNORED_AT_START: set[int] = set()  # signals the process was started ignoring (while_starting): kept ignored
+
+
+def while_starting() -> None:
+    """From a CLI's first line until install_signal_handlers: SIGINT or SIGTERM end the process in one line (Python's
+    own default printed a KeyboardInterrupt traceback from whichever import it was in). A signal the process was
+    started ignoring stays ignored, here and after (a shell's `cmd &` in a script ignores SIGINT, so that the
+    script's Ctrl-C is not its background jobs'): the Unix convention, which Python keeps for SIGINT too."""
+    with contextlib.suppress(ValueError):  # not the main thread
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(sig) is signal.SIG_IGN:
+                _IGNORED_AT_START.add(sig)
+            else:
+                signal.signal(sig, _end_while_starting)
+
+
+def _end_while_starting(signum, frame) -> None:
+    with contextlib.suppress(Exception):
+        sys.stderr.write(f"calibrun: interrupted by {signal.Signals(signum).name} while starting: no job ran\n")
+    die_of(Interrupted(signum))
+
+
 def install_signal_handlers() -> None:
     """SIGINT and SIGTERM raise Interrupted (a KeyboardInterrupt) in the main thread; one that Python drops is not
-    printed (it is raised again at the next check)."""
+    printed (it is raised again at the next check). One the process was started ignoring stays ignored
+    (while_starting)."""
     quiet_dropped()
     with contextlib.suppress(ValueError):  # not the main thread (some launchers): keep the defaults
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, _raise_interrupted)
+            if sig not in _IGNORED_AT_START:
+                signal.signal(sig, _raise_interrupted)
 
 
 _WITH_PARENT: list[int] = []  # this process's pid once die_with_parent has set its death signal

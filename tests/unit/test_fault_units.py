@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import subprocess
 import time
 from pathlib import Path
 
@@ -363,3 +364,41 @@ def test_a_killed_process_that_waits_to_be_reaped_leaves_orphans_to_remove(tmp_p
     finally:
         child.kill()
         child.wait()
+
+
+def _startup(code: str, ignore_sigint: bool = False) -> subprocess.CompletedProcess:
+    """A fresh interpreter running `code` after calibrun's start-of-process signal setup (signal handlers are the
+    process's: not in the test's own)."""
+    import signal
+    import sys
+
+    prelude = "import os, signal, time\nfrom calibrun.core import interrupts\ninterrupts.while_starting()\n"
+    preexec = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None
+    return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=60,
+                          preexec_fn=preexec, cwd=Path(__file__).parents[2])
+
+
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_cli_starts_ends_it_in_one_line(name):
+    """A Ctrl-C in the first half second of `python -m calibrun` (its imports) printed Python's KeyboardInterrupt
+    traceback from inside numpy's; now one line and the signal's own death, as after the start."""
+    import signal
+
+    done = _startup(f"os.kill(os.getpid(), signal.{name})\ntime.sleep(30)\nprint('not ended')")
+    assert done.returncode == -getattr(signal, name)
+    assert done.stderr == f"calibrun: interrupted by {name} while starting: no job ran\n"
+    assert done.stdout == ""
+
+
+def test_sigint_ignored_when_the_process_started_stays_ignored():
+    """A script's `calibrun ... &` starts it with SIGINT ignored, so that the script's Ctrl-C is not its background
+    job's: the convention Python keeps for itself. calibrun's handlers kept it until session 41 only while it imported
+    (and then caught it); now it stays ignored, and SIGTERM (never ignored by `&`) still ends the job."""
+    code = ("interrupts.install_signal_handlers()\nos.kill(os.getpid(), signal.SIGINT)\nprint('still here')\n"
+            "try:\n    os.kill(os.getpid(), signal.SIGTERM)\n    time.sleep(30)\n"
+            "except interrupts.Interrupted as exc:\n    print('interrupted by', exc)\n")
+    done = _startup(code, ignore_sigint=True)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "still here\ninterrupted by SIGTERM\n", "")
+    done = _startup(code)  # not ignored at the start: SIGINT is the job's interrupt
+    assert done.stdout == ""  # the first kill raised the job's interrupt (uncaught here)
+    assert done.stderr.rstrip().endswith("Interrupted: SIGINT")

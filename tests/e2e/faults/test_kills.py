@@ -319,3 +319,28 @@ def test_a_job_whose_stderr_reader_goes_away_still_completes(tmp_path):
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["status"] == "ok"
     assert [r.info.status for r in runs_of(tmp_path)] == ["FINISHED"]
+
+
+@pytest.mark.parametrize("delay", [0.25, 0.5])
+def test_ctrl_c_while_the_cli_starts_is_one_line(tmp_path, delay):
+    """`python -m calibrun` in a fresh process spends its first half second importing: a Ctrl-C there printed
+    Python's KeyboardInterrupt traceback (from inside numpy's imports) until session 41. Whenever it lands, the
+    process now dies of the signal after one calibrun line."""
+    with open(tmp_path / "err", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "calibrun", "tracking=off", f"hydra.run.dir={tmp_path / 'run'}",
+                                 f"cache.dir={tmp_path / 'cache'}"], cwd=tmp_path, env=env_for(tmp_path),
+                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    try:
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    stderr = (tmp_path / "err").read_text()
+    assert proc.returncode == -signal.SIGINT, stderr[-3000:]
+    assert "Traceback" not in stderr
+    lines = message_lines(stderr)
+    assert len(lines) == 1
+    assert lines[0].startswith("calibrun: interrupted by SIGINT")
