@@ -207,29 +207,46 @@ def test_one_folder_is_never_shared_nor_reused_without_resume(outcomes):
     assert {p: p.stat().st_mtime_ns for p in o["sweep"].glob("*/result.json")} == o["before"]
 
 
-def test_sigterm_during_a_single_run_ends_its_run_killed(tmp_path):
-    """A single run (no -m) that calibrates long enough to be caught working, then SIGTERM. (100000 batches: the
-    tracking writer starts the run while the job computes, ~2 s in, and 20000 batches were done by then.)"""
-    fresh(tmp_path)
-    run_dir = tmp_path / "run"
-    with open(tmp_path / "single.err", "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "calibrun", "batches=100000", f"hydra.run.dir={run_dir}",
-                                 f"cache.dir={tmp_path / 'cache'}"], cwd=tmp_path, env=env_for(tmp_path),
+def _signalled(tmp_path, args: list[str], sig: int, ready) -> tuple[subprocess.Popen, str]:
+    """`python -m calibrun ARGS` in a session of its own, stderr to tmp_path/single.err; `ready(err_path, proc)`
+    waits for the moment to send `sig` to its group (failing if the process ended first or it takes over 180 s);
+    then (the process, its stderr) once it has exited."""
+    err_path = tmp_path / "single.err"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "calibrun", *args], cwd=tmp_path, env=env_for(tmp_path),
                                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     try:
-        end = time.monotonic() + 180
-        while not runs_of(tmp_path):  # its MLflow run exists: the job is working
-            assert proc.poll() is None, (tmp_path / "single.err").read_text()[-3000:]
-            assert time.monotonic() < end
-            time.sleep(0.1)
-        time.sleep(0.5)
-        os.killpg(proc.pid, signal.SIGTERM)
+        ready(err_path, proc)
+        os.killpg(proc.pid, sig)
         proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    stderr = (tmp_path / "single.err").read_text()
+    return proc, err_path.read_text()
+
+
+def _until(done, err_path, proc) -> None:
+    """Wait until `done()` holds while the process runs (180 s at most)."""
+    end = time.monotonic() + 180
+    while not done():
+        assert proc.poll() is None, err_path.read_text()[-3000:]
+        assert time.monotonic() < end
+        time.sleep(0.05)
+
+
+def test_sigterm_during_a_single_run_ends_its_run_killed(tmp_path):
+    """A single run (no -m) that calibrates long enough to be caught working, then SIGTERM. (100000 batches: the
+    tracking writer starts the run while the job computes, ~2 s in, and 20000 batches were done by then.)"""
+    fresh(tmp_path)
+    run_dir = tmp_path / "run"
+
+    def working(err_path, proc):
+        _until(lambda: runs_of(tmp_path), err_path, proc)  # its MLflow run exists: the job is working
+        time.sleep(0.5)
+
+    proc, stderr = _signalled(tmp_path, ["batches=100000", f"hydra.run.dir={run_dir}",
+                                         f"cache.dir={tmp_path / 'cache'}"], signal.SIGTERM, working)
     assert proc.returncode == -signal.SIGTERM, stderr[-3000:]
     assert "Traceback" not in stderr
     assert [r.info.status for r in runs_of(tmp_path)] == ["KILLED"]
@@ -249,25 +266,10 @@ def test_sigterm_while_two_candidates_are_measured_at_once_ends_the_run_killed(t
     never written."""
     fresh(tmp_path)
     run_dir = tmp_path / "run"
-    err_path = tmp_path / "single.err"
-    with open(err_path, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "calibrun", "calibration=narrow", "eval.rows=1000000",
-                                 "eval.batch_size=4096", f"hydra.run.dir={run_dir}", f"cache.dir={tmp_path / 'cache'}"],
-                                cwd=tmp_path, env=env_for(tmp_path), stdout=subprocess.DEVNULL, stderr=err,
-                                start_new_session=True)
-    try:
-        end = time.monotonic() + 180
-        while "candidates 2 at a time" not in err_path.read_text():  # after the first candidate, alone
-            assert proc.poll() is None, err_path.read_text()[-3000:]
-            assert time.monotonic() < end
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGTERM)  # the next two are being measured together
-        proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    stderr = err_path.read_text()
+    proc, stderr = _signalled(  # signalled after the first candidate, alone: the next two are measured together
+        tmp_path, ["calibration=narrow", "eval.rows=1000000", "eval.batch_size=4096", f"hydra.run.dir={run_dir}",
+                   f"cache.dir={tmp_path / 'cache'}"], signal.SIGTERM,
+        lambda err_path, proc: _until(lambda: "candidates 2 at a time" in err_path.read_text(), err_path, proc))
     assert proc.returncode == -signal.SIGTERM, stderr[-3000:]
     assert "Traceback" not in stderr
     assert "recommend: best" not in stderr  # stopped among the candidates
@@ -326,19 +328,9 @@ def test_ctrl_c_while_the_cli_starts_is_one_line(tmp_path, delay):
     """`python -m calibrun` in a fresh process spends its first half second importing: a Ctrl-C there printed
     Python's KeyboardInterrupt traceback (from inside numpy's imports) until session 41. Whenever it lands, the
     process now dies of the signal after one calibrun line."""
-    with open(tmp_path / "err", "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "calibrun", "tracking=off", f"hydra.run.dir={tmp_path / 'run'}",
-                                 f"cache.dir={tmp_path / 'cache'}"], cwd=tmp_path, env=env_for(tmp_path),
-                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
-    try:
-        time.sleep(delay)
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    stderr = (tmp_path / "err").read_text()
+    proc, stderr = _signalled(tmp_path, ["tracking=off", f"hydra.run.dir={tmp_path / 'run'}",
+                                         f"cache.dir={tmp_path / 'cache'}"], signal.SIGINT,
+                              lambda err_path, proc: time.sleep(delay))
     assert proc.returncode == -signal.SIGINT, stderr[-3000:]
     assert "Traceback" not in stderr
     lines = message_lines(stderr)
