@@ -18,9 +18,11 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import zipfile
-from collections.abc import Iterator, Sequence
+import zlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,7 +68,8 @@ class _Segment:
 
     def load(self) -> np.ndarray:
         """The array: memory-mapped for .npy and for an .npz member stored uncompressed (numpy.savez), loaded (this
-        member only) for a compressed one (numpy.savez_compressed: its bytes must be inflated to be read)."""
+        member only) for a compressed one (numpy.savez_compressed: its bytes must be inflated to be read; `rows`
+        streams it instead)."""
         self.file.check()
         try:
             if self.key is None:
@@ -81,6 +84,61 @@ class _Segment:
         if tuple(array.shape) != self.shape or array.dtype != self.dtype:
             raise CalibrunError(f"{self.where} changed after calibrun scanned it; start again")
         return array
+
+
+    def rows(self, axis: int) -> Callable[[int, int], np.ndarray]:
+        """`read(start, stop)`: the rows start:stop along `axis`, asked for in order, each start the last stop. A
+        compressed .npz member in C order with its rows on axis 0 is inflated as they are asked for (a
+        numpy.savez_compressed file of 6000 rows of which a job reads 256 had been inflated whole, every pass);
+        any other array is loaded (memory-mapped where it can be) and sliced."""
+        stream = self._compressed_rows() if axis == 0 else None
+        if stream is None:
+            array = self.load()
+            return lambda start, stop: along(array, axis, start, stop)
+        return stream
+
+    def _compressed_rows(self) -> Callable[[int, int], np.ndarray] | None:
+        """A reader of a compressed member's rows in order (None where the member is stored uncompressed, in
+        Fortran order, holds objects or is not one)."""
+        if self.key is None or self.dtype.hasobject or 0 in self.shape or not self.shape:
+            return None
+        self.file.check()
+        try:
+            archive = zipfile.ZipFile(self.file.path)
+            info = archive.getinfo(f"{self.key}.npy")
+            if info.compress_type == zipfile.ZIP_STORED:
+                archive.close()
+                return None
+            member = archive.open(info)
+            version = np.lib.format.read_magic(member)
+            read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+            shape, fortran, dtype = read[version](member)
+        except Exception as exc:  # zipfile.BadZipFile, KeyError, ValueError, OSError ...
+            raise CalibrunError(f"cannot read {self.where}: {one_line(exc)}") from exc
+        if tuple(shape) != self.shape or np.dtype(dtype) != self.dtype:
+            archive.close()
+            raise CalibrunError(f"{self.where} changed after calibrun scanned it; start again")
+        if fortran:
+            archive.close()
+            return None
+        row_shape, row_bytes = self.shape[1:], self.dtype.itemsize * math.prod(self.shape[1:])
+        at = [0]
+
+        def read(start: int, stop: int) -> np.ndarray:
+            if start != at[0]:
+                raise ValueError(f"{self.where}: rows {start}:{stop} asked for after row {at[0]} (read in order only)")
+            try:
+                data = member.read((stop - start) * row_bytes)
+            except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as exc:  # a bad CRC, a truncated stream
+                raise CalibrunError(f"cannot read {self.where}: {one_line(exc)}") from exc
+            if len(data) != (stop - start) * row_bytes:
+                raise CalibrunError(f"cannot read {self.where}: the archive ends before row {stop}")
+            at[0] = stop
+            if stop == self.shape[0]:
+                archive.close()
+            return np.frombuffer(data, self.dtype).reshape((stop - start, *row_shape))
+
+        return read
 
 
 def _mapped_member(path: Path, key: str) -> np.ndarray | None:
@@ -239,18 +297,17 @@ class _ArrayColumn:
         factor = factor if self.float else 1.0
         axis = self.axis
         segments = iter(s for s in self.segments if s.shape[axis])
-        segment, array, offset = None, None, 0
+        segment, read, offset = None, None, 0
         for size in sizes:
             parts = []
             need = size
             while need:
-                if array is None or offset == segment.shape[axis]:
-                    array = None  # drop the previous file before opening the next
+                if read is None or offset == segment.shape[axis]:
+                    read = None  # drop the previous file before opening the next
                     segment = next(segments)
-                    array, offset = segment.load(), 0
+                    read, offset = segment.rows(axis), 0
                 take = min(need, segment.shape[axis] - offset)
-                parts.append(feeding.cast(along(array, axis, offset, offset + take), self.info, factor,
-                                          segment.where, offset))
+                parts.append(feeding.cast(read(offset, offset + take), self.info, factor, segment.where, offset))
                 offset += take
                 need -= take
             yield parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
