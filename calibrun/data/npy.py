@@ -85,7 +85,6 @@ class _Segment:
             raise CalibrunError(f"{self.where} changed after calibrun scanned it; start again")
         return array
 
-
     def rows(self, axis: int) -> Callable[[int, int], np.ndarray]:
         """`read(start, stop)`: the rows start:stop along `axis`, asked for in order, each start the last stop. A
         compressed .npz member in C order with its rows on axis 0 is inflated as they are asked for (a
@@ -103,6 +102,7 @@ class _Segment:
         if self.key is None or self.dtype.hasobject or 0 in self.shape or not self.shape:
             return None
         self.file.check()
+        archive = None
         try:
             archive = zipfile.ZipFile(self.file.path)
             info = archive.getinfo(f"{self.key}.npy")
@@ -113,11 +113,14 @@ class _Segment:
             version = np.lib.format.read_magic(member)
             read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
             shape, fortran, dtype = read[version](member)
+            if tuple(shape) != self.shape or np.dtype(dtype) != self.dtype:
+                raise CalibrunError(f"{self.where} changed after calibrun scanned it; start again")
         except Exception as exc:  # zipfile.BadZipFile, KeyError, ValueError, OSError ...
+            if archive is not None:
+                archive.close()
+            if isinstance(exc, CalibrunError):
+                raise
             raise CalibrunError(f"cannot read {self.where}: {one_line(exc)}") from exc
-        if tuple(shape) != self.shape or np.dtype(dtype) != self.dtype:
-            archive.close()
-            raise CalibrunError(f"{self.where} changed after calibrun scanned it; start again")
         if fortran:
             archive.close()
             return None
