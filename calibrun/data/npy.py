@@ -110,10 +110,8 @@ class _Segment:
                 archive.close()
                 return None
             member = archive.open(info)
-            version = np.lib.format.read_magic(member)
-            read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-            shape, fortran, dtype = read[version](member)
-            if tuple(shape) != self.shape or np.dtype(dtype) != self.dtype:
+            shape, fortran, dtype = _npy_header(member)
+            if shape != self.shape or dtype != self.dtype:
                 raise CalibrunError(f"{self.where} changed after calibrun scanned it; start again")
         except Exception as exc:  # zipfile.BadZipFile, KeyError, ValueError, OSError ...
             if archive is not None:
@@ -159,29 +157,33 @@ def _mapped_member(path: Path, key: str) -> np.ndarray | None:
             return None
         names = int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little")
         fp.seek(info.header_offset + 30 + names)
-        version = np.lib.format.read_magic(fp)
-        read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
-        if read is None:
+        try:
+            shape, fortran, dtype = _npy_header(fp)
+        except ValueError:  # a format version numpy's reader does not know: loaded, which says so
             return None
-        shape, fortran, dtype = read(fp)
         offset = fp.tell()
     if dtype.hasobject or 0 in shape:
         return None
     return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
 
 
+def _npy_header(fp) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, Fortran order, dtype) of the .npy bytes at `fp` (left at the array's first byte); ValueError for a
+    format version numpy's reader does not know."""
+    version = np.lib.format.read_magic(fp)
+    read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+    if read is None:
+        raise ValueError(f"unsupported .npy format version {version[0]}.{version[1]}")
+    shape, fortran, dtype = read(fp)
+    return tuple(int(d) for d in shape), bool(fortran), np.dtype(dtype)
+
+
 def _read_header(fp, where: str) -> tuple[tuple[int, ...], np.dtype]:
     try:
-        version = np.lib.format.read_magic(fp)
-        if version == (1, 0):
-            shape, _, dtype = np.lib.format.read_array_header_1_0(fp)
-        elif version == (2, 0):
-            shape, _, dtype = np.lib.format.read_array_header_2_0(fp)
-        else:
-            raise ValueError(f"unsupported .npy format version {version[0]}.{version[1]}")
+        shape, _, dtype = _npy_header(fp)
     except Exception as exc:
         raise CalibrunError(f"{where}: not a readable .npy array ({one_line(exc)})") from exc
-    return tuple(int(d) for d in shape), np.dtype(dtype)
+    return shape, dtype
 
 
 def _scan_npy(file: _File) -> _Segment:
