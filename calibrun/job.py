@@ -33,7 +33,7 @@ from calibrun.lab.model import write_lab_model
 from calibrun.measure import errors as measure
 from calibrun.measure import feedback, task_pick, tasks, verdict
 from calibrun.measure.diagnosis import accumulated_note, as_table, classify_model, clipping_outputs_note
-from calibrun.measure.rows_apart import rows_depend
+from calibrun.measure.rows_apart import axes_note, rows_depend
 from calibrun.measure.tensor_stats import StreamingDiagnostics
 from calibrun.model import (
     FloatModel,
@@ -410,8 +410,8 @@ def compute(ctx: JobContext) -> JobResult:
     if depend is not None:
         log.warning("the model's output for a row depends on the rows fed beside it: %s; calibration and evaluation "
                     "feed %d rows at a time, so this job measures it on batches of %d rows: set eval.batch_size to the "
-                    "rows it is run on at a time (a whole sequence of frames; 1 where it normalises over its batch)",
-                    depend, size, size)
+                    "rows it is run on at a time (a whole sequence of frames; 1 where it normalises over its batch)%s",
+                    depend, size, size, axes_note(evaluation.axes))
     ctx.close_reference()
     if ctx.keep_reference:
         from calibrun.analysis.evaluate import Evaluator

@@ -235,6 +235,19 @@ def frame_conv(features: int = 8, channels: int = 4, width: int = 5, seed: int =
     return _finish(nodes, "frame_conv", inputs, outputs, [weight, axes, squeeze], OPSET)
 
 
+def width_conv(height: int = 8, channels: int = 4, width: int = 3, seed: int = 0) -> onnx.ModelProto:
+    """A text-line model exported as ddddocr's reader is: x [1, 1, height, W] (its batch pinned, its width free) ->
+    a convolution `width` columns wide -> y [1, channels, 1, W - width + 1]. Its one free axis is the width, which
+    calibrun infers as the batch axis unless told otherwise."""
+    rng = np.random.default_rng(seed)
+    weight = numpy_helper.from_array(rng.normal(0, 0.5, (channels, 1, height, width)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Sigmoid", ["c"], ["y"], name="sigmoid")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, height, "W"])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, 1, "out_width"])]
+    return _finish(nodes, "width_conv", inputs, outputs, [weight], OPSET)
+
+
 def old_opset_pool(opset: int = 6) -> onnx.ModelProto:
     """Conv -> AveragePool over [N, 1, 8] at `opset` (IR 3, the weight also listed as a graph input): at opset 6
     onnxruntime cannot load the file as it is (it has no kernel for AveragePool-1, only 7 and later); at 13 it is the

@@ -68,6 +68,20 @@ def rows_depend(fp32_path, evaluation, threads: int = 0, sess=None, batch: int |
     return None
 
 
+def axes_note(axes) -> str:
+    """Where the rows are counted on an axis other than 0: which, and how to move them. Rows that depend on each
+    other there are often no rows at all (an image's width, a sequence's frames: the one free axis of `[1, 1, 64, W]`
+    is inferred as its batch axis)."""
+    moved = {name: axis for name, axis in (axes or {}).items() if axis not in (None, 0)}
+    if not moved:
+        return ""
+    said = ", ".join(f"axis {axis} of input {name!r}" for name, axis in moved.items())
+    name = next(iter(moved))
+    return (f"; the rows are counted along {said} (data.inputs.<name>.batch_axis, else the input's one free axis): "
+            f"where that is not the model's batch (an image's width, a sequence's frames), set "
+            f"data.inputs.{name}.batch_axis and eval_data.inputs.{name}.batch_axis to the axis it batches on")
+
+
 def _differs(whole: np.ndarray, a: np.ndarray, b: np.ndarray) -> str | None:
     if not np.issubdtype(whole.dtype, np.floating) or whole.ndim == 0:
         return None

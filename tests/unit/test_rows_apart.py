@@ -83,3 +83,14 @@ def test_the_rows_run_whole_are_at_most_what_the_memory_budget_lets_a_run_hold(t
     assert rows_depend(model, evaluation, sess=Session()) == \
         "output 'y' has (7, 4) for the batch but (3, 4) and (3, 4) for its halves (8 rows, then 4 and 4)"
     assert max(fed) == 8
+
+
+def test_axes_note_names_rows_counted_off_axis_0():
+    from calibrun.measure.rows_apart import axes_note
+
+    assert axes_note(None) == ""
+    assert axes_note({"x": 0, "sr": None}) == ""  # axis 0 and a constant: nothing to say
+    note = axes_note({"input1": 3, "sr": None})
+    assert note.startswith("; the rows are counted along axis 3 of input 'input1'")
+    assert note.endswith("set data.inputs.input1.batch_axis and eval_data.inputs.input1.batch_axis to the axis it "
+                         "batches on")
