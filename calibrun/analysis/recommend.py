@@ -105,7 +105,8 @@ class Candidate:
 
 
 def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, quantised: Mapping[str, str],
-               saturates: bool = False, ranges: Mapping[str, tuple[float, float]] | None = None) -> list[Candidate]:
+               saturates: bool = False, ranges: Mapping[str, tuple[float, float]] | None = None,
+               reach: Mapping[str, tuple[float, float]] | None = None) -> list[Candidate]:
     """The single changes worth measuring for a job quantised with `options` by `method` (`quantised`: the nodes its
     int8 model computes from int8 values and their op types, `quantised_nodes`; `saturates`: this CPU's int8
     kernels can saturate,
@@ -114,7 +115,8 @@ def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, qua
     are the whole model; on a recurrent one quantize_static quantises only the few ops around the LSTM (two of
     fifteen nodes in a PyTorch export): "keep it all in float" is no int8 recommendation. `ranges`: the job's
     calibrated range of each tensor (calibrun.quant.quantize.calibrated_ranges), which the headroom candidate
-    widens for the top culprits the diagnosis calls clipping (`headroom`)."""
+    widens for the top culprits and the outputs the diagnosis calls clipping (`headroom`); `reach`: the range each
+    diagnosed tensor reached on the evaluation rows (`evaluation_reach`)."""
     found = []
     if not options.per_channel:
         found.append(Candidate(("quant.per_channel=true",), replace(options, per_channel=True)))
@@ -135,10 +137,15 @@ def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, qua
             every = [*options.nodes_to_exclude, *nodes]
             found.append(Candidate((f"quant.nodes_to_exclude=[{','.join(map(overrides.list_item, every))}]",),
                                    replace(options, nodes_to_exclude=tuple(every))))
-        clipped = [c["tensor"] for c in culprits[: conf.culprits] if c.get("verdict") == "clipping"
-                   and c["tensor"] in (ranges or {}) and c["tensor"] not in options.tensor_ranges]
+        # the top culprits that clip, and the outputs that clip: an output's cut values reach the user as they are,
+        # even where its input was cut first and its own pair adds no noise (the hand model's presence, a Sigmoid
+        # calibrated to [0, 0.53]: 59% of its values cut, 0% of the added error)
+        clipping = [c["tensor"] for c in culprits[: conf.culprits] if c.get("verdict") == "clipping"]
+        clipping += [o["tensor"] for o in (diagnosis or {}).get("clipping_outputs") or () if o.get("verdict") ==
+                     "clipping"]
+        clipped = [t for t in dict.fromkeys(clipping) if t in (ranges or {}) and t not in options.tensor_ranges]
         if clipped:
-            wider = {**options.tensor_ranges, **{t: headroom(*ranges[t]) for t in clipped}}
+            wider = {**options.tensor_ranges, **{t: headroom(*ranges[t], (reach or {}).get(t)) for t in clipped}}
             pairs = ",".join(f"{overrides.escaped(t)}:[{low!r},{high!r}]" for t, (low, high) in sorted(wider.items()))
             found.append(Candidate((f"quant.tensor_ranges={{{pairs}}}",), replace(options, tensor_ranges=wider)))
         matrix = sorted({op for op in quantised.values() if op in MATRIX_OPS})
@@ -151,20 +158,37 @@ def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, qua
     return found
 
 
-def headroom(low: float, high: float) -> tuple[float, float]:
-    """A clipped tensor's calibrated range with each end twice as far from zero (an end at or across zero stays):
-    values the calibration data never reached fit, for one bit of the grid's resolution. Clipping is a range's
+def headroom(low: float, high: float, reach: tuple[float, float] | None = None) -> tuple[float, float]:
+    """A clipped tensor's calibrated range with each end twice as far from zero (an end at or across zero stays),
+    and at least as far as the evaluation rows reached (`reach`: diagnostics.json's eval_min, eval_max): values the
+    calibration data never reached fit, for a bit or more of the grid's resolution. Clipping is a range's
     error, which no precision change reaches (16 bits on the same ends clip the same values): riann's IMU network,
-    its raw quaternion calibrated to +-5.9 on one half of a recording and reaching 7.9 on the other. Each end to 6
-    significant digits, as the override prints it (the range measured is the one a user types)."""
+    its raw quaternion calibrated to +-5.9 on one half of a recording and reaching 7.9 on the other; a hand-landmark
+    model's presence logit, calibrated to [-9.8, 0.12] on hands it barely believed in and reaching 12.9 on a
+    confident one, which twice 0.12 does not reach. Each end to 6 significant digits, as the override prints it (the
+    range measured is the one a user types)."""
     def printed(value: float, outward: float) -> float:  # to 6 digits, rounded away from the range's inside
         shown = float(f"{value:.6g}")
         if (shown - value) * outward < 0:
             shown = float(f"{value + outward * 10 ** (math.floor(math.log10(abs(value))) - 5):.6g}")
         return shown
 
-    return (printed(2 * low if low < 0 else low, -1.0) if low else low,
-            printed(2 * high if high > 0 else high, 1.0) if high else high)
+    wide_low, wide_high = 2 * low if low < 0 else low, 2 * high if high > 0 else high
+    if reach is not None:
+        wide_low = min(wide_low, reach[0]) if math.isfinite(reach[0]) else wide_low
+        wide_high = max(wide_high, reach[1]) if math.isfinite(reach[1]) else wide_high
+    return (printed(wide_low, -1.0) if wide_low else wide_low, printed(wide_high, 1.0) if wide_high else wide_high)
+
+
+def evaluation_reach(table_path: Path) -> dict[str, tuple[float, float]]:
+    """Each diagnosed tensor's fp32 range on the diagnosed evaluation rows (diagnostics.json's eval_min, eval_max)."""
+    import json
+
+    from calibrun.measure.sweep_diagnosis import rows_of_table
+
+    return {r["tensor"]: (float(r["eval_min"]), float(r["eval_max"]))
+            for r in rows_of_table(json.loads(Path(table_path).read_text()))
+            if isinstance(r.get("eval_min"), (int, float)) and isinstance(r.get("eval_max"), (int, float))}
 
 
 def quantised_nodes(int8_path: Path) -> dict[str, str]:
@@ -334,8 +358,11 @@ def attach(ctx, result) -> None:
                                          decided_on)
             if upstream is not None:
                 diagnosis = {**diagnosis, "culprits": upstream}
+        reach = evaluation_reach(ctx.job_dir / result.files["diagnostics"]) if result.files.get("diagnostics") \
+            else None
         singles = candidates(ctx.options, cfg.format.name, spec.method, diagnosis, conf, quantised,
-                             saturates=cpu.int8_dot()["saturates"], ranges=calibrated_ranges(own.ranges_path))
+                             saturates=cpu.int8_dot()["saturates"], ranges=calibrated_ranges(own.ranges_path),
+                             reach=reach)
         at_once = side_by_side(evaluator, fp32.path, ctx.evaluation.axes, config.memory_budget(cfg),
                                cfg.ort.intra_op_threads) if sum(c.method is None for c in singles) > 1 else 1
         entries, at_once = _each(singles, measured_alone, said, at_once, cfg.ort.intra_op_threads)

@@ -116,10 +116,13 @@ def pareto(points: Sequence[dict], cost: str, goal: str) -> list[bool]:
 def repair(fp32_path: Path, calibration, options: QuantOptions, ranking: Sequence[dict],
            measure: Callable[[Path], tuple[dict, float]], metric: str, goal: str, target: float, out_path: Path,
            precisions: Sequence[str] = PRECISIONS, max_steps: int = 20,
-           start: tuple[Path, dict, float] | None = None, no_int16: Collection[str] = ()) -> dict:
+           start: tuple[Path, dict, float] | None = None, no_int16: Collection[str] = (),
+           holds: Callable[[dict], bool] | None = None) -> dict:
     """Promote the most sensitive tensors until `metric` reaches `target`, then take back what it does not need
     (module docstring). `measure(path) -> (metrics, seconds)`; `start`: the job's own int8 model, its metrics and
-    seconds (step 0, not quantised again); `no_int16`: tensors never promoted to int16 (`biases`). Writes the
+    seconds (step 0, not quantised again); `no_int16`: tensors never promoted to int16 (`biases`); `holds`: what else
+    a model's metrics must pass to reach the target (the verdict's rows' share and values, where the target is the
+    verdict's ok: calibrun.analysis.Goal). Writes the
     repaired model to `out_path` (the best one measured when the target is not reached) and returns repair.json's
     record.
 
@@ -150,7 +153,7 @@ def repair(fp32_path: Path, calibration, options: QuantOptions, ranking: Sequenc
             quantize(fp32_path, path, calibration, options_for(options, state, entries))
             measured, seconds = measure(path)
             value = metric_of(measured, metric)
-            ok = seen[key] = reached(goal, value, target)
+            ok = seen[key] = reached(goal, value, target) and (holds is None or holds(measured))
             steps.append({"step": len(steps), "what": what, "promoted": len(state), "metric": value, "reached": ok})
             log.info("repair step %d: %s: %s = %.6g%s", len(steps) - 1, what, metric, value,
                      " (target reached)" if ok else "")
@@ -170,7 +173,7 @@ def repair(fp32_path: Path, calibration, options: QuantOptions, ranking: Sequenc
         if start is not None:
             model, measured, seconds = start
             value = metric_of(measured, metric)
-            ok = reached(goal, value, target)
+            ok = reached(goal, value, target) and (holds is None or holds(measured))
             best.update(state={}, value=value, model=model, measured=measured, seconds=seconds, ok=ok)
             seen[frozenset()] = ok
             steps.append({"step": 0, "what": "int8 (the job's model)", "promoted": 0, "metric": value, "reached": ok})

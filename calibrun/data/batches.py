@@ -157,6 +157,11 @@ def _plan(total: int, per_batch: int, pinned: bool, requested: int, where: str) 
             held = f"{full} full {_plural(full, 'batch')} of {per_batch}{tail}"
         say("%s: %d batches requested, the data has %d rows: %s; using %d %s", where, requested, total, held, count,
             _plural(count, "batch"))
+    elif count * per_batch < total:  # the rest of the data is not read: said (a hand-landmark model pinned to one
+        # row a batch calibrated on 64 of its file's 128 rows, the second photo's never, and no line said so)
+        whole = full + (1 if rest and not pinned else 0)
+        logger.info("%s: calibrating on %d of the data's %d rows (%d %s of %d); batches=%d reads them all", where,
+                    count * per_batch, total, count, _plural(count, "batch"), per_batch, whole)
     return count, min(total, count * per_batch)
 
 

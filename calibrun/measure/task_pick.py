@@ -719,6 +719,13 @@ def _auto(graph: _Graph, spec: TaskSpec, facts: Labels | None, classifier: bool 
         # has no positions
         hint = (f"; if {logits.name!r} holds class logits on its last axis (a class per position: a CTC "
                 "recogniser's steps), model.classifier=true measures each position's class")
+    decisions = [o for o in outputs if _decision(o)] if len(outputs) > 1 else []
+    if decisions:  # beside other outputs a Sigmoid per row is not taken as the answer, but may be the one read (a
+        # hand-landmark model's presence flag, read at 0.5, beside its 63 coordinates)
+        hint += (f"; {_names(f'{o.name!r} ({o.producer})' for o in decisions)} "
+                 f"{'is' if len(decisions) == 1 else 'are each'} one probability per row: where your application "
+                 f"reads {'it' if len(decisions) == 1 else 'one'} as a yes/no decision, "
+                 f"task=decision task.output={decisions[0].name} judges it")
     return Task(f"{where} class scores, predicted classes, a probability map or a probability per row: "
                 f"{_names(str(o) for o in outputs)}" + (f"; {'; '.join(flat)}" if flat else "") + hint), False
 

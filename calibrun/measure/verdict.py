@@ -283,12 +283,19 @@ def _where(match: re.Match) -> str:
                                              if match["part"] is not None else "")
 
 
+def percent(share: float) -> str:
+    """A share as a percentage to two significant digits under 10% (53.4 dB is an error RMS of 0.21%, not 0%),
+    whole from 10%."""
+    pct = 100 * share
+    return f"{pct:.0f}%" if not math.isfinite(pct) or pct >= 10 else f"{pct:.2g}%"
+
+
 def _sqnr_rule(key: str, skip: tuple[str, ...] = (), alone: bool = False) -> Rule:
     """The worst-output rule, worded for `key`; `alone`: the one output (or part) measured, not the worst of several."""
     where = _where(_PART.match(key))
     subject = where if alone else f"the worst output, {where},"
     return Rule(key, "max", SQNR_OK_DB, SQNR_BROKEN_DB,
-                f"{subject} is at {{value:.1f}} dB SQNR against fp32 (error RMS {{rms:.0%}} of the signal's)",
+                f"{subject} is at {{value:.1f}} dB SQNR against fp32 (error RMS {{rms}} of the signal's)",
                 worst=True, digits=1, best=SQNR_CAP, skip=skip)
 
 
@@ -331,7 +338,7 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
     value = float(metrics[rule.metric])
     status = rule.status(value, metrics)
     rms = 10 ** (-value / 20) if math.isfinite(value) else math.inf
-    said = rule.says.format(value=rule.shown(value), rms=rms)
+    said = rule.says.format(value=rule.shown(value), rms=percent(rms))
     if not math.isfinite(rms):  # no error RMS to relate: the values that are not numbers are said below
         said = re.sub(r" \(error RMS [^)]*\)", "", said)
     if status != rule.status(value):  # the rows' share or a vector's spread kept ok away

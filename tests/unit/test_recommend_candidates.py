@@ -1,5 +1,6 @@
 """Which changes calibrun.analysis.recommend measures, written as the overrides a user types."""
 
+import math
 import threading
 from types import SimpleNamespace
 
@@ -308,6 +309,26 @@ def test_a_clipping_culprit_gets_headroom_from_its_own_calibrated_range():
     assert both.options.tensor_ranges == found[0].options.tensor_ranges
     assert both.options.activation_type == "QInt16"
 
+
+
+def test_headroom_reaches_what_the_evaluation_reached_and_a_clipping_output_is_widened_too():
+    """Twice as far from zero is the least; where the evaluation rows reached further (diagnostics.json's eval_min,
+    eval_max), the end goes there (a hand model's presence logit: [-9.84, 0.119] calibrated, 12.85 reached). An
+    output the diagnosis calls clipping is widened with the culprits, though its own pair adds no noise (its input
+    was cut first); one that overflows is not (no range cures it)."""
+    from calibrun.analysis.recommend import headroom
+
+    assert headroom(-9.837, 0.119, (-3.0, 12.85)) == (-19.674, 12.85)
+    assert headroom(0.0, 0.53, (0.0, 1.0)) == (0.0, 1.06)  # doubling already reaches it
+    assert headroom(-1.0, 1.0, (-math.inf, math.nan)) == (-2.0, 2.0)  # no finite reach: doubling alone
+    diagnosis = {"culprits": [{"tensor": "logit", "node": "Gemm_1", "verdict": "clipping"}],
+                 "clipping_outputs": [{"tensor": "presence", "verdict": "clipping"},
+                                      {"tensor": "hot", "verdict": "overflow"}]}
+    ranges = {"logit": (-9.837, 0.119), "presence": (0.0, 0.53), "hot": (0.0, 1.0)}
+    reach = {"logit": (-3.0, 12.85), "presence": (0.0, 1.0), "hot": (0.0, 9.0)}
+    found = [c for c in candidates(QuantOptions(), "qdq", "minmax", diagnosis, CONF, quantised=NODES, ranges=ranges,
+                                   reach=reach) if c.changes[0].startswith("quant.tensor_ranges")]
+    assert changes(found) == ["quant.tensor_ranges={logit:[-19.674,12.85],presence:[0.0,1.06]}"]
 
 
 def _singles():

@@ -50,6 +50,27 @@ def test_int16_is_enough_where_it_suffices_and_the_fewest_top_tensors_are_kept(m
     assert all(p["promoted"] == p["int16"] for p in done["front"])
 
 
+def test_the_target_holds_only_where_the_verdicts_other_conditions_do(monkeypatch, tmp_path):
+    """With the verdict's own target, `holds` (its rows' share, its values) must pass too: a value over the target
+    whose rows the rule still calls degraded is not reached (a repair said "target reached" at 21.1 dB where 24% of
+    the rows were under 20 dB). Here a alone passes the value, and only a with b passes `holds`."""
+    def score(types, excluded):
+        return 0.5 + 0.5 * ("a" in types) + 0.001 * ("b" in types)
+
+    measure = fake(monkeypatch, score)
+    value_only = repair(tmp_path / "fp32.onnx", None, QuantOptions(), RANKING, measure, "m", "max", 0.95,
+                        tmp_path / "out.onnx")
+    assert value_only["promoted"] == {"a": "int16"}
+    held = repair(tmp_path / "fp32.onnx", None, QuantOptions(), RANKING, measure, "m", "max", 0.95,
+                  tmp_path / "out2.onnx", holds=lambda metrics: metrics["m"] > 1.0005)
+    assert held["reached"]
+    assert held["promoted"] == {"a": "int16", "b": "int16"}
+    never = repair(tmp_path / "fp32.onnx", None, QuantOptions(), RANKING, measure, "m", "max", 0.95,
+                   tmp_path / "out3.onnx", holds=lambda metrics: False)
+    assert not never["reached"]
+    assert never["value"] >= 0.95  # the value passes; the verdict does not
+
+
 def test_fp32_only_when_all_of_int16_falls_short_and_back_to_int16_where_that_holds(monkeypatch, tmp_path):
     # b needs fp32; a would do in int16 once b is fp32
     def score(types, excluded):

@@ -795,6 +795,28 @@ def test_a_short_last_batch_of_the_batches_requested_is_said_not_warned(tmp_path
     assert any(r.levelno == logging.WARNING and "5 batches requested" in r.getMessage() for r in caplog.records)
 
 
+def test_rows_the_batches_asked_for_leave_unread_are_said(tmp_path, caplog):
+    """A model pinned to one row a batch calibrates on `batches` rows: the rest of the file is said, with the
+    batches that read it all (a hand-landmark model read 64 of its 128 rows and no line said so)."""
+    np.save(tmp_path / "d.npy", rows(128))
+    with caplog.at_level(logging.INFO, logger="calibrun"):
+        feeds = npy_calibration(tmp_path / "d.npy", [vec(first=1)], batches=64)
+    assert len(feeds) == 64
+    said = [r.getMessage() for r in caplog.records if "of the data's" in r.getMessage()]
+    assert len(said) == 1
+    assert said[0].endswith("calibrating on 64 of the data's 128 rows (64 batches of 1); batches=128 reads them all")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="calibrun"):
+        npy_calibration(tmp_path / "d.npy", [vec()], batches=3)  # 48 of 128: a last short batch counts too
+    said = [r.getMessage() for r in caplog.records if "of the data's" in r.getMessage()]
+    assert len(said) == 1
+    assert said[0].endswith("calibrating on 48 of the data's 128 rows (3 batches of 16); batches=8 reads them all")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="calibrun"):
+        npy_calibration(tmp_path / "d.npy", [vec()], batches=8)  # every row read: nothing said
+    assert not [r for r in caplog.records if "of the data's" in r.getMessage()]
+
+
 def test_fewer_rows_than_one_batch_are_said_as_one_batch(tmp_path, caplog):
     np.save(tmp_path / "d.npy", rows(12))
     with caplog.at_level(logging.INFO, logger="calibrun"):

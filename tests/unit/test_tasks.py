@@ -811,7 +811,10 @@ def test_auto_takes_a_decision_only_when_it_is_the_models_one_output(tmp_path):
     outputs = [helper.make_tensor_value_info("p", TensorProto.FLOAT, ["N", 1]),
                helper.make_tensor_value_info("state", TensorProto.FLOAT, ["N", 1])]
     path = _save(tmp_path, nodes, [x], outputs)
-    assert type(resolve(TaskSpec("auto"), path)) is Task
+    auto = resolve(TaskSpec("auto"), path)
+    assert type(auto) is Task
+    assert auto.reason.endswith("; 'p' (Sigmoid) is one probability per row: where your application reads it as a "
+                                "yes/no decision, task=decision task.output=p judges it")  # said, not taken
     assert type(resolve(TaskSpec("auto", output="p"), path)) is Decision
 
 

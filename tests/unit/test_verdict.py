@@ -466,7 +466,7 @@ def test_ok_needs_at_most_one_value_in_20_of_a_vector_under_the_bound():
     decided = verdict.decide(HOLOSOMA, rows=512)
     assert decided["status"] == "degraded"
     assert decided["because"] == (
-        "the worst output, output 'actions', is at 28.7 dB SQNR against fp32 (error RMS 4% of the signal's), but 33% "
+        "the worst output, output 'actions', is at 28.7 dB SQNR against fp32 (error RMS 3.7% of the signal's), but 33% "
         "of the values of output 'ref' are under 20 dB against their own spread over the rows (the worst at 18.5 dB); "
         "10% of the values of output 'joint_vel' are under 20 dB against their own spread over the rows (the worst "
         "at 17.0 dB); and 1 more output(s): one int8 scale serves all of an output's values, and one that varies "
@@ -500,3 +500,10 @@ def test_an_output_of_unit_vectors_is_a_direction_whose_values_are_not_judged_on
         "judged one by one")
     raw = {k: v for k, v in embedding.items() if not k.endswith(".unit_norm")}
     assert verdict.decide(raw, rows=28)["status"] == "degraded"
+
+
+def test_error_rms_is_said_to_two_digits_under_ten_percent():
+    from calibrun.measure.verdict import percent
+
+    assert [percent(s) for s in (10 ** (-53.4 / 20), 0.037, 0.094, 0.1, 0.142, 1.05, math.inf)] == [
+        "0.21%", "3.7%", "9.4%", "10%", "14%", "105%", "inf%"]
