@@ -31,7 +31,7 @@ from pathlib import Path
 from calibrun.analysis.evaluate import metric_of
 from calibrun.analysis.sensitivity import gain, reached
 from calibrun.core.files import atomic_path, temp_dir
-from calibrun.core.overrides import escaped, list_item
+from calibrun.core.overrides import dict_key, list_item
 from calibrun.measure.sweep_diagnosis import rows_of_table
 from calibrun.quant.quantize import SIXTEEN_BIT, QuantOptions, bias_nodes, quantize, reusing_copies
 
@@ -95,7 +95,7 @@ def overrides(options: QuantOptions) -> list[str]:
     """The overrides that give `options`' tensor types and exclusions, as typed on a command line."""
     out = []
     if options.tensor_types:
-        pairs = ",".join(f"{escaped(t)}:{k}" for t, k in sorted(options.tensor_types.items()))
+        pairs = ",".join(f"{dict_key(t)}:{k}" for t, k in sorted(options.tensor_types.items()))
         out.append(f"quant.tensor_types={{{pairs}}}")
     if options.nodes_to_exclude:
         out.append(f"quant.nodes_to_exclude=[{','.join(list_item(n) for n in options.nodes_to_exclude)}]")

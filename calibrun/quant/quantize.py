@@ -26,6 +26,7 @@ from calibrun.core import patches
 from calibrun.core.bounds import STAND_IN, inside_stand_in
 from calibrun.core.errors import CalibrunError, first_few, one_line
 from calibrun.core.files import atomic_path, check_not_source, check_writable, temp_dir
+from calibrun.core.overrides import key_name
 from calibrun.lab.data import lab_batches
 from calibrun.model import FloatModel, external_files, private_model_copy
 from calibrun.model.graph import input_quant, input_stays_float, op_counts, scales_summary
@@ -56,7 +57,7 @@ class QuantOptions:
     # tensor -> its own quantisation type (onnxruntime's TensorQuantOverrides `quant_type`), e.g. {conv1_out: QInt16}:
     # mixed precision in one QDQ model, onnxruntime converting the type at the region's edges
     # (keys as the config gives them: Hydra reads a tensor named 142, as older PyTorch exports name them, as the
-    # number 142; each key becomes its str() here)
+    # number 142, and a character its dict keys have no place for is a %XX escape; calibrun.core.overrides.key_name)
     tensor_types: dict[Any, str] = field(default_factory=dict)
     # tensor -> its own range [low, high] in place of the calibrated one (onnxruntime's TensorQuantOverrides `rmin`,
     # `rmax`), e.g. {conv5_out:[-12,12]}: headroom for a tensor the calibration data clipped (a recommendation
@@ -66,13 +67,14 @@ class QuantOptions:
     def __post_init__(self):
         if self.format not in FORMATS:
             raise CalibrunError(f"format must be one of {sorted(FORMATS)}, got {self.format!r}")
-        object.__setattr__(self, "tensor_types", {str(k): str(v) for k, v in dict(self.tensor_types or {}).items()})
+        object.__setattr__(self, "tensor_types", {key_name(k): str(v)
+                                                  for k, v in dict(self.tensor_types or {}).items()})
         for tensor, kind in self.tensor_types.items():
             if kind not in QUANT_TYPES:
                 raise CalibrunError(f"tensor_types: {tensor!r}: must be one of {sorted(QUANT_TYPES)}, got {kind!r}")
         if self.tensor_types and self.format != "qdq":
             raise CalibrunError("tensor_types needs format=qdq (onnxruntime's TensorQuantOverrides are QDQ's)")
-        object.__setattr__(self, "tensor_ranges", {str(k): _range_of(k, v)
+        object.__setattr__(self, "tensor_ranges", {key_name(k): _range_of(key_name(k), v)
                                                    for k, v in dict(self.tensor_ranges or {}).items()})
         if self.tensor_ranges and self.format != "qdq":
             raise CalibrunError("tensor_ranges needs format=qdq (onnxruntime's TensorQuantOverrides are QDQ's)")

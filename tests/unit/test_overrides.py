@@ -6,7 +6,7 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from calibrun.analysis.recommend import changes_of
-from calibrun.core.overrides import bare, escaped, list_item
+from calibrun.core.overrides import bare, dict_key, escaped, key_name, list_item
 
 PARSER = OverridesParser.create()
 NAMES = ["p2o.Conv.3", "/model.22/Concat_25_output_0", "model_1/cq_t2010v2_1/conv1d_25;model_1/cq_t2010v2_1/x__306",
@@ -30,6 +30,23 @@ def test_names_hydra_reads_unquoted_stay_unquoted_and_others_are_quoted():
 @pytest.mark.parametrize("name", ["/model.22/Concat_25_output_0", "odd:name=with,commas [x]", "a\\b"])
 def test_a_dict_key_reads_back_escaped(name):
     assert PARSER.parse_override(f"quant.tensor_types={{{escaped(name)}:QInt16}}").value() == {name: "QInt16"}
+
+
+@pytest.mark.parametrize("name", [*NAMES, "142", "a%3Bb", "50%", *(f"a{c}b" for c in string.punctuation)])
+def test_a_dict_key_reads_back_through_its_escapes(name):
+    """Any name as a dict key: Hydra's grammar cannot quote a key, so a character it has no place for (tf2onnx's `;`,
+    a quote, a `%` itself) is a %XX escape, and a name Hydra would read as a float, bool or null starts with one;
+    key_name decodes what Hydra gives (a plain integer name, 142, reads as the int 142: its str)."""
+    parsed = PARSER.parse_override(f"quant.tensor_ranges={{{dict_key(name)}:[-1.0,2.0],other:[0,1]}}").value()
+    assert {key_name(k): v for k, v in parsed.items()} == {name: [-1.0, 2.0], "other": [0, 1]}
+
+
+def test_a_dict_key_stays_readable_where_it_can():
+    assert dict_key("/model.22/Concat_25_output_0") == "/model.22/Concat_25_output_0"
+    assert dict_key("a/b;c/d") == "a/b%3Bc/d"
+    assert dict_key("x:0") == "x\\:0"
+    assert dict_key("142") == "142"
+    assert dict_key("1.5") == "%31.5"
 
 
 def test_a_change_of_several_overrides_splits_where_each_starts():
