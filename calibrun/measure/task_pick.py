@@ -718,7 +718,8 @@ def _auto(graph: _Graph, spec: TaskSpec, facts: Labels | None, classifier: bool 
         # last axis: a sequence's or a map's logits (a CTC recogniser's, read by argmax); an embedding [N, 1, 1, 96]
         # has no positions
         hint = (f"; if {logits.name!r} holds class logits on its last axis (a class per position: a CTC "
-                "recogniser's steps), model.classifier=true measures each position's class")
+                "recogniser's steps), model.classifier=true measures each position's class; features per position "
+                "(an embedding per frame) are judged as now, by their SQNR")
     decisions = [o for o in outputs if _decision(o)] if len(outputs) > 1 else []
     if decisions:  # beside other outputs a Sigmoid per row is not taken as the answer, but may be the one read (a
         # hand-landmark model's presence flag, read at 0.5, beside its 63 coordinates)

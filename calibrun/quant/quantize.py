@@ -127,8 +127,10 @@ class _AdviceOnce(logging.Filter):
         self.seen: set[str] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno <= logging.INFO and self.QUIET in record.pathname:
-            return False
+        if self.QUIET in record.pathname:
+            if record.levelno <= logging.INFO:
+                return False
+            record.name = "onnxruntime.quantization"  # whose line it is, not "root" (onnxruntime logs on the root)
         message = record.getMessage()
         if self.PER_WEIGHT.fullmatch(message):
             if "per weight" in self.seen:

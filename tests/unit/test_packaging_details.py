@@ -82,6 +82,7 @@ def test_onnxruntimes_per_tensor_info_lines_are_dropped_and_its_warnings_kept(ca
                                      (logging.INFO, "calibrun's own line", __file__)):
             root.handle(root.makeRecord("root", level, path, 1, message, None, None))
     assert [r.getMessage() for r in caplog.records] == ["a warning of onnxruntime's", "calibrun's own line"]
+    assert [r.name for r in caplog.records] == ["onnxruntime.quantization", "root"]  # whose line, by its source
 
 
 def test_onnxruntimes_per_weight_axis_warnings_are_shown_once_saying_what_happens(caplog):

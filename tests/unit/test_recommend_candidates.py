@@ -133,6 +133,16 @@ def test_best_first_is_the_best_status_then_fewest_changes_when_ok_and_the_best_
     assert not _keeps(worse, {**worse, "after": 0.91}, 1.0)  # short of ok, every bit counts
     assert _keeps({**worse, "after": 0.92}, {**worse, "after": 0.91}, 1.0)
     assert not _keeps({**ok, "helps": False}, fuller, 1.0)
+    # values compared as the verdict shows them: 0.0003 dB is no reason for a sixth change
+    from calibrun.measure.verdict import _sqnr_rule
+
+    shown = _sqnr_rule("out.y.sqnr_db").shown
+    five = {"change": change("a b c d e"), "status_after": "degraded", "after": 11.2611, "helps": True}
+    six = {"change": change("a b c d e f"), "status_after": "degraded", "after": 11.2614, "helps": True}
+    assert sorted([six, five], key=lambda e: _rank(e, 1.0))[0] is six  # every bit
+    assert sorted([six, five], key=lambda e: _rank(e, 1.0, shown))[0] is five
+    assert _keeps(five, six, 1.0, shown)
+    assert not _keeps({**five, "after": 11.19}, six, 1.0, shown)
 
 
 def test_the_exclusion_candidate_keeps_the_culprits_upstream_of_the_verdicts_metric(tmp_path):
