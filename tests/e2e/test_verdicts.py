@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from calibrun.analysis.recommend import changes_of
+from calibrun.analysis.recommend import changes_of, headroom
 from tests.conftest import Proc, clean_env, run_python
 from tests.stores import fresh_mlflow_store
 from tests.trained import PHOTOS, TEXT_PHOTOS, image_overrides, model_path, photo_folder
@@ -130,22 +130,32 @@ def test_no_candidate_is_measured_where_int8_already_computes_as_fp32(tmp_path):
 
 def test_a_clipped_calibration_gets_headroom_measured_and_the_override_gives_what_it_measured(tmp_path):
     """The lab calibrated narrow: its diagnosis is clipping, which no precision change reaches; the headroom
-    candidate (the clipping culprits' calibrated ranges, each end twice as far from zero) is measured from the same
-    ranges and is better; appended to the command as written, it gives the model it measured."""
+    candidate (the clipping culprits' calibrated ranges, each end twice as far from zero and at least as far as the
+    evaluation rows reached; the output y, which clips too) is measured from the same ranges and is better;
+    appended to the command as written, it gives the model it measured."""
     run = calibrun(tmp_path, "calibration=narrow", "hydra.run.dir=narrow")
     result = _done(tmp_path, run, "narrow")
     assert result["diagnosis"]["overall"] == "clipping"
     measured = json.loads((tmp_path / "narrow" / "recommendations.json").read_text())["measured"]
-    headroom = [e for e in measured if changes_of(e)[0].startswith("quant.tensor_ranges=") and len(changes_of(e)) == 1]
-    assert len(headroom) == 1, [e["change"] for e in measured]
-    entry = headroom[0]
+    widened = [e for e in measured if changes_of(e)[0].startswith("quant.tensor_ranges=") and len(changes_of(e)) == 1]
+    assert len(widened) == 1, [e["change"] for e in measured]
+    entry = widened[0]
     assert entry["helps"]
     assert entry["after"] > entry["before"] + 0.5
     sixteen = next(e for e in measured if e["change"] == "quant.activation_type=QInt16")
     assert sixteen["after"] < entry["after"]  # precision does not reach clipping
     ranges = json.loads((tmp_path / "narrow" / "ranges.json").read_text())["data"]["x"]
     low, high = ranges["lowest"]["data"][0], ranges["highest"]["data"][0]
-    assert f"x:[{float(f'{2 * low:.6g}')!r},{float(f'{2 * high:.6g}')!r}]" in entry["change"]
+    table = json.loads((tmp_path / "narrow" / "diagnostics.json").read_text())
+    row = table["tensor"].index("x")
+    reach_low, reach_high = table["eval_min"][row], table["eval_max"][row]
+    assert reach_low < 2 * low  # narrow: the rows reach past twice the calibrated range, on both sides
+    assert reach_high > 2 * high
+    wide_low, wide_high = headroom(low, high, (reach_low, reach_high))  # the reach, to 6 digits rounded outward
+    assert wide_low <= reach_low < wide_low + 1e-4
+    assert wide_high >= reach_high > wide_high - 1e-4
+    assert f"x:[{wide_low!r},{wide_high!r}]" in entry["change"]
+    assert ",y:[" in entry["change"]  # the clipping output, widened too
     again = calibrun(tmp_path, "calibration=narrow", entry["change"], "recommend=off", "hydra.run.dir=again")
     redone = _done(tmp_path, again, "again")
     assert redone["verdict"]["value"] == pytest.approx(entry["after"], abs=1e-9)
