@@ -257,6 +257,15 @@ def test_sound_tensors_under_a_low_output_say_the_error_accumulated():
     nowhere = strict_json(classify_model(rows, output_sqnr_db={"y": -math.inf}))
     assert nowhere["output_sqnr_db"] is None
     assert accumulated_note(nowhere).startswith("; yet an output is at no finite SQNR: no tensor")
+    # weights whose channels differ widely, quantised per tensor: named, since no activation's share shows them
+    weights = [{"weight": "w1", "node": "conv1", "op_type": "Conv", "channels": 24, "ratio": 39.5, "verdict": "mixed"},
+               {"weight": "w2", "node": "conv2", "op_type": "Conv", "channels": 24, "ratio": 229.9, "verdict": "mixed"},
+               {"weight": "w3", "node": "conv3", "op_type": "Conv", "channels": 8, "ratio": 2.0, "verdict": "sound"}]
+    said = accumulated_note(classify_model(rows, weights, output_sqnr_db={"y": 0.4}))
+    assert said.startswith("; yet an output is at 0.4 dB: no activation is badly quantised on its own, but 2 weights "
+                           "hold channels of very different ranges, quantised per tensor (the widest: 'w2', its "
+                           "largest channel 230x its median one)")
+    assert "quant.per_channel=true" in said
 
 
 def test_worst_orders_and_handles_inf_nan_ties():
