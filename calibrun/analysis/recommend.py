@@ -61,6 +61,7 @@ import logging
 import math
 import os
 import re
+import shlex
 import threading
 import time
 from collections.abc import Mapping
@@ -106,6 +107,13 @@ class Candidate:
     def change(self) -> str:
         return " ".join(self.changes)
 
+    @property
+    def shell(self) -> str:
+        """The change as words for a POSIX shell: each override quoted where the shell would read it otherwise (a
+        headroom range's `{a:[..],b:[..]}` is brace expansion to bash, and its `\\:` escapes lose their backslash
+        unquoted; a node name with `;` ends the command): pasted after the command, the job gets `change`."""
+        return " ".join(shlex.quote(c) for c in self.changes)
+
 
 def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, quantised: Mapping[str, str],
                saturates: bool = False, ranges: Mapping[str, tuple[float, float]] | None = None,
@@ -149,8 +157,9 @@ def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, qua
         clipping += [o["tensor"] for o in (diagnosis or {}).get("clipping_outputs") or () if o.get("verdict") ==
                      "clipping"]
         clipped = [t for t in dict.fromkeys(clipping) if t in (ranges or {}) and t not in options.tensor_ranges]
-        if clipped:
-            wider = {**options.tensor_ranges, **{t: headroom(*ranges[t], (reach or {}).get(t)) for t in clipped}}
+        widened = {t: wide for t in clipped if (wide := headroom(*ranges[t], (reach or {}).get(t))) is not None}
+        if widened:
+            wider = {**options.tensor_ranges, **widened}
             pairs = ",".join(f"{overrides.dict_key(t)}:[{low!r},{high!r}]" for t, (low, high) in sorted(wider.items()))
             found.append(Candidate((f"quant.tensor_ranges={{{pairs}}}",), replace(options, tensor_ranges=wider),
                                    masked=True))
@@ -164,25 +173,35 @@ def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, qua
     return found
 
 
-def headroom(low: float, high: float, reach: tuple[float, float] | None = None) -> tuple[float, float]:
-    """A clipped tensor's calibrated range with each end twice as far from zero (an end at or across zero stays),
-    and at least as far as the evaluation rows reached (`reach`: diagnostics.json's eval_min, eval_max): values the
-    calibration data never reached fit, for a bit or more of the grid's resolution. Clipping is a range's
-    error, which no precision change reaches (16 bits on the same ends clip the same values): riann's IMU network,
-    its raw quaternion calibrated to +-5.9 on one half of a recording and reaching 7.9 on the other; a hand-landmark
-    model's presence logit, calibrated to [-9.8, 0.12] on hands it barely believed in and reaching 12.9 on a
-    confident one, which twice 0.12 does not reach. Each end to 6 significant digits, as the override prints it (the
-    range measured is the one a user types)."""
+def headroom(low: float, high: float, reach: tuple[float, float] | None = None) -> tuple[float, float] | None:
+    """A clipped tensor's calibrated range widened at the ends its values crossed: such an end goes twice as far
+    from zero (an end at or across zero stays there) and at least as far as the evaluation rows reached (`reach`:
+    diagnostics.json's eval_min, eval_max): values the calibration data never reached fit, for a bit or more of the
+    grid's resolution. An end the evaluation rows stayed inside clipped none of them: it stays, since moving it only
+    spreads the same 256 levels wider (Open-NSFW's pixels, mean-subtracted, cannot go under their calibrated
+    -123.68: doubling that end too had cost its grid a bit). An end without a finite reach is doubled. None when no
+    end moves (the rows stayed inside both: nothing of this tensor to widen). Clipping is a range's error, which no
+    precision change reaches (16 bits on the same ends clip the same values): riann's IMU network, its raw
+    quaternion calibrated to +-5.9 on one half of a recording and reaching 7.9 on the other; a hand-landmark model's
+    presence logit, calibrated to [-9.8, 0.12] on hands it barely believed in and reaching 12.9 on a confident one,
+    which twice 0.12 does not reach. Each end to 6 significant digits, as the override prints it (the range
+    measured is the one a user types)."""
     def printed(value: float, outward: float) -> float:  # to 6 digits, rounded away from the range's inside
         shown = float(f"{value:.6g}")
         if (shown - value) * outward < 0:
             shown = float(f"{value + outward * 10 ** (math.floor(math.log10(abs(value))) - 5):.6g}")
         return shown
 
-    wide_low, wide_high = 2 * low if low < 0 else low, 2 * high if high > 0 else high
-    if reach is not None:
-        wide_low = min(wide_low, reach[0]) if math.isfinite(reach[0]) else wide_low
-        wide_high = max(wide_high, reach[1]) if math.isfinite(reach[1]) else wide_high
+    reach_low, reach_high = reach if reach is not None else (math.nan, math.nan)
+    wide_low, wide_high = low, high
+    if not reach_low >= low:  # crossed, or no finite reach
+        wide_low = 2 * low if low < 0 else low
+        wide_low = min(wide_low, reach_low) if math.isfinite(reach_low) else wide_low
+    if not reach_high <= high:
+        wide_high = 2 * high if high > 0 else high
+        wide_high = max(wide_high, reach_high) if math.isfinite(reach_high) else wide_high
+    if (wide_low, wide_high) == (low, high):
+        return None
     return (printed(wide_low, -1.0) if wide_low else wide_low, printed(wide_high, 1.0) if wide_high else wide_high)
 
 
@@ -315,6 +334,8 @@ def attach(ctx, result) -> None:
             path = Path(tmp) / f"{index}.onnx"
             began = time.perf_counter()
             entry = {"change": candidate.change, "metric": rule.metric, "before": finite(before)}
+            if candidate.shell != candidate.change:  # (only where the shell would read `change` otherwise)
+                entry["shell"] = candidate.shell
             try:
                 with quantising or contextlib.nullcontext():
                     if candidate.method is None:
@@ -343,12 +364,12 @@ def attach(ctx, result) -> None:
 
         def said(entry: dict) -> dict:
             if "error" in entry:
-                log.info("recommend: %s: could not be measured: %s", entry["change"], entry["error"])
+                log.info("recommend: %s: could not be measured: %s", typed(entry), entry["error"])
                 return entry
             per = f"; per call {per_call_before:.6g} -> {entry['per_call_after']:.6g}" \
                 if per_call is not None and entry["per_call_after"] is not None else ""
             moved = entry.get("metric_after")
-            log.info("recommend: %s: %s %.6g -> %s%.6g (%s)%s%s", entry["change"], rule.metric, before,
+            log.info("recommend: %s: %s %.6g -> %s%.6g (%s)%s%s", typed(entry), rule.metric, before,
                      f"{moved} " if moved else "", entry["after"] if entry["after"] is not None else math.nan,
                      entry["status_after"], per, "" if entry["helps"] else ": not better, not offered")
             return entry
@@ -408,10 +429,15 @@ def attach(ctx, result) -> None:
     seconds = time.perf_counter() - start
     _record(ctx, result, rule, before, evaluation.rows, offered, measured, skipped, seconds, at_once=at_once)
     if offered:
-        log.info("recommend: best: %s (%s %.6g -> %.6g, %s); %d candidates in %.1f s", offered[0]["change"],
+        log.info("recommend: best: %s (%s %.6g -> %.6g, %s); %d candidates in %.1f s", typed(offered[0]),
                  rule.metric, before, offered[0]["after"], offered[0]["status_after"], len(measured), seconds)
     else:
         log.info("recommend: none of %d candidates made %s better (%.1f s)", len(measured), rule.metric, seconds)
+
+
+def typed(entry: Mapping) -> str:
+    """An entry's change as a user pastes it on a shell (`Candidate.shell`)."""
+    return entry.get("shell", entry["change"])
 
 
 def side_by_side(evaluator, fp32_path: Path, axes, budget: int | None, threads: int) -> int:
@@ -474,7 +500,8 @@ def _record(ctx, result, rule, before: float, rows: int, offered: list[dict], me
     reason none was measured)."""
     from calibrun.core.files import write_json
 
-    result.recommendations = [{k: e[k] for k in ("change", "metric", "before", "after", "status_after", "metric_after")
+    result.recommendations = [{k: e[k] for k in ("change", "shell", "metric", "before", "after", "status_after",
+                                                 "metric_after")
                                if k in e} for e in offered]  # metric_after: another worst output after the change
     result.used = {**(result.used or {}), "recommend": {
         "rows": rows, "candidates": len(measured), "not_measured": len(skipped), "seconds": round(seconds, 3),

@@ -139,8 +139,8 @@ def _diagnosis_section(diagnosis: dict) -> str:
         lines.append(f"| {label} | {said} | {_pct(inp.get('clipped_fraction'))} | "
                      f"{_pct(inp.get('grid_used'))} | {_db(inp.get('sqnr_db'))} | {run.get('overall') or 'n/a'} | "
                      f"{culprit} | {run['max_abs_error']:.4g} |")
-        advice += [f"- {label}: `{r['change']}`: {r['metric']} {_fmt(r['before'])} -> {_fmt(r['after'])} "
-                   f"({r['status_after']})" for r in run.get("recommendations") or []]
+        advice += [f"- {label}: `{r.get('shell', r['change'])}`: {r['metric']} {_fmt(r['before'])} -> "
+                   f"{_fmt(r['after'])} ({r['status_after']})" for r in run.get("recommendations") or []]
     if len(lines) == 2:
         lines = ["No QDQ run in this sweep: per-tensor diagnostics are measured on QDQ models."]
     lines += ["", "*clipping*: values cut off beyond half a step add more error than all the tensor's rounding; "

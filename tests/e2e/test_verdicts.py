@@ -15,6 +15,7 @@ real onnxruntime, Hydra and MLflow): each path that decides a verdict, and a rec
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -130,9 +131,9 @@ def test_no_candidate_is_measured_where_int8_already_computes_as_fp32(tmp_path):
 
 def test_a_clipped_calibration_gets_headroom_measured_and_the_override_gives_what_it_measured(tmp_path):
     """The lab calibrated narrow: its diagnosis is clipping, which no precision change reaches; the headroom
-    candidate (the clipping culprits' calibrated ranges, each end twice as far from zero and at least as far as the
-    evaluation rows reached; the output y, which clips too) is measured from the same ranges and is better;
-    appended to the command as written, it gives the model it measured."""
+    candidate (the clipping culprits' calibrated ranges, each end the rows crossed twice as far from zero and at
+    least as far as the evaluation rows reached; the output y, which clips too) is measured from the same ranges and
+    is better; pasted on a shell after the command as the log prints it, it gives the model it measured."""
     run = calibrun(tmp_path, "calibration=narrow", "hydra.run.dir=narrow")
     result = _done(tmp_path, run, "narrow")
     assert result["diagnosis"]["overall"] == "clipping"
@@ -156,7 +157,11 @@ def test_a_clipped_calibration_gets_headroom_measured_and_the_override_gives_wha
     assert wide_high >= reach_high > wide_high - 1e-4
     assert f"x:[{wide_low!r},{wide_high!r}]" in entry["change"]
     assert ",y:[" in entry["change"]  # the clipping output, widened too
-    again = calibrun(tmp_path, "calibration=narrow", entry["change"], "recommend=off", "hydra.run.dir=again")
+    assert f"recommend: {entry['shell']}: " in run.stderr  # the braces quoted: bash would expand them
+    pasted = subprocess.run(["sh", "-c", f"printf '%s\\n' {entry['shell']}"], capture_output=True, text=True,
+                            check=True).stdout.splitlines()
+    assert pasted == [entry["change"]]
+    again = calibrun(tmp_path, "calibration=narrow", *pasted, "recommend=off", "hydra.run.dir=again")
     redone = _done(tmp_path, again, "again")
     assert redone["verdict"]["value"] == pytest.approx(entry["after"], abs=1e-9)
     assert redone["params"]["quant.tensor_ranges"]

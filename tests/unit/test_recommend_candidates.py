@@ -288,7 +288,7 @@ def test_headroom_that_did_not_help_alone_joins_the_combination_as_both_16_bit_c
     by = {c.change.split("=")[0]: c for c in found}
     chan, both, room = by["quant.per_channel"], next(c for c in found if len(c.changes) == 2), by["quant.tensor_ranges"]
     assert room.masked
-    assert room.change == "quant.tensor_ranges={t:[-2.0,5.0]}"
+    assert room.change == "quant.tensor_ranges={t:[-1.0,5.0]}"  # the low end, reached, not crossed: kept
 
     def entry(candidate, after, helps, status="broken"):
         return {"change": candidate.change, "after": after, "helps": helps, "status_after": status}
@@ -351,23 +351,34 @@ def test_a_clipping_culprit_gets_headroom_from_its_own_calibrated_range():
 
 
 def test_headroom_reaches_what_the_evaluation_reached_and_a_clipping_output_is_widened_too():
-    """Twice as far from zero is the least; where the evaluation rows reached further (diagnostics.json's eval_min,
-    eval_max), the end goes there (a hand model's presence logit: [-9.84, 0.119] calibrated, 12.85 reached). An
-    output the diagnosis calls clipping is widened with the culprits, though its own pair adds no noise (its input
-    was cut first); one that overflows is not (no range cures it)."""
+    """An end the values crossed goes twice as far from zero at least; where the evaluation rows reached further
+    (diagnostics.json's eval_min, eval_max), the end goes there (a hand model's presence logit: [-9.84, 0.119]
+    calibrated, 12.85 reached). An end the rows stayed inside stays: it clipped nothing, and moving it only coarsens
+    the grid (an input of mean-subtracted pixels, which cannot go under its calibrated floor). An output the
+    diagnosis calls clipping is widened with the culprits, though its own pair adds no noise (its input was cut
+    first); one that overflows is not (no range cures it); one whose rows stayed inside both ends adds nothing."""
     from calibrun.analysis.recommend import headroom
 
-    assert headroom(-9.837, 0.119, (-3.0, 12.85)) == (-19.674, 12.85)
+    assert headroom(-9.837, 0.119, (-3.0, 12.85)) == (-9.837, 12.85)  # the low end was not crossed: kept
+    assert headroom(-9.837, 0.119, (-10.0, 0.1)) == (-19.674, 0.119)  # crossed just past: twice as far
     assert headroom(0.0, 0.53, (0.0, 1.0)) == (0.0, 1.06)  # doubling already reaches it
+    assert headroom(-123.0, -64.0, (-123.0, 151.0)) == (-123.0, 151.0)  # an end under zero crossed: to the reach
+    assert headroom(-123.68, 151.06, (-123.68, 200.0)) == (-123.68, 302.12)  # a floor reached, not crossed: kept
     assert headroom(-1.0, 1.0, (-math.inf, math.nan)) == (-2.0, 2.0)  # no finite reach: doubling alone
-    diagnosis = {"culprits": [{"tensor": "logit", "node": "Gemm_1", "verdict": "clipping"}],
+    assert headroom(-1.0, 1.0) == (-2.0, 2.0)  # no reach known
+    assert headroom(-1.0, 1.0, (-0.5, 1.0)) is None  # nothing crossed: nothing to widen
+    diagnosis = {"culprits": [{"tensor": "logit", "node": "Gemm_1", "verdict": "clipping"},
+                              {"tensor": "inside", "node": "Gemm_2", "verdict": "clipping"}],
                  "clipping_outputs": [{"tensor": "presence", "verdict": "clipping"},
                                       {"tensor": "hot", "verdict": "overflow"}]}
-    ranges = {"logit": (-9.837, 0.119), "presence": (0.0, 0.53), "hot": (0.0, 1.0)}
-    reach = {"logit": (-3.0, 12.85), "presence": (0.0, 1.0), "hot": (0.0, 9.0)}
+    ranges = {"logit": (-9.837, 0.119), "presence": (0.0, 0.53), "hot": (0.0, 1.0), "inside": (-1.0, 1.0)}
+    reach = {"logit": (-3.0, 12.85), "presence": (0.0, 1.0), "hot": (0.0, 9.0), "inside": (-1.0, 1.0)}
     found = [c for c in candidates(QuantOptions(), "qdq", "minmax", diagnosis, CONF, quantised=NODES, ranges=ranges,
                                    reach=reach) if c.changes[0].startswith("quant.tensor_ranges")]
-    assert changes(found) == ["quant.tensor_ranges={logit:[-19.674,12.85],presence:[0.0,1.06]}"]
+    assert changes(found) == ["quant.tensor_ranges={logit:[-9.837,12.85],presence:[0.0,1.06]}"]
+    reach["logit"] = reach["presence"] = (0.0, 0.1)
+    assert not [c for c in candidates(QuantOptions(), "qdq", "minmax", diagnosis, CONF, quantised=NODES,
+                                      ranges=ranges, reach=reach) if c.changes[0].startswith("quant.tensor_ranges")]
 
 
 def _singles():
@@ -475,3 +486,30 @@ def test_the_evaluators_stop_ends_a_measurement_before_its_next_run(tmp_path):
         with pytest.raises(Stopped):
             evaluator.model(fp32, 1, stop)
         assert not issubclass(Stopped, Exception)
+
+
+def test_a_change_pasted_on_a_shell_reaches_the_job_as_printed():
+    """`shell` is what a user pastes after the command: a POSIX shell gives the job exactly the overrides of `change`.
+    Unquoted, bash reads a headroom range's `{a:[..],b:[..]}` as brace expansion (22 words on an unseen voice
+    detector), drops the backslash of its `\\:` escapes and ends the command at a tf2onnx name's `;`."""
+    import shutil
+    import subprocess
+
+    diagnosis = {"culprits": [{"tensor": "Relu:0", "node": "n1", "verdict": "clipping"},
+                              {"tensor": "a/b;c/d", "node": "n2", "verdict": "clipping"}]}
+    found = candidates(QuantOptions(), "qdq", "minmax", diagnosis, CONF, quantised=NODES,
+                       ranges={"Relu:0": (0.0, 1.0), "a/b;c/d": (-1.0, 1.0)}, reach={"Relu:0": (0.0, 3.0)})
+    room = next(c for c in found if c.change.startswith("quant.tensor_ranges"))
+    pair = next(c for c in found if len(c.changes) == 2)
+    together = Candidate((*room.changes, *pair.changes, "quant.nodes_to_exclude=['a/b;c/d',n1]"), QuantOptions())
+    assert room.change == r"quant.tensor_ranges={Relu\:0:[0.0,3.0],a/b%3Bc/d:[-2.0,2.0]}"
+    assert pair.shell == pair.change  # nothing the shell reads: as it is
+    assert together.shell != together.change
+    shell = shutil.which("sh")
+    for candidate in (room, pair, together):
+        words = subprocess.run([shell, "-c", f"printf '%s\\n' {candidate.shell}"], capture_output=True, text=True,
+                               check=True).stdout.splitlines()
+        assert words == list(candidate.changes)
+    unquoted = subprocess.run(["bash", "-c", f"printf '%s\\n' {room.change}"], capture_output=True, text=True,
+                              check=True).stdout.splitlines()
+    assert unquoted != list(room.changes)  # what the quoting is for
