@@ -179,6 +179,10 @@ def _cap_rows(total: int, rows: int | None, where: str) -> int:
         logger.info("%s: evaluating the data's %d rows (eval.rows is %d by default)", where, total, rows)
     elif rows > total:
         logger.warning("%s: %d evaluation rows requested, the data has %d; using %d", where, rows, total, total)
+    elif rows < total:  # the rest is not measured: said (an unseen voice detector's file, one recording in its first
+        # 299 rows and music after, was judged on its first 256 rows with no line saying so, 12 of 16 flips unseen)
+        logger.info("%s: evaluating the first %d of the data's %d rows (eval.rows=%d%s); eval.rows=%d evaluates them "
+                    "all", where, rows, total, rows, " by default" if rows == EVAL_ROWS else "", total)
     return min(rows, total)
 
 

@@ -509,10 +509,14 @@ def test_class_folder_labels_and_rows_cap(tmp_path, caplog):
 # -------------------------------------------------------------------------------------------- evaluation
 
 
-def test_npy_evaluation_rows_and_labels(tmp_path):
+def test_npy_evaluation_rows_and_labels(tmp_path, caplog):
     data = np.random.default_rng(5).normal(size=(40, 4))
     np.savez(tmp_path / "d.npz", x=data, labels=np.arange(40, dtype=np.int32))
-    ev = npy_evaluation(tmp_path / "d.npz", [vec()], rows=25)
+    with caplog.at_level(logging.INFO, logger="calibrun"):  # the rows left out are said, with the way to use them
+        ev = npy_evaluation(tmp_path / "d.npz", [vec()], rows=25)
+    assert [r.message for r in caplog.records if "evaluating the first" in r.message] == \
+        [f"{tmp_path / 'd.npz'}: evaluating the first 25 of the data's 40 rows (eval.rows=25); eval.rows=40 "
+         "evaluates them all"]
     assert ev.feeds["x"].dtype == np.float32
     np.testing.assert_array_equal(ev.feeds["x"], data[:25].astype(np.float32))
     assert ev.labels.dtype == np.int64
