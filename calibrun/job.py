@@ -54,7 +54,7 @@ from calibrun.model.sessions import session
 from calibrun.model.structure import structure
 from calibrun.quant import cache as cache_store
 from calibrun.quant.calibrate import Calibration, CalibrationCache
-from calibrun.quant.quantize import QuantOptions, quantize_with, resolve_exclusions
+from calibrun.quant.quantize import QuantOptions, calibrated_ranges, quantize_with, resolve_exclusions
 from calibrun.result import JobResult
 
 log = logging.getLogger("calibrun")
@@ -384,6 +384,7 @@ def compute(ctx: JobContext) -> JobResult:
                           threads=cfg.ort.intra_op_threads,
                           input_may_stay_float=bool(ctx.exclusions) or cfg.model.name != "lab",
                           budget=budget, used=calibration_memory)
+    say_flat_inputs(job_dir / RANGES_FILE, fp32.inputs, data)
     diag = None
     ops = quant["ops"]
     quantised = any(ops.get(op) for op in ("QuantizeLinear", "DequantizeLinear")) or \
@@ -487,6 +488,24 @@ def compute(ctx: JobContext) -> JobResult:
                      result.diagnosis["overall"], top["tensor"], where, top["verdict"], 100 * (top["noise_share"] or 0),
                      clipping_outputs_note(result.diagnosis), accumulated_note(result.diagnosis))
     return result
+
+
+def say_flat_inputs(ranges_path: Path, inputs, data) -> list[str]:
+    """A warning for each float input the calibration rows gave one value only (silence, a blank image, a file of
+    padding): its range is that value (with zero), so its scale and every range downstream were calibrated on no
+    variation of the model's input at all (an unseen voice detector calibrated on silent windows: scale 1.0,
+    onnxruntime's fallback for an empty range, and nothing said the rows were silent). Constants
+    (`data.inputs.<name>.value`) and a state fed back from an output are not the data's rows: not checked."""
+    skip = {*(getattr(data, "constants", None) or {}), *(getattr(data, "state", None) or {})}
+    ranges = calibrated_ranges(ranges_path)
+    flat = [i.name for i in inputs if i.is_float and i.name not in skip and i.name in ranges
+            and ranges[i.name][0] == ranges[i.name][1]]
+    for name in flat:
+        log.warning("calibration data: input '%s' is %g in every calibration row: no variation of it was calibrated "
+                    "(silence? a blank image? padding?), so its scale%s and the ranges after it come from that one "
+                    "value; calibrate on rows that vary as the evaluation's do", name, ranges[name][0],
+                    " (onnxruntime's 1.0 for an empty range)" if ranges[name][0] == 0 else "")
+    return flat
 
 
 def _relative(path: Path, folder: Path) -> str:

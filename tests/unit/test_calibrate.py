@@ -834,3 +834,34 @@ def test_an_input_whose_data_reaches_infinitys_stand_in_is_called_an_outlier_not
     assert "1 tensor(s) have a calibrated range that reaches 1.7e+38 or beyond, infinity's stand-in (h: the " \
            "calibration data of input(s) x reaches 1e+38: an outlier in the data?)" in line
     assert "attention mask" not in line
+
+
+def test_an_input_calibrated_on_one_value_is_said_but_not_a_constant_or_a_fed_back_state(tmp_path, caplog):
+    """Calibration rows of silence (an unseen voice detector's log-mel windows, all 0): the input's range is empty
+    and onnxruntime takes scale 1.0; the job says the rows held one value. A constant input and a state the job
+    feeds back from an output are not the data's rows: nothing said of them."""
+    from types import SimpleNamespace
+
+    from onnx import TensorProto
+    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+
+    from calibrun.job import say_flat_inputs
+    from calibrun.model import InputInfo
+
+    f = np.float32
+    tensors = TensorsData(CalibrationMethod.MinMax, {
+        name: TensorData(lowest=np.array(low, f), highest=np.array(high, f))
+        for name, low, high in (("mel", 0, 0), ("gain", 2.5, 2.5), ("sr", 16000, 16000), ("state", 0, 0),
+                                ("x", -1, 1))})
+    ranges = calibrate.write_ranges(tmp_path / ("r" * 32 + ".json"), tensors, {"r": 1}, 2.0)
+    inputs = [InputInfo(name, TensorProto.FLOAT, ("n", 4)) for name in ("mel", "gain", "sr", "state", "x")]
+    data = SimpleNamespace(constants={"sr": object()}, state={"state": "state_out"})
+    with caplog.at_level("WARNING", logger="calibrun"):
+        assert say_flat_inputs(ranges, inputs, data) == ["mel", "gain"]
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert lines[0].startswith("calibration data: input 'mel' is 0 in every calibration row: no variation of it was "
+                               "calibrated (silence? a blank image? padding?), so its scale (onnxruntime's 1.0 for an "
+                               "empty range) and the ranges after it come from that one value")
+    assert lines[1].startswith("calibration data: input 'gain' is 2.5 in every calibration row")
+    assert "1.0 for an empty range" not in lines[1]
