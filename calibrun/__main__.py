@@ -7,6 +7,7 @@ import atexit
 import gc
 import logging
 import os
+import shlex
 import sys
 from importlib import resources
 from pathlib import Path
@@ -116,7 +117,12 @@ def unreadable(parser, overrides: list[str]) -> str | None:
             if is_input_key(key):  # normalise's `++`, not the user's
                 arg = arg.lstrip("+")
             hint = ""
-            if is_input_key(key) and spelled(key) != key:
+            same = [a.lstrip("+~").partition("=")[2] for a in overrides if a.lstrip("+~").partition("=")[0] == key]
+            if len(same) > 1:  # bash's brace expansion: `k={a:[0,1],b:[2,3]}` unquoted is k=a:[0 k=1] k=b:[2 k=3]
+                whole = shlex.quote(f"{key}={{{','.join(same)}}}")
+                hint = (f"; {key} is given {len(same)} times, as a shell's brace expansion makes of one {{...,...}} "
+                        f"value: quote the override whole, as calibrun prints its recommendations: {whole}")
+            elif is_input_key(key) and spelled(key) != key:
                 hint = f"; an input name's characters a key cannot hold are written as _: {spelled(key)}={value}"
             elif value and "'" not in value and _parses(parser, f"{arg.partition('=')[0]}='{value}'"):
                 # a path with a space or a letter outside ASCII: Hydra reads it quoted

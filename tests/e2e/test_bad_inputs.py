@@ -330,6 +330,14 @@ CASES = [
          "Error merging override batches=abc; Value 'abc' of type 'str' could not be converted to Integer", early=True),
     Case("config-override-unreadable", "calibrun", lambda a, r: ["batches=[1"],
          "cannot read the override 'batches=[1': no viable alternative at input '[1'", early=True),
+    Case("config-braces-split-by-a-shell", "calibrun",  # bash's words for quant.tensor_ranges={x:[0.0,1.0],y:[2.0,3.0]}
+         lambda a, r: ["quant.tensor_ranges=x:[0.0", "quant.tensor_ranges=1.0]", "quant.tensor_ranges=y:[2.0",
+                       "quant.tensor_ranges=3.0]"],
+         "cannot read the override 'quant.tensor_ranges=x:[0.0': mismatched input '[' expecting <EOF> (Hydra's "
+         "grammar: https://hydra.cc/docs/advanced/override_grammar/basic/); quant.tensor_ranges is given 4 times, as a "
+         "shell's "
+         "brace expansion makes of one {...,...} value: quote the override whole, as calibrun prints its "
+         "recommendations: 'quant.tensor_ranges={x:[0.0,1.0],y:[2.0,3.0]}'", early=True),
     Case("config-path-hydra-reads-only-quoted", "calibrun",
          lambda a, r: ["model=file", "model.path=/tmp/modèles/m.onnx"],
          "; quoted, it reads: model.path='/tmp/modèles/m.onnx' (on a shell, quote it all once more)", early=True),
