@@ -491,21 +491,47 @@ def compute(ctx: JobContext) -> JobResult:
 
 
 def say_flat_inputs(ranges_path: Path, inputs, data) -> list[str]:
-    """A warning for each float input the calibration rows gave one value only (silence, a blank image, a file of
-    padding): its range is that value (with zero), so its scale and every range downstream were calibrated on no
-    variation of the model's input at all (an unseen voice detector calibrated on silent windows: scale 1.0,
-    onnxruntime's fallback for an empty range, and nothing said the rows were silent). Constants
+    """A warning for each input the calibration rows gave one value only (silence, a blank image, a file of
+    padding): every range after it was calibrated on no variation of it (an unseen voice detector calibrated on
+    silent windows: its input's scale 1.0, onnxruntime's fallback for an empty range, and nothing said the rows were
+    silent). A float input is read off its calibrated range; an input calibrun does not quantise (token ids) is read
+    from the rows, and only where no calibrated input varied: all-padding ids are a text model's silence (an unseen
+    character BERT), while one sample rate in every row beside varying audio is no cause. Constants
     (`data.inputs.<name>.value`) and a state fed back from an output are not the data's rows: not checked."""
     skip = {*(getattr(data, "constants", None) or {}), *(getattr(data, "state", None) or {})}
     ranges = calibrated_ranges(ranges_path)
-    flat = [i.name for i in inputs if i.is_float and i.name not in skip and i.name in ranges
-            and ranges[i.name][0] == ranges[i.name][1]]
-    for name in flat:
+    fed = [i.name for i in inputs if i.name not in skip]
+    calibrated = [n for n in fed if n in ranges]
+    flat = {n: ranges[n][0] for n in calibrated if ranges[n][0] == ranges[n][1]}
+    others = [n for n in fed if n not in ranges and n in (getattr(data, "columns", None) or {})]
+    if others and len(flat) == len(calibrated):  # nothing calibrated varied: did the other inputs?
+        flat.update(_one_value(data, others))
+    for name, value in flat.items():
         log.warning("calibration data: input '%s' is %g in every calibration row: no variation of it was calibrated "
-                    "(silence? a blank image? padding?), so its scale%s and the ranges after it come from that one "
-                    "value; calibrate on rows that vary as the evaluation's do", name, ranges[name][0],
-                    " (onnxruntime's 1.0 for an empty range)" if ranges[name][0] == 0 else "")
-    return flat
+                    "(silence? a blank image? padding?), so %sthe ranges after it come from that one value; calibrate "
+                    "on rows that vary as the evaluation's do", name, value,
+                    "" if name not in ranges else "its scale (onnxruntime's 1.0 for an empty range) and "
+                    if value == 0 else "its scale and ")
+    return list(flat)
+
+
+def _one_value(data, names: list[str]) -> dict[str, float]:
+    """The inputs of `names` whose calibration rows hold one value, and that value (each input's own column read,
+    batch by batch, up to its first other value)."""
+    found = {}
+    for name in names:
+        first = None
+        for batch in data.arrays(name):
+            values = np.asarray(batch)
+            if values.size == 0:
+                continue
+            first = values.flat[0] if first is None else first
+            if np.any(values != first):
+                break
+        else:
+            if first is not None:
+                found[name] = float(first)
+    return found
 
 
 def _relative(path: Path, folder: Path) -> str:

@@ -262,6 +262,10 @@ class Classification(Task):
             out["task.mean_iou"] = float(np.mean(self.inter[present] / self.union[present]))
             others = np.arange(len(self.ref)) != self.ref.argmax()  # all but fp32's most frequent class
             out["task.class_dice"] = float(dice(self.inter[others].sum(), self.union[others].sum()))
+            # which class that is, and its share of fp32's positions: the verdict names it (an unseen character
+            # BERT's most frequent answer was a real one, ə on 74% of positions, padding's among them)
+            out["task.frequent_class"] = float(self.ref.argmax())
+            out["task.frequent_share"] = float(self.ref.max() / self.ref.sum())
             got = self.union + self.inter - self.ref  # per class: positions int8 gives it
             out["task.fp32_positive"] = float(self.ref[others].sum() / self.predictions)
             out["task.int8_positive"] = float(got[others].sum() / self.predictions)

@@ -381,10 +381,12 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
         # classifier's rows all on its frequent side, as a decision's rows all on its no side)
         said = ("int8 gives every row fp32's class, but fp32 gives every row the same class: these rows test only "
                 "that class")
+    if CLASS_DICE.metric in (rule.metric, rule.untested) and "task.frequent_class" in metrics:
+        said = said.replace("the most frequent one", frequent(metrics), 1)
     if rule.untested is not None:
         task = next(r for r in TASK_RULES if r.metric == rule.untested)
         what = ("fp32 gives every row the same class" if task is AGREEMENT else
-                "neither model gives any position a class other than the most frequent one" if task is CLASS_DICE
+                f"neither model gives any position a class other than {frequent(metrics)}" if task is CLASS_DICE
                 else f"neither model marks any {'row' if task is DECISION_DICE else 'pixel'} over the task threshold")
         said += (f"; it stands in for {task.metric} = {metrics[task.metric]:.6g}, which these rows do not test "
                  f"({what}: no decision changed, none was put to the test), so it is at worst degraded")
@@ -461,6 +463,14 @@ def headline(verdict: Mapping | None, metrics: Mapping) -> tuple[str, str] | Non
         return None
     key = WORST_OUTPUT if WORST_OUTPUT in metrics else LEGACY.get(verdict["metric"], verdict["metric"])
     return key, "lower" if verdict["goal"] == "min" else "higher"
+
+
+def frequent(metrics: Mapping[str, float]) -> str:
+    """The class the classes' Dice leaves out, as `because` names it: fp32's most frequent, with its share."""
+    if "task.frequent_class" not in metrics:
+        return "the most frequent one"
+    return (f"the most frequent one (class {int(metrics['task.frequent_class'])}, "
+            f"{percent(metrics['task.frequent_share'])} of fp32's positions)")
 
 
 def line(verdict: Mapping | None) -> str:

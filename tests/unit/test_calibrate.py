@@ -839,7 +839,8 @@ def test_an_input_whose_data_reaches_infinitys_stand_in_is_called_an_outlier_not
 def test_an_input_calibrated_on_one_value_is_said_but_not_a_constant_or_a_fed_back_state(tmp_path, caplog):
     """Calibration rows of silence (an unseen voice detector's log-mel windows, all 0): the input's range is empty
     and onnxruntime takes scale 1.0; the job says the rows held one value. A constant input and a state the job
-    feeds back from an output are not the data's rows: nothing said of them."""
+    feeds back from an output are not the data's rows: nothing said of them. Token ids of padding only (an unseen
+    character BERT) are said too, read from the rows where no calibrated input varied."""
     from types import SimpleNamespace
 
     from onnx import TensorProto
@@ -865,3 +866,16 @@ def test_an_input_calibrated_on_one_value_is_said_but_not_a_constant_or_a_fed_ba
                                "empty range) and the ranges after it come from that one value")
     assert lines[1].startswith("calibration data: input 'gain' is 2.5 in every calibration row")
     assert "1.0 for an empty range" not in lines[1]
+    # token ids (not calibrated: read from the rows), only where no calibrated input varied
+    batches = {"ids": [np.zeros((2, 4), np.int64), np.zeros((1, 4), np.int64)],
+               "lens": [np.full(2, 4, np.int64), np.array([3])]}
+    rows = SimpleNamespace(constants={}, state={}, columns=batches, arrays=lambda name: iter(batches[name]))
+    ids = [InputInfo(name, TensorProto.INT64, ("n", 4)) for name in ("ids", "lens")]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="calibrun"):
+        assert say_flat_inputs(ranges, [*ids, inputs[0]], rows) == ["mel", "ids"]  # mel is flat too: read them
+        assert say_flat_inputs(ranges, [*ids, inputs[-1]], rows) == []  # x varied: ids are not read
+        assert say_flat_inputs(ranges, ids, rows) == ["ids"]
+    assert [r.getMessage().split(": no variation")[0] for r in caplog.records][-1] == \
+        "calibration data: input 'ids' is 0 in every calibration row"
+    assert "so the ranges after it come from that one value" in caplog.records[-1].getMessage()

@@ -43,7 +43,28 @@ def test_a_map_where_no_model_finds_anything_but_the_background_says_what_was_te
     task.update({"s": scores}, {"s": scores + 0.1}, None)
     got = verdict.decide(task.metrics(), rows=3)
     assert (got["status"], got["metric"], got["value"]) == ("ok", "task.class_dice", 1.0)
-    assert "neither model gives any position a class other than the most frequent one" in got["because"]
+    assert "neither model gives any position a class other than the most frequent one (class 0, 100% of fp32's " \
+        "positions)" in got["because"]
+
+
+def test_the_class_the_dice_leaves_out_is_named_with_its_share():
+    """The classes' Dice leaves out fp32's most frequent class as a background; where that class is a real answer
+    (an unseen character BERT: ə on 74% of the positions, padding's among them), `because` names it and its share."""
+    from calibrun.measure.tasks import Classification
+
+    scores = np.zeros((2, 3, 4, 5))
+    scores[:, 2] = 1.0  # class 2 on 24 of the 40 positions
+    scores[0, 1, :, :2] = 2.0
+    scores[1, 0, :, 3:] = 2.0  # class 1 on 8, class 0 on 8
+    int8 = scores.copy()
+    int8[0, 1, 0, 0] = 0.0  # one class-1 position becomes class 2
+    task = Classification("s", axis=1)
+    task.update({"s": scores}, {"s": int8}, None)
+    m = task.metrics()
+    assert (m["task.frequent_class"], m["task.frequent_share"]) == (2.0, 0.6)
+    got = verdict.decide(m, rows=2)
+    assert got["metric"] == "task.class_dice"
+    assert "a class other than the most frequent one (class 2, 60% of fp32's positions) (Dice)" in got["because"]
 
 
 @pytest.mark.parametrize(("flipped", "says"), [(0, True), (1, False)])
