@@ -89,7 +89,7 @@ class Batches:
             if len(got) < len(ref):
                 raise CalibrunError(f"the int8 model has {len(got)} outputs, the fp32 model {len(ref)}")
             got = got[: len(ref)]
-            gathered.add(ref, got, labels, rows)
+            gathered.add(ref, got, labels, rows, feeds)
         gathered.flush()
         metrics = errors.metrics()
         if task is not None:

@@ -494,25 +494,29 @@ class Gathered:
 
     def __init__(self, errors: OutputErrors, task, names: Sequence[str], shapes: Sequence | None = None,
                  size: int = 64):
-        self.errors, self.task, self.names, self.size = errors, task, list(names), size
+        # a task that reads the inputs gets each run as it comes, with the inputs it was fed (never joined)
+        self.inputs = bool(getattr(task, "wants_inputs", False))
+        self.errors, self.task, self.names, self.size = errors, task, list(names), 1 if self.inputs else size
         self.declared = list(shapes) if shapes is not None else [None] * len(self.names)
         self.runs: list[tuple[list[np.ndarray], list[np.ndarray], np.ndarray | None]] = []
         self.axes: list[int | None] | None = None
 
-    def _measure(self, ref, got, labels, rows: int | None, axes) -> None:
+    def _measure(self, ref, got, labels, rows: int | None, axes, inputs=None) -> None:
         self.errors.update(ref, got, rows, axes)
         if self.task is not None:
             fp32, int8 = dict(zip(self.names, ref, strict=True)), dict(zip(self.names, got, strict=True))
             self.task.check_shapes(fp32, int8)
-            self.task.update(fp32, int8, labels)
+            self.task.update(fp32, int8, labels, *((inputs,) if self.inputs else ()))
 
-    def add(self, ref: Sequence[np.ndarray], got: Sequence[np.ndarray], labels, rows: int | None) -> None:
+    def add(self, ref: Sequence[np.ndarray], got: Sequence[np.ndarray], labels, rows: int | None,
+            inputs=None) -> None:
+        """One run's outputs; `inputs`: the feeds fp32 was run on, for a task that reads them."""
         axes = [row_axis(r.shape, rows, d, self.errors.row_names) for r, d in zip(ref, self.declared, strict=False)] \
             if self.size > 1 and rows == 1 else None
         if axes is None or None in axes or any(np.asarray(r).dtype.kind != "f" for r in (*ref, *got)) or \
                 any(r.shape != g.shape for r, g in zip(ref, got, strict=True)):
             self.flush()
-            self._measure(ref, got, labels, rows, None)
+            self._measure(ref, got, labels, rows, None, inputs)
             return
         if self.runs and (axes != self.axes or [r.shape for r in ref] != [r.shape for r in self.runs[0][0]]):
             self.flush()
@@ -636,7 +640,7 @@ def evaluate(fp32_path, int8_path, evaluation, task=None, threads: int = 0, batc
             ref_state.took(ref)
             got_state.took(got)
             part_labels = labels if labels is None or per_run >= rows else labels[start:stop]
-            gathered.add(ref, got, part_labels, feed_rows.count(part, axes))
+            gathered.add(ref, got, part_labels, feed_rows.count(part, axes), part)
             if keep is not None:
                 keep.add(part, ref, part_labels, feed_rows.count(part, axes))
             del ref, got

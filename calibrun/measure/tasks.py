@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import inspect
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -416,13 +417,16 @@ class Custom(Task):
         super().__init__(reason)
         self.spec = fn
         self.fn = load_function(fn)
+        # `fn(fp32, int8, labels, inputs)`: it also reads the inputs of the batch (a masked language model's metric
+        # over its masked positions, which only the input marks: an unseen character BERT)
+        self.wants_inputs = takes_inputs(self.fn)
         self.sums: dict[str, float] = {}
         self.rows = 0
 
-    def update(self, fp32, int8, labels) -> None:
+    def update(self, fp32, int8, labels, inputs=None) -> None:
         rows = len(next(iter(fp32.values())))
         try:
-            result = self.fn(dict(fp32), dict(int8), labels)
+            result = self.fn(dict(fp32), dict(int8), labels, *((dict(inputs or {}),) if self.wants_inputs else ()))
         except CalibrunError:
             raise
         except Exception as exc:
@@ -442,6 +446,17 @@ class Custom(Task):
 
     def describe(self) -> dict:
         return {**super().describe(), "fn": self.spec}
+
+
+def takes_inputs(fn) -> bool:
+    """Whether a task function takes the batch's inputs: a fourth positional parameter, or one named `inputs`."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: the three arguments
+        return False
+    if any(p.kind is p.VAR_POSITIONAL for p in params) or any(p.name == "inputs" for p in params):
+        return True
+    return len([p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]) >= 4
 
 
 def load_function(spec: str):

@@ -165,6 +165,16 @@ def two_output_task(fp32_outputs, int8_outputs, labels):
             "rows": float(len(labels)) if labels is not None else -1.0}
 
 
+def masked_task(fp32_outputs, int8_outputs, labels, inputs):
+    """A metric over the rows an input marks (a masked language model's masked positions): the sign agreement on the
+    rows whose first input value is positive, and what it was fed."""
+    (name,) = fp32_outputs
+    (feed,) = inputs.values()
+    marked = feed[:, 0] > 0
+    agree = np.sign(fp32_outputs[name][marked]) == np.sign(int8_outputs[name][marked])
+    return {"marked_sign_agreement": float(agree.mean()) if marked.any() else 1.0, "fed_sum": float(feed.sum())}
+
+
 def failing_in_workers_task(fp32_outputs, int8_outputs, labels):
     """two_output_task in the test's process; an error in a worker (which does not see CALIBRUN_TEST_DRIVER)."""
     if "CALIBRUN_TEST_DRIVER" not in os.environ:
@@ -217,6 +227,39 @@ def test_the_evaluations_own_fp32_outputs_measure_the_int8_model_as_the_evaluati
         assert again[key] == evaluated[key], key
     with pytest.raises(CalibrunError, match="at least one evaluation batch"):
         Evaluator.kept(fp32.path).ready()
+
+
+def test_a_task_function_that_takes_the_inputs_gets_each_runs_feeds(narrow):
+    """`fn(fp32, int8, labels, inputs)`: the batch's inputs as fp32 was fed them, for a metric over the positions an
+    input marks (an unseen character BERT's masked letters); the evaluation, and the kept reference's re-measure,
+    give it the same feeds."""
+    from calibrun.measure.tasks import takes_inputs
+
+    assert takes_inputs(masked_task)
+    assert not takes_inputs(two_output_task)
+    assert takes_inputs(lambda fp32, int8, labels, *rest: {})
+    assert takes_inputs(lambda a, b, c, inputs=None: {})
+    fp32, int8, _, feeds = narrow
+    (name,) = feeds
+    ref = plain_session(fp32.path, True).run(None, feeds)[0]
+    got = plain_session(int8, True).run(None, feeds)[0]
+    marked = feeds[name][:, 0] > 0
+    data = EvalData.from_arrays(feeds)
+    kept = Evaluator.kept(fp32.path, task=Custom("tests.unit.test_analysis:masked_task"))
+    evaluated = measure.evaluate(fp32.path, int8, data, Custom("tests.unit.test_analysis:masked_task"),
+                                 batch_size=10, progress=None, keep=kept)
+    with kept as ev:
+        again = ev.model(int8)
+    assert 0 < marked.sum() < len(marked)
+    # a row-weighted mean of per-batch values: the fed sum over 64 rows in 6 runs of 10 and one of 4
+    sums = [float(feeds[name][i:i + 10].sum()) * len(feeds[name][i:i + 10]) for i in range(0, 64, 10)]
+    assert evaluated["task.fed_sum"] == pytest.approx(sum(sums) / 64, rel=1e-6)
+    per_run = [np.mean(np.sign(ref[i:i + 10][marked[i:i + 10]]) == np.sign(got[i:i + 10][marked[i:i + 10]]))
+               if marked[i:i + 10].any() else 1.0 for i in range(0, 64, 10)]
+    weights = [len(marked[i:i + 10]) for i in range(0, 64, 10)]
+    assert evaluated["task.marked_sign_agreement"] == pytest.approx(np.average(per_run, weights=weights), rel=1e-9)
+    for key in ("task.marked_sign_agreement", "task.fed_sum"):
+        assert again[key] == evaluated[key], key
 
 
 def test_task_fn_spec_errors_are_clear():
