@@ -72,10 +72,19 @@ class Carried:
 def look_alike(inputs: Sequence, outputs: Sequence) -> list[tuple[str, str]]:
     """(input, output) pairs where a float input other than the primary one (calibrun.model.primary) has an output's
     element type, rank and sizes (an axis free on either side fits any size): what a recurrent state looks like.
-    Each output pairs once; among several, one of the same sizes, free axes alike, then the one whose name shares the
-    longest start with the input's (`h` -> `hn`; Robust Video Matting's `r1i` -> `r1o`, not its first output `fgr`,
-    which every free axis fits too). A hint only: nothing in a graph says that the caller feeds the output back."""
+    Each output pairs once, the closest pairs first over every input (not input by input: a pair taken early by a
+    lesser match would push the next input to a wrong one): one of the same sizes, free axes alike, then the one whose
+    name shares the longest run of characters with the input's, then the longest start (`h` -> `hn`; Robust Video
+    Matting's `r1i` -> `r1o`, not its first output `fgr`, which every free axis fits too; DeepFilterNet's
+    `analysis_mem` -> `new_analysis_mem`, which shares no start with it: by start alone it had taken the audio frame
+    out, and each state after it the next one's output). A hint only: nothing in a graph says that the caller feeds
+    the output back."""
+    from difflib import SequenceMatcher
+
     from calibrun.model import primary
+
+    def shared(a: str, b: str) -> int:  # the longest run of characters both names hold
+        return SequenceMatcher(None, a, b, autojunk=False).find_longest_match(0, len(a), 0, len(b)).size
 
     first = primary(inputs).name if inputs else None
     shapes = {}
@@ -84,17 +93,20 @@ def look_alike(inputs: Sequence, outputs: Sequence) -> list[tuple[str, str]]:
         if tensor.HasField("shape"):
             shapes[output.name] = (tensor.elem_type, [d.dim_value if d.HasField("dim_value") and d.dim_value > 0
                                                       else None for d in tensor.shape.dim])
-    found, used = [], set()
-    for info in inputs:
+    fits = []
+    for i, info in enumerate(inputs):
         if info.name == first or not info.has_shape or not info.shape or not is_float(info):
             continue
         sizes = [d if is_fixed(d) else None for d in info.shape]
-        fits = [(dims != sizes, -len(os.path.commonprefix([name, info.name])), k, name)
-                for k, (name, (elem, dims)) in enumerate(shapes.items())
-                if name not in used and elem == info.elem_type and len(dims) == len(sizes)
-                and all(a is None or b is None or a == b for a, b in zip(dims, sizes, strict=True))]
-        if fits:
-            name = min(fits)[3]
-            used.add(name)
-            found.append((info.name, name))
-    return found
+        fits += [(dims != sizes, -shared(name, info.name), -len(os.path.commonprefix([name, info.name])), i, k,
+                  info.name, name)
+                 for k, (name, (elem, dims)) in enumerate(shapes.items())
+                 if elem == info.elem_type and len(dims) == len(sizes)
+                 and all(a is None or b is None or a == b for a, b in zip(dims, sizes, strict=True))]
+    paired: dict[int, tuple[str, str]] = {}
+    used: set[str] = set()
+    for *_, i, _k, name, output in sorted(fits):
+        if i not in paired and output not in used:
+            paired[i] = (name, output)
+            used.add(output)
+    return [paired[i] for i in sorted(paired)]

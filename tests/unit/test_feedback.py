@@ -179,6 +179,20 @@ def test_an_input_with_an_outputs_type_and_shape_is_hinted_as_a_state_and_the_pr
          for n, c in zip(names, (3, 1, 16, 20), strict=True)])
     model = helper.make_model(graph)
     assert feedback.look_alike(list(graph_inputs(model)), model.graph.output) == [("r1i", "r1o"), ("r2i", "r2o")]
+    # DeepFilterNet 3 streamed a frame a call: its states' outputs are `new_<state>`, which share no start with the
+    # state; the audio frame out has a state's shape too. Each state pairs with its own new value, not the frame
+    # (by the start alone: analysis_mem -> the frame, synthesis_mem -> new_analysis_mem)
+    states = ["analysis_mem", "synthesis_mem", "erb_norm_state"]
+    outs = ["enhanced_audio_frame", *(f"new_{n}" for n in states)]
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["input_frame"], ["enhanced_audio_frame"]),
+         *(helper.make_node("Identity", [n], [f"new_{n}"]) for n in states)], "dfn",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [512 if n != "erb_norm_state" else 32])
+         for n in ("input_frame", *states)],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [512 if n != "new_erb_norm_state" else 32]) for n in outs])
+    model = helper.make_model(graph)
+    assert feedback.look_alike(list(graph_inputs(model)), model.graph.output) == \
+        [(n, f"new_{n}") for n in states]
 
 
 def test_a_state_fed_back_is_read_through_the_outputs_it_feeds_not_twice():
