@@ -5,9 +5,10 @@ model quantised again and re-measured on the first `recommend.rows` evaluation r
 Candidates, each written as the override a user types:
 - post-calibration changes, quantised from the job's own ranges (no calibration): `quant.per_channel=true`,
   `quant.reduce_range=true` on a CPU whose int8 kernels can saturate (x86 without VNNI: calibrun.core.cpu), 16-bit
-  activations `quant.activation_type=QInt16`, weights `quant.weight_type=QInt16` and both (QDQ only: onnxruntime's
-  QOperator has no 16-bit kernels; both, because the rounding errors of weights and activations add, so either alone
-  is bounded by the other's and may not help while both do), `quant.nodes_to_exclude=[...]` with the nodes that keep
+  activations `quant.activation_type=QInt16`, weights `quant.weight_type=QInt16` and both (both, because the rounding
+  errors of weights and activations add, so either alone is bounded by the other's and may not help while both do;
+  onnxruntime's QOperator has no 16-bit kernels, so a QOperator job's are `format=qdq` with them: the same
+  computation in its other form), `quant.nodes_to_exclude=[...]` with the nodes that keep
   the top culprits in float (QDQ with diagnostics): the diagnosed tensors upstream of the verdict's metric (an
   output, or the Concat input that fills its worst part; for a task metric that counts decisions, the task's output,
   less the sound tensors its decisions are read through: `culprits_upstream`) with the largest noise shares, the
@@ -16,8 +17,8 @@ Candidates, each written as the override a user types:
   element-wise ops, normalisations and Softmax left in float are where ranges int8 cannot hold meet (a transformer's
   attention mask fill, -3.4e38 or -1e4, added to its scores: on one grid each score rounds to zero; the residual
   stream's outlier channels before a LayerNormalization); and `quant.tensor_ranges={...}` where a top culprit is
-  clipping: its calibrated range with each end twice as far from zero (`headroom`), since clipping is the range's
-  error and no precision change reaches it;
+  clipping: its calibrated range widened at the ends the evaluation rows crossed (`headroom`), since clipping is the
+  range's error and no precision change reaches it;
 - other calibration methods (`recommend.methods`, none by default: a histogram method's calibration pass is slow,
   two passes where its tensors exceed memory.budget), calibrated through the calibration cache (a later run with
   that method reuses the ranges);
@@ -133,9 +134,18 @@ def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, qua
         found.append(Candidate(("quant.per_channel=true",), replace(options, per_channel=True)))
     if saturates and not options.reduce_range:  # onnxruntime's advice for x86 without VNNI: 7-bit weights
         found.append(Candidate(("quant.reduce_range=true",), replace(options, reduce_range=True)))
+    wider = {key: SIXTEEN_BIT[getattr(options, key)] for key in ("activation_type", "weight_type")
+             if getattr(options, key) in SIXTEEN_BIT}
+    if fmt == "qoperator":  # onnxruntime's QLinear ops are 8-bit only: 16 bits need the same computation as QDQ
+        # (three unseen models of session 43 in a row: their QOperator jobs were offered per-channel weights alone,
+        # which left each degraded or failed to load, while 16 bits in QDQ made each ok by its own check)
+        qdq = replace(options, format="qdq")
+        for key, kind in wider.items():
+            found.append(Candidate(("format=qdq", f"quant.{key}={kind}"), replace(qdq, **{key: kind})))
+        if len(wider) == 2:
+            found.append(Candidate(("format=qdq", *(f"quant.{key}={kind}" for key, kind in wider.items())),
+                                   replace(qdq, **wider), masked=True))
     if fmt == "qdq":
-        wider = {key: SIXTEEN_BIT[getattr(options, key)] for key in ("activation_type", "weight_type")
-                 if getattr(options, key) in SIXTEEN_BIT}
         for key, kind in wider.items():
             found.append(Candidate((f"quant.{key}={kind}",), replace(options, **{key: kind})))
         if len(wider) == 2:  # the errors of weights and activations add: each alone is bounded by the other's
@@ -271,8 +281,9 @@ def combined(helped: list[Candidate], options) -> Candidate | None:
         return None
     merged = options
     for c in quant:
-        diff = {k: getattr(c.options, k) for k in ("per_channel", "reduce_range", "activation_type", "weight_type",
-                                                   "nodes_to_exclude", "op_types_to_quantize", "tensor_ranges")
+        diff = {k: getattr(c.options, k) for k in ("format", "per_channel", "reduce_range", "activation_type",
+                                                   "weight_type", "nodes_to_exclude", "op_types_to_quantize",
+                                                   "tensor_ranges")
                 if getattr(c.options, k) != getattr(options, k)}
         merged = replace(merged, **diff)
     changes = tuple(dict.fromkeys(ch for c in (*methods, *quant) for ch in c.changes))  # each change once
@@ -554,8 +565,8 @@ def metric_after(rule, decided: dict | None) -> str | None:
 
 def changes_of(entry: dict) -> list[str]:
     """The overrides an entry's `change` joins with spaces (a node name may hold an escaped space: each override
-    starts with `quant.` or `method=`)."""
-    return re.split(r" (?=quant\.|method=)", entry["change"])
+    starts with `quant.`, `method=` or `format=`)."""
+    return re.split(r" (?=quant\.|method=|format=)", entry["change"])
 
 
 def _better(after, before: float, better: float) -> bool:

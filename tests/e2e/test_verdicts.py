@@ -112,6 +112,30 @@ def test_a_sound_classifier_is_ok(tmp_path):
     assert "397 evaluation rows" in verdict["because"]
 
 
+def test_a_qoperator_job_measures_16_bits_in_qdq_form_and_the_change_gives_what_it_measured(tmp_path):
+    """onnxruntime's QLinear ops are 8-bit only: a QOperator job's 16-bit candidates are `format=qdq` with them (the
+    same computation in its other form), measured like any other; pasted on a shell after the command, the change
+    gives the QDQ model it measured."""
+    pytest.importorskip("sklearn", reason="the digits model needs scikit-learn (the `test` extra has it)")
+    digits = tmp_path / "cache" / "digits"
+    common = ["model=digits", "data=npy", "eval_data=npy", f"data.path={digits / 'calib.npz'}",
+              f"eval_data.path={digits / 'eval.npz'}", "batches=25", "task=none", "format=qoperator"]
+    result = _done(tmp_path, calibrun(tmp_path, *common, "hydra.run.dir=qop"), "qop")
+    measured = json.loads((tmp_path / "qop" / "recommendations.json").read_text())["measured"]
+    by = {e["change"]: e for e in measured}
+    assert {"format=qdq quant.activation_type=QInt16", "format=qdq quant.weight_type=QInt16",
+            "format=qdq quant.activation_type=QInt16 quant.weight_type=QInt16"} <= set(by)
+    both = by["format=qdq quant.activation_type=QInt16 quant.weight_type=QInt16"]
+    assert both["after"] > result["verdict"]["value"] + 10  # 16 bits on both: rounding error all but gone
+    pasted = subprocess.run(["sh", "-c", f"printf '%s\\n' {both.get('shell', both['change'])}"],
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    again = _done(tmp_path, calibrun(tmp_path, *common, *pasted, "recommend=off", "hydra.run.dir=qdq"), "qdq")
+    assert again["params"]["format"] == "qdq"
+    assert again["ops"].get("QuantizeLinear")
+    assert not any(op.startswith("QLinear") for op in again["ops"])
+    assert again["verdict"]["value"] == pytest.approx(both["after"], abs=1e-9)
+
+
 def test_no_candidate_is_measured_where_int8_already_computes_as_fp32(tmp_path):
     """The lab model with every node kept in float: its output is fp32's exactly (SQNR at its cap), so no change can
     make it better and none is measured; the same job quantised measures its candidates."""

@@ -6,7 +6,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from calibrun.analysis.recommend import RUN_SECONDS, Candidate, _each, candidates, combined, combined_members
+from calibrun.analysis.recommend import (
+    RUN_SECONDS,
+    Candidate,
+    _each,
+    candidates,
+    changes_of,
+    combined,
+    combined_members,
+)
 from calibrun.quant.quantize import QuantOptions
 
 CONF = SimpleNamespace(methods=["percentile", "entropy"], culprits=2)
@@ -59,10 +67,22 @@ def test_the_matrix_ops_alone_only_where_other_ops_are_quantised_and_the_user_se
     assert not [c for c in changes(qop) if c.startswith("quant.op_types_to_quantize")]  # QDQ: what reads int8 known
 
 
-def test_qoperator_has_no_16_bit_and_a_set_option_is_not_proposed_again():
+def test_qoperator_gets_16_bit_as_qdq_and_a_set_option_is_not_proposed_again():
+    """onnxruntime's QLinear ops are 8-bit only: a QOperator job's 16-bit candidates are the same computation in QDQ
+    form (`format=qdq` with them; three unseen models' QOperator jobs had per-channel weights alone to try), and a
+    combination with them keeps that format."""
     options = QuantOptions(format="qoperator", per_channel=True)
     found = candidates(options, "qoperator", "entropy", DIAGNOSIS, CONF, quantised=NODES)
-    assert changes(found) == ["method=percentile"]
+    assert changes(found) == ["format=qdq quant.activation_type=QInt16", "format=qdq quant.weight_type=QInt16",
+                              "format=qdq quant.activation_type=QInt16 quant.weight_type=QInt16", "method=percentile"]
+    assert found[0].options == QuantOptions(format="qdq", per_channel=True, activation_type="QInt16")
+    assert found[2].masked
+    assert changes_of({"change": found[2].change}) == ["format=qdq", "quant.activation_type=QInt16",
+                                                       "quant.weight_type=QInt16"]
+    plain = candidates(QuantOptions(format="qoperator"), "qoperator", "minmax", None, CONF, quantised=NODES)
+    both = combined([plain[0], plain[1]], QuantOptions(format="qoperator"))  # per-channel with QDQ 16-bit weights...
+    assert both.change == "quant.per_channel=true format=qdq quant.activation_type=QInt16"
+    assert both.options == QuantOptions(format="qdq", per_channel=True, activation_type="QInt16")  # ...in QDQ
     uint = candidates(QuantOptions(activation_type="QUInt8"), "qdq", "minmax", None, CONF, quantised=NODES)
     assert "quant.activation_type=QUInt16" in changes(uint)
 
