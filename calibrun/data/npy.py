@@ -240,9 +240,16 @@ def _rows_axis(segment: _Segment, info: InputInfo, axis: int, key: str) -> int:
 def _check_data_shape(segment: _Segment, info: InputInfo, axis: int, key: str = "data") -> None:
     shape = segment.shape
     if len(shape) != len(info.shape):
+        # rows stacked on a new first axis for a model that declares none (a streaming denoiser taking one [512]
+        # frame a call and its states, every axis fixed): the model has no axis to count rows along
+        stacked = len(shape) == len(info.shape) + 1 and all(map(is_fixed, info.shape)) and \
+            list(shape[1:]) == list(info.shape)
         raise CalibrunError(
             f"input {declared(info)}: {segment.where} has shape {_fmt_shape(shape)} (rank {len(shape)}); the input "
-            f"has rank {len(info.shape)}" + (" (or one axis fewer, for a constant row)" if info.shape else "")
+            f"has rank {len(info.shape)}" + (" (or one axis fewer, for a constant row)" if info.shape else "") +
+            ("; the model declares no batch axis (every axis fixed: one input a call), so rows stacked on a first "
+             "axis cannot be fed: calibrun does not add an axis to a model; an export with a batch axis (or a leading "
+             "axis of 1 on every input and output) runs here" if stacked else "")
         )
     for index, dim in enumerate(info.shape):
         if index != axis and is_fixed(dim) and shape[index] != dim:

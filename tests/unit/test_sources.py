@@ -903,3 +903,21 @@ def test_a_compressed_npz_member_is_inflated_as_its_rows_are_read(tmp_path):
         np.testing.assert_array_equal(read(0, 3), x[:3] if axis == 0 else x[:, :3])
 
 
+
+
+def test_rows_stacked_for_a_model_that_declares_no_batch_axis_are_refused_with_the_reason(tmp_path):
+    """A streaming denoiser takes one [512] frame a call and its states, every axis fixed: frames stacked on a first
+    axis have nowhere to go. The line says why and what runs (an export with a batch axis), not only the ranks; a
+    rank that is simply wrong keeps the plain line."""
+    frame = InputInfo("input_frame", TensorProto.FLOAT, (8,))
+    np.savez(tmp_path / "d.npz", input_frame=np.zeros((5, 8), np.float32))
+    with pytest.raises(CalibrunError) as raised:
+        npy_evaluation(tmp_path / "d.npz", [frame])
+    message = str(raised.value)
+    assert "has shape [5, 8] (rank 2); the input has rank 1 (or one axis fewer, for a constant row); the model " \
+           "declares no batch axis (every axis fixed: one input a call), so rows stacked on a first axis cannot be " \
+           "fed" in message
+    np.savez(tmp_path / "e.npz", input_frame=np.zeros((5, 4, 2), np.float32))
+    with pytest.raises(CalibrunError) as raised:
+        npy_evaluation(tmp_path / "e.npz", [frame])
+    assert "declares no batch axis" not in str(raised.value)
