@@ -187,7 +187,8 @@ def verdict_tags(result: JobResult) -> dict:
         if ranked is not None:
             tags.update({"calibrun.verdict.headline": ranked[0], "calibrun.verdict.better": ranked[1]})
     if result.recommendations:
-        tags["calibrun.recommendation"] = result.recommendations[0]["change"]
+        best = result.recommendations[0]  # as a user pastes it from the UI after the command (recommend.typed)
+        tags["calibrun.recommendation"] = best.get("shell", best["change"])
     return tags
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from calibrun.result import JobResult
-from calibrun.tracking.record import job_metrics
+from calibrun.tracking.record import job_metrics, verdict_tags
 
 RESULT = JobResult(
     "ok",
@@ -106,3 +106,14 @@ def test_a_job_record_that_cannot_be_written_still_ends_its_run_failed(tmp_path,
     assert ("close", "r1", "FAILED") in calls
     assert ("finish", "r1", "FINISHED") not in calls
     assert not [c for c in calls if c[0] == "log_artifact"]  # nothing written to log
+
+
+def test_the_best_recommendation_is_tagged_as_it_pastes_on_a_shell():
+    """A user copies the tag from MLflow's UI to the command line: a headroom range's braces come quoted (bash would
+    expand them), a change the shell reads as it is stays bare."""
+    ranges = "quant.tensor_ranges={x:[0.0,3.0],y:[-1.0,1.0]}"
+    quoted = JobResult("ok", recommendations=[{"change": f"{ranges} quant.weight_type=QInt16",
+                                               "shell": f"'{ranges}' quant.weight_type=QInt16"}])
+    assert verdict_tags(quoted)["calibrun.recommendation"] == f"'{ranges}' quant.weight_type=QInt16"
+    plain = JobResult("ok", recommendations=[{"change": "quant.weight_type=QInt16"}])
+    assert verdict_tags(plain)["calibrun.recommendation"] == "quant.weight_type=QInt16"
