@@ -491,47 +491,55 @@ def compute(ctx: JobContext) -> JobResult:
 
 
 def say_flat_inputs(ranges_path: Path, inputs, data) -> list[str]:
-    """A warning for each input the calibration rows gave one value only (silence, a blank image, a file of
+    """A warning for each input whose calibration rows are one row repeated (silence, a blank image, a file of
     padding): every range after it was calibrated on no variation of it (an unseen voice detector calibrated on
     silent windows: its input's scale 1.0, onnxruntime's fallback for an empty range, and nothing said the rows were
-    silent). A float input is read off its calibrated range; an input calibrun does not quantise (token ids) is read
-    from the rows, and only where no calibrated input varied: all-padding ids are a text model's silence (an unseen
+    silent; an unseen classifier calibrated on black frames, one value a channel after its normalisation). A float
+    input with an empty calibrated range is said with its value; another calibrated input's rows are compared with
+    its first (read up to the first that differs: its first batch, as a rule); an input calibrun does not quantise
+    (token ids) is read only where no calibrated input varied: all-padding ids are a text model's silence (an unseen
     character BERT), while one sample rate in every row beside varying audio is no cause. Constants
     (`data.inputs.<name>.value`) and a state fed back from an output are not the data's rows: not checked."""
     skip = {*(getattr(data, "constants", None) or {}), *(getattr(data, "state", None) or {})}
     ranges = calibrated_ranges(ranges_path)
+    columns = getattr(data, "columns", None) or {}
     fed = [i.name for i in inputs if i.name not in skip]
     calibrated = [n for n in fed if n in ranges]
-    flat = {n: ranges[n][0] for n in calibrated if ranges[n][0] == ranges[n][1]}
-    others = [n for n in fed if n not in ranges and n in (getattr(data, "columns", None) or {})]
-    if others and len(flat) == len(calibrated):  # nothing calibrated varied: did the other inputs?
-        flat.update(_one_value(data, others))
-    for name, value in flat.items():
-        log.warning("calibration data: input '%s' is %g in every calibration row: no variation of it was calibrated "
-                    "(silence? a blank image? padding?), so %sthe ranges after it come from that one value; calibrate "
-                    "on rows that vary as the evaluation's do", name, value,
-                    "" if name not in ranges else "its scale (onnxruntime's 1.0 for an empty range) and "
-                    if value == 0 else "its scale and ")
-    return list(flat)
-
-
-def _one_value(data, names: list[str]) -> dict[str, float]:
-    """The inputs of `names` whose calibration rows hold one value, and that value (each input's own column read,
-    batch by batch, up to its first other value)."""
-    found = {}
-    for name in names:
-        first = None
-        for batch in data.arrays(name):
-            values = np.asarray(batch)
-            if values.size == 0:
-                continue
-            first = values.flat[0] if first is None else first
-            if np.any(values != first):
-                break
+    said: dict[str, np.ndarray] = {n: np.asarray(ranges[n][0]) for n in calibrated if ranges[n][0] == ranges[n][1]}
+    said.update({n: row for n in calibrated if n not in said and n in columns
+                 and (row := _repeated_row(data, n)) is not None})
+    if len(said) == len(calibrated):  # nothing calibrated varied: did the inputs calibrun does not quantise?
+        said.update({n: row for n in fed if n not in ranges and n in columns
+                     and (row := _repeated_row(data, n)) is not None})
+    for name, row in said.items():
+        value = float(row.flat[0]) if row.size and np.all(row == row.flat[0]) else None
+        quantised = "" if name not in ranges else "its scale (onnxruntime's 1.0 for an empty range) and " \
+            if value == 0 else "its scale and "
+        if value is not None:
+            log.warning("calibration data: input '%s' is %g in every calibration row: no variation of it was "
+                        "calibrated (silence? a blank image? padding?), so %sthe ranges after it come from that one "
+                        "value; calibrate on rows that vary as the evaluation's do", name, value, quantised)
         else:
-            if first is not None:
-                found[name] = float(first)
-    return found
+            log.warning("calibration data: every calibration row of input '%s' is the same row: no variation of it "
+                        "was calibrated (a blank image? one frame repeated?), so %sthe ranges after it come from that "
+                        "one row; calibrate on rows that vary as the evaluation's do", name, quantised)
+    return list(said)
+
+
+def _repeated_row(data, name: str) -> np.ndarray | None:
+    """The one row every calibration row of input `name` is (at least two rows), else None: the input's own column
+    read batch by batch, rows along its batch axis, up to the first row that differs from the first."""
+    axis = (getattr(data, "axes", None) or {}).get(name) or 0
+    first, rows = None, 0
+    for batch in data.arrays(name):
+        values = np.moveaxis(np.asarray(batch), axis, 0)
+        if not len(values):
+            continue
+        first = values[0] if first is None else first
+        if values.shape[1:] != first.shape or np.any(values != first):
+            return None
+        rows += len(values)
+    return first if rows > 1 else None
 
 
 def _relative(path: Path, folder: Path) -> str:

@@ -840,7 +840,8 @@ def test_an_input_calibrated_on_one_value_is_said_but_not_a_constant_or_a_fed_ba
     """Calibration rows of silence (an unseen voice detector's log-mel windows, all 0): the input's range is empty
     and onnxruntime takes scale 1.0; the job says the rows held one value. A constant input and a state the job
     feeds back from an output are not the data's rows: nothing said of them. Token ids of padding only (an unseen
-    character BERT) are said too, read from the rows where no calibrated input varied."""
+    character BERT) are said too, read from the rows where no calibrated input varied, and rows that are one row
+    repeated (black frames, one value a channel after normalisation: an unseen classifier)."""
     from types import SimpleNamespace
 
     from onnx import TensorProto
@@ -879,3 +880,20 @@ def test_an_input_calibrated_on_one_value_is_said_but_not_a_constant_or_a_fed_ba
     assert [r.getMessage().split(": no variation")[0] for r in caplog.records][-1] == \
         "calibration data: input 'ids' is 0 in every calibration row"
     assert "so the ranges after it come from that one value" in caplog.records[-1].getMessage()
+    # black frames after a mean/std normalisation: one value a channel, so the range is not empty, but every row is
+    # the same row (an unseen classifier's calibration); rows on axis 1 compared along it; a varying input is silent
+    black = np.array([-2.118, -2.036, -1.804], np.float32)[:, None]  # [3 channels, 1 pixel]
+    frames = {"img": [np.repeat(black[None], 2, 0), np.repeat(black[None], 3, 0)],
+              "seq": [np.stack([np.zeros(3), np.ones(3)], 1), np.zeros((3, 1))]}  # [3, rows]: rows on axis 1
+    frame_ranges = calibrate.write_ranges(tmp_path / ("f" * 32 + ".json"), TensorsData(CalibrationMethod.MinMax, {
+        "img": TensorData(lowest=np.array(-2.118, f), highest=np.array(-1.804, f)),
+        "seq": TensorData(lowest=np.array(0, f), highest=np.array(1, f))}), {"r": 1}, 2.0)
+    source = SimpleNamespace(constants={}, state={}, columns=frames, axes={"img": 0, "seq": 1},
+                             arrays=lambda name: iter(frames[name]))
+    images = [InputInfo("img", TensorProto.FLOAT, ("n", 3, 1)), InputInfo("seq", TensorProto.FLOAT, (3, "n"))]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="calibrun"):
+        assert say_flat_inputs(frame_ranges, images, source) == ["img"]
+    assert caplog.records[-1].getMessage().startswith(
+        "calibration data: every calibration row of input 'img' is the same row: no variation of it was calibrated "
+        "(a blank image? one frame repeated?), so its scale and the ranges after it come from that one row")
