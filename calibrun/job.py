@@ -496,9 +496,10 @@ def say_flat_inputs(ranges_path: Path, inputs, data) -> list[str]:
     silent windows: its input's scale 1.0, onnxruntime's fallback for an empty range, and nothing said the rows were
     silent; an unseen classifier calibrated on black frames, one value a channel after its normalisation). A float
     input with an empty calibrated range is said with its value; another calibrated input's rows are compared with
-    its first (read up to the first that differs: its first batch, as a rule); an input calibrun does not quantise
-    (token ids) is read only where no calibrated input varied: all-padding ids are a text model's silence (an unseen
-    character BERT), while one sample rate in every row beside varying audio is no cause. Constants
+    its first (read up to the first that differs: its first batch, as a rule); inputs calibrun does not quantise
+    (token ids) are said only where no input varied at all: all-padding ids are a text model's silence (an unseen
+    character BERT), while one sample rate beside varying audio, a token-type input of zeros or LAC's unread length
+    beside varying ids is no cause (the zoo's first run of this check named those three). Constants
     (`data.inputs.<name>.value`) and a state fed back from an output are not the data's rows: not checked."""
     skip = {*(getattr(data, "constants", None) or {}), *(getattr(data, "state", None) or {})}
     ranges = calibrated_ranges(ranges_path)
@@ -508,9 +509,11 @@ def say_flat_inputs(ranges_path: Path, inputs, data) -> list[str]:
     said: dict[str, np.ndarray] = {n: np.asarray(ranges[n][0]) for n in calibrated if ranges[n][0] == ranges[n][1]}
     said.update({n: row for n in calibrated if n not in said and n in columns
                  and (row := _repeated_row(data, n)) is not None})
-    if len(said) == len(calibrated):  # nothing calibrated varied: did the inputs calibrun does not quantise?
-        said.update({n: row for n in fed if n not in ranges and n in columns
-                     and (row := _repeated_row(data, n)) is not None})
+    others = [n for n in fed if n not in ranges and n in columns]
+    if others and len(said) == len(calibrated):  # nothing calibrated varied: did the inputs calibrun does not quantise?
+        repeated = {n: row for n in others if (row := _repeated_row(data, n)) is not None}
+        if len(repeated) == len(others):  # one that varies makes the others parameters (LAC's length beside its ids)
+            said.update(repeated)
     for name, row in said.items():
         value = float(row.flat[0]) if row.size and np.all(row == row.flat[0]) else None
         quantised = "" if name not in ranges else "its scale (onnxruntime's 1.0 for an empty range) and " \
