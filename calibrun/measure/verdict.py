@@ -330,14 +330,11 @@ def rule_for(metrics: Mapping[str, float], conf=None, streamed: Collection[str] 
                 # classifier on a dim calibration: 4 of 63 photos flipped, top-1 0.937 degraded, the score at 5.0 dB
                 # and one photo moved from 0% to 93% anime: its check broken; session 43)
                 beside = _worst_rule(metrics, streamed)
-                if beside is not None and SEVERITY[beside.status(beside.value(metrics), metrics)] > \
-                        SEVERITY[rule.status(rule.value(metrics), metrics)]:
+                if beside is not None and STATUSES.index(beside.status(beside.value(metrics), metrics)) > \
+                        STATUSES.index(rule.status(rule.value(metrics), metrics)):  # (best to worst)
                     return replace(beside, beside=rule.metric)
             return rule
     return _worst_rule(metrics, streamed)
-
-
-SEVERITY = {"ok": 0, "degraded": 1, "broken": 2}
 
 
 def one_sided(rule: Rule, metrics: Mapping[str, float]) -> bool:
