@@ -28,6 +28,7 @@ from calibrun.core.files import DIAGNOSTICS_FILE, RANGES_FILE, atomic_path, stri
 from calibrun.data import EvalData, calibration_data, evaluation_data, source_record
 from calibrun.data.images import ImageTransform
 from calibrun.data.inputs import declared, is_float, spelled
+from calibrun.data.npy import RowsOnNewAxis
 from calibrun.data.rows import pinned_rows
 from calibrun.lab.model import write_lab_model
 from calibrun.measure import errors as measure
@@ -44,6 +45,7 @@ from calibrun.model import (
     format_counts,
     model_sha256,
     open_float_model,
+    row_axis,
     why_nothing_quantised,
 )
 from calibrun.model.digits import ensure_digits
@@ -233,8 +235,15 @@ def context(cfg: DictConfig, job_dir: Path, one_row: JobContext | None = None) -
         source = _with_axes(source, axes)
         batches = one_row.data.rows  # the rows the first try's batches held, a batch each
     options, record = resolve_exclusions(fp32.path, config.quant_options(cfg))  # names checked before any work
-    data = calibration_data(data_source, fp32, cfg.calibration.seed, cfg.calibration.factor, batches)
-    evaluation = evaluation_data(source, fp32, source["seed"], source["rows"])
+    try:
+        data = calibration_data(data_source, fp32, cfg.calibration.seed, cfg.calibration.factor, batches)
+        evaluation = evaluation_data(source, fp32, source["seed"], source["rows"])
+    except RowsOnNewAxis:  # rows stacked on a first axis the model does not declare: a copy with one, if it has none
+        if cfg.model.name != "file" or row_axis.STEP in steps or not row_axis.declares_no_batch_axis(fp32.inputs):
+            raise
+        fp32, steps = _with_row_axis(cfg, fp32, job_dir), [*steps, row_axis.STEP]
+        data = calibration_data(data_source, fp32, cfg.calibration.seed, cfg.calibration.factor, batches)
+        evaluation = evaluation_data(source, fp32, source["seed"], source["rows"])
     kept = _whole_batches(fp32, evaluation)
     if kept != evaluation.rows:
         source = {**source, "rows": kept}  # recorded so: the aggregator rebuilds the same rows
@@ -334,6 +343,19 @@ def _hint_state(fp32: FloatModel, evaluation: EvalData) -> None:
                      "(docs/data.md)", name, output, name, output, spelled(name), output)
 
 
+def _with_row_axis(cfg: DictConfig, fp32: FloatModel, job_dir: Path) -> FloatModel:
+    """The prepared model with a leading axis of 1 on every input and output (calibrun.model.row_axis), made once per
+    prepared model into the cache's models folder (else the job folder), said in one line."""
+    shared = cache_store.folder(cfg.cache.dir, "models", create=True) if cfg.cache.enabled else None
+    name = f"{fp32.sha256[:32]}-row-axis{row_axis.FORM}.onnx" if shared else "fp32_row_axis.onnx"
+    copy = replace(row_axis.added_copy(fp32, shared or job_dir, name), source=fp32.source)
+    log.info("the model declares no batch axis (every input's axes fixed: %s) and its data stacks rows on a first "
+             "axis: running it with a leading axis of 1 on every input and output, one row a run; the int8 model "
+             "as the model declares its inputs and outputs is %s", ", ".join(declared(i) for i in fp32.inputs[:3]) +
+             (", ..." if len(fp32.inputs) > 3 else ""), row_axis.DECLARED_FILE)
+    return copy
+
+
 def _with_axes(source: dict, axes: dict) -> dict:
     """A data source's config with each batched input's batch axis set explicitly (`axes`; None: a constant)."""
     inputs = {name: dict(conf or {}) for name, conf in (source.get("inputs") or {}).items()}
@@ -385,6 +407,9 @@ def compute(ctx: JobContext) -> JobResult:
                           input_may_stay_float=bool(ctx.exclusions) or cfg.model.name != "lab",
                           budget=budget, used=calibration_memory)
     say_flat_inputs(job_dir / RANGES_FILE, fp32.inputs, data)
+    if row_axis.STEP in ctx.steps:  # the model a user deploys: the original's interface
+        with atomic_path(job_dir / row_axis.DECLARED_FILE, suffix=".onnx") as tmp:
+            row_axis.declared_copy(int8_path, tmp)
     diag = None
     ops = quant["ops"]
     quantised = any(ops.get(op) for op in ("QuantizeLinear", "DequantizeLinear")) or \
@@ -447,7 +472,8 @@ def compute(ctx: JobContext) -> JobResult:
               "float_weighted_ops": left, "float_subgraphs": inside},
         task=ctx.task.describe(),
         files={"fp32": _relative(fp32.path, job_dir), "int8": int8_path.name, "ranges": RANGES_FILE,
-               "int8_sha256": file_sha256(int8_path), "ranges_sha256": file_sha256(job_dir / RANGES_FILE)},
+               "int8_sha256": file_sha256(int8_path), "ranges_sha256": file_sha256(job_dir / RANGES_FILE),
+               **({"int8_declared": row_axis.DECLARED_FILE} if row_axis.STEP in ctx.steps else {})},
     )
     names = {measure.metric_key(o.name): o.name for o in structure(fp32.path).graph.output}
     try:

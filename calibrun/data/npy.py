@@ -237,20 +237,25 @@ def _rows_axis(segment: _Segment, info: InputInfo, axis: int, key: str) -> int:
     return 0
 
 
+class RowsOnNewAxis(CalibrunError):
+    """Rows stacked on a first axis the input does not declare (every axis of it fixed, the data one axis more, the
+    rest the input's shape): a model whose every input is so gets that axis added (calibrun.model.row_axis)."""
+
+
 def _check_data_shape(segment: _Segment, info: InputInfo, axis: int, key: str = "data") -> None:
     shape = segment.shape
     if len(shape) != len(info.shape):
-        # rows stacked on a new first axis for a model that declares none (a streaming denoiser taking one [512]
-        # frame a call and its states, every axis fixed): the model has no axis to count rows along
-        stacked = len(shape) == len(info.shape) + 1 and all(map(is_fixed, info.shape)) and \
-            list(shape[1:]) == list(info.shape)
-        raise CalibrunError(
-            f"input {declared(info)}: {segment.where} has shape {_fmt_shape(shape)} (rank {len(shape)}); the input "
-            f"has rank {len(info.shape)}" + (" (or one axis fewer, for a constant row)" if info.shape else "") +
-            ("; the model declares no batch axis (every axis fixed: one input a call), so rows stacked on a first "
-             "axis cannot be fed: calibrun does not add an axis to a model; an export with a batch axis (or a leading "
-             "axis of 1 on every input and output) runs here" if stacked else "")
-        )
+        message = (f"input {declared(info)}: {segment.where} has shape {_fmt_shape(shape)} (rank {len(shape)}); the "
+                   f"input has rank {len(info.shape)}" + (" (or one axis fewer, for a constant row)" if info.shape
+                                                          else ""))
+        if len(shape) == len(info.shape) + 1 and all(map(is_fixed, info.shape)) and list(shape[1:]) == list(info.shape):
+            # rows stacked on a new first axis (a streaming denoiser's [512] frames and its states): fed one row a
+            # run where no input has a batch axis (calibrun.job); beside inputs with rows, this one has none
+            raise RowsOnNewAxis(message + "; every axis of it is fixed: rows stacked on a first axis run where no "
+                                "input of the model has a batch axis (calibrun adds one); beside an input with one, it "
+                                "has no rows and is fed whole with every batch (save it without the first axis, or set "
+                                f"{key}.inputs.{spelled(info.name)}.value=...)")
+        raise CalibrunError(message)
     for index, dim in enumerate(info.shape):
         if index != axis and is_fixed(dim) and shape[index] != dim:
             # rows on that axis instead would fit (an axis fixed at more than 1, or one a batch_axis set): say how

@@ -73,7 +73,7 @@ from calibrun.core import memory
 from calibrun.core.errors import CalibrunError, first_few, one_line
 from calibrun.core.files import temp_dir
 from calibrun.data import rows as feed_rows
-from calibrun.model import graph_inputs, load_model, private_model_copy
+from calibrun.model import graph_inputs, load_model, private_model_copy, row_axis
 from calibrun.model.graph import constant_tensors, fold_weight_dequantize, keep_only
 from calibrun.model.pairs import INT_TYPES, Pair, find_pairs, fused_bounds
 from calibrun.model.segments import Carried, SegmentError, Segments
@@ -551,10 +551,13 @@ class StreamingDiagnostics:
         self.consumers: dict[str, list[str]] = {}
         consumer_nodes: dict[str, list[onnx.NodeProto]] = {}
         for node in fp32_model.graph.node:
+            if row_axis.is_added(node.name):  # a row axis calibrun added: float already, no node of the user's
+                continue
             for name in node.input:
                 self.consumers.setdefault(name, []).append(node.name)
                 consumer_nodes.setdefault(name, []).append(node)
-        self.float_path = {p.tensor: _float_path(p.tensor, fp32_producers, consumer_nodes) for p in self.pairs}
+        own = {o: n for o, n in fp32_producers.items() if not row_axis.is_added(n.name)}
+        self.float_path = {p.tensor: _float_path(p.tensor, own, consumer_nodes) for p in self.pairs}
         self.stats: list[TensorStats] = []
         self.nodes: dict[str, onnx.NodeProto | None] = {}
         for pair in self.pairs:

@@ -90,8 +90,8 @@ def _through_data_movement(model: onnx.ModelProto, name: str) -> onnx.NodeProto 
         for node in consumers.get(tensor, []):
             if node.op_type == "QuantizeLinear" and node.input[0] == tensor:
                 return node
-            if node.op_type not in _DATA_MOVEMENT:
-                return None
+            if node.op_type not in _DATA_MOVEMENT and (node.op_type != "Gather" or node.input[0] != tensor):
+                return None  # (a Gather selects values of its data input; of its indices it makes other values)
             for out in node.output:
                 if out not in seen:
                     seen.add(out)

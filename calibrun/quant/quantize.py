@@ -31,6 +31,7 @@ from calibrun.lab.data import lab_batches
 from calibrun.model import FloatModel, external_files, private_model_copy
 from calibrun.model.graph import input_quant, input_stays_float, op_counts, scales_summary
 from calibrun.model.prepare import default_opset
+from calibrun.model.row_axis import added_nodes
 from calibrun.quant.calibrate import METHODS, Calibration, CalibrationCache, CalibrationSpec, calibrated
 
 FORMATS = {"qdq": QuantFormat.QDQ, "qoperator": QuantFormat.QOperator}
@@ -185,7 +186,7 @@ def quantize(
         copy = _private_copy(model_path, Path(private), _sixteen_bit(options))
         graph = onnx.load(str(copy), load_external_data=False).graph  # read once for both
         unbounded = unbounded_nodes(graph, calibration.ranges_path)
-        kept = [*unbounded, *size_nodes(graph)]
+        kept = [*unbounded, *size_nodes(graph), *added_nodes(graph)]  # (a row axis calibrun added: float ends)
         if kept:
             options = dataclasses.replace(options, nodes_to_exclude=tuple(
                 dict.fromkeys([*options.nodes_to_exclude, *kept])))

@@ -266,8 +266,9 @@ def track(tracker: Tracker, run_id: str, cfg: DictConfig, result: JobResult, job
         model_id = tracker.log_model(run_id, job_dir / "int8.onnx", f"int8 {job.name(cfg)}",
                                      register=cfg.tracking.get("register"))
     tracker.log(run_id, metrics=job_metrics(result), model_id=model_id)
-    for name in (RANGES_FILE, "config_resolved.yaml"):
-        tracker.log_artifact(run_id, job_dir / name)
+    for name in (RANGES_FILE, "config_resolved.yaml", result.files.get("int8_declared")):
+        if name is not None:  # (int8_declared: the int8 model in the interface of a model given a row axis)
+            tracker.log_artifact(run_id, job_dir / name)
     if "diagnostics" in result.files:
         tracker.log_table(run_id, json.loads((job_dir / DIAGNOSTICS_FILE).read_text()), DIAGNOSTICS_FILE)
     if "recommendations" in result.files:

@@ -17,7 +17,7 @@ from PIL import Image
 from calibrun.core.errors import CalibrunError
 from calibrun.data import EvalData, FeedBatches
 from calibrun.data.images import ImageTransform, image_calibration, image_evaluation
-from calibrun.data.npy import npy_calibration, npy_evaluation
+from calibrun.data.npy import RowsOnNewAxis, npy_calibration, npy_evaluation
 from calibrun.model import InputInfo
 from calibrun.quant.reader import make_reader
 from tests.modelzoo import IR_VERSION, OPSET, save
@@ -905,19 +905,21 @@ def test_a_compressed_npz_member_is_inflated_as_its_rows_are_read(tmp_path):
 
 
 
-def test_rows_stacked_for_a_model_that_declares_no_batch_axis_are_refused_with_the_reason(tmp_path):
+def test_rows_stacked_on_an_axis_the_input_does_not_declare_raise_their_own_error(tmp_path):
     """A streaming denoiser takes one [512] frame a call and its states, every axis fixed: frames stacked on a first
-    axis have nowhere to go. The line says why and what runs (an export with a batch axis), not only the ranks; a
-    rank that is simply wrong keeps the plain line."""
+    axis have no axis of the model. The data layer raises RowsOnNewAxis (the job adds the axis to a model whose every
+    input is so, calibrun.model.row_axis), whose line says where such rows run and what a state beside a batch axis
+    takes; a rank that is simply wrong keeps the plain line."""
     frame = InputInfo("input_frame", TensorProto.FLOAT, (8,))
     np.savez(tmp_path / "d.npz", input_frame=np.zeros((5, 8), np.float32))
-    with pytest.raises(CalibrunError) as raised:
+    with pytest.raises(RowsOnNewAxis) as raised:
         npy_evaluation(tmp_path / "d.npz", [frame])
     message = str(raised.value)
-    assert "has shape [5, 8] (rank 2); the input has rank 1 (or one axis fewer, for a constant row); the model " \
-           "declares no batch axis (every axis fixed: one input a call), so rows stacked on a first axis cannot be " \
-           "fed" in message
+    assert "has shape [5, 8] (rank 2); the input has rank 1 (or one axis fewer, for a constant row); every axis of " \
+           "it is fixed: rows stacked on a first axis run where no input of the model has a batch axis" in message
+    assert "eval_data.inputs.input_frame.value=..." in message
     np.savez(tmp_path / "e.npz", input_frame=np.zeros((5, 4, 2), np.float32))
     with pytest.raises(CalibrunError) as raised:
         npy_evaluation(tmp_path / "e.npz", [frame])
-    assert "declares no batch axis" not in str(raised.value)
+    assert not isinstance(raised.value, RowsOnNewAxis)
+    assert "every axis of it" not in str(raised.value)
