@@ -410,6 +410,7 @@ def compute(ctx: JobContext) -> JobResult:
     if row_axis.STEP in ctx.steps:  # the model a user deploys: the original's interface
         with atomic_path(job_dir / row_axis.DECLARED_FILE, suffix=".onnx") as tmp:
             row_axis.declared_copy(int8_path, tmp)
+            session(tmp, optimize=False)  # onnxruntime loads it (its checks are the deploying user's), or no file
     diag = None
     ops = quant["ops"]
     quantised = any(ops.get(op) for op in ("QuantizeLinear", "DequantizeLinear")) or \
