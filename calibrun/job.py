@@ -234,7 +234,6 @@ def context(cfg: DictConfig, job_dir: Path, one_row: JobContext | None = None) -
         data_source = _with_axes(OmegaConf.to_container(cfg.data, resolve=True), one_row.data.axes)
         source = _with_axes(source, axes)
         batches = one_row.data.rows  # the rows the first try's batches held, a batch each
-    options, record = resolve_exclusions(fp32.path, config.quant_options(cfg))  # names checked before any work
     try:
         data = calibration_data(data_source, fp32, cfg.calibration.seed, cfg.calibration.factor, batches)
         evaluation = evaluation_data(source, fp32, source["seed"], source["rows"])
@@ -244,6 +243,8 @@ def context(cfg: DictConfig, job_dir: Path, one_row: JobContext | None = None) -
         fp32, steps = _with_row_axis(cfg, fp32, job_dir), [*steps, row_axis.STEP]
         data = calibration_data(data_source, fp32, cfg.calibration.seed, cfg.calibration.factor, batches)
         evaluation = evaluation_data(source, fp32, source["seed"], source["rows"])
+    # names checked before any work, on the model the job runs (a row axis' copy: the names its recommendations give)
+    options, record = resolve_exclusions(fp32.path, config.quant_options(cfg))
     kept = _whole_batches(fp32, evaluation)
     if kept != evaluation.rows:
         source = {**source, "rows": kept}  # recorded so: the aggregator rebuilds the same rows
@@ -455,6 +456,9 @@ def compute(ctx: JobContext) -> JobResult:
         with StreamingDiagnostics(fp32.path, int8_path, job_dir / RANGES_FILE, cfg.ort.intra_op_threads,
                                   max_rows=cfg.diagnostics.rows, budget=budget, axes=evaluation.axes) as diag:
             rows = diag.over(evaluation, cfg.eval.batch_size)
+        if diag.rows_seen < evaluation.rows:  # said as the evaluation's own cap is: what the culprits were read from
+            log.info("diagnostics read the first %d of the %d evaluation rows (diagnostics.rows=%s); "
+                     "diagnostics.rows=null reads them all", diag.rows_seen, evaluation.rows, cfg.diagnostics.rows)
     metrics = {**quant, **errors, **tasks.legacy(errors), "model_bytes": quant["bytes"],
                "cache_hit": int(quant["cache_hit"])}
     extra = [k for k in errors if k.startswith(("out.", "task.")) or k in ("eval_min", "eval_max", "eval_span")]

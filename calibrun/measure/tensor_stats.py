@@ -104,8 +104,12 @@ COLUMNS = ("tensor", "node", "op_type", "role", "calib_min", "calib_max", "eval_
 
 
 def _graph_roles(model: onnx.ModelProto) -> tuple[set[str], set[str]]:
+    """The graph's input and output tensors; in a copy given a row axis (calibrun.model.row_axis), the tensors inside
+    its added ends, which hold the model's own inputs and outputs."""
     initializers = {init.name for init in model.graph.initializer}
-    return ({i.name for i in model.graph.input if i.name not in initializers}, {o.name for o in model.graph.output})
+    inputs = {i.name for i in model.graph.input if i.name not in initializers}
+    outputs = {o.name for o in model.graph.output}
+    return inputs | row_axis.inner(model.graph, inputs), outputs | row_axis.inner(model.graph, outputs)
 
 
 def _ranges(path: str | Path) -> dict[str, tuple]:
@@ -562,7 +566,7 @@ class StreamingDiagnostics:
         self.nodes: dict[str, onnx.NodeProto | None] = {}
         for pair in self.pairs:
             producer = fp32_producers.get(pair.tensor)
-            self.nodes[pair.tensor] = producer
+            self.nodes[pair.tensor] = own.get(pair.tensor)  # (an input read by an added Gather: a graph input's)
             fused = fused_bounds(pair.fused, constants) if pair.fused is not None else None
             parts = _parts(pair.tensor, producer, shapes, fp32_outputs) if pair.tensor in fp32_tensors else None
             self.stats.append(TensorStats(pair, fused, parts))

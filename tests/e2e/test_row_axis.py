@@ -82,12 +82,11 @@ def test_a_trained_streaming_denoiser_without_a_batch_axis_runs_and_its_int8_mod
     np.savez(tmp_path / "eval.npz", input_frame=frames[start:], **entering)
     streamed = [f"eval_data.inputs.{k}.from_output=new_{k}" for k in entering]
     run = tmp_path / "run"
-    proc = run_python(["-m", "calibrun", "model=file", f"model.path={fp32}", "data=npy",
-                       f"data.path={tmp_path / 'calib.npz'}", "eval_data=npy",
-                       f"eval_data.path={tmp_path / 'eval.npz'}",
-                       f"batches={CALIBRATION}", f"eval.rows={EVALUATION}", *streamed, "recommend=off",
-                       "tracking=off", f"cache.dir={tmp_path / 'cache'}", f"hydra.run.dir={run}"], tmp_path,
-                      timeout=600)
+    command = ["-m", "calibrun", "model=file", f"model.path={fp32}", "data=npy", f"data.path={tmp_path / 'calib.npz'}",
+               "eval_data=npy", f"eval_data.path={tmp_path / 'eval.npz'}", f"batches={CALIBRATION}",
+               f"eval.rows={EVALUATION}", *streamed, "recommend=off", "tracking=off", f"cache.dir={tmp_path / 'cache'}",
+               f"hydra.run.dir={run}"]
+    proc = run_python(command, tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "the model declares no batch axis" in proc.stderr
     assert "one row a run" in proc.stderr
@@ -126,3 +125,16 @@ def test_a_trained_streaming_denoiser_without_a_batch_axis_runs_and_its_int8_mod
     quantize_static(str(fp32), str(bare), Rows(), quant_format=QuantFormat.QDQ)
     # the copy's int8 model is the original's: its added ends stay in float (measured: 12.0616 dB all three)
     assert abs(_sqnr(reference, _stream(bare, frames[start:], entering)) - measured) < 0.01
+
+    # the diagnosis names the model's own nodes (the added ends are in float already); the input's values, read inside
+    # the copy's end, are the graph input's
+    diagnosed = json.loads((run / "diagnostics.json").read_text())
+    assert diagnosed["tensor"], "no tensor diagnosed"
+    assert not any(row_axis.is_added(node or "") for node in diagnosed["node"])
+    assert "input_frame_calibrun_row_axis" in [t for t, r in zip(diagnosed["tensor"], diagnosed["role"],
+                                                                  strict=True) if r == "input"]
+    # a change that names the copy's tensors, as its recommendations do, is typed on the same command and runs
+    again = run_python([*command[:-1], "diagnostics=off", f"hydra.run.dir={tmp_path / 'again'}",
+                        "quant.tensor_ranges={input_frame_calibrun_row_axis:[-2,2]}"], tmp_path, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((tmp_path / "again" / "result.json").read_text())["status"] == "ok"

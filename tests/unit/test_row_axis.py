@@ -67,11 +67,11 @@ def test_the_copy_takes_one_row_on_a_new_first_axis_and_computes_the_same(tmp_pa
     for w, g in zip(want, got, strict=True):
         assert g.shape == (1, *w.shape)
         np.testing.assert_array_equal(g[0], w)
-    assert sorted(added_nodes(model.graph)) == ["calibrun_row_axis_in0", "calibrun_row_axis_in1",
-                                                "calibrun_row_axis_out0", "calibrun_row_axis_out1",
-                                                "calibrun_row_axis_out2", "calibrun_row_axis_out3"]
+    assert sorted(added_nodes(model.graph)) == sorted(
+        ["calibrun_row_axis_in0", "calibrun_row_axis_in1"] +
+        [f"calibrun_row_axis_out{k}{end}" for k in range(4) for end in ("", "_shape", "_full")])
     # the ends are no Squeeze/Unsqueeze: onnxruntime's QDQ propagation would cross those
-    assert {n.op_type for n in model.graph.node if is_added(n.name)} == {"Gather", "Expand"}
+    assert {n.op_type for n in model.graph.node if is_added(n.name)} == {"Gather", "Shape", "Concat", "Expand"}
 
     declared_copy(tmp_path / "copy.onnx", tmp_path / "back.onnx")
     back = onnx.load(str(tmp_path / "back.onnx"))
@@ -80,15 +80,32 @@ def test_the_copy_takes_one_row_on_a_new_first_axis_and_computes_the_same(tmp_pa
                                                                                      *back.graph.output)}
     assert shapes == {"frame": [4], "state": [2, 3], "out": [4], "new_state": [2, 3], "out_sq": [4], "branched": [4]}
     assert not any(t.name.startswith("calibrun_row_axis") for t in back.graph.initializer)
+    assert [n.op_type for n in back.graph.node if is_added(n.name)] == ["Identity"] * 6  # the shape nodes gone
     for w, g in zip(want, _run(tmp_path / "back.onnx", {"frame": frame, "state": state}), strict=True):
         np.testing.assert_array_equal(g, w)
 
 
-def test_an_output_that_is_an_input_passed_through_is_refused():
+def test_an_output_that_is_an_input_passed_through_or_no_tensor_is_refused():
     model = _step_model()
     model.graph.output.append(helper.make_tensor_value_info("frame", TensorProto.FLOAT, [4]))
     with pytest.raises(CalibrunError, match=r"passes 'frame' straight from an input to an output"):
         add_row_axis(model)
+    model = _step_model()  # a scikit-learn classifier's ZipMap: a sequence of maps
+    model.graph.output.append(helper.make_value_info("probabilities", helper.make_sequence_type_proto(
+        helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, [])))))
+    with pytest.raises(CalibrunError, match=r"'probabilities' is no tensor \(a sequence or a map\)"):
+        add_row_axis(model)
+
+
+def test_an_output_is_given_its_axis_at_the_rank_it_has_when_it_runs_not_the_declared_one(tmp_path):
+    """ddddocr's OCR model declares its output [1, seqlen] and returns [1, 1, 8210]: the axis is added to what runs."""
+    model = _step_model()
+    dims = model.graph.output[0].type.tensor_type.shape.dim
+    dims.add().dim_value = 1  # declared [4, 1], runs [4]
+    add_row_axis(model)
+    onnx.save(model, tmp_path / "copy.onnx")
+    got = _run(tmp_path / "copy.onnx", {"frame": np.ones((1, 4), np.float32), "state": np.ones((1, 2, 3), np.float32)})
+    assert got[0].shape == (1, 4)
 
 
 @pytest.mark.parametrize(("shapes", "expected"), [
