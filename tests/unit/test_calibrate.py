@@ -898,3 +898,42 @@ def test_an_input_calibrated_on_one_value_is_said_but_not_a_constant_or_a_fed_ba
     assert caplog.records[-1].getMessage().startswith(
         "calibration data: every calibration row of input 'img' is the same row: no variation of it was calibrated "
         "(a blank image? one frame repeated?), so its scale and the ranges after it come from that one row")
+
+
+def test_nodes_computing_in_float64_are_kept_in_float():
+    """Calibration ranges float32 tensors only: a node reading or writing a float64 tensor has no range to be
+    quantised with (swift-f0's Cast to float64, Softmax, Mul, ReduceSum and Exp)."""
+    from onnx import helper
+
+    from calibrun.quant.quantize import double_nodes
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+         helper.make_node("Cast", ["r"], ["d"], to=TensorProto.DOUBLE, name="widen"),
+         helper.make_node("Softmax", ["d"], ["p"], name="softmax")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("p", TensorProto.DOUBLE, [1, 4])],
+        value_info=[helper.make_tensor_value_info("d", TensorProto.DOUBLE, [1, 4])])
+    assert double_nodes(graph) == ["widen", "softmax"]
+    graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT
+    graph.value_info[0].type.tensor_type.elem_type = TensorProto.FLOAT
+    assert double_nodes(graph) == []
+
+
+def test_the_producers_of_tensors_onnxruntime_left_unwritten_are_read_from_its_error():
+    """quantize_static's QOperator form of swift-f0 read two tensors no node wrote; their producers (not those already
+    excluded) are kept in float on the next try; another error names none."""
+    from onnx import helper
+
+    from calibrun.quant.quantize import dangling_producers
+
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["x"], ["v429"], name="Transpose_333"),
+         helper.make_node("Sigmoid", ["x"], ["v462"], name="Sigmoid_356"),
+         helper.make_node("Relu", ["x"], ["v1"], name="Relu_1")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])], [])
+    error = RuntimeError("Invalid model with unknown initializers/tensors.{'v429', 'v462'}")
+    assert dangling_producers(graph, error, ()) == ["Transpose_333", "Sigmoid_356"]
+    assert dangling_producers(graph, error, ("Sigmoid_356",)) == ["Transpose_333"]
+    assert dangling_producers(graph, RuntimeError("something else"), ()) == []
+    assert dangling_producers(graph, None, ()) == []
