@@ -145,6 +145,9 @@ def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, qua
         if len(wider) == 2:
             found.append(Candidate(("format=qdq", *(f"quant.{key}={kind}" for key, kind in wider.items())),
                                    replace(qdq, **wider), masked=True))
+        # the matrix ops alone, in QDQ form too: with 16 bits it made two unseen denoisers' QDQ jobs ok by their
+        # checks, and their QOperator jobs had never measured it (session 44)
+        found += _matrix_only(qdq, quantised, ("format=qdq",))
     if fmt == "qdq":
         for key, kind in wider.items():
             found.append(Candidate((f"quant.{key}={kind}",), replace(options, **{key: kind})))
@@ -173,14 +176,21 @@ def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, qua
             pairs = ",".join(f"{overrides.dict_key(t)}:[{low!r},{high!r}]" for t, (low, high) in sorted(wider.items()))
             found.append(Candidate((f"quant.tensor_ranges={{{pairs}}}",), replace(options, tensor_ranges=wider),
                                    masked=True))
-        matrix = sorted({op for op in quantised.values() if op in MATRIX_OPS})
-        if matrix and not options.op_types_to_quantize and any(op not in MATRIX_OPS for op in quantised.values()):
-            found.append(Candidate((f"quant.op_types_to_quantize=[{','.join(matrix)}]",),
-                                   replace(options, op_types_to_quantize=tuple(matrix))))
+        found += _matrix_only(options, quantised, ())
     for other in conf.methods:
         if other != method:
             found.append(Candidate((f"method={other}",), options, method=other))
     return found
+
+
+def _matrix_only(options, quantised: Mapping[str, str], before: tuple[str, ...]) -> list[Candidate]:
+    """The matrix ops alone quantised (`before`: the changes it comes with), where the int8 model quantises other ops
+    beside them and the user chose no op types."""
+    matrix = sorted({op for op in quantised.values() if op in MATRIX_OPS})
+    if not matrix or options.op_types_to_quantize or all(op in MATRIX_OPS for op in quantised.values()):
+        return []
+    return [Candidate((*before, f"quant.op_types_to_quantize=[{','.join(matrix)}]"),
+                      replace(options, op_types_to_quantize=tuple(matrix)))]
 
 
 def headroom(low: float, high: float, reach: tuple[float, float] | None = None) -> tuple[float, float] | None:
@@ -230,12 +240,20 @@ def evaluation_reach(rows: list[dict]) -> dict[str, tuple[float, float]]:
             if isinstance(r.get("eval_min"), (int, float)) and isinstance(r.get("eval_max"), (int, float))}
 
 
+QOPERATOR_OPS = {"QGemm": "Gemm", "ConvInteger": "Conv", "MatMulInteger": "MatMul"}  # beside QLinear<op>
+
+
 def quantised_nodes(int8_path: Path) -> dict[str, str]:
     """The nodes of a QDQ int8 model that read an int8 value (an output of a DequantizeLinear), Q/DQ pairs aside,
-    and their op types: the part of the model a nodes_to_exclude candidate would return to float."""
+    and their op types: the part of the model a nodes_to_exclude candidate would return to float. Of a QOperator
+    model, its integer ops by the op each computes (QLinearConv: Conv)."""
     import onnx
 
     graph = onnx.load(str(int8_path), load_external_data=False).graph
+    integer = {n.name: QOPERATOR_OPS.get(n.op_type) or n.op_type[len("QLinear"):] for n in graph.node
+               if n.op_type in QOPERATOR_OPS or n.op_type.startswith("QLinear")}
+    if integer:
+        return integer
     dequantised = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
     return {n.name: n.op_type for n in graph.node if n.op_type not in QDQ_OPS and dequantised.intersection(n.input)}
 

@@ -64,7 +64,10 @@ def test_the_matrix_ops_alone_only_where_other_ops_are_quantised_and_the_user_se
     assert matrix(QuantOptions(), typed({"Add_1", "Mul_2"})) == []  # no matrix op
     assert matrix(QuantOptions(op_types_to_quantize=("MatMul", "Add")), mixed) == []  # the user's choice
     qop = candidates(QuantOptions(format="qoperator"), "qoperator", "minmax", None, CONF, quantised=mixed)
-    assert not [c for c in changes(qop) if c.startswith("quant.op_types_to_quantize")]  # QDQ: what reads int8 known
+    matrix_qdq = [c for c in qop if "quant.op_types_to_quantize" in c.change]  # a QOperator job's: in QDQ form
+    assert [c.change for c in matrix_qdq] == ["format=qdq quant.op_types_to_quantize=[ConvTranspose,Gemm,MatMul]"]
+    assert matrix_qdq[0].options == QuantOptions(format="qdq", op_types_to_quantize=("ConvTranspose", "Gemm",
+                                                                                     "MatMul"))
 
 
 def test_qoperator_gets_16_bit_as_qdq_and_a_set_option_is_not_proposed_again():
@@ -74,7 +77,8 @@ def test_qoperator_gets_16_bit_as_qdq_and_a_set_option_is_not_proposed_again():
     options = QuantOptions(format="qoperator", per_channel=True)
     found = candidates(options, "qoperator", "entropy", DIAGNOSIS, CONF, quantised=NODES)
     assert changes(found) == ["format=qdq quant.activation_type=QInt16", "format=qdq quant.weight_type=QInt16",
-                              "format=qdq quant.activation_type=QInt16 quant.weight_type=QInt16", "method=percentile"]
+                              "format=qdq quant.activation_type=QInt16 quant.weight_type=QInt16",
+                              "format=qdq quant.op_types_to_quantize=[Conv]", "method=percentile"]
     assert found[0].options == QuantOptions(format="qdq", per_channel=True, activation_type="QInt16")
     assert found[2].masked
     assert changes_of({"change": found[2].change}) == ["format=qdq", "quant.activation_type=QInt16",
@@ -533,3 +537,21 @@ def test_a_change_pasted_on_a_shell_reaches_the_job_as_printed():
     unquoted = subprocess.run(["bash", "-c", f"printf '%s\\n' {room.change}"], capture_output=True, text=True,
                               check=True).stdout.splitlines()
     assert unquoted != list(room.changes)  # what the quoting is for
+
+
+def test_a_qoperator_models_integer_ops_are_read_by_the_op_each_computes(tmp_path):
+    """quantised_nodes of a QOperator int8 model: its QLinear<op>, QGemm, ConvInteger and MatMulInteger nodes, by
+    the op they compute (what the matrix-ops candidate in QDQ form is made from); its float ops are not among them."""
+    import onnx
+    from onnx import helper
+
+    from calibrun.analysis.recommend import quantised_nodes
+
+    ops = ("QLinearConv", "QLinearAdd", "QGemm", "MatMulInteger", "Relu", "DequantizeLinear")
+    nodes = [helper.make_node(op, ["x"], [f"y{k}"], name=f"n{k}") for k, op in enumerate(ops)]
+    nodes[1].domain = nodes[2].domain = "com.microsoft"
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [], [])), tmp_path / "qop.onnx")
+    assert quantised_nodes(tmp_path / "qop.onnx") == {"n0": "Conv", "n1": "Add", "n2": "Gemm", "n3": "MatMul"}
+    found = candidates(QuantOptions(format="qoperator"), "qoperator", "minmax", None, CONF,
+                       quantised=quantised_nodes(tmp_path / "qop.onnx"))
+    assert "format=qdq quant.op_types_to_quantize=[Conv,Gemm,MatMul]" in changes(found)
