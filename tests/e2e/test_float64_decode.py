@@ -4,7 +4,8 @@ float64 for a Softmax over the pitch bins. onnxruntime's quantize_static failed 
 output has no calibrated range (calibration ranges float32 tensors) and onnxruntime sets every Softmax output's
 range; in QOperator it wrote a model reading tensors no node writes (a Transpose and a Sigmoid). calibrun keeps the
 float64 nodes in float, and quantises again with the producers of such tensors kept in float, said in one line each.
-Data: pyannote-audio's speech, 2 s clips as the package scales them (int16 / 32768)."""
+Its QOperator job measures the matrix ops alone in QDQ form among its recommendations. Data: pyannote-audio's speech,
+2 s clips as the package scales them (int16 / 32768)."""
 
 from __future__ import annotations
 
@@ -36,12 +37,17 @@ def test_a_float64_pitch_decode_stays_in_float_and_the_model_quantises(tmp_path,
     proc = run_python(["-m", "calibrun", "model=file", f"model.path={model}", "data=npy",
                        f"data.path={tmp_path / 'calib.npz'}", "eval_data=npy",
                        f"eval_data.path={tmp_path / 'eval.npz'}",
-                       f"format={form}", "recommend=off", "tracking=off", f"cache.dir={tmp_path / 'cache'}",
+                       f"format={form}", f"recommend={'on' if form == 'qoperator' else 'off'}", "tracking=off",
+                       f"cache.dir={tmp_path / 'cache'}",
                        f"hydra.run.dir={run}"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "kept in float: 6 node(s) computing in float64" in proc.stderr
     if form == "qoperator":
         assert "reads tensors no node writes any more" in proc.stderr
+        # its candidates include the matrix ops alone in QDQ form, read from its integer ops (QLinearConv: Conv)
+        measured = json.loads((run / "recommendations.json").read_text())["measured"]
+        assert any(e["change"].startswith("format=qdq quant.op_types_to_quantize=[Conv,MatMul]") and
+                   math.isfinite(e["after"]) for e in measured), [e["change"] for e in measured]
     result = json.loads((run / "result.json").read_text())
     assert result["verdict"]["status"] in ("ok", "degraded", "broken")
     assert math.isfinite(result["metrics"]["out.pitch.sqnr_db"])
