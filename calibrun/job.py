@@ -26,10 +26,12 @@ from calibrun.core import cpu
 from calibrun.core.errors import CalibrunError
 from calibrun.core.files import DIAGNOSTICS_FILE, RANGES_FILE, atomic_path, strict_json, temp_dir, write_json
 from calibrun.data import EvalData, calibration_data, evaluation_data, source_record
+from calibrun.data.batches import STREAM_EVAL_ROWS
 from calibrun.data.images import ImageTransform
 from calibrun.data.inputs import declared, is_float, spelled
 from calibrun.data.npy import RowsOnNewAxis
 from calibrun.data.rows import pinned_rows
+from calibrun.lab import EVAL_ROWS
 from calibrun.lab.model import write_lab_model
 from calibrun.measure import errors as measure
 from calibrun.measure import feedback, task_pick, tasks, verdict
@@ -93,9 +95,14 @@ def job_params(cfg: DictConfig) -> dict:
 
 
 def eval_source(cfg: DictConfig) -> dict:
-    """Everything that rebuilds the evaluation rows (kept in result.json for the aggregator)."""
-    return {**source_record(OmegaConf.to_container(cfg.eval_data, resolve=True)), "seed": cfg.eval.seed,
-            "rows": cfg.eval.rows}
+    """Everything that rebuilds the evaluation rows (kept in result.json for the aggregator). A stream (an input fed
+    back from an output) at eval.rows' default evaluates up to STREAM_EVAL_ROWS of its rows (the file's, in order)."""
+    source = OmegaConf.to_container(cfg.eval_data, resolve=True)
+    rows = cfg.eval.rows
+    if rows == EVAL_ROWS and any(isinstance(conf, dict) and conf.get("from_output")
+                                 for conf in (source.get("inputs") or {}).values()):
+        rows = STREAM_EVAL_ROWS
+    return {**source_record(source), "seed": cfg.eval.seed, "rows": rows}
 
 
 def prepare(cfg: DictConfig, job_dir: Path) -> tuple[FloatModel, list[str]]:

@@ -923,3 +923,27 @@ def test_rows_stacked_on_an_axis_the_input_does_not_declare_raise_their_own_erro
         npy_evaluation(tmp_path / "e.npz", [frame])
     assert not isinstance(raised.value, RowsOnNewAxis)
     assert "every axis of it" not in str(raised.value)
+
+
+def test_a_stream_at_the_default_evaluates_its_rows_up_to_the_streams_bound(caplog):
+    """A state fed back makes the evaluation one call a row, in order, over one recording: at eval.rows' default
+    (256) it reads up to STREAM_EVAL_ROWS of the file's rows (an unseen denoiser's first 256 of 752 were its silent
+    start); a row count the user sets, or a source with no state fed back, keeps its rows."""
+    from omegaconf import OmegaConf
+
+    from calibrun.data.batches import STREAM_EVAL_ROWS, _cap_rows
+    from calibrun.job import eval_source
+
+    def source(rows, inputs):
+        cfg = OmegaConf.create({"eval": {"seed": 1, "rows": rows},
+                                "eval_data": {"name": "npy", "path": "e.npz", "inputs": inputs}})
+        return eval_source(cfg)["rows"]
+
+    streamed = {"state": {"from_output": "stateN"}, "sr": {"value": 16000}}
+    assert source(256, streamed) == STREAM_EVAL_ROWS == 2048
+    assert source(300, streamed) == 300  # set by the user
+    assert source(256, {"sr": {"value": 16000}}) == 256
+    assert source(256, None) == 256
+    with caplog.at_level("INFO", logger="calibrun"):
+        assert _cap_rows(752, STREAM_EVAL_ROWS, "eval_data") == 752
+    assert "evaluating the data's 752 rows (a stream's default: up to 2048)" in caplog.text
