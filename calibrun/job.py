@@ -241,15 +241,17 @@ def context(cfg: DictConfig, job_dir: Path, one_row: JobContext | None = None) -
         data_source = _with_axes(OmegaConf.to_container(cfg.data, resolve=True), one_row.data.axes)
         source = _with_axes(source, axes)
         batches = one_row.data.rows  # the rows the first try's batches held, a batch each
+    def sources(model: FloatModel):
+        return (calibration_data(data_source, model, cfg.calibration.seed, cfg.calibration.factor, batches),
+                evaluation_data(source, model, source["seed"], source["rows"]))
+
     try:
-        data = calibration_data(data_source, fp32, cfg.calibration.seed, cfg.calibration.factor, batches)
-        evaluation = evaluation_data(source, fp32, source["seed"], source["rows"])
+        data, evaluation = sources(fp32)
     except RowsOnNewAxis:  # rows stacked on a first axis the model does not declare: a copy with one, if it has none
         if cfg.model.name != "file" or row_axis.STEP in steps or not row_axis.declares_no_batch_axis(fp32.inputs):
             raise
         fp32, steps = _with_row_axis(cfg, fp32, job_dir), [*steps, row_axis.STEP]
-        data = calibration_data(data_source, fp32, cfg.calibration.seed, cfg.calibration.factor, batches)
-        evaluation = evaluation_data(source, fp32, source["seed"], source["rows"])
+        data, evaluation = sources(fp32)
     # names checked before any work, on the model the job runs (a row axis' copy: the names its recommendations give)
     options, record = resolve_exclusions(fp32.path, config.quant_options(cfg))
     kept = _whole_batches(fp32, evaluation)

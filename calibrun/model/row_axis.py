@@ -27,7 +27,7 @@ from calibrun.core.errors import CalibrunError
 from calibrun.data.rows import is_fixed
 from calibrun.model import FloatModel, InputInfo, graphs_of
 
-ADDED = "calibrun_row_axis"  # the prefix of the added nodes' names and of their axes initializer
+ADDED = "calibrun_row_axis"  # the prefix of the added nodes' names, their constants' and their inner tensors'
 STEP = ("added a leading axis of 1 to every input and output (the model declares no batch axis; its data stacks "
         "rows on a first axis): one row a run")  # in `preparation`
 FORM = 3  # in the shared copy's name: bumped when the added nodes change (a copy of another form is not reused)
