@@ -79,10 +79,8 @@ def pinned_copy(fp32: FloatModel, axes: Mapping[str, int | None], folder: Path, 
 
 def write_copy(model: onnx.ModelProto, fp32: FloatModel, target: Path) -> FloatModel:
     """`model`, a copy of `fp32` changed, written as `target` (weights inline, or in a data file beside it for a model
-    that keeps them so) and opened; a copy already there is reused (the same model and change give the same bytes:
-    `target`'s name says which, in a shared folder)."""
-    if target.is_file():
-        return open_float_model(target)
+    that keeps them so) and opened. Callers reuse a copy already there before they load and change the model (the
+    same model and change give the same bytes: `target`'s name says which, in a shared folder)."""
     folder = target.parent
     external = bool(external_files(fp32.path))
     with temp_dir("copy", folder) as tmp:  # written whole, the data first, then moved into place

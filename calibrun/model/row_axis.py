@@ -25,7 +25,7 @@ from onnx import helper, numpy_helper
 
 from calibrun.core.errors import CalibrunError
 from calibrun.data.rows import is_fixed
-from calibrun.model import FloatModel, InputInfo, graphs_of
+from calibrun.model import FloatModel, InputInfo, graphs_of, open_float_model
 
 ADDED = "calibrun_row_axis"  # the prefix of the added nodes' names, their constants' and their inner tensors'
 STEP = ("added a leading axis of 1 to every input and output (the model declares no batch axis; its data stacks "
@@ -134,6 +134,8 @@ def added_copy(fp32: FloatModel, folder: Path, name: str) -> FloatModel:
     """`fp32` with a leading axis of 1 on every input and output, written as `folder/name` (reused when there)."""
     from calibrun.model.one_row import write_copy
 
+    if (folder / name).is_file():  # made by an earlier job on this prepared model: not loaded and changed again
+        return open_float_model(folder / name)
     model = onnx.load(str(fp32.path))
     add_row_axis(model)
     return write_copy(model, fp32, folder / name)
