@@ -3,6 +3,7 @@ float graph's outputs."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections import Counter
@@ -20,6 +21,7 @@ from calibrun.model.structure import structure
 
 log = logging.getLogger("calibrun")
 
+QUANTIZER = "onnx.quantize"  # the producer_name onnxruntime's quantisers (quantize_static, QDQ and QOperator) write
 # QOperator ops whose inputs are (x, x_scale, x_zero_point, ...): where the input scale sits when no
 # QuantizeLinear reads the graph input directly.
 _QLINEAR_X_SCALE = {"QLinearMatMul", "QLinearConv", "QLinearAdd", "QLinearMul", "QGemm", "QLinearSigmoid",
@@ -180,9 +182,12 @@ def scales_summary(model: onnx.ModelProto, where: str = "model") -> dict:
 
     A statically quantised model whose graph input stays float (its first op is one onnxruntime does not quantise:
     a Cos, a Resize, a float16 model's input Cast; or nodes kept in float) has no input scale: the three input
-    fields are None (`input_stays_float` says why in one line). A model with no QuantizeLinear and no QLinear op at
-    all is not a quantised model (an error)."""
+    fields are None (`input_stays_float` says why in one line). So are they for a model onnxruntime's quantiser wrote
+    and quantised nothing in (its producer `onnx.quantize`, no quantised op: a tree ensemble, foreign ops), which is
+    what `calibtool.py quantize` writes for such a model, with a warning. Any other model with no QuantizeLinear and
+    no QLinear op is not a quantised model (an error)."""
     ops = op_counts(model)
+    quant = None
     if not ops.get("QuantizeLinear") and not any(op.startswith("QLinear") or op in _QLINEAR_X_SCALE for op in ops):
         from calibrun.model import quantised_ops
 
@@ -192,12 +197,12 @@ def scales_summary(model: onnx.ModelProto, where: str = "model") -> dict:
             raise CalibrunError(f"{where} is quantised dynamically ({listed}): its activations' scales are computed "
                                 "as it runs, and none is stored for scales to read (scales reads a statically "
                                 "quantised model, as `calibtool.py quantize` writes one)")
-        raise CalibrunError(f"{where} has no QuantizeLinear and no QLinear op: it is not a quantised model (scales "
-                            "reads an int8 model, as `calibtool.py quantize` writes one)")
-    try:
-        quant = input_quant(model, where)
-    except CalibrunError:
-        quant = None
+        if model.producer_name != QUANTIZER:
+            raise CalibrunError(f"{where} has no QuantizeLinear and no QLinear op: it is not a quantised model "
+                                "(scales reads an int8 model, as `calibtool.py quantize` writes one)")
+    else:
+        with contextlib.suppress(CalibrunError):
+            quant = input_quant(model, where)
     return {
         "input_scale": quant.scale if quant else None,
         "input_zero_point": quant.zero_point if quant else None,

@@ -341,6 +341,36 @@ def test_a_model_onnxruntime_cannot_load_as_given_is_prepared_not_refused(tmp_pa
     assert one_json(stdout)["max_abs_error"] == pytest.approx(np.abs(ref - got).max(), rel=1e-6)
 
 
+
+def test_a_model_onnxruntime_quantises_nothing_in_goes_through_quantize_scales_and_error(tmp_path, calibtool):
+    """A float model none of whose ops quantize_static quantises (here Cos then Sin; luscinia's scikit-learn tree
+    ensemble in the zoo): quantize writes onnxruntime's model with one warning line, and scales reads what quantize
+    wrote (the same null input fields and no Q/DQ node, the same warning), instead of calling it no quantised model;
+    error measures two float models (their error is 0)."""
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Cos", ["x"], ["c"]), onnx.helper.make_node("Sin", ["c"], ["y"])], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 6])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 6])])
+    fp32 = save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]), tmp_path / "f.onnx")
+    code, stdout, stderr = calibtool("quantize", fp32, "int8.onnx", 1, 1.0, 2)
+    assert code == 0, stderr
+    quantized = one_json(stdout)
+    assert (quantized["input_scale"], quantized["input_zero_point"]) == (None, None)
+    assert quantized["ops"] == {"Cos": 1, "Sin": 1}
+    assert "nothing in the model is quantised" in stderr
+    code, stdout, stderr = calibtool("scales", calibtool.cwd / "int8.onnx")
+    assert code == 0, stderr
+    assert one_json(stdout) == {"input_scale": None, "input_zero_point": None, "observed_span": None,
+                                "quantize_nodes": 0, "dequantize_nodes": 0}
+    assert "nothing in the model is quantised" in stderr
+    code, stdout, stderr = calibtool("scales", fp32)  # the float model itself: still no quantised model
+    assert code == 1
+    assert "it is not a quantised model" in stderr
+    code, stdout, stderr = calibtool("error", fp32, calibtool.cwd / "int8.onnx", 3, 8)
+    assert code == 0, stderr
+    assert one_json(stdout)["max_abs_error"] == 0.0
+
+
 # --- exit 2: wrong argument counts ---
 
 USAGE_CASES = {

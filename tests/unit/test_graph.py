@@ -135,3 +135,18 @@ def test_scales_of_a_model_without_any_quantisation_says_it_is_not_a_quantised_m
 
     with pytest.raises(CalibrunError, match="m.onnx has no QuantizeLinear and no QLinear op: it is not a quantised"):
         scales_summary(_with_input(TensorProto.INT64, quantised=False), "m.onnx")
+
+
+def test_scales_of_a_model_onnxruntimes_quantiser_quantised_nothing_in_is_nulls_not_an_error():
+    """What `calibtool.py quantize` writes for a model none of whose ops onnxruntime quantises (a tree ensemble):
+    quantize_static's model, its producer `onnx.quantize`, with no quantised op. scales reads it (every input field
+    null, no Q/DQ node), as quantize's own JSON said; the same graph from another producer is no quantised model."""
+    from calibrun.model.graph import QUANTIZER, scales_summary
+
+    model = _with_input(TensorProto.FLOAT, quantised=False)
+    model.producer_name = QUANTIZER
+    assert scales_summary(model, "m.onnx") == {"input_scale": None, "input_zero_point": None, "observed_span": None,
+                                               "quantize_nodes": 0, "dequantize_nodes": 0}
+    model.producer_name = "pytorch"
+    with pytest.raises(CalibrunError, match="it is not a quantised model"):
+        scales_summary(model, "m.onnx")
