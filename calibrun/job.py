@@ -415,8 +415,8 @@ def compute(ctx: JobContext) -> JobResult:
                           options=ctx.options, cache=cache, ranges_copy=job_dir / RANGES_FILE,
                           threads=cfg.ort.intra_op_threads,
                           input_may_stay_float=bool(ctx.exclusions) or cfg.model.name != "lab",
-                          budget=budget, used=calibration_memory)
-    say_flat_inputs(job_dir / RANGES_FILE, fp32.inputs, data)
+                          budget=budget, used=calibration_memory,
+                          calibrated_said=lambda ranges: say_flat_inputs(ranges, fp32.inputs, data))
     if row_axis.STEP in ctx.steps:  # the model a user deploys: the original's interface
         with atomic_path(job_dir / row_axis.DECLARED_FILE, suffix=".onnx") as tmp:
             row_axis.declared_copy(int8_path, tmp)

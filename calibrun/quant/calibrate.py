@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import time
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -312,11 +313,12 @@ def _validate(path: Path, record: dict, method: str) -> float:
     for name, data in tensors.items():
         lo, hi = data.range_value
         # an infinite end is what calibration measured (an attention mask's -inf: calibrun.quant.quantize keeps its
-        # nodes in float), and so is +inf to -inf, a tensor that held no value (an empty pad); NaN or another lo > hi
-        # no calibration gives
+        # nodes in float), and so is +inf to -inf, a tensor that held no value (an empty pad), and NaN, a tensor NaN
+        # on every row (calibrun.quant.quantize refuses it in one line); another lo > hi no calibration gives
         empty = (lo == np.inf) & (hi == -np.inf)
-        if np.any(np.isnan(lo)) or np.any(np.isnan(hi)) or not np.all((lo <= hi) | empty):
-            raise ValueError(f"range of {name!r} is NaN or not ordered")
+        nan = np.isnan(lo) | np.isnan(hi)
+        if not np.all((lo <= hi) | empty | nan):
+            raise ValueError(f"range of {name!r} is not ordered")
     span = float(mine["span"])
     if not math.isfinite(span) or span < 0:
         raise ValueError("its data span is invalid")
@@ -391,24 +393,28 @@ def run_calibration(model_path: str | Path, data, input_name: str, spec: Calibra
         if spec.method != "minmax":
             _fast_collector(calibrator, threads, budget)
             outputs = calibrator.infer_session = ReusedOutputs(calibrator.infer_session, sets=chunk)
-        try:
-            _calibrate_chunks(calibrator, reader, spec, data, copy, budget, threads, used, outputs, progress, total,
-                              input_name)
-            if spec.method != "minmax" and not calibrator.tensors_to_calibrate:
-                # nothing at the graph's top level to calibrate (a network inside an If): no range, as MinMax finds
-                # none (onnxruntime's histogram collector would refuse: "Histogram has not been collected")
-                tensors = TensorsData(spec.calibrate_method, {})
-            else:
-                if spec.method != "minmax":
-                    search = Progress(f"choosing {spec.method} ranges", len(calibrator.collector.histogram_dict),
-                                      unit="tensors")
-                    calibrator.collector.progress = search.update
-                tensors = calibrator.compute_data()
-        finally:
-            worker = getattr(getattr(calibrator, "collector", None), "worker", None)
-            if worker is not None:  # however the pass ended (an interrupt, an error)
-                worker.close()
-                calibrator.collector.worker = None
+        # onnxruntime's MinMax merges the batches with numpy's nanmin and nanmax: a tensor NaN on every row warns there
+        # (twice a batch); it is refused in one line before quantising (calibrun.quant.quantize.nan_ranges)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "All-NaN", RuntimeWarning)
+            try:
+                _calibrate_chunks(calibrator, reader, spec, data, copy, budget, threads, used, outputs, progress, total,
+                                  input_name)
+                if spec.method != "minmax" and not calibrator.tensors_to_calibrate:
+                    # nothing at the graph's top level to calibrate (a network inside an If): no range, as MinMax finds
+                    # none (onnxruntime's histogram collector would refuse: "Histogram has not been collected")
+                    tensors = TensorsData(spec.calibrate_method, {})
+                else:
+                    if spec.method != "minmax":
+                        search = Progress(f"choosing {spec.method} ranges", len(calibrator.collector.histogram_dict),
+                                          unit="tensors")
+                        calibrator.collector.progress = search.update
+                    tensors = calibrator.compute_data()
+            finally:
+                worker = getattr(getattr(calibrator, "collector", None), "worker", None)
+                if worker is not None:  # however the pass ended (an interrupt, an error)
+                    worker.close()
+                    calibrator.collector.worker = None
         del calibrator
     return tensors, tracked.span
 

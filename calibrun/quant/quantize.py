@@ -185,6 +185,7 @@ def quantize(
     with atomic_path(out_path, suffix=".onnx") as tmp, temp_dir("q") as private, patches.indexed_lookups():
         copy = _private_copy(model_path, Path(private), _sixteen_bit(options))
         graph = onnx.load(str(copy), load_external_data=False).graph  # read once for both
+        nan_ranges(graph, calibration.ranges_path)
         unbounded = unbounded_nodes(graph, calibration.ranges_path)
         kept = [*unbounded, *size_nodes(graph), *double_nodes(graph), *added_nodes(graph)]  # (added: a row axis')
         said = options  # errors name the options as given, not the nodes calibrun keeps in float itself
@@ -358,14 +359,14 @@ def _fresh_copy(model_path: str | Path, folder: Path, sixteen_bit: bool) -> Path
 _SAID_UNBOUNDED: set[str] = set()  # the sets of non-finite tensors already logged
 
 
-_RANGES: dict[tuple, tuple[dict, dict]] = {}  # (ranges file, its mtime and size) -> (_read_ranges)
+_RANGES: dict[tuple, tuple[dict, dict, set]] = {}  # (ranges file, its mtime and size) -> (_read_ranges)
 
 
-def _read_ranges(path: Path) -> tuple[dict[str, bool | None], dict[str, tuple[float, float]]]:
+def _read_ranges(path: Path) -> tuple[dict[str, bool | None], dict[str, tuple[float, float]], set[str]]:
     """What calibrun reads of a ranges file (onnxruntime's TensorsData JSON, parsed as quantize_static parses it),
     read once per file version (a histogram method's file holds every histogram: parsing it for each
-    recommendation candidate would cost more than the answer): its unbounded tensors (`_unbounded_tensors`) and
-    each other tensor's finite range (`calibrated_ranges`)."""
+    recommendation candidate would cost more than the answer): its unbounded tensors (`_unbounded_tensors`),
+    each other tensor's finite range (`calibrated_ranges`) and the tensors whose range is NaN (`nan_ranges`)."""
     import json
 
     from onnxruntime.quantization.calibrate import TensorsData
@@ -376,16 +377,18 @@ def _read_ranges(path: Path) -> tuple[dict[str, bool | None], dict[str, tuple[fl
         ranges = TensorsData.from_dict(json.loads(path.read_text()))
         if len(_RANGES) > 64:
             _RANGES.clear()
-        unbounded, finite = {}, {}
+        unbounded, finite, nan = {}, {}, set()
         for name, data in ranges.items():
             low, high = (np.asarray(end, np.float64) for end in data.range_value)
-            if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
+            if np.any(np.isnan(low)) or np.any(np.isnan(high)):  # onnxruntime's nanmin over rows: every value NaN
+                nan.add(name)
+            elif not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
                 unbounded[name] = bool(np.all(low > high))
             elif not inside_stand_in(float(np.min(low)), float(np.max(high))):
                 unbounded[name] = None
             elif float(np.min(low)) <= float(np.max(high)):
                 finite[name] = (float(np.min(low)), float(np.max(high)))
-        _RANGES[key] = unbounded, finite
+        _RANGES[key] = unbounded, finite, nan
     return _RANGES[key]
 
 
@@ -400,6 +403,27 @@ def calibrated_ranges(path: str | Path) -> dict[str, tuple[float, float]]:
     """Each tensor's calibrated range in a ranges file where it is finite, holds values and stays inside infinity's
     stand-in (a tensor outside it keeps its nodes in float: unbounded_nodes)."""
     return _read_ranges(Path(path))[1]
+
+
+def nan_ranges(graph: onnx.GraphProto, ranges_path: str | Path) -> None:
+    """Refuse, in one line, ranges onnxruntime calibrated as NaN: fp32 computed NaN in the tensor on the calibration
+    rows (onnxruntime's MinMax merges its batches with numpy's nanmin and nanmax, and a batch's ReduceMin is NaN where
+    a NaN comes first), and no scale holds NaN: quantize_static stopped with "compute_scale_zp: scale issue" on an
+    unseen protein classifier calibrated on rows of padding only (its masked mean 0 / 0). Named: the first such
+    tensor in the graph's order, the node and op that write it, and how many follow."""
+    nan = _read_ranges(Path(ranges_path))[2]
+    if not nan:
+        return
+    order = [o for node in graph.node for o in node.output if o in nan]
+    order += sorted(nan - set(order))
+    writer = next((n for n in graph.node if order[0] in n.output), None)
+    made = f" (written by {writer.op_type} node {writer.name!r})" if writer is not None else ""
+    after = f", and so is that of {len(order) - 1} tensor(s) after it ({first_few(order[1:])})" if len(order) > 1 \
+        else ""
+    raise CalibrunError(
+        f"the calibrated range of tensor {order[0]!r}{made} is NaN{after}: the fp32 model computes NaN there on the "
+        "calibration rows, and no int8 scale holds NaN; calibrate on rows the model computes numbers for (rows of "
+        "padding only? a 0 / 0?)")
 
 
 def unbounded_nodes(graph: onnx.GraphProto, ranges_path: str | Path) -> list[str]:
@@ -665,6 +689,7 @@ def quantize_with(
     log_float_input: bool = False,
     budget: int | None = None,
     used: dict | None = None,
+    calibrated_said: Callable[[Path], object] | None = None,
 ) -> dict:
     """Calibrate (cached) on `data` (a sized, re-iterable source with identity()), quantise, describe the model.
 
@@ -672,7 +697,8 @@ def quantize_with(
     `input_may_stay_float`: the graph input may stay float (excluded nodes, a first op onnxruntime does not quantise:
     its scale fields are then None, with a warning line when `log_float_input`); else that is an error.
     `budget`, `used`: memory.budget in bytes (None: auto) and a dict for what the calibration pass used
-    (calibrun.quant.calibrate.run_calibration).
+    (calibrun.quant.calibrate.run_calibration). `calibrated_said(ranges_path)`: called with the calibrated ranges
+    before quantising (the job's warnings about its calibration data, said also where quantisation then fails).
     """
     spec = spec or CalibrationSpec()
     options = options or QuantOptions()
@@ -684,6 +710,8 @@ def quantize_with(
             input_quant(onnx.load(str(tmp)), where=f"quantised {fp32.path.name}")
 
     with calibrated(fp32.path, fp32.sha256, data, fp32.info.name, spec, cache, threads, budget, used) as cal:
+        if calibrated_said is not None:
+            calibrated_said(Path(cal.ranges_path))
         quant_seconds = quantize(fp32.path, out, cal, options, check=check)
         if ranges_copy is not None:
             with atomic_path(ranges_copy) as tmp:

@@ -937,3 +937,35 @@ def test_the_producers_of_tensors_onnxruntime_left_unwritten_are_read_from_its_e
     assert dangling_producers(graph, error, ("Sigmoid_356",)) == ["Transpose_333"]
     assert dangling_producers(graph, RuntimeError("something else"), ()) == []
     assert dangling_producers(graph, None, ()) == []
+
+
+def test_a_range_calibrated_as_nan_is_refused_in_one_line_after_the_data_was_said(tmp_path):
+    """fp32 computes NaN on every calibration row (x - x divided by itself: 0 / 0, as a masked mean over a row of
+    padding only is): onnxruntime's MinMax gives the tensor a NaN range, and quantize_static stopped with
+    "compute_scale_zp: scale issue", naming nothing. The job's line names the first NaN tensor in the graph's order,
+    its op and the tensors after it; what the job says of its calibration data (`calibrated_said`) is said first;
+    nothing is written; and the cache keeps the NaN range (a measurement, not damage) for the next run's same line."""
+    from onnx import helper
+
+    from calibrun.quant.quantize import quantize_with
+
+    model = _x_to_y(tmp_path, [helper.make_node("Sub", ["x", "x"], ["zero"], name="zero"),
+                                helper.make_node("Div", ["zero", "zero"], ["nan"], name="nan"),
+                                helper.make_node("Add", ["nan", "x"], ["y"], name="out")])
+    fp32 = open_float_model(model)
+    cache = CalibrationCache(tmp_path / "cache")
+    written = []
+    for _attempt in range(2):
+        said = []
+        with pytest.raises(CalibrunError) as caught:
+            quantize_with(fp32, tmp_path / "int8.onnx", lab_batches(fp32.lab_input(), 1, 1.0, 2), cache=cache,
+                          calibrated_said=said.append)
+        assert str(caught.value).startswith(
+            "the calibrated range of tensor 'nan' (written by Div node 'nan') is NaN, and so is that of 1 tensor(s) "
+            "after it (y): the fp32 model computes NaN there on the calibration rows")
+        assert len(said) == 1  # the ranges, handed over before quantising
+        assert said[0].is_file()
+        assert not (tmp_path / "int8.onnx").exists()
+        written.append({p.name: p.stat().st_mtime_ns for p in cache.folder.glob("*.json")})
+    assert len(written[0]) == 2  # the ranges and their key record, calibrated once: the second attempt read them
+    assert written[1] == written[0]
