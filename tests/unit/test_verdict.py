@@ -467,6 +467,28 @@ def test_ok_needs_a_vector_output_above_the_bound_around_its_mean(centred, statu
     assert verdict.decide(state)["status"] == "degraded"
 
 
+def test_a_degraded_or_broken_vector_output_says_its_value_around_its_mean_without_being_judged_by_it():
+    """An unseen protein classifier calibrated on one protein: its logits at 14.1 dB pooled (degraded) and 2.7 dB
+    around their mean over the rows, the ranking of its rows lost (its check broken), which `because` did not say.
+    It is said now beside a degraded or broken pooled value, once, and never decides: the same model calibrated on
+    chloroplast genes was at 9.6 dB around the mean with its ranking intact (its check ok)."""
+    one = {"out.logits.sqnr_db": 14.14, "out.logits.rows_under_20db": 1.0, "out.logits.centred_sqnr_db": 2.7}
+    got = verdict.decide(one)
+    assert got["status"] == "degraded"  # the pooled value's: the note does not judge
+    assert got["because"].endswith("; around its mean over the rows, output 'logits' (one vector a row) is at 2.7 dB: "
+                                   "its error against how the rows differ, which a caller comparing rows reads")
+    assert verdict.decide({**one, "out.logits.sqnr_db": 9.0})["status"] == "broken"
+    assert "around its mean" in verdict.decide({**one, "out.logits.sqnr_db": 9.0})["because"]
+    # over the pooled value, or at the ok bound: nothing to add
+    assert "around its mean" not in verdict.decide({**one, "out.logits.centred_sqnr_db": 16.0})["because"]
+    assert "around its mean" not in verdict.decide({**one, "out.logits.centred_sqnr_db": 20.0})["because"]
+    # where it withheld ok, said there once
+    withheld = verdict.decide({"out.logits.sqnr_db": 32.8, "out.logits.rows_under_20db": 0.0,
+                               "out.logits.centred_sqnr_db": 15.0})
+    assert withheld["status"] == "degraded"
+    assert withheld["because"].count("around its mean") == 1
+
+
 def test_int8_values_that_are_inf_or_nan_are_said_in_because():
     """An SQNR of -inf dB is broken but says nothing of how much of the output a caller cannot use: `because` names
     each output (or Concat part) whose int8 values are Inf or NaN where fp32's are finite, with their share; a part of
