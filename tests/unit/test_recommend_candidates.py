@@ -53,6 +53,22 @@ def test_qdq_candidates_from_the_same_ranges_and_other_methods():
     assert found[6].options == QuantOptions()
 
 
+def test_a_job_calibrated_with_another_method_measures_the_default_minmax_once():
+    """An unseen protein classifier calibrated with entropy (its narrower ranges clip) was offered 74 widened ranges,
+    degraded, where `method=minmax` with both 16-bit types made it ok: the default method is a candidate wherever the
+    job chose another, whatever recommend.methods says, and never twice nor for a MinMax job."""
+    def methods(method, listed):
+        found = candidates(QuantOptions(), "qdq", method, None, SimpleNamespace(methods=listed, culprits=2),
+                           quantised=NODES)
+        return [c.method for c in found if c.method is not None]
+
+    assert methods("entropy", []) == ["minmax"]
+    assert methods("percentile", ["entropy"]) == ["entropy", "minmax"]
+    assert methods("entropy", ["minmax", "percentile"]) == ["minmax", "percentile"]
+    assert methods("minmax", []) == []
+    assert methods("minmax", ["entropy"]) == ["entropy"]
+
+
 def test_the_matrix_ops_alone_only_where_other_ops_are_quantised_and_the_user_set_no_op_types():
     def matrix(options, quantised):
         return [c for c in changes(candidates(options, "qdq", "minmax", None, CONF, quantised=quantised))
@@ -78,7 +94,8 @@ def test_qoperator_gets_16_bit_as_qdq_and_a_set_option_is_not_proposed_again():
     found = candidates(options, "qoperator", "entropy", DIAGNOSIS, CONF, quantised=NODES)
     assert changes(found) == ["format=qdq quant.activation_type=QInt16", "format=qdq quant.weight_type=QInt16",
                               "format=qdq quant.activation_type=QInt16 quant.weight_type=QInt16",
-                              "format=qdq quant.op_types_to_quantize=[Conv]", "method=percentile"]
+                              "format=qdq quant.op_types_to_quantize=[Conv]", "method=percentile",
+                              "method=minmax"]  # (an entropy job's: the default method too)
     assert found[0].options == QuantOptions(format="qdq", per_channel=True, activation_type="QInt16")
     assert found[2].masked
     assert changes_of({"change": found[2].change}) == ["format=qdq", "quant.activation_type=QInt16",
