@@ -447,13 +447,13 @@ def unbounded_nodes(graph: onnx.GraphProto, ranges_path: str | Path) -> list[str
         reach = {i.name: STAND_IN if i.name in filled else max(map(abs, known.get(i.name, (0.0, 0.0))))
                  for i in graph.input}
         given = sorted(name for name, value in reach.items() if value >= 1e30)  # an outlier in the data, not a mask
-        said = [f"{len(infinite)} tensor(s) have a calibrated range that is not finite ({first_few(infinite)}: an "
-                "attention mask's -inf?)"] if infinite else []
+        said = [f"{len(infinite)} tensor(s) have a calibrated range that is not finite ({first_few(infinite)}: a "
+                "mask's -inf? attention, a masked pooling)"] if infinite else []
         said += [f"{len(filled)} tensor(s) have a calibrated range that reaches {STAND_IN:.2g} or beyond, infinity's "
                  f"stand-in ({first_few(filled)}: " + (
                      f"the calibration data of input(s) {first_few(given)} reaches "
                      f"{max(reach[n] for n in given):.2g}: an outlier in the data?)" if given
-                     else "an attention mask filled with float32's lowest, -3.4e38?)")] \
+                     else "a mask filled with float32's lowest, -3.4e38? attention, a masked pooling)")] \
             if filled else []
         said += [f"{len(empty)} tensor(s) held no value in calibration ({first_few(empty)}: empty, as a pad of length "
                  "0 is)"] if empty else []
