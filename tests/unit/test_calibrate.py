@@ -808,7 +808,8 @@ def test_a_range_never_filled_is_said_to_be_empty_and_an_infinite_one_a_mask(tmp
         nodes_kept = quantize.unbounded_nodes(onnx.load(str(model)).graph, ranges)
     assert set(nodes_kept) == {"pad_node", "mask_node", "out"}
     line = " ".join(r.getMessage() for r in caplog.records)
-    assert "1 tensor(s) have a calibrated range that is not finite (mask: a mask's -inf? attention, a masked pooling)" in line
+    assert ("1 tensor(s) have a calibrated range that is not finite (mask: a mask's -inf? attention, a masked "
+            "pooling)") in line
     assert "1 tensor(s) held no value in calibration (pad: empty, as a pad of length 0 is)" in line
     assert "the 3 node(s) that read or write them stay in float" in line
 
