@@ -313,8 +313,8 @@ def _validate(path: Path, record: dict, method: str) -> float:
     for name, data in tensors.items():
         lo, hi = data.range_value
         # an infinite end is what calibration measured (an attention mask's -inf: calibrun.quant.quantize keeps its
-        # nodes in float), and so is +inf to -inf, a tensor that held no value (an empty pad), and NaN, a tensor NaN
-        # on every row (calibrun.quant.quantize refuses it in one line); another lo > hi no calibration gives
+        # nodes in float), and so is +inf to -inf, a tensor that held no value (an empty pad), and NaN, a tensor fp32
+        # computed NaN in (calibrun.quant.quantize refuses it in one line); another lo > hi no calibration gives
         empty = (lo == np.inf) & (hi == -np.inf)
         nan = np.isnan(lo) | np.isnan(hi)
         if not np.all((lo <= hi) | empty | nan):
@@ -393,8 +393,8 @@ def run_calibration(model_path: str | Path, data, input_name: str, spec: Calibra
         if spec.method != "minmax":
             _fast_collector(calibrator, threads, budget)
             outputs = calibrator.infer_session = ReusedOutputs(calibrator.infer_session, sets=chunk)
-        # onnxruntime's MinMax merges the batches with numpy's nanmin and nanmax: a tensor NaN on every row warns there
-        # (twice a batch); it is refused in one line before quantising (calibrun.quant.quantize.nan_ranges)
+        # onnxruntime's MinMax merges the batches with numpy's nanmin and nanmax: a tensor NaN in every batch warns
+        # there (twice a batch); it is refused in one line before quantising (calibrun.quant.quantize.nan_ranges)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "All-NaN", RuntimeWarning)
             try:

@@ -380,7 +380,7 @@ def _read_ranges(path: Path) -> tuple[dict[str, bool | None], dict[str, tuple[fl
         unbounded, finite, nan = {}, {}, set()
         for name, data in ranges.items():
             low, high = (np.asarray(end, np.float64) for end in data.range_value)
-            if np.any(np.isnan(low)) or np.any(np.isnan(high)):  # onnxruntime's nanmin over rows: every value NaN
+            if np.any(np.isnan(low)) or np.any(np.isnan(high)):  # fp32 computed NaN there: nan_ranges refuses it
                 nan.add(name)
             elif not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
                 unbounded[name] = bool(np.all(low > high))
