@@ -479,8 +479,11 @@ def test_a_degraded_or_broken_vector_output_says_its_value_around_its_mean_witho
                                    "its error against how the rows differ, which a caller comparing rows reads")
     assert verdict.decide({**one, "out.logits.sqnr_db": 9.0})["status"] == "broken"
     assert "around its mean" in verdict.decide({**one, "out.logits.sqnr_db": 9.0})["because"]
-    # over the pooled value, or at the ok bound: nothing to add
+    # over the pooled value, within 3 dB under it (the level every row shares under half the signal's energy: the
+    # lab's about zero-mean outputs, 5.1 dB pooled and 4.3 around the mean), or at the ok bound: nothing to add
     assert "around its mean" not in verdict.decide({**one, "out.logits.centred_sqnr_db": 16.0})["because"]
+    assert "around its mean" not in verdict.decide({"out.y.sqnr_db": 5.1, "out.y.centred_sqnr_db": 4.3})["because"]
+    assert "around its mean" in verdict.decide({"out.y.sqnr_db": 5.1, "out.y.centred_sqnr_db": 2.0})["because"]
     assert "around its mean" not in verdict.decide({**one, "out.logits.centred_sqnr_db": 20.0})["because"]
     # where it withheld ok, said there once
     withheld = verdict.decide({"out.logits.sqnr_db": 32.8, "out.logits.rows_under_20db": 0.0,
