@@ -11,7 +11,7 @@ batch (never all at once), plus class labels when the source has them. Both carr
 The rules every source follows (docs/data.md)
 - batches: 16 rows (calibrun.lab.ROWS_PER_BATCH), or `b` when the model pins its inputs' batch axis to `b`; the
   first `batches` batches are used. With too few rows for `batches` full batches, what there is is used and a
-  warning goes to the "calibrun" logger. A trailing partial batch is KEPT (as a smaller last batch) when the
+  warning goes to the "calibrun" logger (an info line at batches' default, 64: every row is what was asked for). A trailing partial batch is KEPT (as a smaller last batch) when the
   batch axis is symbolic, and DROPPED when the model pins it (the model cannot take another batch size).
 - values: each input is fed in the type the model declares (calibrun.data.inputs: lossless casts only); float
   inputs are multiplied by `factor` in float64, then cast (with factor 1 this is exactly `astype`). NaN/Inf in a
@@ -34,7 +34,7 @@ from calibrun.core.bounds import MAX_BATCHES, check_factor, check_positive_int
 from calibrun.core.errors import CalibrunError
 from calibrun.data import rows as rowsmod
 from calibrun.data.inputs import Constant, declared, input_dtype
-from calibrun.lab import EVAL_ROWS, ROWS_PER_BATCH
+from calibrun.lab import EVAL_ROWS, MAIN_BATCHES, ROWS_PER_BATCH
 from calibrun.model import InputInfo, file_sha256
 
 logger = logging.getLogger("calibrun")
@@ -149,14 +149,21 @@ def _plan(total: int, per_batch: int, pinned: bool, requested: int, where: str) 
             tail = f" plus a last batch of {rest} {_plural(rest, 'row')}"
         else:
             tail = ""
-        # every requested batch served (the last one short): said, not warned
-        say = logger.warning if count < requested else logger.info
+        # every requested batch served (the last one short): said, not warned; and at batches' default (64, the
+        # lab's) every row of a smaller file is what the user asked for by asking nothing (an unseen forecaster's 48
+        # rows warned on every job): said too, unless rows are dropped
+        default = requested == MAIN_BATCHES and not (rest and pinned)
+        say = logger.warning if count < requested and not default else logger.info
         if full == 0:  # one short batch: "0 full batches of 16 plus a last batch of 12 rows" said it twice over
             held = f"one batch of {total} {_plural(total, 'row')} (fewer than {per_batch})"
         else:
             held = f"{full} full {_plural(full, 'batch')} of {per_batch}{tail}"
-        say("%s: %d batches requested, the data has %d rows: %s; using %d %s", where, requested, total, held, count,
-            _plural(count, "batch"))
+        if default:
+            say("%s: calibrating on every row of the data, %d: %s (batches is %d by default)", where, total, held,
+                requested)
+        else:
+            say("%s: %d batches requested, the data has %d rows: %s; using %d %s", where, requested, total, held,
+                count, _plural(count, "batch"))
     elif count * per_batch < total:  # the rest of the data is not read: said (a hand-landmark model pinned to one
         # row a batch calibrated on 64 of its file's 128 rows, the second photo's never, and no line said so)
         whole = full + (1 if rest and not pinned else 0)

@@ -826,9 +826,15 @@ def test_fewer_rows_than_one_batch_are_said_as_one_batch(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="calibrun"):
         feeds = npy_calibration(tmp_path / "d.npy", [vec()], batches=64)
     assert [f["x"].shape[0] for f in feeds] == [12]
-    said = [r.getMessage() for r in caplog.records if "64 batches requested" in r.getMessage()]
-    assert said == [f"{tmp_path / 'd.npy'}: 64 batches requested, the data has 12 rows: one batch of 12 rows (fewer "
-                    "than 16); using 1 batch"]
+    said = [r.getMessage() for r in caplog.records if "12 rows" in r.getMessage()]
+    assert said == [f"{tmp_path / 'd.npy'}: calibrating on every row of the data, 12: one batch of 12 rows (fewer "
+                    "than 16) (batches is 64 by default)"]
+    assert all(r.levelno == logging.INFO for r in caplog.records if "12 rows" in r.getMessage())
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="calibrun"):  # a number the user gave: its shortfall is warned
+        npy_calibration(tmp_path / "d.npy", [vec()], batches=10)
+    said = [r for r in caplog.records if "10 batches requested" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.WARNING]
 
 
 def test_a_source_is_recorded_with_what_it_reads():
