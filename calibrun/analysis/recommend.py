@@ -29,7 +29,8 @@ Candidates, each written as the override a user types:
   that removes one can unmask it: on a MiniLM sentence
   encoder both 16-bit changes alone left 1.2 dB, since its attention mask fill dequantises to -inf on a 16-bit
   grid, and with the matrix ops alone quantised they reach 53 dB), then with each one left out in turn, the
-  weakest first, while the fewer changes keep what the combination reached; a combination is not measured where
+  headroom ranges first (fitted to the evaluation rows) and then the weakest first, while the fewer changes keep
+  what the combination reached; a combination is not measured where
   a change with fewer changes already makes the model ok (it could not rank first: `_outranked`).
 
 With a state fed back (`eval_data.inputs.<name>.from_output`, calibrun.measure.feedback) each candidate is judged
@@ -180,10 +181,13 @@ def candidates(options, fmt: str, method: str, diagnosis: dict | None, conf, qua
         found += _matrix_only(options, quantised, ())
     # the default method where the job chose another: MinMax's pass costs what the default job's does, and a
     # histogram method's narrower ranges clip what MinMax's hold (an unseen protein classifier calibrated with
-    # entropy: its best offer was 74 widened ranges, degraded, where method=minmax with 16-bit types made it ok)
+    # entropy: its best offer was 74 widened ranges, degraded, where method=minmax with 16-bit types made it ok).
+    # Going back to MinMax removes clipping only, as the headroom ranges do, so it joins the combination even where
+    # it did not help alone (`masked`): an unseen text tagger calibrated with entropy measured it alone at -0.57 dB
+    # (no better) and 16-bit activations alone at 8.1 dB, while both together are its default job's ok, 31.9 dB
     for other in dict.fromkeys([*conf.methods, *([DEFAULT_METHOD] if method != DEFAULT_METHOD else [])]):
         if other != method:
-            found.append(Candidate((f"method={other}",), options, method=other))
+            found.append(Candidate((f"method={other}",), options, method=other, masked=other == DEFAULT_METHOD))
     return found
 
 
@@ -448,8 +452,11 @@ def attach(ctx, result) -> None:
         both = combined(members, ctx.options)
         current = once(both) if both is not None else None
         if current is not None:
-            # the fewest changes that keep what the combination reached: each member tried out, the weakest first
-            for member in sorted(members, key=lambda c: better * value(c)):
+            # the fewest changes that keep what the combination reached: each member tried out, the headroom ranges
+            # first (read off the rows they are measured on, the change least sure to carry to other rows: where
+            # another member keeps the value without them, it stays, as `method=minmax` does for a histogram
+            # method's clipping), then the weakest first
+            for member in sorted(members, key=lambda c: (not _fitted(c), better * value(c))):
                 if len(members) <= 2 or not current.get("helps"):
                     break
                 fewer = [c for c in members if c is not member]
@@ -543,6 +550,11 @@ def _record(ctx, result, rule, before: float, rows: int, offered: list[dict], me
                "not_measured": skipped}
     write_json(ctx.job_dir / RECOMMEND_FILE, {**written, **({"why": why} if why else {})})
     result.files[RECOMMEND_FILE.removesuffix(".json")] = RECOMMEND_FILE
+
+
+def _fitted(candidate: Candidate) -> bool:
+    """The headroom candidate: ranges widened to what the evaluation rows reached (`headroom`)."""
+    return len(candidate.changes) == 1 and candidate.changes[0].startswith("quant.tensor_ranges=")
 
 
 def _value_of(measured: list[dict], better: float):

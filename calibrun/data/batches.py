@@ -11,8 +11,9 @@ batch (never all at once), plus class labels when the source has them. Both carr
 The rules every source follows (docs/data.md)
 - batches: 16 rows (calibrun.lab.ROWS_PER_BATCH), or `b` when the model pins its inputs' batch axis to `b`; the
   first `batches` batches are used. With too few rows for `batches` full batches, what there is is used and a
-  warning goes to the "calibrun" logger (an info line at batches' default, 64: every row is what was asked for). A trailing partial batch is KEPT (as a smaller last batch) when the
-  batch axis is symbolic, and DROPPED when the model pins it (the model cannot take another batch size).
+  warning goes to the "calibrun" logger (an info line at batches' default, 64: every row is what was asked for).
+  A trailing partial batch is KEPT (as a smaller last batch) when the batch axis is symbolic, and DROPPED when the
+  model pins it (the model cannot take another batch size).
 - values: each input is fed in the type the model declares (calibrun.data.inputs: lossless casts only); float
   inputs are multiplied by `factor` in float64, then cast (with factor 1 this is exactly `astype`). NaN/Inf in a
   file, or values that overflow after the factor, fail naming the file.
