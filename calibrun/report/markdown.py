@@ -135,7 +135,8 @@ def _diagnosis_section(diagnosis: dict) -> str:
         else:
             worst = (run.get("worst_tensors") or [{}])[0]
             culprit = f"{worst.get('tensor', 'n/a')} ({_db(worst.get('sqnr_db'))})" if worst else "n/a"
-        said = f"**{run['verdict']}**" if run.get("input") else "- (float)"  # no pair on the input: no verdict of it
+        said = f"**{run['verdict']}**" if run.get("input") else "- (not quantised)"  # no pair on the input (a float
+        # input read first by an op onnxruntime does not quantise, token ids): no verdict of it
         lines.append(f"| {label} | {said} | {_pct(inp.get('clipped_fraction'))} | "
                      f"{_pct(inp.get('grid_used'))} | {_db(inp.get('sqnr_db'))} | {run.get('overall') or 'n/a'} | "
                      f"{culprit} | {run['max_abs_error']:.4g} |")

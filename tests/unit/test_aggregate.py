@@ -451,7 +451,7 @@ def test_the_report_s_diagnosis_table_gives_the_model_s_diagnosis_beside_the_inp
     rows = [line for line in table.splitlines() if line.startswith("| entropy") or line.startswith("| float input")]
     assert rows[0].split(" | ")[1:2] == ["**sound**"]
     assert rows[0].split(" | ")[5] == "clipping"
-    assert rows[1].split(" | ")[1] == "- (float)"
+    assert rows[1].split(" | ")[1] == "- (not quantised)"
 
 
 def test_a_sweeps_more_batches_rule_reads_through_the_states_its_runs_fed_back():
