@@ -75,10 +75,11 @@ from calibrun.core import cpu, overrides
 from calibrun.core.errors import need, one_line
 from calibrun.core.files import finite
 from calibrun.measure.diagnosis import float_nodes
+from calibrun.quant.calibrate import CalibrationSpec
 from calibrun.quant.quantize import SIXTEEN_BIT
 
 log = logging.getLogger("calibrun")
-DEFAULT_METHOD = "minmax"  # conf/config.yaml's method: a candidate wherever a job calibrated with another
+DEFAULT_METHOD = CalibrationSpec.method  # the `method` node's default: a candidate where a job calibrated otherwise
 
 RECOMMEND_FILE = "recommendations.json"
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
