@@ -240,9 +240,9 @@ def ok_withheld(metrics: Mapping[str, float], skip: Collection[str] = ()) -> str
     if rows is not None and rows[1] > ROWS_UNDER_OK:
         return (f"{rows[1]:.0%} of the rows carry an error over {10 ** (-SQNR_OK_DB / 20):.0%} of the output's signal "
                 f"RMS in {_where(_SHARE.match(rows[0]))}")
-    found = [(value, key) for value, key in _numbers(metrics, _CENTRED) if _CENTRED.match(key)["output"] not in skip]
-    if found:
-        value, key = min(found, key=lambda p: (p[0] if math.isfinite(p[0]) else -math.inf, p[1]))
+    lowest = _lowest_centred(metrics, skip)
+    if lowest is not None:
+        value, key = lowest
         if not value >= SQNR_OK_DB:
             return (f"output {_CENTRED.match(key)['output']!r}, one vector a row, is at {value:.1f} dB around its mean "
                     "over the rows (its error against how the rows differ)")
@@ -454,13 +454,21 @@ def _centred_note(metrics: Mapping[str, float], skip: Collection[str], pooled: f
     whose ranking its check found intact, and it moved none of the zoo's (docs/verdict.md). Said where the level every
     row shares holds at least half the pooled signal's energy (CENTRED_GAP_DB lower): else the two say the same (the
     lab's outputs, about zero-mean: 5.1 dB pooled, 4.3 around the mean)."""
-    found = [(value, key) for value, key in _numbers(metrics, _CENTRED) if _CENTRED.match(key)["output"] not in skip
-             and value < SQNR_OK_DB and not value >= pooled - CENTRED_GAP_DB]
-    if not found:
+    lowest = _lowest_centred(metrics, skip, lambda value: value < SQNR_OK_DB and not value >= pooled - CENTRED_GAP_DB)
+    if lowest is None:
         return ""
-    value, key = min(found, key=lambda p: (p[0] if math.isfinite(p[0]) else -math.inf, p[1]))
+    value, key = lowest
     return (f"; around its mean over the rows, output {_CENTRED.match(key)['output']!r} (one vector a row) is at "
             f"{value:.1f} dB: its error against how the rows differ, which a caller comparing rows reads")
+
+
+def _lowest_centred(metrics: Mapping[str, float], skip: Collection[str] = (),
+                    keep=lambda value: True) -> tuple[float, str] | None:
+    """(value, key) of the lowest `out.X.centred_sqnr_db` (NaN lowest) of the outputs not in `skip` whose value
+    `keep` takes, else None."""
+    found = [(value, key) for value, key in _numbers(metrics, _CENTRED)
+             if _CENTRED.match(key)["output"] not in skip and keep(value)]
+    return min(found, key=lambda p: (p[0] if math.isfinite(p[0]) else -math.inf, p[1])) if found else None
 
 
 def _values_note(metrics: Mapping[str, float], skip: Collection[str] = ()) -> str:
